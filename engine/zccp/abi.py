@@ -1,0 +1,145 @@
+"""The shared-memory ABI, loaded from shm_abi/zccp_abi.h (the one source of truth).
+
+Nothing here restates an offset or a constant: the header is handed to cffi as
+it is, constants are read back from its enums, and the sizes the header itself
+promises (ZCCP_*_SIZE) are asserted at import time.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import cffi
+
+
+def _find_header() -> Path:
+    env = os.environ.get("ZCCP_ABI_HEADER")
+    candidates = [Path(env)] if env else []
+    here = Path(__file__).resolve()
+    candidates += [here.parent / "zccp_abi.h", here.parents[2] / "shm_abi" / "zccp_abi.h"]
+    for c in candidates:
+        if c.is_file():
+            return c
+    raise FileNotFoundError(f"zccp_abi.h not found (looked in {', '.join(map(str, candidates))})")
+
+
+HEADER_PATH = _find_header()
+ffi = cffi.FFI()
+ffi.cdef(HEADER_PATH.read_text(encoding="utf-8"))
+_lib = ffi.dlopen(None)  # only for reading enum constants
+
+
+def const(name: str) -> int:
+    """An enum constant from the header, e.g. const("ZCCP_SLOT_MAGIC")."""
+    return int(getattr(_lib, name))
+
+
+ABI_VERSION = const("ZCCP_ABI_VERSION")
+CONTROL_MAGIC = const("ZCCP_CONTROL_MAGIC")
+SLOT_MAGIC = const("ZCCP_SLOT_MAGIC")
+PAGE_SIZE = const("ZCCP_PAGE_SIZE")
+META_OFFSET = const("ZCCP_SLOT_META_OFFSET")
+CSF_BANDS = const("ZCCP_CSF_BANDS")
+RING_SIZE = const("ZCCP_RING_SIZE")
+NOTICE_SIZE = const("ZCCP_NOTICE_SIZE")
+
+# The header states its own sizes; a compiler/ABI mismatch fails here, loudly.
+for _struct, _size in (
+    ("struct zccp_control", "ZCCP_CONTROL_SIZE"),
+    ("struct zccp_slot_header", "ZCCP_SLOT_HEADER_SIZE"),
+    ("struct zccp_slot_meta", "ZCCP_SLOT_META_SIZE"),
+    ("struct zccp_ring", "ZCCP_RING_SIZE"),
+    ("struct zccp_notice", "ZCCP_NOTICE_SIZE"),
+):
+    if ffi.sizeof(_struct) != const(_size):
+        raise ImportError(f"ABI mismatch: sizeof({_struct}) = {ffi.sizeof(_struct)} != {_size}")
+if ffi.sizeof("struct zccp_slot_header") != META_OFFSET:
+    raise ImportError("ABI mismatch: the meta block must follow the slot header")
+if META_OFFSET + ffi.sizeof("struct zccp_slot_meta") > PAGE_SIZE:
+    raise ImportError("ABI mismatch: header + meta must fit in the first page of a slot")
+
+
+class State:
+    FREE = const("ZCCP_STATE_FREE")
+    WRITING = const("ZCCP_STATE_WRITING")
+    READY = const("ZCCP_STATE_READY")
+    RUNNING = const("ZCCP_STATE_RUNNING")
+    STREAMING = const("ZCCP_STATE_STREAMING")
+    DONE = const("ZCCP_STATE_DONE")
+    FAILED = const("ZCCP_STATE_FAILED")
+
+
+class Flag:
+    API_OPENAI = const("ZCCP_FLAG_API_OPENAI")
+    MASKED = const("ZCCP_FLAG_MASKED")
+    FP_COMPLETE = const("ZCCP_FLAG_FP_COMPLETE")
+    NO_CACHE = const("ZCCP_FLAG_NO_CACHE")
+    NO_STORE = const("ZCCP_FLAG_NO_STORE")
+    FP_VALID = const("ZCCP_FLAG_FP_VALID")
+    RESPONSE_SSE = const("ZCCP_FLAG_RESPONSE_SSE")
+
+
+class CacheStatus:
+    NONE = const("ZCCP_CACHE_NONE")
+    HIT = const("ZCCP_CACHE_HIT")
+    NEAR = const("ZCCP_CACHE_NEAR")
+    MISS = const("ZCCP_CACHE_MISS")
+    BYPASS = const("ZCCP_CACHE_BYPASS")
+    ERROR = const("ZCCP_CACHE_ERROR")
+
+
+class Op:
+    RING = const("ZCCP_OP_RING")
+    PING = const("ZCCP_OP_PING")
+    NOTICE = const("ZCCP_OP_NOTICE")
+    PONG = const("ZCCP_OP_PONG")
+    REJECT = const("ZCCP_OP_REJECT")
+
+
+class EngineState:
+    STARTING = const("ZCCP_ENGINE_STARTING")
+    SERVING = const("ZCCP_ENGINE_SERVING")
+    STOPPING = const("ZCCP_ENGINE_STOPPING")
+
+
+@dataclass(frozen=True)
+class SlotLayout:
+    """Where each region of a slot lives; every region starts on a page boundary."""
+
+    slot_count: int
+    slot_size: int
+    payload_offset: int
+    payload_cap: int
+    tokens_offset: int
+    tokens_cap: int          # u32 ids
+    response_offset: int
+    response_cap: int
+
+    @property
+    def arena_size(self) -> int:
+        return PAGE_SIZE + self.slot_count * self.slot_size
+
+    def slot_base(self, index: int) -> int:
+        return PAGE_SIZE + index * self.slot_size
+
+    @classmethod
+    def build(cls, slot_count: int, slot_size: int, tokens_bytes: int, response_bytes: int) -> SlotLayout:
+        for name, v in (("slot_size", slot_size), ("tokens", tokens_bytes), ("response", response_bytes)):
+            if v <= 0 or v % PAGE_SIZE:
+                raise ValueError(f"{name} must be a positive multiple of {PAGE_SIZE}, got {v}")
+        payload_cap = slot_size - PAGE_SIZE - tokens_bytes - response_bytes
+        if payload_cap < PAGE_SIZE:
+            raise ValueError("slot too small for its regions")
+        tokens_offset = PAGE_SIZE + payload_cap
+        return cls(
+            slot_count=slot_count,
+            slot_size=slot_size,
+            payload_offset=PAGE_SIZE,
+            payload_cap=payload_cap,
+            tokens_offset=tokens_offset,
+            tokens_cap=tokens_bytes // 4,
+            response_offset=tokens_offset + tokens_bytes,
+            response_cap=response_bytes,
+        )

@@ -1,0 +1,118 @@
+"""Pieces shared by the Anthropic and OpenAI front ends: limits, JSON decoding,
+strict JSON type checks, turn merging and SSE framing."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Any, Final
+
+import orjson
+
+from ..request import ChatMessage, Role
+
+dumps = orjson.dumps
+
+# Separator used wherever several pieces of text become one (system parts,
+# content blocks of one message, consecutive turns of the same role).
+JOIN: Final = "\n\n"
+
+
+@dataclass(frozen=True)
+class ParseLimits:
+    served_models: frozenset[str]   # model names this server answers to
+    max_tokens_cap: int             # largest max_tokens a request may ask for
+    default_max_tokens: int         # OpenAI: used when no max_(completion_)tokens is given
+
+
+class BodyError(ValueError):
+    """The body is not a JSON object; `reason` is "empty", "invalid" or "not_object"."""
+
+    def __init__(self, reason: str, detail: str = "") -> None:
+        super().__init__(detail or reason)
+        self.reason = reason
+        self.detail = detail
+
+
+def decode_object(body: bytes | memoryview) -> dict[str, Any]:
+    """Parse the request body once; raise BodyError unless it is a JSON object.
+
+    `body` may be a memoryview of shared memory: orjson reads it in place.
+    """
+    if not body or (len(body) <= 64 and bytes(body).isspace()):
+        raise BodyError("empty")
+    try:
+        value = orjson.loads(body)
+    except orjson.JSONDecodeError as exc:
+        raise BodyError("invalid", str(exc)) from None
+    if not isinstance(value, dict):
+        raise BodyError("not_object", json_type(value))
+    return value
+
+
+# --- strict JSON type checks (bool is not a number, float is not an integer) ---
+
+def is_int(v: object) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def is_number(v: object) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+
+def json_type(v: object) -> str:
+    """The JSON name of a decoded value's type: string, integer, number, ..."""
+    if v is None:
+        return "null"
+    if isinstance(v, bool):
+        return "boolean"
+    if isinstance(v, int):
+        return "integer"
+    if isinstance(v, float):
+        return "number"
+    if isinstance(v, str):
+        return "string"
+    if isinstance(v, list):
+        return "array"
+    return "object"
+
+
+def fmt_num(v: float) -> str:
+    """Numbers in error messages: 2 rather than 2.0 for whole floats."""
+    return str(int(v)) if isinstance(v, float) and v.is_integer() else str(v)
+
+
+def marker(block_type: str) -> str:
+    """Text that stands in for a non-text content block."""
+    return f"[{block_type}]"
+
+
+def merge_turns(turns: list[tuple[Role, str]]) -> tuple[ChatMessage, ...]:
+    """Build the message tuple, joining consecutive turns of the same role."""
+    out: list[ChatMessage] = []
+    pending_role: Role | None = None
+    pending: list[str] = []
+    for role, text in turns:
+        if role != pending_role and pending_role is not None:
+            out.append(ChatMessage(pending_role, pending[0] if len(pending) == 1 else JOIN.join(pending)))
+            pending = []
+        pending_role = role
+        pending.append(text)
+    if pending_role is not None:
+        out.append(ChatMessage(pending_role, pending[0] if len(pending) == 1 else JOIN.join(pending)))
+    return tuple(out)
+
+
+# --- Server-sent events ---
+
+def sse(payload: bytes, event: str | None = None) -> bytes:
+    """One SSE frame; `payload` is already-serialized JSON (never contains a newline)."""
+    if event is None:
+        return b"data: " + payload + b"\n\n"
+    return b"event: " + event.encode() + b"\ndata: " + payload + b"\n\n"
+
+
+def random_id(prefix: str, n: int = 24) -> str:
+    """prefix + n base62 characters from os.urandom."""
+    alphabet = "0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz"
+    return prefix + "".join(alphabet[b % 62] for b in os.urandom(n))

@@ -1,0 +1,467 @@
+"""OpenAI Chat Completions API (`POST /v1/chat/completions`): parsing and rendering.
+
+Validation errors use OpenAI's wording ("Invalid type for 'temperature': ...",
+"Missing required parameter: 'messages[0].role'.") and are raised as
+OpenAIApiError, an ApiError that also carries OpenAI's `code`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Final
+
+from ..request import (
+    ApiError,
+    GenerationRequest,
+    GenerationResult,
+    Role,
+    SamplingParams,
+    StopReason,
+    TextDelta,
+)
+from .common import (
+    JOIN,
+    BodyError,
+    ParseLimits,
+    decode_object,
+    dumps,
+    fmt_num,
+    is_int,
+    is_number,
+    json_type,
+    marker,
+    merge_turns,
+    random_id,
+    sse,
+)
+
+__all__ = [
+    "ParseLimits", "OpenAIApiError", "parse_request", "render_response", "render_error",
+    "StreamEncoder", "http_status", "new_response_id", "FINISH_REASON",
+]
+
+
+@dataclass
+class OpenAIApiError(ApiError):
+    """ApiError plus OpenAI's machine-readable `code` (e.g. "invalid_type")."""
+
+    code: str | None = None
+
+
+FINISH_REASON: Final[dict[StopReason, str]] = {
+    "end_turn": "stop",
+    "stop_sequence": "stop",
+    "max_tokens": "length",
+}
+
+_FIELDS: Final = frozenset({
+    "model", "messages", "max_tokens", "max_completion_tokens", "temperature", "top_p",
+    "stop", "n", "stream", "stream_options", "seed", "user",
+    # accepted and ignored
+    "frequency_penalty", "presence_penalty", "logprobs", "response_format", "metadata",
+    "store", "parallel_tool_calls", "tools", "tool_choice", "prompt_cache_key",
+    "safety_identifier",
+})
+_ROLES: Final = ("system", "assistant", "user", "tool", "developer")
+_MESSAGE_FIELDS: Final[dict[str, frozenset[str]]] = {
+    "system": frozenset({"role", "content", "name"}),
+    "developer": frozenset({"role", "content", "name"}),
+    "user": frozenset({"role", "content", "name"}),
+    "assistant": frozenset({"role", "content", "name", "refusal", "tool_calls", "function_call", "audio"}),
+    "tool": frozenset({"role", "content", "tool_call_id"}),
+}
+_PART_TYPES: Final[dict[str, tuple[str, ...]]] = {
+    "system": ("text",),
+    "developer": ("text",),
+    "user": ("text", "image_url", "input_audio", "file"),
+    "assistant": ("text", "refusal"),
+    "tool": ("text",),
+}
+_MAX_STOP: Final = 4
+
+_INVALID_JSON: Final = (
+    "We could not parse the JSON body of your request. (HINT: This likely means you aren't "
+    "using your HTTP library correctly. The OpenAI API expects a JSON payload, but what was "
+    "sent was not valid JSON.)"
+)
+
+# Anthropic-style kind -> (OpenAI error type, default code).
+_ERROR_TYPES: Final[dict[str, tuple[str, str | None]]] = {
+    "invalid_request_error": ("invalid_request_error", None),
+    "authentication_error": ("invalid_request_error", "invalid_api_key"),
+    "permission_error": ("invalid_request_error", "permission_denied"),
+    "not_found_error": ("invalid_request_error", None),
+    "request_too_large": ("invalid_request_error", "request_too_large"),
+    "rate_limit_error": ("requests", "rate_limit_exceeded"),
+    "api_error": ("server_error", None),
+    "overloaded_error": ("server_error", "server_overloaded"),
+}
+
+
+# --- error constructors in OpenAI's wording ---
+
+def _err(message: str, param: str | None, code: str | None, status: int = 400) -> OpenAIApiError:
+    return OpenAIApiError(status, "invalid_request_error", message, param, code=code)
+
+
+_ARTICLE: Final = {
+    "string": "a string", "integer": "an integer", "number": "a decimal", "boolean": "a boolean",
+    "array": "an array", "object": "an object", "null": "null",
+}
+
+
+def _type_err(param: str, expected: str, value: Any) -> OpenAIApiError:
+    got = _ARTICLE[json_type(value)]
+    return _err(f"Invalid type for '{param}': expected {expected}, but got {got} instead.", param, "invalid_type")
+
+
+def _missing(param: str) -> OpenAIApiError:
+    return _err(f"Missing required parameter: '{param}'.", param, "missing_required_parameter")
+
+
+def _invalid_value(param: str, value: Any, allowed: tuple[str, ...]) -> OpenAIApiError:
+    quoted = [f"'{a}'" for a in allowed]
+    supported = quoted[0] if len(quoted) == 1 else ", ".join(quoted[:-1]) + ", and " + quoted[-1]
+    return _err(f"Invalid value: '{value}'. Supported values are: {supported}.", param, "invalid_value")
+
+
+def _unsupported(param: str, value: str, default: str) -> OpenAIApiError:
+    return _err(f"Unsupported value: '{param}' does not support {value} with this model. "
+                f"Only the default ({default}) value is supported.", param, "unsupported_value")
+
+
+def _empty_array(param: str) -> OpenAIApiError:
+    return _err(f"Invalid '{param}': empty array. Expected an array with minimum length 1, "
+                "but got an empty array instead.", param, "empty_array")
+
+
+# --- typed field readers ---
+
+def _number(v: Any, param: str, lo: float, hi: float) -> float:
+    if not is_number(v):
+        raise _type_err(param, "a decimal", v)
+    if v < lo:
+        raise _err(f"Invalid '{param}': decimal below minimum value. Expected a value >= {fmt_num(lo)}, "
+                   f"but got {fmt_num(v)} instead.", param, "decimal_below_min_value")
+    if v > hi:
+        raise _err(f"Invalid '{param}': decimal above maximum value. Expected a value <= {fmt_num(hi)}, "
+                   f"but got {fmt_num(v)} instead.", param, "decimal_above_max_value")
+    return float(v)
+
+
+def _int(v: Any, param: str, lo: int | None = None) -> int:
+    if not is_int(v):
+        raise _type_err(param, "an integer", v)
+    if lo is not None and v < lo:
+        raise _err(f"Invalid '{param}': integer below minimum value. Expected a value >= {lo}, "
+                   f"but got {v} instead.", param, "integer_below_min_value")
+    return v
+
+
+def _bool(v: Any, param: str) -> bool:
+    if not isinstance(v, bool):
+        raise _type_err(param, "a boolean", v)
+    return v
+
+
+def _str(v: Any, param: str) -> str:
+    if not isinstance(v, str):
+        raise _type_err(param, "a string", v)
+    return v
+
+
+def _obj(v: Any, param: str) -> dict[str, Any]:
+    if not isinstance(v, dict):
+        raise _type_err(param, "an object", v)
+    return v
+
+
+def _arr(v: Any, param: str) -> list[Any]:
+    if not isinstance(v, list):
+        raise _type_err(param, "an array", v)
+    return v
+
+
+# --- messages ---
+
+def _content_text(content: Any, role: str, path: str) -> str:
+    """The text of a message's `content`: a string or an array of content parts."""
+    if isinstance(content, str):
+        return content
+    param = path + ".content"
+    if not isinstance(content, list):
+        raise _type_err(param, "one of a string or array of objects", content)
+    if not content:
+        raise _empty_array(param)
+    allowed = _PART_TYPES[role]
+    pieces: list[str] = []
+    for j, part in enumerate(content):
+        ppath = f"{param}[{j}]"
+        part = _obj(part, ppath)
+        if "type" not in part:
+            raise _missing(ppath + ".type")
+        ptype = part["type"]
+        if ptype not in allowed:
+            raise _invalid_value(ppath + ".type", ptype, allowed)
+        if ptype == "text":
+            if "text" not in part:
+                raise _missing(ppath + ".text")
+            pieces.append(_str(part["text"], ppath + ".text"))
+        else:
+            pieces.append(marker(ptype))
+    return pieces[0] if len(pieces) == 1 else JOIN.join(pieces)
+
+
+def _messages(v: Any) -> tuple[list[str], list[tuple[Role, str]]]:
+    """Split messages into system parts and conversation turns."""
+    items = _arr(v, "messages")
+    if not items:
+        raise _empty_array("messages")
+    system: list[str] = []
+    turns: list[tuple[Role, str]] = []
+    for i, msg in enumerate(items):
+        path = f"messages[{i}]"
+        msg = _obj(msg, path)
+        if "role" not in msg:
+            raise _missing(path + ".role")
+        role = _str(msg["role"], path + ".role")
+        if role not in _MESSAGE_FIELDS:
+            raise _invalid_value(path + ".role", role, _ROLES)
+        allowed = _MESSAGE_FIELDS[role]
+        for key in msg:
+            if key not in allowed:
+                raise _err(f"Additional properties are not allowed ('{key}' was unexpected) - "
+                           f"'messages.{i}'", f"{path}.{key}", None)
+        content = msg.get("content")
+        if role == "assistant":
+            text = "" if content is None else _content_text(content, role, path)
+            tool_calls = msg.get("tool_calls")
+            if tool_calls is not None and _arr(tool_calls, path + ".tool_calls"):
+                text = text + JOIN + marker("tool_calls") if text else marker("tool_calls")
+            turns.append(("assistant", text))
+            continue
+        if "content" not in msg:
+            raise _missing(path + ".content")
+        text = _content_text(content, role, path)
+        if role in ("system", "developer"):
+            system.append(text)
+        elif role == "tool":
+            if "tool_call_id" not in msg:
+                raise _missing(path + ".tool_call_id")
+            _str(msg["tool_call_id"], path + ".tool_call_id")
+            turns.append(("user", text))
+        else:
+            turns.append(("user", text))
+    return system, turns
+
+
+def _stop(v: Any) -> tuple[str, ...]:
+    if isinstance(v, str):
+        return (v,) if v else ()
+    if not isinstance(v, list):
+        raise _type_err("stop", "one of a string or array of strings", v)
+    if len(v) > _MAX_STOP:
+        raise _err(f"Invalid 'stop': array too long. Expected an array with maximum length {_MAX_STOP}, "
+                   f"but got an array with length {len(v)} instead.", "stop", "array_above_max_length")
+    for i, s in enumerate(v):
+        _str(s, f"stop[{i}]")
+    return tuple(s for s in v if s)   # an empty stop string would match everywhere
+
+
+def _ignored(obj: dict[str, Any]) -> None:
+    """Check the shape of fields that are accepted but have no effect here."""
+    for key in ("frequency_penalty", "presence_penalty"):
+        if (v := obj.get(key)) is not None:
+            _number(v, key, -2.0, 2.0)
+    if (v := obj.get("logprobs")) is not None and _bool(v, "logprobs"):
+        raise _unsupported("logprobs", "true", "false")
+    if (v := obj.get("response_format")) is not None:
+        rf = _obj(v, "response_format")
+        if "type" not in rf:
+            raise _missing("response_format.type")
+        if rf["type"] != "text":
+            raise _err(f"Unsupported value: 'response_format.type' does not support "
+                       f"'{rf['type']}' with this model. Only 'text' is supported.",
+                       "response_format.type", "unsupported_value")
+    if (v := obj.get("metadata")) is not None:
+        _obj(v, "metadata")
+    for key in ("store", "parallel_tool_calls"):
+        if (v := obj.get(key)) is not None:
+            _bool(v, key)
+    if (v := obj.get("tools")) is not None:
+        for i, tool in enumerate(_arr(v, "tools")):
+            _obj(tool, f"tools[{i}]")
+    if (v := obj.get("tool_choice")) is not None:
+        if isinstance(v, str):
+            if v not in ("none", "auto", "required"):
+                raise _invalid_value("tool_choice", v, ("none", "auto", "required"))
+        else:
+            _obj(v, "tool_choice")
+    for key in ("prompt_cache_key", "safety_identifier"):
+        if (v := obj.get(key)) is not None:
+            _str(v, key)
+
+
+def parse_request(body: bytes, limits: ParseLimits) -> GenerationRequest:
+    try:
+        obj = decode_object(body)
+    except BodyError as exc:
+        if exc.reason == "empty":
+            raise _err("Request body is empty. The OpenAI API expects a JSON object.", None, None) from None
+        if exc.reason == "invalid":
+            raise _err(_INVALID_JSON, None, None) from None
+        raise _err(f"Invalid type for request body: expected an object, but got "
+                   f"{_ARTICLE[exc.detail]} instead.", None, "invalid_type") from None
+
+    unknown = [k for k in obj if k not in _FIELDS]
+    if unknown:
+        noun = "argument" if len(unknown) == 1 else "arguments"
+        raise _err(f"Unrecognized request {noun} supplied: {', '.join(unknown)}", None, None)
+
+    if obj.get("model") is None:
+        raise _err("you must provide a model parameter", "model", None)
+    model = _str(obj["model"], "model")
+    if "messages" not in obj:
+        raise _missing("messages")
+    system, turns = _messages(obj["messages"])
+
+    # Optional fields: JSON null is the same as absent, as in the real API.
+    get = obj.get
+    max_param, max_tokens = "max_tokens", None
+    if (v := get("max_tokens")) is not None:
+        max_tokens = _int(v, "max_tokens", 1)
+    if (v := get("max_completion_tokens")) is not None:
+        max_param, max_tokens = "max_completion_tokens", _int(v, "max_completion_tokens", 1)
+    temperature = _number(v, "temperature", 0.0, 2.0) if (v := get("temperature")) is not None else 1.0
+    top_p = _number(v, "top_p", 0.0, 1.0) if (v := get("top_p")) is not None else None
+    stop = _stop(v) if (v := get("stop")) is not None else ()
+    if (v := get("n")) is not None and _int(v, "n", 1) != 1:
+        raise _unsupported("n", str(v), "1")
+    stream = _bool(v, "stream") if (v := get("stream")) is not None else False
+    include_usage = False
+    if (v := get("stream_options")) is not None:
+        if not stream:
+            raise _err("The 'stream_options' parameter is only allowed when 'stream' is enabled.",
+                       "stream_options", None)
+        opts = _obj(v, "stream_options")
+        if (u := opts.get("include_usage")) is not None:
+            include_usage = _bool(u, "stream_options.include_usage")
+        if (u := opts.get("include_obfuscation")) is not None:
+            _bool(u, "stream_options.include_obfuscation")
+    seed = _int(v, "seed") if (v := get("seed")) is not None else None
+    user = _str(v, "user") if (v := get("user")) is not None else None
+    _ignored(obj)
+
+    if model not in limits.served_models:
+        raise OpenAIApiError(404, "not_found_error",
+                             f"The model `{model}` does not exist or you do not have access to it.",
+                             "model", code="model_not_found")
+    if max_tokens is None:
+        max_tokens = min(limits.default_max_tokens, limits.max_tokens_cap)
+    elif max_tokens > limits.max_tokens_cap:
+        raise _err(f"{max_param} is too large: {max_tokens}. This model supports at most "
+                   f"{limits.max_tokens_cap} completion tokens, whereas you provided {max_tokens}.",
+                   max_param, "invalid_value")
+
+    return GenerationRequest(
+        api="openai",
+        model=model,
+        system=JOIN.join(system),
+        messages=merge_turns(turns),
+        sampling=SamplingParams(
+            max_tokens=max_tokens, temperature=temperature, top_p=top_p, seed=seed, stop=stop,
+        ),
+        stream=stream,
+        include_usage=include_usage,
+        user=user,
+    )
+
+
+# --- rendering ---
+
+def new_response_id() -> str:
+    return random_id("chatcmpl-", 29)
+
+
+def http_status(err: ApiError) -> int:
+    """The HTTP status to send `err` with: OpenAI signals overload with 503, not 529."""
+    return 503 if err.status == 529 else err.status
+
+
+def _error_obj(err: ApiError) -> dict[str, Any]:
+    etype, code = _ERROR_TYPES.get(
+        err.kind, ("server_error" if err.status >= 500 else "invalid_request_error", None))
+    if isinstance(err, OpenAIApiError) and err.code is not None:
+        code = err.code
+    elif err.kind == "not_found_error" and err.param == "model":
+        code = "model_not_found"
+    return {"error": {"message": err.message, "type": etype, "param": err.param, "code": code}}
+
+
+def render_error(err: ApiError) -> bytes:
+    return dumps(_error_obj(err))
+
+
+def _usage(result: GenerationResult) -> dict[str, int]:
+    return {
+        "prompt_tokens": result.input_tokens,
+        "completion_tokens": result.output_tokens,
+        "total_tokens": result.input_tokens + result.output_tokens,
+    }
+
+
+def render_response(req: GenerationRequest, result: GenerationResult, response_id: str, created: int) -> bytes:
+    return dumps({
+        "id": response_id,
+        "object": "chat.completion",
+        "created": created,
+        "model": req.model,
+        "choices": [{
+            "index": 0,
+            "message": {"role": "assistant", "content": result.text, "refusal": None},
+            "logprobs": None,
+            "finish_reason": FINISH_REASON[result.stop_reason],
+        }],
+        "usage": _usage(result),
+    })
+
+
+_DONE: Final = b"data: [DONE]\n\n"
+_FIRST_CHOICE: Final = (b'{"index":0,"delta":{"role":"assistant","content":"","refusal":null},'
+                        b'"logprobs":null,"finish_reason":null}')
+_DELTA_HEAD: Final = b'{"index":0,"delta":{"content":'
+_DELTA_TAIL: Final = b'},"logprobs":null,"finish_reason":null}'
+
+
+class StreamEncoder:
+    """SSE bytes for one streamed completion: start(), delta()*, then finish() or error()."""
+
+    __slots__ = ("_head", "_tail", "_include_usage")
+
+    def __init__(self, req: GenerationRequest, response_id: str, created: int, input_tokens: int) -> None:
+        del input_tokens  # usage is reported from the final GenerationResult
+        # Every chunk is: _head + <choices items> + _tail.
+        self._head = (b'data: {"id":' + dumps(response_id)
+                      + b',"object":"chat.completion.chunk","created":' + str(int(created)).encode()
+                      + b',"model":' + dumps(req.model) + b',"choices":[')
+        self._include_usage = req.include_usage
+        self._tail = b'],"usage":null}\n\n' if req.include_usage else b"]}\n\n"
+
+    def start(self) -> bytes:
+        return self._head + _FIRST_CHOICE + self._tail
+
+    def delta(self, d: TextDelta) -> bytes:
+        if not d.text:
+            return b""
+        return self._head + _DELTA_HEAD + dumps(d.text) + _DELTA_TAIL + self._tail
+
+    def finish(self, result: GenerationResult) -> bytes:
+        reason = FINISH_REASON[result.stop_reason].encode()
+        out = (self._head + b'{"index":0,"delta":{},"logprobs":null,"finish_reason":"'
+               + reason + b'"}' + self._tail)
+        if self._include_usage:
+            out += self._head + b'],"usage":' + dumps(_usage(result)) + b"}\n\n"
+        return out + _DONE
+
+    def error(self, err: ApiError) -> bytes:
+        return sse(dumps(_error_obj(err)))

@@ -1,0 +1,176 @@
+"""The shared-memory arena: one POSIX shm object per engine instance.
+
+Page 0 is the control page; then `slot_count` slots of `slot_size` bytes, each
+with its header + meta page and its payload, token and response regions. The
+engine creates the arena, nginx maps it; everything read back from it is
+validated against the layout before use (shared memory is input, not trust).
+"""
+
+from __future__ import annotations
+
+import grp
+import mmap
+import os
+import secrets
+import time
+from dataclasses import dataclass
+
+import posix_ipc
+import torch
+
+from zccp.abi import (
+    ABI_VERSION,
+    CONTROL_MAGIC,
+    META_OFFSET,
+    SLOT_MAGIC,
+    EngineState,
+    SlotLayout,
+    State,
+    ffi,
+)
+
+
+class SlotError(Exception):
+    """A slot header that fails validation; the ring is rejected, nothing is read."""
+
+
+@dataclass(frozen=True)
+class SlotView:
+    """Typed pointers into one slot. Cheap to create; holds no copies."""
+
+    index: int
+    header: object      # struct zccp_slot_header *
+    meta: object        # struct zccp_slot_meta *
+    base: int           # offset of the slot in the arena
+
+
+class Arena:
+    def __init__(self, name: str, layout: SlotLayout, group: str | None = None) -> None:
+        self.name = name
+        self.layout = layout
+        self.epoch = secrets.randbits(63) | 1
+        mode = 0o660 if group else 0o600
+        # A stale arena from a crashed engine is replaced, never reused.
+        try:
+            posix_ipc.unlink_shared_memory(name)
+        except posix_ipc.ExistentialError:
+            pass
+        old_umask = os.umask(0o077 if not group else 0o007)
+        try:
+            self._shm = posix_ipc.SharedMemory(name, posix_ipc.O_CREX, mode=mode, size=layout.arena_size)
+        finally:
+            os.umask(old_umask)
+        if group:
+            os.fchown(self._shm.fd, -1, grp.getgrnam(group).gr_gid)
+            os.fchmod(self._shm.fd, mode)
+        self._mmap = mmap.mmap(self._shm.fd, layout.arena_size)
+        self._shm.close_fd()
+        self._buf = ffi.from_buffer(self._mmap)
+        self.control = ffi.cast("struct zccp_control *", self._buf)
+        self._slots = [self._make_view(i) for i in range(layout.slot_count)]
+        self._closed = False
+
+    # -- set-up ---------------------------------------------------------------------------
+
+    def publish(self, socket_path: str) -> None:
+        """Write every slot header, then the control page; nginx trusts nothing before magic."""
+        lay = self.layout
+        for v in self._slots:
+            h = v.header
+            h.magic = SLOT_MAGIC
+            h.version = ABI_VERSION
+            h.state = State.FREE
+            h.payload_cap = lay.payload_cap
+            h.tokens_cap = lay.tokens_cap
+            h.response_cap = lay.response_cap
+            v.meta.gpu_device_id = -1
+        c = self.control
+        c.abi_version = ABI_VERSION
+        c.engine_state = EngineState.STARTING
+        c.epoch = self.epoch
+        c.engine_pid = os.getpid()
+        c.slot_count = lay.slot_count
+        c.slot_size = lay.slot_size
+        c.payload_offset = lay.payload_offset
+        c.payload_cap = lay.payload_cap
+        c.tokens_offset = lay.tokens_offset
+        c.tokens_cap = lay.tokens_cap
+        c.response_offset = lay.response_offset
+        c.response_cap = lay.response_cap
+        c.started_ns = time.time_ns()
+        path = socket_path.encode()
+        ffi.memmove(c.socket_path, path + b"\0", len(path) + 1)
+        c.magic = CONTROL_MAGIC  # last: the page is complete once the magic is there
+
+    def set_engine_state(self, state: int) -> None:
+        self.control.engine_state = state
+
+    # -- slots ----------------------------------------------------------------------------
+
+    def _make_view(self, index: int) -> SlotView:
+        base = self.layout.slot_base(index)
+        return SlotView(
+            index=index,
+            header=ffi.cast("struct zccp_slot_header *", self._buf + base),
+            meta=ffi.cast("struct zccp_slot_meta *", self._buf + base + META_OFFSET),
+            base=base,
+        )
+
+    def slot(self, index: int) -> SlotView:
+        if not 0 <= index < self.layout.slot_count:
+            raise SlotError(f"slot {index} out of range [0, {self.layout.slot_count})")
+        return self._slots[index]
+
+    def slots(self) -> list[SlotView]:
+        return list(self._slots)
+
+    def validate(self, view: SlotView) -> None:
+        """Check every header value the engine is about to trust."""
+        h, lay = view.header, self.layout
+        if h.magic != SLOT_MAGIC or h.version != ABI_VERSION:
+            raise SlotError(f"slot {view.index}: bad magic/version")
+        if h.payload_cap != lay.payload_cap or h.tokens_cap != lay.tokens_cap or h.response_cap != lay.response_cap:
+            raise SlotError(f"slot {view.index}: capacities were overwritten")
+        if h.payload_len > lay.payload_cap:
+            raise SlotError(f"slot {view.index}: payload_len {h.payload_len} > cap {lay.payload_cap}")
+
+    def payload(self, view: SlotView) -> memoryview:
+        """The request body, zero-copy (length validated by validate())."""
+        start = view.base + self.layout.payload_offset
+        return memoryview(self._mmap)[start : start + view.header.payload_len]
+
+    def token_tensor(self, view: SlotView) -> torch.Tensor:
+        """The slot's whole token array as a writable int32 tensor over the mmap (no copy)."""
+        return torch.frombuffer(
+            self._mmap,
+            dtype=torch.int32,
+            count=self.layout.tokens_cap,
+            offset=view.base + self.layout.tokens_offset,
+        )
+
+    def response_region(self, view: SlotView) -> memoryview:
+        start = view.base + self.layout.response_offset
+        return memoryview(self._mmap)[start : start + self.layout.response_cap]
+
+    def mapping(self) -> mmap.mmap:
+        """The raw mapping (for device registration)."""
+        return self._mmap
+
+    # -- tear-down ------------------------------------------------------------------------
+
+    def close(self, unlink: bool = True) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        self.control.engine_state = EngineState.STOPPING
+        self.control.magic = 0
+        del self._slots, self.control, self._buf
+        try:
+            self._mmap.close()
+        except BufferError:
+            pass  # a tensor view still alive; the mapping goes with the process
+        if unlink:
+            try:
+                posix_ipc.unlink_shared_memory(self.name)
+            except posix_ipc.ExistentialError:
+                pass

@@ -1,0 +1,254 @@
+"""config.yaml: one file for both sides, validated strictly at start-up.
+
+Every section is a dataclass; unknown keys and ill-typed or out-of-range values
+are refused with the file name and the dotted key in the message, so a typo
+never silently falls back to a default.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import types
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+
+
+class ConfigError(ValueError):
+    """A config file that cannot be used; the message names the file and key."""
+
+
+@dataclass(frozen=True)
+class ServerConfig:
+    listen: str = "127.0.0.1:8080"          # nginx listen address (loopback by default)
+    workers: int = 2                         # nginx worker processes
+    socket_path: str = "/tmp/zccp/doorbell.sock"
+    connect_timeout_ms: int = 500            # nginx -> engine doorbell connect
+    doorbell_pool_size: int = 64             # keepalive cosockets per nginx worker
+
+
+@dataclass(frozen=True)
+class GpuConfig:
+    enabled: Literal["auto", "on", "off"] = "auto"
+    device_id: int = 0
+    register_host_memory: bool = True        # pin the arena once and read tokens in place
+
+
+@dataclass(frozen=True)
+class CacheConfig:
+    enabled: bool = True
+    redis_url: str = "redis://127.0.0.1:6379/0"
+    ttl_s: int = 3600
+    near_duplicate: bool = True
+    similarity_threshold: float = 0.85
+    timeout_ms: int = 50
+
+
+@dataclass(frozen=True)
+class SharedMemoryConfig:
+    name: str = "/zccp.default"
+    segment_count: int = 128
+    segment_size_kb: int = 1024
+    tokens_kb: int = 256                     # token array region per slot
+    response_kb: int = 64                    # response ring per slot
+    cleanup_interval_ms: int = 30000
+    group: str | None = None                 # arena + socket become 0660 with this group
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    backend: Literal["tiny", "null"] = "tiny"
+    name: str = "zccp-tiny"
+    seed: int = 0
+    d_model: int = 128
+    n_layers: int = 2
+    n_heads: int = 4
+    d_ff: int = 512
+    max_context: int = 8192
+    prefill_chunk: int = 0                   # 0 = single-pass prefill
+    threads: int = 1                         # torch intra-op threads
+    null_reply: str = "Hello from the ZCCP null backend."
+    null_token_delay_ms: float = 0.0         # null backend: simulated time per token
+
+
+@dataclass(frozen=True)
+class LimitsConfig:
+    max_body_kb: int = 512
+    max_tokens_cap: int = 4096
+    default_max_tokens: int = 256
+    request_timeout_ms: int = 60000
+
+
+@dataclass(frozen=True)
+class LoggingConfig:
+    level: Literal["debug", "info", "warning", "error"] = "info"
+    file: str | None = None                  # None = stderr
+
+
+@dataclass(frozen=True)
+class Config:
+    server: ServerConfig = field(default_factory=ServerConfig)
+    gpu: GpuConfig = field(default_factory=GpuConfig)
+    cache: CacheConfig = field(default_factory=CacheConfig)
+    shared_memory: SharedMemoryConfig = field(default_factory=SharedMemoryConfig)
+    model: ModelConfig = field(default_factory=ModelConfig)
+    limits: LimitsConfig = field(default_factory=LimitsConfig)
+    logging: LoggingConfig = field(default_factory=LoggingConfig)
+    path: str = "<defaults>"                 # where it was loaded from (not a YAML key)
+
+
+# (section, key) -> (min, max) for integers and floats; checked after typing.
+_RANGES: dict[tuple[str, str], tuple[float, float]] = {
+    ("server", "workers"): (1, 64),
+    ("server", "connect_timeout_ms"): (1, 60_000),
+    ("server", "doorbell_pool_size"): (1, 4096),
+    ("gpu", "device_id"): (0, 64),
+    ("cache", "ttl_s"): (1, 30 * 86400),
+    ("cache", "similarity_threshold"): (0.01, 1.0),
+    ("cache", "timeout_ms"): (1, 60_000),
+    ("shared_memory", "segment_count"): (1, 65_536),
+    ("shared_memory", "segment_size_kb"): (16, 1 << 20),
+    ("shared_memory", "tokens_kb"): (4, 1 << 20),
+    ("shared_memory", "response_kb"): (4, 1 << 20),
+    ("shared_memory", "cleanup_interval_ms"): (100, 86_400_000),
+    ("model", "d_model"): (8, 8192),
+    ("model", "n_layers"): (1, 128),
+    ("model", "n_heads"): (1, 128),
+    ("model", "d_ff"): (8, 65_536),
+    ("model", "max_context"): (16, 1 << 22),
+    ("model", "prefill_chunk"): (0, 1 << 22),
+    ("model", "threads"): (1, 256),
+    ("model", "null_token_delay_ms"): (0, 10_000),
+    ("limits", "max_body_kb"): (1, 1 << 20),
+    ("limits", "max_tokens_cap"): (1, 1 << 20),
+    ("limits", "default_max_tokens"): (1, 1 << 20),
+    ("limits", "request_timeout_ms"): (100, 3_600_000),
+}
+
+
+def _check_value(where: str, hint: Any, value: Any) -> Any:
+    origin = typing.get_origin(hint)
+    if origin is Literal:
+        if value is None and "null" in typing.get_args(hint):
+            raise ConfigError(f"{where}: YAML read null as nothing; write 'null' in quotes")
+        if value not in typing.get_args(hint):
+            allowed = ", ".join(repr(a) for a in typing.get_args(hint))
+            raise ConfigError(f"{where}: {value!r} is not one of {allowed}")
+        return value
+    if origin in (types.UnionType, typing.Union):
+        args = typing.get_args(hint)
+        if value is None and type(None) in args:
+            return None
+        (inner,) = [a for a in args if a is not type(None)]
+        return _check_value(where, inner, value)
+    if hint is bool:
+        if not isinstance(value, bool):
+            raise ConfigError(f"{where}: expected true or false, got {value!r}")
+        return value
+    if hint is int:
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise ConfigError(f"{where}: expected an integer, got {value!r}")
+        return value
+    if hint is float:
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise ConfigError(f"{where}: expected a number, got {value!r}")
+        return float(value)
+    if hint is str:
+        if not isinstance(value, str) or not value:
+            raise ConfigError(f"{where}: expected a non-empty string, got {value!r}")
+        return value
+    raise TypeError(f"unsupported config type {hint!r}")  # programmer error
+
+
+def _build_section(path: str, name: str, cls: type, raw: Any) -> Any:
+    if raw is None:
+        return cls()
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{path}: {name}: expected a mapping, got {type(raw).__name__}")
+    hints = typing.get_type_hints(cls)
+    known = {f.name for f in dataclasses.fields(cls)}
+    for key in raw:
+        if key not in known:
+            raise ConfigError(f"{path}: {name}.{key}: unknown key (known: {', '.join(sorted(known))})")
+    values = {}
+    for key, value in raw.items():
+        where = f"{path}: {name}.{key}"
+        checked = _check_value(where, hints[key], value)
+        bounds = _RANGES.get((name, key))
+        if bounds is not None and checked is not None and not bounds[0] <= checked <= bounds[1]:
+            raise ConfigError(f"{where}: {checked!r} is outside [{bounds[0]}, {bounds[1]}]")
+        values[key] = checked
+    return cls(**values)
+
+
+def _check_consistency(cfg: Config) -> None:
+    shm = cfg.shared_memory
+    where = f"{cfg.path}: shared_memory"
+    if shm.segment_size_kb % 4:
+        raise ConfigError(f"{where}.segment_size_kb: {shm.segment_size_kb} is not a multiple of 4")
+    for key in ("tokens_kb", "response_kb"):
+        if getattr(shm, key) % 4:
+            raise ConfigError(f"{where}.{key}: {getattr(shm, key)} is not a multiple of 4")
+    payload_kb = shm.segment_size_kb - 4 - shm.tokens_kb - shm.response_kb
+    if payload_kb < 4:
+        raise ConfigError(
+            f"{where}.segment_size_kb: {shm.segment_size_kb} KiB leaves no room for a payload "
+            f"after the 4 KiB header page, tokens_kb and response_kb"
+        )
+    if cfg.limits.max_body_kb > payload_kb:
+        raise ConfigError(
+            f"{cfg.path}: limits.max_body_kb: {cfg.limits.max_body_kb} exceeds the slot payload "
+            f"capacity of {payload_kb} KiB (raise shared_memory.segment_size_kb)"
+        )
+    if shm.segment_count * shm.segment_size_kb > 64 * 1024 * 1024:
+        raise ConfigError(f"{where}: the arena would exceed 64 GiB")
+    if not shm.name.startswith("/") or "/" in shm.name[1:] or len(shm.name) > 200:
+        raise ConfigError(f"{where}.name: {shm.name!r} must look like /name (one leading slash)")
+    if len(cfg.server.socket_path.encode()) >= 108:
+        raise ConfigError(f"{cfg.path}: server.socket_path: longer than 107 bytes")
+    if cfg.limits.default_max_tokens > cfg.limits.max_tokens_cap:
+        raise ConfigError(f"{cfg.path}: limits.default_max_tokens: exceeds limits.max_tokens_cap")
+    if cfg.model.d_model % cfg.model.n_heads or (cfg.model.d_model // cfg.model.n_heads) % 2:
+        raise ConfigError(f"{cfg.path}: model.d_model: must split into n_heads heads of even size")
+
+
+_SECTIONS = {f.name: f.type for f in dataclasses.fields(Config) if f.name != "path"}
+
+
+def parse_config(raw: Any, path: str = "<string>") -> Config:
+    if raw is None:
+        raw = {}
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{path}: top level must be a mapping of sections")
+    hints = typing.get_type_hints(Config)
+    for key in raw:
+        if key not in _SECTIONS:
+            raise ConfigError(f"{path}: {key}: unknown section (known: {', '.join(_SECTIONS)})")
+    sections = {name: _build_section(path, name, hints[name], raw.get(name)) for name in _SECTIONS}
+    cfg = Config(**sections, path=path)
+    _check_consistency(cfg)
+    return cfg
+
+
+def load_config(path: str | Path) -> Config:
+    p = Path(path)
+    try:
+        text = p.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise ConfigError(f"{p}: cannot read: {exc.strerror}") from exc
+    try:
+        raw = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{p}: not valid YAML: {exc}") from exc
+    return parse_config(raw, str(p))
+
+
+def with_overrides(cfg: Config, **sections: dict[str, Any]) -> Config:
+    """A copy with some keys replaced (used by tests and the bench)."""
+    updated = {name: dataclasses.replace(getattr(cfg, name), **values) for name, values in sections.items()}
+    out = dataclasses.replace(cfg, **updated)
+    _check_consistency(out)
+    return out

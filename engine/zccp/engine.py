@@ -1,0 +1,229 @@
+"""The engine process: arena + doorbell + sweeper around the request pipeline."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import signal
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+
+import torch
+
+from zccp.abi import EngineState, Op, SlotLayout, State
+from zccp.api.common import ParseLimits
+from zccp.arena import Arena, SlotError, SlotView
+from zccp.config import Config
+from zccp.device import select_device
+from zccp.doorbell import Connection, DoorbellServer, Ring, encode_notice
+from zccp.model.registry import build_backend
+from zccp.pipeline import PipelineDeps, RequestContext, run_request
+from zccp.response import ResponseWriter
+
+log = logging.getLogger("zccp.engine")
+
+
+@dataclass(eq=False)
+class Job:
+    conn: Connection
+    view: SlotView
+    generation: int
+    cancel: threading.Event = field(default_factory=threading.Event)
+
+    def cancelled(self) -> bool:
+        if self.cancel.is_set():
+            return True
+        deadline = self.view.header.deadline_ns
+        if deadline and time.time_ns() > deadline:
+            self.cancel.set()
+            return True
+        return False
+
+
+def layout_from_config(cfg: Config) -> SlotLayout:
+    shm = cfg.shared_memory
+    return SlotLayout.build(shm.segment_count, shm.segment_size_kb * 1024, shm.tokens_kb * 1024, shm.response_kb * 1024)
+
+
+def backend_options(cfg: Config) -> dict[str, object]:
+    m = cfg.model
+    if m.backend == "null":
+        return {"name": m.name, "reply": m.null_reply, "max_context": m.max_context,
+                "token_delay_ms": m.null_token_delay_ms}
+    return {
+        "name": m.name, "seed": m.seed, "d_model": m.d_model, "n_layers": m.n_layers,
+        "n_heads": m.n_heads, "d_ff": m.d_ff, "max_context": m.max_context, "prefill_chunk": m.prefill_chunk,
+    }
+
+
+class Engine:
+    def __init__(self, cfg: Config) -> None:
+        self.cfg = cfg
+        torch.set_num_threads(cfg.model.threads)
+        self.layout = layout_from_config(cfg)
+        self.arena = Arena(cfg.shared_memory.name, self.layout, cfg.shared_memory.group)
+        self.device = select_device(cfg.gpu, self.arena.mapping())
+        self.backend = build_backend(cfg.model.backend, **backend_options(cfg))
+        if self.device.device_id >= 0 and hasattr(self.backend, "to"):
+            self.backend.to(self.device.torch_device)
+        self.deps = PipelineDeps(
+            backend=self.backend,
+            limits=ParseLimits(
+                served_models=frozenset({cfg.model.name}),
+                max_tokens_cap=cfg.limits.max_tokens_cap,
+                default_max_tokens=cfg.limits.default_max_tokens,
+            ),
+            input_view=self.device.input_view,
+            device_id=self.device.device_id,
+        )
+        # Views made once: a request never allocates a tensor header for its slot.
+        self._tokens = [self.arena.token_tensor(v) for v in self.arena.slots()]
+        self._jobs: dict[int, Job] = {}
+        # One model thread: the model is the serial resource; the loop stays free for rings.
+        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="zccp-model")
+        # The instant null backend runs on the loop itself: no thread hop per request.
+        self._inline = cfg.model.backend == "null" and cfg.model.null_token_delay_ms == 0
+        self.doorbell = DoorbellServer(cfg.server.socket_path, self._on_ring, self._on_close, self._on_ping,
+                                       cfg.shared_memory.group)
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self.rings = 0
+        self.rejects = 0
+
+    # -- doorbell callbacks (event loop thread) -------------------------------------------
+
+    def _reject(self, conn: Connection, ring: Ring, status: int, why: str) -> None:
+        self.rejects += 1
+        log.warning("ring rejected: %s", why, extra={"slot": ring.slot, "generation": ring.generation, "status": status})
+        conn.send(encode_notice(Op.REJECT, ring.slot, ring.generation, 0, 1, status))
+
+    def _on_ping(self, conn: Connection) -> None:
+        conn.send(encode_notice(Op.PONG, self.layout.slot_count, self.arena.epoch, 0, 1, 200))
+
+    def _on_ring(self, conn: Connection, ring: Ring) -> None:
+        self.rings += 1
+        try:
+            view = self.arena.slot(ring.slot)
+        except SlotError as exc:
+            return self._reject(conn, ring, 400, str(exc))
+        h = view.header
+        if h.generation != ring.generation:
+            return self._reject(conn, ring, 409, f"stale ring: slot generation is {h.generation}")
+        if h.state != State.READY or ring.slot in self._jobs:
+            return self._reject(conn, ring, 409, f"slot state {h.state} is not READY")
+        try:
+            self.arena.validate(view)
+        except SlotError as exc:
+            return self._reject(conn, ring, 400, str(exc))
+        h.state = State.RUNNING
+        job = Job(conn, view, ring.generation)
+        self._jobs[ring.slot] = job
+        conn.jobs.add(job)
+        if self._inline:
+            self._run(job)
+        else:
+            assert self._loop is not None
+            fut = self._loop.run_in_executor(self._pool, self._run, job)
+            fut.add_done_callback(lambda f: f.exception())  # _run never raises; keep asyncio quiet
+
+    def _on_close(self, conn: Connection) -> None:
+        for job in list(conn.jobs):
+            job.cancel.set()  # the client side went away: stop generating
+
+    # -- one job (model thread, or inline for the null backend) --------------------------
+
+    def _run(self, job: Job) -> None:
+        view, conn = job.view, job.conn
+
+        def notify(total: int, final: bool, status: int) -> None:
+            conn.send(encode_notice(Op.NOTICE, view.index, job.generation, total & 0xFFFFFFFF, int(final), status))
+
+        ctx = RequestContext(
+            view=view,
+            generation=job.generation,
+            payload=self.arena.payload(view),
+            tokens=self._tokens[view.index],
+            writer=ResponseWriter(self.arena, view, job.generation, notify, job.cancelled),
+            cancelled=job.cancelled,
+            context_id=bytes(view.header.context_id).hex(),
+        )
+        try:
+            run_request(ctx, self.deps)
+        finally:
+            ctx.payload.release()
+            self._finish_job(job)
+
+    def _finish_job(self, job: Job) -> None:
+        def drop() -> None:
+            if self._jobs.get(job.view.index) is job:
+                del self._jobs[job.view.index]
+            job.conn.jobs.discard(job)
+
+        if self._inline or self._loop is None:
+            drop()
+        else:
+            self._loop.call_soon_threadsafe(drop)
+
+    # -- sweeper ---------------------------------------------------------------------------
+
+    def sweep(self, now_ns: int | None = None) -> int:
+        """Reset slots stuck past cleanup_interval_ms (a worker died, a ring never came)."""
+        now_ns = now_ns or time.time_ns()
+        limit = self.cfg.shared_memory.cleanup_interval_ms * 1_000_000
+        reset = 0
+        for view in self.arena.slots():
+            h = view.header
+            if h.state == State.FREE or not h.timestamp_ns or now_ns - h.timestamp_ns < limit:
+                continue
+            job = self._jobs.get(view.index)
+            if job is not None:
+                job.cancel.set()
+            log.warning("sweeper: slot stuck in state %d, reset", h.state, extra={"slot": view.index, "generation": int(h.generation)})
+            h.state = State.FREE
+            reset += 1
+        return reset
+
+    async def _sweeper(self) -> None:
+        period = max(self.cfg.shared_memory.cleanup_interval_ms / 4000, 0.05)
+        while True:
+            await asyncio.sleep(period)
+            self.sweep()
+
+    # -- life cycle ------------------------------------------------------------------------
+
+    async def serve(self, stop: asyncio.Event) -> None:
+        self._loop = asyncio.get_running_loop()
+        await self.doorbell.start()
+        self.arena.publish(self.cfg.server.socket_path)
+        self.arena.set_engine_state(EngineState.SERVING)
+        sweeper = asyncio.create_task(self._sweeper())
+        log.info("engine serving: arena %s (%d slots x %d KiB), doorbell %s, model %s (%s) on %s",
+                 self.cfg.shared_memory.name, self.layout.slot_count, self.layout.slot_size // 1024,
+                 self.cfg.server.socket_path, self.cfg.model.name, self.cfg.model.backend, self.device.name)
+        try:
+            await stop.wait()
+        finally:
+            sweeper.cancel()
+            self.arena.set_engine_state(EngineState.STOPPING)
+            for job in list(self._jobs.values()):
+                job.cancel.set()
+            await self.doorbell.stop()
+            self._pool.shutdown(wait=True, cancel_futures=True)
+            self.device.close()
+            self._tokens.clear()
+            self.arena.close()
+            log.info("engine stopped; arena and socket removed")
+
+
+def run_engine(cfg: Config) -> None:
+    async def main() -> None:
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, stop.set)
+        engine = Engine(cfg)
+        await engine.serve(stop)
+
+    asyncio.run(main())

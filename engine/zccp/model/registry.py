@@ -1,0 +1,68 @@
+"""Build a model backend from a kind name and options (from config / the command line)."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from typing import Any
+
+from zccp.model.base import ModelBackend
+
+
+def _build_tiny(**options: Any) -> ModelBackend:
+    from zccp.model.tiny import TinyConfig, TinyTransformer
+
+    fields = {f.name for f in dataclasses.fields(TinyConfig)}
+    unknown = sorted(set(options) - fields)
+    if unknown:
+        raise ValueError(
+            f"unknown option(s) for backend 'tiny': {', '.join(unknown)} "
+            f"(known: {', '.join(sorted(fields))})"
+        )
+    return TinyTransformer(TinyConfig(**options))
+
+
+def _build_null(**options: Any) -> ModelBackend:
+    from zccp.model.null import NullBackend
+
+    known = {"reply", "name", "max_context", "token_delay_ms"}
+    unknown = sorted(set(options) - known)
+    if unknown:
+        raise ValueError(
+            f"unknown option(s) for backend 'null': {', '.join(unknown)} "
+            f"(known: {', '.join(sorted(known))})"
+        )
+    return NullBackend(**options)
+
+
+# kind -> factory(**options). A future "hf" (Hugging Face) backend plugs in here
+# with register_backend("hf", factory); its module should import transformers
+# lazily inside the factory, as the entries above do for torch models.
+_BUILDERS: dict[str, Callable[..., ModelBackend]] = {
+    "tiny": _build_tiny,
+    "null": _build_null,
+}
+
+
+def register_backend(kind: str, factory: Callable[..., ModelBackend]) -> None:
+    _BUILDERS[kind] = factory
+
+
+def available_kinds() -> tuple[str, ...]:
+    return tuple(sorted(_BUILDERS))
+
+
+def build_backend(kind: str, **options: Any) -> ModelBackend:
+    """Construct the backend `kind` ("tiny" or "null") with keyword options.
+
+    tiny: any TinyConfig field (name, d_model, n_layers, n_heads, d_ff, max_context,
+    seed, prefill_chunk, tie_embeddings, eos_bias, device).
+    null: reply, name, max_context.
+    """
+    try:
+        factory = _BUILDERS[kind]
+    except KeyError:
+        raise ValueError(
+            f"unknown model backend kind {kind!r} (available: {', '.join(available_kinds())})"
+        ) from None
+    return factory(**options)

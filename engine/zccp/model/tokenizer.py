@@ -1,0 +1,138 @@
+"""Byte-level tokenizer shared by every built-in backend.
+
+Ids 0..255 are the raw UTF-8 bytes; five special ids follow. A chat prompt is laid
+out as::
+
+    BOS [SYSTEM <system bytes>] (<ROLE marker> <message bytes>)* ASSISTANT
+
+where the SYSTEM segment is present only for a non-empty system prompt and the
+trailing ASSISTANT marker is the generation prompt. encode_chat_into() writes the
+ids straight into a caller-provided 1-D integer tensor (a view of a shared-memory
+slot) with one slice copy per segment, so a 500 KB prompt costs a few vectorised
+copies, not a Python loop over bytes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+
+import numpy as np
+import torch
+
+from zccp.request import ChatMessage
+
+BOS = 256
+EOS = 257
+SYSTEM = 258
+USER = 259
+ASSISTANT = 260
+VOCAB_SIZE = 261
+
+SPECIAL_IDS = frozenset({BOS, EOS, SYSTEM, USER, ASSISTANT})
+
+ROLE_MARKERS: dict[str, int] = {"system": SYSTEM, "user": USER, "assistant": ASSISTANT}
+
+# Lone surrogates (legal in JSON "\ud800" escapes, illegal in UTF-8) become "?"
+# rather than failing the request; count and encode use the same rule.
+_ENCODE_ERRORS = "replace"
+
+
+class PromptTooLong(ValueError):
+    """The encoded prompt needs more ids than the destination holds."""
+
+    def __init__(self, needed: int, capacity: int) -> None:
+        super().__init__(f"prompt needs {needed} tokens but only {capacity} fit")
+        self.needed = needed
+        self.capacity = capacity
+
+
+def _utf8(text: str) -> bytearray:
+    # bytearray (writable) so torch.frombuffer does not warn; one copy, done in C.
+    return bytearray(text, "utf-8", _ENCODE_ERRORS)
+
+
+def _marker(role: str) -> int:
+    try:
+        return ROLE_MARKERS[role]
+    except KeyError:
+        raise ValueError(f"unknown chat role {role!r}") from None
+
+
+def _segments(system: str, messages: Sequence[ChatMessage]) -> list[tuple[int, bytearray]]:
+    segs: list[tuple[int, bytearray]] = []
+    if system:
+        segs.append((SYSTEM, _utf8(system)))
+    for m in messages:
+        segs.append((_marker(m.role), _utf8(m.text)))
+    return segs
+
+
+def _needed(segs: Sequence[tuple[int, bytearray]]) -> int:
+    # BOS + per segment (marker + bytes) + final ASSISTANT marker
+    return 2 + sum(1 + len(b) for _, b in segs)
+
+
+def count_chat_tokens(system: str, messages: Sequence[ChatMessage]) -> int:
+    """Number of ids encode_chat_into() would write for this prompt."""
+    n = 2
+    if system:
+        n += 1 + len(system.encode("utf-8", _ENCODE_ERRORS))
+    for m in messages:
+        _marker(m.role)
+        n += 1 + len(m.text.encode("utf-8", _ENCODE_ERRORS))
+    return n
+
+
+def encode_chat_into(system: str, messages: Sequence[ChatMessage], out: torch.Tensor) -> int:
+    """Write the prompt's ids into out[0:n] and return n.
+
+    `out` is a 1-D integer tensor (normally int32, a view of shared memory). If the
+    prompt does not fit, PromptTooLong is raised and `out` is left untouched.
+    """
+    if out.dim() != 1:
+        raise ValueError(f"out must be 1-D, got shape {tuple(out.shape)}")
+    if out.dtype.is_floating_point or out.dtype.is_complex or out.dtype == torch.bool:
+        raise ValueError(f"out must be an integer tensor, got {out.dtype}")
+    segs = _segments(system, messages)
+    needed = _needed(segs)
+    capacity = out.numel()
+    if needed > capacity:
+        raise PromptTooLong(needed, capacity)
+
+    out[0] = BOS
+    pos = 1
+    for marker, data in segs:
+        out[pos] = marker
+        pos += 1
+        n = len(data)
+        if n:
+            out[pos : pos + n].copy_(torch.frombuffer(data, dtype=torch.uint8))
+            pos += n
+    out[pos] = ASSISTANT
+    pos += 1
+    assert pos == needed
+    return pos
+
+
+def encode_chat(system: str, messages: Sequence[ChatMessage]) -> torch.Tensor:
+    """Convenience: the prompt's ids in a fresh 1-D int32 tensor."""
+    segs = _segments(system, messages)
+    out = torch.empty(_needed(segs), dtype=torch.int32)
+    encode_chat_into(system, messages, out)
+    return out
+
+
+def encode_text(text: str) -> list[int]:
+    """Plain text to byte ids (no specials)."""
+    return list(text.encode("utf-8", _ENCODE_ERRORS))
+
+
+def decode_bytes(ids: torch.Tensor | np.ndarray | Iterable[int]) -> bytes:
+    """The bytes spelled by `ids`, with special (and out-of-range) ids dropped."""
+    if isinstance(ids, torch.Tensor):
+        arr = ids.detach().cpu().numpy()
+    else:
+        arr = np.fromiter(ids, dtype=np.int64) if not isinstance(ids, np.ndarray) else ids
+    arr = np.asarray(arr).reshape(-1)
+    keep = (arr >= 0) & (arr < 256)
+    return arr[keep].astype(np.uint8).tobytes()

@@ -1,0 +1,85 @@
+"""Renders the nginx templates in nginx/ from config.yaml (nginx's share of the one file)."""
+
+from __future__ import annotations
+
+import getpass
+import os
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+from zccp.abi import HEADER_PATH
+from zccp.config import Config
+
+_PLACEHOLDER = re.compile(r"\{\{(\w+)\}\}")
+_LEVELS = {"debug": "info", "info": "warn", "warning": "warn", "error": "error"}
+# Rendered into double-quoted nginx/Lua strings: anything that could break out is refused.
+_UNSAFE = set('"\\\n\r;{}$\'')
+
+
+def repo_root() -> Path:
+    return Path(__file__).resolve().parents[2]
+
+
+@dataclass(frozen=True)
+class RenderedNginx:
+    out: Path
+    http_conf: Path
+    server_conf: Path
+    nginx_conf: Path | None
+    prefix: Path | None
+
+
+def _fill(template: str, values: dict[str, str], name: str) -> str:
+    def sub(m: re.Match[str]) -> str:
+        key = m.group(1)
+        if key not in values:
+            raise KeyError(f"{name}: no value for {{{{{key}}}}}")
+        return values[key]
+
+    return _PLACEHOLDER.sub(sub, template)
+
+
+def _safe(value: str, what: str) -> str:
+    if _UNSAFE & set(value):
+        raise ValueError(f"{what}: {value!r} contains characters not allowed here")
+    return value
+
+
+def render(cfg: Config, out: Path, standalone: bool = False, prefix: Path | None = None) -> RenderedNginx:
+    root = repo_root()
+    out = out.resolve()
+    out.mkdir(parents=True, exist_ok=True)
+    values = {
+        "lua_dir": _safe(str(root / "lua"), "lua dir"),
+        "abi_header": _safe(str(HEADER_PATH), "ABI header"),
+        "shm_name": _safe(cfg.shared_memory.name, "shared_memory.name"),
+        "socket_path": _safe(cfg.server.socket_path, "server.socket_path"),
+        "connect_timeout_ms": str(cfg.server.connect_timeout_ms),
+        "request_timeout_ms": str(cfg.limits.request_timeout_ms),
+        "max_body": str(cfg.limits.max_body_kb * 1024),
+        "pool_size": str(cfg.server.doorbell_pool_size),
+        "dict": "zccp_slots",
+        "dict_size": "1m",
+        "out": str(out),
+    }
+    http_conf = out / "zccp_http.conf"
+    server_conf = out / "zccp_server.conf"
+    http_conf.write_text(_fill((root / "nginx/zccp_http.conf").read_text(), values, "zccp_http.conf"))
+    server_conf.write_text(_fill((root / "nginx/zccp_server.conf").read_text(), values, "zccp_server.conf"))
+    nginx_conf = None
+    if standalone:
+        prefix = (prefix or out).resolve()
+        for sub in ("logs", "tmp/body", "tmp/proxy", "tmp/fastcgi", "tmp/uwsgi", "tmp/scgi"):
+            (prefix / sub).mkdir(parents=True, exist_ok=True)
+        values.update(
+            prefix=str(prefix),
+            workers=str(cfg.server.workers),
+            listen=_safe(cfg.server.listen, "server.listen"),
+            error_log_level=_LEVELS[cfg.logging.level],
+            # As root, workers would run as nobody and could not open a 0600 arena.
+            user_line=f"user {getpass.getuser()};" if os.geteuid() == 0 else "",
+        )
+        nginx_conf = out / "nginx.conf"
+        nginx_conf.write_text(_fill((root / "nginx/nginx.conf").read_text(), values, "nginx.conf"))
+    return RenderedNginx(out, http_conf, server_conf, nginx_conf, prefix)

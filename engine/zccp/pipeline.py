@@ -1,0 +1,150 @@
+"""One request, from the slot's payload to the slot's response region.
+
+parse (once, orjson, in the engine) -> tokenize into the slot's token array ->
+model reads a zero-copy view of it -> each API's bytes written to the response
+ring. Client errors come back through the same slot as API-shaped JSON.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from types import ModuleType
+
+import torch
+
+from zccp.abi import Flag
+from zccp.api import anthropic as anthropic_api
+from zccp.api import openai as openai_api
+from zccp.api.common import ParseLimits
+from zccp.arena import SlotView
+from zccp.generation import generate_text
+from zccp.model.base import ModelBackend
+from zccp.model.tokenizer import PromptTooLong, encode_chat_into
+from zccp.request import ApiError, GenerationRequest, GenerationResult, TextDelta
+from zccp.response import ResponseWriter, SlotAbandoned
+
+log = logging.getLogger("zccp.pipeline")
+
+
+@dataclass
+class RequestContext:
+    view: SlotView
+    generation: int
+    payload: memoryview            # the body in shared memory, validated length
+    tokens: torch.Tensor           # the slot's whole token array (int32 view of the mmap)
+    writer: ResponseWriter
+    cancelled: Callable[[], bool]
+    context_id: str
+
+
+@dataclass(frozen=True)
+class PipelineDeps:
+    backend: ModelBackend
+    limits: ParseLimits
+    input_view: Callable[[torch.Tensor], torch.Tensor]   # device seam
+    device_id: int
+
+
+def api_for(flags: int) -> ModuleType:
+    return openai_api if flags & Flag.API_OPENAI else anthropic_api
+
+
+def _prepare(ctx: RequestContext, deps: PipelineDeps, api: ModuleType) -> tuple[GenerationRequest, torch.Tensor]:
+    req = api.parse_request(ctx.payload, deps.limits)
+    try:
+        n = encode_chat_into(req.system, req.messages, ctx.tokens)
+    except PromptTooLong as exc:
+        raise ApiError(413, "request_too_large",
+                       f"prompt is {exc.needed} tokens; a slot holds at most {exc.capacity}") from None
+    h, meta = ctx.view.header, ctx.view.meta
+    h.tokens_len = n
+    meta.prompt_len = n
+    meta.max_tokens = req.sampling.max_tokens
+    meta.gpu_device_id = deps.device_id
+    limit = deps.backend.max_context
+    if n + req.sampling.max_tokens > limit:
+        raise ApiError(400, "invalid_request_error",
+                       f"prompt is too long: {n} tokens + max_tokens {req.sampling.max_tokens} > {limit} maximum",
+                       param="max_tokens" if n < limit else "messages")
+    return req, deps.input_view(ctx.tokens[:n])
+
+
+def run_request(ctx: RequestContext, deps: PipelineDeps) -> None:
+    """Serve one ring; never raises except SlotAbandoned being swallowed here."""
+    api = api_for(ctx.view.header.flags)
+    writer = ctx.writer
+    started = time.perf_counter()
+    encoder = None
+    try:
+        try:
+            req, input_ids = _prepare(ctx, deps, api)
+        except ApiError as err:
+            writer.begin(api.http_status(err), sse=False)
+            writer.write(api.render_error(err))
+            writer.finish()
+            _log_done(ctx, err.status, started)
+            return
+        rid, created = api.new_response_id(), int(time.time())
+        events = generate_text(deps.backend, input_ids, req.sampling, ctx.cancelled)
+        result: GenerationResult | None = None
+        if req.stream:
+            encoder = api.StreamEncoder(req, rid, created, int(input_ids.numel()))
+            writer.begin(200, sse=True)
+            writer.write(encoder.start())
+            for ev in events:
+                if isinstance(ev, TextDelta):
+                    if ev.text:
+                        writer.write(encoder.delta(ev))
+                else:
+                    result = ev
+            if result is None:
+                raise SlotAbandoned("generation stopped without a result")
+            writer.write(encoder.finish(result))
+        else:
+            for ev in events:
+                if isinstance(ev, GenerationResult):
+                    result = ev
+            if result is None:
+                raise SlotAbandoned("generation stopped without a result")
+            writer.begin(200, sse=False)
+            writer.write(api.render_response(req, result, rid, created))
+        ctx.view.meta.completion_len = result.output_tokens
+        writer.finish()
+        _log_done(ctx, 200, started, result)
+    except SlotAbandoned as exc:
+        log.info("request abandoned: %s", exc, extra={"context_id": ctx.context_id})
+    except Exception:
+        log.exception("request failed", extra={"context_id": ctx.context_id})
+        _fail(ctx, api, encoder)
+
+
+def _fail(ctx: RequestContext, api: ModuleType, encoder: object | None) -> None:
+    err = ApiError(500, "api_error", "the engine failed while serving this request")
+    writer = ctx.writer
+    try:
+        if not writer.started:
+            writer.begin(500, sse=False)
+            writer.write(api.render_error(err))
+        elif encoder is not None:
+            writer.write(encoder.error(err))
+        writer.finish(failed=True)
+    except SlotAbandoned:
+        pass
+
+
+def _log_done(ctx: RequestContext, status: int, started: float, result: GenerationResult | None = None) -> None:
+    log.info(
+        "request done",
+        extra={
+            "context_id": ctx.context_id,
+            "slot": ctx.view.index,
+            "generation": ctx.generation,
+            "status": status,
+            "duration_ms": round((time.perf_counter() - started) * 1000, 3),
+            "tokens_in": result.input_tokens if result else None,
+            "tokens_out": result.output_tokens if result else None,
+        },
+    )

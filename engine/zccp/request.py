@@ -1,0 +1,72 @@
+"""Plain data passed between the API layer, the generation loop and the model.
+
+Both API front ends (Anthropic Messages, OpenAI Chat Completions) parse their JSON
+into a GenerationRequest; the generation loop answers with GenerationResult and
+TextDelta values; the API layer renders those back into each API's bytes.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+ApiKind = Literal["anthropic", "openai"]
+Role = Literal["system", "user", "assistant"]
+# Anthropic's stop reasons; the OpenAI renderer maps them to finish_reason.
+StopReason = Literal["end_turn", "max_tokens", "stop_sequence"]
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    max_tokens: int
+    temperature: float = 1.0          # 0 means greedy (deterministic)
+    top_p: float | None = None        # nucleus sampling, (0, 1]
+    top_k: int | None = None          # keep the k most likely tokens, >= 1
+    seed: int | None = None           # fixes the sampler's RNG when given
+    stop: tuple[str, ...] = ()        # stop sequences, matched on generated text
+
+
+@dataclass(frozen=True)
+class ChatMessage:
+    role: Role
+    text: str                         # text content, non-text blocks rendered as "[type]"
+
+
+@dataclass(frozen=True)
+class GenerationRequest:
+    api: ApiKind
+    model: str
+    system: str                       # "" when absent
+    messages: tuple[ChatMessage, ...]
+    sampling: SamplingParams
+    stream: bool = False
+    include_usage: bool = False       # OpenAI stream_options.include_usage
+    user: str | None = None           # OpenAI `user` / Anthropic metadata.user_id (logged only)
+
+
+@dataclass(frozen=True)
+class TextDelta:
+    text: str                         # newly released text (never splits a UTF-8 character)
+
+
+@dataclass(frozen=True)
+class GenerationResult:
+    text: str
+    stop_reason: StopReason
+    stop_sequence: str | None
+    input_tokens: int
+    output_tokens: int
+
+
+@dataclass
+class ApiError(Exception):
+    """A client-visible error; each API layer renders it in its own shape."""
+
+    status: int                       # HTTP status
+    kind: str                         # Anthropic error type, e.g. "invalid_request_error"
+    message: str
+    param: str | None = None          # the request field at fault, when there is one
+    headers: dict[str, str] = field(default_factory=dict)
+
+    def __str__(self) -> str:
+        return f"{self.status} {self.kind}: {self.message}"

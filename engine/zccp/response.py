@@ -1,0 +1,92 @@
+"""Writing a response into a slot's response region, a ring of response_cap bytes.
+
+Bytes go in at `response_len % response_cap`; response_len (cumulative) is
+committed after the bytes, then a NOTICE tells nginx. nginx consumes, then
+advances response_acked; when the ring is full the writer waits for that ack,
+so a response of any size streams through a fixed region: never an overflow,
+never a silent truncation.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+from zccp.abi import Flag, State
+from zccp.arena import Arena, SlotView
+
+
+class SlotAbandoned(Exception):
+    """The slot is no longer ours (generation moved on, deadline passed, client gone)."""
+
+
+# notify(response_len, final, status)
+Notify = Callable[[int, bool, int], None]
+
+
+class ResponseWriter:
+    ACK_POLL_S = 0.0002
+    ACK_POLL_MAX_S = 0.005
+
+    def __init__(self, arena: Arena, view: SlotView, generation: int, notify: Notify, cancelled: Callable[[], bool]) -> None:
+        self._view = view
+        self._gen = generation
+        self._notify = notify
+        self._cancelled = cancelled
+        self._region = arena.response_region(view)
+        self._cap = len(self._region)
+        self._total = 0
+        self.started = False
+        self.status = 0
+
+    def _check_owner(self) -> None:
+        if self._view.header.generation != self._gen or self._cancelled():
+            raise SlotAbandoned(f"slot {self._view.index} generation {self._gen}")
+
+    def begin(self, status: int, sse: bool) -> None:
+        """Status and content kind; fixed once the first byte is committed."""
+        self._check_owner()
+        h = self._view.header
+        h.status = status
+        h.flags = (h.flags | Flag.RESPONSE_SSE) if sse else (h.flags & ~Flag.RESPONSE_SSE)
+        h.state = State.STREAMING
+        self.status = status
+        self.started = True
+
+    def _wait_for_room(self, need: int) -> int:
+        h = self._view.header
+        delay = self.ACK_POLL_S
+        while True:
+            self._check_owner()
+            acked = h.response_acked
+            if acked > self._total:
+                raise SlotAbandoned(f"slot {self._view.index}: response_acked {acked} > committed {self._total}")
+            room = self._cap - (self._total - acked)
+            if room >= min(need, self._cap) or room >= self._cap // 4:
+                return room
+            time.sleep(delay)
+            delay = min(delay * 2, self.ACK_POLL_MAX_S)
+
+    def write(self, data: bytes) -> None:
+        if not self.started:
+            raise RuntimeError("begin() first")  # programmer error
+        view = memoryview(data)
+        h = self._view.header
+        while view:
+            room = self._wait_for_room(len(view))
+            n = min(room, len(view))
+            pos = self._total % self._cap
+            first = min(n, self._cap - pos)
+            self._region[pos : pos + first] = view[:first]
+            if n > first:
+                self._region[0 : n - first] = view[first:n]
+            self._check_owner()
+            self._total += n
+            h.response_len = self._total & 0xFFFFFFFF
+            self._notify(self._total, False, self.status)
+            view = view[n:]
+
+    def finish(self, failed: bool = False) -> None:
+        self._check_owner()
+        self._view.header.state = State.FAILED if failed else State.DONE
+        self._notify(self._total, True, self.status)

@@ -1,0 +1,56 @@
+-- The shared-memory ABI: shm_abi/zccp_abi.h handed to ffi.cdef unchanged.
+-- Constants come from the header's enums; sizes the header promises are asserted.
+local ffi = require "ffi"
+local settings = require "zccp.settings"
+
+local io_open = io.open
+local error = error
+local ipairs = ipairs
+local tostring = tostring
+
+local _M = { _VERSION = "0.1.0" }
+
+local loaded = false
+
+local function load_header(path)
+    local f, err = io_open(path, "rb")
+    if not f then
+        error("zccp.abi: cannot open ABI header " .. path .. ": " .. tostring(err), 3)
+    end
+    local src = f:read("*a")
+    f:close()
+    ffi.cdef(src)
+end
+
+-- Load once per VM (ffi.cdef cannot redeclare types). Called from init_by_lua.
+function _M.init(path)
+    if loaded then
+        return _M
+    end
+    load_header(path or settings.get().abi_header)
+    local C = ffi.C
+    for _, pair in ipairs {
+        { "struct zccp_control", "ZCCP_CONTROL_SIZE" },
+        { "struct zccp_slot_header", "ZCCP_SLOT_HEADER_SIZE" },
+        { "struct zccp_slot_meta", "ZCCP_SLOT_META_SIZE" },
+        { "struct zccp_ring", "ZCCP_RING_SIZE" },
+        { "struct zccp_notice", "ZCCP_NOTICE_SIZE" },
+    } do
+        if ffi.sizeof(pair[1]) ~= C[pair[2]] then
+            error("zccp.abi: ABI mismatch: sizeof(" .. pair[1] .. ") ~= " .. pair[2], 2)
+        end
+    end
+    if ffi.offsetof("struct zccp_slot_header", "deadline_ns") + 8 ~= C.ZCCP_SLOT_META_OFFSET then
+        error("zccp.abi: ABI mismatch: meta block must follow the header", 2)
+    end
+    _M.C = C
+    _M.control_ptr_t = ffi.typeof("struct zccp_control *")
+    _M.header_ptr_t = ffi.typeof("struct zccp_slot_header *")
+    _M.meta_ptr_t = ffi.typeof("struct zccp_slot_meta *")
+    _M.ring_t = ffi.typeof("struct zccp_ring")
+    _M.notice_ptr_t = ffi.typeof("const struct zccp_notice *")
+    loaded = true
+    return _M
+end
+
+return _M

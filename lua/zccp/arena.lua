@@ -1,0 +1,172 @@
+-- Maps the engine's arena into this nginx worker and re-maps when the engine's
+-- epoch changes (an engine restart creates a new shm object). Everything read
+-- from the control page is validated before it is used to compute an address.
+local ffi = require "ffi"
+local abi = require "zccp.abi"
+local libc = require "zccp.libc"
+local settings = require "zccp.settings"
+
+local C = libc.C
+local ffi_cast = ffi.cast
+local ffi_string = ffi.string
+local tonumber = tonumber
+local setmetatable = setmetatable
+
+local _M = { _VERSION = "0.1.0" }
+
+local mt = { __index = _M }
+
+local current        -- the arena new requests use
+local MAX_ARENA = 64 * 1024 * 1024 * 1024
+
+local function validate_control(c, size)
+    local K = abi.C
+    if c.magic ~= K.ZCCP_CONTROL_MAGIC then
+        return nil, "arena not ready (control magic missing)"
+    end
+    if c.abi_version ~= K.ZCCP_ABI_VERSION then
+        return nil, "arena ABI version " .. tonumber(c.abi_version) .. " ~= " .. tonumber(K.ZCCP_ABI_VERSION)
+    end
+    local page = K.ZCCP_PAGE_SIZE
+    local count, slot_size = tonumber(c.slot_count), tonumber(c.slot_size)
+    if count < 1 or slot_size < 2 * page or slot_size % page ~= 0 then
+        return nil, "arena geometry invalid"
+    end
+    if page + count * slot_size ~= size then
+        return nil, "arena size " .. size .. " does not match its control page"
+    end
+    local regions = {
+        { c.payload_offset, c.payload_cap },
+        { c.tokens_offset, c.tokens_cap * 4 },
+        { c.response_offset, c.response_cap },
+    }
+    local prev_end = page
+    for i = 1, 3 do
+        local off, len = tonumber(regions[i][1]), tonumber(regions[i][2])
+        if off % page ~= 0 or off < prev_end or len < 1 or off + len > slot_size then
+            return nil, "arena region " .. i .. " out of bounds"
+        end
+        prev_end = off + len
+    end
+    return true
+end
+
+local function map(name)
+    local fd = C.shm_open(name, libc.O_RDWR, 0)
+    if fd < 0 then
+        return nil, "shm_open " .. name .. ": " .. libc.errstr()
+    end
+    local size = tonumber(C.lseek(fd, 0, libc.SEEK_END))
+    if size < abi.C.ZCCP_CONTROL_SIZE or size > MAX_ARENA then
+        C.close(fd)
+        return nil, "arena " .. name .. " has an invalid size " .. size
+    end
+    local base = C.mmap(nil, size, libc.PROT_READ_WRITE, libc.MAP_SHARED, fd, 0)
+    C.close(fd)
+    if base == libc.MAP_FAILED then
+        return nil, "mmap " .. name .. ": " .. libc.errstr()
+    end
+    local ctl = ffi_cast(abi.control_ptr_t, base)
+    local ok, err = validate_control(ctl, size)
+    if not ok then
+        C.munmap(base, size)
+        return nil, err
+    end
+    return setmetatable({
+        base = ffi_cast("uint8_t *", base),
+        size = size,
+        control = ctl,
+        epoch = ctl.epoch,
+        slot_count = tonumber(ctl.slot_count),
+        slot_size = tonumber(ctl.slot_size),
+        payload_offset = tonumber(ctl.payload_offset),
+        payload_cap = tonumber(ctl.payload_cap),
+        response_offset = tonumber(ctl.response_offset),
+        response_cap = tonumber(ctl.response_cap),
+        refs = 0,
+        retired = false,
+    }, mt)
+end
+
+local function unmap(a)
+    if a.base then
+        C.munmap(a.base, a.size)
+        a.base = nil
+    end
+end
+
+-- Drop a superseded arena once no request holds it any more.
+local function retire(a)
+    a.retired = true
+    if a.refs == 0 then
+        unmap(a)
+    end
+end
+
+-- The arena for a new request (mapping or re-mapping as needed), with a reference
+-- taken: call arena:release() when the request is done with it.
+function _M.acquire()
+    local a = current
+    if a and a.control.magic == abi.C.ZCCP_CONTROL_MAGIC and a.control.epoch == a.epoch then
+        a.refs = a.refs + 1
+        return a
+    end
+    local fresh, err = map(settings.get().shm_name)
+    if not fresh then
+        return nil, err
+    end
+    if a then
+        retire(a)
+    end
+    current = fresh
+    fresh.refs = 1
+    return fresh
+end
+
+-- Re-open the shm object and switch if the engine behind it changed (restart).
+-- Returns true when the arena was replaced.
+function _M.refresh()
+    local fresh = map(settings.get().shm_name)
+    if not fresh then
+        return false
+    end
+    if current and fresh.epoch == current.epoch then
+        unmap(fresh)
+        return false
+    end
+    if current then
+        retire(current)
+    end
+    current = fresh
+    return true
+end
+
+function _M.release(self)
+    self.refs = self.refs - 1
+    if self.retired and self.refs == 0 then
+        unmap(self)
+    end
+end
+
+function _M.header(self, i)
+    return ffi_cast(abi.header_ptr_t, self.base + abi.C.ZCCP_PAGE_SIZE + i * self.slot_size)
+end
+
+function _M.meta(self, i)
+    return ffi_cast(abi.meta_ptr_t,
+        self.base + abi.C.ZCCP_PAGE_SIZE + i * self.slot_size + abi.C.ZCCP_SLOT_META_OFFSET)
+end
+
+function _M.payload_ptr(self, i)
+    return self.base + abi.C.ZCCP_PAGE_SIZE + i * self.slot_size + self.payload_offset
+end
+
+function _M.response_ptr(self, i)
+    return self.base + abi.C.ZCCP_PAGE_SIZE + i * self.slot_size + self.response_offset
+end
+
+function _M.epoch_hex(self)
+    return ffi_string(ffi.new("uint64_t[1]", self.epoch), 8)
+end
+
+return _M

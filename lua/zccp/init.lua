@@ -1,0 +1,33 @@
+-- Start-up hooks: init_by_lua (settings + ABI) and init_worker_by_lua (map the
+-- arena early, and re-check every second that the engine behind it is the same).
+local settings = require "zccp.settings"
+local abi = require "zccp.abi"
+
+local ngx = ngx
+
+local _M = { _VERSION = "0.1.0" }
+
+local REFRESH_S = 1
+
+function _M.init(opts)
+    settings.set(opts)
+    abi.init(opts.abi_header)
+end
+
+function _M.init_worker()
+    local arena = require "zccp.arena"
+    local a = arena.acquire()
+    if a then
+        a:release()
+    end
+    local ok, err = ngx.timer.every(REFRESH_S, function(premature)
+        if not premature then
+            arena.refresh()
+        end
+    end)
+    if not ok then
+        ngx.log(ngx.ERR, "zccp: cannot start the arena refresh timer: ", err)
+    end
+end
+
+return _M

@@ -1,0 +1,41 @@
+-- Settings rendered from config.yaml into the nginx include (init_by_lua).
+-- One table per nginx instance; modules read it, nobody writes it after init.
+local type = type
+local error = error
+local pairs = pairs
+
+local _M = { _VERSION = "0.1.0" }
+
+local current
+
+local REQUIRED = {
+    abi_header = "string",
+    shm_name = "string",
+    socket_path = "string",
+    connect_timeout_ms = "number",
+    request_timeout_ms = "number",
+    max_body = "number",
+    pool_size = "number",
+    dict = "string",
+}
+
+function _M.set(t)
+    if type(t) ~= "table" then
+        error("zccp.settings.set: expected a table", 2)
+    end
+    for k, ty in pairs(REQUIRED) do
+        if type(t[k]) ~= ty then
+            error("zccp.settings.set: '" .. k .. "' must be a " .. ty, 2)
+        end
+    end
+    current = t
+end
+
+function _M.get()
+    if not current then
+        error("zccp.settings: not initialised (include zccp_http.conf)", 2)
+    end
+    return current
+end
+
+return _M

@@ -1,0 +1,147 @@
+/*
+ * ZCCP shared-memory ABI, version 1.
+ *
+ * The ONE source of truth for the binary layout shared by nginx (LuaJIT ffi.cdef)
+ * and the engine (cffi).  Both load this file unchanged, so it holds plain C
+ * declarations only: no macros, no includes, no function prototypes.
+ * Integers are host byte order (both sides run on the same host).
+ * Field-by-field documentation: shm_abi/README.md.
+ */
+
+enum zccp_abi_const {
+    ZCCP_ABI_VERSION        = 1,
+    ZCCP_CONTROL_MAGIC      = 0x5A434350,   /* "PCCZ" little-endian: arena control page */
+    ZCCP_SLOT_MAGIC         = 0xCAFEBABE,   /* every slot header */
+    ZCCP_PAGE_SIZE          = 4096,         /* regions start on this boundary */
+    ZCCP_CONTROL_SIZE       = 4096,         /* sizeof(struct zccp_control) */
+    ZCCP_SLOT_HEADER_SIZE   = 128,          /* sizeof(struct zccp_slot_header) */
+    ZCCP_SLOT_META_SIZE     = 256,          /* sizeof(struct zccp_slot_meta) */
+    ZCCP_SLOT_META_OFFSET   = 128,          /* meta block follows the header */
+    ZCCP_CSF_BANDS          = 16,
+    ZCCP_RING_SIZE          = 16,           /* sizeof(struct zccp_ring) */
+    ZCCP_NOTICE_SIZE        = 32,           /* sizeof(struct zccp_notice) */
+    ZCCP_SOCKET_PATH_MAX    = 108           /* sun_path */
+};
+
+/* Slot life cycle; see the state machine in shm_abi/README.md. */
+enum zccp_slot_state {
+    ZCCP_STATE_FREE      = 0,
+    ZCCP_STATE_WRITING   = 1,   /* nginx owns it and is filling the payload */
+    ZCCP_STATE_READY     = 2,   /* nginx rang; engine may read */
+    ZCCP_STATE_RUNNING   = 3,   /* engine accepted the ring */
+    ZCCP_STATE_STREAMING = 4,   /* engine is committing response bytes */
+    ZCCP_STATE_DONE      = 5,   /* response complete; status is final */
+    ZCCP_STATE_FAILED    = 6    /* engine gave up; status + error body written */
+};
+
+enum zccp_slot_flags {
+    ZCCP_FLAG_API_OPENAI    = 1,    /* nginx: body is an OpenAI chat completion (else Anthropic) */
+    ZCCP_FLAG_MASKED        = 2,    /* nginx: a mask pattern changed the prompt text */
+    ZCCP_FLAG_FP_COMPLETE   = 4,    /* nginx: the fingerprint saw the whole prompt */
+    ZCCP_FLAG_NO_CACHE      = 8,    /* nginx: Cache-Control: no-cache (skip lookup) */
+    ZCCP_FLAG_NO_STORE      = 16,   /* nginx: Cache-Control: no-store (skip store) */
+    ZCCP_FLAG_FP_VALID      = 32,   /* nginx: csf_key, csf_bands, exact_key are filled */
+    ZCCP_FLAG_RESPONSE_SSE  = 256   /* engine: the response is text/event-stream */
+};
+
+enum zccp_cache_status {
+    ZCCP_CACHE_NONE   = 0,
+    ZCCP_CACHE_HIT    = 1,
+    ZCCP_CACHE_NEAR   = 2,
+    ZCCP_CACHE_MISS   = 3,
+    ZCCP_CACHE_BYPASS = 4,
+    ZCCP_CACHE_ERROR  = 5
+};
+
+enum zccp_engine_state {
+    ZCCP_ENGINE_STARTING = 0,
+    ZCCP_ENGINE_SERVING  = 1,
+    ZCCP_ENGINE_STOPPING = 2
+};
+
+/* Doorbell opcodes (first field of every frame). */
+enum zccp_op {
+    ZCCP_OP_RING   = 1,     /* nginx -> engine: slot is READY at this generation */
+    ZCCP_OP_PING   = 2,     /* nginx -> engine: health probe */
+    ZCCP_OP_NOTICE = 16,    /* engine -> nginx: response_len bytes committed; final=1 when done */
+    ZCCP_OP_PONG   = 17,    /* engine -> nginx: slot=slot_count, generation=epoch */
+    ZCCP_OP_REJECT = 18     /* engine -> nginx: ring ignored (stale generation, bad slot/header) */
+};
+
+/* Page 0 of the arena, written once by the engine at start-up. */
+struct zccp_control {
+    uint64_t magic;             /* ZCCP_CONTROL_MAGIC */
+    uint32_t abi_version;       /* ZCCP_ABI_VERSION */
+    uint32_t engine_state;      /* enum zccp_engine_state */
+    uint64_t epoch;             /* random per engine start; nginx re-maps when it changes */
+    int32_t  engine_pid;
+    uint32_t slot_count;
+    uint32_t slot_size;         /* bytes per slot, multiple of ZCCP_PAGE_SIZE */
+    uint32_t payload_offset;    /* region offsets are relative to the slot start */
+    uint32_t payload_cap;       /* bytes */
+    uint32_t tokens_offset;
+    uint32_t tokens_cap;        /* u32 token ids */
+    uint32_t response_offset;
+    uint32_t response_cap;      /* bytes */
+    uint32_t reserved0;
+    uint64_t started_ns;        /* CLOCK_REALTIME */
+    uint8_t  socket_path[108];  /* doorbell socket, NUL-terminated */
+    uint8_t  reserved[3916];    /* pads the page to ZCCP_CONTROL_SIZE */
+};
+
+/* First 128 bytes of every slot. */
+struct zccp_slot_header {
+    uint64_t magic;             /*   0 ZCCP_SLOT_MAGIC */
+    uint32_t version;           /*   8 ZCCP_ABI_VERSION */
+    uint32_t state;             /*  12 enum zccp_slot_state */
+    uint8_t  context_id[8];     /*  16 first 8 bytes of SHA-256(raw body) */
+    uint64_t timestamp_ns;      /*  24 CLOCK_REALTIME when the slot turned READY */
+    uint64_t generation;        /*  32 bumped by nginx on every claim */
+    uint64_t csf_key;           /*  40 64-bit hash of the MinHash signature */
+    uint32_t flags;             /*  48 enum zccp_slot_flags */
+    uint32_t status;            /*  52 HTTP status of the response */
+    uint32_t payload_len;       /*  56 bytes of request body */
+    uint32_t payload_cap;       /*  60 */
+    uint32_t tokens_len;        /*  64 u32 token ids written by the engine */
+    uint32_t tokens_cap;        /*  68 */
+    uint32_t response_len;      /*  72 response bytes committed, cumulative (ring) */
+    uint32_t response_cap;      /*  76 */
+    int32_t  owner_pid;         /*  80 nginx worker that claimed the slot */
+    uint32_t response_acked;    /*  84 response bytes nginx has consumed, cumulative */
+    uint8_t  sha256[32];        /*  88 SHA-256(raw body) */
+    uint64_t deadline_ns;       /* 120 CLOCK_REALTIME after which nginx has given up */
+};
+
+/* Bytes 128..383 of every slot. */
+struct zccp_slot_meta {
+    uint32_t prompt_len;        /*   0 prompt tokens (engine) */
+    uint32_t completion_len;    /*   4 generated tokens (engine) */
+    int32_t  gpu_device_id;     /*   8 -1 when the model ran on the CPU */
+    uint32_t max_tokens;        /*  12 effective max_tokens (engine) */
+    uint64_t csf_bands[16];     /*  16 LSH band keys (nginx) */
+    uint8_t  exact_key[32];     /* 144 SHA-256 exact cache key (nginx) */
+    uint32_t fp_tokens;         /* 176 prompt tokens the fingerprint saw (nginx) */
+    uint32_t cache_status;      /* 180 enum zccp_cache_status (engine) */
+    uint32_t similarity_ppm;    /* 184 estimated Jaccard x 1e6 on a NEAR hit (engine) */
+    uint32_t age_s;             /* 188 age of the cache entry served (engine) */
+    uint32_t plan_chunks;       /* 192 prefill chunks, 0 = single pass (engine) */
+    uint32_t error_code;        /* 196 reserved for engine diagnostics */
+    uint8_t  reserved[56];      /* 200 */
+};
+
+/* Doorbell frames: fixed size, host byte order, nothing else travels on the socket. */
+struct zccp_ring {
+    uint32_t op;                /* ZCCP_OP_RING or ZCCP_OP_PING */
+    uint32_t slot;
+    uint64_t generation;
+};
+
+struct zccp_notice {
+    uint32_t op;                /* ZCCP_OP_NOTICE, ZCCP_OP_PONG or ZCCP_OP_REJECT */
+    uint32_t slot;
+    uint64_t generation;
+    uint32_t response_len;      /* cumulative committed bytes */
+    uint32_t final;             /* 1 on the last notice of a ring */
+    uint32_t status;            /* HTTP status (NOTICE), reject reason as HTTP status (REJECT) */
+    uint32_t reserved;
+};

@@ -1,0 +1,50 @@
+"""Shared fixtures: real stacks (nginx + engine [+ redis]) on loopback."""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from harness import Stack  # noqa: E402
+
+
+@pytest.fixture(scope="session")
+def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
+    """The built-in tiny model behind nginx, shared by read-only tests."""
+    s = Stack(tmp_path_factory.mktemp("stack"))
+    try:
+        yield s.start()
+    finally:
+        s.stop()
+
+
+@pytest.fixture(scope="session")
+def null_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
+    """The null backend: measures the pipeline, answers instantly."""
+    s = Stack(tmp_path_factory.mktemp("null"), {"model": {"backend": "null"}})
+    try:
+        yield s.start()
+    finally:
+        s.stop()
+
+
+@pytest.fixture
+def make_stack(tmp_path: Path) -> Iterator:
+    """A private stack for tests that break things (restarts, tiny pools)."""
+    made: list[Stack] = []
+
+    def make(overrides: dict | None = None, with_redis: bool = False) -> Stack:
+        s = Stack(tmp_path / f"stack{len(made)}", overrides or {}, with_redis)
+        made.append(s)
+        return s.start()
+
+    try:
+        yield make
+    finally:
+        for s in made:
+            s.stop()

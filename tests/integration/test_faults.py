@@ -1,0 +1,175 @@
+"""Faults: engine down, engine restarted or crashed, pool exhausted, stuck slots, load."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import mmap
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import httpx
+import posix_ipc
+
+from harness import anthropic_body, dumps
+from zccp.abi import META_OFFSET, PAGE_SIZE, State, ffi
+
+
+def test_engine_not_running_is_503_not_a_hang(make_stack):
+    s = make_stack({"model": {"backend": "null"}})
+    s.stop_engine()
+    with s.client(timeout=10) as c:  # the guard against a hang, not a timing assertion
+        r = c.post("/v1/messages", json=anthropic_body())
+        assert r.status_code == 503, r.text
+        assert r.json()["error"]["type"] == "overloaded_error"
+        assert r.headers["retry-after"] == "1"
+        h = c.get("/health")
+        assert h.status_code == 503 and h.json()["status"] == "unavailable"
+
+
+def test_engine_restart_while_nginx_runs(make_stack):
+    s = make_stack({"model": {"backend": "null"}})
+    with s.client() as c:
+        assert c.post("/v1/messages", json=anthropic_body("before")).status_code == 200
+        old_epoch = s.arena().epoch
+        s.stop_engine()
+        s.start_engine()
+        # The very next request works: nginx re-maps the new arena.
+        r = c.post("/v1/messages", json=anthropic_body("after"))
+        assert r.status_code == 200, r.text
+        assert s.arena().epoch != old_epoch
+    s.assert_no_leaks()
+
+
+def test_engine_crash_and_restart(make_stack):
+    s = make_stack({"model": {"backend": "null"}})
+    with s.client() as c:
+        assert c.post("/v1/messages", json=anthropic_body("before")).status_code == 200
+        s.stop_engine(crash=True)  # SIGKILL: the old arena stays behind in /dev/shm
+        r = c.post("/v1/messages", json=anthropic_body("while down"))
+        assert r.status_code == 503
+        s.start_engine()
+        r = c.post("/v1/messages", json=anthropic_body("after"))
+        assert r.status_code == 200, r.text
+    s.assert_no_leaks()
+
+
+# A null backend that takes 20 ms per token: a request that holds its slot for seconds.
+SLOW = {"backend": "null", "null_token_delay_ms": 20, "null_reply": "slow " * 400}
+
+
+def _hold_a_slot(s, started: threading.Event, release: threading.Event) -> None:
+    body = anthropic_body("hold", max_tokens=2000, stream=True)
+    with httpx.Client(base_url=s.base_url, timeout=60) as c, c.stream("POST", "/v1/messages", json=body) as r:
+        assert r.status_code == 200
+        for _ in r.iter_bytes():
+            started.set()
+            if release.is_set():
+                break
+
+
+def test_no_free_slot_is_429_with_retry_after(make_stack):
+    s = make_stack({"shared_memory": {"segment_count": 1}, "model": SLOW})
+    started, release = threading.Event(), threading.Event()
+    t = threading.Thread(target=_hold_a_slot, args=(s, started, release))
+    t.start()
+    try:
+        assert started.wait(30)
+        r = s.client().post("/v1/messages", json=anthropic_body("no room"))
+        assert r.status_code == 429, r.text
+        assert r.json()["error"]["type"] == "rate_limit_error"
+        assert r.headers["retry-after"] == "1"
+    finally:
+        release.set()
+        t.join(60)
+    s.assert_no_leaks()
+
+
+def test_client_disconnect_frees_the_slot_and_stops_generation(make_stack):
+    s = make_stack({"shared_memory": {"segment_count": 1}, "model": SLOW})
+    started, release = threading.Event(), threading.Event()
+    release.set()  # read one chunk, then hang up
+    _hold_a_slot(s, started, release)
+    assert started.is_set()
+    s.assert_no_leaks(timeout=10)
+    assert "request abandoned" in s.engine_log()
+    # The slot is usable again.
+    assert s.client().post("/v1/messages", json=anthropic_body("next", max_tokens=4)).status_code == 200
+
+
+def test_request_deadline_is_504(make_stack):
+    s = make_stack({"limits": {"request_timeout_ms": 300}, "model": SLOW})
+    r = s.client().post("/v1/messages", json=anthropic_body("slow", max_tokens=2000))
+    assert r.status_code == 504, r.text
+    assert r.json()["type"] == "error"
+    s.assert_no_leaks(timeout=10)
+
+
+def test_sweeper_resets_a_stuck_slot(make_stack):
+    s = make_stack({"shared_memory": {"segment_count": 2, "cleanup_interval_ms": 200}, "model": {"backend": "null"}})
+    shm = posix_ipc.SharedMemory(s.cfg.shared_memory.name, 0)
+    m = mmap.mmap(shm.fd, shm.size)
+    shm.close_fd()
+    buf = ffi.from_buffer(m)
+    h = ffi.cast("struct zccp_slot_header *", buf + PAGE_SIZE)  # slot 0
+    # A worker that died between claiming and ringing: READY, old timestamp, nobody rang.
+    h.state = State.READY
+    h.timestamp_ns = time.time_ns() - 10_000_000_000
+    deadline = time.monotonic() + 10
+    while h.state != State.FREE and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert h.state == State.FREE
+    assert "sweeper" in s.engine_log()
+    del h, buf
+    m.close()
+
+
+def test_shared_memory_garbage_is_rejected(make_stack):
+    s = make_stack({"shared_memory": {"segment_count": 1}, "model": {"backend": "null"}})
+    shm = posix_ipc.SharedMemory(s.cfg.shared_memory.name, 0)
+    m = mmap.mmap(shm.fd, shm.size)
+    shm.close_fd()
+    buf = ffi.from_buffer(m)
+    h = ffi.cast("struct zccp_slot_header *", buf + PAGE_SIZE)
+    real_cap = h.payload_cap
+    h.payload_cap = 0xFFFFFFFF  # a corrupted capacity must never be trusted
+    try:
+        r = s.client().post("/v1/messages", json=anthropic_body("x"))
+        assert r.status_code == 503 and "corrupt" in r.json()["error"]["message"]
+    finally:
+        h.payload_cap = real_cap
+    assert s.client().post("/v1/messages", json=anthropic_body("y")).status_code == 200
+    del h, buf
+    m.close()
+    s.assert_no_leaks()
+
+
+def test_two_workers_share_the_pool_without_handing_a_slot_out_twice(make_stack):
+    s = make_stack({"server": {"workers": 2}, "shared_memory": {"segment_count": 4}, "model": {"backend": "null"}})
+    # Every prompt has a different length, so the engine's input_tokens tells
+    # whose body it read: a slot handed out twice would show up as a mismatch.
+    texts = ["w" * (10 + i) for i in range(240)]
+    expected = {}
+
+    def one(text: str):
+        body = dumps(anthropic_body(text, max_tokens=4))
+        with httpx.Client(base_url=s.base_url, timeout=30) as c:
+            r = c.post("/v1/messages", content=body, headers={"content-type": "application/json"})
+        return text, body, r
+
+    with ThreadPoolExecutor(32) as pool:
+        results = list(pool.map(one, texts))
+    ok = 0
+    input_tokens = {}
+    for text, body, r in results:
+        assert r.status_code in (200, 429), r.text
+        if r.status_code == 200:
+            ok += 1
+            assert r.headers["x-zccp-context-id"] == hashlib.sha256(body).digest()[:8].hex()
+            input_tokens[text] = json.loads(r.text)["usage"]["input_tokens"]
+    assert ok > 0
+    # input_tokens = len(text) + a constant number of markers, for every answer.
+    offsets = {n - len(t) for t, n in input_tokens.items()}
+    assert len(offsets) == 1, offsets
+    s.assert_no_leaks()

@@ -1,0 +1,119 @@
+"""One request through the real nginx, shared memory and the real engine."""
+
+from __future__ import annotations
+
+import hashlib
+import socket
+
+from harness import anthropic_body, dumps
+from zccp.abi import NOTICE_SIZE, SLOT_MAGIC, ABI_VERSION, Op, State, ffi
+from zccp.doorbell import encode_ring
+
+
+def test_round_trip_returns_an_anthropic_message(stack):
+    r = stack.client().post("/v1/messages", json=anthropic_body("Hello there", max_tokens=12))
+    assert r.status_code == 200, r.text
+    msg = r.json()
+    assert msg["type"] == "message" and msg["role"] == "assistant"
+    assert msg["model"] == "zccp-tiny"
+    assert msg["id"].startswith("msg_")
+    assert msg["content"][0]["type"] == "text"
+    assert msg["stop_reason"] in ("end_turn", "max_tokens")
+    assert 1 <= msg["usage"]["output_tokens"] <= 12
+    assert msg["usage"]["input_tokens"] > len("Hello there")
+    assert r.headers["content-type"].startswith("application/json")
+    stack.assert_no_leaks()
+
+
+def _find_slot(reader, context_id: str):
+    matches = [s for s in reader.slots() if s.context_id == context_id]
+    assert len(matches) == 1, f"context {context_id} in {len(matches)} slots"
+    return matches[0]
+
+
+def test_slot_holds_exactly_the_bytes_sent(null_stack):
+    body = dumps(anthropic_body("bytes check \u00e9\u4e2d", max_tokens=5)) + b"   "
+    r = null_stack.client().post("/v1/messages", content=body, headers={"content-type": "application/json"})
+    assert r.status_code == 200, r.text
+    digest = hashlib.sha256(body).digest()
+    assert r.headers["x-zccp-context-id"] == digest[:8].hex()
+    reader = null_stack.arena()
+    try:
+        slot = _find_slot(reader, digest[:8].hex())
+        assert slot.magic == SLOT_MAGIC and slot.version == ABI_VERSION
+        assert slot.payload_len == len(body)
+        assert reader.payload(slot.index) == body
+        assert slot.sha256 == digest
+        assert slot.state == State.FREE          # released after the response
+        assert slot.status == 200
+        assert slot.response_acked == slot.response_len > 0
+    finally:
+        reader.close()
+    null_stack.assert_no_leaks()
+
+
+def test_generation_bumps_on_every_claim(make_stack):
+    s = make_stack({"shared_memory": {"segment_count": 1}, "model": {"backend": "null"}})
+    reader = s.arena()
+    try:
+        before = reader.slot(0).generation
+        with s.client() as c:
+            for i in range(3):
+                assert c.post("/v1/messages", json=anthropic_body(f"n{i}")).status_code == 200
+        assert reader.slot(0).generation == before + 3
+    finally:
+        reader.close()
+    s.assert_no_leaks()
+
+
+def _raw_ring(socket_path: str, frame: bytes) -> bytes:
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
+        sock.settimeout(5)
+        sock.connect(socket_path)
+        sock.sendall(frame)
+        data = b""
+        while len(data) < NOTICE_SIZE:
+            chunk = sock.recv(NOTICE_SIZE - len(data))
+            if not chunk:
+                break
+            data += chunk
+        return data
+
+
+def _notice(data: bytes):
+    assert len(data) == NOTICE_SIZE
+    return ffi.cast("struct zccp_notice *", ffi.from_buffer(data))
+
+
+def test_stale_ring_is_rejected_and_touches_nothing(null_stack):
+    null_stack.client().post("/v1/messages", json=anthropic_body("warm"))
+    reader = null_stack.arena()
+    try:
+        before = reader.slots()
+        target = before[0]
+        n = _notice(_raw_ring(null_stack.cfg.server.socket_path, encode_ring(Op.RING, 0, target.generation + 7)))
+        assert n.op == Op.REJECT and n.status == 409 and n.final == 1
+        # The current generation but a FREE slot (not READY) is refused too.
+        n = _notice(_raw_ring(null_stack.cfg.server.socket_path, encode_ring(Op.RING, 0, target.generation)))
+        assert n.op == Op.REJECT and n.status == 409
+        # A slot index past the arena.
+        n = _notice(_raw_ring(null_stack.cfg.server.socket_path, encode_ring(Op.RING, 10_000, 1)))
+        assert n.op == Op.REJECT and n.status == 400
+        assert reader.slots() == before
+    finally:
+        reader.close()
+    # The engine is still serving after rejecting garbage.
+    assert null_stack.client().post("/v1/messages", json=anthropic_body("after")).status_code == 200
+
+
+def test_unknown_opcode_closes_only_that_connection(null_stack):
+    data = _raw_ring(null_stack.cfg.server.socket_path, encode_ring(99, 0, 0))
+    assert data == b""  # closed without a reply
+    assert null_stack.client().post("/v1/messages", json=anthropic_body("still up")).status_code == 200
+
+
+def test_health_reports_the_engine(stack):
+    h = stack.health()
+    assert h["status"] == "ok"
+    assert h["slots"] == stack.cfg.shared_memory.segment_count
+    assert h["engine_pid"] == stack.engine.proc.pid
