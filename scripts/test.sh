@@ -1,0 +1,7 @@
+#!/usr/bin/env bash
+# The README's test command: install what is missing, then run every test.
+# The tests start their own nginx, engine and redis on free loopback ports.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+bash scripts/setup.sh
+exec python3 -m pytest tests "$@"
