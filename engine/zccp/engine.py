@@ -20,7 +20,7 @@ from zccp.config import Config
 from zccp.device import select_device
 from zccp.doorbell import Connection, DoorbellServer, Ring, encode_notice
 from zccp.model.registry import build_backend
-from zccp.pipeline import PipelineDeps, RequestContext, run_request
+from zccp.pipeline import PipelineDeps, Prepared, RequestContext, execute, prepare
 from zccp.response import ResponseWriter
 
 log = logging.getLogger("zccp.engine")
@@ -89,6 +89,7 @@ class Engine:
         self.doorbell = DoorbellServer(cfg.server.socket_path, self._on_ring, self._on_close, self._on_ping,
                                        cfg.shared_memory.group)
         self._loop: asyncio.AbstractEventLoop | None = None
+        self._loop_thread = 0
         self.rings = 0
         self.rejects = 0
 
@@ -121,26 +122,26 @@ class Engine:
         job = Job(conn, view, ring.generation)
         self._jobs[ring.slot] = job
         conn.jobs.add(job)
-        if self._inline:
-            self._run(job)
-        else:
-            assert self._loop is not None
-            fut = self._loop.run_in_executor(self._pool, self._run, job)
-            fut.add_done_callback(lambda f: f.exception())  # _run never raises; keep asyncio quiet
+        self._start(job)
 
     def _on_close(self, conn: Connection) -> None:
         for job in list(conn.jobs):
             job.cancel.set()  # the client side went away: stop generating
 
-    # -- one job (model thread, or inline for the null backend) --------------------------
+    # -- one job ---------------------------------------------------------------------------
+    # Parsing and tokenizing run on the loop. The model runs on the model thread,
+    # except for the instant null backend answering a non-streaming request: that
+    # is written inline, with no thread hop. Streams always leave the loop, because
+    # a full response ring makes the writer wait for nginx's ack, and the loop must
+    # stay free to deliver the notices nginx is waiting for.
 
-    def _run(self, job: Job) -> None:
+    def _context(self, job: Job) -> RequestContext:
         view, conn = job.view, job.conn
 
         def notify(total: int, final: bool, status: int) -> None:
             conn.send(encode_notice(Op.NOTICE, view.index, job.generation, total & 0xFFFFFFFF, int(final), status))
 
-        ctx = RequestContext(
+        return RequestContext(
             view=view,
             generation=job.generation,
             payload=self.arena.payload(view),
@@ -149,11 +150,28 @@ class Engine:
             cancelled=job.cancelled,
             context_id=bytes(view.header.context_id).hex(),
         )
+
+    def _start(self, job: Job) -> None:
+        ctx = self._context(job)
+        prep = prepare(ctx, self.deps)
+        if prep is None:
+            return self._done(job, ctx)
+        if self._inline and not prep.req.stream:
+            execute(ctx, self.deps, prep)
+            return self._done(job, ctx)
+        assert self._loop is not None
+        fut = self._loop.run_in_executor(self._pool, self._execute, job, ctx, prep)
+        fut.add_done_callback(lambda f: f.exception())  # _execute never raises; keep asyncio quiet
+
+    def _execute(self, job: Job, ctx: RequestContext, prep: Prepared) -> None:
         try:
-            run_request(ctx, self.deps)
+            execute(ctx, self.deps, prep)
         finally:
-            ctx.payload.release()
-            self._finish_job(job)
+            self._done(job, ctx)
+
+    def _done(self, job: Job, ctx: RequestContext) -> None:
+        ctx.payload.release()
+        self._finish_job(job)
 
     def _finish_job(self, job: Job) -> None:
         def drop() -> None:
@@ -161,7 +179,7 @@ class Engine:
                 del self._jobs[job.view.index]
             job.conn.jobs.discard(job)
 
-        if self._inline or self._loop is None:
+        if self._loop is None or threading.get_ident() == self._loop_thread:
             drop()
         else:
             self._loop.call_soon_threadsafe(drop)
@@ -195,6 +213,7 @@ class Engine:
 
     async def serve(self, stop: asyncio.Event) -> None:
         self._loop = asyncio.get_running_loop()
+        self._loop_thread = threading.get_ident()
         await self.doorbell.start()
         self.arena.publish(self.cfg.server.socket_path)
         self.arena.set_engine_state(EngineState.SERVING)

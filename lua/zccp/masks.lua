@@ -1,0 +1,318 @@
+-- Mask patterns (docs/fingerprint.md, "Masks"): an ordered list of PCRE patterns
+-- and replacements, read from lua/zccp/mask_patterns.lua, applied with
+-- ngx.re.gsub(s, pattern, replacement, "jo") to the prompt text before any cache
+-- key or fingerprint is computed (never to what the model sees).
+--
+-- init(opts) runs in init_by_lua (the master, before the workers fork, so they
+-- inherit the compiled patterns). A pattern that does not compile is logged by
+-- name and listed by errors(); the pattern of the same name from the last-good
+-- file (the set in force before, written here after every load) takes its place,
+-- else it is dropped. So a broken edit followed by `nginx -s reload` never takes
+-- down the patterns already in force, even though reload recreates the Lua VM.
+-- engine/zccp/masks.py (load_masks) resolves the same files the same way.
+local sha256 = require "zccp.sha256"
+
+local ngx = ngx
+local type = type
+local pairs = pairs
+local ipairs = ipairs
+local pcall = pcall
+local error = error
+local tostring = tostring
+local setmetatable = setmetatable
+local loadstring = loadstring
+local setfenv = setfenv
+local io_open = io.open
+local os_rename = os.rename
+local os_remove = os.remove
+local str_format = string.format
+local str_byte = string.byte
+local concat = table.concat
+local package = package
+
+local _M = { _VERSION = "0.1.0" }
+
+local re_gsub = ngx and ngx.re and ngx.re.gsub
+
+local state = {
+    loaded = false,
+    patterns = {},   -- { name, pattern, replacement } in force, in order
+    n = 0,
+    errors = {},     -- { name = ..., message = ... }
+    digest = nil,
+    path = nil,
+    last_good_path = nil,
+}
+
+local function log(level, ...)
+    if ngx and ngx.log then
+        ngx.log(level, ...)
+    end
+end
+
+local function default_path()
+    local p = package.searchpath and package.searchpath("zccp.mask_patterns", package.path)
+    return p
+end
+
+local function default_last_good(path)
+    return (path:gsub("%.lua$", "")) .. ".last_good.lua"
+end
+
+local function read_file(path)
+    local f, err = io_open(path, "rb")
+    if not f then
+        return nil, err
+    end
+    local s = f:read("*a")
+    f:close()
+    return s
+end
+
+-- Runs a data file in an empty environment; returns the list or nil, err.
+local function load_list(path)
+    local src, err = read_file(path)
+    if not src then
+        return nil, err
+    end
+    local f, perr = loadstring(src, "@" .. path)
+    if not f then
+        return nil, perr
+    end
+    setfenv(f, {})
+    local ok, list = pcall(f)
+    if not ok then
+        return nil, tostring(list)
+    end
+    if type(list) ~= "table" then
+        return nil, path .. ": expected `return { { name = ..., pattern = ..., replacement = ... }, ... }`"
+    end
+    return list
+end
+
+-- Compiles pattern and replacement template (into ngx.re's "o" cache): true or nil, err.
+local function try_compile(pattern, replacement)
+    if not re_gsub then
+        return nil, "ngx.re is not available (zccp.masks runs inside nginx)"
+    end
+    local ok, res, _, err = pcall(re_gsub, "", pattern, replacement, "jo")
+    if not ok then
+        return nil, tostring(res)
+    end
+    if res == nil then
+        return nil, err or "cannot compile"
+    end
+    return true
+end
+
+local function digest_of(patterns, n)
+    local parts = {}
+    for i = 1, n do
+        local p = patterns[i]
+        parts[#parts + 1] = p.name .. "\0" .. p.pattern .. "\0" .. p.replacement .. "\0"
+    end
+    local s = concat(parts)
+    local d = sha256.digest(s, #s)
+    if not d then
+        return nil
+    end
+    local hex = {}
+    for i = 1, #d do
+        hex[i] = str_format("%02x", str_byte(d, i))
+    end
+    return concat(hex)
+end
+
+local function write_last_good(path, patterns, n)
+    local out = { "-- Written by zccp.masks: the mask patterns last in force. Do not edit;\n",
+                  "-- edit mask_patterns.lua instead.\nreturn {\n" }
+    for i = 1, n do
+        local p = patterns[i]
+        out[#out + 1] = str_format("    { name = %q, pattern = %q, replacement = %q },\n",
+                                   p.name, p.pattern, p.replacement)
+    end
+    out[#out + 1] = "}\n"
+    local tmp = path .. ".tmp"
+    local f, err = io_open(tmp, "wb")
+    if not f then
+        return nil, err
+    end
+    local ok, werr = f:write(concat(out))
+    f:close()
+    if not ok then
+        os_remove(tmp)
+        return nil, werr
+    end
+    local rok, rerr = os_rename(tmp, path)
+    if not rok then
+        os_remove(tmp)
+        return nil, rerr
+    end
+    return true
+end
+
+-- opts: path (default: zccp/mask_patterns.lua on package.path), last_good_path
+-- (default: <path without .lua>.last_good.lua), write_last_good (default: true in
+-- the init phase). Returns the number of patterns in force and the list of errors.
+function _M.init(opts)
+    if opts ~= nil and type(opts) ~= "table" then
+        error("zccp.masks.init: opts must be a table", 2)
+    end
+    opts = opts or {}
+    local path = opts.path or default_path()
+    if not path then
+        error("zccp.masks.init: zccp/mask_patterns.lua not found on package.path", 2)
+    end
+    local lg_path = opts.last_good_path or default_last_good(path)
+    local write = opts.write_last_good
+    if write == nil then
+        write = (ngx and ngx.get_phase and ngx.get_phase() == "init") and true or false
+    end
+
+    local errors = {}
+    local function report(name, msg)
+        errors[#errors + 1] = { name = name, message = msg }
+        log(ngx and ngx.ERR, "zccp masks: pattern \"", name, "\" rejected: ", msg)
+    end
+
+    -- the previous good set
+    local prev, prev_order = {}, {}
+    local plist = io_open(lg_path, "rb")
+    if plist then
+        plist:close()
+        local list, err = load_list(lg_path)
+        if list then
+            for _, e in ipairs(list) do
+                if type(e) == "table" and type(e.name) == "string" and type(e.pattern) == "string"
+                   and type(e.replacement) == "string" and not prev[e.name] then
+                    prev[e.name] = e
+                    prev_order[#prev_order + 1] = e
+                end
+            end
+        else
+            log(ngx and ngx.WARN, "zccp masks: cannot read the last-good file ", lg_path, ": ", err)
+        end
+    end
+
+    local entries, ferr = load_list(path)
+    if not entries then
+        report(path, ferr)
+        entries = prev_order
+        prev = {}
+    end
+
+    local patterns, n, seen = {}, 0, {}
+    for idx = 1, #entries do
+        local e = entries[idx]
+        local name = type(e) == "table" and e.name or nil
+        if type(name) ~= "string" or name == "" then
+            report("#" .. idx, "entry needs a non-empty string `name`")
+        elseif seen[name] then
+            report(name, "duplicate name")
+        else
+            seen[name] = true
+            local pat, repl = e.pattern, e.replacement
+            if repl == nil then
+                repl = ""
+            end
+            local ok, err
+            if type(pat) ~= "string" then
+                err = "`pattern` must be a string"
+            elseif type(repl) ~= "string" then
+                err = "`replacement` must be a string"
+            else
+                ok, err = try_compile(pat, repl)
+            end
+            if not ok then
+                report(name, err)
+                local p = prev[name]
+                if p and try_compile(p.pattern, p.replacement) then
+                    log(ngx and ngx.WARN, "zccp masks: keeping the previous version of \"", name, "\"")
+                    pat, repl, ok = p.pattern, p.replacement, true
+                end
+            end
+            if ok then
+                n = n + 1
+                patterns[n] = { name = name, pattern = pat, replacement = repl }
+            end
+        end
+    end
+
+    state.patterns, state.n, state.errors = patterns, n, errors
+    state.digest = digest_of(patterns, n)
+    state.path, state.last_good_path, state.loaded = path, lg_path, true
+
+    if write then
+        local ok, err = write_last_good(lg_path, patterns, n)
+        if not ok then
+            log(ngx and ngx.WARN, "zccp masks: cannot write the last-good file ", lg_path, ": ", err)
+        end
+    end
+    log(ngx and ngx.NOTICE, "zccp masks: ", n, " pattern(s) in force, ", #errors, " error(s), digest ",
+        state.digest)
+    return n, errors
+end
+
+local function ensure()
+    if not state.loaded then
+        _M.init({ write_last_good = false })
+    end
+end
+
+-- Applies every pattern in order. Returns the masked string and whether it differs
+-- from `s`, or nil, err (a PCRE runtime failure such as the match limit).
+function _M.apply(s)
+    if type(s) ~= "string" then
+        error("zccp.masks.apply: string expected", 2)
+    end
+    if not state.loaded then
+        ensure()
+    end
+    local orig = s
+    local patterns = state.patterns
+    for i = 1, state.n do
+        local p = patterns[i]
+        local r, cnt, err = re_gsub(s, p.pattern, p.replacement, "jo")
+        if not r then
+            return nil, "mask \"" .. p.name .. "\": " .. tostring(err)
+        end
+        if cnt > 0 then
+            s = r
+        end
+    end
+    return s, s ~= orig
+end
+
+-- The patterns in force: a copy, { { name, pattern, replacement }, ... }.
+function _M.patterns()
+    ensure()
+    local out = {}
+    for i = 1, state.n do
+        local p = state.patterns[i]
+        out[i] = { name = p.name, pattern = p.pattern, replacement = p.replacement }
+    end
+    return out
+end
+
+-- The errors of the last init(): { { name = ..., message = ... }, ... }.
+function _M.errors()
+    ensure()
+    local out = {}
+    for i, e in ipairs(state.errors) do
+        out[i] = { name = e.name, message = e.message }
+    end
+    return out
+end
+
+-- Hex SHA-256 of the set in force (zccp.masks.MaskSet.digest in Python gives the same).
+function _M.digest()
+    ensure()
+    return state.digest
+end
+
+function _M.count()
+    ensure()
+    return state.n
+end
+
+return _M
