@@ -17,7 +17,10 @@ enum zccp_abi_const {
     ZCCP_SLOT_HEADER_SIZE   = 128,          /* sizeof(struct zccp_slot_header) */
     ZCCP_SLOT_META_SIZE     = 256,          /* sizeof(struct zccp_slot_meta) */
     ZCCP_SLOT_META_OFFSET   = 128,          /* meta block follows the header */
+    ZCCP_SLOT_SIG_OFFSET    = 384,          /* MinHash signature follows the meta block */
+    ZCCP_SLOT_SIG_SIZE      = 512,          /* sizeof(struct zccp_slot_signature) */
     ZCCP_CSF_BANDS          = 16,
+    ZCCP_MINHASH_COUNT      = 128,
     ZCCP_RING_SIZE          = 16,           /* sizeof(struct zccp_ring) */
     ZCCP_NOTICE_SIZE        = 32,           /* sizeof(struct zccp_notice) */
     ZCCP_SOCKET_PATH_MAX    = 108           /* sun_path */
@@ -127,6 +130,12 @@ struct zccp_slot_meta {
     uint32_t plan_chunks;       /* 192 prefill chunks, 0 = single pass (engine) */
     uint32_t error_code;        /* 196 reserved for engine diagnostics */
     uint8_t  reserved[56];      /* 200 */
+};
+
+/* Bytes 384..895 of every slot: the full MinHash signature nginx computed, so the
+   engine can estimate Jaccard similarity against cached entries without recomputing. */
+struct zccp_slot_signature {
+    uint32_t minhash[128];      /*   0 one value per MinHash function (nginx) */
 };
 
 /* Doorbell frames: fixed size, host byte order, nothing else travels on the socket. */

@@ -41,6 +41,8 @@ CONTROL_MAGIC = const("ZCCP_CONTROL_MAGIC")
 SLOT_MAGIC = const("ZCCP_SLOT_MAGIC")
 PAGE_SIZE = const("ZCCP_PAGE_SIZE")
 META_OFFSET = const("ZCCP_SLOT_META_OFFSET")
+SIG_OFFSET = const("ZCCP_SLOT_SIG_OFFSET")
+MINHASH_COUNT = const("ZCCP_MINHASH_COUNT")
 CSF_BANDS = const("ZCCP_CSF_BANDS")
 RING_SIZE = const("ZCCP_RING_SIZE")
 NOTICE_SIZE = const("ZCCP_NOTICE_SIZE")
@@ -50,6 +52,7 @@ for _struct, _size in (
     ("struct zccp_control", "ZCCP_CONTROL_SIZE"),
     ("struct zccp_slot_header", "ZCCP_SLOT_HEADER_SIZE"),
     ("struct zccp_slot_meta", "ZCCP_SLOT_META_SIZE"),
+    ("struct zccp_slot_signature", "ZCCP_SLOT_SIG_SIZE"),
     ("struct zccp_ring", "ZCCP_RING_SIZE"),
     ("struct zccp_notice", "ZCCP_NOTICE_SIZE"),
 ):
@@ -57,8 +60,12 @@ for _struct, _size in (
         raise ImportError(f"ABI mismatch: sizeof({_struct}) = {ffi.sizeof(_struct)} != {_size}")
 if ffi.sizeof("struct zccp_slot_header") != META_OFFSET:
     raise ImportError("ABI mismatch: the meta block must follow the slot header")
-if META_OFFSET + ffi.sizeof("struct zccp_slot_meta") > PAGE_SIZE:
-    raise ImportError("ABI mismatch: header + meta must fit in the first page of a slot")
+if META_OFFSET + ffi.sizeof("struct zccp_slot_meta") != SIG_OFFSET:
+    raise ImportError("ABI mismatch: the signature must follow the meta block")
+if SIG_OFFSET + ffi.sizeof("struct zccp_slot_signature") > PAGE_SIZE:
+    raise ImportError("ABI mismatch: header, meta and signature must fit in the first page of a slot")
+if ffi.sizeof("struct zccp_slot_signature") != 4 * MINHASH_COUNT:
+    raise ImportError("ABI mismatch: signature size != 4 * ZCCP_MINHASH_COUNT")
 
 
 class State:

@@ -22,6 +22,7 @@ from zccp.abi import (
     ABI_VERSION,
     CONTROL_MAGIC,
     META_OFFSET,
+    SIG_OFFSET,
     SLOT_MAGIC,
     EngineState,
     SlotLayout,
@@ -41,6 +42,7 @@ class SlotView:
     index: int
     header: object      # struct zccp_slot_header *
     meta: object        # struct zccp_slot_meta *
+    signature: object   # struct zccp_slot_signature *
     base: int           # offset of the slot in the arena
 
 
@@ -113,6 +115,7 @@ class Arena:
             index=index,
             header=ffi.cast("struct zccp_slot_header *", self._buf + base),
             meta=ffi.cast("struct zccp_slot_meta *", self._buf + base + META_OFFSET),
+            signature=ffi.cast("struct zccp_slot_signature *", self._buf + base + SIG_OFFSET),
             base=base,
         )
 

@@ -8,7 +8,6 @@ local settings = require "zccp.settings"
 
 local C = libc.C
 local ffi_cast = ffi.cast
-local ffi_string = ffi.string
 local tonumber = tonumber
 local setmetatable = setmetatable
 
@@ -157,16 +156,17 @@ function _M.meta(self, i)
         self.base + abi.C.ZCCP_PAGE_SIZE + i * self.slot_size + abi.C.ZCCP_SLOT_META_OFFSET)
 end
 
+function _M.signature(self, i)
+    return ffi_cast(abi.signature_ptr_t,
+        self.base + abi.C.ZCCP_PAGE_SIZE + i * self.slot_size + abi.C.ZCCP_SLOT_SIG_OFFSET)
+end
+
 function _M.payload_ptr(self, i)
     return self.base + abi.C.ZCCP_PAGE_SIZE + i * self.slot_size + self.payload_offset
 end
 
 function _M.response_ptr(self, i)
     return self.base + abi.C.ZCCP_PAGE_SIZE + i * self.slot_size + self.response_offset
-end
-
-function _M.epoch_hex(self)
-    return ffi_string(ffi.new("uint64_t[1]", self.epoch), 8)
 end
 
 return _M

@@ -338,6 +338,24 @@ end
 _M.csf = csf
 _M.keys_of = keys_of
 
+-- MinHash of an explicit list of 32-bit shingle hashes (tests: with one value x,
+-- signature[i] is h_i(x) itself). Returns a uint32_t[128] cdata.
+function _M.minhash_of(xs)
+    local nx = #xs
+    if nx > MAX_TOKENS + 1 then
+        error("zccp.fingerprint.minhash_of: too many values", 2)
+    end
+    for k = 1, nx do
+        X[k - 1] = xs[k]
+    end
+    minhash(nx)
+    local sig = u32_arr(NUM_PERM)
+    for i = 0, NUM_PERM - 1 do
+        sig[i] = SIG[i]
+    end
+    return sig
+end
+
 -- ------------------------------------------------------------------ JSON
 
 local cjson = require("cjson").new()
