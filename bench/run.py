@@ -205,7 +205,8 @@ def summarize_collapsed(text: str, conc: int) -> dict:
         for f in set(frames):
             incl[f] = incl.get(f, 0) + n
     top_self = sorted(self_c.items(), key=lambda kv: -kv[1])[:12]
-    top_incl = sorted(incl.items(), key=lambda kv: -kv[1])[:16]
+    boiler = ("(<frozen runpy>)", "(base_events.py)", "(runners.py)", "(cli.py)", "(events.py)")
+    top_incl = sorted(((f, n) for f, n in incl.items() if not f.endswith(boiler)), key=lambda kv: -kv[1])[:14]
     return {"conc": conc, "samples": total,
             "self": [(f, round(100 * n / total, 1)) for f, n in top_self] if total else [],
             "inclusive": [(f, round(100 * n / total, 1)) for f, n in top_incl] if total else []}

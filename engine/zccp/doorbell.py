@@ -81,6 +81,24 @@ RingHandler = Callable[[Connection, Ring], None]
 CloseHandler = Callable[[Connection], None]
 
 
+async def start_private_unix_server(path: str, handler, group: str | None) -> asyncio.AbstractServer:
+    """A unix socket only its owner (or, with a group, that group) can connect to."""
+    sock_path = Path(path)
+    sock_path.parent.mkdir(parents=True, exist_ok=True)
+    with contextlib.suppress(FileNotFoundError):
+        if sock_path.is_socket():
+            sock_path.unlink()  # a stale socket from a crashed engine
+    old = os.umask(0o007 if group else 0o077)
+    try:
+        server = await asyncio.start_unix_server(handler, path=path, backlog=1024)
+    finally:
+        os.umask(old)
+    if group:
+        os.chown(path, -1, grp.getgrnam(group).gr_gid)
+        os.chmod(path, 0o660)
+    return server
+
+
 class DoorbellServer:
     def __init__(self, path: str, on_ring: RingHandler, on_close: CloseHandler, on_ping: Callable[[Connection], None], group: str | None = None) -> None:
         self.path = path
@@ -92,19 +110,7 @@ class DoorbellServer:
         self._conns: set[Connection] = set()
 
     async def start(self) -> None:
-        sock_path = Path(self.path)
-        sock_path.parent.mkdir(parents=True, exist_ok=True)
-        with contextlib.suppress(FileNotFoundError):
-            if sock_path.is_socket():
-                sock_path.unlink()  # a stale socket from a crashed engine
-        old = os.umask(0o007 if self._group else 0o077)
-        try:
-            self._server = await asyncio.start_unix_server(self._serve, path=self.path, backlog=1024)
-        finally:
-            os.umask(old)
-        if self._group:
-            os.chown(self.path, -1, grp.getgrnam(self._group).gr_gid)
-            os.chmod(self.path, 0o660)
+        self._server = await start_private_unix_server(self.path, self._serve, self._group)
 
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         conn = Connection(writer, asyncio.get_running_loop())

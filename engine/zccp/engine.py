@@ -19,6 +19,7 @@ from zccp.arena import Arena, SlotError, SlotView
 from zccp.config import Config
 from zccp.device import select_device
 from zccp.doorbell import Connection, DoorbellServer, Ring, encode_notice
+from zccp.metrics import EngineMetrics, MetricsServer
 from zccp.model.registry import build_backend
 from zccp.pipeline import PipelineDeps, Prepared, RequestContext, execute, prepare
 from zccp.response import ResponseWriter
@@ -69,6 +70,8 @@ class Engine:
         self.backend = build_backend(cfg.model.backend, **backend_options(cfg))
         if self.device.device_id >= 0 and hasattr(self.backend, "to"):
             self.backend.to(self.device.torch_device)
+        self.metrics = EngineMetrics()
+        self.metrics.info.set(1, backend=cfg.model.backend, model=cfg.model.name, device=self.device.name)
         self.deps = PipelineDeps(
             backend=self.backend,
             limits=ParseLimits(
@@ -78,6 +81,7 @@ class Engine:
             ),
             input_view=self.device.input_view,
             device_id=self.device.device_id,
+            metrics=self.metrics,
         )
         # Views made once: a request never allocates a tensor header for its slot.
         self._tokens = [self.arena.token_tensor(v) for v in self.arena.slots()]
@@ -90,13 +94,12 @@ class Engine:
                                        cfg.shared_memory.group)
         self._loop: asyncio.AbstractEventLoop | None = None
         self._loop_thread = 0
-        self.rings = 0
-        self.rejects = 0
+        self.metrics_server = MetricsServer(cfg.server.socket_path + ".metrics", self.metrics, cfg.shared_memory.group)
 
     # -- doorbell callbacks (event loop thread) -------------------------------------------
 
     def _reject(self, conn: Connection, ring: Ring, status: int, why: str) -> None:
-        self.rejects += 1
+        self.metrics.rejects.inc(status=str(status))
         log.warning("ring rejected: %s", why, extra={"slot": ring.slot, "generation": ring.generation, "status": status})
         conn.send(encode_notice(Op.REJECT, ring.slot, ring.generation, 0, 1, status))
 
@@ -104,7 +107,7 @@ class Engine:
         conn.send(encode_notice(Op.PONG, self.layout.slot_count, self.arena.epoch, 0, 1, 200))
 
     def _on_ring(self, conn: Connection, ring: Ring) -> None:
-        self.rings += 1
+        self.metrics.rings.inc()
         try:
             view = self.arena.slot(ring.slot)
         except SlotError as exc:
@@ -200,6 +203,7 @@ class Engine:
                 job.cancel.set()
             log.warning("sweeper: slot stuck in state %d, reset", h.state, extra={"slot": view.index, "generation": int(h.generation)})
             h.state = State.FREE
+            self.metrics.sweeps.inc()
             reset += 1
         return reset
 
@@ -215,6 +219,7 @@ class Engine:
         self._loop = asyncio.get_running_loop()
         self._loop_thread = threading.get_ident()
         await self.doorbell.start()
+        await self.metrics_server.start()
         self.arena.publish(self.cfg.server.socket_path)
         self.arena.set_engine_state(EngineState.SERVING)
         sweeper = asyncio.create_task(self._sweeper())
@@ -229,6 +234,7 @@ class Engine:
             for job in list(self._jobs.values()):
                 job.cancel.set()
             await self.doorbell.stop()
+            await self.metrics_server.stop()
             self._pool.shutdown(wait=True, cancel_futures=True)
             self.device.close()
             self._tokens.clear()

@@ -398,15 +398,25 @@ def canonical_request(api: str, doc: dict) -> bytes:
     return b"".join(out)
 
 
+# lua-cjson decodes {} and [] to the same empty table: an empty container is both
+# an object and an array, exactly as fingerprint.lua sees it.
+def _is_obj(v: Any) -> bool:
+    return isinstance(v, dict) or (isinstance(v, list) and not v)
+
+
+def _is_arr(v: Any) -> bool:
+    return isinstance(v, list) or (isinstance(v, dict) and not v)
+
+
 def _text_of(content: Any) -> bytes:
     if isinstance(content, (str, bytes)):
         return _s(content)
     if content is None:
         return b""
-    if isinstance(content, list):
+    if _is_arr(content):
         parts = []
         for blk in content:
-            t = blk.get("type") if isinstance(blk, dict) else None
+            t = blk.get("type") if isinstance(blk, dict) else None   # [] has no type either
             if isinstance(t, (str, bytes)):
                 txt = blk.get("text")
                 if _s(t) == b"text" and isinstance(txt, (str, bytes)):
@@ -433,14 +443,16 @@ def prompt_text(api: str, doc: dict) -> bytes:
         if "system" in doc and doc["system"] is not None:
             out.append(_entry("system", doc["system"]))
         for m in msgs:
-            if isinstance(m, dict):
+            if _is_obj(m):
+                m = m or {}
                 out.append(_entry(m.get("role"), m.get("content")))
             else:
                 out.append(_entry(None, b"[?]"))
     else:
         rest: list[bytes] = []
         for m in msgs:
-            if isinstance(m, dict):
+            if _is_obj(m):
+                m = m or {}
                 role = m.get("role")
                 e = _entry(role, m.get("content"))
                 (out if isinstance(role, (str, bytes)) and _s(role) in (b"system", b"developer") else rest).append(e)

@@ -21,6 +21,7 @@ from zccp.api import openai as openai_api
 from zccp.api.common import ParseLimits
 from zccp.arena import SlotView
 from zccp.generation import generate_text
+from zccp.metrics import EngineMetrics
 from zccp.model.base import ModelBackend
 from zccp.model.tokenizer import PromptTooLong, encode_chat_into
 from zccp.request import ApiError, GenerationRequest, GenerationResult, TextDelta
@@ -46,6 +47,7 @@ class PipelineDeps:
     limits: ParseLimits
     input_view: Callable[[torch.Tensor], torch.Tensor]   # device seam
     device_id: int
+    metrics: EngineMetrics
 
 
 def api_for(flags: int) -> ModuleType:
@@ -93,14 +95,14 @@ def prepare(ctx: RequestContext, deps: PipelineDeps) -> Prepared | None:
             ctx.writer.begin(api.http_status(err), sse=False)
             ctx.writer.write(api.render_error(err))
             ctx.writer.finish()
-            _log_done(ctx, err.status, started)
+            _log_done(ctx, deps, api, api.http_status(err), started)
             return None
     except SlotAbandoned as exc:
-        log.info("request abandoned: %s", exc, extra={"context_id": ctx.context_id})
+        _abandoned(ctx, deps, exc)
         return None
     except Exception:
         log.exception("request failed", extra={"context_id": ctx.context_id})
-        _fail(ctx, api, None)
+        _fail(ctx, deps, api, None)
         return None
     return Prepared(api, req, input_ids, started)
 
@@ -136,15 +138,21 @@ def execute(ctx: RequestContext, deps: PipelineDeps, prep: Prepared) -> None:
             writer.write(api.render_response(req, result, rid, created))
         ctx.view.meta.completion_len = result.output_tokens
         writer.finish()
-        _log_done(ctx, 200, prep.started, result)
+        _log_done(ctx, deps, api, 200, prep.started, result)
     except SlotAbandoned as exc:
-        log.info("request abandoned: %s", exc, extra={"context_id": ctx.context_id})
+        _abandoned(ctx, deps, exc)
     except Exception:
         log.exception("request failed", extra={"context_id": ctx.context_id})
-        _fail(ctx, api, encoder)
+        _fail(ctx, deps, api, encoder)
 
 
-def _fail(ctx: RequestContext, api: ModuleType, encoder: object | None) -> None:
+def _abandoned(ctx: RequestContext, deps: PipelineDeps, exc: SlotAbandoned) -> None:
+    deps.metrics.abandoned.inc()
+    log.info("request abandoned: %s", exc, extra={"context_id": ctx.context_id})
+
+
+def _fail(ctx: RequestContext, deps: PipelineDeps, api: ModuleType, encoder: object | None) -> None:
+    deps.metrics.requests.inc(api=_api_name(api), status="500")
     err = ApiError(500, "api_error", "the engine failed while serving this request")
     writer = ctx.writer
     try:
@@ -158,7 +166,19 @@ def _fail(ctx: RequestContext, api: ModuleType, encoder: object | None) -> None:
         pass
 
 
-def _log_done(ctx: RequestContext, status: int, started: float, result: GenerationResult | None = None) -> None:
+def _api_name(api: ModuleType) -> str:
+    return "openai" if api is openai_api else "anthropic"
+
+
+def _log_done(ctx: RequestContext, deps: PipelineDeps, api: ModuleType, status: int, started: float,
+              result: GenerationResult | None = None) -> None:
+    elapsed = time.perf_counter() - started
+    m = deps.metrics
+    m.requests.inc(api=_api_name(api), status=str(status))
+    m.seconds.inc(elapsed)
+    if result is not None:
+        m.tokens_in.inc(result.input_tokens)
+        m.tokens_out.inc(result.output_tokens)
     log.info(
         "request done",
         extra={
@@ -166,7 +186,8 @@ def _log_done(ctx: RequestContext, status: int, started: float, result: Generati
             "slot": ctx.view.index,
             "generation": ctx.generation,
             "status": status,
-            "duration_ms": round((time.perf_counter() - started) * 1000, 3),
+            "api": _api_name(api),
+            "duration_ms": round(elapsed * 1000, 3),
             "tokens_in": result.input_tokens if result else None,
             "tokens_out": result.output_tokens if result else None,
         },

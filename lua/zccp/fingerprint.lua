@@ -358,7 +358,7 @@ end
 
 -- ------------------------------------------------------------------ JSON
 
-local cjson = require("cjson").new()
+local cjson = require("cjson").new()   -- a private instance: its settings are ours alone
 cjson.decode_invalid_numbers(false)
 cjson.decode_max_depth(MAX_DEPTH)
 local cjson_decode = cjson.decode
@@ -606,14 +606,16 @@ end
 
 local sha256 = require "zccp.sha256"
 
-function _M.compute(api, body, debug)
+-- debug: also return r.canonical and r.prompt; limit: overrides the decode limit
+-- (tests; the engine covers larger bodies).
+function _M.compute(api, body, debug, limit)
     if api ~= "anthropic" and api ~= "openai" then
         error("zccp.fingerprint.compute: api must be \"anthropic\" or \"openai\"", 2)
     end
     if type(body) ~= "string" then
         error("zccp.fingerprint.compute: body must be a string", 2)
     end
-    if #body > DECODE_LIMIT then
+    if #body > (limit or DECODE_LIMIT) then
         return nil, "body too large to fingerprint"
     end
     local first = str_find(body, "[^ \t\r\n]")

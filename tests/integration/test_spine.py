@@ -117,3 +117,26 @@ def test_health_reports_the_engine(stack):
     assert h["status"] == "ok"
     assert h["slots"] == stack.cfg.shared_memory.segment_count
     assert h["engine_pid"] == stack.engine.proc.pid
+
+
+def test_metrics_show_both_sides(null_stack):
+    c = null_stack.client()
+    before = c.get("/metrics").text
+    assert c.post("/v1/messages", json=anthropic_body("count me")).status_code == 200
+    assert c.post("/v1/messages", content=b"{", headers={"content-type": "application/json"}).status_code == 400
+    text = c.get("/metrics").text
+    assert "zccp_engine_up 1" in text
+
+    def value(body: str, line_prefix: str) -> float:
+        for line in body.splitlines():
+            if line.startswith(line_prefix + " "):
+                return float(line.rsplit(" ", 1)[1])
+        return 0.0
+
+    ok = 'zccp_nginx_requests_total{api="anthropic",status="200"}'
+    bad = 'zccp_nginx_requests_total{api="anthropic",status="400"}'
+    assert value(text, ok) == value(before, ok) + 1
+    assert value(text, bad) == value(before, bad) + 1
+    eng = 'zccp_engine_requests_total{api="anthropic",status="200"}'
+    assert value(text, eng) == value(before, eng) + 1
+    assert value(text, "zccp_engine_rings_total") >= 2

@@ -1,0 +1,110 @@
+"""Engine metrics in Prometheus text format.
+
+Counters are plain ints bumped from the loop and the model thread (the GIL makes
+a single `+=` on a dict entry safe enough for monotonic counters). The text is
+served on `<socket_path>.metrics` (connect, read to EOF); nginx's GET /metrics
+appends it to its own counters, so one scrape sees both sides.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+from collections import defaultdict
+from dataclasses import dataclass, field
+
+Labels = tuple[tuple[str, str], ...]
+
+
+def _fmt_labels(labels: Labels) -> str:
+    if not labels:
+        return ""
+    inner = ",".join(f'{k}="{v}"' for k, v in labels)
+    return "{" + inner + "}"
+
+
+@dataclass
+class Metric:
+    name: str
+    help: str
+    kind: str  # "counter" | "gauge"
+    values: dict[Labels, float] = field(default_factory=lambda: defaultdict(float))
+
+    def inc(self, amount: float = 1.0, **labels: str) -> None:
+        self.values[tuple(sorted(labels.items()))] += amount
+
+    def set(self, value: float, **labels: str) -> None:
+        self.values[tuple(sorted(labels.items()))] = value
+
+    def get(self, **labels: str) -> float:
+        return self.values.get(tuple(sorted(labels.items())), 0.0)
+
+    def render(self) -> str:
+        lines = [f"# HELP {self.name} {self.help}", f"# TYPE {self.name} {self.kind}"]
+        for labels, v in sorted(self.values.items()):
+            lines.append(f"{self.name}{_fmt_labels(labels)} {v:g}")
+        return "\n".join(lines)
+
+
+class Registry:
+    def __init__(self) -> None:
+        self._metrics: dict[str, Metric] = {}
+
+    def counter(self, name: str, help: str) -> Metric:
+        return self._metrics.setdefault(name, Metric(name, help, "counter"))
+
+    def gauge(self, name: str, help: str) -> Metric:
+        return self._metrics.setdefault(name, Metric(name, help, "gauge"))
+
+    def render(self) -> str:
+        return "\n".join(m.render() for m in self._metrics.values()) + "\n"
+
+
+@dataclass
+class EngineMetrics:
+    registry: Registry = field(default_factory=Registry)
+
+    def __post_init__(self) -> None:
+        r = self.registry
+        self.rings = r.counter("zccp_engine_rings_total", "Doorbell rings received")
+        self.rejects = r.counter("zccp_engine_rejects_total", "Rings rejected, by HTTP-like reason status")
+        self.requests = r.counter("zccp_engine_requests_total", "Requests answered, by API and status")
+        self.tokens_in = r.counter("zccp_engine_prompt_tokens_total", "Prompt tokens processed")
+        self.tokens_out = r.counter("zccp_engine_completion_tokens_total", "Tokens generated or replayed")
+        self.seconds = r.counter("zccp_engine_request_seconds_total", "Time spent answering requests")
+        self.cache = r.counter("zccp_engine_cache_total", "Cache lookups by result (HIT, NEAR, MISS, BYPASS, ERROR)")
+        self.cache_errors = r.counter("zccp_engine_cache_errors_total", "Redis operations that failed or timed out")
+        self.abandoned = r.counter("zccp_engine_abandoned_total", "Requests stopped: client gone, deadline, stale")
+        self.sweeps = r.counter("zccp_engine_sweeper_resets_total", "Slots reset by the sweeper")
+        self.info = r.gauge("zccp_engine_info", "Engine identity")
+
+    def render(self) -> str:
+        return self.registry.render()
+
+
+class MetricsServer:
+    """Serves the text on a unix socket: connect, read to EOF."""
+
+    def __init__(self, path: str, metrics: EngineMetrics, group: str | None = None) -> None:
+        self.path = path
+        self._metrics = metrics
+        self._group = group
+        self._server: asyncio.AbstractServer | None = None
+
+    async def start(self) -> None:
+        from zccp.doorbell import start_private_unix_server
+
+        self._server = await start_private_unix_server(self.path, self._serve, self._group)
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        writer.write(self._metrics.render().encode())
+        with contextlib.suppress(ConnectionError):
+            await writer.drain()
+        writer.close()
+
+    async def stop(self) -> None:
+        if self._server is not None:
+            self._server.close()
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(self.path)

@@ -1,0 +1,96 @@
+-- nginx-side counters in a lua_shared_dict, and GET /metrics: these counters
+-- followed by the engine's (read from its metrics socket), one scrape for both.
+local settings = require "zccp.settings"
+
+local ngx = ngx
+local ngx_socket_tcp = ngx.socket.tcp
+local concat = table.concat
+local sort = table.sort
+local tostring = tostring
+local tonumber = tonumber
+local ipairs = ipairs
+local str_format = string.format
+local str_match = string.match
+
+local _M = { _VERSION = "0.1.0" }
+
+local DICT = "zccp_metrics"
+local SEP = "\1"
+
+local HELP = {
+    zccp_nginx_requests_total = "Responses sent by ZCCP's nginx locations, by API and status",
+    zccp_nginx_bytes_in_total = "Request bytes received on ZCCP's locations",
+}
+
+local function dict()
+    return ngx.shared[DICT]
+end
+
+-- log_by_lua: one count per response, whoever answered it (Lua, error_page, engine).
+function _M.log(api)
+    local d = dict()
+    if not d then
+        return
+    end
+    d:incr("zccp_nginx_requests_total" .. SEP .. api .. SEP .. tostring(ngx.status), 1, 0)
+    d:incr("zccp_nginx_bytes_in_total" .. SEP .. api, tonumber(ngx.var.request_length) or 0, 0)
+end
+
+local function render_own()
+    local d = dict()
+    if not d then
+        return ""
+    end
+    local keys = d:get_keys(0)
+    sort(keys)
+    local out, n, seen = {}, 0, {}
+    for _, key in ipairs(keys) do
+        local name, api, status = str_match(key, "^([^\1]+)\1([^\1]*)\1?([^\1]*)$")
+        if name then
+            if not seen[name] then
+                seen[name] = true
+                n = n + 1
+                out[n] = "# HELP " .. name .. " " .. (HELP[name] or name) .. "\n# TYPE " .. name .. " counter"
+            end
+            local labels = 'api="' .. api .. '"'
+            if status ~= "" then
+                labels = labels .. ',status="' .. status .. '"'
+            end
+            n = n + 1
+            out[n] = str_format("%s{%s} %d", name, labels, d:get(key) or 0)
+        end
+    end
+    return concat(out, "\n") .. "\n"
+end
+
+local function engine_text()
+    local s = settings.get()
+    local sock = ngx_socket_tcp()
+    sock:settimeouts(s.connect_timeout_ms, s.connect_timeout_ms, s.connect_timeout_ms)
+    local ok, err = sock:connect("unix:" .. s.socket_path .. ".metrics")
+    if not ok then
+        return nil, err
+    end
+    local data, rerr, partial = sock:receive("*a")
+    sock:close()
+    if not data then
+        return nil, rerr or "read failed", partial
+    end
+    return data
+end
+
+function _M.serve()
+    ngx.header["Content-Type"] = "text/plain; version=0.0.4"
+    local text, err = engine_text()
+    local up = text and 1 or 0
+    ngx.print(render_own(),
+        "# HELP zccp_engine_up Whether the engine answered the metrics scrape\n",
+        "# TYPE zccp_engine_up gauge\nzccp_engine_up ", up, "\n")
+    if text then
+        ngx.print(text)
+    else
+        ngx.log(ngx.WARN, "zccp: engine metrics unavailable: ", err)
+    end
+end
+
+return _M
