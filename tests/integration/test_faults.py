@@ -93,6 +93,10 @@ def test_client_disconnect_frees_the_slot_and_stops_generation(make_stack):
     _hold_a_slot(s, started, release)
     assert started.is_set()
     s.assert_no_leaks(timeout=10)
+    # The engine notices the close and stops generating (it would otherwise run for 8 s).
+    end = time.monotonic() + 10
+    while "request abandoned" not in s.engine_log() and time.monotonic() < end:
+        time.sleep(0.05)
     assert "request abandoned" in s.engine_log()
     # The slot is usable again.
     assert s.client().post("/v1/messages", json=anthropic_body("next", max_tokens=4)).status_code == 200
