@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from zccp.abi import EngineState, Op, SlotLayout, State
+from zccp.abi import CacheStatus, EngineState, Flag, Op, SlotLayout, State
 from zccp.api.common import ParseLimits
 from zccp.arena import Arena, SlotError, SlotView
 from zccp.config import Config
@@ -21,7 +21,9 @@ from zccp.device import select_device
 from zccp.doorbell import Connection, DoorbellServer, Ring, encode_notice
 from zccp.metrics import EngineMetrics, MetricsServer
 from zccp.model.registry import build_backend
-from zccp.pipeline import PipelineDeps, Prepared, RequestContext, execute, prepare
+from zccp.cache import CachedAnswer, CacheKeys, Lookup, ResponseCache
+from zccp.cache_keys import MaskSource, keys_for
+from zccp.pipeline import Completed, PipelineDeps, Prepared, RequestContext, execute, prepare, replay
 from zccp.response import ResponseWriter
 
 log = logging.getLogger("zccp.engine")
@@ -94,6 +96,9 @@ class Engine:
                                        cfg.shared_memory.group)
         self._loop: asyncio.AbstractEventLoop | None = None
         self._loop_thread = 0
+        self.cache = ResponseCache(cfg.cache, self.metrics) if cfg.cache.enabled else None
+        self.masks = MaskSource() if cfg.cache.enabled else None
+        self._tasks: set[asyncio.Task[None]] = set()
         self.metrics_server = MetricsServer(cfg.server.socket_path + ".metrics", self.metrics, cfg.shared_memory.group)
 
     # -- doorbell callbacks (event loop thread) -------------------------------------------
@@ -159,18 +164,64 @@ class Engine:
         prep = prepare(ctx, self.deps)
         if prep is None:
             return self._done(job, ctx)
+        if self.cache is None or self.masks is None:
+            return self._run_model(job, ctx, prep, None)
+        try:
+            keys = keys_for(ctx.view, ctx.payload, prep.req, self.masks)
+        except Exception:
+            log.exception("cache keys failed; serving uncached", extra={"context_id": ctx.context_id})
+            keys = None
+        self._spawn(self._serve_cached(job, ctx, prep, keys))
+
+    def _spawn(self, coro) -> None:
+        task = asyncio.ensure_future(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _serve_cached(self, job: Job, ctx: RequestContext, prep: Prepared, keys: CacheKeys | None) -> None:
+        assert self.cache is not None
+        flags = ctx.view.header.flags
+        if keys is None or flags & Flag.NO_CACHE:
+            lookup = Lookup("BYPASS")
+        else:
+            lookup = await self.cache.lookup(keys)
+        self.metrics.cache.inc(result=lookup.status)
+        if ctx.view.header.generation != job.generation or job.cancelled():
+            self.metrics.abandoned.inc()
+            return self._done(job, ctx)   # nginx gave up while Redis answered
+        meta = ctx.view.meta
+        meta.cache_status = getattr(CacheStatus, lookup.status)
+        if lookup.answer is not None:
+            meta.similarity_ppm = int(lookup.similarity * 1_000_000)
+            meta.age_s = lookup.age_s
+            replay(ctx, self.deps, prep, lookup.answer)
+            return self._done(job, ctx)
+        store = keys if keys is not None and not flags & Flag.NO_STORE and lookup.status != "ERROR" else None
+        self._run_model(job, ctx, prep, store)
+
+    def _run_model(self, job: Job, ctx: RequestContext, prep: Prepared, store: CacheKeys | None) -> None:
         if self._inline and not prep.req.stream:
-            execute(ctx, self.deps, prep)
+            self._store(store, execute(ctx, self.deps, prep))
             return self._done(job, ctx)
         assert self._loop is not None
-        fut = self._loop.run_in_executor(self._pool, self._execute, job, ctx, prep)
+        fut = self._loop.run_in_executor(self._pool, self._execute, job, ctx, prep, store)
         fut.add_done_callback(lambda f: f.exception())  # _execute never raises; keep asyncio quiet
 
-    def _execute(self, job: Job, ctx: RequestContext, prep: Prepared) -> None:
+    def _execute(self, job: Job, ctx: RequestContext, prep: Prepared, store: CacheKeys | None) -> None:
         try:
-            execute(ctx, self.deps, prep)
+            completed = execute(ctx, self.deps, prep)
+            if store is not None and completed is not None and self._loop is not None:
+                self._loop.call_soon_threadsafe(self._store, store, completed)
         finally:
             self._done(job, ctx)
+
+    def _store(self, keys: CacheKeys | None, completed: Completed | None) -> None:
+        """Only complete, successful answers are stored (loop thread)."""
+        if keys is None or completed is None or self.cache is None:
+            return
+        r = completed.result
+        answer = CachedAnswer(r.text, r.stop_reason, r.stop_sequence, r.output_tokens, completed.deltas, time.time())
+        self._spawn(self.cache.store(keys, answer))
 
     def _done(self, job: Job, ctx: RequestContext) -> None:
         ctx.payload.release()
@@ -235,6 +286,8 @@ class Engine:
                 job.cancel.set()
             await self.doorbell.stop()
             await self.metrics_server.stop()
+            if self.cache is not None:
+                await self.cache.close()
             self._pool.shutdown(wait=True, cancel_futures=True)
             self.device.close()
             self._tokens.clear()

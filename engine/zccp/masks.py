@@ -528,7 +528,7 @@ class MaskSet:
                 r = _Regex(pat, repl)
             except MaskError as err:
                 if strict:
-                    raise MaskError(f"mask {name or idx}: {err}") from None
+                    raise MaskError(f"mask {name.decode('utf-8', 'replace') or idx}: {err}") from None
                 errors.append((name.decode("utf-8", "replace") if name else f"#{idx}", str(err)))
                 continue
             good.append(MaskPattern(name.decode("utf-8", "surrogateescape"), pat, repl))

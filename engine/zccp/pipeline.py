@@ -19,6 +19,7 @@ from zccp.abi import Flag
 from zccp.api import anthropic as anthropic_api
 from zccp.api import openai as openai_api
 from zccp.api.common import ParseLimits
+from zccp.cache import CachedAnswer
 from zccp.arena import SlotView
 from zccp.generation import generate_text
 from zccp.metrics import EngineMetrics
@@ -107,10 +108,19 @@ def prepare(ctx: RequestContext, deps: PipelineDeps) -> Prepared | None:
     return Prepared(api, req, input_ids, started)
 
 
-def execute(ctx: RequestContext, deps: PipelineDeps, prep: Prepared) -> None:
-    """Run the model and write the answer; never raises."""
+@dataclass(frozen=True)
+class Completed:
+    """A complete, successful answer: what the cache may store."""
+
+    result: GenerationResult
+    deltas: tuple[int, ...]          # lengths of the text deltas as streamed (one for non-streamed)
+
+
+def execute(ctx: RequestContext, deps: PipelineDeps, prep: Prepared) -> Completed | None:
+    """Run the model and write the answer; never raises. None unless complete and successful."""
     api, req, input_ids, writer = prep.api, prep.req, prep.input_ids, ctx.writer
     encoder = None
+    deltas: list[int] = []
     try:
         rid, created = api.new_response_id(), int(time.time())
         events = generate_text(deps.backend, input_ids, req.sampling, ctx.cancelled)
@@ -122,6 +132,7 @@ def execute(ctx: RequestContext, deps: PipelineDeps, prep: Prepared) -> None:
             for ev in events:
                 if isinstance(ev, TextDelta):
                     if ev.text:
+                        deltas.append(len(ev.text))
                         writer.write(encoder.delta(ev))
                 else:
                     result = ev
@@ -136,14 +147,49 @@ def execute(ctx: RequestContext, deps: PipelineDeps, prep: Prepared) -> None:
                 raise SlotAbandoned("generation stopped without a result")
             writer.begin(200, sse=False)
             writer.write(api.render_response(req, result, rid, created))
+            deltas = [len(result.text)] if result.text else []
+        ctx.view.meta.completion_len = result.output_tokens
+        writer.finish()
+        _log_done(ctx, deps, api, 200, prep.started, result)
+        return Completed(result, tuple(deltas))
+    except SlotAbandoned as exc:
+        _abandoned(ctx, deps, exc)
+    except Exception:
+        log.exception("request failed", extra={"context_id": ctx.context_id})
+        _fail(ctx, deps, api, encoder)
+    return None
+
+
+def replay(ctx: RequestContext, deps: PipelineDeps, prep: Prepared, answer: CachedAnswer) -> None:
+    """Answer from the cache: the same bytes a fresh answer would have, minus the model.
+
+    A stream is replayed as the same event sequence, with the deltas cut where they
+    were first streamed, and written with one write() so that it never floods the
+    doorbell with notices (this runs on the event loop)."""
+    api, req, writer = prep.api, prep.req, ctx.writer
+    try:
+        result = answer.result(int(prep.input_ids.numel()))
+        rid, created = api.new_response_id(), int(time.time())
+        if req.stream:
+            enc = api.StreamEncoder(req, rid, created, result.input_tokens)
+            parts, pos = [enc.start()], 0
+            for n in answer.deltas:
+                parts.append(enc.delta(TextDelta(answer.text[pos : pos + n])))
+                pos += n
+            parts.append(enc.finish(result))
+            writer.begin(200, sse=True)
+            writer.write(b"".join(parts))
+        else:
+            writer.begin(200, sse=False)
+            writer.write(api.render_response(req, result, rid, created))
         ctx.view.meta.completion_len = result.output_tokens
         writer.finish()
         _log_done(ctx, deps, api, 200, prep.started, result)
     except SlotAbandoned as exc:
         _abandoned(ctx, deps, exc)
     except Exception:
-        log.exception("request failed", extra={"context_id": ctx.context_id})
-        _fail(ctx, deps, api, encoder)
+        log.exception("cache replay failed", extra={"context_id": ctx.context_id})
+        _fail(ctx, deps, api, None)
 
 
 def _abandoned(ctx: RequestContext, deps: PipelineDeps, exc: SlotAbandoned) -> None:

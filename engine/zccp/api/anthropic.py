@@ -17,6 +17,7 @@ from ..request import (
     TextDelta,
 )
 from .common import (
+    scope_extra,
     JOIN,
     BodyError,
     ParseLimits,
@@ -253,6 +254,7 @@ def parse_request(body: bytes, limits: ParseLimits) -> GenerationRequest:
         ),
         stream=bool(stream),
         user=user,
+        scope_extra=scope_extra(obj, ("tools", "tool_choice", "thinking")),
     )
 
 

@@ -20,6 +20,7 @@ from ..request import (
     TextDelta,
 )
 from .common import (
+    scope_extra,
     JOIN,
     BodyError,
     ParseLimits,
@@ -374,6 +375,7 @@ def parse_request(body: bytes, limits: ParseLimits) -> GenerationRequest:
         stream=stream,
         include_usage=include_usage,
         user=user,
+        scope_extra=scope_extra(obj, ("tools", "tool_choice", "response_format", "frequency_penalty", "presence_penalty")),
     )
 
 

@@ -1,0 +1,214 @@
+"""The response cache in Redis: exact entries and an LSH band index for near-duplicates.
+
+Keys (all under `zccp:v1:`, all with the configured TTL):
+  e:<exact hex>                 the entry: orjson {text, stop_reason, stop_sequence, output_tokens, deltas, created}
+  s:<exact hex>                 scope (32 bytes) + MinHash signature (128 little-endian u32): for Jaccard checks
+  b:<band index>:<band hex>     set of exact keys whose signature has this band
+
+A lookup is one pipelined round trip (the exact GET plus the 16 band SMEMBERS); a
+near-duplicate candidate costs one more (its scope + signature) and the winner one
+more (its entry). Only entries whose fingerprint saw the whole prompt are indexed
+by band, and a candidate only counts when its scope — every output-relevant
+parameter and the system prompt — is byte-identical to the request's.
+
+Redis down or slow: the lookup answers ERROR within `timeout_ms`, a counter rises,
+and for one second after a failure the cache is not even tried (no request waits
+on a dead Redis); then it is tried again, so it comes back by itself.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import struct
+import time
+from dataclasses import dataclass, field
+
+import orjson
+import redis.asyncio as aioredis
+
+from zccp.config import CacheConfig
+from zccp.metrics import EngineMetrics
+from zccp.request import GenerationRequest, GenerationResult
+
+log = logging.getLogger("zccp.cache")
+
+PREFIX = "zccp:v1:"
+MAX_CANDIDATES = 32
+RETRY_AFTER_FAILURE_S = 1.0
+SIGNATURE_LEN = 128
+
+
+@dataclass(frozen=True)
+class CacheKeys:
+    exact: bytes                      # 32-byte exact key (masked request, every parameter)
+    scope: bytes                      # 32-byte digest of the parameters, prompt excluded
+    bands: tuple[int, ...]            # 16 LSH band keys ((): near-duplicates not allowed)
+    signature: tuple[int, ...]        # 128 MinHash values ((): none)
+
+    @property
+    def near_ok(self) -> bool:
+        return bool(self.bands) and len(self.signature) == SIGNATURE_LEN
+
+
+@dataclass(frozen=True)
+class CachedAnswer:
+    text: str
+    stop_reason: str
+    stop_sequence: str | None
+    output_tokens: int
+    deltas: tuple[int, ...]           # character lengths of the streamed deltas, to replay them alike
+    created: float
+
+    def result(self, input_tokens: int) -> GenerationResult:
+        return GenerationResult(self.text, self.stop_reason, self.stop_sequence,  # type: ignore[arg-type]
+                                input_tokens, self.output_tokens)
+
+    def to_json(self) -> bytes:
+        return orjson.dumps({"text": self.text, "stop_reason": self.stop_reason, "stop_sequence": self.stop_sequence,
+                             "output_tokens": self.output_tokens, "deltas": list(self.deltas),
+                             "created": self.created})
+
+    @classmethod
+    def from_json(cls, raw: bytes) -> CachedAnswer | None:
+        """An entry read back from Redis; anything malformed is a miss, never a crash."""
+        try:
+            d = orjson.loads(raw)
+            deltas = tuple(int(n) for n in d["deltas"])
+            ans = cls(str(d["text"]), str(d["stop_reason"]), d["stop_sequence"], int(d["output_tokens"]),
+                      deltas, float(d["created"]))
+        except (orjson.JSONDecodeError, KeyError, TypeError, ValueError):
+            return None
+        if ans.stop_reason not in ("end_turn", "max_tokens", "stop_sequence") or sum(deltas) != len(ans.text):
+            return None
+        return ans
+
+
+@dataclass(frozen=True)
+class Lookup:
+    status: str                       # HIT | NEAR | MISS | BYPASS | ERROR
+    answer: CachedAnswer | None = None
+    similarity: float = 0.0
+    age_s: int = 0
+
+
+def scope_key(req: GenerationRequest) -> bytes:
+    """Every output-relevant parameter except the conversation, canonically.
+
+    The system prompt is part of the scope, verbatim: a near-duplicate is a similar
+    conversation under the same instructions, never similar text under other ones."""
+    s = req.sampling
+    doc = {"api": req.api, "model": req.model, "system": req.system, "max_tokens": s.max_tokens, "temperature": s.temperature,
+           "top_p": s.top_p, "top_k": s.top_k, "seed": s.seed, "stop": list(s.stop),
+           "extra": req.scope_extra.decode()}
+    return hashlib.sha256(orjson.dumps(doc, option=orjson.OPT_SORT_KEYS)).digest()
+
+
+def _sig_bytes(scope: bytes, sig: tuple[int, ...]) -> bytes:
+    return scope + struct.pack(f"<{len(sig)}I", *sig)
+
+
+def _parse_sig(raw: bytes | None) -> tuple[bytes, tuple[int, ...]] | None:
+    if raw is None or len(raw) != 32 + 4 * SIGNATURE_LEN:
+        return None
+    return raw[:32], struct.unpack(f"<{SIGNATURE_LEN}I", raw[32:])
+
+
+def jaccard_estimate(a: tuple[int, ...], b: tuple[int, ...]) -> float:
+    return sum(1 for x, y in zip(a, b) if x == y) / SIGNATURE_LEN
+
+
+@dataclass
+class ResponseCache:
+    cfg: CacheConfig
+    metrics: EngineMetrics
+    _redis: aioredis.Redis = field(init=False)
+    _skip_until: float = field(default=0.0, init=False)
+
+    def __post_init__(self) -> None:
+        t = self.cfg.timeout_ms / 1000
+        self._redis = aioredis.Redis.from_url(self.cfg.redis_url, socket_timeout=t, socket_connect_timeout=t,
+                                              retry_on_timeout=False, health_check_interval=0)
+
+    async def close(self) -> None:
+        await self._redis.aclose()
+
+    def _failed(self, what: str, exc: Exception) -> Lookup:
+        self.metrics.cache_errors.inc()
+        if time.monotonic() >= self._skip_until:
+            log.warning("redis %s failed: %s; serving uncached", what, exc)
+        self._skip_until = time.monotonic() + RETRY_AFTER_FAILURE_S
+        return Lookup("ERROR")
+
+    def _available(self) -> bool:
+        return time.monotonic() >= self._skip_until
+
+    async def lookup(self, keys: CacheKeys) -> Lookup:
+        if not self._available():
+            self.metrics.cache_errors.inc()
+            return Lookup("ERROR")
+        exact = keys.exact.hex()
+        near = keys.near_ok and self.cfg.near_duplicate
+        try:
+            pipe = self._redis.pipeline(transaction=False)
+            pipe.get(PREFIX + "e:" + exact)
+            if near:
+                for i, band in enumerate(keys.bands):
+                    pipe.smembers(f"{PREFIX}b:{i}:{band:016x}")
+            replies = await pipe.execute()
+            hit = CachedAnswer.from_json(replies[0]) if replies[0] is not None else None
+            if hit is not None:
+                return Lookup("HIT", hit, 1.0, self._age(hit))
+            if not near:
+                return Lookup("MISS")
+            return await self._near(keys, replies[1:])
+        except Exception as exc:  # redis errors, timeouts, a dropped connection: never fail the request
+            return self._failed("lookup", exc)
+
+    async def _near(self, keys: CacheKeys, band_sets: list[set[bytes]]) -> Lookup:
+        votes: dict[bytes, int] = {}
+        for members in band_sets:
+            for m in members:
+                votes[m] = votes.get(m, 0) + 1
+        if not votes:
+            return Lookup("MISS")
+        # The candidates sharing the most bands first; at most MAX_CANDIDATES.
+        candidates = sorted(votes, key=lambda k: -votes[k])[:MAX_CANDIDATES]
+        sigs = await self._redis.mget([PREFIX + "s:" + c.decode() for c in candidates])
+        best, best_sim = None, 0.0
+        for cand, raw in zip(candidates, sigs):
+            parsed = _parse_sig(raw)
+            if parsed is None or parsed[0] != keys.scope:
+                continue
+            sim = jaccard_estimate(parsed[1], keys.signature)
+            if sim > best_sim:
+                best, best_sim = cand, sim
+        if best is None or best_sim < self.cfg.similarity_threshold:
+            return Lookup("MISS")
+        raw = await self._redis.get(PREFIX + "e:" + best.decode())
+        ans = CachedAnswer.from_json(raw) if raw is not None else None
+        if ans is None:
+            return Lookup("MISS")
+        return Lookup("NEAR", ans, best_sim, self._age(ans))
+
+    @staticmethod
+    def _age(ans: CachedAnswer) -> int:
+        return max(0, int(time.time() - ans.created))
+
+    async def store(self, keys: CacheKeys, answer: CachedAnswer) -> None:
+        if not self._available():
+            return
+        exact = keys.exact.hex()
+        ttl = self.cfg.ttl_s
+        try:
+            pipe = self._redis.pipeline(transaction=False)
+            pipe.set(PREFIX + "e:" + exact, answer.to_json(), ex=ttl)
+            if keys.near_ok:
+                pipe.set(PREFIX + "s:" + exact, _sig_bytes(keys.scope, keys.signature), ex=ttl)
+                for i, band in enumerate(keys.bands):
+                    k = f"{PREFIX}b:{i}:{band:016x}"
+                    pipe.sadd(k, exact)
+                    pipe.expire(k, ttl)
+            await pipe.execute()
+        except Exception as exc:
+            self._failed("store", exc)

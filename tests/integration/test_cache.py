@@ -1,0 +1,139 @@
+"""The Redis cache through the real stack: exact and near hits, scope, masks, headers, Redis faults."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from harness import anthropic_body
+
+LONG = ("The quarterly report covers revenue growth in the northern region, staffing changes in "
+        "the support organisation, the migration of billing to the new platform, and a review "
+        "of supplier contracts that expire before the end of the fiscal year. ") * 3
+
+
+@pytest.fixture
+def cstack(make_stack):
+    return make_stack({"cache": {"ttl_s": 600}}, with_redis=True)
+
+
+def post(s, body, **headers):
+    r = s.client().post("/v1/messages", json=body, headers=headers)
+    assert r.status_code == 200, r.text
+    return r
+
+
+def test_exact_hit_replays_the_same_answer(cstack):
+    body = anthropic_body("Tell me a story", max_tokens=30, temperature=1)
+    first = post(cstack, body)
+    assert first.headers["x-zccp-cache"] == "MISS"
+    second = post(cstack, body)
+    assert second.headers["x-zccp-cache"] == "HIT"
+    assert "age" in second.headers
+    a, b = first.json(), second.json()
+    # Sampled at temperature 1: only the cache can make the texts equal.
+    assert a["content"] == b["content"] and a["stop_reason"] == b["stop_reason"]
+    assert a["usage"] == b["usage"] and a["id"] != b["id"]
+    cstack.assert_no_leaks()
+
+
+@pytest.mark.parametrize("change", [
+    {"temperature": 0.5}, {"max_tokens": 31}, {"stop_sequences": ["zz"]}, {"system": "be terse"},
+    {"top_k": 5}, {"tools": [{"name": "t", "input_schema": {"type": "object"}}]},
+])
+def test_other_parameters_never_hit(cstack, change):
+    base = anthropic_body(LONG, max_tokens=30, temperature=1)
+    post(cstack, base)
+    assert post(cstack, base).headers["x-zccp-cache"] == "HIT"
+    other = dict(base, **change)
+    assert post(cstack, other).headers["x-zccp-cache"] == "MISS"
+
+
+def test_other_model_name_never_hits(make_stack):
+    s = make_stack({"model": {"name": "zccp-tiny-b"}}, with_redis=True)
+    body = anthropic_body("hello", model="zccp-tiny-b")
+    post(s, body)
+    assert post(s, body).headers["x-zccp-cache"] == "HIT"
+
+
+def test_near_duplicate_is_served_with_its_similarity(cstack):
+    post(cstack, anthropic_body(LONG, max_tokens=20, temperature=0))
+    edited = LONG.replace("northern", "southern", 1)
+    r = post(cstack, anthropic_body(edited, max_tokens=20, temperature=0))
+    assert r.headers["x-zccp-cache"] == "NEAR"
+    assert 0.85 <= float(r.headers["x-zccp-similarity"]) < 1.0
+    unrelated = post(cstack, anthropic_body("Completely different words about gardening tomatoes in spring " * 4,
+                                            max_tokens=20, temperature=0))
+    assert unrelated.headers["x-zccp-cache"] == "MISS"
+
+
+def test_near_duplicate_serving_can_be_switched_off(make_stack):
+    s = make_stack({"cache": {"near_duplicate": False}}, with_redis=True)
+    post(s, anthropic_body(LONG, max_tokens=20))
+    r = post(s, anthropic_body(LONG.replace("northern", "southern", 1), max_tokens=20))
+    assert r.headers["x-zccp-cache"] == "MISS"
+
+
+def test_masked_ids_hit(cstack):
+    a = anthropic_body("Summarise the chart of patient_id: P123456789 seen 2024-03-01T10:00:00Z", max_tokens=20)
+    b = anthropic_body("Summarise the chart of patient_id: P987654321 seen 2025-11-30T08:15:00Z", max_tokens=20)
+    post(cstack, a)
+    assert post(cstack, b).headers["x-zccp-cache"] == "HIT"
+
+
+def test_cache_control_no_cache_and_no_store(cstack):
+    body = anthropic_body("control headers", max_tokens=10)
+    r = post(cstack, body, **{"cache-control": "no-store"})
+    assert r.headers["x-zccp-cache"] == "MISS"
+    assert post(cstack, body, **{"cache-control": "no-cache"}).headers["x-zccp-cache"] == "BYPASS"
+    # no-cache skipped the lookup but still stored: now it hits.
+    assert post(cstack, body).headers["x-zccp-cache"] == "HIT"
+
+
+def _sse_events(text: str) -> list[str]:
+    return [line[len("event: "):] for line in text.splitlines() if line.startswith("event: ")]
+
+
+def test_streamed_and_plain_share_entries(cstack):
+    body = anthropic_body("stream then plain", max_tokens=25, temperature=1)
+    streamed = cstack.client().post("/v1/messages", json=dict(body, stream=True))
+    assert streamed.headers["x-zccp-cache"] == "MISS"
+    replayed = cstack.client().post("/v1/messages", json=dict(body, stream=True))
+    assert replayed.headers["x-zccp-cache"] == "HIT"
+    assert _sse_events(replayed.text) == _sse_events(streamed.text)
+    assert [l for l in replayed.text.splitlines() if "text_delta" in l] == \
+           [l for l in streamed.text.splitlines() if "text_delta" in l]
+    plain = post(cstack, body)
+    assert plain.headers["x-zccp-cache"] == "HIT"
+    text = "".join(__import__("json").loads(l[6:])["delta"]["text"]
+                   for l in streamed.text.splitlines() if "text_delta" in l)
+    assert plain.json()["content"][0]["text"] == text
+
+
+def test_openai_and_anthropic_do_not_share(cstack):
+    msgs = [{"role": "user", "content": "same words"}]
+    post(cstack, {"model": "zccp-tiny", "max_tokens": 10, "messages": msgs})
+    r = cstack.client().post("/v1/chat/completions", json={"model": "zccp-tiny", "max_tokens": 10, "messages": msgs})
+    assert r.headers["x-zccp-cache"] == "MISS"
+
+
+def test_redis_down_serves_uncached_and_recovers(cstack):
+    body = anthropic_body("redis outage", max_tokens=10)
+    post(cstack, body)
+    cstack.redis.stop()
+    r = post(cstack, body)
+    assert r.headers["x-zccp-cache"] == "ERROR"
+    assert r.json()["type"] == "message"
+    metrics = cstack.client().get("/metrics").text
+    errors = [l for l in metrics.splitlines() if l.startswith("zccp_engine_cache_errors_total")]
+    assert errors and float(errors[0].split()[-1]) >= 1
+    cstack.redis.start()
+    deadline = time.monotonic() + 20
+    status = "ERROR"
+    while time.monotonic() < deadline and status != "MISS":
+        time.sleep(0.3)
+        status = post(cstack, body).headers["x-zccp-cache"]
+    assert status == "MISS"   # Redis came back empty: the cache works again
+    assert post(cstack, body).headers["x-zccp-cache"] == "HIT"
+    cstack.assert_no_leaks()
