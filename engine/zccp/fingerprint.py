@@ -22,7 +22,7 @@ from typing import Any, Sequence
 
 import orjson
 
-from zccp.masks import EMPTY_MASKS, MaskSet, load_lua_data
+from zccp.masks import EMPTY_MASKS, MaskError, MaskSet, load_lua_data
 
 try:  # vectorised MinHash; the pure-Python path below gives the same values
     import numpy as _np
@@ -499,7 +499,10 @@ def compute(api: str, body: bytes | bytearray | memoryview | str, masks: MaskSet
     doc = _parse(api, body)
     if doc is None:
         return None
-    masked = _mask_doc(doc, masks)
+    try:
+        masked = _mask_doc(doc, masks)
+    except MaskError:  # a PCRE runtime failure (match limit ...): nginx returns nil, err too
+        return None
     canon = canonical_request(api, doc)
     prompt = prompt_text(api, doc)
     sig, ntok, complete = csf_signature(prompt)

@@ -33,14 +33,12 @@ local str_char = string.char
 local str_format = string.format
 local str_gsub = string.gsub
 local str_lower = string.lower
-local str_sub = string.sub
 local str_find = string.find
 local concat = table.concat
 local sort = table.sort
 local ffi_new = ffi.new
 local ffi_cast = ffi.cast
-local ffi_copy = ffi.copy
-local band, bor, bxor, lshift, rshift, tobit = bit.band, bit.bor, bit.bxor, bit.lshift, bit.rshift, bit.tobit
+local band, bxor, lshift, rshift, tobit = bit.band, bit.bxor, bit.lshift, bit.rshift, bit.tobit
 
 local ok_clear, table_clear = pcall(require, "table.clear")
 if not ok_clear then
@@ -69,7 +67,6 @@ local u64 = ffi.typeof("uint64_t")
 local u64_arr = ffi.typeof("uint64_t[?]")
 local u32_arr = ffi.typeof("uint32_t[?]")
 local P61 = 0x1FFFFFFFFFFFFFFFULL
-local M29 = 0x1FFFFFFFULL
 local M32 = 0xFFFFFFFFULL
 local FNV64_OFFSET = 0xCBF29CE484222325ULL
 local FNV64_PRIME = 0x100000001B3ULL
@@ -79,7 +76,6 @@ local FNV64_PRIME = 0x100000001B3ULL
 local A_HI = u64_arr(NUM_PERM)   -- a_i >> 32   (< 2^29)
 local A_LO = u64_arr(NUM_PERM)   -- a_i & 0xffffffff
 local B = u64_arr(NUM_PERM)
-local A_FULL = u64_arr(NUM_PERM)
 
 do
     local state = u64(T.seed_hi) * 0x100000000ULL + u64(T.seed_lo)
@@ -95,7 +91,6 @@ do
         while a == 0ULL do
             a = splitmix64() % P61
         end
-        A_FULL[i] = a
         A_HI[i] = rshift(a, 32)
         A_LO[i] = band(a, M32)
         B[i] = splitmix64() % P61
@@ -401,6 +396,14 @@ local function mask_walk(ctx, t)
     end
 end
 
+-- Numbers: glibc's snprintf (not LuaJIT's own formatter, which rounds ties differently
+-- from C and Python), shortest of %.15g/%.16g/%.17g that reads back as the same double.
+ffi.cdef [[ int snprintf(char *str, size_t size, const char *format, ...); ]]
+local C = ffi.C
+local numbuf = ffi_new("char[64]")
+local ffi_string = ffi.string
+local FMT = { "%.15g", "%.16g", "%.17g" }
+
 local function num(v)
     if v ~= v then
         return "nan"
@@ -414,15 +417,15 @@ local function num(v)
     if v == -1 / 0 then
         return "-inf"
     end
-    local s = str_format("%.15g", v)
-    if tonumber(s) == v then
-        return s
+    local s
+    for i = 1, 3 do
+        local n = C.snprintf(numbuf, 64, FMT[i], v)
+        s = ffi_string(numbuf, n)
+        if tonumber(s) == v then
+            return s
+        end
     end
-    s = str_format("%.16g", v)
-    if tonumber(s) == v then
-        return s
-    end
-    return str_format("%.17g", v)
+    return s
 end
 _M.canonical_number = num
 

@@ -8,6 +8,7 @@ local arena_mod = require "zccp.arena"
 local slots = require "zccp.slots"
 local doorbell = require "zccp.doorbell"
 local sha256 = require "zccp.sha256"
+local fingerprint = require "zccp.fingerprint"
 local errors = require "zccp.errors"
 local libc = require "zccp.libc"
 local settings = require "zccp.settings"
@@ -84,8 +85,31 @@ local function cache_flags()
     return f
 end
 
+-- Cache keys for the engine: bounded work (bodies up to fingerprint.DECODE_LIMIT,
+-- at most 1024 prompt tokens). A body nginx does not fingerprint is not an error:
+-- the engine validates it, and fingerprints it itself when it is large.
+local function write_fingerprint(a, i, fp)
+    local C = abi.C
+    local h, meta, sig = a:header(i), a:meta(i), a:signature(i)
+    h.csf_key = fp.csf_key
+    for b = 1, C.ZCCP_CSF_BANDS do
+        meta.csf_bands[b - 1] = fp.bands[b]
+    end
+    ffi_copy(meta.exact_key, fp.exact_key, 32)
+    ffi_copy(sig.minhash, fp.signature, C.ZCCP_SLOT_SIG_SIZE)
+    meta.fp_tokens = fp.tokens
+    local f = C.ZCCP_FLAG_FP_VALID
+    if fp.complete then
+        f = f + C.ZCCP_FLAG_FP_COMPLETE
+    end
+    if fp.masked then
+        f = f + C.ZCCP_FLAG_MASKED
+    end
+    return f
+end
+
 -- Fill the claimed slot and mark it READY. Returns the generation rung with.
-local function fill_slot(a, i, body, flags, timeout_ms)
+local function fill_slot(a, i, body, flags, timeout_ms, fp)
     local C = abi.C
     local h, meta = a:header(i), a:meta(i)
     if h.magic ~= C.ZCCP_SLOT_MAGIC or h.payload_cap ~= a.payload_cap or h.response_cap ~= a.response_cap then
@@ -104,8 +128,12 @@ local function fill_slot(a, i, body, flags, timeout_ms)
         return nil, err
     end
     ffi_copy(h.context_id, h.sha256, 8)
-    h.flags = flags
     h.status, h.response_len, h.response_acked, h.tokens_len, h.csf_key = 0, 0, 0, 0, 0
+    meta.fp_tokens = 0
+    if fp then
+        flags = flags + write_fingerprint(a, i, fp)
+    end
+    h.flags = flags
     meta.prompt_len, meta.completion_len, meta.cache_status = 0, 0, 0
     meta.similarity_ppm, meta.age_s, meta.plan_chunks, meta.error_code = 0, 0, 0, 0
     local now = libc.now_ns()
@@ -156,7 +184,7 @@ end
 
 -- One attempt against one arena. Returns "retry" when the engine behind the
 -- arena changed under us (stale ring); otherwise the request is answered.
-local function attempt(api, a, body, flags, deadline, state)
+local function attempt(api, a, body, flags, deadline, state, fp)
     local s = settings.get()
     local C = abi.C
     local i = slots.claim(a)
@@ -165,7 +193,7 @@ local function attempt(api, a, body, flags, deadline, state)
             { ["Retry-After"] = "1" })
     end
     local h = a:header(i)
-    local gen, ferr = fill_slot(a, i, body, flags, s.request_timeout_ms)
+    local gen, ferr = fill_slot(a, i, body, flags, s.request_timeout_ms, fp)
     if not gen then
         slots.release(a, i)
         ngx_log(ngx_ERR, "zccp: ", ferr)
@@ -344,6 +372,7 @@ function _M.serve(api)
         flags = flags + abi.C.ZCCP_FLAG_API_OPENAI
     end
     local deadline = ngx_now() + s.request_timeout_ms / 1000
+    local fp = fingerprint.compute(api, body)
 
     for _ = 1, MAX_ATTEMPTS do
         local a, err = arena_mod.acquire()
@@ -355,7 +384,7 @@ function _M.serve(api)
             return errors.send(api, 413, "request_too_large",
                 "request body of " .. #body .. " bytes exceeds the slot capacity of " .. a.payload_cap .. " bytes")
         end
-        local res = attempt(api, a, body, flags, deadline, state)
+        local res = attempt(api, a, body, flags, deadline, state, fp)
         a:release()
         if res ~= "retry" then
             return res

@@ -12,6 +12,9 @@ local REFRESH_S = 1
 function _M.init(opts)
     settings.set(opts)
     abi.init(opts.abi_header)
+    -- Compile the operator's mask patterns now: a broken one is logged by name and
+    -- the last good set stays in force (see zccp.masks).
+    require("zccp.masks").init()
 end
 
 function _M.init_worker()

@@ -14,12 +14,10 @@ local sha256 = require "zccp.sha256"
 
 local ngx = ngx
 local type = type
-local pairs = pairs
 local ipairs = ipairs
 local pcall = pcall
 local error = error
 local tostring = tostring
-local setmetatable = setmetatable
 local loadstring = loadstring
 local setfenv = setfenv
 local io_open = io.open
@@ -177,9 +175,9 @@ function _M.init(opts)
 
     -- the previous good set
     local prev, prev_order = {}, {}
-    local plist = io_open(lg_path, "rb")
-    if plist then
-        plist:close()
+    local lg_file = io_open(lg_path, "rb")
+    if lg_file then
+        lg_file:close()
         local list, err = load_list(lg_path)
         if list then
             for _, e in ipairs(list) do

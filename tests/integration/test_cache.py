@@ -137,3 +137,36 @@ def test_redis_down_serves_uncached_and_recovers(cstack):
     assert status == "MISS"   # Redis came back empty: the cache works again
     assert post(cstack, body).headers["x-zccp-cache"] == "HIT"
     cstack.assert_no_leaks()
+
+
+def test_nginx_writes_the_fingerprint_the_engine_would_compute(make_stack):
+    # The null model, and room in the token array for prompts past nginx's decode limit.
+    cstack = make_stack({"model": {"backend": "null", "max_context": 200000},
+                         "shared_memory": {"segment_size_kb": 1536, "tokens_kb": 768}}, with_redis=True)
+    import hashlib
+    import json
+
+    from zccp.abi import Flag, ffi
+    from zccp.fingerprint import DECODE_LIMIT, compute
+    from zccp.masks import load_masks
+
+    body = json.dumps(anthropic_body("Fingerprint me, user alice@example.com", max_tokens=5)).encode()
+    r = cstack.client().post("/v1/messages", content=body, headers={"content-type": "application/json"})
+    assert r.status_code == 200
+    fp = compute("anthropic", body, load_masks())
+    reader = cstack.arena()
+    try:
+        (slot,) = [s for s in reader.slots() if s.sha256 == hashlib.sha256(body).digest()]
+        assert slot.flags & Flag.FP_VALID and slot.flags & Flag.FP_COMPLETE and slot.flags & Flag.MASKED
+        meta = reader.meta(slot.index)
+        assert bytes(ffi.buffer(meta.exact_key, 32)) == fp.exact_key
+        assert tuple(int(b) for b in meta.csf_bands) == fp.bands
+        assert meta.fp_tokens == fp.tokens
+    finally:
+        reader.close()
+    # A body too large for nginx to decode: no fingerprint in the slot, the engine
+    # computes it, and the cache still works.
+    big = anthropic_body("word " * (DECODE_LIMIT // 5 + 100), max_tokens=5)
+    assert len(json.dumps(big)) > DECODE_LIMIT
+    assert post(cstack, big).headers["x-zccp-cache"] == "MISS"
+    assert post(cstack, big).headers["x-zccp-cache"] == "HIT"
