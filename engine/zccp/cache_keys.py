@@ -28,8 +28,9 @@ class MaskSource:
 
     CHECK_EVERY_S = 1.0
 
-    def __init__(self, path: Path | None = None) -> None:
+    def __init__(self, path: Path | None = None, last_good: Path | None = None) -> None:
         self.path = path or default_patterns_path()
+        self.last_good = last_good
         self._mtime = 0.0
         self._checked = 0.0
         self._masks: MaskSet = self._load()
@@ -39,7 +40,7 @@ class MaskSource:
             self._mtime = os.stat(self.path).st_mtime
         except OSError:
             self._mtime = 0.0
-        masks = load_masks(self.path)
+        masks = load_masks(self.path, self.last_good)
         for name, err in masks.errors:
             log.error("mask pattern %s not applied: %s", name, err)
         return masks

@@ -233,6 +233,11 @@ def parse_config(raw: Any, path: str = "<string>") -> Config:
     return cfg
 
 
+def mask_state_path(cfg: Config) -> Path:
+    """Where nginx keeps the last good mask patterns (beside the doorbell socket)."""
+    return Path(cfg.server.socket_path).parent / "mask_patterns.last_good.lua"
+
+
 def load_config(path: str | Path) -> Config:
     p = Path(path)
     try:

@@ -16,7 +16,7 @@ import torch
 from zccp.abi import CacheStatus, EngineState, Flag, Op, SlotLayout, State
 from zccp.api.common import ParseLimits
 from zccp.arena import Arena, SlotError, SlotView
-from zccp.config import Config
+from zccp.config import Config, mask_state_path
 from zccp.device import select_device
 from zccp.doorbell import Connection, DoorbellServer, Ring, encode_notice
 from zccp.metrics import EngineMetrics, MetricsServer
@@ -97,7 +97,7 @@ class Engine:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._loop_thread = 0
         self.cache = ResponseCache(cfg.cache, self.metrics) if cfg.cache.enabled else None
-        self.masks = MaskSource() if cfg.cache.enabled else None
+        self.masks = MaskSource(last_good=mask_state_path(cfg)) if cfg.cache.enabled else None
         self._tasks: set[asyncio.Task[None]] = set()
         self.metrics_server = MetricsServer(cfg.server.socket_path + ".metrics", self.metrics, cfg.shared_memory.group)
 

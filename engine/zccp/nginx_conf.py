@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from zccp.abi import HEADER_PATH
-from zccp.config import Config
+from zccp.config import Config, mask_state_path
 
 _PLACEHOLDER = re.compile(r"\{\{(\w+)\}\}")
 _LEVELS = {"debug": "info", "info": "warn", "warning": "warn", "error": "error"}
@@ -59,10 +59,12 @@ def render(cfg: Config, out: Path, standalone: bool = False, prefix: Path | None
         "request_timeout_ms": str(cfg.limits.request_timeout_ms),
         "max_body": str(cfg.limits.max_body_kb * 1024),
         "pool_size": str(cfg.server.doorbell_pool_size),
+        "mask_last_good": _safe(str(mask_state_path(cfg)), "mask state path"),
         "dict": "zccp_slots",
         "dict_size": "1m",
         "out": str(out),
     }
+    mask_state_path(cfg).parent.mkdir(parents=True, exist_ok=True)
     http_conf = out / "zccp_http.conf"
     server_conf = out / "zccp_server.conf"
     http_conf.write_text(_fill((root / "nginx/zccp_http.conf").read_text(), values, "zccp_http.conf"))

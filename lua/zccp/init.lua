@@ -14,7 +14,8 @@ function _M.init(opts)
     abi.init(opts.abi_header)
     -- Compile the operator's mask patterns now: a broken one is logged by name and
     -- the last good set stays in force (see zccp.masks).
-    require("zccp.masks").init()
+    require("zccp.masks").init({ last_good_path = opts.mask_last_good })
+    require("zccp.fingerprint")
 end
 
 function _M.init_worker()

@@ -14,6 +14,7 @@ import http.client
 import json
 import os
 import random
+import re
 import shutil
 import signal
 import socket
@@ -156,16 +157,34 @@ http {{
         try:
             c.request("GET", path)
             r = c.getresponse()
-            return json.loads(r.read())
+            info = json.loads(r.read())
+            for k in ("names", "errors"):  # lua-cjson encodes an empty list as {}
+                if k in info and not info[k]:
+                    info[k] = []
+            return info
         finally:
             c.close()
 
+    def _workers(self) -> list[int]:
+        text = (self.prefix / "logs" / "error.log").read_text(errors="replace")
+        return [int(m) for m in re.findall(r"start worker process (\d+)", text)]
+
     def reload(self) -> None:
+        """nginx -s reload, then wait until the new worker is the one answering."""
+        before = self._workers()
         subprocess.run([NGINX, "-p", str(self.prefix), "-c", str(self.conf), "-s", "reload"], check=True,
                        capture_output=True)
         if self._conn is not None:
             self._conn.close()
             self._conn = None
+        end = time.monotonic() + 20
+        while time.monotonic() < end:  # a new worker started and every old one has exited
+            new = self._workers()
+            if len(new) > len(before) and not any(os.path.exists(f"/proc/{pid}") for pid in before):
+                if self.get_json("/_fp/masks").get("pid") == new[-1]:
+                    return
+            time.sleep(0.05)
+        raise AssertionError("the reload did not take effect:\n" + self.log_tail())
 
     def stop(self) -> None:
         if self._conn is not None:
@@ -185,6 +204,23 @@ def records(items, header) -> bytes:
         h, data = header(it)
         out.append(f"{h} {len(data)}\n".encode() + data)
     return b"".join(out)
+
+
+def vec_body(v: dict) -> bytes:
+    if v.get("body_b64") is not None:
+        return base64.b64decode(v["body_b64"])
+    return b"".join(base64.b64decode(c) * n for c, n in v["body_runs"])
+
+
+def vec_text(t: dict) -> bytes:
+    if t.get("text_hex") is not None:
+        return bytes.fromhex(t["text_hex"])
+    fmt, n = t["text_repeat"]
+    return (" ".join(fmt.strip() % i for i in range(n)) if "%d" in fmt else fmt * n).encode()
+
+
+def sig_values(hexs: str) -> list[int]:
+    return [int(hexs[i:i + 8], 16) for i in range(0, len(hexs), 8)]
 
 
 @pytest.fixture(scope="module")
@@ -390,10 +426,11 @@ def rand_request(r: random.Random, api: str, size: str = "normal", invalid: bool
     roles = ["user", "assistant"] if api == "anthropic" else ["user", "assistant", "system", "developer", "tool"]
     for i in range(n_msgs):
         role = r.choice(roles) if r.random() < 0.5 else ("user" if i % 2 == 0 else "assistant")
-        m = {"role": role, "content": rand_content(r, api, per, invalid)}
+        content = rand_text(r, per, invalid) if size == "huge" else rand_content(r, api, per, invalid)
+        m = {"role": role, "content": content}
         if r.random() < 0.03:
             m = r.choice([{"content": "no role"}, {"role": 5, "content": "x"}, "not an object", {}])
-        if api == "openai" and role == "assistant" and r.random() < 0.2:
+        if api == "openai" and role == "assistant" and isinstance(m, dict) and r.random() < 0.2:
             m["tool_calls"] = [{"id": "call_1", "type": "function",
                                 "function": {"name": "f", "arguments": '{"a": %d}' % r.randint(0, 9)}}]
         msgs.append(m)
@@ -454,7 +491,7 @@ def corpus(seed: int = 20240501) -> list[tuple[str, bytes]]:
     items: list[tuple[str, bytes]] = []
     for i in range(1100):
         api = "anthropic" if i % 2 == 0 else "openai"
-        size = "long" if i % 17 == 0 else "tiny" if i % 13 == 0 else "normal"
+        size = "huge" if i % 251 == 0 else "long" if i % 17 == 0 else "tiny" if i % 13 == 0 else "normal"
         items.append((api, encode(r, rand_request(r, api, size, invalid=(i % 5 == 0)))))
     # duplicates in other spellings: must give the same keys
     for i in range(60):
@@ -485,7 +522,7 @@ def corpus(seed: int = 20240501) -> list[tuple[str, bytes]]:
 
 def test_golden_vectors_in_lua(ngx, vectors):
     """Every request vector through nginx gives exactly the recorded fingerprint."""
-    items = [(v["api"], base64.b64decode(v["body_b64"])) for v in vectors["requests"]]
+    items = [(v["api"], vec_body(v)) for v in vectors["requests"]]
     lua = lua_compute(ngx, items, limit=1 << 24)
     for v, line in zip(vectors["requests"], lua):
         e = v["fingerprint"]
@@ -494,18 +531,18 @@ def test_golden_vectors_in_lua(ngx, vectors):
             continue
         want = " ".join(["OK", e["csf_key"], ",".join(e["bands"]), e["exact_key"], str(e["tokens"]),
                          "1" if e["complete"] else "0", "1" if e["masked"] else "0",
-                         ",".join(str(x) for x in e["signature"])])
+                         ",".join(str(x) for x in sig_values(e["signature_hex"]))])
         assert line == want, v["name"]
     # the CSF of bare texts
-    texts = [bytes.fromhex(t["text_hex"]) for t in vectors["tokenize"]]
+    texts = [vec_text(t) for t in vectors["tokenize"]]
     got = ngx.post("/_fp/csf", records(texts, lambda t: ("t", t))).decode().split("\n")[:-1]
     for t, line in zip(vectors["tokenize"], got):
-        assert line == f'{t["csf_key"]} {len(t["tokens_hex"])} {1 if t["complete"] else 0}', t["name"]
+        assert line == f'{t["csf_key"]} {t["tokens"]} {1 if t["complete"] else 0}', t["name"]
     # MinHash of single values: h_i(x) for all i
     hs = vectors["hash_single"]
     got = ngx.post("/_fp/minhash", records(hs, lambda h: ("x", str(h["x"]).encode()))).decode().split("\n")[:-1]
     for h, line in zip(hs, got):
-        assert [int(v) for v in line.split(",")] == h["h"], h["x"]
+        assert [int(v) for v in line.split(",")] == sig_values(h["h_hex"]), h["x"]
     # numbers
     nums = vectors["numbers"]
     got = ngx.post("/_fp/number", "\n".join(n["literal"] for n in nums).encode()).decode().split("\n")[:-1]
@@ -655,8 +692,9 @@ def test_masks_identity_custom_patterns(tmp_path):
         for t, g in zip(texts, got):
             pout, pchanged = ms.apply_changed(t)
             assert (pchanged, pout) == g, t
-        # one known result, checked against ngx.re by hand
-        assert got[0][1] == b"mail example:bob [bob@example.com] $  and corp:eve [eve@corp.com] $  now"
+        # the patterns chain (each applies to the previous one's output); the first alone:
+        one = MaskSet.from_patterns([TEMPLATE_CASES[0]])
+        assert one.apply(texts[0]) == b"mail example:bob [bob@example.com] $  and corp:eve [eve@corp.com] $  now"
     finally:
         srv.stop()
 
@@ -676,19 +714,14 @@ def test_masks_reload_keeps_previous_good(tmp_path):
         assert load_masks(patterns, last_good).digest == before["digest"]
         # a broken email pattern, a new working pattern, and a broken brand-new one
         src = patterns.read_bytes()
-        src = src.replace(rb"[A-Za-z0-9._%+-]+@", rb"[A-Za-z0-9._%+-+@", 1)
+        assert rb"(?:\.[A-Za-z0-9-]+)*" in src
+        src = src.replace(rb"(?:\.[A-Za-z0-9-]+)*", rb"(?:\.[A-Za-z0-9-]+*", 1)  # unbalanced (
         src = src.replace(b"return {", b'return {\n    { name = "token", pattern = [[sk-[a-z0-9]{8,}]], '
                                        b'replacement = "<token>" },\n    { name = "broken_new", '
                                        b'pattern = [[(unclosed]], replacement = "x" },', 1)
         patterns.write_bytes(src)
         srv.reload()
-        end = time.monotonic() + 15
-        after = before
-        while time.monotonic() < end:
-            after = srv.get_json("/_fp/masks")
-            if after["pid"] != before["pid"]:
-                break
-            time.sleep(0.1)
+        after = srv.get_json("/_fp/masks")
         assert after["pid"] != before["pid"], srv.log_tail()
         assert sorted(e["name"] for e in after["errors"]) == ["broken_new", "email"]
         assert after["names"][:2] == ["token", "uuid"] and "email" in after["names"]
@@ -703,18 +736,10 @@ def test_masks_reload_keeps_previous_good(tmp_path):
         assert ms.apply(text) == out
         # a second reload with the file still broken keeps the same set
         srv.reload()
-        time.sleep(0.5)
-        end = time.monotonic() + 15
-        while time.monotonic() < end and srv.get_json("/_fp/masks")["pid"] == after["pid"]:
-            time.sleep(0.1)
         assert srv.get_json("/_fp/masks")["digest"] == after["digest"]
         # a syntactically broken file: the whole last-good set stays
         patterns.write_bytes(b"return { this is not lua")
-        pid = srv.get_json("/_fp/masks")["pid"]
         srv.reload()
-        end = time.monotonic() + 15
-        while time.monotonic() < end and srv.get_json("/_fp/masks")["pid"] == pid:
-            time.sleep(0.1)
         info = srv.get_json("/_fp/masks")
         assert info["digest"] == after["digest"] and len(info["errors"]) == 1
         assert load_masks(patterns, last_good).digest == after["digest"]

@@ -1,0 +1,307 @@
+"""zccp.fingerprint (Python only): golden vectors, tokenizer, MinHash, keys, properties.
+Lua is checked against the same vectors through nginx in
+tests/integration/test_fingerprint_identity.py."""
+
+from __future__ import annotations
+
+import base64
+import dataclasses
+import json
+import random
+from pathlib import Path
+
+import pytest
+
+from zccp import fingerprint as F
+from zccp.fingerprint import Fingerprint, compute, estimate_jaccard
+from zccp.masks import MaskSet, load_masks
+
+REPO = Path(__file__).resolve().parents[2]
+VECTORS = REPO / "shm_abi" / "vectors" / "fingerprint_vectors.json"
+
+
+@pytest.fixture(scope="module")
+def vectors() -> dict:
+    return json.loads(VECTORS.read_text())
+
+
+@pytest.fixture(scope="module")
+def vmasks(vectors) -> MaskSet:
+    return MaskSet.from_patterns([(m["name"], m["pattern"], m["replacement"]) for m in vectors["masks"]])
+
+
+@pytest.fixture(scope="module")
+def masks() -> MaskSet:
+    return load_masks(REPO / "lua" / "zccp" / "mask_patterns.lua", REPO / "build" / "no-such-last-good.lua")
+
+
+def vec_body(v: dict) -> bytes:
+    if v.get("body_b64") is not None:
+        return base64.b64decode(v["body_b64"])
+    return b"".join(base64.b64decode(c) * n for c, n in v["body_runs"])
+
+
+def vec_text(t: dict) -> bytes:
+    if t.get("text_hex") is not None:
+        return bytes.fromhex(t["text_hex"])
+    fmt, n = t["text_repeat"]
+    return (" ".join(fmt.strip() % i for i in range(n)) if "%d" in fmt else fmt * n).encode()
+
+
+def sig_values(hexs: str) -> list[int]:
+    return [int(hexs[i:i + 8], 16) for i in range(0, len(hexs), 8)]
+
+
+def body(api: str = "anthropic", text: str = "hello world", **kw) -> bytes:
+    req = {"model": "m", "max_tokens": 16, "messages": [{"role": "user", "content": text}], **kw}
+    return json.dumps(req).encode()
+
+
+# --------------------------------------------------------------------------- golden vectors
+
+def test_vector_params(vectors):
+    p = vectors["params"]
+    assert (p["max_tokens"], p["num_perm"], p["bands"], p["rows"], p["decode_limit"]) == (1024, 128, 16, 8, 65536)
+    assert p["seed"] == "%016x" % F.SEED == "5a43435046503031"
+    assert [int(a) for a in p["a"]] == list(F.MINHASH_A) and [int(b) for b in p["b"]] == list(F.MINHASH_B)
+    assert all(0 < a < F.MERSENNE_61 for a in F.MINHASH_A) and all(0 <= b < F.MERSENNE_61 for b in F.MINHASH_B)
+
+
+def test_vector_fnv(vectors):
+    for v in vectors["fnv"]:
+        d = bytes.fromhex(v["data_hex"])
+        assert "%08x" % F.fnv1a32(d) == v["fnv1a32"] and "%016x" % F.fnv1a64(d) == v["fnv1a64"]
+    # the published FNV-1a test values
+    assert F.fnv1a32(b"") == 0x811C9DC5 and F.fnv1a32(b"a") == 0xE40C292C and F.fnv1a32(b"foobar") == 0xBF9CF968
+    assert F.fnv1a64(b"a") == 0xAF63DC4C8601EC8C and F.fnv1a64(b"foobar") == 0x85944171F73967E8
+
+
+def test_vector_requests(vectors, vmasks):
+    assert len(vectors["requests"]) >= 30
+    for v in vectors["requests"]:
+        fp = compute(v["api"], vec_body(v), vmasks)
+        e = v["fingerprint"]
+        if e is None:
+            assert fp is None, v["name"]
+            continue
+        assert fp is not None, v["name"]
+        got = {"csf_key": "%016x" % fp.csf_key, "bands": ["%016x" % b for b in fp.bands],
+               "exact_key": fp.exact_key.hex(), "tokens": fp.tokens, "complete": fp.complete,
+               "masked": fp.masked, "signature_hex": "".join("%08x" % s for s in fp.signature)}
+        assert got == e, v["name"]
+        if v["canonical_b64"] is not None:
+            dbg: dict = {}
+            compute(v["api"], vec_body(v), vmasks, debug=dbg)
+            assert dbg["canonical"] == base64.b64decode(v["canonical_b64"]), v["name"]
+            assert dbg["prompt"] == base64.b64decode(v["prompt_b64"]), v["name"]
+
+
+def test_vector_tokenize(vectors):
+    for t in vectors["tokenize"]:
+        text = vec_text(t)
+        toks, complete = F.tokenize(text)
+        assert len(toks) == t["tokens"] and complete == t["complete"], t["name"]
+        if t["tokens_hex"] is not None:
+            assert [x.hex() for x in toks] == t["tokens_hex"], t["name"]
+        assert F.shingle_hashes(toks)[:8] == t["shingles"], t["name"]
+        sig, _, _ = F.csf_signature(text)
+        assert "%016x" % F.csf_key_of(sig) == t["csf_key"], t["name"]
+
+
+def test_vector_numbers_and_hashes(vectors):
+    for n in vectors["numbers"]:
+        v = float(n["literal"]) if "e400" in n["literal"] else json.loads(n["literal"])
+        assert F.canonical_number(v).decode() == n["canonical"], n["literal"]
+    for h in vectors["hash_single"]:
+        assert list(F.minhash([h["x"]])) == sig_values(h["h_hex"])
+
+
+def test_vector_masks(vectors, vmasks):
+    for c in vectors["mask_cases"]:
+        out, changed = vmasks.apply_changed(bytes.fromhex(c["text_hex"]))
+        assert (out.hex(), changed) == (c["masked_hex"], c["changed"])
+
+
+def test_vectors_file_is_current():
+    """The checked-in vectors are what the generator writes now (regenerate on purpose)."""
+    import importlib.util
+    spec = importlib.util.spec_from_file_location("mkvec", REPO / "tests" / "vectors" / "make_fingerprint_vectors.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    assert json.dumps(mod.build(), indent=1, ensure_ascii=True) + "\n" == VECTORS.read_text()
+
+
+# --------------------------------------------------------------------------- tokenizer
+
+@pytest.mark.parametrize("text,tokens", [
+    (b"Hello, WORLD!", [b"hello", b"world"]),
+    (b"don't stop-me now_1", [b"don", b"t", b"stop", b"me", b"now", b"1"]),
+    ("東京タワー".encode(), ["東".encode(), "京".encode(), "タ".encode(), "ワ".encode(), "ー".encode()]),
+    ("abc東京def".encode(), [b"abc", "東".encode(), "京".encode(), b"def"]),
+    ("Straße café".encode(), ["straße".encode(), "café".encode()]),            # non-ASCII: not lowercased
+    ("ÀB".encode(), ["Àb".encode()]),
+    ("a😀b c\u3000d\u00a0e".encode(), [b"a", b"b", b"c", b"d", b"e"]),          # emoji and spaces separate
+    (b"a\xffb \xe4\xb8\x80", [b"a\xffb", "一".encode()]),                      # invalid bytes join words
+    (b"\xe4\xb8 x", [b"\xe4\xb8", b"x"]),                                       # a truncated CJK char: word bytes
+    (b"\xed\xa0\x80", [b"\xed\xa0\x80"]),                                       # an encoded surrogate: invalid
+    (b"", []),
+    (b"  \t\n,,", []),
+])
+def test_tokenize(text, tokens):
+    assert F.tokenize(text) == (tokens, True)
+
+
+def test_token_limit():
+    toks, complete = F.tokenize(b" ".join(b"w%d" % i for i in range(1024)))
+    assert len(toks) == 1024 and complete
+    toks, complete = F.tokenize(b" ".join(b"w%d" % i for i in range(1025)))
+    assert len(toks) == 1024 and not complete and toks[-1] == b"w1023"
+    toks, complete = F.tokenize(b" ".join(b"w%d" % i for i in range(1024)) + b" ,;  ")
+    assert complete
+
+
+def test_shingles():
+    assert F.shingle_hashes([]) == []
+    assert F.shingle_hashes([b"solo"]) == [F.fnv1a32(b"solo")]
+    assert F.shingle_hashes([b"a", b"b", b"c"]) == [F.fnv1a32(b"a b"), F.fnv1a32(b"b c")]
+
+
+# --------------------------------------------------------------------------- MinHash
+
+def test_minhash_numpy_equals_pure_python():
+    r = random.Random(1)
+    for _ in range(30):
+        xs = [r.getrandbits(32) for _ in range(r.randint(1, 1100))] + [0, 0xFFFFFFFF]
+        assert F.minhash(xs) == F._minhash_py(xs)
+        if F._np is not None:
+            assert F._minhash_np(xs) == F._minhash_py(xs)
+
+
+def test_minhash_empty_and_single():
+    assert F.minhash([]) == (0xFFFFFFFF,) * 128
+    x = 123456789
+    assert F.minhash([x]) == tuple(((a * x + b) % ((1 << 61) - 1)) & 0xFFFFFFFF
+                                   for a, b in zip(F.MINHASH_A, F.MINHASH_B))
+
+
+def test_band_and_csf_keys():
+    sig = tuple(range(128))
+    bands = F.band_keys(sig)
+    assert len(bands) == 16 and len(set(bands)) == 16
+    assert bands[3] == F.fnv1a64(bytes([3]) + b"".join(v.to_bytes(4, "little") for v in range(24, 32)))
+    assert F.csf_key_of(sig) == F.fnv1a64(b"".join(v.to_bytes(4, "little") for v in sig))
+
+
+# --------------------------------------------------------------------------- compute
+
+def test_compute_shape(masks):
+    fp = compute("anthropic", body(), masks)
+    assert isinstance(fp, Fingerprint)
+    assert len(fp.bands) == 16 and len(fp.signature) == 128 and len(fp.exact_key) == 32
+    assert 0 <= fp.csf_key < 1 << 64 and all(0 <= b < 1 << 64 for b in fp.bands)
+    assert fp.tokens == 3 and fp.complete and not fp.masked       # "user", "hello", "world"
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        fp.tokens = 1  # type: ignore[misc]
+    assert compute("anthropic", memoryview(body()), masks) == fp
+    assert compute("anthropic", bytearray(body()), masks) == fp
+
+
+def test_compute_rejects_bad_api():
+    with pytest.raises(ValueError):
+        compute("gemini", body())
+
+
+@pytest.mark.parametrize("raw", [b"", b"nope", b"[]", b'"x"', b"{", b'{"temperature": NaN}',
+                                 b'{"m": "\\ud800"}', b'{"x":' + b"[" * 200 + b"]" * 200 + b"}"])
+def test_not_fingerprintable(raw):
+    assert compute("openai", raw) is None
+
+
+def test_prompt_text_layout():
+    doc = {"system": "sys", "messages": [
+        {"role": "user", "content": [{"type": "text", "text": "a"}, {"type": "image"}, {"type": "text", "text": "b"}]},
+        {"role": "assistant", "content": "c"}]}
+    assert F.prompt_text("anthropic", doc) == b"system: sys\nuser: a\n[image]\nb\nassistant: c\n"
+    odoc = {"messages": [{"role": "user", "content": "u"}, {"role": "developer", "content": "d"},
+                         {"role": "system", "content": [{"type": "text", "text": "s"}]},
+                         {"role": "assistant", "content": None}]}
+    assert F.prompt_text("openai", odoc) == b"developer: d\nsystem: s\nuser: u\nassistant: \n"
+
+
+def test_exact_key_parameters(masks):
+    base = compute("anthropic", body(temperature=0.7), masks)
+    same = [body(temperature=0.70, stream=True), body(temperature=7e-1, metadata={"user_id": "x"}),
+            json.dumps({"messages": [{"content": "hello world", "role": "user"}], "temperature": 0.7,
+                        "max_tokens": 16.0, "model": "m"}).encode()]
+    for b in same:
+        assert compute("anthropic", b, masks).exact_key == base.exact_key, b
+    differ = [body(temperature=0.8), body(temperature=0.7, model="n"), body(temperature=0.7, top_k=5),
+              body(temperature=0.7, stop_sequences=["x"]), body(temperature=0.7, tools=[{"name": "t"}]),
+              body(temperature=0.7, system="s"), body(text="hello world!", temperature=0.7) + b" "]
+    keys = {compute("anthropic", b, masks).exact_key for b in differ}
+    assert len(keys) == len(differ) and base.exact_key not in keys
+    assert compute("openai", body(temperature=0.7), masks).exact_key != base.exact_key
+    o1 = compute("openai", body("openai", max_tokens=5), masks)
+    o2 = compute("openai", json.dumps({"model": "m", "max_completion_tokens": 5,
+                                       "messages": [{"role": "user", "content": "hello world"}]}).encode(), masks)
+    assert o1.exact_key == o2.exact_key
+
+
+def test_masks_unify_keys(masks):
+    a = compute("anthropic", body(text="patient_id: P123456789 at 2024-05-01T10:00:00Z mail a@b.com"), masks)
+    b = compute("anthropic", body(text="patient_id: P987654321 at 2025-12-31T23:59:59Z mail x@y.org"), masks)
+    assert a.masked and b.masked
+    assert a.exact_key == b.exact_key and a.csf_key == b.csf_key and a.bands == b.bands
+    c = compute("anthropic", body(text="patient_id: P123456789 at 2024-05-01T10:00:00Z mail a@b.com"), MaskSet())
+    assert not c.masked and c.exact_key != a.exact_key
+
+
+def test_near_duplicates_share_bands(masks):
+    r = random.Random(2)
+    words = [f"w{r.randint(0, 5000)}" for _ in range(400)]
+    a = compute("anthropic", body(text=" ".join(words)), masks)
+    words[200] = "changed"
+    b = compute("anthropic", body(text=" ".join(words)), masks)
+    other = compute("anthropic", body(text=" ".join(f"v{r.randint(0, 5000)}" for _ in range(400))), masks)
+    assert a.exact_key != b.exact_key and a.csf_key != b.csf_key
+    assert estimate_jaccard(a.signature, b.signature) > 0.9 and a.jaccard(b) > 0.9
+    assert len(set(a.bands) & set(b.bands)) >= 8
+    assert estimate_jaccard(a.signature, other.signature) < 0.1 and not set(a.bands) & set(other.bands)
+
+
+def test_long_prompts_incomplete(masks):
+    fp = compute("anthropic", body(text=" ".join(f"t{i}" for i in range(2000))), masks)
+    assert fp.tokens == 1024 and not fp.complete
+    big = body(text="lorem ipsum " * 10000)
+    assert len(big) > F.DECODE_LIMIT
+    fp = compute("anthropic", big, masks)                   # Python has no decode limit
+    assert fp is not None and fp.tokens == 1024 and not fp.complete
+
+
+def test_empty_and_odd_shapes():
+    assert compute("anthropic", b"{}").tokens == 0
+    e = compute("anthropic", b'{"messages":[]}')
+    assert e.signature == (0xFFFFFFFF,) * 128 and e.complete
+    # {} and [] are one thing (lua-cjson cannot tell them apart)
+    a = compute("openai", b'{"messages":[{"role":"user","content":[]}],"tools":{}}')
+    b = compute("openai", b'{"messages":[{"role":"user","content":{}}],"tools":[]}')
+    assert a == b
+
+
+def test_invalid_utf8_and_control_chars():
+    fp = compute("anthropic", b'{"messages":[{"role":"user","content":"caf\xe9 \xff x\x01y"}]}')
+    assert fp is not None and fp.tokens == 5                # user, caf\xe9, \xff, x, y
+
+
+def test_canonical_numbers():
+    cases = {0.7: "0.7", 1: "1", 1.0: "1", 100: "100", -0.0: "0", 0: "0", 1e21: "1e+21", 0.1 + 0.2:
+             "0.30000000000000004", 2**53 + 1: "9007199254740992", 10**400: "inf", float("inf"): "inf",
+             5e-324: "4.94065645841247e-324", 123456789.125: "123456789.125"}
+    for v, want in cases.items():
+        assert F.canonical_number(v) == want.encode(), v
+
+
+def test_estimate_jaccard():
+    assert estimate_jaccard([1, 2, 3, 4], [1, 2, 0, 0]) == 0.5
+    with pytest.raises(ValueError):
+        estimate_jaccard([1], [1, 2])
