@@ -77,6 +77,10 @@ def _parse_and_tokenize(ctx: RequestContext, deps: PipelineDeps, api: ModuleType
     meta.prompt_len = n
     meta.max_tokens = req.sampling.max_tokens
     meta.gpu_device_id = deps.device_id
+    # The prefill plan, shown to the client as X-ZCCP-Plan: chunks of the backend's
+    # prefill_chunk tokens through the KV cache, or one pass (0).
+    chunk = getattr(deps.backend, "prefill_chunk", 0)
+    meta.plan_chunks = -(-n // chunk) if chunk and n > chunk else 0
     limit = deps.backend.max_context
     if n + req.sampling.max_tokens > limit:
         raise ApiError(400, "invalid_request_error",

@@ -91,3 +91,16 @@ def test_anthropic_metadata_accepted_and_validated(stack):
     r = stack.client().post("/v1/messages", json={"model": MODEL, "max_tokens": 5, "messages": PROMPT,
                                                   "metadata": {"user_id": 5}})
     assert r.status_code == 400 and "metadata" in r.json()["error"]["message"]
+
+
+def test_chunked_prefill_plan_is_shown_and_gives_the_same_answer(make_stack, stack):
+    chunked = make_stack({"model": {"prefill_chunk": 64}})
+    body = {"model": MODEL, "max_tokens": 16, "temperature": 0,
+            "messages": [{"role": "user", "content": "chunk " * 50}]}
+    a = chunked.client().post("/v1/messages", json=body)
+    b = stack.client().post("/v1/messages", json=body)
+    assert a.status_code == b.status_code == 200
+    n = a.json()["usage"]["input_tokens"]
+    assert a.headers["x-zccp-plan"] == f"chunked:{-(-n // 64)}"
+    assert "x-zccp-plan" not in b.headers
+    assert a.json()["content"] == b.json()["content"]
