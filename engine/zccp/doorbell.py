@@ -95,7 +95,7 @@ async def start_private_unix_server(path: str, handler, group: str | None) -> as
         os.umask(old)
     if group:
         os.chown(path, -1, grp.getgrnam(group).gr_gid)
-        os.chmod(path, 0o660)
+    os.chmod(path, 0o660 if group else 0o600)
     return server
 
 

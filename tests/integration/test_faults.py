@@ -177,3 +177,32 @@ def test_two_workers_share_the_pool_without_handing_a_slot_out_twice(make_stack)
     offsets = {n - len(t) for t, n in input_tokens.items()}
     assert len(offsets) == 1, offsets
     s.assert_no_leaks()
+
+
+def test_arena_and_socket_are_private_and_removed_on_shutdown(make_stack):
+    import os
+    import stat
+
+    s = make_stack({"model": {"backend": "null"}})
+    shm_path = "/dev/shm/" + s.cfg.shared_memory.name.lstrip("/")
+    sock = s.cfg.server.socket_path
+    assert stat.S_IMODE(os.stat(shm_path).st_mode) == 0o600
+    assert stat.S_IMODE(os.stat(sock).st_mode) == 0o600
+    assert stat.S_IMODE(os.stat(sock + ".metrics").st_mode) == 0o600
+    s.stop_engine()
+    assert not os.path.exists(shm_path)
+    assert not os.path.exists(sock) and not os.path.exists(sock + ".metrics")
+
+
+def test_a_group_makes_them_0660(make_stack):
+    import grp
+    import os
+    import stat
+
+    group = grp.getgrgid(os.getgid()).gr_name
+    s = make_stack({"model": {"backend": "null"}, "shared_memory": {"group": group}})
+    shm_path = "/dev/shm/" + s.cfg.shared_memory.name.lstrip("/")
+    for p in (shm_path, s.cfg.server.socket_path):
+        st = os.stat(p)
+        assert stat.S_IMODE(st.st_mode) == 0o660 and st.st_gid == os.getgid()
+    assert s.client().post("/v1/messages", json=anthropic_body()).status_code == 200
