@@ -65,7 +65,8 @@ class Arena:
         if group:
             os.fchown(self._shm.fd, -1, grp.getgrnam(group).gr_gid)
             os.fchmod(self._shm.fd, mode)
-        self._mmap = mmap.mmap(self._shm.fd, layout.arena_size)
+        # MAP_POPULATE: fault every page in now, not on a request's first touch.
+        self._mmap = mmap.mmap(self._shm.fd, layout.arena_size, flags=mmap.MAP_SHARED | mmap.MAP_POPULATE)
         self._shm.close_fd()
         self._buf = ffi.from_buffer(self._mmap)
         self.control = ffi.cast("struct zccp_control *", self._buf)

@@ -120,8 +120,15 @@ class Engine:
         h = view.header
         if h.generation != ring.generation:
             return self._reject(conn, ring, 409, f"stale ring: slot generation is {h.generation}")
-        if h.state != State.READY or ring.slot in self._jobs:
+        if h.state != State.READY:
             return self._reject(conn, ring, 409, f"slot state {h.state} is not READY")
+        prev = self._jobs.get(ring.slot)
+        if prev is not None:
+            if prev.generation == ring.generation:
+                return self._reject(conn, ring, 409, "slot rung twice at the same generation")
+            # nginx re-claimed the slot (the previous job's final notice went out, or
+            # nginx gave up on it) before that job was dropped here: it is over.
+            prev.cancel.set()
         try:
             self.arena.validate(view)
         except SlotError as exc:

@@ -10,6 +10,7 @@ local C = libc.C
 local ffi_cast = ffi.cast
 local tonumber = tonumber
 local setmetatable = setmetatable
+local bor = require("bit").bor
 
 local _M = { _VERSION = "0.1.0" }
 
@@ -50,7 +51,7 @@ local function validate_control(c, size)
     return true
 end
 
-local function map(name)
+local function open_arena(name)
     local fd = C.shm_open(name, libc.O_RDWR, 0)
     if fd < 0 then
         return nil, "shm_open " .. name .. ": " .. libc.errstr()
@@ -60,8 +61,25 @@ local function map(name)
         C.close(fd)
         return nil, "arena " .. name .. " has an invalid size " .. size
     end
-    local base = C.mmap(nil, size, libc.PROT_READ_WRITE, libc.MAP_SHARED, fd, 0)
-    C.close(fd)
+    return fd, size
+end
+
+-- The epoch in the shm object's control page, from a one-page mapping (cheap:
+-- the once-a-second refresh must not map, let alone populate, the whole arena).
+local function peek_epoch(fd)
+    local page = C.mmap(nil, abi.C.ZCCP_CONTROL_SIZE, libc.PROT_READ_WRITE, libc.MAP_SHARED, fd, 0)
+    if page == libc.MAP_FAILED then
+        return nil
+    end
+    local ctl = ffi_cast(abi.control_ptr_t, page)
+    local epoch = ctl.magic == abi.C.ZCCP_CONTROL_MAGIC and ctl.epoch or nil
+    C.munmap(page, abi.C.ZCCP_CONTROL_SIZE)
+    return epoch
+end
+
+-- Map the whole arena (pre-faulted) and validate its control page.
+local function map_fd(name, fd, size)
+    local base = C.mmap(nil, size, libc.PROT_READ_WRITE, bor(libc.MAP_SHARED, libc.MAP_POPULATE), fd, 0)
     if base == libc.MAP_FAILED then
         return nil, "mmap " .. name .. ": " .. libc.errstr()
     end
@@ -85,6 +103,22 @@ local function map(name)
         refs = 0,
         retired = false,
     }, mt)
+end
+
+-- Map `name` unless its epoch is `known_epoch`: returns the arena, or false when
+-- unchanged, or nil, err.
+local function map(name, known_epoch)
+    local fd, size = open_arena(name)
+    if not fd then
+        return nil, size
+    end
+    if known_epoch and peek_epoch(fd) == known_epoch then
+        C.close(fd)
+        return false
+    end
+    local a, err = map_fd(name, fd, size)
+    C.close(fd)
+    return a, err
 end
 
 local function unmap(a)
@@ -125,12 +159,8 @@ end
 -- Re-open the shm object and switch if the engine behind it changed (restart).
 -- Returns true when the arena was replaced.
 function _M.refresh()
-    local fresh = map(settings.get().shm_name)
+    local fresh = map(settings.get().shm_name, current and current.epoch)
     if not fresh then
-        return false
-    end
-    if current and fresh.epoch == current.epoch then
-        unmap(fresh)
         return false
     end
     if current then

@@ -202,13 +202,16 @@ local function attempt(api, a, body, flags, deadline, state, fp)
     local ctx_hex = hex(h.context_id, 8)
 
     local function free_slot()
+        state.cleanup = nil
         if h.generation == gen then
             h.state = C.ZCCP_STATE_FREE
         end
         slots.release(a, i)
     end
+    state.cleanup = free_slot   -- run by serve() if anything below raises
 
     local bell, berr = doorbell.open()
+    state.bell = bell
     if not bell then
         free_slot()
         arena_mod.refresh()
@@ -298,6 +301,7 @@ local function attempt(api, a, body, flags, deadline, state, fp)
         end
     end
 
+    state.bell = nil
     if outcome == "done" then
         bell:keep()
     else
@@ -384,7 +388,23 @@ function _M.serve(api)
             return errors.send(api, 413, "request_too_large",
                 "request body of " .. #body .. " bytes exceeds the slot capacity of " .. a.payload_cap .. " bytes")
         end
-        local res = attempt(api, a, body, flags, deadline, state, fp)
+        local ok, res = pcall(attempt, api, a, body, flags, deadline, state, fp)
+        if not ok then
+            -- A bug must not leak a slot or a doorbell connection.
+            ngx_log(ngx_ERR, "zccp: request failed: ", res)
+            if state.bell then
+                state.bell:close()
+                state.bell = nil
+            end
+            if state.cleanup then
+                state.cleanup()
+            end
+            a:release()
+            if not ngx.headers_sent then
+                return errors.send(api, 500, "api_error", "internal error in the gateway")
+            end
+            return
+        end
         a:release()
         if res ~= "retry" then
             return res

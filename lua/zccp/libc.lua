@@ -20,6 +20,7 @@ int clock_gettime(int clk_id, struct zccp_timespec *tp);
 _M.O_RDWR = 2
 _M.PROT_READ_WRITE = 3
 _M.MAP_SHARED = 1
+_M.MAP_POPULATE = 0x8000   -- pre-fault the mapping: no page faults on the request path
 _M.MAP_FAILED = ffi.cast("void *", -1)
 _M.SEEK_END = 2
 _M.CLOCK_REALTIME = 0
