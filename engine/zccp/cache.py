@@ -5,9 +5,10 @@ Keys (all under `zccp:v1:`, all with the configured TTL):
   s:<exact hex>                 scope (32 bytes) + MinHash signature (128 little-endian u32): for Jaccard checks
   b:<band index>:<band hex>     set of exact keys whose signature has this band
 
-A lookup is one pipelined round trip (the exact GET plus the 16 band SMEMBERS); a
-near-duplicate candidate costs one more (its scope + signature) and the winner one
-more (its entry). Only entries whose fingerprint saw the whole prompt are indexed
+A lookup is one round trip: a server-side script (LOOKUP_SCRIPT) does the exact GET
+and, on a miss, the 16 band SMEMBERS, ranks the candidates by shared bands and
+returns the best MAX_CANDIDATES with their scope + signature; a near hit costs one
+more round trip for the winner's entry. Only entries whose fingerprint saw the whole prompt are indexed
 by band, and a candidate only counts when its scope — every output-relevant
 parameter and the system prompt — is byte-identical to the request's.
 
@@ -35,6 +36,28 @@ log = logging.getLogger("zccp.cache")
 
 PREFIX = "zccp:v1:"
 MAX_CANDIDATES = 32
+
+# KEYS: the exact entry key, then the band keys (none when near-duplicates are off).
+# ARGV: max candidates, the signature key prefix.
+# Returns {1, entry} on an exact hit, else {0, key1, sig1, key2, sig2, ...}.
+LOOKUP_SCRIPT = """
+local e = redis.call('GET', KEYS[1])
+if e then return {1, e} end
+local votes, order = {}, {}
+for i = 2, #KEYS do
+  for _, k in ipairs(redis.call('SMEMBERS', KEYS[i])) do
+    local v = votes[k]
+    if v then votes[k] = v + 1 else votes[k] = 1; order[#order + 1] = k end
+  end
+end
+table.sort(order, function(a, b) return votes[a] > votes[b] end)
+local out = {0}
+for i = 1, math.min(#order, tonumber(ARGV[1])) do
+  local sig = redis.call('GET', ARGV[2] .. order[i])
+  if sig then out[#out + 1] = order[i]; out[#out + 1] = sig end
+end
+return out
+"""
 RETRY_AFTER_FAILURE_S = 1.0
 SIGNATURE_LEN = 128
 
@@ -129,6 +152,7 @@ class ResponseCache:
         t = self.cfg.timeout_ms / 1000
         self._redis = aioredis.Redis.from_url(self.cfg.redis_url, socket_timeout=t, socket_connect_timeout=t,
                                               retry_on_timeout=False, health_check_interval=0)
+        self._lookup = self._redis.register_script(LOOKUP_SCRIPT)
 
     async def close(self) -> None:
         await self._redis.aclose()
@@ -149,34 +173,25 @@ class ResponseCache:
             return Lookup("ERROR")
         exact = keys.exact.hex()
         near = keys.near_ok and self.cfg.near_duplicate
+        redis_keys = [PREFIX + "e:" + exact]
+        if near:
+            redis_keys += [f"{PREFIX}b:{i}:{band:016x}" for i, band in enumerate(keys.bands)]
         try:
-            pipe = self._redis.pipeline(transaction=False)
-            pipe.get(PREFIX + "e:" + exact)
-            if near:
-                for i, band in enumerate(keys.bands):
-                    pipe.smembers(f"{PREFIX}b:{i}:{band:016x}")
-            replies = await pipe.execute()
-            hit = CachedAnswer.from_json(replies[0]) if replies[0] is not None else None
-            if hit is not None:
-                return Lookup("HIT", hit, 1.0, self._age(hit))
+            reply = await self._lookup(keys=redis_keys, args=[MAX_CANDIDATES, PREFIX + "s:"])
+            if reply and reply[0] == 1:
+                hit = CachedAnswer.from_json(reply[1])
+                if hit is not None:
+                    return Lookup("HIT", hit, 1.0, self._age(hit))
+                return Lookup("MISS")
             if not near:
                 return Lookup("MISS")
-            return await self._near(keys, replies[1:])
+            return await self._near(keys, reply[1:])
         except Exception as exc:  # redis errors, timeouts, a dropped connection: never fail the request
             return self._failed("lookup", exc)
 
-    async def _near(self, keys: CacheKeys, band_sets: list[set[bytes]]) -> Lookup:
-        votes: dict[bytes, int] = {}
-        for members in band_sets:
-            for m in members:
-                votes[m] = votes.get(m, 0) + 1
-        if not votes:
-            return Lookup("MISS")
-        # The candidates sharing the most bands first; at most MAX_CANDIDATES.
-        candidates = sorted(votes, key=lambda k: -votes[k])[:MAX_CANDIDATES]
-        sigs = await self._redis.mget([PREFIX + "s:" + c.decode() for c in candidates])
+    async def _near(self, keys: CacheKeys, flat: list[bytes]) -> Lookup:
         best, best_sim = None, 0.0
-        for cand, raw in zip(candidates, sigs):
+        for cand, raw in zip(flat[0::2], flat[1::2]):
             parsed = _parse_sig(raw)
             if parsed is None or parsed[0] != keys.scope:
                 continue

@@ -44,7 +44,7 @@ class CacheConfig:
     ttl_s: int = 3600
     near_duplicate: bool = True
     similarity_threshold: float = 0.85
-    timeout_ms: int = 50
+    timeout_ms: int = 100                   # per Redis call; includes the engine's own queueing
 
 
 @dataclass(frozen=True)
