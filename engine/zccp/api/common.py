@@ -118,7 +118,10 @@ def sse(payload: bytes, event: str | None = None) -> bytes:
     return b"event: " + event.encode() + b"\ndata: " + payload + b"\n\n"
 
 
+_B62 = "0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz"
+_B62_TABLE = bytes(ord(_B62[b % 62]) for b in range(256))
+
+
 def random_id(prefix: str, n: int = 24) -> str:
-    """prefix + n base62 characters from os.urandom."""
-    alphabet = "0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz"
-    return prefix + "".join(alphabet[b % 62] for b in os.urandom(n))
+    """prefix + n base62 characters from os.urandom (one translate, no per-byte loop)."""
+    return prefix + os.urandom(n).translate(_B62_TABLE).decode("ascii")
