@@ -74,3 +74,11 @@ def delta(before: Snap, after: Snap) -> dict[str, float]:
     rchar = sum(r - before.io.get(pid, (0, 0))[0] for pid, (r, _) in after.io.items())
     wchar = sum(w - before.io.get(pid, (0, 0))[1] for pid, (_, w) in after.io.items())
     return {"cpu_s": cpu / TICK, "rchar": rchar, "wchar": wchar, "procs": len(after.cpu)}
+
+
+def machine_busy_s() -> float:
+    """CPU seconds all cores spent busy (user+nice+system+irq+softirq+steal), from /proc/stat."""
+    with open("/proc/stat") as f:
+        fields = f.readline().split()[1:]
+    user, nice, system, _idle, _iowait, irq, softirq, steal = (int(x) for x in fields[:8])
+    return (user + nice + system + irq + softirq + steal) / TICK

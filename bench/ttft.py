@@ -23,8 +23,9 @@ def _pct(xs: list[float], q: float) -> float | None:
     return xs[min(len(xs) - 1, int(round(q / 100 * (len(xs) - 1))))]
 
 
-async def _worker(client: httpx.AsyncClient, url: str, body: bytes, stream: bool, end: float, out: dict) -> None:
-    headers = {"content-type": "application/json"}
+async def _worker(client: httpx.AsyncClient, url: str, body: bytes, stream: bool, end: float, out: dict,
+                  extra: dict | None = None) -> None:
+    headers = {"content-type": "application/json", **(extra or {})}
     while time.perf_counter() < end:
         t0 = time.perf_counter()
         try:
@@ -62,13 +63,13 @@ async def _worker(client: httpx.AsyncClient, url: str, body: bytes, stream: bool
             out["errors"] += 1
 
 
-async def _run(url: str, body: bytes, stream: bool, conc: int, duration: float) -> dict:
+async def _run(url: str, body: bytes, stream: bool, conc: int, duration: float, extra: dict | None = None) -> dict:
     out = {"ttft": [], "latency": [], "decode_tps": [], "tokens": 0, "errors": 0}
     limits = httpx.Limits(max_connections=conc, max_keepalive_connections=conc)
     async with httpx.AsyncClient(timeout=120, limits=limits) as client:
         t0 = time.perf_counter()
         end = t0 + duration
-        await asyncio.gather(*(_worker(client, url, body, stream, end, out) for _ in range(conc)))
+        await asyncio.gather(*(_worker(client, url, body, stream, end, out, extra) for _ in range(conc)))
         wall = time.perf_counter() - t0
     n = len(out["latency"])
     return {
@@ -83,5 +84,5 @@ async def _run(url: str, body: bytes, stream: bool, conc: int, duration: float) 
     }
 
 
-def measure(base_url: str, body: bytes, stream: bool, conc: int, duration: float) -> dict:
-    return asyncio.run(_run(base_url + "/v1/messages", body, stream, conc, duration))
+def measure(base_url: str, body: bytes, stream: bool, conc: int, duration: float, extra: dict | None = None) -> dict:
+    return asyncio.run(_run(base_url + "/v1/messages", body, stream, conc, duration, extra))
