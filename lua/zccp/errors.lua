@@ -9,14 +9,13 @@ local pairs = pairs
 local _M = { _VERSION = "0.1.0" }
 
 -- Anthropic error type -> OpenAI error type/code for the same condition.
-local OPENAI = {
+local OPENAI = {   -- the same mapping as the engine's (engine/zccp/api/openai.py)
     invalid_request_error = { "invalid_request_error", nil },
-    not_found_error = { "invalid_request_error", "not_found" },
+    not_found_error = { "invalid_request_error", "model_not_found" },
     request_too_large = { "invalid_request_error", "request_too_large" },
     rate_limit_error = { "requests", "rate_limit_exceeded" },
-    overloaded_error = { "server_error", "overloaded" },
+    overloaded_error = { "server_error", "server_overloaded" },
     api_error = { "server_error", nil },
-    timeout_error = { "server_error", "timeout" },
 }
 
 function _M.body(api, kind, message)

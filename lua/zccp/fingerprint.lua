@@ -29,12 +29,8 @@ local ipairs = ipairs
 local tonumber = tonumber
 local require = require
 local str_byte = string.byte
-local str_char = string.char
 local str_format = string.format
-local str_gsub = string.gsub
-local str_lower = string.lower
 local str_find = string.find
-local concat = table.concat
 local sort = table.sort
 local ffi_new = ffi.new
 local ffi_cast = ffi.cast
@@ -73,9 +69,13 @@ local FNV64_PRIME = 0x100000001B3ULL
 
 -- ------------------------------------------------------------------ MinHash parameters
 
-local A_HI = u64_arr(NUM_PERM)   -- a_i >> 32   (< 2^29)
-local A_LO = u64_arr(NUM_PERM)   -- a_i & 0xffffffff
+-- a_i = AH[i] * 2^29 + AL[i] (AH < 2^32, AL < 2^29), b_i = B[i]: with x < 2^32 every
+-- product below fits in 64 bits (see minhash()).
+local AH = u64_arr(NUM_PERM)
+local AL = u64_arr(NUM_PERM)
 local B = u64_arr(NUM_PERM)
+local M29 = 0x1FFFFFFFULL
+assert(NUM_PERM % 2 == 0)
 
 do
     local state = u64(T.seed_hi) * 0x100000000ULL + u64(T.seed_lo)
@@ -91,8 +91,8 @@ do
         while a == 0ULL do
             a = splitmix64() % P61
         end
-        A_HI[i] = rshift(a, 32)
-        A_LO[i] = band(a, M32)
+        AH[i] = rshift(a, 29)
+        AL[i] = band(a, M29)
         B[i] = splitmix64() % P61
     end
 end
@@ -128,21 +128,25 @@ local function cp_class(cp)
     return 0
 end
 
--- ASCII: 1 for [0-9a-z] (the text is lowercased first), else 0 (separator)
+-- The text is not lowercased as a whole: ASCII_WORD takes [0-9A-Za-z] as word bytes
+-- and the hashes read bytes through LOWER (A-Z -> a-z, every other byte unchanged).
 local ASCII_WORD = ffi_new("uint8_t[128]")
 for c = 48, 57 do ASCII_WORD[c] = 1 end
+for c = 65, 90 do ASCII_WORD[c] = 1 end
 for c = 97, 122 do ASCII_WORD[c] = 1 end
+local LOWER = ffi_new("uint8_t[256]")
+for c = 0, 255 do LOWER[c] = (c >= 65 and c <= 90) and c + 32 or c end
 
 -- ------------------------------------------------------------------ CSF
 
-local TS, TE = {}, {}            -- token byte ranges [TS, TE) (0-based) in the lowercased text
+local TS = ffi_new("int32_t[?]", MAX_TOKENS + 2)  -- token byte ranges [TS, TE) (0-based), 1-based index
+local TE = ffi_new("int32_t[?]", MAX_TOKENS + 2)
 local X = u64_arr(MAX_TOKENS + 1) -- distinct shingle hashes
 local SEEN = {}
-local SIG = u64_arr(NUM_PERM)
 local u8p = ffi.typeof("const uint8_t *")
 
--- Tokenizes `s` (already lowercased); returns the number of tokens kept and whether
--- that was all of them. Token k is s[TS[k] .. TE[k]-1].
+-- Tokenizes p[0 .. n-1]; returns the number of tokens kept and whether that was all
+-- of them. Token k is p[TS[k] .. TE[k]-1].
 local function tokenize(p, n)
     local ntok = 0
     local ws = -1       -- start of the current word, -1 when none
@@ -228,10 +232,10 @@ local function tokenize(p, n)
     return ntok, true
 end
 
--- FNV-1a 32 over p[s .. e-1] continuing from h (signed 32-bit representation)
+-- FNV-1a 32 over the lowercased p[s .. e-1] continuing from h (signed 32-bit representation)
 local function fnv32(p, s, e, h)
     for k = s, e - 1 do
-        h = bxor(h, p[k])
+        h = bxor(h, LOWER[p[k]])
         h = tobit(lshift(h, 24) + h * 403)   -- h * 0x01000193 mod 2^32
     end
     return h
@@ -266,66 +270,91 @@ local function shingles(p, ntok)
     return nx
 end
 
--- SIG[i] = min over X of ((a_i * x + b_i) mod (2^61 - 1)) & 0xffffffff
-local function minhash(nx)
-    for i = 0, NUM_PERM - 1 do
-        local ahi, alo, b = A_HI[i], A_LO[i], B[i]
-        local m = M32
+-- sig[i] = min over X of ((a_i * x + b_i) mod P) & 0xffffffff, P = 2^61 - 1.
+--
+-- With a = ah * 2^29 + al and x < 2^32: h = ah * x < 2^64 and
+--   a*x + b = h * 2^29 + al*x + b == (h mod 2^32) * 2^29 + (h >> 32) + al*x + b   (2^61 == 1 mod P)
+-- so s = ((h & M32) << 29) + (h >> 32) + al*x + b < 2^63 and s == a*x + b (mod P).
+-- s mod P is r = (s & P) + (s >> 61), less P if r >= P. Unless s & P >= P - 3 (then r
+-- could reach P: the exact slow path), r < P and its low 32 bits are those of
+-- s + (s >> 61), since s - (s & P) is a multiple of 2^61.
+-- The minimum is kept as a number: tobit() of the low 32 bits xor 2^31 orders like
+-- the unsigned value. Two functions per pass over X.
+local P61_3 = P61 - 3
+local BIAS = 0x80000000
+local min = math.min
+
+local function slow_low32(s)
+    local r = band(s, P61) + rshift(s, 61)
+    if r >= P61 then
+        r = r - P61
+    end
+    return bxor(tobit(r), BIAS)
+end
+
+local function minhash(nx, sig)
+    local xs = X
+    for i = 0, NUM_PERM - 1, 2 do
+        local ah1, al1, b1 = AH[i], AL[i], B[i]
+        local ah2, al2, b2 = AH[i + 1], AL[i + 1], B[i + 1]
+        local m1, m2 = 0x7FFFFFFF, 0x7FFFFFFF
         for k = 0, nx - 1 do
-            local x = X[k]
-            local hi = ahi * x                    -- < 2^61
-            local lo = alo * x                    -- < 2^64
-            local s = band(lshift(hi, 32), P61) + rshift(hi, 29) + band(lo, P61) + rshift(lo, 61) + b
-            local r = band(s, P61) + rshift(s, 61)
-            if r >= P61 then
-                r = r - P61
-            end
-            r = band(r, M32)
-            if r < m then
-                m = r
+            local x = xs[k]
+            local h1 = ah1 * x
+            local h2 = ah2 * x
+            local s1 = lshift(band(h1, M32), 29) + rshift(h1, 32) + al1 * x + b1
+            local s2 = lshift(band(h2, M32), 29) + rshift(h2, 32) + al2 * x + b2
+            if band(s1, P61) >= P61_3 or band(s2, P61) >= P61_3 then
+                m1 = min(m1, slow_low32(s1))
+                m2 = min(m2, slow_low32(s2))
+            else
+                m1 = min(m1, bxor(tobit(s1 + rshift(s1, 61)), BIAS))
+                m2 = min(m2, bxor(tobit(s2 + rshift(s2, 61)), BIAS))
             end
         end
-        SIG[i] = m
+        sig[i] = bxor(m1, BIAS) % 4294967296
+        sig[i + 1] = bxor(m2, BIAS) % 4294967296
     end
+    return sig
 end
 
-local function fnv64_u32(h, v)
-    for _ = 1, 4 do
-        h = bxor(h, band(v, 0xFFULL)) * FNV64_PRIME
-        v = rshift(v, 8)
-    end
-    return h
-end
-
--- Signature of an already-masked prompt text: sig (uint32_t[128]), tokens, complete.
-local function csf(text)
-    local lower = str_lower(text)
-    local p = ffi_cast(u8p, lower)
-    local ntok, complete = tokenize(p, #lower)
+-- Signature of p[0 .. n-1] (an already-masked prompt text): sig (uint32_t[128]),
+-- tokens, complete.
+local function csf_ptr(p, n)
+    local ntok, complete = tokenize(p, n)
     local nx = 0
     if ntok > 0 then
         nx = shingles(p, ntok)
     end
-    minhash(nx)
-    local sig = u32_arr(NUM_PERM)
-    for i = 0, NUM_PERM - 1 do
-        sig[i] = SIG[i]
-    end
-    return sig, ntok, complete
+    return minhash(nx, u32_arr(NUM_PERM)), ntok, complete
+end
+
+local function csf(text)
+    return csf_ptr(ffi_cast(u8p, text), #text)
 end
 
 local function keys_of(sig)
     local bands = {}
+    local k = 0
     for b = 0, BANDS - 1 do
-        local h = bxor(FNV64_OFFSET, u64(b)) * FNV64_PRIME
-        for r = 0, ROWS - 1 do
-            h = fnv64_u32(h, u64(sig[b * ROWS + r]))
+        local h = bxor(FNV64_OFFSET, b) * FNV64_PRIME
+        for _ = 1, ROWS do
+            local v = sig[k]
+            k = k + 1
+            h = bxor(h, band(v, 0xFF)) * FNV64_PRIME
+            h = bxor(h, band(rshift(v, 8), 0xFF)) * FNV64_PRIME
+            h = bxor(h, band(rshift(v, 16), 0xFF)) * FNV64_PRIME
+            h = bxor(h, rshift(v, 24)) * FNV64_PRIME
         end
         bands[b + 1] = h
     end
     local h = FNV64_OFFSET
     for i = 0, NUM_PERM - 1 do
-        h = fnv64_u32(h, u64(sig[i]))
+        local v = sig[i]
+        h = bxor(h, band(v, 0xFF)) * FNV64_PRIME
+        h = bxor(h, band(rshift(v, 8), 0xFF)) * FNV64_PRIME
+        h = bxor(h, band(rshift(v, 16), 0xFF)) * FNV64_PRIME
+        h = bxor(h, rshift(v, 24)) * FNV64_PRIME
     end
     return h, bands
 end
@@ -343,12 +372,7 @@ function _M.minhash_of(xs)
     for k = 1, nx do
         X[k - 1] = xs[k]
     end
-    minhash(nx)
-    local sig = u32_arr(NUM_PERM)
-    for i = 0, NUM_PERM - 1 do
-        sig[i] = SIG[i]
-    end
-    return sig
+    return minhash(nx, u32_arr(NUM_PERM))
 end
 
 -- ------------------------------------------------------------------ JSON
@@ -417,6 +441,10 @@ local function num(v)
     if v == -1 / 0 then
         return "-inf"
     end
+    -- an integer below 10^15 in magnitude: %.15g writes all its digits, as %d does
+    if v % 1 == 0 and v < 1e15 and v > -1e15 then
+        return str_format("%d", v)
+    end
     local s
     for i = 1, 3 do
         local n = C.snprintf(numbuf, 64, FMT[i], v)
@@ -429,34 +457,86 @@ local function num(v)
 end
 _M.canonical_number = num
 
-local ESC = { ['"'] = '\\"', ['\\'] = '\\\\' }
+-- Strings: `"`, `\` and bytes 0x00-0x1F are escaped, every other byte is copied.
+local ESC = {}
+for c = 0, 255 do
+    ESC[c] = false
+end
+ESC[34], ESC[92] = '\\"', '\\\\'
+local SPECIAL = ffi_new("uint8_t[256]")
+SPECIAL[34], SPECIAL[92] = 1, 1
 for c = 0, 31 do
-    ESC[str_char(c)] = str_format("\\u%04x", c)
+    ESC[c] = str_format("\\u%04x", c)
+    SPECIAL[c] = 1
 end
 
-local function str(s)
-    if str_find(s, '[%z\1-\31"\\]') then
-        s = str_gsub(s, '[%z\1-\31"\\]', ESC)
+local u64p = ffi.typeof("const uint64_t *")
+local K01 = 0x0101010101010101ULL
+local K80 = 0x8080808080808080ULL
+local K20 = 0x2020202020202020ULL
+local K22 = 0x2222222222222222ULL
+local K5C = 0x5C5C5C5C5C5C5C5CULL
+local bnot, bor = bit.bnot, bit.bor
+
+-- Index of the first byte of p[i .. n-1] that needs escaping, or n. Eight bytes at a
+-- time (a byte < 0x20, == 0x22 or == 0x5C in the word makes the test non-zero), then
+-- byte by byte: the byte loop alone decides, the word test only skips clean words.
+local function first_special(p, i, n)
+    while i + 8 <= n do
+        local v = ffi_cast(u64p, p + i)[0]
+        local q = bxor(v, K22)
+        local b = bxor(v, K5C)
+        if band(bor(band(v - K20, bnot(v)), band(q - K01, bnot(q)), band(b - K01, bnot(b))), K80) ~= 0ULL then
+            break
+        end
+        i = i + 8
     end
-    return '"' .. s .. '"'
+    while i < n do
+        if SPECIAL[p[i]] ~= 0 then
+            return i
+        end
+        i = i + 1
+    end
+    return n
+end
+
+local function put_str(buf, s)
+    local n = #s
+    local p = ffi_cast(u8p, s)
+    local j = first_special(p, 0, n)
+    if j == n then
+        buf:put('"', s, '"')
+        return
+    end
+    buf:put('"')
+    local i = 0
+    repeat
+        if j > i then
+            buf:putcdata(p + i, j - i)
+        end
+        buf:put(ESC[p[j]])
+        i = j + 1
+        j = first_special(p, i, n)
+    until j == n
+    if n > i then
+        buf:putcdata(p + i, n - i)
+    end
+    buf:put('"')
 end
 
 local cj
 
-local function cj_table(t, out, n)
+local function cj_table(buf, t)
     if t[1] ~= nil then
-        n = n + 1
-        out[n] = "["
+        buf:put("[")
         for i = 1, #t do
             if i > 1 then
-                n = n + 1
-                out[n] = ","
+                buf:put(",")
             end
-            n = cj(t[i], out, n)
+            cj(buf, t[i])
         end
-        n = n + 1
-        out[n] = "]"
-        return n
+        buf:put("]")
+        return
     end
     local keys, nk = {}, 0
     for k in next, t do
@@ -464,44 +544,42 @@ local function cj_table(t, out, n)
         keys[nk] = k
     end
     if nk == 0 then
-        n = n + 1
-        out[n] = "[]"   -- cjson decodes {} and [] alike
-        return n
+        buf:put("[]")   -- cjson decodes {} and [] alike
+        return
     end
     sort(keys)
-    n = n + 1
-    out[n] = "{"
+    buf:put("{")
     for i = 1, nk do
         local k = keys[i]
-        n = n + 1
-        out[n] = (i > 1 and "," or "") .. str(k) .. ":"
-        n = cj(t[k], out, n)
+        if i > 1 then
+            buf:put(",")
+        end
+        put_str(buf, k)
+        buf:put(":")
+        cj(buf, t[k])
     end
-    n = n + 1
-    out[n] = "}"
-    return n
+    buf:put("}")
 end
 
-cj = function(v, out, n)
+cj = function(buf, v)
     local tv = type(v)
-    n = n + 1
     if tv == "string" then
-        out[n] = str(v)
+        put_str(buf, v)
     elseif tv == "number" then
-        out[n] = num(v)
+        buf:put(num(v))
     elseif tv == "boolean" then
-        out[n] = v and "true" or "false"
+        buf:put(v and "true" or "false")
     elseif tv == "table" then
-        return cj_table(v, out, n - 1)
+        cj_table(buf, v)
     elseif v == null then
-        out[n] = "null"
+        buf:put("null")
     else
         error("zccp.fingerprint: unexpected value of type " .. tv)
     end
-    return n
 end
 
-local function canonical(api, doc)
+-- Writes the canonical form into buf (reset first).
+local function canonical(buf, api, doc)
     local top = {}
     for k, v in next, doc do
         if v ~= null and not EXCLUDED[k] then
@@ -512,102 +590,111 @@ local function canonical(api, doc)
         top.max_tokens = top.max_completion_tokens
         top.max_completion_tokens = nil
     end
-    local out = { EXACT_PREFIX, api, "\n" }
-    local n = cj(top, out, 3)
-    return concat(out, "", 1, n)
+    buf:reset()
+    buf:put(EXACT_PREFIX, api, "\n")
+    cj(buf, top)
 end
 
 -- ------------------------------------------------------------------ prompt text
 
-local function text_of(content)
+local function put_text(buf, content)
     local tc = type(content)
     if tc == "string" then
-        return content
+        buf:put(content)
+        return
     end
     if content == nil or content == null then
-        return ""
+        return
     end
-    if tc ~= "table" then
-        return "[?]"
+    if tc ~= "table" or (content[1] == nil and next(content) ~= nil) then
+        buf:put("[?]")   -- not an array
+        return
     end
-    if content[1] == nil and next(content) ~= nil then
-        return "[?]"   -- an object, not an array
-    end
-    local parts = {}
     for i = 1, #content do
+        if i > 1 then
+            buf:put("\n")
+        end
         local blk = content[i]
         local t = type(blk) == "table" and blk[1] == nil and blk.type or nil
         if type(t) == "string" then
             local txt = blk.text
             if t == "text" and type(txt) == "string" then
-                parts[i] = txt
+                buf:put(txt)
             else
-                parts[i] = "[" .. t .. "]"
+                buf:put("[", t, "]")
             end
         else
-            parts[i] = "[?]"
+            buf:put("[?]")
         end
     end
-    return concat(parts, "\n")
 end
 
-local function entry(role, content)
+local function put_entry(buf, role, content)
     if type(role) ~= "string" then
         role = "?"
     end
-    return role .. ": " .. text_of(content) .. "\n"
+    buf:put(role, ": ")
+    put_text(buf, content)
+    buf:put("\n")
 end
 
-local function prompt_text(api, doc)
-    local out, n = {}, 0
+local EMPTY = {}
+
+-- Writes the prompt text into buf (reset first).
+local function prompt_text(buf, api, doc)
+    buf:reset()
     local msgs = doc.messages
     if type(msgs) ~= "table" or (msgs[1] == nil and next(msgs) ~= nil) then
-        msgs = {}
+        msgs = EMPTY   -- not an array: no messages
     end
     if api == "anthropic" then
         local system = doc.system
         if system ~= nil and system ~= null then
-            n = n + 1
-            out[n] = entry("system", system)
+            put_entry(buf, "system", system)
         end
         for i = 1, #msgs do
             local m = msgs[i]
-            n = n + 1
             if type(m) == "table" and m[1] == nil then
-                out[n] = entry(m.role, m.content)
+                put_entry(buf, m.role, m.content)
             else
-                out[n] = entry(nil, "[?]")
+                put_entry(buf, nil, "[?]")
             end
         end
     else
-        local rest, nr = {}, 0
+        -- the system and developer messages first, then all the others, each in order
         for i = 1, #msgs do
             local m = msgs[i]
             if type(m) == "table" and m[1] == nil then
                 local role = m.role
                 if role == "system" or role == "developer" then
-                    n = n + 1
-                    out[n] = entry(role, m.content)
-                else
-                    nr = nr + 1
-                    rest[nr] = entry(role, m.content)
+                    put_entry(buf, role, m.content)
                 end
-            else
-                nr = nr + 1
-                rest[nr] = entry(nil, "[?]")
             end
         end
-        for i = 1, nr do
-            n = n + 1
-            out[n] = rest[i]
+        for i = 1, #msgs do
+            local m = msgs[i]
+            if type(m) == "table" and m[1] == nil then
+                local role = m.role
+                if role ~= "system" and role ~= "developer" then
+                    put_entry(buf, role, m.content)
+                end
+            else
+                put_entry(buf, nil, "[?]")
+            end
         end
     end
-    return concat(out, "", 1, n)
 end
 
 -- ------------------------------------------------------------------ compute
 
 local sha256 = require "zccp.sha256"
+local new_buffer = require("string.buffer").new
+
+-- Reused for every body (compute() never yields). Buffers that grew past KEEP bytes
+-- (a test's raised limit) are freed after use.
+local CBUF = new_buffer(16384)   -- canonical form
+local PBUF = new_buffer(16384)   -- prompt text
+local KEEP = 4 * DECODE_LIMIT
 
 -- debug: also return r.canonical and r.prompt; limit: overrides the decode limit
 -- (tests; the engine covers larger bodies).
@@ -650,13 +737,15 @@ function _M.compute(api, body, debug, limit)
         return nil, ctx.err
     end
 
-    local canon = canonical(api, doc)
-    local exact, err = sha256.digest(canon, #canon)
+    canonical(CBUF, api, doc)
+    local cp, clen = CBUF:ref()
+    local exact, err = sha256.digest(cp, clen)
     if not exact then
         return nil, err
     end
-    local prompt = prompt_text(api, doc)
-    local sig, ntok, complete = csf(prompt)
+    prompt_text(PBUF, api, doc)
+    local pp, plen = PBUF:ref()
+    local sig, ntok, complete = csf_ptr(pp, plen)
     local csf_key, bands = keys_of(sig)
     local r = {
         csf_key = csf_key,
@@ -668,8 +757,14 @@ function _M.compute(api, body, debug, limit)
         masked = ctx.changed,
     }
     if debug then
-        r.canonical = canon
-        r.prompt = prompt
+        r.canonical = CBUF:tostring()
+        r.prompt = PBUF:tostring()
+    end
+    if clen > KEEP then
+        CBUF:free()
+    end
+    if plen > KEEP then
+        PBUF:free()
     end
     return r
 end

@@ -11,6 +11,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import httpx
 import posix_ipc
+import pytest
 
 from harness import anthropic_body, dumps
 from zccp.abi import META_OFFSET, PAGE_SIZE, State, ffi
@@ -80,6 +81,17 @@ def test_no_free_slot_is_429_with_retry_after(make_stack):
         assert r.status_code == 429, r.text
         assert r.json()["error"]["type"] == "rate_limit_error"
         assert r.headers["retry-after"] == "1"
+        # The SDKs see their own rate-limit exceptions (retries off so they surface).
+        import anthropic
+        import openai
+
+        with pytest.raises(anthropic.RateLimitError):
+            anthropic.Anthropic(base_url=s.base_url, api_key="x", max_retries=0).messages.create(
+                model="zccp-tiny", max_tokens=5, messages=[{"role": "user", "content": "x"}])
+        with pytest.raises(openai.RateLimitError) as exc:
+            openai.OpenAI(base_url=s.base_url + "/v1", api_key="x", max_retries=0).chat.completions.create(
+                model="zccp-tiny", messages=[{"role": "user", "content": "x"}])
+        assert exc.value.body["code"] == "rate_limit_exceeded"
     finally:
         release.set()
         t.join(60)
