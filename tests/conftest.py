@@ -8,7 +8,9 @@ from pathlib import Path
 
 import pytest
 
+# The tests test this checkout, whatever `pip install -e` last pointed at.
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "engine"))
 
 from harness import Stack  # noqa: E402
 

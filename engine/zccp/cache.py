@@ -115,13 +115,15 @@ class Lookup:
     age_s: int = 0
 
 
-def scope_key(req: GenerationRequest) -> bytes:
+def scope_key(req: GenerationRequest, masked_system: bytes | None = None) -> bytes:
     """Every output-relevant parameter except the conversation, canonically.
 
-    The system prompt is part of the scope, verbatim: a near-duplicate is a similar
-    conversation under the same instructions, never similar text under other ones."""
+    The system prompt is part of the scope: a near-duplicate is a similar conversation
+    under the same instructions, never similar text under other ones. Pass it masked
+    (as the exact key sees it), so a timestamp in it does not defeat near hits."""
     s = req.sampling
-    doc = {"api": req.api, "model": req.model, "system": req.system, "max_tokens": s.max_tokens, "temperature": s.temperature,
+    system = masked_system if masked_system is not None else req.system.encode()
+    doc = {"api": req.api, "model": req.model, "system": system.decode("utf-8", "replace"), "max_tokens": s.max_tokens, "temperature": s.temperature,
            "top_p": s.top_p, "top_k": s.top_k, "seed": s.seed, "stop": list(s.stop),
            "extra": req.scope_extra.decode()}
     return hashlib.sha256(orjson.dumps(doc, option=orjson.OPT_SORT_KEYS)).digest()

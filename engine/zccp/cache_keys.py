@@ -62,14 +62,16 @@ class MaskSource:
 def keys_for(view: SlotView, payload: memoryview, req: GenerationRequest, masks: MaskSource) -> CacheKeys | None:
     """None when the body cannot be fingerprinted (then the request is served uncached)."""
     h, meta = view.header, view.meta
-    scope = scope_key(req)
+    mask_set = masks.get()
+    system = req.system.encode("utf-8", "surrogatepass")
+    scope = scope_key(req, mask_set.apply(system) if system else system)
     if h.flags & Flag.FP_VALID:
         exact = bytes(ffi.buffer(meta.exact_key, 32))
         complete = bool(h.flags & Flag.FP_COMPLETE)
         bands = tuple(int(b) for b in meta.csf_bands) if complete else ()
         sig = tuple(int(x) for x in view.signature.minhash) if complete else ()
         return CacheKeys(exact, scope, bands, sig)
-    fp = compute(req.api, payload, masks.get())
+    fp = compute(req.api, payload, mask_set)
     if fp is None:
         return None
     if len(fp.signature) != MINHASH_COUNT:

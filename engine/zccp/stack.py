@@ -139,6 +139,9 @@ def engine_ping(socket_path: str, timeout: float = 1.0) -> int | None:
 
 def engine_service(config_path: Path, cfg: Config, run_dir: Path, extra_env: dict[str, str] | None = None) -> Service:
     env = dict(os.environ)
+    # The engine runs the same zccp package as the caller (this checkout).
+    pkg_root = str(Path(__file__).resolve().parents[1])
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (pkg_root, env.get("PYTHONPATH", "")) if p)
     env.update(extra_env or {})
     svc = Service("engine", [sys.executable, "-m", "zccp.cli", "engine", "--config", str(config_path)],
                   run_dir / "logs" / "engine.log", env=env)

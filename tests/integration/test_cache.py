@@ -170,3 +170,9 @@ def test_nginx_writes_the_fingerprint_the_engine_would_compute(make_stack):
     assert len(json.dumps(big)) > DECODE_LIMIT
     assert post(cstack, big).headers["x-zccp-cache"] == "MISS"
     assert post(cstack, big).headers["x-zccp-cache"] == "HIT"
+
+
+def test_a_masked_value_in_the_system_prompt_does_not_defeat_near_hits(cstack):
+    post(cstack, anthropic_body(LONG, max_tokens=20, system="Current time: 2024-05-01T12:00:00Z. Be brief."))
+    r = post(cstack, anthropic_body(LONG + "\n", max_tokens=20, system="Current time: 2025-11-30T08:15:00Z. Be brief."))
+    assert r.headers["x-zccp-cache"] == "NEAR"
