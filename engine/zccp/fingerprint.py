@@ -128,22 +128,77 @@ def _char_classes() -> tuple[str, str]:
 
 _CJK_CLASS, _WORD_CLASS = _char_classes()
 _TOKEN_RE = re.compile(f"[{_CJK_CLASS}]|[{_WORD_CLASS}]+")
+_ASCII_TOKEN_RE = re.compile(rb"[0-9a-z]+")   # the same rules on lowercased ASCII-only text
+_FIRST_PREFIX = 16384                          # bytes of text tokenized first (then 4x, ...)
+
+
+def _tokenize_prefix(b: bytes, limit: int, final: bool) -> tuple[list[bytes], bool] | None:
+    """Tokens of `b`, a prefix of the text (`final`: all of it). None when `b` is too short
+    to decide: only tokens before the last one found are certainly whole (the cut can
+    split the last word or UTF-8 sequence), so a prefix decides once it holds limit + 2."""
+    low = b.lower()  # bytes.lower(): ASCII only
+    if low.isascii():
+        toks = _ASCII_TOKEN_RE.findall(low)
+    else:
+        s = low.decode("utf-8", "surrogateescape")
+        toks = [t.encode("utf-8", "surrogateescape")
+                for t in itertools.islice((m.group() for m in _TOKEN_RE.finditer(s)), limit + 2)]
+    if final:
+        return toks[:limit], len(toks) <= limit
+    if len(toks) >= limit + 2:
+        return toks[:limit], False
+    return None
+
+
+def _tokenize_source(prefix, limit: int = MAX_TOKENS) -> tuple[list[bytes], bool]:
+    """prefix(n) -> (at least the first n bytes of the text or all of it, whether that is all)."""
+    n = _FIRST_PREFIX
+    while True:
+        b, final = prefix(n)
+        r = _tokenize_prefix(b, limit, final)
+        if r is not None:
+            return r
+        n *= 4
 
 
 def tokenize(text: bytes, limit: int = MAX_TOKENS) -> tuple[list[bytes], bool]:
     """The first `limit` tokens of the (unmasked-here) prompt text, and whether that was all of them."""
-    s = text.lower().decode("utf-8", "surrogateescape")  # bytes.lower(): ASCII only
-    toks = [m.group().encode("utf-8", "surrogateescape") for m in itertools.islice(_TOKEN_RE.finditer(s), limit + 1)]
-    complete = len(toks) <= limit
-    return toks[:limit], complete
+    return _tokenize_source(lambda n: (text[:n], n >= len(text)), limit)
 
 
 def shingle_hashes(tokens: Sequence[bytes]) -> list[int]:
     """FNV-1a 32 of each word 2-shingle ("t1 t2"); a single token is one 1-shingle; none: none."""
     if len(tokens) == 1:
         return [fnv1a32(tokens[0])]
+    if _np is not None and len(tokens) > 16:
+        return _shingle_hashes_np(tokens)
     states = [fnv1a32(t) for t in tokens]
     return [fnv1a32(tokens[j + 1], fnv1a32(b" ", states[j])) for j in range(len(tokens) - 1)]
+
+
+_NP_COLS = 48   # shingle bytes hashed column by column; longer shingles finish in Python
+
+
+def _shingle_hashes_np(tokens: Sequence[bytes]) -> list[int]:
+    """FNV-1a 32 of every shingle at once: one numpy step per byte position."""
+    np = _np
+    sh = [a + b" " + b for a, b in zip(tokens, tokens[1:])]
+    n = len(sh)
+    lens = np.fromiter(map(len, sh), dtype=np.int64, count=n)
+    cols = min(int(lens.max()), _NP_COLS)
+    # fixed-width rows, NUL-padded (a token never contains NUL: it is a separator)
+    arr = np.array(sh, dtype=f"S{cols}").view(np.uint8).reshape(n, cols)
+    h = np.full(n, 0x811C9DC5, dtype=np.uint32)
+    prime = np.uint32(0x01000193)
+    shortest = int(lens.min())
+    for c in range(cols):
+        nh = (h ^ arr[:, c]) * prime
+        h = nh if c < shortest else np.where(lens > c, nh, h)
+    out = h.tolist()
+    if cols < lens.max():
+        for j in np.flatnonzero(lens > cols).tolist():
+            out[j] = fnv1a32(sh[j][cols:], out[j])
+    return out
 
 
 def _minhash_py(xs: Sequence[int]) -> tuple[int, ...]:
@@ -154,26 +209,43 @@ def _minhash_py(xs: Sequence[int]) -> tuple[int, ...]:
 
 
 if _np is not None:
-    _A_HI = _np.array([a >> 32 for a in MINHASH_A], dtype=_np.uint64)[:, None]
-    _A_LO = _np.array([a & _M32 for a in MINHASH_A], dtype=_np.uint64)[:, None]
+    # a = AH * 2^29 + AL (AH < 2^32, AL < 2^29), as in fingerprint.lua
+    _AH = _np.array([a >> 29 for a in MINHASH_A], dtype=_np.uint64)[:, None]
+    _AL = _np.array([a & ((1 << 29) - 1) for a in MINHASH_A], dtype=_np.uint64)[:, None]
     _B = _np.array(MINHASH_B, dtype=_np.uint64)[:, None]
+
+_NP_ROWS = 16   # MinHash functions per numpy block (keeps the temporaries in cache)
 
 
 def _minhash_np(xs: Sequence[int]) -> tuple[int, ...]:
-    """Same arithmetic as fingerprint.lua: a*x mod 2^61-1 with a split into 32-bit halves."""
+    """Same arithmetic as fingerprint.lua: with a = AH*2^29 + AL and x < 2^32,
+    s = ((AH*x mod 2^32) << 29) + (AH*x >> 32) + AL*x + b < 2^63 is a*x + b mod P;
+    r = (s & P) + (s >> 61) <= P + 3, and r mod P has the low 32 bits of r + ((r + 1) >> 61)."""
     if not xs:
         return (EMPTY_SLOT,) * NUM_PERM
     np = _np
     x = np.array(xs, dtype=np.uint64)[None, :]
-    P = np.uint64(MERSENNE_61)
-    s29, s32, s61 = np.uint64(29), np.uint64(32), np.uint64(61)
-    hi = _A_HI * x                      # < 2^61
-    lo = _A_LO * x                      # < 2^64
-    s = ((hi << s32) & P) + (hi >> s29) + (lo & P) + (lo >> s61) + _B   # < 2^63
-    r = (s & P) + (s >> s61)            # < 2^61 + 4
-    r = np.where(r >= P, r - P, r)
-    h = r & np.uint64(_M32)
-    return tuple(int(v) for v in h.min(axis=1))
+    u = np.uint64
+    m32, p61, s29, s32, s61, one = u(_M32), u(MERSENNE_61), u(29), u(32), u(61), u(1)
+    out: list[int] = []
+    for i in range(0, NUM_PERM, _NP_ROWS):
+        h = _AH[i:i + _NP_ROWS] * x
+        s = h & m32
+        s <<= s29
+        h >>= s32
+        s += h
+        np.multiply(_AL[i:i + _NP_ROWS], x, out=h)
+        s += h
+        s += _B[i:i + _NP_ROWS]
+        np.right_shift(s, s61, out=h)
+        s &= p61
+        s += h                      # r
+        np.add(s, one, out=h)
+        h >>= s61                   # 1 iff r >= P
+        s += h
+        s &= m32
+        out.extend(s.min(axis=1).tolist())
+    return tuple(out)
 
 
 def minhash(xs: Sequence[int]) -> tuple[int, ...]:
@@ -294,8 +366,7 @@ def canonical_number(v: int | float) -> bytes:
 _STR_ESC = re.compile(rb'["\\\x00-\x1f]')
 
 
-def _esc(m: re.Match) -> bytes:
-    c = m.group()[0]
+def _esc_byte(c: int) -> bytes:
     if c == 0x22:
         return b'\\"'
     if c == 0x5C:
@@ -303,12 +374,43 @@ def _esc(m: re.Match) -> bytes:
     return b"\\u%04x" % c
 
 
+def _esc(m: re.Match) -> bytes:
+    return _esc_byte(m.group()[0])
+
+
+_LONG_STR = 64
+# long strings: one str.replace / bytes.replace per special character present (each
+# presence test is a memchr); the backslash first, so that no escape is escaped again
+_ESC_ORDER = [0x5C, 0x22] + list(range(32))
+_ESC_BYTES = [(bytes([c]), _esc_byte(c)) for c in _ESC_ORDER]
+
+
+_NP_SCAN = 8192
+
+
+def _put_str(v: str | bytes, out: list[bytes]) -> None:
+    if len(v) > _LONG_STR:
+        b = _s(v)
+        if _np is not None and len(b) > _NP_SCAN:
+            # which specials occur: the control bytes at once, then the two others
+            a = _np.frombuffer(b, dtype=_np.uint8)
+            ctl = set(_np.unique(a[a < 32]).tolist())
+            escs = [(ch, esc) for ch, esc in _ESC_BYTES if ch[0] in ctl or (ch[0] >= 32 and ch in b)]
+        else:
+            escs = [(ch, esc) for ch, esc in _ESC_BYTES if ch in b]
+        for ch, esc in escs:   # in _ESC_ORDER: the backslash first
+            b = b.replace(ch, esc)
+        out.extend((b'"', b, b'"'))   # no copy of a long string here: the final join copies
+        return
+    b = _s(v)
+    if _STR_ESC.search(b):
+        b = _STR_ESC.sub(_esc, b)
+    out.append(b'"' + b + b'"')
+
+
 def _cj(v: Any, out: list[bytes]) -> None:
     if isinstance(v, (str, bytes)):
-        b = _s(v)
-        if _STR_ESC.search(b):
-            b = _STR_ESC.sub(_esc, b)
-        out.append(b'"' + b + b'"')
+        _put_str(v, out)
     elif v is None:
         out.append(b"null")
     elif v is True:
@@ -335,7 +437,7 @@ def _cj(v: Any, out: list[bytes]) -> None:
         for i, (k, x) in enumerate(sorted(((_s(k), x) for k, x in v.items()), key=lambda kv: kv[0])):
             if i:
                 out.append(b",")
-            _cj(k, out)
+            _put_str(k, out)
             out.append(b":")
             _cj(x, out)
         out.append(b"}")
@@ -348,11 +450,11 @@ class _Masker:
         self.masks = masks
         self.changed = False
 
-    def text(self, s: str | bytes) -> bytes:
-        b = _s(s)
+    def text(self, s: str | bytes) -> str | bytes:
+        """The masked string (`s` itself when there are no masks)."""
         if not self.masks.patterns:
-            return b
-        out, changed = self.masks.apply_changed(b)
+            return s
+        out, changed = self.masks.apply_changed(_s(s))
         if changed:
             self.changed = True
         return out
@@ -386,6 +488,27 @@ def _mask_doc(doc: dict, masks: MaskSet) -> bool:
 
 def canonical_request(api: str, doc: dict) -> bytes:
     """The exact key's byte form of an (already masked) decoded request."""
+    return b"".join(_canonical_pieces(api, doc))
+
+
+def _exact_key(pieces: list[bytes]) -> bytes:
+    """SHA-256 of the joined pieces, without copying the long ones into one string."""
+    h = hashlib.sha256()
+    small: list[bytes] = []
+    for p in pieces:
+        if len(p) > 4096:
+            if small:
+                h.update(b"".join(small))
+                small.clear()
+            h.update(p)
+        else:
+            small.append(p)
+    if small:
+        h.update(b"".join(small))
+    return h.digest()
+
+
+def _canonical_pieces(api: str, doc: dict) -> list[bytes]:
     top: dict[Any, Any] = {}
     for k, v in doc.items():
         if v is None or k in EXCLUDED_KEYS:
@@ -395,7 +518,7 @@ def canonical_request(api: str, doc: dict) -> bytes:
         top["max_tokens"] = top.pop("max_completion_tokens")
     out = [EXACT_PREFIX, api.encode(), b"\n"]
     _cj(top, out)
-    return b"".join(out)
+    return out
 
 
 # lua-cjson decodes {} and [] to the same empty table: an empty container is both
@@ -408,58 +531,86 @@ def _is_arr(v: Any) -> bool:
     return isinstance(v, list) or (isinstance(v, dict) and not v)
 
 
-def _text_of(content: Any) -> bytes:
+def _text_pieces(content: Any, out: list) -> None:
     if isinstance(content, (str, bytes)):
-        return _s(content)
+        out.append(content)
+        return
     if content is None:
-        return b""
+        return
     if _is_arr(content):
-        parts = []
-        for blk in content:
+        for i, blk in enumerate(content):
+            if i:
+                out.append(b"\n")
             t = blk.get("type") if isinstance(blk, dict) else None   # [] has no type either
             if isinstance(t, (str, bytes)):
                 txt = blk.get("text")
                 if _s(t) == b"text" and isinstance(txt, (str, bytes)):
-                    parts.append(_s(txt))
+                    out.append(txt)
                 else:
-                    parts.append(b"[" + _s(t) + b"]")
+                    out.extend((b"[", t, b"]"))
             else:
-                parts.append(b"[?]")
-        return b"\n".join(parts)
-    return b"[?]"
+                out.append(b"[?]")
+        return
+    out.append(b"[?]")
 
 
-def _entry(role: Any, content: Any) -> bytes:
-    r = _s(role) if isinstance(role, (str, bytes)) else b"?"
-    return r + b": " + _text_of(content) + b"\n"
+def _entry(role: Any, content: Any, out: list) -> None:
+    out.extend((role if isinstance(role, (str, bytes)) else b"?", b": "))
+    _text_pieces(content, out)
+    out.append(b"\n")
 
 
-def prompt_text(api: str, doc: dict) -> bytes:
-    """The (already masked) prompt text the CSF reads: `role: text\\n` per entry."""
-    out: list[bytes] = []
+def _prompt_pieces(api: str, doc: dict) -> list:
+    """The prompt text as a list of str / bytes pieces (str pieces encode with surrogateescape)."""
+    out: list = []
     messages = doc.get("messages")
     msgs = messages if isinstance(messages, list) else []
     if api == "anthropic":
         if "system" in doc and doc["system"] is not None:
-            out.append(_entry("system", doc["system"]))
+            _entry(b"system", doc["system"], out)
         for m in msgs:
             if _is_obj(m):
                 m = m or {}
-                out.append(_entry(m.get("role"), m.get("content")))
+                _entry(m.get("role"), m.get("content"), out)
             else:
-                out.append(_entry(None, b"[?]"))
+                _entry(None, b"[?]", out)
     else:
-        rest: list[bytes] = []
+        rest: list = []
         for m in msgs:
             if _is_obj(m):
                 m = m or {}
                 role = m.get("role")
-                e = _entry(role, m.get("content"))
-                (out if isinstance(role, (str, bytes)) and _s(role) in (b"system", b"developer") else rest).append(e)
+                first = isinstance(role, (str, bytes)) and _s(role) in (b"system", b"developer")
+                _entry(role, m.get("content"), out if first else rest)
             else:
-                rest.append(_entry(None, b"[?]"))
+                _entry(None, b"[?]", rest)
         out.extend(rest)
-    return b"".join(out)
+    return out
+
+
+def prompt_text(api: str, doc: dict) -> bytes:
+    """The (already masked) prompt text the CSF reads: `role: text\\n` per entry."""
+    return b"".join(_s(p) for p in _prompt_pieces(api, doc))
+
+
+def _prefix_of(pieces: list):
+    """prefix(n) -> (at least the first n bytes of the joined pieces, or all of them; whether all)."""
+    def prefix(n: int) -> tuple[bytes, bool]:
+        out: list[bytes] = []
+        size = 0
+        for k, p in enumerate(pieces):
+            if size >= n:
+                return b"".join(out), False
+            need = n - size
+            if len(p) > need:    # a str of more than `need` code points has more than `need` bytes
+                b = (p[:need].encode("utf-8", "surrogateescape") if isinstance(p, str) else p[:need])
+                out.append(b)
+                return b"".join(out), False
+            b = _s(p)
+            out.append(b)
+            size += len(b)
+        return b"".join(out), True
+    return prefix
 
 
 # --------------------------------------------------------------------------- compute
@@ -492,28 +643,40 @@ def _parse(api: str, body: bytes | bytearray | memoryview | str) -> dict | None:
     return doc
 
 
-def compute(api: str, body: bytes | bytearray | memoryview | str, masks: MaskSet = EMPTY_MASKS,
-            *, debug: dict | None = None) -> Fingerprint | None:
+def compute(api: str, body: bytes | bytearray | memoryview | str | None, masks: MaskSet = EMPTY_MASKS,
+            *, debug: dict | None = None, doc: dict | None = None) -> Fingerprint | None:
     """The fingerprint nginx computes for `body` (at any size), or None where nginx's
-    decoder would fail (not a JSON object, nested deeper than MAX_DEPTH, ...)."""
-    doc = _parse(api, body)
+    decoder would fail (not a JSON object, nested deeper than MAX_DEPTH, ...).
+
+    doc: the body already decoded by `orjson.loads(body)` (it must be exactly that: the
+    result of a successful orjson parse of these bytes, not a fallback decoder's). It is
+    used instead of decoding again, and it is changed in place (masked strings). body may
+    then be None."""
     if doc is None:
-        return None
+        doc = _parse(api, body)
+        if doc is None:
+            return None
+    else:
+        if api not in ("anthropic", "openai"):
+            raise ValueError(f"api must be 'anthropic' or 'openai', not {api!r}")
+        if not isinstance(doc, dict) or _too_deep(doc):
+            return None
     try:
         masked = _mask_doc(doc, masks)
     except MaskError:  # a PCRE runtime failure (match limit ...): nginx returns nil, err too
         return None
-    canon = canonical_request(api, doc)
-    prompt = prompt_text(api, doc)
-    sig, ntok, complete = csf_signature(prompt)
+    canon = _canonical_pieces(api, doc)
+    pieces = _prompt_pieces(api, doc)
+    toks, complete = _tokenize_source(_prefix_of(pieces))
+    sig = minhash(shingle_hashes(toks))
     if debug is not None:
-        debug["canonical"] = canon
-        debug["prompt"] = prompt
+        debug["canonical"] = b"".join(canon)
+        debug["prompt"] = b"".join(_s(p) for p in pieces)
     return Fingerprint(
         csf_key=csf_key_of(sig),
         bands=band_keys(sig),
-        exact_key=hashlib.sha256(canon).digest(),
-        tokens=ntok,
+        exact_key=_exact_key(canon),
+        tokens=len(toks),
         complete=complete,
         masked=masked,
         signature=sig,

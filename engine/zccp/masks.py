@@ -104,6 +104,13 @@ class _Parser:
                 return j - i - 1
         return None
 
+    def _at_long_open(self) -> bool:
+        """At '[' '='* '[' (a long string), consuming nothing."""
+        save = self.i
+        level = self._long_open()
+        self.i = save
+        return level is not None
+
     def _long_body(self, level: int) -> bytes:
         s = self.s
         close = b"]" + b"=" * level + b"]"
@@ -280,7 +287,7 @@ class _Parser:
                 else:
                     self.i = save
                     pos.append(self.value())
-            elif c == ord("[") and self._long_open() is None:
+            elif c == ord("[") and not self._at_long_open():
                 self.i += 1
                 k = self.value()
                 self.skip()
@@ -454,6 +461,11 @@ class _Regex:
         self._template = _compile_template(replacement)
         self._const = replacement.replace(b"$$", b"$") if all(isinstance(p, bytes) for p in self._template) else None
 
+    def search(self, subj: bytes) -> bool:
+        """Whether the pattern matches somewhere in subj (True as well when PCRE fails)."""
+        ov = (ctypes.c_int * self._ovsize)()
+        return _pcre.pcre_exec(self._code, self._extra, subj, len(subj), 0, 0, ov, self._ovsize) != _PCRE_ERROR_NOMATCH
+
     def gsub(self, subj: bytes) -> tuple[bytes, int]:
         """lua-resty-core's re_sub_str_helper (global): returns (result, number of matches)."""
         n = len(subj)
@@ -490,6 +502,39 @@ class _Regex:
             return subj, 0
         out.append(subj[cp:])
         return b"".join(out), count
+
+
+# ---------------------------------------------------------------------------
+# Prefilters (lua/zccp/fp_tables.lua `mask_prefilters`, read by zccp.masks in Lua too):
+# for a mask whose pattern is listed, regexes that every match of it contains. When
+# one finds nothing in a string, the mask's gsub cannot match there and is skipped.
+# ---------------------------------------------------------------------------
+
+def _load_prefilters() -> dict[bytes, tuple[_Regex, ...]]:
+    try:
+        entries = load_lua_data(_REPO_LUA / "fp_tables.lua").get("mask_prefilters") or []
+    except (OSError, LuaDataError, AttributeError):  # pragma: no cover
+        return {}
+    cache: dict[bytes, _Regex] = {}
+    out: dict[bytes, tuple[_Regex, ...]] = {}
+    for e in entries:
+        if not isinstance(e, dict) or not isinstance(e.get("pattern"), bytes) or not isinstance(e.get("requires"), list):
+            continue
+        req = []
+        for r in e["requires"]:
+            if isinstance(r, bytes):
+                try:
+                    if r not in cache:
+                        cache[r] = _Regex(r, b"")
+                    req.append(cache[r])
+                except MaskError:
+                    pass
+        if req:
+            out[e["pattern"]] = tuple(req)
+    return out
+
+
+_PREFILTERS = _load_prefilters()
 
 
 # ---------------------------------------------------------------------------
@@ -550,10 +595,24 @@ class MaskSet:
 
     def apply(self, data: bytes) -> bytes:
         """Every pattern in order; returns `data` itself (same object) when nothing matched."""
+        found: dict[int, bool] = {}   # prefilter results for the current `data`
         for r in self._compiled:
+            req = _PREFILTERS.get(r.pattern)
+            if req is not None:
+                skip = False
+                for f in req:
+                    hit = found.get(id(f))
+                    if hit is None:
+                        hit = found[id(f)] = f.search(data)
+                    if not hit:
+                        skip = True
+                        break
+                if skip:
+                    continue
             new, n = r.gsub(data)
             if n:
                 data = new
+                found.clear()
         return data
 
     def apply_changed(self, data: bytes) -> tuple[bytes, bool]:

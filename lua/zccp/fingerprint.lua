@@ -36,15 +36,6 @@ local ffi_new = ffi.new
 local ffi_cast = ffi.cast
 local band, bxor, lshift, rshift, tobit = bit.band, bit.bxor, bit.lshift, bit.rshift, bit.tobit
 
-local ok_clear, table_clear = pcall(require, "table.clear")
-if not ok_clear then
-    table_clear = function(t)
-        for k in pairs(t) do
-            t[k] = nil
-        end
-    end
-end
-
 local _M = { _VERSION = "0.1.0" }
 
 local MAX_TOKENS = T.max_tokens
@@ -139,38 +130,46 @@ for c = 0, 255 do LOWER[c] = (c >= 65 and c <= 90) and c + 32 or c end
 
 -- ------------------------------------------------------------------ CSF
 
-local TS = ffi_new("int32_t[?]", MAX_TOKENS + 2)  -- token byte ranges [TS, TE) (0-based), 1-based index
-local TE = ffi_new("int32_t[?]", MAX_TOKENS + 2)
 local X = u64_arr(MAX_TOKENS + 1) -- distinct shingle hashes
-local SEEN = {}
 local u8p = ffi.typeof("const uint8_t *")
 
--- Tokenizes p[0 .. n-1]; returns the number of tokens kept and whether that was all
--- of them. Token k is p[TS[k] .. TE[k]-1].
-local function tokenize(p, n)
-    local ntok = 0
-    local ws = -1       -- start of the current word, -1 when none
-    local i = 0
+-- A set of the shingle hashes of one scan (open addressing, at most MAX_TOKENS entries
+-- in HS_SIZE slots); a slot belongs to the current scan when HS_GEN[slot] == gen.
+local HS_SIZE = 4096
+assert(HS_SIZE >= 2 * MAX_TOKENS)
+local HS_KEY = ffi_new("uint32_t[?]", HS_SIZE)
+local HS_GEN = ffi_new("uint32_t[?]", HS_SIZE)
+local hs_gen = 0
+
+local FNV32_OFFSET = tobit(0x811C9DC5)
+
+-- Tokenizes p[0 .. n-1] and hashes the shingles in the same pass: each token's FNV-1a 32
+-- (hc) and, from the previous token's hash followed by 0x20, the shingle's (hs) are
+-- carried along byte by byte (bytes lowercased through LOWER). Returns the number of
+-- tokens kept, whether that was all of them, and the number of distinct shingle
+-- hashes written to X.
+local function scan(p, n)
+    hs_gen = hs_gen + 1
+    if hs_gen >= 4294967295 then
+        ffi.fill(HS_GEN, HS_SIZE * 4)
+        hs_gen = 1
+    end
+    local gen = hs_gen
+    local ntok, nx = 0, 0
     local limit = MAX_TOKENS
+    local inword = false
+    local hc, hs, prev = 0, 0, 0
+    local i = 0
     while i < n do
         local c = p[i]
+        local len, cls = 1, 0
         if c < 0x80 then
-            if ASCII_WORD[c] == 1 then
-                if ws < 0 then
-                    if ntok == limit then
-                        return ntok, false
-                    end
-                    ws = i
-                end
-            elseif ws >= 0 then
-                ntok = ntok + 1
-                TS[ntok], TE[ntok] = ws, i
-                ws = -1
+            if ASCII_WORD[c] == 0 then
+                cls = 1
             end
-            i = i + 1
         else
             -- decode one well-formed UTF-8 sequence (Unicode Table 3-7), else 1 invalid byte
-            local len, cp = 1, -1
+            local cp = -1
             if c >= 0xC2 and c <= 0xDF then
                 if i + 1 < n then
                     local c1 = p[i + 1]
@@ -197,77 +196,100 @@ local function tokenize(p, n)
                     end
                 end
             end
-            local cls = 0
             if cp >= 0 then
-                cls = cp_class(cp)
+                cls = cp_class(cp)   -- 0: word, 1: separator, 2: a token of its own
             end
-            if cls == 0 then            -- word byte(s); invalid bytes land here too
-                if ws < 0 then
-                    if ntok == limit then
-                        return ntok, false
+        end
+        if cls ~= 0 and inword then
+            -- the word ends: its shingle with the previous token
+            inword = false
+            if ntok > 1 then
+                local x = hs % 4294967296
+                local slot = band(hs, HS_SIZE - 1)
+                while true do
+                    if HS_GEN[slot] ~= gen then
+                        HS_GEN[slot] = gen
+                        HS_KEY[slot] = x
+                        X[nx] = x
+                        nx = nx + 1
+                        break
+                    elseif HS_KEY[slot] == x then
+                        break
                     end
-                    ws = i
+                    slot = band(slot + 1, HS_SIZE - 1)
                 end
-            else
-                if ws >= 0 then
-                    ntok = ntok + 1
-                    TS[ntok], TE[ntok] = ws, i
-                    ws = -1
+            end
+            prev = hc
+        end
+        if cls ~= 1 then
+            if not inword then
+                if ntok == limit then
+                    return ntok, false, nx
+                end
+                ntok = ntok + 1
+                inword = true
+                hc = FNV32_OFFSET
+                hs = bxor(prev, 0x20)
+                hs = tobit(lshift(hs, 24) + hs * 403)   -- * 0x01000193 mod 2^32
+            end
+            local b = LOWER[c]
+            hc = bxor(hc, b)
+            hc = tobit(lshift(hc, 24) + hc * 403)
+            hs = bxor(hs, b)
+            hs = tobit(lshift(hs, 24) + hs * 403)
+            if len > 1 then
+                for k = i + 1, i + len - 1 do
+                    b = p[k]
+                    hc = bxor(hc, b)
+                    hc = tobit(lshift(hc, 24) + hc * 403)
+                    hs = bxor(hs, b)
+                    hs = tobit(lshift(hs, 24) + hs * 403)
                 end
                 if cls == 2 then
-                    if ntok == limit then
-                        return ntok, false
+                    inword = false   -- a CJK token ends where it starts: again below
+                    if ntok > 1 then
+                        local x = hs % 4294967296
+                        local slot = band(hs, HS_SIZE - 1)
+                        while true do
+                            if HS_GEN[slot] ~= gen then
+                                HS_GEN[slot] = gen
+                                HS_KEY[slot] = x
+                                X[nx] = x
+                                nx = nx + 1
+                                break
+                            elseif HS_KEY[slot] == x then
+                                break
+                            end
+                            slot = band(slot + 1, HS_SIZE - 1)
+                        end
                     end
-                    ntok = ntok + 1
-                    TS[ntok], TE[ntok] = i, i + len
+                    prev = hc
                 end
             end
-            i = i + len
         end
+        i = i + len
     end
-    if ws >= 0 then
-        ntok = ntok + 1
-        TS[ntok], TE[ntok] = ws, n
-    end
-    return ntok, true
-end
-
--- FNV-1a 32 over the lowercased p[s .. e-1] continuing from h (signed 32-bit representation)
-local function fnv32(p, s, e, h)
-    for k = s, e - 1 do
-        h = bxor(h, LOWER[p[k]])
-        h = tobit(lshift(h, 24) + h * 403)   -- h * 0x01000193 mod 2^32
-    end
-    return h
-end
-
-local FNV32_OFFSET = tobit(0x811C9DC5)
-
--- Fills X with the distinct shingle hashes; returns their count.
-local function shingles(p, ntok)
-    table_clear(SEEN)
-    local nx = 0
-    if ntok == 1 then
-        local h = fnv32(p, TS[1], TE[1], FNV32_OFFSET)
-        X[0] = h % 4294967296
-        return 1
-    end
-    local prev = fnv32(p, TS[1], TE[1], FNV32_OFFSET)
-    for j = 2, ntok do
-        local s, e = TS[j], TE[j]
-        local cur = fnv32(p, s, e, FNV32_OFFSET)
-        local h = bxor(prev, 0x20)
-        h = tobit(lshift(h, 24) + h * 403)
-        h = fnv32(p, s, e, h)
-        local x = h % 4294967296
-        if not SEEN[x] then
-            SEEN[x] = true
-            X[nx] = x
-            nx = nx + 1
+    if inword and ntok > 1 then
+        local x = hs % 4294967296
+        local slot = band(hs, HS_SIZE - 1)
+        while true do
+            if HS_GEN[slot] ~= gen then
+                HS_GEN[slot] = gen
+                HS_KEY[slot] = x
+                X[nx] = x
+                nx = nx + 1
+                break
+            elseif HS_KEY[slot] == x then
+                break
+            end
+            slot = band(slot + 1, HS_SIZE - 1)
         end
-        prev = cur
+    elseif ntok == 1 then
+        -- one token: one 1-shingle, the token's own hash
+        X[0] = (inword and hc or prev) % 4294967296
+        nx = 1
     end
-    return nx
+    return ntok, true, nx
 end
 
 -- sig[i] = min over X of ((a_i * x + b_i) mod P) & 0xffffffff, P = 2^61 - 1.
@@ -321,11 +343,7 @@ end
 -- Signature of p[0 .. n-1] (an already-masked prompt text): sig (uint32_t[128]),
 -- tokens, complete.
 local function csf_ptr(p, n)
-    local ntok, complete = tokenize(p, n)
-    local nx = 0
-    if ntok > 0 then
-        nx = shingles(p, ntok)
-    end
+    local ntok, complete, nx = scan(p, n)
     return minhash(nx, u32_arr(NUM_PERM)), ntok, complete
 end
 

@@ -13,6 +13,39 @@ return {
     seed_lo = 0x46503031,
     decode_limit = 65536,    -- nginx fingerprints bodies of at most this many bytes
 
+    -- Mask prefilters (speed only: no key depends on them; docs/fingerprint.md §2). For a
+    -- mask whose pattern is exactly `pattern`, every regex in `requires` matches every
+    -- string that `pattern` matches (each is a substring any match must contain), so
+    -- when one of them finds nothing the mask cannot match and its gsub is skipped.
+    -- zccp.masks (Lua) and zccp.masks (Python) both read this list. A pattern not listed
+    -- here always runs. Keep every entry a provable necessary condition.
+    mask_prefilters = {
+        {   -- uuid: "-hhhh-hhhh-hhhh-" is inside every match
+            pattern = [[\b[0-9A-Fa-f]{8}-[0-9A-Fa-f]{4}-[0-9A-Fa-f]{4}-[0-9A-Fa-f]{4}-[0-9A-Fa-f]{12}\b]],
+            requires = { [[-[0-9A-Fa-f]{4}-[0-9A-Fa-f]{4}-[0-9A-Fa-f]{4}-]] },
+        },
+        {   -- iso8601: "-dd-dd[T ]dd:dd"
+            pattern = [[\b\d{4}-\d{2}-\d{2}[T ]\d{2}:\d{2}(?::\d{2}(?:[.,]\d+)?)?(?:Z|[+-]\d{2}(?::?\d{2})?)?(?!\w)]],
+            requires = { [[-\d\d-\d\d[T ]\d\d:\d\d]] },
+        },
+        {   -- email: "@", the first domain label, then "."
+            pattern = [[\b[A-Za-z0-9._%+-]+@[A-Za-z0-9-]+(?:\.[A-Za-z0-9-]+)*\.[A-Za-z]{2,}\b]],
+            requires = { [[@[A-Za-z0-9-]+\.]] },
+        },
+        {   -- epoch_millis: seven digits (shared, tested once per string), "1" + 12 digits
+            pattern = [[\b1\d{12}\b]],
+            requires = { [[\d{7}]], [[1\d{12}]] },
+        },
+        {   -- epoch_seconds
+            pattern = [[\b1\d{9}\b]],
+            requires = { [[\d{7}]], [[1\d{9}]] },
+        },
+        {   -- long_id: seven digits
+            pattern = [[\b[A-Za-z]{0,3}\d{7,}\b]],
+            requires = { [[\d{7}]] },
+        },
+    },
+
     -- Non-ASCII code point classes: sorted, non-overlapping, inclusive ranges.
     -- "S": separator (ends a word, is not part of any token).
     -- "C": CJK ideograph / kana / hangul: each code point is a token of its own.

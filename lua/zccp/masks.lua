@@ -31,6 +31,42 @@ local package = package
 local _M = { _VERSION = "0.1.0" }
 
 local re_gsub = ngx and ngx.re and ngx.re.gsub
+local re_find = ngx and ngx.re and ngx.re.find
+
+-- Prefilters (fp_tables.lua `mask_prefilters`): pattern text -> list of regexes that
+-- every match of the pattern contains. When one of them finds nothing in a string, the
+-- pattern's gsub cannot match there and is skipped: the same result, without a PCRE
+-- scan of the whole string per pattern (most prompts contain no UUID, e-mail address,
+-- timestamp or long number).
+local PREFILTERS = {}
+do
+    local ok, T = pcall(require, "zccp.fp_tables")
+    if ok and type(T) == "table" and type(T.mask_prefilters) == "table" then
+        for _, e in ipairs(T.mask_prefilters) do
+            if type(e) == "table" and type(e.pattern) == "string" and type(e.requires) == "table" then
+                PREFILTERS[e.pattern] = e.requires
+            end
+        end
+    end
+end
+
+-- The prefilter regexes of `pattern` that compile, or nil.
+local function prefilter_of(pattern)
+    local req = PREFILTERS[pattern]
+    if not req or not re_find then
+        return nil
+    end
+    local out = {}
+    for _, r in ipairs(req) do
+        if type(r) == "string" then
+            local ok, _, _, err = pcall(re_find, "", r, "jo")
+            if ok and not err then
+                out[#out + 1] = r
+            end
+        end
+    end
+    return #out > 0 and out or nil
+end
 
 local state = {
     loaded = false,
@@ -231,7 +267,7 @@ function _M.init(opts)
             end
             if ok then
                 n = n + 1
-                patterns[n] = { name = name, pattern = pat, replacement = repl }
+                patterns[n] = { name = name, pattern = pat, replacement = repl, requires = prefilter_of(pat) }
             end
         end
     end
@@ -268,14 +304,37 @@ function _M.apply(s)
     end
     local orig = s
     local patterns = state.patterns
+    local found, found_in     -- prefilter results (regex -> found) for the string found_in
     for i = 1, state.n do
         local p = patterns[i]
-        local r, cnt, err = re_gsub(s, p.pattern, p.replacement, "jo")
-        if not r then
-            return nil, "mask \"" .. p.name .. "\": " .. tostring(err)
+        local req = p.requires
+        local run = true
+        if req then
+            if found_in ~= s then
+                found, found_in = {}, s
+            end
+            for j = 1, #req do
+                local rx = req[j]
+                local f = found[rx]
+                if f == nil then
+                    local from, _, err = re_find(s, rx, "jo")
+                    f = from ~= nil or err ~= nil   -- a failed search skips nothing
+                    found[rx] = f
+                end
+                if not f then
+                    run = false
+                    break
+                end
+            end
         end
-        if cnt > 0 then
-            s = r
+        if run then
+            local r, cnt, err = re_gsub(s, p.pattern, p.replacement, "jo")
+            if not r then
+                return nil, "mask \"" .. p.name .. "\": " .. tostring(err)
+            end
+            if cnt > 0 then
+                s = r
+            end
         end
     end
     return s, s ~= orig

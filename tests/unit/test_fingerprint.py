@@ -305,3 +305,75 @@ def test_estimate_jaccard():
     assert estimate_jaccard([1, 2, 3, 4], [1, 2, 0, 0]) == 0.5
     with pytest.raises(ValueError):
         estimate_jaccard([1], [1, 2])
+
+
+# --------------------------------------------------------------------------- the fast paths
+
+def _tokenize_reference(text: bytes, limit: int = F.MAX_TOKENS) -> tuple[list[bytes], bool]:
+    """The spec's tokenizer in one pass over the whole text (no prefixes, no ASCII path)."""
+    import itertools
+    s = text.lower().decode("utf-8", "surrogateescape")
+    toks = [m.group().encode("utf-8", "surrogateescape")
+            for m in itertools.islice(F._TOKEN_RE.finditer(s), limit + 1)]
+    return toks[:limit], len(toks) <= limit
+
+
+def test_tokenize_prefixes_equal_whole_text():
+    """compute() tokenizes growing prefixes of the prompt; the cut may split a word or a
+    UTF-8 sequence. Texts around the prefix sizes, ASCII and not, agree with one pass."""
+    r = random.Random(9)
+    pieces = ["word", "Wörd", "东京", "😀", " ", "  ", ".", "\n", "x" * 300, "\udcff", "é" * 7]
+    for i in range(24):
+        parts, n = [], 0
+        size = r.choice([F._FIRST_PREFIX - 50, F._FIRST_PREFIX, 4 * F._FIRST_PREFIX + 3, 70000])
+        odd = pieces if i % 2 else [" ", ".", "\n", "x" * 300, "AbC"]   # half of them ASCII only
+        while n < size:
+            parts.append(r.choice(odd) if r.random() < 0.3 else r.choice(["a", "bb", "ccc", " ", "Zz"]))
+            n += len(parts[-1])
+        text = "".join(parts).encode("utf-8", "surrogateescape")
+        for cut in (len(text), F._FIRST_PREFIX - 1, F._FIRST_PREFIX + 1, 6000):
+            t = text[:cut]
+            assert F.tokenize(t) == _tokenize_reference(t)
+            assert F._tokenize_source(F._prefix_of([t[:100], t[100:].decode("utf-8", "surrogateescape")])) \
+                == _tokenize_reference(t)
+
+
+def test_shingles_numpy_equals_pure_python():
+    r = random.Random(4)
+    for n in (17, 40, 1024):
+        toks = [bytes(r.randrange(0x21, 0x100) for _ in range(r.choice([1, 3, 8, 30, 60, 200]))) for _ in range(n)]
+        states = [F.fnv1a32(t) for t in toks]
+        want = [F.fnv1a32(toks[j + 1], F.fnv1a32(b" ", states[j])) for j in range(n - 1)]
+        assert F.shingle_hashes(toks) == want
+
+
+def test_long_string_escapes():
+    """Long strings are escaped with replace(); short ones with the regex: the same bytes."""
+    r = random.Random(6)
+    alpha = ["a", "é", "\\", '"', "\n", "\t", "\x00", "\x1f", "\x7f", "😀", "\udcff", "u", "\\u000a", "\r\b\f"]
+    for _ in range(400):
+        s = "".join(r.choice(alpha) for _ in range(r.choice([r.randint(0, 200), r.randint(8000, 9000)])))
+        b = s.encode("utf-8", "surrogateescape")
+        want = b'"' + F._STR_ESC.sub(F._esc, b) + b'"'
+        for v in (s, b):
+            out: list[bytes] = []
+            F._put_str(v, out)
+            assert b"".join(out) == want
+
+
+def test_compute_with_parsed_doc(masks):
+    import orjson
+    bodies = [body(text="see 123e4567-e89b-12d3-a456-426614174000 at 2024-05-01T12:30:00Z " * 40),
+              body("openai", "hi", max_completion_tokens=5, temperature=0.5),
+              json.dumps({"system": [{"type": "text", "text": "x\ny"}], "messages": []}).encode()]
+    for api in ("anthropic", "openai"):
+        for b in bodies:
+            assert compute(api, None, masks, doc=orjson.loads(b)) == compute(api, b, masks)
+    assert compute("anthropic", None, masks, doc=[1]) is None
+
+
+def test_exact_key_of_pieces():
+    r = random.Random(2)
+    pieces = [r.randbytes(r.choice([0, 5, 5000, 70000])) for _ in range(30)]
+    import hashlib
+    assert F._exact_key(pieces) == hashlib.sha256(b"".join(pieces)).digest()

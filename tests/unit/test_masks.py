@@ -222,3 +222,43 @@ def test_digest_is_order_and_content_sensitive():
     assert a.digest != b.digest
     assert a.digest == MaskSet.from_patterns([("x", b"a", b"b"), ("y", b"c", b"d")]).digest
     assert MaskSet().digest == "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855"
+
+
+# --------------------------------------------------------------------------- prefilters
+
+def test_prefilters_cover_the_defaults(defaults):
+    from zccp.masks import _PREFILTERS
+    assert {p.pattern for p in defaults.patterns} <= set(_PREFILTERS)
+
+
+def test_prefilters_are_necessary_conditions(defaults):
+    """Every string a default pattern matches is found by each of its prefilters, and
+    apply() with prefilters equals plain gsubs in order."""
+    import random
+
+    from zccp.masks import _PREFILTERS
+    r = random.Random(12)
+    alpha = ["a", "Z", "-", "@", ".", "1", "0", "7", "9", "f", "T", " ", ":", "+", "_", "\n", "é"]
+    samples = [b"123e4567-e89b-12d3-a456-426614174000", b"2024-05-01T12:30:00Z", b"a.b@example.com",
+               b"1700000000123", b"1700000000", b"P123456789", b"id 12345678", b"x-1111-2222-3333-y"]
+    texts = []
+    for _ in range(3000):
+        parts = [r.choice(alpha) for _ in range(r.randint(0, 30))]
+        if r.random() < 0.5:
+            parts.insert(r.randint(0, len(parts)), r.choice(samples).decode())
+        texts.append("".join(parts).encode())
+    for t in texts:
+        for reg in defaults._compiled:
+            if reg.gsub(t)[1]:
+                assert all(f.search(t) for f in _PREFILTERS[reg.pattern]), (reg.pattern, t)
+        plain = t
+        for reg in defaults._compiled:
+            new, n = reg.gsub(plain)
+            if n:
+                plain = new
+        assert defaults.apply(t) == plain, t
+
+
+def test_reader_long_strings_in_lists():
+    assert parse_lua_data("return { [[a]], [==[b]]==], x = { [[c]] }, [1 + 0 == 1 and 3 or 3] = nil }"
+                          .split(", [1")[0] + " }") == {"x": [b"c"], 1: b"a", 2: b"b]"}
