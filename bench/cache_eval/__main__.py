@@ -1,0 +1,3 @@
+from bench.cache_eval.run import main
+
+raise SystemExit(main())

