@@ -12,6 +12,7 @@ import logging
 import os
 import time
 from pathlib import Path
+from typing import Any
 
 from zccp.abi import MINHASH_COUNT, Flag, ffi
 from zccp.arena import SlotView
@@ -59,8 +60,11 @@ class MaskSource:
         return self._masks
 
 
-def keys_for(view: SlotView, payload: memoryview, req: GenerationRequest, masks: MaskSource) -> CacheKeys | None:
-    """None when the body cannot be fingerprinted (then the request is served uncached)."""
+def keys_for(view: SlotView, payload: memoryview, req: GenerationRequest, masks: MaskSource,
+             doc: dict[str, Any] | None = None) -> CacheKeys | None:
+    """None when the body cannot be fingerprinted (then the request is served uncached).
+
+    doc: the body as orjson parsed it (the engine's one parse), reused and masked in place."""
     h, meta = view.header, view.meta
     mask_set = masks.get()
     system = req.system.encode("utf-8", "surrogatepass")
@@ -71,7 +75,7 @@ def keys_for(view: SlotView, payload: memoryview, req: GenerationRequest, masks:
         bands = tuple(int(b) for b in meta.csf_bands) if complete else ()
         sig = tuple(int(x) for x in view.signature.minhash) if complete else ()
         return CacheKeys(exact, scope, bands, sig)
-    fp = compute(req.api, payload, mask_set)
+    fp = compute(req.api, payload, mask_set, doc=doc)
     if fp is None:
         return None
     if len(fp.signature) != MINHASH_COUNT:

@@ -174,7 +174,7 @@ class Engine:
         if self.cache is None or self.masks is None:
             return self._run_model(job, ctx, prep, None)
         try:
-            keys = keys_for(ctx.view, ctx.payload, prep.req, self.masks)
+            keys = keys_for(ctx.view, ctx.payload, prep.req, self.masks, prep.doc)
         except Exception:
             log.exception("cache keys failed; serving uncached", extra={"context_id": ctx.context_id})
             keys = None

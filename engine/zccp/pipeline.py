@@ -12,6 +12,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from types import ModuleType
+from typing import Any
 
 import torch
 
@@ -63,10 +64,13 @@ class Prepared:
     req: GenerationRequest
     input_ids: torch.Tensor
     started: float
+    doc: dict[str, Any]              # the parsed body (the fingerprint may reuse it, and mask it)
 
 
-def _parse_and_tokenize(ctx: RequestContext, deps: PipelineDeps, api: ModuleType) -> tuple[GenerationRequest, torch.Tensor]:
-    req = api.parse_request(ctx.payload, deps.limits)
+def _parse_and_tokenize(ctx: RequestContext, deps: PipelineDeps,
+                        api: ModuleType) -> tuple[GenerationRequest, torch.Tensor, dict[str, Any]]:
+    doc = api.decode_body(ctx.payload)
+    req = api.parse_document(doc, deps.limits)
     try:
         n = encode_chat_into(req.system, req.messages, ctx.tokens)
     except PromptTooLong as exc:
@@ -86,7 +90,7 @@ def _parse_and_tokenize(ctx: RequestContext, deps: PipelineDeps, api: ModuleType
         raise ApiError(400, "invalid_request_error",
                        f"prompt is too long: {n} tokens + max_tokens {req.sampling.max_tokens} > {limit} maximum",
                        param="max_tokens" if n < limit else "messages")
-    return req, deps.input_view(ctx.tokens[:n])
+    return req, deps.input_view(ctx.tokens[:n]), doc
 
 
 def prepare(ctx: RequestContext, deps: PipelineDeps) -> Prepared | None:
@@ -95,7 +99,7 @@ def prepare(ctx: RequestContext, deps: PipelineDeps) -> Prepared | None:
     started = time.perf_counter()
     try:
         try:
-            req, input_ids = _parse_and_tokenize(ctx, deps, api)
+            req, input_ids, doc = _parse_and_tokenize(ctx, deps, api)
         except ApiError as err:
             ctx.writer.begin(api.http_status(err), sse=False)
             ctx.writer.write(api.render_error(err))
@@ -109,7 +113,7 @@ def prepare(ctx: RequestContext, deps: PipelineDeps) -> Prepared | None:
         log.exception("request failed", extra={"context_id": ctx.context_id})
         _fail(ctx, deps, api, None)
         return None
-    return Prepared(api, req, input_ids, started)
+    return Prepared(api, req, input_ids, started, doc)
 
 
 @dataclass(frozen=True)

@@ -204,7 +204,8 @@ def _ignored(body: dict[str, Any]) -> None:
         raise _bad("service_tier", "Input should be 'auto' or 'standard_only'")
 
 
-def parse_request(body: bytes, limits: ParseLimits) -> GenerationRequest:
+def decode_body(body: bytes | memoryview) -> dict[str, Any]:
+    """The body as a JSON object (parsed once, with orjson), or this API's 400."""
     try:
         obj = decode_object(body)
     except BodyError as exc:
@@ -215,7 +216,15 @@ def parse_request(body: bytes, limits: ParseLimits) -> GenerationRequest:
         else:
             msg = f"Request body must be a JSON object, got {exc.detail}"
         raise ApiError(400, "invalid_request_error", msg) from None
+    return obj
 
+
+def parse_request(body: bytes | memoryview, limits: ParseLimits) -> GenerationRequest:
+    return parse_document(decode_body(body), limits)
+
+
+def parse_document(obj: dict[str, Any], limits: ParseLimits) -> GenerationRequest:
+    """Validate an already-decoded body (decode_body) into a GenerationRequest."""
     _no_extras(obj, _FIELDS, "")
     model = _str(_required(obj, "model", "model"), "model")
     max_tokens = _int(_required(obj, "max_tokens", "max_tokens"), "max_tokens", 1)
