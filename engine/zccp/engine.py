@@ -173,6 +173,12 @@ class Engine:
             return self._done(job, ctx)
         if self.cache is None or self.masks is None:
             return self._run_model(job, ctx, prep, None)
+        flags = ctx.view.header.flags
+        if flags & Flag.NO_CACHE and flags & Flag.NO_STORE:
+            # Neither lookup nor store: no keys to compute, no Redis round trip.
+            self.metrics.cache.inc(result="BYPASS")
+            ctx.view.meta.cache_status = CacheStatus.BYPASS
+            return self._run_model(job, ctx, prep, None)
         try:
             keys = keys_for(ctx.view, ctx.payload, prep.req, self.masks, prep.doc)
         except Exception:

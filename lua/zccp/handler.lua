@@ -26,6 +26,7 @@ local ffi_copy = ffi.copy
 local ffi_string = ffi.string
 local str_format = string.format
 local str_find = string.find
+local str_lower = string.lower
 local concat = table.concat
 local tonumber = tonumber
 local tostring = tostring
@@ -46,6 +47,7 @@ local function hex(ptr, n)
 end
 
 local function is_json(ct)
+    ct = str_lower(ct)   -- media types are case-insensitive
     return str_find(ct, "^%s*application/json") or str_find(ct, "^%s*application/[%w.-]+%+json")
 end
 

@@ -176,3 +176,10 @@ def test_a_masked_value_in_the_system_prompt_does_not_defeat_near_hits(cstack):
     post(cstack, anthropic_body(LONG, max_tokens=20, system="Current time: 2024-05-01T12:00:00Z. Be brief."))
     r = post(cstack, anthropic_body(LONG + "\n", max_tokens=20, system="Current time: 2025-11-30T08:15:00Z. Be brief."))
     assert r.headers["x-zccp-cache"] == "NEAR"
+
+
+def test_no_cache_no_store_touches_nothing(cstack):
+    body = anthropic_body("fully bypassed", max_tokens=8)
+    r = post(cstack, body, **{"cache-control": "no-cache, no-store"})
+    assert r.headers["x-zccp-cache"] == "BYPASS"
+    assert post(cstack, body).headers["x-zccp-cache"] == "MISS"   # nothing was stored
