@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from zccp.abi import MINHASH_COUNT, Flag, ffi
+from zccp.abi import CSF_BANDS, MINHASH_COUNT, Flag, ffi
 from zccp.arena import SlotView
 from zccp.cache import CacheKeys, scope_key
 from zccp.fingerprint import compute
@@ -72,8 +72,8 @@ def keys_for(view: SlotView, payload: memoryview, req: GenerationRequest, masks:
     if h.flags & Flag.FP_VALID:
         exact = bytes(ffi.buffer(meta.exact_key, 32))
         complete = bool(h.flags & Flag.FP_COMPLETE)
-        bands = tuple(int(b) for b in meta.csf_bands) if complete else ()
-        sig = tuple(int(x) for x in view.signature.minhash) if complete else ()
+        bands = tuple(ffi.unpack(meta.csf_bands, CSF_BANDS)) if complete else ()
+        sig = tuple(ffi.unpack(view.signature.minhash, MINHASH_COUNT)) if complete else ()
         return CacheKeys(exact, scope, bands, sig)
     fp = compute(req.api, payload, mask_set, doc=doc)
     if fp is None:

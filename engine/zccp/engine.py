@@ -8,7 +8,6 @@ import os
 import signal
 import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 import torch
@@ -23,7 +22,8 @@ from zccp.metrics import EngineMetrics, MetricsServer
 from zccp.model.registry import build_backend
 from zccp.cache import CachedAnswer, CacheKeys, Lookup, ResponseCache
 from zccp.cache_keys import MaskSource, keys_for
-from zccp.pipeline import Completed, PipelineDeps, Prepared, RequestContext, execute, prepare, replay
+from zccp.pipeline import Completed, PipelineDeps, Prepared, RequestContext, execute, execute_steps, prepare, replay
+from zccp.scheduler import RoundRobinScheduler
 from zccp.response import ResponseWriter
 
 log = logging.getLogger("zccp.engine")
@@ -88,8 +88,8 @@ class Engine:
         # Views made once: a request never allocates a tensor header for its slot.
         self._tokens = [self.arena.token_tensor(v) for v in self.arena.slots()]
         self._jobs: dict[int, Job] = {}
-        # One model thread: the model is the serial resource; the loop stays free for rings.
-        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="zccp-model")
+        # One model thread, interleaving generations token by token; the loop stays free for rings.
+        self._model = RoundRobinScheduler()
         # The instant null backend runs on the loop itself: no thread hop per request.
         self._inline = cfg.model.backend == "null" and cfg.model.null_token_delay_ms == 0
         self.doorbell = DoorbellServer(cfg.server.socket_path, self._on_ring, self._on_close, self._on_ping,
@@ -216,17 +216,13 @@ class Engine:
         if self._inline and not prep.req.stream:
             self._store(store, execute(ctx, self.deps, prep))
             return self._done(job, ctx)
-        assert self._loop is not None
-        fut = self._loop.run_in_executor(self._pool, self._execute, job, ctx, prep, store)
-        fut.add_done_callback(lambda f: f.exception())  # _execute never raises; keep asyncio quiet
 
-    def _execute(self, job: Job, ctx: RequestContext, prep: Prepared, store: CacheKeys | None) -> None:
-        try:
-            completed = execute(ctx, self.deps, prep)
+        def finished(completed: Completed | None) -> None:   # on the model thread
             if store is not None and completed is not None and self._loop is not None:
                 self._loop.call_soon_threadsafe(self._store, store, completed)
-        finally:
             self._done(job, ctx)
+
+        self._model.submit(execute_steps(ctx, self.deps, prep), finished)
 
     def _store(self, keys: CacheKeys | None, completed: Completed | None) -> None:
         """Only complete, successful answers are stored (loop thread)."""
@@ -301,7 +297,7 @@ class Engine:
             await self.metrics_server.stop()
             if self.cache is not None:
                 await self.cache.close()
-            self._pool.shutdown(wait=True, cancel_futures=True)
+            self._model.stop()
             self.device.close()
             self._tokens.clear()
             self.arena.close()

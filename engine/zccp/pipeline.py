@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Generator
 from dataclasses import dataclass
 from types import ModuleType
 from typing import Any
@@ -125,7 +125,19 @@ class Completed:
 
 
 def execute(ctx: RequestContext, deps: PipelineDeps, prep: Prepared) -> Completed | None:
-    """Run the model and write the answer; never raises. None unless complete and successful."""
+    """Run the model and write the answer, start to finish; never raises."""
+    steps = execute_steps(ctx, deps, prep)
+    while True:
+        try:
+            next(steps)
+        except StopIteration as done:
+            return done.value
+
+
+def execute_steps(ctx: RequestContext, deps: PipelineDeps, prep: Prepared) -> Generator[None, None, Completed | None]:
+    """Run the model and write the answer, yielding after every generated token so one
+    model thread can interleave many requests. Never raises; returns None unless the
+    answer is complete and successful."""
     api, req, input_ids, writer = prep.api, prep.req, prep.input_ids, ctx.writer
     encoder = None
     deltas: list[int] = []
@@ -142,6 +154,7 @@ def execute(ctx: RequestContext, deps: PipelineDeps, prep: Prepared) -> Complete
                     if ev.text:
                         deltas.append(len(ev.text))
                         writer.write(encoder.delta(ev))
+                    yield
                 else:
                     result = ev
             if result is None:
@@ -151,6 +164,8 @@ def execute(ctx: RequestContext, deps: PipelineDeps, prep: Prepared) -> Complete
             for ev in events:
                 if isinstance(ev, GenerationResult):
                     result = ev
+                else:
+                    yield
             if result is None:
                 raise SlotAbandoned("generation stopped without a result")
             writer.begin(200, sse=False)

@@ -103,3 +103,30 @@ def test_response_larger_than_the_ring_is_complete(make_stack, stream):
         assert int(r.headers["content-length"]) > 64 * 1024
     assert text == reply
     s.assert_no_leaks()
+
+
+def test_a_long_generation_does_not_hold_up_a_short_one(make_stack):
+    """The model thread interleaves generations token by token."""
+    import threading
+
+    s = make_stack({"model": SLOW, "shared_memory": {"segment_count": 4}})
+    long_started, long_done = threading.Event(), threading.Event()
+
+    def long_request():
+        with httpx.Client(base_url=s.base_url, timeout=60) as c, \
+                c.stream("POST", "/v1/messages", json=anthropic_body("long", max_tokens=150, stream=True)) as r:
+            for _ in r.iter_bytes():
+                long_started.set()
+        long_done.set()
+
+    t = threading.Thread(target=long_request)
+    t.start()
+    try:
+        assert long_started.wait(30)
+        short = s.client().post("/v1/messages", json=anthropic_body("short", max_tokens=3))
+        assert short.status_code == 200
+        assert not long_done.is_set()   # the short answer came back while the long one still streams
+    finally:
+        t.join(60)
+    assert long_done.is_set()
+    s.assert_no_leaks()
