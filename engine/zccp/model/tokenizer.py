@@ -99,16 +99,22 @@ def encode_chat_into(system: str, messages: Sequence[ChatMessage], out: torch.Te
     if needed > capacity:
         raise PromptTooLong(needed, capacity)
 
-    out[0] = BOS
+    # numpy view of the same memory: element stores cost ~0.1 us instead of torch's ~5 us.
+    buf = out.numpy() if out.device.type == "cpu" else None
+    dst = buf if buf is not None else out
+    dst[0] = BOS
     pos = 1
     for marker, data in segs:
-        out[pos] = marker
+        dst[pos] = marker
         pos += 1
         n = len(data)
         if n:
-            out[pos : pos + n].copy_(torch.frombuffer(data, dtype=torch.uint8))
+            if buf is not None:
+                buf[pos : pos + n] = np.frombuffer(data, dtype=np.uint8)
+            else:
+                out[pos : pos + n].copy_(torch.frombuffer(data, dtype=torch.uint8))
             pos += n
-    out[pos] = ASSISTANT
+    dst[pos] = ASSISTANT
     pos += 1
     assert pos == needed
     return pos
