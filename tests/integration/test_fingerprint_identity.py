@@ -23,6 +23,7 @@ import time
 from pathlib import Path
 
 import pytest
+from fingerprint_vectors import sig_values, vec_body, vec_text
 
 from zccp import fingerprint as F
 from zccp.masks import MaskSet, load_masks
@@ -204,23 +205,6 @@ def records(items, header) -> bytes:
         h, data = header(it)
         out.append(f"{h} {len(data)}\n".encode() + data)
     return b"".join(out)
-
-
-def vec_body(v: dict) -> bytes:
-    if v.get("body_b64") is not None:
-        return base64.b64decode(v["body_b64"])
-    return b"".join(base64.b64decode(c) * n for c, n in v["body_runs"])
-
-
-def vec_text(t: dict) -> bytes:
-    if t.get("text_hex") is not None:
-        return bytes.fromhex(t["text_hex"])
-    fmt, n = t["text_repeat"]
-    return (" ".join(fmt.strip() % i for i in range(n)) if "%d" in fmt else fmt * n).encode()
-
-
-def sig_values(hexs: str) -> list[int]:
-    return [int(hexs[i:i + 8], 16) for i in range(0, len(hexs), 8)]
 
 
 @pytest.fixture(scope="module")

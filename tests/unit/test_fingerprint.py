@@ -11,6 +11,7 @@ import random
 from pathlib import Path
 
 import pytest
+from fingerprint_vectors import sig_values, vec_body, vec_text
 
 from zccp import fingerprint as F
 from zccp.fingerprint import Fingerprint, compute, estimate_jaccard
@@ -33,23 +34,6 @@ def vmasks(vectors) -> MaskSet:
 @pytest.fixture(scope="module")
 def masks() -> MaskSet:
     return load_masks(REPO / "lua" / "zccp" / "mask_patterns.lua", REPO / "build" / "no-such-last-good.lua")
-
-
-def vec_body(v: dict) -> bytes:
-    if v.get("body_b64") is not None:
-        return base64.b64decode(v["body_b64"])
-    return b"".join(base64.b64decode(c) * n for c, n in v["body_runs"])
-
-
-def vec_text(t: dict) -> bytes:
-    if t.get("text_hex") is not None:
-        return bytes.fromhex(t["text_hex"])
-    fmt, n = t["text_repeat"]
-    return (" ".join(fmt.strip() % i for i in range(n)) if "%d" in fmt else fmt * n).encode()
-
-
-def sig_values(hexs: str) -> list[int]:
-    return [int(hexs[i:i + 8], 16) for i in range(0, len(hexs), 8)]
 
 
 def body(api: str = "anthropic", text: str = "hello world", **kw) -> bytes:
