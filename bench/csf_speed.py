@@ -33,6 +33,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "engine"))
 sys.path.insert(0, str(REPO / "tests" / "integration"))
+sys.path.insert(0, str(REPO / "tests"))
 
 import test_fingerprint_identity as TFI  # noqa: E402
 from test_fingerprint_identity import WORDS, FpNginx  # noqa: E402

@@ -143,6 +143,24 @@ local hs_gen = 0
 
 local FNV32_OFFSET = tobit(0x811C9DC5)
 
+-- Adds shingle hash hs to X unless this scan (gen) has it already; returns the new count.
+-- Small enough for LuaJIT to inline into the scan's trace.
+local function add_shingle(hs, gen, nx)
+    local x = hs % 4294967296
+    local slot = band(hs, HS_SIZE - 1)
+    while true do
+        if HS_GEN[slot] ~= gen then
+            HS_GEN[slot] = gen
+            HS_KEY[slot] = x
+            X[nx] = x
+            return nx + 1
+        elseif HS_KEY[slot] == x then
+            return nx
+        end
+        slot = band(slot + 1, HS_SIZE - 1)
+    end
+end
+
 -- Tokenizes p[0 .. n-1] and hashes the shingles in the same pass: each token's FNV-1a 32
 -- (hc) and, from the previous token's hash followed by 0x20, the shingle's (hs) are
 -- carried along byte by byte (bytes lowercased through LOWER). Returns the number of
@@ -204,20 +222,7 @@ local function scan(p, n)
             -- the word ends: its shingle with the previous token
             inword = false
             if ntok > 1 then
-                local x = hs % 4294967296
-                local slot = band(hs, HS_SIZE - 1)
-                while true do
-                    if HS_GEN[slot] ~= gen then
-                        HS_GEN[slot] = gen
-                        HS_KEY[slot] = x
-                        X[nx] = x
-                        nx = nx + 1
-                        break
-                    elseif HS_KEY[slot] == x then
-                        break
-                    end
-                    slot = band(slot + 1, HS_SIZE - 1)
-                end
+                nx = add_shingle(hs, gen, nx)
             end
             prev = hc
         end
@@ -248,20 +253,7 @@ local function scan(p, n)
                 if cls == 2 then
                     inword = false   -- a CJK token ends where it starts: again below
                     if ntok > 1 then
-                        local x = hs % 4294967296
-                        local slot = band(hs, HS_SIZE - 1)
-                        while true do
-                            if HS_GEN[slot] ~= gen then
-                                HS_GEN[slot] = gen
-                                HS_KEY[slot] = x
-                                X[nx] = x
-                                nx = nx + 1
-                                break
-                            elseif HS_KEY[slot] == x then
-                                break
-                            end
-                            slot = band(slot + 1, HS_SIZE - 1)
-                        end
+                        nx = add_shingle(hs, gen, nx)
                     end
                     prev = hc
                 end
@@ -270,20 +262,7 @@ local function scan(p, n)
         i = i + len
     end
     if inword and ntok > 1 then
-        local x = hs % 4294967296
-        local slot = band(hs, HS_SIZE - 1)
-        while true do
-            if HS_GEN[slot] ~= gen then
-                HS_GEN[slot] = gen
-                HS_KEY[slot] = x
-                X[nx] = x
-                nx = nx + 1
-                break
-            elseif HS_KEY[slot] == x then
-                break
-            end
-            slot = band(slot + 1, HS_SIZE - 1)
-        end
+        nx = add_shingle(hs, gen, nx)
     elseif ntok == 1 then
         -- one token: one 1-shingle, the token's own hash
         X[0] = (inword and hc or prev) % 4294967296
