@@ -294,7 +294,7 @@ def render(res: dict, out_dir: Path) -> None:
     L += ["## Checks", "",
           f"* Live answer vs the local model of the decision: {len(pairs) - len(mism)}/{len(pairs)} agree"
           + (f"; {len(mism)} differ (listed in results.json under `mismatches`)." if mism else "."),
-          f"* `X-ZCCP-Similarity` on NEAR answers vs the MinHash estimate computed here: "
+          "* `X-ZCCP-Similarity` on NEAR answers vs the MinHash estimate computed here: "
           + (f"max |difference| {max(err):.4f} over {len(err)} NEAR answers." if err else "no NEAR answers."),
           f"* Bases that did not answer MISS the first time: {len(base_not_miss)}.",
           f"* Store race: the first immediate repeat of a just-answered base was not yet a HIT in "

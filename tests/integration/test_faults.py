@@ -14,7 +14,7 @@ import posix_ipc
 import pytest
 
 from harness import anthropic_body, dumps
-from zccp.abi import META_OFFSET, PAGE_SIZE, State, ffi
+from zccp.abi import PAGE_SIZE, State, ffi
 
 
 def test_engine_not_running_is_503_not_a_hang(make_stack):
@@ -166,7 +166,6 @@ def test_two_workers_share_the_pool_without_handing_a_slot_out_twice(make_stack)
     # Every prompt has a different length, so the engine's input_tokens tells
     # whose body it read: a slot handed out twice would show up as a mismatch.
     texts = ["w" * (10 + i) for i in range(240)]
-    expected = {}
 
     def one(text: str):
         body = dumps(anthropic_body(text, max_tokens=4))
