@@ -249,11 +249,3 @@ def load_config(path: str | Path) -> Config:
     except yaml.YAMLError as exc:
         raise ConfigError(f"{p}: not valid YAML: {exc}") from exc
     return parse_config(raw, str(p))
-
-
-def with_overrides(cfg: Config, **sections: dict[str, Any]) -> Config:
-    """A copy with some keys replaced (used by tests and the bench)."""
-    updated = {name: dataclasses.replace(getattr(cfg, name), **values) for name, values in sections.items()}
-    out = dataclasses.replace(cfg, **updated)
-    _check_consistency(out)
-    return out
