@@ -36,6 +36,13 @@ def decode_ring(frame: bytes) -> Ring:
     return Ring(op=int(p.op), slot=int(p.slot), generation=int(p.generation))
 
 
+def decode_notice(frame: bytes):
+    """A notice frame as `struct zccp_notice *` (for tools and tests that play nginx's part)."""
+    if len(frame) != NOTICE_SIZE:
+        raise ValueError(f"notice frame of {len(frame)} bytes, expected {NOTICE_SIZE}")
+    return ffi.cast("struct zccp_notice *", ffi.from_buffer(frame))
+
+
 def encode_notice(op: int, slot: int, generation: int, response_len: int = 0, final: int = 0, status: int = 0) -> bytes:
     p = ffi.new("struct zccp_notice *")
     p.op, p.slot, p.generation = op, slot, generation

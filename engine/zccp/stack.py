@@ -22,7 +22,7 @@ from urllib.parse import urlparse
 
 from zccp.abi import NOTICE_SIZE, Op
 from zccp.config import Config
-from zccp.doorbell import encode_ring
+from zccp.doorbell import decode_notice, encode_ring
 from zccp.nginx_conf import RenderedNginx, render
 
 
@@ -118,8 +118,6 @@ def redis_service(url: str, run_dir: Path) -> Service:
 
 def engine_ping(socket_path: str, timeout: float = 1.0) -> int | None:
     """The engine's epoch if it answers a PING on its doorbell, else None."""
-    from zccp.abi import ffi
-
     try:
         with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
             s.settimeout(timeout)
@@ -133,7 +131,7 @@ def engine_ping(socket_path: str, timeout: float = 1.0) -> int | None:
                 data += chunk
     except OSError:
         return None
-    n = ffi.cast("struct zccp_notice *", ffi.from_buffer(data))
+    n = decode_notice(data)
     return int(n.generation) if n.op == Op.PONG else None
 
 

@@ -6,8 +6,8 @@ import hashlib
 import socket
 
 from harness import anthropic_body, dumps
-from zccp.abi import NOTICE_SIZE, SLOT_MAGIC, ABI_VERSION, Op, State, ffi
-from zccp.doorbell import encode_ring
+from zccp.abi import NOTICE_SIZE, SLOT_MAGIC, ABI_VERSION, Op, State
+from zccp.doorbell import decode_notice, encode_ring
 
 
 def test_round_trip_returns_an_anthropic_message(stack):
@@ -83,7 +83,7 @@ def _raw_ring(socket_path: str, frame: bytes) -> bytes:
 
 def _notice(data: bytes):
     assert len(data) == NOTICE_SIZE
-    return ffi.cast("struct zccp_notice *", ffi.from_buffer(data))
+    return decode_notice(data)
 
 
 def test_stale_ring_is_rejected_and_touches_nothing(null_stack):
