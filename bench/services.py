@@ -97,34 +97,32 @@ def app_env(lim: dict) -> dict[str, str]:
     return env
 
 
-def start_b(run_dir: Path, lim: dict, workers: int) -> Variant:
-    """FastAPI on uvicorn (uvloop + httptools, the 'standard' extras), access log off."""
+def _start_proxied(name: str, label: str, cmd: list[str], log: str, run_dir: Path, lim: dict,
+                   workers: int) -> Variant:
+    """A Python app server on a free port, behind nginx proxy_pass (upstream keepalive)."""
     run_dir.mkdir(parents=True, exist_ok=True)
     port = free_port()
-    app = Service("backend", [sys.executable, "-m", "uvicorn", "bench.apps.fastapi_app:app", "--host", "127.0.0.1",
-                              "--port", str(port), "--workers", str(workers), "--no-access-log",
-                              "--log-level", "warning"],
-                  run_dir / "logs" / "uvicorn.log", env=app_env(lim))
+    app = Service("backend", [c.replace("{port}", str(port)) for c in cmd], run_dir / "logs" / log,
+                  env=app_env(lim))
     app.start()
-    _wait_http(f"http://127.0.0.1:{port}/health", app, "uvicorn /health", 120)
+    _wait_http(f"http://127.0.0.1:{port}/health", app, f"{label} /health", 120)
     nginx, url = _nginx_from_template("proxy.conf.in", run_dir, {
         "upstream": f"127.0.0.1:{port}", "max_body": str(lim["max_body_kb"] * 1024)}, lim["workers"])
-    return Variant("B", url, {"nginx": nginx, "backend": app}, {"app_workers": workers})
+    return Variant(name, url, {"nginx": nginx, "backend": app}, {"app_workers": workers})
+
+
+def start_b(run_dir: Path, lim: dict, workers: int) -> Variant:
+    """FastAPI on uvicorn (uvloop + httptools, the 'standard' extras), access log off."""
+    cmd = [sys.executable, "-m", "uvicorn", "bench.apps.fastapi_app:app", "--host", "127.0.0.1",
+           "--port", "{port}", "--workers", str(workers), "--no-access-log", "--log-level", "warning"]
+    return _start_proxied("B", "uvicorn", cmd, "uvicorn.log", run_dir, lim, workers)
 
 
 def start_c(run_dir: Path, lim: dict, workers: int) -> Variant:
     """Flask on gunicorn sync workers (gunicorn's defaults otherwise: no access log)."""
-    run_dir.mkdir(parents=True, exist_ok=True)
-    port = free_port()
-    app = Service("backend", [sys.executable, "-m", "gunicorn", "-k", "sync", "-w", str(workers),
-                              "-b", f"127.0.0.1:{port}", "--timeout", "120", "--log-level", "warning",
-                              "bench.apps.flask_app:app"],
-                  run_dir / "logs" / "gunicorn.log", env=app_env(lim))
-    app.start()
-    _wait_http(f"http://127.0.0.1:{port}/health", app, "gunicorn /health", 120)
-    nginx, url = _nginx_from_template("proxy.conf.in", run_dir, {
-        "upstream": f"127.0.0.1:{port}", "max_body": str(lim["max_body_kb"] * 1024)}, lim["workers"])
-    return Variant("C", url, {"nginx": nginx, "backend": app}, {"app_workers": workers})
+    cmd = [sys.executable, "-m", "gunicorn", "-k", "sync", "-w", str(workers), "-b", "127.0.0.1:{port}",
+           "--timeout", "120", "--log-level", "warning", "bench.apps.flask_app:app"]
+    return _start_proxied("C", "gunicorn", cmd, "gunicorn.log", run_dir, lim, workers)
 
 
 def start_d(run_dir: Path, lim: dict, slots: int) -> Variant:

@@ -8,20 +8,20 @@ MODEL = "zccp-tiny"
 PROMPT = [{"role": "user", "content": "Tell me something about shared memory."}]
 
 
-def msg(stack, **kw):
+def _ok(stack, path, **kw):
     body = {"model": MODEL, "max_tokens": 24, "messages": PROMPT}
     body.update(kw)
-    r = stack.client().post("/v1/messages", json=body)
+    r = stack.client().post(path, json=body)
     assert r.status_code == 200, r.text
     return r.json()
+
+
+def msg(stack, **kw):
+    return _ok(stack, "/v1/messages", **kw)
 
 
 def chat(stack, **kw):
-    body = {"model": MODEL, "max_tokens": 24, "messages": PROMPT}
-    body.update(kw)
-    r = stack.client().post("/v1/chat/completions", json=body)
-    assert r.status_code == 200, r.text
-    return r.json()
+    return _ok(stack, "/v1/chat/completions", **kw)
 
 
 def text(m):
