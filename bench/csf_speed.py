@@ -13,7 +13,7 @@ bench-only location (written to a temporary snippet here; fp_test.conf is not ch
 * compute: POSTs whole Anthropic bodies of 1 KiB, 16 KiB and 64 KiB (one user message of
   English prose; the 64 KiB one just under DECODE_LIMIT) to /_fp/bench_body, which times n
   runs of fp.compute() on that body, plus the stages (cjson decode, masks.apply of the
-  text, fp.csf of the prompt) for orientation. Medians in microseconds.
+  text, the CSF of the prompt) for orientation. Medians in microseconds.
 * python: medians of the Python compute() for 64 KiB and 512 KiB bodies of the same kind.
 
 The machine is shared and noisy: every figure is a median of many runs (p10/p90 shown).
@@ -39,7 +39,7 @@ import test_fingerprint_identity as TFI  # noqa: E402
 from test_fingerprint_identity import WORDS, FpNginx  # noqa: E402
 
 from zccp import fingerprint as F  # noqa: E402
-from zccp.masks import load_masks  # noqa: E402
+from zccp.cache.masks import load_masks  # noqa: E402
 
 BENCH_LOCATION = r"""
 # BENCH-ONLY (bench/csf_speed.py): POST a whole request body, ?n=1000&api=anthropic ->
@@ -48,6 +48,7 @@ location = /_fp/bench_body {
     content_by_lua_block {
         local fp = require "zccp.fingerprint"
         local masks = require "zccp.masks"
+        local csf = require "zccp.fp.csf"
         local cjson = require "cjson"
         ngx.req.read_body()
         local body = ngx.req.get_body_data() or ""
@@ -73,7 +74,7 @@ location = /_fp/bench_body {
             compute_us = run(function() assert(fp.compute(api, body)) end),
             decode_us = run(function() cjson.decode(body) end),
             mask_us = run(function() masks.apply(text) end),
-            csf_us = run(function() local s = fp.csf(r.prompt); fp.keys_of(s) end),
+            csf_us = run(function() local s = csf.of_text(r.prompt); csf.keys_of(s) end),
             tokens = r.tokens, body_bytes = #body,
         }))
     }

@@ -4,11 +4,12 @@ over the WHOLE prompt (no 1024-token window)."""
 
 from __future__ import annotations
 
+import copy
 from functools import lru_cache
-from typing import Any
 
-from zccp.fingerprint import MAX_TOKENS, minhash, prompt_text, shingle_hashes, tokenize
-from zccp.masks import MaskSet, load_masks
+from zccp.cache.fp.csf import MAX_TOKENS, minhash, shingle_hashes, tokenize
+from zccp.cache.fp.prompt import prompt_text
+from zccp.cache.masks import MaskSet, load_masks, mask_doc
 
 _UNLIMITED = 1 << 30
 
@@ -18,25 +19,10 @@ def masks() -> MaskSet:
     return load_masks()
 
 
-def _mask_value(v: Any, m: MaskSet) -> Any:
-    """Masks every string that is the value of a `content`/`text` member (as fingerprint.py does)."""
-    if isinstance(v, dict):
-        return {k: (m.apply(x.encode("utf-8", "surrogateescape")) if isinstance(x, str) and k in ("content", "text")
-                    else _mask_value(x, m)) for k, x in v.items()}
-    if isinstance(v, list):
-        return [_mask_value(x, m) for x in v]
-    return v
-
-
 def masked_prompt(api: str, body: dict) -> bytes:
     """The masked prompt text the CSF reads (`role: text\\n` per entry), for a decoded body."""
-    m = masks()
-    doc = {"messages": _mask_value(body.get("messages"), m)}
-    system = body.get("system")
-    if isinstance(system, str):
-        doc["system"] = m.apply(system.encode("utf-8", "surrogateescape"))
-    elif system is not None:
-        doc["system"] = _mask_value(system, m)
+    doc = {k: copy.deepcopy(body[k]) for k in ("system", "messages") if body.get(k) is not None}
+    mask_doc(doc, masks())
     return prompt_text(api, doc)
 
 

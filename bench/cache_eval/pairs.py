@@ -7,7 +7,8 @@ import random
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from zccp.fingerprint import _TOKEN_RE, MAX_TOKENS, compute, estimate_jaccard
+from zccp.cache.fingerprint import MAX_TOKENS, compute, estimate_jaccard
+from zccp.cache.fp.csf import _TOKEN_RE
 
 from bench.cache_eval import variants as V
 from bench.cache_eval.jaccard import jaccard, masked_prompt, masks, shingles, tokens_of

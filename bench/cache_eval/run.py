@@ -69,7 +69,7 @@ def run_pair(c: Client, p: Pair) -> Pair:
 # ----------------------------------------------------------------------------- unrelated
 
 def unrelated(c: Client, pool, threads: int) -> dict:
-    from zccp.fingerprint import band_keys, estimate_jaccard
+    from zccp.cache.fp.csf import band_keys, estimate_jaccard
 
     mt = max_tokens_for("unrelated")
     stored = [dumps(anth(b.text, mt)) for b in pool.stored]

@@ -7,25 +7,13 @@ promises (ZCCP_*_SIZE) are asserted at import time.
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
-from pathlib import Path
 
 import cffi
 
+from zccp.paths import abi_header
 
-def _find_header() -> Path:
-    env = os.environ.get("ZCCP_ABI_HEADER")
-    candidates = [Path(env)] if env else []
-    here = Path(__file__).resolve()
-    candidates += [here.parent / "zccp_abi.h", here.parents[2] / "shm_abi" / "zccp_abi.h"]
-    for c in candidates:
-        if c.is_file():
-            return c
-    raise FileNotFoundError(f"zccp_abi.h not found (looked in {', '.join(map(str, candidates))})")
-
-
-HEADER_PATH = _find_header()
+HEADER_PATH = abi_header()
 ffi = cffi.FFI()
 ffi.cdef(HEADER_PATH.read_text(encoding="utf-8"))
 _lib = ffi.dlopen(None)  # only for reading enum constants

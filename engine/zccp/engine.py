@@ -1,4 +1,5 @@
-"""The engine process: arena + doorbell + sweeper around the request pipeline."""
+"""The engine process shell: the arena, the doorbell's callbacks, the job table, the
+sweeper and the life cycle. What happens to one request is zccp.flow's business."""
 
 from __future__ import annotations
 
@@ -7,23 +8,24 @@ import logging
 import signal
 import threading
 import time
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
 import torch
 
-from zccp.abi import CacheStatus, EngineState, Flag, Op, SlotLayout, State
+from zccp.abi import EngineState, Op, SlotLayout, State
 from zccp.api.common import ParseLimits
 from zccp.arena import Arena, SlotError, SlotView
+from zccp.cache.masks import MaskSource
+from zccp.cache.store import ResponseCache
 from zccp.config import Config, mask_state_path
 from zccp.device import select_device
 from zccp.doorbell import Connection, DoorbellServer, Ring, encode_notice
+from zccp.flow import FlowDeps, RequestContext, RequestFlow
 from zccp.metrics import EngineMetrics, MetricsServer
-from zccp.model.registry import build_backend
-from zccp.cache import CachedAnswer, CacheKeys, Lookup, ResponseCache
-from zccp.cache_keys import MaskSource, keys_for
-from zccp.pipeline import Completed, PipelineDeps, Prepared, RequestContext, execute, execute_steps, prepare, replay
-from zccp.scheduler import RoundRobinScheduler
+from zccp.model.registry import backend_from_config
 from zccp.response import ResponseWriter
+from zccp.scheduler import RoundRobinScheduler
 
 log = logging.getLogger("zccp.engine")
 
@@ -50,17 +52,6 @@ def layout_from_config(cfg: Config) -> SlotLayout:
     return SlotLayout.build(shm.segment_count, shm.segment_size_kb * 1024, shm.tokens_kb * 1024, shm.response_kb * 1024)
 
 
-def backend_options(cfg: Config) -> dict[str, object]:
-    m = cfg.model
-    if m.backend == "null":
-        return {"name": m.name, "reply": m.null_reply, "max_context": m.max_context,
-                "token_delay_ms": m.null_token_delay_ms}
-    return {
-        "name": m.name, "seed": m.seed, "d_model": m.d_model, "n_layers": m.n_layers,
-        "n_heads": m.n_heads, "d_ff": m.d_ff, "max_context": m.max_context, "prefill_chunk": m.prefill_chunk,
-    }
-
-
 class Engine:
     def __init__(self, cfg: Config) -> None:
         self.cfg = cfg
@@ -68,12 +59,23 @@ class Engine:
         self.layout = layout_from_config(cfg)
         self.arena = Arena(cfg.shared_memory.name, self.layout, cfg.shared_memory.group)
         self.device = select_device(cfg.gpu, self.arena.mapping())
-        self.backend = build_backend(cfg.model.backend, **backend_options(cfg))
+        self.backend = backend_from_config(cfg.model)
         if self.device.device_id >= 0 and hasattr(self.backend, "to"):
             self.backend.to(self.device.torch_device)
         self.metrics = EngineMetrics()
         self.metrics.info.set(1, backend=cfg.model.backend, model=cfg.model.name, device=self.device.name)
-        self.deps = PipelineDeps(
+        # Views made once: a request never allocates a tensor header for its slot.
+        self._tokens = [self.arena.token_tensor(v) for v in self.arena.slots()]
+        self._jobs: dict[int, Job] = {}
+        # One model thread, interleaving generations token by token; the loop stays free for rings.
+        self._model = RoundRobinScheduler()
+        self.doorbell = DoorbellServer(cfg.server.socket_path, self._on_ring, self._on_close, self._on_ping,
+                                       cfg.shared_memory.group)
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._loop_thread = 0
+        self.cache = ResponseCache(cfg.cache, self.metrics) if cfg.cache.enabled else None
+        self._tasks: set[asyncio.Task[None]] = set()
+        self.deps = FlowDeps(
             backend=self.backend,
             limits=ParseLimits(
                 served_models=frozenset({cfg.model.name}),
@@ -83,21 +85,14 @@ class Engine:
             input_view=self.device.input_view,
             device_id=self.device.device_id,
             metrics=self.metrics,
+            model=self._model,
+            cache=self.cache,
+            masks=MaskSource(last_good=mask_state_path(cfg)) if cfg.cache.enabled else None,
+            # The instant null backend runs on the loop itself: no thread hop per request.
+            inline=cfg.model.backend == "null" and cfg.model.null_token_delay_ms == 0,
+            spawn=self._spawn,
+            call_soon=self._call_soon,
         )
-        # Views made once: a request never allocates a tensor header for its slot.
-        self._tokens = [self.arena.token_tensor(v) for v in self.arena.slots()]
-        self._jobs: dict[int, Job] = {}
-        # One model thread, interleaving generations token by token; the loop stays free for rings.
-        self._model = RoundRobinScheduler()
-        # The instant null backend runs on the loop itself: no thread hop per request.
-        self._inline = cfg.model.backend == "null" and cfg.model.null_token_delay_ms == 0
-        self.doorbell = DoorbellServer(cfg.server.socket_path, self._on_ring, self._on_close, self._on_ping,
-                                       cfg.shared_memory.group)
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._loop_thread = 0
-        self.cache = ResponseCache(cfg.cache, self.metrics) if cfg.cache.enabled else None
-        self.masks = MaskSource(last_good=mask_state_path(cfg)) if cfg.cache.enabled else None
-        self._tasks: set[asyncio.Task[None]] = set()
         self.metrics_server = MetricsServer(cfg.server.socket_path + ".metrics", self.metrics, cfg.shared_memory.group)
 
     # -- doorbell callbacks (event loop thread) -------------------------------------------
@@ -143,19 +138,14 @@ class Engine:
             job.cancel.set()  # the client side went away: stop generating
 
     # -- one job ---------------------------------------------------------------------------
-    # Parsing and tokenizing run on the loop. The model runs on the model thread,
-    # except for the instant null backend answering a non-streaming request: that
-    # is written inline, with no thread hop. Streams always leave the loop, because
-    # a full response ring makes the writer wait for nginx's ack, and the loop must
-    # stay free to deliver the notices nginx is waiting for.
 
-    def _context(self, job: Job) -> RequestContext:
+    def _start(self, job: Job) -> None:
         view, conn = job.view, job.conn
 
         def notify(total: int, final: bool, status: int) -> None:
             conn.send(encode_notice(Op.NOTICE, view.index, job.generation, total & 0xFFFFFFFF, int(final), status))
 
-        return RequestContext(
+        ctx = RequestContext(
             view=view,
             generation=job.generation,
             payload=self.arena.payload(view),
@@ -164,76 +154,17 @@ class Engine:
             cancelled=job.cancelled,
             context_id=bytes(view.header.context_id).hex(),
         )
+        RequestFlow(ctx, self.deps, lambda: self._finish_job(job)).start()
 
-    def _start(self, job: Job) -> None:
-        ctx = self._context(job)
-        prep = prepare(ctx, self.deps)
-        if prep is None:
-            return self._done(job, ctx)
-        if self.cache is None or self.masks is None:
-            return self._run_model(job, ctx, prep, None)
-        flags = ctx.view.header.flags
-        if flags & Flag.NO_CACHE and flags & Flag.NO_STORE:
-            # Neither lookup nor store: no keys to compute, no Redis round trip.
-            self.metrics.cache.inc(result="BYPASS")
-            ctx.view.meta.cache_status = CacheStatus.BYPASS
-            return self._run_model(job, ctx, prep, None)
-        try:
-            keys = keys_for(ctx.view, ctx.payload, prep.req, self.masks, prep.doc)
-        except Exception:
-            log.exception("cache keys failed; serving uncached", extra={"context_id": ctx.context_id})
-            keys = None
-        self._spawn(self._serve_cached(job, ctx, prep, keys))
-
-    def _spawn(self, coro) -> None:
+    def _spawn(self, coro: Awaitable[None]) -> None:
         task = asyncio.ensure_future(coro)
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
-    async def _serve_cached(self, job: Job, ctx: RequestContext, prep: Prepared, keys: CacheKeys | None) -> None:
-        assert self.cache is not None
-        flags = ctx.view.header.flags
-        if keys is None or flags & Flag.NO_CACHE:
-            lookup = Lookup("BYPASS")
-        else:
-            lookup = await self.cache.lookup(keys)
-        self.metrics.cache.inc(result=lookup.status)
-        if ctx.view.header.generation != job.generation or job.cancelled():
-            self.metrics.abandoned.inc()
-            return self._done(job, ctx)   # nginx gave up while Redis answered
-        meta = ctx.view.meta
-        meta.cache_status = getattr(CacheStatus, lookup.status)
-        if lookup.answer is not None:
-            meta.similarity_ppm = int(lookup.similarity * 1_000_000)
-            meta.age_s = lookup.age_s
-            replay(ctx, self.deps, prep, lookup.answer)
-            return self._done(job, ctx)
-        store = keys if keys is not None and not flags & Flag.NO_STORE and lookup.status != "ERROR" else None
-        self._run_model(job, ctx, prep, store)
-
-    def _run_model(self, job: Job, ctx: RequestContext, prep: Prepared, store: CacheKeys | None) -> None:
-        if self._inline and not prep.req.stream:
-            self._store(store, execute(ctx, self.deps, prep))
-            return self._done(job, ctx)
-
-        def finished(completed: Completed | None) -> None:   # on the model thread
-            if store is not None and completed is not None and self._loop is not None:
-                self._loop.call_soon_threadsafe(self._store, store, completed)
-            self._done(job, ctx)
-
-        self._model.submit(execute_steps(ctx, self.deps, prep), finished)
-
-    def _store(self, keys: CacheKeys | None, completed: Completed | None) -> None:
-        """Only complete, successful answers are stored (loop thread)."""
-        if keys is None or completed is None or self.cache is None:
-            return
-        r = completed.result
-        answer = CachedAnswer(r.text, r.stop_reason, r.stop_sequence, r.output_tokens, completed.deltas, time.time())
-        self._spawn(self.cache.store(keys, answer))
-
-    def _done(self, job: Job, ctx: RequestContext) -> None:
-        ctx.payload.release()
-        self._finish_job(job)
+    def _call_soon(self, fn: Callable[..., None], *args: object) -> None:
+        """Run fn(*args) on the loop, from any thread."""
+        if self._loop is not None:
+            self._loop.call_soon_threadsafe(fn, *args)
 
     def _finish_job(self, job: Job) -> None:
         def drop() -> None:

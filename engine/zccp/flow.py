@@ -1,39 +1,50 @@
-"""One request, from the slot's payload to the slot's response region.
+"""One request's life, owned by one object: from the slot's payload to the slot's
+response region and the cache.
 
-parse (once, orjson, in the engine) -> tokenize into the slot's token array ->
-model reads a zero-copy view of it -> each API's bytes written to the response
-ring. Client errors come back through the same slot as API-shaped JSON.
+prepare (parse once with orjson, tokenize into the slot's token array) -> the
+cache decision (lookup) -> replay a cached answer, or run the model on a zero-copy
+view of the token array -> each API's bytes written to the response ring -> store
+a complete answer. Client errors come back through the same slot as API-shaped JSON.
+
+Threads: start() and everything up to the model run on the engine's event loop;
+the model's steps run on the model thread (zccp.scheduler), which hands the
+finished answer back to the loop for the store.
 """
 
 from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Generator
+from collections.abc import Awaitable, Callable, Generator
 from dataclasses import dataclass
-from types import ModuleType
 from typing import Any
 
 import torch
 
-from zccp.abi import Flag
-from zccp.api import anthropic as anthropic_api
-from zccp.api import openai as openai_api
+from zccp.abi import CacheStatus, Flag
+from zccp.api import ApiCodec, codec_for
+from zccp.api.codec import StreamEncoder
 from zccp.api.common import ParseLimits
-from zccp.cache import CachedAnswer
 from zccp.arena import SlotView
+from zccp.cache.answer import CachedAnswer
+from zccp.cache.keys import CacheKeys, keys_for
+from zccp.cache.masks import MaskSource
+from zccp.cache.store import Lookup, ResponseCache
 from zccp.generation import generate_text
 from zccp.metrics import EngineMetrics
 from zccp.model.base import ModelBackend
 from zccp.model.tokenizer import PromptTooLong, encode_chat_into
-from zccp.request import ApiError, GenerationRequest, GenerationResult, TextDelta
+from zccp.request import ApiError, Completed, GenerationRequest, GenerationResult, TextDelta
 from zccp.response import ResponseWriter, SlotAbandoned
+from zccp.scheduler import RoundRobinScheduler
 
-log = logging.getLogger("zccp.pipeline")
+log = logging.getLogger("zccp.flow")
 
 
 @dataclass
 class RequestContext:
+    """The slot side of one request."""
+
     view: SlotView
     generation: int
     payload: memoryview            # the body in shared memory, validated length
@@ -44,222 +55,288 @@ class RequestContext:
 
 
 @dataclass(frozen=True)
-class PipelineDeps:
+class FlowDeps:
+    """What every request's flow shares: made once by the engine."""
+
     backend: ModelBackend
     limits: ParseLimits
     input_view: Callable[[torch.Tensor], torch.Tensor]   # device seam
     device_id: int
     metrics: EngineMetrics
-
-
-def api_for(flags: int) -> ModuleType:
-    return openai_api if flags & Flag.API_OPENAI else anthropic_api
+    model: RoundRobinScheduler                           # the model thread
+    cache: ResponseCache | None                          # None: cache disabled
+    masks: MaskSource | None
+    inline: bool                                         # the instant null backend: no thread hop
+    spawn: Callable[[Awaitable[None]], None]             # run a coroutine on the loop
+    call_soon: Callable[..., None]                       # run a callback on the loop, from any thread
 
 
 @dataclass(frozen=True)
 class Prepared:
     """A parsed, tokenized request, ready for the model."""
 
-    api: ModuleType
+    codec: ApiCodec
     req: GenerationRequest
     input_ids: torch.Tensor
     started: float
     doc: dict[str, Any]              # the parsed body (the fingerprint may reuse it, and mask it)
 
 
-def _parse_and_tokenize(ctx: RequestContext, deps: PipelineDeps,
-                        api: ModuleType) -> tuple[GenerationRequest, torch.Tensor, dict[str, Any]]:
-    doc = api.decode_body(ctx.payload)
-    req = api.parse_document(doc, deps.limits)
-    try:
-        n = encode_chat_into(req.system, req.messages, ctx.tokens)
-    except PromptTooLong as exc:
-        raise ApiError(413, "request_too_large",
-                       f"prompt is {exc.needed} tokens; a slot holds at most {exc.capacity}") from None
-    h, meta = ctx.view.header, ctx.view.meta
-    h.tokens_len = n
-    meta.prompt_len = n
-    meta.max_tokens = req.sampling.max_tokens
-    meta.gpu_device_id = deps.device_id
-    # The prefill plan, shown to the client as X-ZCCP-Plan: chunks of the backend's
-    # prefill_chunk tokens through the KV cache, or one pass (0).
-    chunk = getattr(deps.backend, "prefill_chunk", 0)
-    meta.plan_chunks = -(-n // chunk) if chunk and n > chunk else 0
-    limit = deps.backend.max_context
-    if n + req.sampling.max_tokens > limit:
-        raise ApiError(400, "invalid_request_error",
-                       f"prompt is too long: {n} tokens + max_tokens {req.sampling.max_tokens} > {limit} maximum",
-                       param="max_tokens" if n < limit else "messages")
-    return req, deps.input_view(ctx.tokens[:n]), doc
+class RequestFlow:
+    def __init__(self, ctx: RequestContext, deps: FlowDeps, on_done: Callable[[], None]) -> None:
+        self.ctx = ctx
+        self.deps = deps
+        self._on_done = on_done
+        self.codec = codec_for("openai" if ctx.view.header.flags & Flag.API_OPENAI else "anthropic")
 
+    # -- the sequence ----------------------------------------------------------------------
 
-def prepare(ctx: RequestContext, deps: PipelineDeps) -> Prepared | None:
-    """Parse and tokenize. Client errors are answered here, through the slot: None."""
-    api = api_for(ctx.view.header.flags)
-    started = time.perf_counter()
-    try:
+    def start(self) -> None:
+        """Parse and tokenize, then answer from the cache or the model (on the loop)."""
+        prep = self._prepare()
+        if prep is None:
+            return self._done()
+        deps, ctx = self.deps, self.ctx
+        if deps.cache is None or deps.masks is None:
+            return self._run_model(prep, None)
+        flags = ctx.view.header.flags
+        if flags & Flag.NO_CACHE and flags & Flag.NO_STORE:
+            # Neither lookup nor store: no keys to compute, no Redis round trip.
+            deps.metrics.cache.inc(result="BYPASS")
+            ctx.view.meta.cache_status = CacheStatus.BYPASS
+            return self._run_model(prep, None)
         try:
-            req, input_ids, doc = _parse_and_tokenize(ctx, deps, api)
-        except ApiError as err:
-            ctx.writer.begin(api.http_status(err), sse=False)
-            ctx.writer.write(api.render_error(err))
-            ctx.writer.finish()
-            _log_done(ctx, deps, api, api.http_status(err), started)
+            keys = keys_for(ctx.view, ctx.payload, prep.req, deps.masks, prep.doc)
+        except Exception:
+            log.exception("cache keys failed; serving uncached", extra={"context_id": ctx.context_id})
+            keys = None
+        deps.spawn(self._serve_cached(prep, keys))
+
+    async def _serve_cached(self, prep: Prepared, keys: CacheKeys | None) -> None:
+        deps, ctx = self.deps, self.ctx
+        assert deps.cache is not None
+        flags = ctx.view.header.flags
+        if keys is None or flags & Flag.NO_CACHE:
+            lookup = Lookup("BYPASS")
+        else:
+            lookup = await deps.cache.lookup(keys)
+        deps.metrics.cache.inc(result=lookup.status)
+        if ctx.view.header.generation != ctx.generation or ctx.cancelled():
+            deps.metrics.abandoned.inc()
+            return self._done()   # nginx gave up while Redis answered
+        meta = ctx.view.meta
+        meta.cache_status = getattr(CacheStatus, lookup.status)
+        if lookup.answer is not None:
+            meta.similarity_ppm = int(lookup.similarity * 1_000_000)
+            meta.age_s = lookup.age_s
+            self._replay(prep, lookup.answer)
+            return self._done()
+        store = keys if keys is not None and not flags & Flag.NO_STORE and lookup.status != "ERROR" else None
+        self._run_model(prep, store)
+
+    def _run_model(self, prep: Prepared, store: CacheKeys | None) -> None:
+        # Streams always leave the loop: a full response ring makes the writer wait for
+        # nginx's ack, and the loop must stay free to deliver the notices nginx waits for.
+        if self.deps.inline and not prep.req.stream:
+            self._store(store, self._execute(prep))
+            return self._done()
+
+        def finished(completed: Completed | None) -> None:   # on the model thread
+            if store is not None and completed is not None:
+                self.deps.call_soon(self._store, store, completed)
+            self._done()
+
+        self.deps.model.submit(self._execute_steps(prep), finished)
+
+    def _store(self, keys: CacheKeys | None, completed: Completed | None) -> None:
+        """Only complete, successful answers are stored (on the loop)."""
+        cache = self.deps.cache
+        if keys is None or completed is None or cache is None:
+            return
+        self.deps.spawn(cache.store(keys, CachedAnswer.of(completed, time.time())))
+
+    def _done(self) -> None:
+        self.ctx.payload.release()
+        self._on_done()
+
+    # -- the steps -------------------------------------------------------------------------
+
+    def _prepare(self) -> Prepared | None:
+        """Parse and tokenize. Client errors are answered here, through the slot: None."""
+        ctx, codec = self.ctx, self.codec
+        started = time.perf_counter()
+        try:
+            try:
+                req, input_ids, doc = self._parse_and_tokenize()
+            except ApiError as err:
+                ctx.writer.begin(codec.http_status(err), sse=False)
+                ctx.writer.write(codec.render_error(err))
+                ctx.writer.finish()
+                self._log_done(codec.http_status(err), started)
+                return None
+        except SlotAbandoned as exc:
+            self._abandoned(exc)
             return None
-    except SlotAbandoned as exc:
-        _abandoned(ctx, deps, exc)
-        return None
-    except Exception:
-        log.exception("request failed", extra={"context_id": ctx.context_id})
-        _fail(ctx, deps, api, None)
-        return None
-    return Prepared(api, req, input_ids, started, doc)
+        except Exception:
+            log.exception("request failed", extra={"context_id": ctx.context_id})
+            self._fail(None)
+            return None
+        return Prepared(codec, req, input_ids, started, doc)
 
-
-@dataclass(frozen=True)
-class Completed:
-    """A complete, successful answer: what the cache may store."""
-
-    result: GenerationResult
-    deltas: tuple[int, ...]          # lengths of the text deltas as streamed (one for non-streamed)
-
-
-def execute(ctx: RequestContext, deps: PipelineDeps, prep: Prepared) -> Completed | None:
-    """Run the model and write the answer, start to finish; never raises."""
-    steps = execute_steps(ctx, deps, prep)
-    while True:
+    def _parse_and_tokenize(self) -> tuple[GenerationRequest, torch.Tensor, dict[str, Any]]:
+        ctx, deps = self.ctx, self.deps
+        doc = self.codec.decode(ctx.payload)
+        req = self.codec.parse(doc, deps.limits)
         try:
-            next(steps)
-        except StopIteration as done:
-            return done.value
+            n = encode_chat_into(req.system, req.messages, ctx.tokens)
+        except PromptTooLong as exc:
+            raise ApiError(413, "request_too_large",
+                           f"prompt is {exc.needed} tokens; a slot holds at most {exc.capacity}") from None
+        h, meta = ctx.view.header, ctx.view.meta
+        h.tokens_len = n
+        meta.prompt_len = n
+        meta.max_tokens = req.sampling.max_tokens
+        meta.gpu_device_id = deps.device_id
+        # The prefill plan, shown to the client as X-ZCCP-Plan: chunks of the backend's
+        # prefill_chunk tokens through the KV cache, or one pass (0).
+        chunk = getattr(deps.backend, "prefill_chunk", 0)
+        meta.plan_chunks = -(-n // chunk) if chunk and n > chunk else 0
+        limit = deps.backend.max_context
+        if n + req.sampling.max_tokens > limit:
+            raise ApiError(400, "invalid_request_error",
+                           f"prompt is too long: {n} tokens + max_tokens {req.sampling.max_tokens} > {limit} maximum",
+                           param="max_tokens" if n < limit else "messages")
+        return req, deps.input_view(ctx.tokens[:n]), doc
 
+    def _execute(self, prep: Prepared) -> Completed | None:
+        """Run the model and write the answer, start to finish; never raises."""
+        steps = self._execute_steps(prep)
+        while True:
+            try:
+                next(steps)
+            except StopIteration as done:
+                return done.value
 
-def execute_steps(ctx: RequestContext, deps: PipelineDeps, prep: Prepared) -> Generator[None, None, Completed | None]:
-    """Run the model and write the answer, yielding after every generated token so one
-    model thread can interleave many requests. Never raises; returns None unless the
-    answer is complete and successful."""
-    api, req, input_ids, writer = prep.api, prep.req, prep.input_ids, ctx.writer
-    encoder = None
-    deltas: list[int] = []
-    try:
-        rid, created = api.new_response_id(), int(time.time())
-        events = generate_text(deps.backend, input_ids, req.sampling, ctx.cancelled)
-        result: GenerationResult | None = None
-        if req.stream:
-            encoder = api.StreamEncoder(req, rid, created, int(input_ids.numel()))
-            writer.begin(200, sse=True)
-            writer.write(encoder.start())
-            for ev in events:
-                if isinstance(ev, TextDelta):
-                    if ev.text:
-                        deltas.append(len(ev.text))
-                        writer.write(encoder.delta(ev))
-                    yield
-                else:
-                    result = ev
-            if result is None:
-                raise SlotAbandoned("generation stopped without a result")
-            writer.write(encoder.finish(result))
-        else:
-            for ev in events:
-                if isinstance(ev, GenerationResult):
-                    result = ev
-                else:
-                    yield
-            if result is None:
-                raise SlotAbandoned("generation stopped without a result")
-            writer.begin(200, sse=False)
-            writer.write(api.render_response(req, result, rid, created))
-            deltas = [len(result.text)] if result.text else []
-        ctx.view.meta.completion_len = result.output_tokens
-        writer.finish()
-        _log_done(ctx, deps, api, 200, prep.started, result)
-        return Completed(result, tuple(deltas))
-    except SlotAbandoned as exc:
-        _abandoned(ctx, deps, exc)
-    except Exception:
-        log.exception("request failed", extra={"context_id": ctx.context_id})
-        _fail(ctx, deps, api, encoder)
-    return None
+    def _execute_steps(self, prep: Prepared) -> Generator[None, None, Completed | None]:
+        """Run the model and write the answer, yielding after every generated token so one
+        model thread can interleave many requests. Never raises; returns None unless the
+        answer is complete and successful."""
+        ctx, codec, req, input_ids, writer = self.ctx, prep.codec, prep.req, prep.input_ids, self.ctx.writer
+        encoder = None
+        deltas: list[int] = []
+        try:
+            rid, created = codec.new_response_id(), int(time.time())
+            events = generate_text(self.deps.backend, input_ids, req.sampling, ctx.cancelled)
+            result: GenerationResult | None = None
+            if req.stream:
+                encoder = codec.stream(req, rid, created, int(input_ids.numel()))
+                writer.begin(200, sse=True)
+                writer.write(encoder.start())
+                for ev in events:
+                    if isinstance(ev, TextDelta):
+                        if ev.text:
+                            deltas.append(len(ev.text))
+                            writer.write(encoder.delta(ev))
+                        yield
+                    else:
+                        result = ev
+                if result is None:
+                    raise SlotAbandoned("generation stopped without a result")
+                writer.write(encoder.finish(result))
+            else:
+                for ev in events:
+                    if isinstance(ev, GenerationResult):
+                        result = ev
+                    else:
+                        yield
+                if result is None:
+                    raise SlotAbandoned("generation stopped without a result")
+                writer.begin(200, sse=False)
+                writer.write(codec.render(req, result, rid, created))
+                deltas = [len(result.text)] if result.text else []
+            ctx.view.meta.completion_len = result.output_tokens
+            writer.finish()
+            self._log_done(200, prep.started, result)
+            return Completed(result, tuple(deltas))
+        except SlotAbandoned as exc:
+            self._abandoned(exc)
+        except Exception:
+            log.exception("request failed", extra={"context_id": ctx.context_id})
+            self._fail(encoder)
+        return None
 
+    def _replay(self, prep: Prepared, answer: CachedAnswer) -> None:
+        """Answer from the cache: the same bytes a fresh answer would have, minus the model.
 
-def replay(ctx: RequestContext, deps: PipelineDeps, prep: Prepared, answer: CachedAnswer) -> None:
-    """Answer from the cache: the same bytes a fresh answer would have, minus the model.
+        A stream is replayed as the same event sequence, with the deltas cut where they
+        were first streamed, and written with one write() so that it never floods the
+        doorbell with notices (this runs on the event loop)."""
+        codec, req, writer = prep.codec, prep.req, self.ctx.writer
+        try:
+            result = answer.result(int(prep.input_ids.numel()))
+            rid, created = codec.new_response_id(), int(time.time())
+            if req.stream:
+                enc = codec.stream(req, rid, created, result.input_tokens)
+                parts, pos = [enc.start()], 0
+                for n in answer.deltas:
+                    parts.append(enc.delta(TextDelta(answer.text[pos : pos + n])))
+                    pos += n
+                parts.append(enc.finish(result))
+                writer.begin(200, sse=True)
+                writer.write(b"".join(parts))
+            else:
+                writer.begin(200, sse=False)
+                writer.write(codec.render(req, result, rid, created))
+            self.ctx.view.meta.completion_len = result.output_tokens
+            writer.finish()
+            self._log_done(200, prep.started, result)
+        except SlotAbandoned as exc:
+            self._abandoned(exc)
+        except Exception:
+            log.exception("cache replay failed", extra={"context_id": self.ctx.context_id})
+            self._fail(None)
 
-    A stream is replayed as the same event sequence, with the deltas cut where they
-    were first streamed, and written with one write() so that it never floods the
-    doorbell with notices (this runs on the event loop)."""
-    api, req, writer = prep.api, prep.req, ctx.writer
-    try:
-        result = answer.result(int(prep.input_ids.numel()))
-        rid, created = api.new_response_id(), int(time.time())
-        if req.stream:
-            enc = api.StreamEncoder(req, rid, created, result.input_tokens)
-            parts, pos = [enc.start()], 0
-            for n in answer.deltas:
-                parts.append(enc.delta(TextDelta(answer.text[pos : pos + n])))
-                pos += n
-            parts.append(enc.finish(result))
-            writer.begin(200, sse=True)
-            writer.write(b"".join(parts))
-        else:
-            writer.begin(200, sse=False)
-            writer.write(api.render_response(req, result, rid, created))
-        ctx.view.meta.completion_len = result.output_tokens
-        writer.finish()
-        _log_done(ctx, deps, api, 200, prep.started, result)
-    except SlotAbandoned as exc:
-        _abandoned(ctx, deps, exc)
-    except Exception:
-        log.exception("cache replay failed", extra={"context_id": ctx.context_id})
-        _fail(ctx, deps, api, None)
+    # -- endings ---------------------------------------------------------------------------
 
+    def _abandoned(self, exc: SlotAbandoned) -> None:
+        self.deps.metrics.abandoned.inc()
+        log.info("request abandoned: %s", exc, extra={"context_id": self.ctx.context_id})
 
-def _abandoned(ctx: RequestContext, deps: PipelineDeps, exc: SlotAbandoned) -> None:
-    deps.metrics.abandoned.inc()
-    log.info("request abandoned: %s", exc, extra={"context_id": ctx.context_id})
+    def _fail(self, encoder: StreamEncoder | None) -> None:
+        self.deps.metrics.requests.inc(api=self.codec.name, status="500")
+        err = ApiError(500, "api_error", "the engine failed while serving this request")
+        writer = self.ctx.writer
+        try:
+            if not writer.started:
+                writer.begin(500, sse=False)
+                writer.write(self.codec.render_error(err))
+            elif encoder is not None:
+                writer.write(encoder.error(err))
+            writer.finish(failed=True)
+        except SlotAbandoned:
+            pass
 
-
-def _fail(ctx: RequestContext, deps: PipelineDeps, api: ModuleType, encoder: object | None) -> None:
-    deps.metrics.requests.inc(api=_api_name(api), status="500")
-    err = ApiError(500, "api_error", "the engine failed while serving this request")
-    writer = ctx.writer
-    try:
-        if not writer.started:
-            writer.begin(500, sse=False)
-            writer.write(api.render_error(err))
-        elif encoder is not None:
-            writer.write(encoder.error(err))
-        writer.finish(failed=True)
-    except SlotAbandoned:
-        pass
-
-
-def _api_name(api: ModuleType) -> str:
-    return "openai" if api is openai_api else "anthropic"
-
-
-def _log_done(ctx: RequestContext, deps: PipelineDeps, api: ModuleType, status: int, started: float,
-              result: GenerationResult | None = None) -> None:
-    elapsed = time.perf_counter() - started
-    m = deps.metrics
-    m.requests.inc(api=_api_name(api), status=str(status))
-    m.seconds.inc(elapsed)
-    if result is not None:
-        m.tokens_in.inc(result.input_tokens)
-        m.tokens_out.inc(result.output_tokens)
-    if not log.isEnabledFor(logging.DEBUG):
-        return  # nginx's access log has a line per request; this one costs ~20% of a null request
-    log.debug(
-        "request done",
-        extra={
-            "context_id": ctx.context_id,
-            "slot": ctx.view.index,
-            "generation": ctx.generation,
-            "status": status,
-            "api": _api_name(api),
-            "duration_ms": round(elapsed * 1000, 3),
-            "tokens_in": result.input_tokens if result else None,
-            "tokens_out": result.output_tokens if result else None,
-        },
-    )
+    def _log_done(self, status: int, started: float, result: GenerationResult | None = None) -> None:
+        elapsed = time.perf_counter() - started
+        m = self.deps.metrics
+        m.requests.inc(api=self.codec.name, status=str(status))
+        m.seconds.inc(elapsed)
+        if result is not None:
+            m.tokens_in.inc(result.input_tokens)
+            m.tokens_out.inc(result.output_tokens)
+        if not log.isEnabledFor(logging.DEBUG):
+            return  # nginx's access log has a line per request; this one costs ~20% of a null request
+        ctx = self.ctx
+        log.debug(
+            "request done",
+            extra={
+                "context_id": ctx.context_id,
+                "slot": ctx.view.index,
+                "generation": ctx.generation,
+                "status": status,
+                "api": self.codec.name,
+                "duration_ms": round(elapsed * 1000, 3),
+                "tokens_in": result.input_tokens if result else None,
+                "tokens_out": result.output_tokens if result else None,
+            },
+        )

@@ -10,15 +10,12 @@ from pathlib import Path
 
 from zccp.abi import HEADER_PATH
 from zccp.config import Config, mask_state_path
+from zccp.paths import lua_dir, nginx_template
 
 _PLACEHOLDER = re.compile(r"\{\{(\w+)\}\}")
 _LEVELS = {"debug": "info", "info": "warn", "warning": "warn", "error": "error"}
 # Rendered into double-quoted nginx/Lua strings: anything that could break out is refused.
 _UNSAFE = set('"\\\n\r;{}$\'')
-
-
-def repo_root() -> Path:
-    return Path(__file__).resolve().parents[2]
 
 
 @dataclass(frozen=True)
@@ -47,11 +44,10 @@ def _safe(value: str, what: str) -> str:
 
 
 def render(cfg: Config, out: Path, standalone: bool = False, prefix: Path | None = None) -> RenderedNginx:
-    root = repo_root()
     out = out.resolve()
     out.mkdir(parents=True, exist_ok=True)
     values = {
-        "lua_dir": _safe(str(root / "lua"), "lua dir"),
+        "lua_dir": _safe(str(lua_dir()), "lua dir"),
         "abi_header": _safe(str(HEADER_PATH), "ABI header"),
         "shm_name": _safe(cfg.shared_memory.name, "shared_memory.name"),
         "socket_path": _safe(cfg.server.socket_path, "server.socket_path"),
@@ -67,8 +63,8 @@ def render(cfg: Config, out: Path, standalone: bool = False, prefix: Path | None
     mask_state_path(cfg).parent.mkdir(parents=True, exist_ok=True)
     http_conf = out / "zccp_http.conf"
     server_conf = out / "zccp_server.conf"
-    http_conf.write_text(_fill((root / "nginx/zccp_http.conf").read_text(), values, "zccp_http.conf"))
-    server_conf.write_text(_fill((root / "nginx/zccp_server.conf").read_text(), values, "zccp_server.conf"))
+    http_conf.write_text(_fill(nginx_template("zccp_http.conf").read_text(), values, "zccp_http.conf"))
+    server_conf.write_text(_fill(nginx_template("zccp_server.conf").read_text(), values, "zccp_server.conf"))
     nginx_conf = None
     if standalone:
         prefix = (prefix or out).resolve()
@@ -83,5 +79,5 @@ def render(cfg: Config, out: Path, standalone: bool = False, prefix: Path | None
             user_line=f"user {getpass.getuser()};" if os.geteuid() == 0 else "",
         )
         nginx_conf = out / "nginx.conf"
-        nginx_conf.write_text(_fill((root / "nginx/nginx.conf").read_text(), values, "nginx.conf"))
+        nginx_conf.write_text(_fill(nginx_template("nginx.conf").read_text(), values, "nginx.conf"))
     return RenderedNginx(out, http_conf, server_conf, nginx_conf, prefix)

@@ -61,6 +61,14 @@ class GenerationResult:
     output_tokens: int
 
 
+@dataclass(frozen=True)
+class Completed:
+    """A complete, successful answer: what the cache may store."""
+
+    result: GenerationResult
+    deltas: tuple[int, ...]           # lengths of the text deltas as streamed (one for non-streamed)
+
+
 @dataclass
 class ApiError(Exception):
     """A client-visible error; each API layer renders it in its own shape."""

@@ -7,10 +7,21 @@ local io_open = io.open
 local error = error
 local ipairs = ipairs
 local tostring = tostring
+local package = package
 
 local _M = { _VERSION = "0.1.0" }
 
 local loaded = false
+
+-- shm_abi/zccp_abi.h beside the Lua tree (<root>/lua/zccp/abi.lua -> <root>/shm_abi/),
+-- in a checkout and in the installed share/zccp alike.
+local function default_header()
+    local me = package.searchpath and package.searchpath("zccp.abi", package.path)
+    if not me then
+        return nil
+    end
+    return (me:gsub("lua/zccp/abi%.lua$", "shm_abi/zccp_abi.h"))
+end
 
 local function load_header(path)
     local f, err = io_open(path, "rb")
@@ -22,12 +33,17 @@ local function load_header(path)
     ffi.cdef(src)
 end
 
--- Load once per VM (ffi.cdef cannot redeclare types). Called from init_by_lua.
+-- Load once per VM (ffi.cdef cannot redeclare types). Called from init_by_lua with the
+-- configured header; modules that only need the constants call it without one.
 function _M.init(path)
     if loaded then
         return _M
     end
-    load_header(path or settings.get().abi_header)
+    path = path or settings.abi_header() or default_header()
+    if not path then
+        error("zccp.abi: no ABI header path and zccp/abi.lua is not on package.path", 2)
+    end
+    load_header(path)
     local C = ffi.C
     for _, pair in ipairs {
         { "struct zccp_control", "ZCCP_CONTROL_SIZE" },

@@ -1,27 +1,21 @@
 -- Errors that nginx answers itself (before the engine sees the body), in the
--- shape of the API the client called. The engine renders all other errors.
+-- shape of the API the client called. The kinds, their statuses and OpenAI's
+-- type/code for each come from zccp.error_kinds, the table the engine's
+-- zccp.api.errors reads too. The engine renders all other errors.
 local ngx = ngx
 local cjson = require "cjson.safe"
+local KINDS = require "zccp.error_kinds"
 
 local encode = cjson.encode
+local null = cjson.null
 local pairs = pairs
 
 local _M = { _VERSION = "0.1.0" }
 
--- Anthropic error type -> OpenAI error type/code for the same condition.
-local OPENAI = {   -- the same mapping as the engine's (engine/zccp/api/openai.py)
-    invalid_request_error = { "invalid_request_error", nil },
-    not_found_error = { "invalid_request_error", "model_not_found" },
-    request_too_large = { "invalid_request_error", "request_too_large" },
-    rate_limit_error = { "requests", "rate_limit_exceeded" },
-    overloaded_error = { "server_error", "server_overloaded" },
-    api_error = { "server_error", nil },
-}
-
 function _M.body(api, kind, message)
     if api == "openai" then
-        local m = OPENAI[kind] or OPENAI.api_error
-        return encode { error = { message = message, type = m[1], param = cjson.null, code = m[2] or cjson.null } }
+        local k = KINDS[kind] or KINDS.api_error
+        return encode { error = { message = message, type = k.openai_type, param = null, code = k.openai_code or null } }
     end
     return encode { type = "error", error = { type = kind, message = message } }
 end

@@ -1,10 +1,12 @@
--- Fingerprints and cache keys (docs/fingerprint.md; engine/zccp/fingerprint.py is
--- the same algorithm in Python, checked byte for byte by the golden vectors and the
--- identity test).
+-- Fingerprints and cache keys (docs/fingerprint.md): decode the body (§1), mask it
+-- (§2, zccp.masks), then the exact key (§6, zccp.fp.canonical), the prompt text (§3,
+-- zccp.fp.prompt) and its CSF (§4-§5, zccp.fp.csf). engine/zccp/cache/fingerprint.py
+-- is the same algorithm in Python, checked byte for byte by the golden vectors and the
+-- identity test.
 --
 --   local fp = require "zccp.fingerprint"
 --   local r, err = fp.compute("anthropic" | "openai", body)
---   r.csf_key    uint64_t cdata   FNV-1a 64 over the 128 MinHash values
+--   r.csf_key    uint64_t cdata   FNV-1a 64 over the MinHash values
 --   r.bands      { 16 x uint64_t cdata }   LSH band keys (16 bands x 8 rows)
 --   r.exact_key  32-byte string   SHA-256 of the canonical masked request
 --   r.signature  uint32_t[128] cdata   the MinHash signature
@@ -15,677 +17,37 @@
 -- Bounded work: bodies above decode_limit (64 KiB) are not decoded here
 -- (nil, "body too large to fingerprint": the engine computes the same fingerprint),
 -- and tokenizing stops at the 1025th token.
-local ffi = require "ffi"
 local bit = require "bit"
 local T = require "zccp.fp_tables"
+local csf = require "zccp.fp.csf"
+local canonical = require "zccp.fp.canonical"
+local prompt = require "zccp.fp.prompt"
+local sha256 = require "zccp.sha256"
+local new_buffer = require("string.buffer").new
 
 local type = type
 local pcall = pcall
 local error = error
-local next = next
 local tostring = tostring
-local pairs = pairs
-local ipairs = ipairs
 local tonumber = tonumber
 local require = require
 local str_byte = string.byte
-local str_format = string.format
 local str_find = string.find
-local sort = table.sort
-local ffi_new = ffi.new
-local ffi_cast = ffi.cast
-local band, bxor, lshift, rshift, tobit = bit.band, bit.bxor, bit.lshift, bit.rshift, bit.tobit
+local str_format = string.format
+local band, rshift = bit.band, bit.rshift
 
 local _M = { _VERSION = "0.1.0" }
 
-local MAX_TOKENS = T.max_tokens
-local NUM_PERM = T.num_perm
-local BANDS = T.bands
-local ROWS = T.rows
 local DECODE_LIMIT = T.decode_limit
-local MAX_DEPTH = 128
-local EXACT_PREFIX = "zccp-exact/1\n"
-local EXCLUDED = { stream = true, stream_options = true, metadata = true, user = true }
-
 _M.DECODE_LIMIT = DECODE_LIMIT
-_M.MAX_TOKENS = MAX_TOKENS
-
-local u64 = ffi.typeof("uint64_t")
-local u64_arr = ffi.typeof("uint64_t[?]")
-local u32_arr = ffi.typeof("uint32_t[?]")
-local P61 = 0x1FFFFFFFFFFFFFFFULL
-local M32 = 0xFFFFFFFFULL
-local FNV64_OFFSET = 0xCBF29CE484222325ULL
-local FNV64_PRIME = 0x100000001B3ULL
-
--- ------------------------------------------------------------------ MinHash parameters
-
--- a_i = AH[i] * 2^29 + AL[i] (AH < 2^32, AL < 2^29), b_i = B[i]: with x < 2^32 every
--- product below fits in 64 bits (see minhash()).
-local AH = u64_arr(NUM_PERM)
-local AL = u64_arr(NUM_PERM)
-local B = u64_arr(NUM_PERM)
-local M29 = 0x1FFFFFFFULL
-assert(NUM_PERM % 2 == 0)
-
-do
-    local state = u64(T.seed_hi) * 0x100000000ULL + u64(T.seed_lo)
-    local function splitmix64()
-        state = state + 0x9E3779B97F4A7C15ULL
-        local z = state
-        z = bxor(z, rshift(z, 30)) * 0xBF58476D1CE4E5B9ULL
-        z = bxor(z, rshift(z, 27)) * 0x94D049BB133111EBULL
-        return bxor(z, rshift(z, 31))
-    end
-    for i = 0, NUM_PERM - 1 do
-        local a = 0ULL
-        while a == 0ULL do
-            a = splitmix64() % P61
-        end
-        AH[i] = rshift(a, 29)
-        AL[i] = band(a, M29)
-        B[i] = splitmix64() % P61
-    end
-end
-
--- ------------------------------------------------------------------ code point classes
-
-local R_LO, R_HI, R_CL, NR = {}, {}, {}, 0
-for _, r in ipairs(T.ranges) do
-    NR = NR + 1
-    R_LO[NR], R_HI[NR] = r[1], r[2]
-    if r[3] == "S" then
-        R_CL[NR] = 1
-    elseif r[3] == "C" then
-        R_CL[NR] = 2
-    else
-        error("zccp.fp_tables: unknown class " .. tostring(r[3]))
-    end
-end
-
--- 0: word, 1: separator, 2: CJK (a token of its own)
-local function cp_class(cp)
-    local lo, hi = 1, NR
-    while lo <= hi do
-        local mid = rshift(lo + hi, 1)
-        if cp < R_LO[mid] then
-            hi = mid - 1
-        elseif cp > R_HI[mid] then
-            lo = mid + 1
-        else
-            return R_CL[mid]
-        end
-    end
-    return 0
-end
-
--- The text is not lowercased as a whole: ASCII_WORD takes [0-9A-Za-z] as word bytes
--- and the hashes read bytes through LOWER (A-Z -> a-z, every other byte unchanged).
-local ASCII_WORD = ffi_new("uint8_t[128]")
-for c = 48, 57 do ASCII_WORD[c] = 1 end
-for c = 65, 90 do ASCII_WORD[c] = 1 end
-for c = 97, 122 do ASCII_WORD[c] = 1 end
-local LOWER = ffi_new("uint8_t[256]")
-for c = 0, 255 do LOWER[c] = (c >= 65 and c <= 90) and c + 32 or c end
-
--- ------------------------------------------------------------------ CSF
-
-local X = u64_arr(MAX_TOKENS + 1) -- distinct shingle hashes
-local u8p = ffi.typeof("const uint8_t *")
-
--- A set of the shingle hashes of one scan (open addressing, at most MAX_TOKENS entries
--- in HS_SIZE slots); a slot belongs to the current scan when HS_GEN[slot] == gen.
-local HS_SIZE = 4096
-assert(HS_SIZE >= 2 * MAX_TOKENS)
-local HS_KEY = ffi_new("uint32_t[?]", HS_SIZE)
-local HS_GEN = ffi_new("uint32_t[?]", HS_SIZE)
-local hs_gen = 0
-
-local FNV32_OFFSET = tobit(0x811C9DC5)
-
--- Adds shingle hash hs to X unless this scan (gen) has it already; returns the new count.
--- Small enough for LuaJIT to inline into the scan's trace.
-local function add_shingle(hs, gen, nx)
-    local x = hs % 4294967296
-    local slot = band(hs, HS_SIZE - 1)
-    while true do
-        if HS_GEN[slot] ~= gen then
-            HS_GEN[slot] = gen
-            HS_KEY[slot] = x
-            X[nx] = x
-            return nx + 1
-        elseif HS_KEY[slot] == x then
-            return nx
-        end
-        slot = band(slot + 1, HS_SIZE - 1)
-    end
-end
-
--- Tokenizes p[0 .. n-1] and hashes the shingles in the same pass: each token's FNV-1a 32
--- (hc) and, from the previous token's hash followed by 0x20, the shingle's (hs) are
--- carried along byte by byte (bytes lowercased through LOWER). Returns the number of
--- tokens kept, whether that was all of them, and the number of distinct shingle
--- hashes written to X.
-local function scan(p, n)
-    hs_gen = hs_gen + 1
-    if hs_gen >= 4294967295 then
-        ffi.fill(HS_GEN, HS_SIZE * 4)
-        hs_gen = 1
-    end
-    local gen = hs_gen
-    local ntok, nx = 0, 0
-    local limit = MAX_TOKENS
-    local inword = false
-    local hc, hs, prev = 0, 0, 0
-    local i = 0
-    while i < n do
-        local c = p[i]
-        local len, cls = 1, 0
-        if c < 0x80 then
-            if ASCII_WORD[c] == 0 then
-                cls = 1
-            end
-        else
-            -- decode one well-formed UTF-8 sequence (Unicode Table 3-7), else 1 invalid byte
-            local cp = -1
-            if c >= 0xC2 and c <= 0xDF then
-                if i + 1 < n then
-                    local c1 = p[i + 1]
-                    if c1 >= 0x80 and c1 <= 0xBF then
-                        len, cp = 2, (c - 0xC0) * 64 + (c1 - 0x80)
-                    end
-                end
-            elseif c >= 0xE0 and c <= 0xEF then
-                if i + 2 < n then
-                    local c1, c2 = p[i + 1], p[i + 2]
-                    local lo1, hi1 = 0x80, 0xBF
-                    if c == 0xE0 then lo1 = 0xA0 elseif c == 0xED then hi1 = 0x9F end
-                    if c1 >= lo1 and c1 <= hi1 and c2 >= 0x80 and c2 <= 0xBF then
-                        len, cp = 3, (c - 0xE0) * 4096 + (c1 - 0x80) * 64 + (c2 - 0x80)
-                    end
-                end
-            elseif c >= 0xF0 and c <= 0xF4 then
-                if i + 3 < n then
-                    local c1, c2, c3 = p[i + 1], p[i + 2], p[i + 3]
-                    local lo1, hi1 = 0x80, 0xBF
-                    if c == 0xF0 then lo1 = 0x90 elseif c == 0xF4 then hi1 = 0x8F end
-                    if c1 >= lo1 and c1 <= hi1 and c2 >= 0x80 and c2 <= 0xBF and c3 >= 0x80 and c3 <= 0xBF then
-                        len, cp = 4, (c - 0xF0) * 262144 + (c1 - 0x80) * 4096 + (c2 - 0x80) * 64 + (c3 - 0x80)
-                    end
-                end
-            end
-            if cp >= 0 then
-                cls = cp_class(cp)   -- 0: word, 1: separator, 2: a token of its own
-            end
-        end
-        if cls ~= 0 and inword then
-            -- the word ends: its shingle with the previous token
-            inword = false
-            if ntok > 1 then
-                nx = add_shingle(hs, gen, nx)
-            end
-            prev = hc
-        end
-        if cls ~= 1 then
-            if not inword then
-                if ntok == limit then
-                    return ntok, false, nx
-                end
-                ntok = ntok + 1
-                inword = true
-                hc = FNV32_OFFSET
-                hs = bxor(prev, 0x20)
-                hs = tobit(lshift(hs, 24) + hs * 403)   -- * 0x01000193 mod 2^32
-            end
-            local b = LOWER[c]
-            hc = bxor(hc, b)
-            hc = tobit(lshift(hc, 24) + hc * 403)
-            hs = bxor(hs, b)
-            hs = tobit(lshift(hs, 24) + hs * 403)
-            if len > 1 then
-                for k = i + 1, i + len - 1 do
-                    b = p[k]
-                    hc = bxor(hc, b)
-                    hc = tobit(lshift(hc, 24) + hc * 403)
-                    hs = bxor(hs, b)
-                    hs = tobit(lshift(hs, 24) + hs * 403)
-                end
-                if cls == 2 then
-                    inword = false   -- a CJK token ends where it starts: again below
-                    if ntok > 1 then
-                        nx = add_shingle(hs, gen, nx)
-                    end
-                    prev = hc
-                end
-            end
-        end
-        i = i + len
-    end
-    if inword and ntok > 1 then
-        nx = add_shingle(hs, gen, nx)
-    elseif ntok == 1 then
-        -- one token: one 1-shingle, the token's own hash
-        X[0] = (inword and hc or prev) % 4294967296
-        nx = 1
-    end
-    return ntok, true, nx
-end
-
--- sig[i] = min over X of ((a_i * x + b_i) mod P) & 0xffffffff, P = 2^61 - 1.
---
--- With a = ah * 2^29 + al and x < 2^32: h = ah * x < 2^64 and
---   a*x + b = h * 2^29 + al*x + b == (h mod 2^32) * 2^29 + (h >> 32) + al*x + b   (2^61 == 1 mod P)
--- so s = ((h & M32) << 29) + (h >> 32) + al*x + b < 2^63 and s == a*x + b (mod P).
--- s mod P is r = (s & P) + (s >> 61), less P if r >= P. Unless s & P >= P - 3 (then r
--- could reach P: the exact slow path), r < P and its low 32 bits are those of
--- s + (s >> 61), since s - (s & P) is a multiple of 2^61.
--- The minimum is kept as a number: tobit() of the low 32 bits xor 2^31 orders like
--- the unsigned value. Two functions per pass over X.
-local P61_3 = P61 - 3
-local BIAS = 0x80000000
-local min = math.min
-
-local function slow_low32(s)
-    local r = band(s, P61) + rshift(s, 61)
-    if r >= P61 then
-        r = r - P61
-    end
-    return bxor(tobit(r), BIAS)
-end
-
-local function minhash(nx, sig)
-    local xs = X
-    for i = 0, NUM_PERM - 1, 2 do
-        local ah1, al1, b1 = AH[i], AL[i], B[i]
-        local ah2, al2, b2 = AH[i + 1], AL[i + 1], B[i + 1]
-        local m1, m2 = 0x7FFFFFFF, 0x7FFFFFFF
-        for k = 0, nx - 1 do
-            local x = xs[k]
-            local h1 = ah1 * x
-            local h2 = ah2 * x
-            local s1 = lshift(band(h1, M32), 29) + rshift(h1, 32) + al1 * x + b1
-            local s2 = lshift(band(h2, M32), 29) + rshift(h2, 32) + al2 * x + b2
-            if band(s1, P61) >= P61_3 or band(s2, P61) >= P61_3 then
-                m1 = min(m1, slow_low32(s1))
-                m2 = min(m2, slow_low32(s2))
-            else
-                m1 = min(m1, bxor(tobit(s1 + rshift(s1, 61)), BIAS))
-                m2 = min(m2, bxor(tobit(s2 + rshift(s2, 61)), BIAS))
-            end
-        end
-        sig[i] = bxor(m1, BIAS) % 4294967296
-        sig[i + 1] = bxor(m2, BIAS) % 4294967296
-    end
-    return sig
-end
-
--- Signature of p[0 .. n-1] (an already-masked prompt text): sig (uint32_t[128]),
--- tokens, complete.
-local function csf_ptr(p, n)
-    local ntok, complete, nx = scan(p, n)
-    return minhash(nx, u32_arr(NUM_PERM)), ntok, complete
-end
-
-local function csf(text)
-    return csf_ptr(ffi_cast(u8p, text), #text)
-end
-
-local function keys_of(sig)
-    local bands = {}
-    local k = 0
-    for b = 0, BANDS - 1 do
-        local h = bxor(FNV64_OFFSET, b) * FNV64_PRIME
-        for _ = 1, ROWS do
-            local v = sig[k]
-            k = k + 1
-            h = bxor(h, band(v, 0xFF)) * FNV64_PRIME
-            h = bxor(h, band(rshift(v, 8), 0xFF)) * FNV64_PRIME
-            h = bxor(h, band(rshift(v, 16), 0xFF)) * FNV64_PRIME
-            h = bxor(h, rshift(v, 24)) * FNV64_PRIME
-        end
-        bands[b + 1] = h
-    end
-    local h = FNV64_OFFSET
-    for i = 0, NUM_PERM - 1 do
-        local v = sig[i]
-        h = bxor(h, band(v, 0xFF)) * FNV64_PRIME
-        h = bxor(h, band(rshift(v, 8), 0xFF)) * FNV64_PRIME
-        h = bxor(h, band(rshift(v, 16), 0xFF)) * FNV64_PRIME
-        h = bxor(h, rshift(v, 24)) * FNV64_PRIME
-    end
-    return h, bands
-end
-
-_M.csf = csf
-_M.keys_of = keys_of
-
--- MinHash of an explicit list of 32-bit shingle hashes (tests: with one value x,
--- signature[i] is h_i(x) itself). Returns a uint32_t[128] cdata.
-function _M.minhash_of(xs)
-    local nx = #xs
-    if nx > MAX_TOKENS + 1 then
-        error("zccp.fingerprint.minhash_of: too many values", 2)
-    end
-    for k = 1, nx do
-        X[k - 1] = xs[k]
-    end
-    return minhash(nx, u32_arr(NUM_PERM))
-end
-
--- ------------------------------------------------------------------ JSON
+_M.MAX_TOKENS = T.max_tokens
 
 local cjson = require("cjson").new()   -- a private instance: its settings are ours alone
 cjson.decode_invalid_numbers(false)
-cjson.decode_max_depth(MAX_DEPTH)
+cjson.decode_max_depth(T.max_depth)
 local cjson_decode = cjson.decode
-local null = cjson.null
 
 local masks -- required lazily (needs ngx.re)
-
-local function mask_text(ctx, s)
-    local out, changed_or_err = masks.apply(s)
-    if not out then
-        ctx.err = changed_or_err
-        return s
-    end
-    if changed_or_err then
-        ctx.changed = true
-    end
-    return out
-end
-
--- Replace, in place, every string that is the value of a `content` or `text` member.
-local function mask_walk(ctx, t)
-    if t[1] ~= nil then
-        for i = 1, #t do
-            local v = t[i]
-            if type(v) == "table" then
-                mask_walk(ctx, v)
-            end
-        end
-    else
-        for k, v in next, t do
-            local tv = type(v)
-            if tv == "string" then
-                if k == "content" or k == "text" then
-                    t[k] = mask_text(ctx, v)
-                end
-            elseif tv == "table" then
-                mask_walk(ctx, v)
-            end
-        end
-    end
-end
-
--- Numbers: glibc's snprintf (not LuaJIT's own formatter, which rounds ties differently
--- from C and Python), shortest of %.15g/%.16g/%.17g that reads back as the same double.
-ffi.cdef [[ int snprintf(char *str, size_t size, const char *format, ...); ]]
-local C = ffi.C
-local numbuf = ffi_new("char[64]")
-local ffi_string = ffi.string
-local FMT = { "%.15g", "%.16g", "%.17g" }
-
-local function num(v)
-    if v ~= v then
-        return "nan"
-    end
-    if v == 0 then
-        return "0"
-    end
-    if v == 1 / 0 then
-        return "inf"
-    end
-    if v == -1 / 0 then
-        return "-inf"
-    end
-    -- an integer below 10^15 in magnitude: %.15g writes all its digits, as %d does
-    if v % 1 == 0 and v < 1e15 and v > -1e15 then
-        return str_format("%d", v)
-    end
-    local s
-    for i = 1, 3 do
-        local n = C.snprintf(numbuf, 64, FMT[i], v)
-        s = ffi_string(numbuf, n)
-        if tonumber(s) == v then
-            return s
-        end
-    end
-    return s
-end
-_M.canonical_number = num
-
--- Strings: `"`, `\` and bytes 0x00-0x1F are escaped, every other byte is copied.
-local ESC = {}
-for c = 0, 255 do
-    ESC[c] = false
-end
-ESC[34], ESC[92] = '\\"', '\\\\'
-local SPECIAL = ffi_new("uint8_t[256]")
-SPECIAL[34], SPECIAL[92] = 1, 1
-for c = 0, 31 do
-    ESC[c] = str_format("\\u%04x", c)
-    SPECIAL[c] = 1
-end
-
-local u64p = ffi.typeof("const uint64_t *")
-local K01 = 0x0101010101010101ULL
-local K80 = 0x8080808080808080ULL
-local K20 = 0x2020202020202020ULL
-local K22 = 0x2222222222222222ULL
-local K5C = 0x5C5C5C5C5C5C5C5CULL
-local bnot, bor = bit.bnot, bit.bor
-
--- Index of the first byte of p[i .. n-1] that needs escaping, or n. Eight bytes at a
--- time (a byte < 0x20, == 0x22 or == 0x5C in the word makes the test non-zero), then
--- byte by byte: the byte loop alone decides, the word test only skips clean words.
-local function first_special(p, i, n)
-    while i + 8 <= n do
-        local v = ffi_cast(u64p, p + i)[0]
-        local q = bxor(v, K22)
-        local b = bxor(v, K5C)
-        if band(bor(band(v - K20, bnot(v)), band(q - K01, bnot(q)), band(b - K01, bnot(b))), K80) ~= 0ULL then
-            break
-        end
-        i = i + 8
-    end
-    while i < n do
-        if SPECIAL[p[i]] ~= 0 then
-            return i
-        end
-        i = i + 1
-    end
-    return n
-end
-
-local function put_str(buf, s)
-    local n = #s
-    local p = ffi_cast(u8p, s)
-    local j = first_special(p, 0, n)
-    if j == n then
-        buf:put('"', s, '"')
-        return
-    end
-    buf:put('"')
-    local i = 0
-    repeat
-        if j > i then
-            buf:putcdata(p + i, j - i)
-        end
-        buf:put(ESC[p[j]])
-        i = j + 1
-        j = first_special(p, i, n)
-    until j == n
-    if n > i then
-        buf:putcdata(p + i, n - i)
-    end
-    buf:put('"')
-end
-
-local cj
-
-local function cj_table(buf, t)
-    if t[1] ~= nil then
-        buf:put("[")
-        for i = 1, #t do
-            if i > 1 then
-                buf:put(",")
-            end
-            cj(buf, t[i])
-        end
-        buf:put("]")
-        return
-    end
-    local keys, nk = {}, 0
-    for k in next, t do
-        nk = nk + 1
-        keys[nk] = k
-    end
-    if nk == 0 then
-        buf:put("[]")   -- cjson decodes {} and [] alike
-        return
-    end
-    sort(keys)
-    buf:put("{")
-    for i = 1, nk do
-        local k = keys[i]
-        if i > 1 then
-            buf:put(",")
-        end
-        put_str(buf, k)
-        buf:put(":")
-        cj(buf, t[k])
-    end
-    buf:put("}")
-end
-
-cj = function(buf, v)
-    local tv = type(v)
-    if tv == "string" then
-        put_str(buf, v)
-    elseif tv == "number" then
-        buf:put(num(v))
-    elseif tv == "boolean" then
-        buf:put(v and "true" or "false")
-    elseif tv == "table" then
-        cj_table(buf, v)
-    elseif v == null then
-        buf:put("null")
-    else
-        error("zccp.fingerprint: unexpected value of type " .. tv)
-    end
-end
-
--- Writes the canonical form into buf (reset first).
-local function canonical(buf, api, doc)
-    local top = {}
-    for k, v in next, doc do
-        if v ~= null and not EXCLUDED[k] then
-            top[k] = v
-        end
-    end
-    if api == "openai" and top.max_completion_tokens ~= nil then
-        top.max_tokens = top.max_completion_tokens
-        top.max_completion_tokens = nil
-    end
-    buf:reset()
-    buf:put(EXACT_PREFIX, api, "\n")
-    cj(buf, top)
-end
-
--- ------------------------------------------------------------------ prompt text
-
-local function put_text(buf, content)
-    local tc = type(content)
-    if tc == "string" then
-        buf:put(content)
-        return
-    end
-    if content == nil or content == null then
-        return
-    end
-    if tc ~= "table" or (content[1] == nil and next(content) ~= nil) then
-        buf:put("[?]")   -- not an array
-        return
-    end
-    for i = 1, #content do
-        if i > 1 then
-            buf:put("\n")
-        end
-        local blk = content[i]
-        local t = type(blk) == "table" and blk[1] == nil and blk.type or nil
-        if type(t) == "string" then
-            local txt = blk.text
-            if t == "text" and type(txt) == "string" then
-                buf:put(txt)
-            else
-                buf:put("[", t, "]")
-            end
-        else
-            buf:put("[?]")
-        end
-    end
-end
-
-local function put_entry(buf, role, content)
-    if type(role) ~= "string" then
-        role = "?"
-    end
-    buf:put(role, ": ")
-    put_text(buf, content)
-    buf:put("\n")
-end
-
-local EMPTY = {}
-
--- Writes the prompt text into buf (reset first).
-local function prompt_text(buf, api, doc)
-    buf:reset()
-    local msgs = doc.messages
-    if type(msgs) ~= "table" or (msgs[1] == nil and next(msgs) ~= nil) then
-        msgs = EMPTY   -- not an array: no messages
-    end
-    if api == "anthropic" then
-        local system = doc.system
-        if system ~= nil and system ~= null then
-            put_entry(buf, "system", system)
-        end
-        for i = 1, #msgs do
-            local m = msgs[i]
-            if type(m) == "table" and m[1] == nil then
-                put_entry(buf, m.role, m.content)
-            else
-                put_entry(buf, nil, "[?]")
-            end
-        end
-    else
-        -- the system and developer messages first, then all the others, each in order
-        for i = 1, #msgs do
-            local m = msgs[i]
-            if type(m) == "table" and m[1] == nil then
-                local role = m.role
-                if role == "system" or role == "developer" then
-                    put_entry(buf, role, m.content)
-                end
-            end
-        end
-        for i = 1, #msgs do
-            local m = msgs[i]
-            if type(m) == "table" and m[1] == nil then
-                local role = m.role
-                if role ~= "system" and role ~= "developer" then
-                    put_entry(buf, role, m.content)
-                end
-            else
-                put_entry(buf, nil, "[?]")
-            end
-        end
-    end
-end
-
--- ------------------------------------------------------------------ compute
-
-local sha256 = require "zccp.sha256"
-local new_buffer = require("string.buffer").new
 
 -- Reused for every body (compute() never yields). Buffers that grew past KEEP bytes
 -- (a test's raised limit) are freed after use.
@@ -693,15 +55,8 @@ local CBUF = new_buffer(16384)   -- canonical form
 local PBUF = new_buffer(16384)   -- prompt text
 local KEEP = 4 * DECODE_LIMIT
 
--- debug: also return r.canonical and r.prompt; limit: overrides the decode limit
--- (tests; the engine covers larger bodies).
-function _M.compute(api, body, debug, limit)
-    if api ~= "anthropic" and api ~= "openai" then
-        error("zccp.fingerprint.compute: api must be \"anthropic\" or \"openai\"", 2)
-    end
-    if type(body) ~= "string" then
-        error("zccp.fingerprint.compute: body must be a string", 2)
-    end
+-- §1: the body as a decoded JSON object, or nil, err.
+local function decode(body, limit)
     if #body > (limit or DECODE_LIMIT) then
         return nil, "body too large to fingerprint"
     end
@@ -716,34 +71,40 @@ function _M.compute(api, body, debug, limit)
     if type(doc) ~= "table" then
         return nil, "body is not a JSON object"
     end
+    return doc
+end
 
+-- debug: also return r.canonical and r.prompt; limit: overrides the decode limit
+-- (tests; the engine covers larger bodies).
+function _M.compute(api, body, debug, limit)
+    if api ~= "anthropic" and api ~= "openai" then
+        error("zccp.fingerprint.compute: api must be \"anthropic\" or \"openai\"", 2)
+    end
+    if type(body) ~= "string" then
+        error("zccp.fingerprint.compute: body must be a string", 2)
+    end
+    local doc, err = decode(body, limit)
+    if not doc then
+        return nil, err
+    end
     if not masks then
         masks = require "zccp.masks"
     end
-    local ctx = { changed = false, err = nil }
-    local system = doc.system
-    if type(system) == "string" then
-        doc.system = mask_text(ctx, system)
-    elseif type(system) == "table" then
-        mask_walk(ctx, system)
-    end
-    if type(doc.messages) == "table" then
-        mask_walk(ctx, doc.messages)
-    end
-    if ctx.err then
-        return nil, ctx.err
+    local masked, merr = masks.apply_doc(doc)
+    if masked == nil then
+        return nil, merr
     end
 
-    canonical(CBUF, api, doc)
+    canonical.write(CBUF, api, doc)
     local cp, clen = CBUF:ref()
-    local exact, err = sha256.digest(cp, clen)
+    local exact, herr = sha256.digest(cp, clen)
     if not exact then
-        return nil, err
+        return nil, herr
     end
-    prompt_text(PBUF, api, doc)
+    prompt.write(PBUF, api, doc)
     local pp, plen = PBUF:ref()
-    local sig, ntok, complete = csf_ptr(pp, plen)
-    local csf_key, bands = keys_of(sig)
+    local sig, ntok, complete = csf.signature(pp, plen)
+    local csf_key, bands = csf.keys_of(sig)
     local r = {
         csf_key = csf_key,
         bands = bands,
@@ -751,7 +112,7 @@ function _M.compute(api, body, debug, limit)
         signature = sig,
         tokens = ntok,
         complete = complete,
-        masked = ctx.changed,
+        masked = masked,
     }
     if debug then
         r.canonical = CBUF:tostring()
@@ -768,7 +129,7 @@ end
 
 -- 16 hex digits of a uint64_t cdata (for logs and tests)
 function _M.hex64(v)
-    return str_format("%08x%08x", tonumber(rshift(v, 32)), tonumber(band(v, M32)))
+    return str_format("%08x%08x", tonumber(rshift(v, 32)), tonumber(band(v, 0xFFFFFFFFULL)))
 end
 
 return _M

@@ -1,50 +1,22 @@
 -- Constants and code point classes of the content-similarity fingerprint (CSF).
--- The ONE source of these values: lua/zccp/fingerprint.lua requires this file and
--- engine/zccp/fingerprint.py parses it (a literal table: numbers, strings, tables only).
+-- The ONE source of these values: lua/zccp/fp/*.lua require this file and
+-- engine/zccp/cache/fp/tables.py parses it (a literal table: numbers, strings, tables only).
 -- Specification: docs/fingerprint.md. Changing anything here changes every key:
 -- bump `version` and regenerate shm_abi/vectors/fingerprint_vectors.json.
 return {
     version = 1,
     max_tokens = 1024,       -- the CSF looks at the first 1024 tokens of the prompt text
-    num_perm = 128,          -- MinHash functions
-    bands = 16,              -- LSH bands ...
-    rows = 8,                -- ... of 8 rows each (16 * 8 = 128)
+    -- MinHash functions and LSH bands: ZCCP_MINHASH_COUNT and ZCCP_CSF_BANDS of the ABI
+    -- header (the slot holds the signature and the band keys), 8 rows per band.
     seed_hi = 0x5A434350,    -- splitmix64 seed 0x5A43435046503031 ("ZCCPFP01")
     seed_lo = 0x46503031,
     decode_limit = 65536,    -- nginx fingerprints bodies of at most this many bytes
-
-    -- Mask prefilters (speed only: no key depends on them; docs/fingerprint.md §2). For a
-    -- mask whose pattern is exactly `pattern`, every regex in `requires` matches every
-    -- string that `pattern` matches (each is a substring any match must contain), so
-    -- when one of them finds nothing the mask cannot match and its gsub is skipped.
-    -- zccp.masks (Lua) and zccp.masks (Python) both read this list. A pattern not listed
-    -- here always runs. Keep every entry a provable necessary condition.
-    mask_prefilters = {
-        {   -- uuid: "-hhhh-hhhh-hhhh-" is inside every match
-            pattern = [[\b[0-9A-Fa-f]{8}-[0-9A-Fa-f]{4}-[0-9A-Fa-f]{4}-[0-9A-Fa-f]{4}-[0-9A-Fa-f]{12}\b]],
-            requires = { [[-[0-9A-Fa-f]{4}-[0-9A-Fa-f]{4}-[0-9A-Fa-f]{4}-]] },
-        },
-        {   -- iso8601: "-dd-dd[T ]dd:dd"
-            pattern = [[\b\d{4}-\d{2}-\d{2}[T ]\d{2}:\d{2}(?::\d{2}(?:[.,]\d+)?)?(?:Z|[+-]\d{2}(?::?\d{2})?)?(?!\w)]],
-            requires = { [[-\d\d-\d\d[T ]\d\d:\d\d]] },
-        },
-        {   -- email: "@", the first domain label, then "."
-            pattern = [[\b[A-Za-z0-9._%+-]+@[A-Za-z0-9-]+(?:\.[A-Za-z0-9-]+)*\.[A-Za-z]{2,}\b]],
-            requires = { [[@[A-Za-z0-9-]+\.]] },
-        },
-        {   -- epoch_millis: seven digits (shared, tested once per string), "1" + 12 digits
-            pattern = [[\b1\d{12}\b]],
-            requires = { [[\d{7}]], [[1\d{12}]] },
-        },
-        {   -- epoch_seconds
-            pattern = [[\b1\d{9}\b]],
-            requires = { [[\d{7}]], [[1\d{9}]] },
-        },
-        {   -- long_id: seven digits
-            pattern = [[\b[A-Za-z]{0,3}\d{7,}\b]],
-            requires = { [[\d{7}]] },
-        },
-    },
+    max_depth = 128,         -- JSON nested deeper: no fingerprint (lua-cjson's decode_max_depth)
+    exact_prefix = "zccp-exact/1\n",   -- first bytes of the exact key's canonical form
+    -- top-level members the exact key leaves out: they never change the answer
+    excluded_keys = { "stream", "stream_options", "metadata", "user" },
+    -- masks rewrite the strings that are the value of members with these names
+    masked_keys = { "content", "text" },
 
     -- Non-ASCII code point classes: sorted, non-overlapping, inclusive ranges.
     -- "S": separator (ends a word, is not part of any token).

@@ -1,8 +1,7 @@
 -- The request path: cheap checks, claim a slot, write the body into it with one
--- copy, ring the engine, then relay the response it commits into the slot.
--- Every path releases the slot and the arena reference.
+-- copy, ring the engine, then relay the response it commits into the slot
+-- (zccp.relay). Every path releases the slot and the arena reference.
 local ffi = require "ffi"
-local bit = require "bit"
 local abi = require "zccp.abi"
 local arena_mod = require "zccp.arena"
 local slots = require "zccp.slots"
@@ -11,6 +10,7 @@ local sha256 = require "zccp.sha256"
 local fingerprint = require "zccp.fingerprint"
 local errors = require "zccp.errors"
 local libc = require "zccp.libc"
+local relay = require "zccp.relay"
 local settings = require "zccp.settings"
 
 local ngx = ngx
@@ -23,20 +23,18 @@ local ngx_log = ngx.log
 local ngx_ERR = ngx.ERR
 local ngx_WARN = ngx.WARN
 local ffi_copy = ffi.copy
-local ffi_string = ffi.string
 local str_format = string.format
 local str_find = string.find
 local str_lower = string.lower
 local concat = table.concat
 local tonumber = tonumber
-local tostring = tostring
+local pcall = pcall
 
 local _M = { _VERSION = "0.1.0" }
 
 local POLL_MS = 250     -- how often a waiting request checks its deadline and the client
 local MAX_ATTEMPTS = 2  -- a ring rejected as stale after an engine restart is retried once
-
-local CACHE_NAMES = { [1] = "HIT", [2] = "NEAR", [3] = "MISS", [4] = "BYPASS", [5] = "ERROR" }
+local RETRY_AFTER = { ["Retry-After"] = "1" }
 
 local function hex(ptr, n)
     local t = {}
@@ -145,200 +143,119 @@ local function fill_slot(a, i, body, flags, timeout_ms, fp)
     return gen
 end
 
-local function send_headers(api, a, i, status, sse, ctx_hex)
-    local meta = a:meta(i)
-    ngx.status = status
-    ngx_header["X-ZCCP-Context-ID"] = ctx_hex
-    local cache = CACHE_NAMES[tonumber(meta.cache_status)]
-    if cache then
-        ngx_header["X-ZCCP-Cache"] = cache
-        if cache == "NEAR" then
-            ngx_header["X-ZCCP-Similarity"] = str_format("%.4f", tonumber(meta.similarity_ppm) / 1e6)
-        end
-        if cache == "HIT" or cache == "NEAR" then
-            ngx_header["Age"] = tonumber(meta.age_s)
-        end
+-- The slot a request holds: claimed, filled and rung. release() frees it on every path.
+local function release(slot)
+    local h = slot.header
+    if h.generation == slot.generation then
+        h.state = abi.C.ZCCP_STATE_FREE
     end
-    if meta.plan_chunks > 0 then
-        ngx_header["X-ZCCP-Plan"] = "chunked:" .. tonumber(meta.plan_chunks)
-    end
-    if sse then
-        ngx_header["Content-Type"] = "text/event-stream; charset=utf-8"
-        ngx_header["Cache-Control"] = "no-cache"
-        ngx_header["X-Accel-Buffering"] = "no"
-    else
-        ngx_header["Content-Type"] = "application/json"
-    end
+    slots.release(slot.arena, slot.index)
 end
 
--- Copy committed-but-unread bytes out of the response ring.
-local function take(a, i, from, to)
-    local cap = a.response_cap
-    local base = a:response_ptr(i)
-    local pos = from % cap
-    local n = to - from
-    local first = cap - pos
-    if n <= first then
-        return ffi_string(base + pos, n)
-    end
-    return ffi_string(base + pos, first) .. ffi_string(base, n - first)
-end
-
--- One attempt against one arena. Returns "retry" when the engine behind the
--- arena changed under us (stale ring); otherwise the request is answered.
-local function attempt(api, a, body, flags, deadline, state, fp)
+-- Claims a slot of arena `a` and fills it: the slot record, or nil, status, kind, message.
+local function claim_and_fill(a, body, flags, fp)
     local s = settings.get()
-    local C = abi.C
     local i = slots.claim(a)
     if not i then
-        return errors.send(api, 429, "rate_limit_error", "all " .. a.slot_count .. " slots are busy; retry shortly",
-            { ["Retry-After"] = "1" })
+        return nil, 429, "rate_limit_error", "all " .. a.slot_count .. " slots are busy; retry shortly"
     end
-    local h = a:header(i)
     local gen, ferr = fill_slot(a, i, body, flags, s.request_timeout_ms, fp)
     if not gen then
         slots.release(a, i)
         ngx_log(ngx_ERR, "zccp: ", ferr)
-        return errors.send(api, 503, "overloaded_error", "engine arena unusable: " .. ferr, { ["Retry-After"] = "1" })
+        return nil, 503, "overloaded_error", "engine arena unusable: " .. ferr
     end
-    local ctx_hex = hex(h.context_id, 8)
+    local h = a:header(i)
+    return { arena = a, index = i, header = h, generation = gen, ctx_hex = hex(h.context_id, 8) }
+end
 
-    local function free_slot()
-        state.cleanup = nil
-        if h.generation == gen then
-            h.state = C.ZCCP_STATE_FREE
-        end
-        slots.release(a, i)
-    end
-    state.cleanup = free_slot   -- run by serve() if anything below raises
-
+-- Rings the engine for `slot` (slot.bell is the open doorbell): true, or nil, message.
+local function ring(slot)
     local bell, berr = doorbell.open()
-    state.bell = bell
     if not bell then
-        free_slot()
         arena_mod.refresh()
-        return errors.send(api, 503, "overloaded_error", "engine unavailable: " .. berr, { ["Retry-After"] = "1" })
+        return nil, "engine unavailable: " .. berr
     end
-    local ok, rerr = bell:ring(i, gen)
+    slot.bell = bell
+    local ok, rerr = bell:ring(slot.index, slot.generation)
     if not ok then
-        bell:close()
-        free_slot()
-        return errors.send(api, 503, "overloaded_error", "engine unavailable: " .. rerr, { ["Retry-After"] = "1" })
+        return nil, "engine unavailable: " .. rerr
     end
     bell:set_read_timeout(POLL_MS)
+    return true
+end
 
-    local started, sse, status = false, false, 0
-    local acked = 0
-    local parts, np = {}, 0
-    local cap = a.response_cap
-    local outcome          -- nil while running; "done", "retry" or an error description
-
-    while true do
-        local n, data = bell:read_notice()
-        if not n then
-            if data ~= "timeout" then
-                outcome = "engine closed the doorbell: " .. tostring(data)
-                break
-            end
-            if state.aborted then
-                outcome = "client closed the connection"
-                break
-            end
-            if ngx_now() > deadline then
-                outcome = "timeout"
-                break
-            end
-        else
-            if n.slot ~= i or n.generation ~= gen then
-                outcome = "doorbell protocol error: notice for another slot"
-                break
-            end
-            if n.op == C.ZCCP_OP_REJECT then
-                outcome = n.status == 409 and "retry" or ("engine rejected the ring: " .. tonumber(n.status))
-                break
-            end
-            if n.op ~= C.ZCCP_OP_NOTICE then
-                outcome = "doorbell protocol error: opcode " .. tonumber(n.op)
-                break
-            end
-            if not started then
-                status = tonumber(n.status)
-                if status < 100 or status > 599 then
-                    outcome = "engine sent an invalid status " .. status
-                    break
-                end
-                sse = bit.band(h.flags, C.ZCCP_FLAG_RESPONSE_SSE) ~= 0
-                send_headers(api, a, i, status, sse, ctx_hex)
-                started = true
-            end
-            -- Committed length from the notice, cross-checked with the header.
-            local committed = tonumber(n.response_len)
-            if committed > tonumber(h.response_len) or committed < acked or committed - acked > cap then
-                outcome = "engine committed an invalid response length"
-                break
-            end
-            if committed > acked then
-                local chunk = take(a, i, acked, committed)
-                acked = committed
-                h.response_acked = acked
-                if sse then
-                    ngx_print(chunk)
-                    local fok = ngx_flush(true)
-                    if not fok then
-                        state.aborted = true
-                    end
-                else
-                    np = np + 1
-                    parts[np] = chunk
-                end
-            end
-            if n.final == 1 then
-                outcome = "done"
-                break
-            end
-            if state.aborted then
-                outcome = "client closed the connection"
-                break
-            end
-        end
+-- Hangs up the doorbell: back to the pool after a complete answer; otherwise closed,
+-- which makes the engine stop (and deadline_ns = 1 tells it even before it sees the close).
+local function hang_up(slot, complete)
+    local bell = slot.bell
+    slot.bell = nil
+    if not bell then
+        return
     end
-
-    state.bell = nil
-    if outcome == "done" then
+    if complete then
         bell:keep()
     else
-        h.deadline_ns = 1   -- tells the engine to stop at once, even before it sees the close
+        slot.header.deadline_ns = 1
         bell:close()
     end
-    free_slot()
+end
 
+-- Answers the client from the relay's outcome. Returns "retry" when the engine behind
+-- the arena changed before anything was sent (a stale ring).
+local function respond(api, slot, outcome, r)
     if outcome == "done" then
-        if not sse then
-            ngx_header["Content-Length"] = acked
-            ngx_print(parts)
+        if not r.sse then
+            ngx_header["Content-Length"] = r.acked
+            ngx_print(r.parts)
         end
         return
     end
-    if outcome == "retry" and not started then
+    if outcome == "retry" and not r.started then
         return "retry"
     end
     if outcome == "client closed the connection" then
         return   -- nobody is listening; the access log shows the client's close
     end
-    ngx_log(outcome == "timeout" and ngx_WARN or ngx_ERR, "zccp: request ", ctx_hex, " on slot ", i, ": ", outcome)
+    ngx_log(outcome == "timeout" and ngx_WARN or ngx_ERR, "zccp: request ", slot.ctx_hex, " on slot ",
+            slot.index, ": ", outcome)
     local code, kind, msg
     if outcome == "timeout" then
-        code, kind, msg = 504, "api_error", "request timed out after " .. s.request_timeout_ms .. " ms"
+        code, kind, msg = 504, "api_error", "request timed out after " .. settings.get().request_timeout_ms .. " ms"
     else
         code, kind, msg = 503, "overloaded_error", "engine failed: " .. outcome
     end
-    if not started then
-        return errors.send(api, code, kind, msg, code == 503 and { ["Retry-After"] = "1" } or nil)
+    if not r.started then
+        return errors.send(api, code, kind, msg, code == 503 and RETRY_AFTER or nil)
     end
-    if sse then
+    if r.sse then
         ngx_print(errors.sse_event(api, kind, msg))
         ngx_flush(true)
     end
+end
+
+-- One attempt against one arena: claim, fill and ring, relay, respond. Returns
+-- "retry" when the engine behind the arena changed under us (stale ring); otherwise
+-- the request is answered. state.slot is set while a slot is held, so that serve()
+-- can free it if anything here raises.
+local function attempt(api, a, body, flags, deadline, state, fp)
+    local slot, code, kind, msg = claim_and_fill(a, body, flags, fp)
+    if not slot then
+        return errors.send(api, code, kind, msg, RETRY_AFTER)
+    end
+    state.slot = slot
+    local ok, rerr = ring(slot)
+    if not ok then
+        hang_up(slot, false)
+        release(slot)
+        state.slot = nil
+        return errors.send(api, 503, "overloaded_error", rerr, RETRY_AFTER)
+    end
+    local outcome, r = relay.run(slot, state, deadline)
+    hang_up(slot, outcome == "done")
+    release(slot)
+    state.slot = nil
+    return respond(api, slot, outcome, r)
 end
 
 -- nginx refused the body itself (client_max_body_size): same answer, API-shaped.
@@ -383,7 +300,7 @@ function _M.serve(api)
     for _ = 1, MAX_ATTEMPTS do
         local a, err = arena_mod.acquire()
         if not a then
-            return errors.send(api, 503, "overloaded_error", "engine unavailable: " .. err, { ["Retry-After"] = "1" })
+            return errors.send(api, 503, "overloaded_error", "engine unavailable: " .. err, RETRY_AFTER)
         end
         if #body > a.payload_cap then
             a:release()
@@ -394,12 +311,10 @@ function _M.serve(api)
         if not ok then
             -- A bug must not leak a slot or a doorbell connection.
             ngx_log(ngx_ERR, "zccp: request failed: ", res)
-            if state.bell then
-                state.bell:close()
-                state.bell = nil
-            end
-            if state.cleanup then
-                state.cleanup()
+            if state.slot then
+                hang_up(state.slot, false)
+                release(state.slot)
+                state.slot = nil
             end
             a:release()
             if not ngx.headers_sent then
@@ -413,7 +328,7 @@ function _M.serve(api)
         end
         arena_mod.refresh()
     end
-    return errors.send(api, 503, "overloaded_error", "engine restarted; retry", { ["Retry-After"] = "1" })
+    return errors.send(api, 503, "overloaded_error", "engine restarted; retry", RETRY_AFTER)
 end
 
 return _M

@@ -14,6 +14,7 @@ local sha256 = require "zccp.sha256"
 
 local ngx = ngx
 local type = type
+local next = next
 local ipairs = ipairs
 local pcall = pcall
 local error = error
@@ -33,31 +34,17 @@ local _M = { _VERSION = "0.1.0" }
 local re_gsub = ngx and ngx.re and ngx.re.gsub
 local re_find = ngx and ngx.re and ngx.re.find
 
--- Prefilters (fp_tables.lua `mask_prefilters`): pattern text -> list of regexes that
--- every match of the pattern contains. When one of them finds nothing in a string, the
--- pattern's gsub cannot match there and is skipped: the same result, without a PCRE
--- scan of the whole string per pattern (most prompts contain no UUID, e-mail address,
--- timestamp or long number).
-local PREFILTERS = {}
-do
-    local ok, T = pcall(require, "zccp.fp_tables")
-    if ok and type(T) == "table" and type(T.mask_prefilters) == "table" then
-        for _, e in ipairs(T.mask_prefilters) do
-            if type(e) == "table" and type(e.pattern) == "string" and type(e.requires) == "table" then
-                PREFILTERS[e.pattern] = e.requires
-            end
-        end
-    end
-end
-
--- The prefilter regexes of `pattern` that compile, or nil.
-local function prefilter_of(pattern)
-    local req = PREFILTERS[pattern]
-    if not req or not re_find then
+-- Prefilters (an entry's optional `prefilter` list): regexes that every match of the
+-- entry's pattern contains. When one of them finds nothing in a string, the pattern's
+-- gsub cannot match there and is skipped: the same result, without a PCRE scan of the
+-- whole string per pattern (most prompts contain no UUID, e-mail address, timestamp or
+-- long number). Returns the ones that compile, or nil.
+local function compile_prefilter(list)
+    if type(list) ~= "table" or not re_find then
         return nil
     end
     local out = {}
-    for _, r in ipairs(req) do
+    for _, r in ipairs(list) do
         if type(r) == "string" then
             local ok, _, _, err = pcall(re_find, "", r, "jo")
             if ok and not err then
@@ -162,8 +149,12 @@ local function write_last_good(path, patterns, n)
                   "-- edit mask_patterns.lua instead.\nreturn {\n" }
     for i = 1, n do
         local p = patterns[i]
-        out[#out + 1] = str_format("    { name = %q, pattern = %q, replacement = %q },\n",
-                                   p.name, p.pattern, p.replacement)
+        local pf = {}
+        for j, r in ipairs(p.requires or {}) do
+            pf[j] = str_format("%q", r)
+        end
+        out[#out + 1] = str_format("    { name = %q, pattern = %q, replacement = %q, prefilter = { %s } },\n",
+                                   p.name, p.pattern, p.replacement, concat(pf, ", "))
     end
     out[#out + 1] = "}\n"
     local tmp = path .. ".tmp"
@@ -245,7 +236,7 @@ function _M.init(opts)
             report(name, "duplicate name")
         else
             seen[name] = true
-            local pat, repl = e.pattern, e.replacement
+            local pat, repl, pf = e.pattern, e.replacement, e.prefilter
             if repl == nil then
                 repl = ""
             end
@@ -262,12 +253,12 @@ function _M.init(opts)
                 local p = prev[name]
                 if p and try_compile(p.pattern, p.replacement) then
                     log(ngx and ngx.WARN, "zccp masks: keeping the previous version of \"", name, "\"")
-                    pat, repl, ok = p.pattern, p.replacement, true
+                    pat, repl, pf, ok = p.pattern, p.replacement, p.prefilter, true
                 end
             end
             if ok then
                 n = n + 1
-                patterns[n] = { name = name, pattern = pat, replacement = repl, requires = prefilter_of(pat) }
+                patterns[n] = { name = name, pattern = pat, replacement = repl, requires = compile_prefilter(pf) }
             end
         end
     end
@@ -338,6 +329,67 @@ function _M.apply(s)
         end
     end
     return s, s ~= orig
+end
+
+-- What gets masked in a decoded request (§2): the top-level `system` string, and inside
+-- `system` and `messages` every string that is the value of a member named in
+-- fp_tables.masked_keys. Replaced in place.
+local MASKED = {}
+for _, k in ipairs(require("zccp.fp_tables").masked_keys) do
+    MASKED[k] = true
+end
+
+local function mask_string(ctx, s)
+    local out, changed_or_err = _M.apply(s)
+    if not out then
+        ctx.err = changed_or_err
+        return s
+    end
+    if changed_or_err then
+        ctx.changed = true
+    end
+    return out
+end
+
+local function mask_walk(ctx, t)
+    if t[1] ~= nil then
+        for i = 1, #t do
+            local v = t[i]
+            if type(v) == "table" then
+                mask_walk(ctx, v)
+            end
+        end
+    else
+        for k, v in next, t do
+            local tv = type(v)
+            if tv == "string" then
+                if MASKED[k] then
+                    t[k] = mask_string(ctx, v)
+                end
+            elseif tv == "table" then
+                mask_walk(ctx, v)
+            end
+        end
+    end
+end
+
+-- Masks a decoded request in place. Returns whether a mask changed some text, or
+-- nil, err (a PCRE runtime failure).
+function _M.apply_doc(doc)
+    local ctx = { changed = false, err = nil }
+    local system = doc.system
+    if type(system) == "string" then
+        doc.system = mask_string(ctx, system)
+    elseif type(system) == "table" then
+        mask_walk(ctx, system)
+    end
+    if type(doc.messages) == "table" then
+        mask_walk(ctx, doc.messages)
+    end
+    if ctx.err then
+        return nil, ctx.err
+    end
+    return ctx.changed
 end
 
 -- The patterns in force: a copy, { { name, pattern, replacement }, ... }.

@@ -31,6 +31,11 @@ function _M.set(t)
     current = t
 end
 
+-- The configured ABI header, or nil before init (tools that only fingerprint).
+function _M.abi_header()
+    return current and current.abi_header
+end
+
 function _M.get()
     if not current then
         error("zccp.settings: not initialised (include zccp_http.conf)", 2)

@@ -147,8 +147,8 @@ def test_nginx_writes_the_fingerprint_the_engine_would_compute(make_stack):
     import json
 
     from zccp.abi import Flag, ffi
-    from zccp.fingerprint import DECODE_LIMIT, compute
-    from zccp.masks import load_masks
+    from zccp.cache.fingerprint import DECODE_LIMIT, compute
+    from zccp.cache.masks import load_masks
 
     body = json.dumps(anthropic_body("Fingerprint me, user alice@example.com", max_tokens=5)).encode()
     r = cstack.client().post("/v1/messages", content=body, headers={"content-type": "application/json"})

@@ -25,8 +25,10 @@ from pathlib import Path
 import pytest
 from fingerprint_vectors import sig_values, vec_body, vec_text
 
-from zccp import fingerprint as F
-from zccp.masks import MaskSet, load_masks
+from zccp.cache import fingerprint as F
+from zccp.cache.fp import csf
+from zccp.cache.fp.canonical import canonical_number
+from zccp.cache.masks import MaskSet, load_masks
 
 REPO = Path(__file__).resolve().parents[2]
 VECTORS = REPO / "shm_abi" / "vectors" / "fingerprint_vectors.json"
@@ -598,13 +600,13 @@ def test_minhash_modmul_random(ngx):
     got = ngx.post("/_fp/minhash", records(xs, lambda x: ("x", str(x).encode()))).decode().split("\n")[:-1]
     P = (1 << 61) - 1
     for x, line in zip(xs, got):
-        want = [((a * x + b) % P) & 0xFFFFFFFF for a, b in zip(F.MINHASH_A, F.MINHASH_B)]
+        want = [((a * x + b) % P) & 0xFFFFFFFF for a, b in zip(csf.MINHASH_A, csf.MINHASH_B)]
         assert [int(v) for v in line.split(",")] == want, x
     # and sets of values: the minimum per function
     sets = [[r.getrandbits(32) for _ in range(r.randint(2, 1024))] for _ in range(20)]
     got = ngx.post("/_fp/minhash", records(sets, lambda s: ("x", ",".join(map(str, s)).encode()))).decode()
     for s, line in zip(sets, got.split("\n")):
-        assert tuple(int(v) for v in line.split(",")) == F.minhash(s) == F._minhash_py(s)
+        assert tuple(int(v) for v in line.split(",")) == csf.minhash(s) == csf._minhash_py(s)
 
 
 def test_numbers_random(ngx):
@@ -617,7 +619,7 @@ def test_numbers_random(ngx):
     vals += [round(r.uniform(0, 2), r.randint(0, 6)) for _ in range(300)]
     lits = [repr(v) for v in vals]
     got = ngx.post("/_fp/number", "\n".join(lits).encode()).decode().split("\n")[:-1]
-    want = [F.canonical_number(v).decode() for v in vals]
+    want = [canonical_number(v).decode() for v in vals]
     assert got == want
 
 

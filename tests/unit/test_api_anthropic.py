@@ -17,7 +17,7 @@ from anthropic.types import Message, RawMessageStreamEvent
 from pydantic import TypeAdapter
 
 from zccp.api import anthropic as api
-from zccp.api import module_for
+from zccp.api import codec_for
 from zccp.api.common import ParseLimits
 from zccp.request import ApiError, ChatMessage, GenerationRequest, GenerationResult, TextDelta
 
@@ -110,8 +110,8 @@ def test_empty_final_assistant_prefill_is_allowed() -> None:
     assert req.messages[-1] == ChatMessage("assistant", "")
 
 
-def test_module_for() -> None:
-    assert module_for("anthropic") is api
+def test_codec_for() -> None:
+    assert codec_for("anthropic") is api.CODEC
 
 
 BAD_CASES: list[tuple[str, bytes, int, str, str | None, str]] = [

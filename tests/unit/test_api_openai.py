@@ -14,7 +14,7 @@ import orjson
 import pytest
 from openai.types.chat import ChatCompletion, ChatCompletionChunk
 
-from zccp.api import module_for
+from zccp.api import codec_for
 from zccp.api import openai as api
 from zccp.api.common import ParseLimits
 from zccp.request import ApiError, ChatMessage, GenerationRequest, GenerationResult, TextDelta
@@ -109,8 +109,8 @@ def test_consecutive_turns_merge() -> None:
     assert req.messages == (ChatMessage("user", "Hello\n\nagain"),)
 
 
-def test_module_for() -> None:
-    assert module_for("openai") is api
+def test_codec_for() -> None:
+    assert codec_for("openai") is api.CODEC
 
 
 BAD_CASES: list[tuple[str, bytes, int, str | None, str | None, str]] = [

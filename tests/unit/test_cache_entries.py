@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from zccp.cache import CachedAnswer, CacheKeys, jaccard_estimate, scope_key
+from zccp.cache.answer import CachedAnswer
+from zccp.cache.fp.csf import estimate_jaccard as jaccard_estimate
+from zccp.cache.keys import CacheKeys, scope_key
 from zccp.request import ChatMessage, GenerationRequest, SamplingParams
 
 

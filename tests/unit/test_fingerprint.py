@@ -1,4 +1,4 @@
-"""zccp.fingerprint (Python only): golden vectors, tokenizer, MinHash, keys, properties.
+"""zccp.cache.fingerprint and zccp.cache.fp (Python only): golden vectors, tokenizer, MinHash, keys, properties.
 Lua is checked against the same vectors through nginx in
 tests/integration/test_fingerprint_identity.py."""
 
@@ -13,9 +13,10 @@ from pathlib import Path
 import pytest
 from fingerprint_vectors import sig_values, vec_body, vec_text
 
-from zccp import fingerprint as F
-from zccp.fingerprint import Fingerprint, compute, estimate_jaccard
-from zccp.masks import MaskSet, load_masks
+from zccp.cache.fingerprint import Fingerprint, compute, estimate_jaccard
+from zccp.cache.fp import canonical, prompt, tables
+from zccp.cache.fp import csf as F
+from zccp.cache.masks import MaskSet, load_masks
 
 REPO = Path(__file__).resolve().parents[2]
 VECTORS = REPO / "shm_abi" / "vectors" / "fingerprint_vectors.json"
@@ -95,7 +96,7 @@ def test_vector_tokenize(vectors):
 def test_vector_numbers_and_hashes(vectors):
     for n in vectors["numbers"]:
         v = float(n["literal"]) if "e400" in n["literal"] else json.loads(n["literal"])
-        assert F.canonical_number(v).decode() == n["canonical"], n["literal"]
+        assert canonical.canonical_number(v).decode() == n["canonical"], n["literal"]
     for h in vectors["hash_single"]:
         assert list(F.minhash([h["x"]])) == sig_values(h["h_hex"])
 
@@ -205,11 +206,11 @@ def test_prompt_text_layout():
     doc = {"system": "sys", "messages": [
         {"role": "user", "content": [{"type": "text", "text": "a"}, {"type": "image"}, {"type": "text", "text": "b"}]},
         {"role": "assistant", "content": "c"}]}
-    assert F.prompt_text("anthropic", doc) == b"system: sys\nuser: a\n[image]\nb\nassistant: c\n"
+    assert prompt.prompt_text("anthropic", doc) == b"system: sys\nuser: a\n[image]\nb\nassistant: c\n"
     odoc = {"messages": [{"role": "user", "content": "u"}, {"role": "developer", "content": "d"},
                          {"role": "system", "content": [{"type": "text", "text": "s"}]},
                          {"role": "assistant", "content": None}]}
-    assert F.prompt_text("openai", odoc) == b"developer: d\nsystem: s\nuser: u\nassistant: \n"
+    assert prompt.prompt_text("openai", odoc) == b"developer: d\nsystem: s\nuser: u\nassistant: \n"
 
 
 def test_exact_key_parameters(masks):
@@ -257,7 +258,7 @@ def test_long_prompts_incomplete(masks):
     fp = compute("anthropic", body(text=" ".join(f"t{i}" for i in range(2000))), masks)
     assert fp.tokens == 1024 and not fp.complete
     big = body(text="lorem ipsum " * 10000)
-    assert len(big) > F.DECODE_LIMIT
+    assert len(big) > tables.DECODE_LIMIT
     fp = compute("anthropic", big, masks)                   # Python has no decode limit
     assert fp is not None and fp.tokens == 1024 and not fp.complete
 
@@ -282,7 +283,7 @@ def test_canonical_numbers():
              "0.30000000000000004", 2**53 + 1: "9007199254740992", 10**400: "inf", float("inf"): "inf",
              5e-324: "4.94065645841247e-324", 123456789.125: "123456789.125"}
     for v, want in cases.items():
-        assert F.canonical_number(v) == want.encode(), v
+        assert canonical.canonical_number(v) == want.encode(), v
 
 
 def test_estimate_jaccard():
@@ -318,7 +319,7 @@ def test_tokenize_prefixes_equal_whole_text():
         for cut in (len(text), F._FIRST_PREFIX - 1, F._FIRST_PREFIX + 1, 6000):
             t = text[:cut]
             assert F.tokenize(t) == _tokenize_reference(t)
-            assert F._tokenize_source(F._prefix_of([t[:100], t[100:].decode("utf-8", "surrogateescape")])) \
+            assert F.tokenize_prefixes(prompt.prefix_of([t[:100], t[100:].decode("utf-8", "surrogateescape")])) \
                 == _tokenize_reference(t)
 
 
@@ -338,10 +339,10 @@ def test_long_string_escapes():
     for _ in range(400):
         s = "".join(r.choice(alpha) for _ in range(r.choice([r.randint(0, 200), r.randint(8000, 9000)])))
         b = s.encode("utf-8", "surrogateescape")
-        want = b'"' + F._STR_ESC.sub(F._esc, b) + b'"'
+        want = b'"' + canonical._STR_ESC.sub(canonical._esc, b) + b'"'
         for v in (s, b):
             out: list[bytes] = []
-            F._put_str(v, out)
+            canonical._put_str(v, out)
             assert b"".join(out) == want
 
 
@@ -360,4 +361,4 @@ def test_exact_key_of_pieces():
     r = random.Random(2)
     pieces = [r.randbytes(r.choice([0, 5, 5000, 70000])) for _ in range(30)]
     import hashlib
-    assert F._exact_key(pieces) == hashlib.sha256(b"".join(pieces)).digest()
+    assert canonical.sha256_of(pieces) == hashlib.sha256(b"".join(pieces)).digest()

@@ -20,8 +20,11 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "engine"))
 
-from zccp import fingerprint as F  # noqa: E402
-from zccp.masks import MaskSet, load_masks  # noqa: E402
+from zccp.cache.fingerprint import compute  # noqa: E402
+from zccp.cache.fp import csf as F  # noqa: E402
+from zccp.cache.fp.canonical import canonical_number  # noqa: E402
+from zccp.cache.fp.tables import DECODE_LIMIT  # noqa: E402
+from zccp.cache.masks import MaskSet, load_masks  # noqa: E402
 
 OUT = REPO / "shm_abi" / "vectors" / "fingerprint_vectors.json"
 
@@ -202,9 +205,9 @@ def build() -> dict:
     fixed = MaskSet.from_patterns([(p.name, p.pattern, p.replacement) for p in masks.patterns])
     reqs = []
     for name, api, body in requests():
-        fp = F.compute(api, body, fixed)
+        fp = compute(api, body, fixed)
         dbg: dict = {}
-        F.compute(api, body, fixed, debug=dbg)
+        compute(api, body, fixed, debug=dbg)
         small = len(body) <= 4096
         reqs.append({
             "name": name, "api": api, **body_fields(body),
@@ -233,7 +236,7 @@ def build() -> dict:
         "version": 1,
         "params": {
             "max_tokens": F.MAX_TOKENS, "num_perm": F.NUM_PERM, "bands": F.BANDS, "rows": F.ROWS,
-            "seed": "%016x" % F.SEED, "decode_limit": F.DECODE_LIMIT,
+            "seed": "%016x" % F.SEED, "decode_limit": DECODE_LIMIT,
             "a": [str(a) for a in F.MINHASH_A], "b": [str(b) for b in F.MINHASH_B],
         },
         "fnv": [{"data_hex": d.hex(), "fnv1a32": "%08x" % F.fnv1a32(d), "fnv1a64": "%016x" % F.fnv1a64(d)}
@@ -242,7 +245,7 @@ def build() -> dict:
                   for p in fixed.patterns],
         "mask_cases": [{"text_hex": t.hex(), "masked_hex": fixed.apply(t).hex(),
                         "changed": fixed.apply_changed(t)[1]} for t in MASK_TEXTS],
-        "numbers": [{"literal": s, "canonical": F.canonical_number(json.loads(s) if "e400" not in s
+        "numbers": [{"literal": s, "canonical": canonical_number(json.loads(s) if "e400" not in s
                                                                     else float(s)).decode()} for s in NUMBERS],
         "tokenize": toks,
         "hash_single": hs,

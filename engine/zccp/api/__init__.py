@@ -1,21 +1,20 @@
-"""API front ends: each module turns request bytes into a GenerationRequest and
-renders results, errors and SSE streams back into that API's bytes.
+"""API front ends: each turns request bytes into a GenerationRequest and renders
+results, errors and SSE streams back into that API's bytes, behind one ApiCodec.
 
-Both modules expose the same functions (parse_request, render_response,
-render_error, http_status, new_response_id, StreamEncoder), so the engine can
-pick one by ApiKind with `module_for(kind)`.
+    codec_for("anthropic" | "openai") -> ApiCodec
 """
 
 from __future__ import annotations
 
-from types import ModuleType
-
 from ..request import ApiKind
 from . import anthropic, openai
+from .codec import ApiCodec
 from .common import ParseLimits
 
-__all__ = ["ParseLimits", "anthropic", "openai", "module_for"]
+__all__ = ["ApiCodec", "ParseLimits", "CODECS", "codec_for"]
+
+CODECS: dict[ApiKind, ApiCodec] = {anthropic.CODEC.name: anthropic.CODEC, openai.CODEC.name: openai.CODEC}
 
 
-def module_for(kind: ApiKind) -> ModuleType:
-    return anthropic if kind == "anthropic" else openai
+def codec_for(kind: ApiKind) -> ApiCodec:
+    return CODECS[kind]

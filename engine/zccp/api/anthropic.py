@@ -16,6 +16,8 @@ from ..request import (
     SamplingParams,
     TextDelta,
 )
+from .codec import ApiCodec
+from .errors import KINDS
 from .common import (
     scope_extra,
     JOIN,
@@ -33,7 +35,7 @@ from .common import (
 
 __all__ = [
     "ParseLimits", "parse_request", "render_response", "render_error",
-    "StreamEncoder", "http_status", "new_response_id", "STATUS_BY_KIND",
+    "StreamEncoder", "http_status", "new_response_id", "STATUS_BY_KIND", "CODEC",
 ]
 
 _FIELDS: Final = frozenset({
@@ -45,16 +47,7 @@ _MESSAGE_FIELDS: Final = frozenset({"role", "content"})
 _METADATA_FIELDS: Final = frozenset({"user_id"})
 _ROLES: Final = frozenset({"user", "assistant"})
 
-STATUS_BY_KIND: Final = {
-    "invalid_request_error": 400,
-    "authentication_error": 401,
-    "permission_error": 403,
-    "not_found_error": 404,
-    "request_too_large": 413,
-    "rate_limit_error": 429,
-    "api_error": 500,
-    "overloaded_error": 529,
-}
+STATUS_BY_KIND: Final = {k.name: k.status for k in KINDS.values()}
 
 
 def _bad(path: str, msg: str) -> ApiError:
@@ -354,3 +347,8 @@ class StreamEncoder:
     def error(self, err: ApiError) -> bytes:
         return sse(dumps(_error_obj(err)), "error")
 
+
+CODEC: Final = ApiCodec(
+    name="anthropic", decode=decode_body, parse=parse_document, render=render_response, stream=StreamEncoder,
+    render_error=render_error, http_status=http_status, new_response_id=new_response_id,
+)

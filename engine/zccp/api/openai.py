@@ -19,6 +19,9 @@ from ..request import (
     StopReason,
     TextDelta,
 )
+from .codec import ApiCodec
+from .errors import KINDS
+from .errors import kind as error_kind
 from .common import (
     scope_extra,
     JOIN,
@@ -38,7 +41,7 @@ from .common import (
 
 __all__ = [
     "ParseLimits", "OpenAIApiError", "parse_request", "render_response", "render_error",
-    "StreamEncoder", "http_status", "new_response_id", "FINISH_REASON",
+    "StreamEncoder", "http_status", "new_response_id", "FINISH_REASON", "CODEC",
 ]
 
 
@@ -85,19 +88,6 @@ _INVALID_JSON: Final = (
     "using your HTTP library correctly. The OpenAI API expects a JSON payload, but what was "
     "sent was not valid JSON.)"
 )
-
-# Anthropic-style kind -> (OpenAI error type, default code).
-_ERROR_TYPES: Final[dict[str, tuple[str, str | None]]] = {
-    "invalid_request_error": ("invalid_request_error", None),
-    "authentication_error": ("invalid_request_error", "invalid_api_key"),
-    "permission_error": ("invalid_request_error", "permission_denied"),
-    "not_found_error": ("invalid_request_error", None),
-    "request_too_large": ("invalid_request_error", "request_too_large"),
-    "rate_limit_error": ("requests", "rate_limit_exceeded"),
-    "api_error": ("server_error", None),
-    "overloaded_error": ("server_error", "server_overloaded"),
-}
-
 
 # --- error constructors in OpenAI's wording ---
 
@@ -395,13 +385,14 @@ def new_response_id() -> str:
 
 
 def http_status(err: ApiError) -> int:
-    """The HTTP status to send `err` with: OpenAI signals overload with 503, not 529."""
-    return 503 if err.status == 529 else err.status
+    """The HTTP status to send `err` with: the kind's OpenAI status (overload is 503, not 529)."""
+    k = KINDS.get(err.kind)
+    return k.openai_status if k is not None and err.status == k.status else err.status
 
 
 def _error_obj(err: ApiError) -> dict[str, Any]:
-    etype, code = _ERROR_TYPES.get(
-        err.kind, ("server_error" if err.status >= 500 else "invalid_request_error", None))
+    k = error_kind(err.kind, err.status)
+    etype, code = k.openai_type, k.openai_code
     if isinstance(err, OpenAIApiError) and err.code is not None:
         code = err.code
     elif err.kind == "not_found_error" and err.param == "model":
@@ -476,3 +467,9 @@ class StreamEncoder:
 
     def error(self, err: ApiError) -> bytes:
         return sse(dumps(_error_obj(err)))
+
+
+CODEC: Final = ApiCodec(
+    name="openai", decode=decode_body, parse=parse_document, render=render_response, stream=StreamEncoder,
+    render_error=render_error, http_status=http_status, new_response_id=new_response_id,
+)

@@ -1,63 +1,50 @@
 """Cache keys for one request: from what nginx wrote into the slot, or computed here.
 
 nginx fingerprints bodies it can decode cheaply and sets ZCCP_FLAG_FP_VALID; for
-the rest (large bodies) the engine runs the same algorithm (zccp.fingerprint,
+the rest (large bodies) the engine runs the same algorithm (zccp.cache.fingerprint,
 byte-identical to lua/zccp/fingerprint.lua) over the payload in place, with the
-same mask patterns file, re-read when it changes.
+same mask patterns.
 """
 
 from __future__ import annotations
 
-import logging
-import os
-import time
-from pathlib import Path
+import hashlib
+from dataclasses import dataclass
 from typing import Any
+
+import orjson
 
 from zccp.abi import CSF_BANDS, MINHASH_COUNT, Flag, ffi
 from zccp.arena import SlotView
-from zccp.cache import CacheKeys, scope_key
-from zccp.fingerprint import compute
-from zccp.masks import MaskSet, default_patterns_path, load_masks
+from zccp.cache.fingerprint import compute
+from zccp.cache.masks import MaskSource
 from zccp.request import GenerationRequest
 
-log = logging.getLogger("zccp.cache_keys")
+
+@dataclass(frozen=True)
+class CacheKeys:
+    exact: bytes                      # 32-byte exact key (masked request, every parameter)
+    scope: bytes                      # 32-byte digest of the parameters, prompt excluded
+    bands: tuple[int, ...]            # 16 LSH band keys ((): near-duplicates not allowed)
+    signature: tuple[int, ...]        # 128 MinHash values ((): none)
+
+    @property
+    def near_ok(self) -> bool:
+        return bool(self.bands) and len(self.signature) == MINHASH_COUNT
 
 
-class MaskSource:
-    """The operator's mask patterns, re-read (at most once a second) when the file changes."""
+def scope_key(req: GenerationRequest, masked_system: bytes | None = None) -> bytes:
+    """Every output-relevant parameter except the conversation, canonically.
 
-    CHECK_EVERY_S = 1.0
-
-    def __init__(self, path: Path | None = None, last_good: Path | None = None) -> None:
-        self.path = path or default_patterns_path()
-        self.last_good = last_good
-        self._mtime = 0.0
-        self._checked = 0.0
-        self._masks: MaskSet = self._load()
-
-    def _load(self) -> MaskSet:
-        try:
-            self._mtime = os.stat(self.path).st_mtime
-        except OSError:
-            self._mtime = 0.0
-        masks = load_masks(self.path, self.last_good)
-        for name, err in masks.errors:
-            log.error("mask pattern %s not applied: %s", name, err)
-        return masks
-
-    def get(self) -> MaskSet:
-        now = time.monotonic()
-        if now - self._checked >= self.CHECK_EVERY_S:
-            self._checked = now
-            try:
-                changed = os.stat(self.path).st_mtime != self._mtime
-            except OSError:
-                changed = False
-            if changed:
-                self._masks = self._load()
-                log.info("mask patterns reloaded from %s", self.path)
-        return self._masks
+    The system prompt is part of the scope: a near-duplicate is a similar conversation
+    under the same instructions, never similar text under other ones. Pass it masked
+    (as the exact key sees it), so a timestamp in it does not defeat near hits."""
+    s = req.sampling
+    system = masked_system if masked_system is not None else req.system.encode()
+    doc = {"api": req.api, "model": req.model, "system": system.decode("utf-8", "replace"), "max_tokens": s.max_tokens, "temperature": s.temperature,
+           "top_p": s.top_p, "top_k": s.top_k, "seed": s.seed, "stop": list(s.stop),
+           "extra": req.scope_extra.decode()}
+    return hashlib.sha256(orjson.dumps(doc, option=orjson.OPT_SORT_KEYS)).digest()
 
 
 def keys_for(view: SlotView, payload: memoryview, req: GenerationRequest, masks: MaskSource,

@@ -19,20 +19,21 @@ on a dead Redis); then it is tried again, so it comes back by itself.
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import struct
 import time
 from dataclasses import dataclass, field
 
-import orjson
 import redis.asyncio as aioredis
 
+from zccp.abi import MINHASH_COUNT
+from zccp.cache.answer import CachedAnswer
+from zccp.cache.fp.csf import estimate_jaccard
+from zccp.cache.keys import CacheKeys
 from zccp.config import CacheConfig
 from zccp.metrics import EngineMetrics
-from zccp.request import GenerationRequest, GenerationResult
 
-log = logging.getLogger("zccp.cache")
+log = logging.getLogger("zccp.cache.store")
 
 PREFIX = "zccp:v1:"
 MAX_CANDIDATES = 32
@@ -59,52 +60,6 @@ end
 return out
 """
 RETRY_AFTER_FAILURE_S = 1.0
-SIGNATURE_LEN = 128
-
-
-@dataclass(frozen=True)
-class CacheKeys:
-    exact: bytes                      # 32-byte exact key (masked request, every parameter)
-    scope: bytes                      # 32-byte digest of the parameters, prompt excluded
-    bands: tuple[int, ...]            # 16 LSH band keys ((): near-duplicates not allowed)
-    signature: tuple[int, ...]        # 128 MinHash values ((): none)
-
-    @property
-    def near_ok(self) -> bool:
-        return bool(self.bands) and len(self.signature) == SIGNATURE_LEN
-
-
-@dataclass(frozen=True)
-class CachedAnswer:
-    text: str
-    stop_reason: str
-    stop_sequence: str | None
-    output_tokens: int
-    deltas: tuple[int, ...]           # character lengths of the streamed deltas, to replay them alike
-    created: float
-
-    def result(self, input_tokens: int) -> GenerationResult:
-        return GenerationResult(self.text, self.stop_reason, self.stop_sequence,  # type: ignore[arg-type]
-                                input_tokens, self.output_tokens)
-
-    def to_json(self) -> bytes:
-        return orjson.dumps({"text": self.text, "stop_reason": self.stop_reason, "stop_sequence": self.stop_sequence,
-                             "output_tokens": self.output_tokens, "deltas": list(self.deltas),
-                             "created": self.created})
-
-    @classmethod
-    def from_json(cls, raw: bytes) -> CachedAnswer | None:
-        """An entry read back from Redis; anything malformed is a miss, never a crash."""
-        try:
-            d = orjson.loads(raw)
-            deltas = tuple(int(n) for n in d["deltas"])
-            ans = cls(str(d["text"]), str(d["stop_reason"]), d["stop_sequence"], int(d["output_tokens"]),
-                      deltas, float(d["created"]))
-        except (orjson.JSONDecodeError, KeyError, TypeError, ValueError):
-            return None
-        if ans.stop_reason not in ("end_turn", "max_tokens", "stop_sequence") or sum(deltas) != len(ans.text):
-            return None
-        return ans
 
 
 @dataclass(frozen=True)
@@ -115,32 +70,14 @@ class Lookup:
     age_s: int = 0
 
 
-def scope_key(req: GenerationRequest, masked_system: bytes | None = None) -> bytes:
-    """Every output-relevant parameter except the conversation, canonically.
-
-    The system prompt is part of the scope: a near-duplicate is a similar conversation
-    under the same instructions, never similar text under other ones. Pass it masked
-    (as the exact key sees it), so a timestamp in it does not defeat near hits."""
-    s = req.sampling
-    system = masked_system if masked_system is not None else req.system.encode()
-    doc = {"api": req.api, "model": req.model, "system": system.decode("utf-8", "replace"), "max_tokens": s.max_tokens, "temperature": s.temperature,
-           "top_p": s.top_p, "top_k": s.top_k, "seed": s.seed, "stop": list(s.stop),
-           "extra": req.scope_extra.decode()}
-    return hashlib.sha256(orjson.dumps(doc, option=orjson.OPT_SORT_KEYS)).digest()
-
-
 def _sig_bytes(scope: bytes, sig: tuple[int, ...]) -> bytes:
     return scope + struct.pack(f"<{len(sig)}I", *sig)
 
 
 def _parse_sig(raw: bytes | None) -> tuple[bytes, tuple[int, ...]] | None:
-    if raw is None or len(raw) != 32 + 4 * SIGNATURE_LEN:
+    if raw is None or len(raw) != 32 + 4 * MINHASH_COUNT:
         return None
-    return raw[:32], struct.unpack(f"<{SIGNATURE_LEN}I", raw[32:])
-
-
-def jaccard_estimate(a: tuple[int, ...], b: tuple[int, ...]) -> float:
-    return sum(1 for x, y in zip(a, b) if x == y) / SIGNATURE_LEN
+    return raw[:32], struct.unpack(f"<{MINHASH_COUNT}I", raw[32:])
 
 
 @dataclass
@@ -197,7 +134,7 @@ class ResponseCache:
             parsed = _parse_sig(raw)
             if parsed is None or parsed[0] != keys.scope:
                 continue
-            sim = jaccard_estimate(parsed[1], keys.signature)
+            sim = estimate_jaccard(parsed[1], keys.signature)
             if sim > best_sim:
                 best, best_sim = cand, sim
         if best is None or best_sim < self.cfg.similarity_threshold:

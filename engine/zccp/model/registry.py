@@ -6,6 +6,7 @@ import dataclasses
 from collections.abc import Callable
 from typing import Any
 
+from zccp.config import ModelConfig
 from zccp.model.base import ModelBackend
 
 
@@ -22,10 +23,13 @@ def _build_tiny(**options: Any) -> ModelBackend:
     return TinyTransformer(TinyConfig(**options))
 
 
+_NULL_OPTIONS = frozenset({"reply", "name", "max_context", "token_delay_ms"})
+
+
 def _build_null(**options: Any) -> ModelBackend:
     from zccp.model.null import NullBackend
 
-    known = {"reply", "name", "max_context", "token_delay_ms"}
+    known = _NULL_OPTIONS
     unknown = sorted(set(options) - known)
     if unknown:
         raise ValueError(
@@ -44,8 +48,31 @@ _BUILDERS: dict[str, Callable[..., ModelBackend]] = {
 }
 
 
-def register_backend(kind: str, factory: Callable[..., ModelBackend]) -> None:
+def _tiny_options() -> frozenset[str]:
+    from zccp.model.tiny import TinyConfig
+
+    return frozenset(f.name for f in dataclasses.fields(TinyConfig))
+
+
+# kind -> the option names its factory takes (read from config.yaml's model section).
+_OPTIONS: dict[str, Callable[[], frozenset[str]]] = {"tiny": _tiny_options, "null": lambda: _NULL_OPTIONS}
+
+
+def register_backend(kind: str, factory: Callable[..., ModelBackend], options: frozenset[str] = frozenset()) -> None:
     _BUILDERS[kind] = factory
+    _OPTIONS[kind] = lambda: options
+
+
+def backend_from_config(m: ModelConfig) -> ModelBackend:
+    """The backend `model.backend` names, built from config.yaml's model section: each
+    option takes the model.<option> value, or model.<kind>_<option> (model.null_reply is
+    the null backend's `reply`); nothing is mapped by hand."""
+    names = _OPTIONS.get(m.backend, frozenset)()
+    values = {f.name: getattr(m, f.name) for f in dataclasses.fields(m)}
+    prefix = m.backend + "_"
+    options = {k: v for k, v in values.items() if k in names}
+    options.update({k[len(prefix):]: v for k, v in values.items() if k.startswith(prefix) and k[len(prefix):] in names})
+    return build_backend(m.backend, **options)
 
 
 def available_kinds() -> tuple[str, ...]:

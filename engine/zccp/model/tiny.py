@@ -29,6 +29,7 @@ import torch
 import torch.nn.functional as F
 from torch.nn.attention.bias import causal_lower_right
 
+from zccp.config import ModelConfig
 from zccp.model.base import ModelBackend
 from zccp.model.tokenizer import EOS, VOCAB_SIZE
 from zccp.request import SamplingParams
@@ -47,16 +48,19 @@ _ROPE_BASE = 10000.0
 _NORM_EPS = 1e-6
 
 
+_M = ModelConfig   # the defaults a user gets are config.yaml's, defined once there
+
+
 @dataclass(frozen=True)
 class TinyConfig:
-    name: str = "zccp-tiny"
-    d_model: int = 128
-    n_layers: int = 2
-    n_heads: int = 4
-    d_ff: int = 512
-    max_context: int = 8192
-    seed: int = 0
-    prefill_chunk: int = 0          # 0 = whole prompt in one pass
+    name: str = _M.name
+    d_model: int = _M.d_model
+    n_layers: int = _M.n_layers
+    n_heads: int = _M.n_heads
+    d_ff: int = _M.d_ff
+    max_context: int = _M.max_context
+    seed: int = _M.seed
+    prefill_chunk: int = _M.prefill_chunk   # 0 = whole prompt in one pass
     tie_embeddings: bool = False    # tied: greedy degenerates to one repeated byte
     eos_bias: float = DEFAULT_EOS_BIAS
     device: str = "cpu"

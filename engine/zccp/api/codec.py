@@ -1,0 +1,43 @@
+"""The seam between the engine and an API front end: one ApiCodec per API.
+
+A codec turns a request body into a GenerationRequest and results, streams and
+errors back into that API's bytes. The engine picks one by the slot's API flag
+through the registry in zccp.api (codec_for); nothing else knows which API it runs.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from zccp.api.common import ParseLimits
+from zccp.request import ApiError, ApiKind, GenerationRequest, GenerationResult, TextDelta
+
+
+class StreamEncoder(Protocol):
+    """SSE bytes for one streamed answer: start(), delta()*, then finish() or error()."""
+
+    def start(self) -> bytes: ...
+    def delta(self, d: TextDelta) -> bytes: ...
+    def finish(self, result: GenerationResult) -> bytes: ...
+    def error(self, err: ApiError) -> bytes: ...
+
+
+@dataclass(frozen=True)
+class ApiCodec:
+    name: ApiKind
+    # the body as a JSON object, parsed once (or this API's 400)
+    decode: Callable[[bytes | memoryview], dict[str, Any]]
+    # a decoded body validated into a request (or this API's 4xx)
+    parse: Callable[[dict[str, Any], ParseLimits], GenerationRequest]
+    # (req, result, response id, created) -> the non-streamed response body
+    render: Callable[[GenerationRequest, GenerationResult, str, int], bytes]
+    # (req, response id, created, input tokens) -> the stream's encoder
+    stream: Callable[[GenerationRequest, str, int, int], StreamEncoder]
+    render_error: Callable[[ApiError], bytes]
+    http_status: Callable[[ApiError], int]
+    new_response_id: Callable[[], str]
+
+    def parse_body(self, body: bytes | memoryview, limits: ParseLimits) -> GenerationRequest:
+        return self.parse(self.decode(body), limits)

@@ -1,0 +1,163 @@
+"""The exact key (docs/fingerprint.md §6): the canonical byte form of a decoded,
+masked request and its SHA-256. The Python side of lua/zccp/fp/canonical.lua.
+
+    canonical_request(api, doc) -> bytes
+    exact_key(api, doc) -> 32 bytes
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from typing import Any
+
+from zccp.cache.fp.tables import EXACT_PREFIX, EXCLUDED_KEYS
+
+try:  # finds the special bytes of very long strings at once
+    import numpy as _np
+except ImportError:  # pragma: no cover
+    _np = None
+
+
+def as_bytes(v: str | bytes) -> bytes:
+    """A decoded JSON string as the body's bytes (str values: utf-8 + surrogateescape)."""
+    return v if isinstance(v, bytes) else v.encode("utf-8", "surrogateescape")
+
+
+def canonical_number(v: int | float) -> bytes:
+    """The shortest of %.15g/%.16g/%.17g that reads back as the same double; 0 for ±0."""
+    try:
+        f = float(v)
+    except OverflowError:
+        f = float("inf") if v > 0 else float("-inf")
+    if f != f:
+        return b"nan"
+    if f == 0:
+        return b"0"
+    if f in (float("inf"), float("-inf")):
+        return b"inf" if f > 0 else b"-inf"
+    for p in (15, 16, 17):
+        s = "%.*g" % (p, f)
+        if float(s) == f:
+            return s.encode()
+    raise AssertionError("unreachable")
+
+
+_STR_ESC = re.compile(rb'["\\\x00-\x1f]')
+
+
+def _esc_byte(c: int) -> bytes:
+    if c == 0x22:
+        return b'\\"'
+    if c == 0x5C:
+        return b"\\\\"
+    return b"\\u%04x" % c
+
+
+def _esc(m: re.Match) -> bytes:
+    return _esc_byte(m.group()[0])
+
+
+_LONG_STR = 64
+# long strings: one str.replace / bytes.replace per special character present (each
+# presence test is a memchr); the backslash first, so that no escape is escaped again
+_ESC_ORDER = [0x5C, 0x22] + list(range(32))
+_ESC_BYTES = [(bytes([c]), _esc_byte(c)) for c in _ESC_ORDER]
+_NP_SCAN = 8192
+
+
+def _put_str(v: str | bytes, out: list[bytes]) -> None:
+    if len(v) > _LONG_STR:
+        b = as_bytes(v)
+        if _np is not None and len(b) > _NP_SCAN:
+            # which specials occur: the control bytes at once, then the two others
+            a = _np.frombuffer(b, dtype=_np.uint8)
+            ctl = set(_np.unique(a[a < 32]).tolist())
+            escs = [(ch, esc) for ch, esc in _ESC_BYTES if ch[0] in ctl or (ch[0] >= 32 and ch in b)]
+        else:
+            escs = [(ch, esc) for ch, esc in _ESC_BYTES if ch in b]
+        for ch, esc in escs:   # in _ESC_ORDER: the backslash first
+            b = b.replace(ch, esc)
+        out.extend((b'"', b, b'"'))   # no copy of a long string here: the final join copies
+        return
+    b = as_bytes(v)
+    if _STR_ESC.search(b):
+        b = _STR_ESC.sub(_esc, b)
+    out.append(b'"' + b + b'"')
+
+
+def _cj(v: Any, out: list[bytes]) -> None:
+    if isinstance(v, (str, bytes)):
+        _put_str(v, out)
+    elif v is None:
+        out.append(b"null")
+    elif v is True:
+        out.append(b"true")
+    elif v is False:
+        out.append(b"false")
+    elif isinstance(v, (int, float)):
+        out.append(canonical_number(v))
+    elif isinstance(v, list):
+        if not v:
+            out.append(b"[]")
+            return
+        out.append(b"[")
+        for i, x in enumerate(v):
+            if i:
+                out.append(b",")
+            _cj(x, out)
+        out.append(b"]")
+    elif isinstance(v, dict):
+        if not v:
+            out.append(b"[]")  # lua-cjson decodes {} and [] alike
+            return
+        out.append(b"{")
+        for i, (k, x) in enumerate(sorted(((as_bytes(k), x) for k, x in v.items()), key=lambda kv: kv[0])):
+            if i:
+                out.append(b",")
+            _put_str(k, out)
+            out.append(b":")
+            _cj(x, out)
+        out.append(b"}")
+    else:  # pragma: no cover
+        raise TypeError(type(v))
+
+
+def canonical_request(api: str, doc: dict) -> bytes:
+    """The exact key's byte form of an (already masked) decoded request."""
+    return b"".join(canonical_pieces(api, doc))
+
+
+def exact_key(api: str, doc: dict) -> bytes:
+    """SHA-256 of the canonical form, without copying its long pieces into one string."""
+    return sha256_of(canonical_pieces(api, doc))
+
+
+def sha256_of(pieces: list[bytes]) -> bytes:
+    h = hashlib.sha256()
+    small: list[bytes] = []
+    for p in pieces:
+        if len(p) > 4096:
+            if small:
+                h.update(b"".join(small))
+                small.clear()
+            h.update(p)
+        else:
+            small.append(p)
+    if small:
+        h.update(b"".join(small))
+    return h.digest()
+
+
+def canonical_pieces(api: str, doc: dict) -> list[bytes]:
+    """The canonical form as pieces (joined, they are canonical_request())."""
+    top: dict[Any, Any] = {}
+    for k, v in doc.items():
+        if v is None or k in EXCLUDED_KEYS:
+            continue
+        top[k] = v
+    if api == "openai" and "max_completion_tokens" in top:
+        top["max_tokens"] = top.pop("max_completion_tokens")
+    out = [EXACT_PREFIX, api.encode(), b"\n"]
+    _cj(top, out)
+    return out

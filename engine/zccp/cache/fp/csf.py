@@ -1,0 +1,253 @@
+"""The content-similarity fingerprint (docs/fingerprint.md §4–§5): tokens, word
+2-shingles, the MinHash signature, LSH band keys and csf_key. The Python side of
+lua/zccp/fp/csf.lua, byte for byte.
+
+    csf_signature(masked_prompt_text) -> (signature, tokens seen, complete)
+    band_keys(signature), csf_key_of(signature), estimate_jaccard(sig_a, sig_b)
+"""
+
+from __future__ import annotations
+
+import itertools
+import re
+from typing import Sequence
+
+from zccp.cache.fp.tables import BANDS, MAX_TOKENS, NUM_PERM, RANGES, ROWS, SEED
+
+try:  # vectorised MinHash; the pure-Python path below gives the same values
+    import numpy as _np
+except ImportError:  # pragma: no cover
+    _np = None
+
+_M32 = 0xFFFFFFFF
+_M64 = 0xFFFFFFFFFFFFFFFF
+MERSENNE_61 = (1 << 61) - 1
+EMPTY_SLOT = _M32                    # signature value when the prompt has no shingle
+
+# --------------------------------------------------------------------------- hashes
+
+def fnv1a32(data: bytes, h: int = 0x811C9DC5) -> int:
+    for c in data:
+        h = ((h ^ c) * 0x01000193) & _M32
+    return h
+
+
+def fnv1a64(data: bytes, h: int = 0xCBF29CE484222325) -> int:
+    for c in data:
+        h = ((h ^ c) * 0x100000001B3) & _M64
+    return h
+
+
+def _splitmix64(seed: int):
+    state = seed
+    while True:
+        state = (state + 0x9E3779B97F4A7C15) & _M64
+        z = state
+        z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & _M64
+        z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & _M64
+        yield z ^ (z >> 31)
+
+
+def _minhash_params() -> tuple[tuple[int, ...], tuple[int, ...]]:
+    gen = _splitmix64(SEED)
+    a_s, b_s = [], []
+    for _ in range(NUM_PERM):
+        a = 0
+        while a == 0:
+            a = next(gen) % MERSENNE_61
+        a_s.append(a)
+        b_s.append(next(gen) % MERSENNE_61)
+    return tuple(a_s), tuple(b_s)
+
+
+MINHASH_A, MINHASH_B = _minhash_params()
+
+
+# --------------------------------------------------------------------------- tokenizer
+
+def _char_classes() -> tuple[str, str]:
+    """Regex classes (over the surrogateescape-decoded text) for CJK code points and word chars."""
+    cjk: list[tuple[int, int]] = []
+    other: list[tuple[int, int]] = []  # S or C: not word characters
+    for lo, hi, cls in RANGES:
+        other.append((lo, hi))
+        if cls == b"C":
+            cjk.append((lo, hi))
+        elif cls != b"S":
+            raise ValueError(f"fp_tables.lua: unknown class {cls!r}")
+    # word: [0-9a-z] and every non-ASCII code point outside the table (lone surrogates
+    # U+DC80..U+DCFF stand for invalid UTF-8 bytes: word bytes too)
+    word: list[tuple[int, int]] = [(0x30, 0x39), (0x61, 0x7A)]
+    nxt = 0x80
+    for lo, hi in sorted(other):
+        if lo > nxt:
+            word.append((nxt, lo - 1))
+        nxt = hi + 1
+    if nxt <= 0x10FFFF:
+        word.append((nxt, 0x10FFFF))
+
+    def cls_src(rs):
+        return "".join(re.escape(chr(lo)) + ("-" + re.escape(chr(hi)) if hi > lo else "") for lo, hi in rs)
+
+    return cls_src(cjk), cls_src(word)
+
+
+_CJK_CLASS, _WORD_CLASS = _char_classes()
+_TOKEN_RE = re.compile(f"[{_CJK_CLASS}]|[{_WORD_CLASS}]+")
+_ASCII_TOKEN_RE = re.compile(rb"[0-9a-z]+")   # the same rules on lowercased ASCII-only text
+_FIRST_PREFIX = 16384                          # bytes of text tokenized first (then 4x, ...)
+
+
+def _tokenize_prefix(b: bytes, limit: int, final: bool) -> tuple[list[bytes], bool] | None:
+    """Tokens of `b`, a prefix of the text (`final`: all of it). None when `b` is too short
+    to decide: only tokens before the last one found are certainly whole (the cut can
+    split the last word or UTF-8 sequence), so a prefix decides once it holds limit + 2."""
+    low = b.lower()  # bytes.lower(): ASCII only
+    if low.isascii():
+        toks = _ASCII_TOKEN_RE.findall(low)
+    else:
+        s = low.decode("utf-8", "surrogateescape")
+        toks = [t.encode("utf-8", "surrogateescape")
+                for t in itertools.islice((m.group() for m in _TOKEN_RE.finditer(s)), limit + 2)]
+    if final:
+        return toks[:limit], len(toks) <= limit
+    if len(toks) >= limit + 2:
+        return toks[:limit], False
+    return None
+
+
+def tokenize_prefixes(prefix, limit: int = MAX_TOKENS) -> tuple[list[bytes], bool]:
+    """prefix(n) -> (at least the first n bytes of the text or all of it, whether that is all)."""
+    n = _FIRST_PREFIX
+    while True:
+        b, final = prefix(n)
+        r = _tokenize_prefix(b, limit, final)
+        if r is not None:
+            return r
+        n *= 4
+
+
+def tokenize(text: bytes, limit: int = MAX_TOKENS) -> tuple[list[bytes], bool]:
+    """The first `limit` tokens of the (unmasked-here) prompt text, and whether that was all of them."""
+    return tokenize_prefixes(lambda n: (text[:n], n >= len(text)), limit)
+
+
+def shingle_hashes(tokens: Sequence[bytes]) -> list[int]:
+    """FNV-1a 32 of each word 2-shingle ("t1 t2"); a single token is one 1-shingle; none: none."""
+    if len(tokens) == 1:
+        return [fnv1a32(tokens[0])]
+    if _np is not None and len(tokens) > 16:
+        return _shingle_hashes_np(tokens)
+    states = [fnv1a32(t) for t in tokens]
+    return [fnv1a32(tokens[j + 1], fnv1a32(b" ", states[j])) for j in range(len(tokens) - 1)]
+
+
+_NP_COLS = 48   # shingle bytes hashed column by column; longer shingles finish in Python
+
+
+def _shingle_hashes_np(tokens: Sequence[bytes]) -> list[int]:
+    """FNV-1a 32 of every shingle at once: one numpy step per byte position."""
+    np = _np
+    sh = [a + b" " + b for a, b in zip(tokens, tokens[1:])]
+    n = len(sh)
+    lens = np.fromiter(map(len, sh), dtype=np.int64, count=n)
+    cols = min(int(lens.max()), _NP_COLS)
+    # fixed-width rows, NUL-padded (a token never contains NUL: it is a separator)
+    arr = np.array(sh, dtype=f"S{cols}").view(np.uint8).reshape(n, cols)
+    h = np.full(n, 0x811C9DC5, dtype=np.uint32)
+    prime = np.uint32(0x01000193)
+    shortest = int(lens.min())
+    for c in range(cols):
+        nh = (h ^ arr[:, c]) * prime
+        h = nh if c < shortest else np.where(lens > c, nh, h)
+    out = h.tolist()
+    if cols < lens.max():
+        for j in np.flatnonzero(lens > cols).tolist():
+            out[j] = fnv1a32(sh[j][cols:], out[j])
+    return out
+
+
+def _minhash_py(xs: Sequence[int]) -> tuple[int, ...]:
+    if not xs:
+        return (EMPTY_SLOT,) * NUM_PERM
+    P = MERSENNE_61
+    return tuple(min(((a * x + b) % P) & _M32 for x in xs) for a, b in zip(MINHASH_A, MINHASH_B))
+
+
+if _np is not None:
+    # a = AH * 2^29 + AL (AH < 2^32, AL < 2^29), as in fingerprint.lua
+    _AH = _np.array([a >> 29 for a in MINHASH_A], dtype=_np.uint64)[:, None]
+    _AL = _np.array([a & ((1 << 29) - 1) for a in MINHASH_A], dtype=_np.uint64)[:, None]
+    _B = _np.array(MINHASH_B, dtype=_np.uint64)[:, None]
+
+_NP_ROWS = 16   # MinHash functions per numpy block (keeps the temporaries in cache)
+
+
+def _minhash_np(xs: Sequence[int]) -> tuple[int, ...]:
+    """Same arithmetic as fingerprint.lua: with a = AH*2^29 + AL and x < 2^32,
+    s = ((AH*x mod 2^32) << 29) + (AH*x >> 32) + AL*x + b < 2^63 is a*x + b mod P;
+    r = (s & P) + (s >> 61) <= P + 3, and r mod P has the low 32 bits of r + ((r + 1) >> 61)."""
+    if not xs:
+        return (EMPTY_SLOT,) * NUM_PERM
+    np = _np
+    x = np.array(xs, dtype=np.uint64)[None, :]
+    u = np.uint64
+    m32, p61, s29, s32, s61, one = u(_M32), u(MERSENNE_61), u(29), u(32), u(61), u(1)
+    out: list[int] = []
+    for i in range(0, NUM_PERM, _NP_ROWS):
+        h = _AH[i:i + _NP_ROWS] * x
+        s = h & m32
+        s <<= s29
+        h >>= s32
+        s += h
+        np.multiply(_AL[i:i + _NP_ROWS], x, out=h)
+        s += h
+        s += _B[i:i + _NP_ROWS]
+        np.right_shift(s, s61, out=h)
+        s &= p61
+        s += h                      # r
+        np.add(s, one, out=h)
+        h >>= s61                   # 1 iff r >= P
+        s += h
+        s &= m32
+        out.extend(s.min(axis=1).tolist())
+    return tuple(out)
+
+
+def minhash(xs: Sequence[int]) -> tuple[int, ...]:
+    """128 values: min over shingles of ((a_i*x + b_i) mod (2^61-1)) & 0xffffffff."""
+    xs = list(dict.fromkeys(xs))
+    if _np is not None and len(xs) > 8:
+        return _minhash_np(xs)
+    return _minhash_py(xs)
+
+
+def band_keys(sig: Sequence[int]) -> tuple[int, ...]:
+    out = []
+    for i in range(BANDS):
+        data = bytes([i]) + b"".join(v.to_bytes(4, "little") for v in sig[i * ROWS:(i + 1) * ROWS])
+        out.append(fnv1a64(data))
+    return tuple(out)
+
+
+def csf_key_of(sig: Sequence[int]) -> int:
+    return fnv1a64(b"".join(v.to_bytes(4, "little") for v in sig))
+
+
+def csf_signature(text: bytes) -> tuple[tuple[int, ...], int, bool]:
+    """(signature, tokens seen, complete) of an already-masked prompt text."""
+    toks, complete = tokenize(text)
+    return minhash(shingle_hashes(toks)), len(toks), complete
+
+
+def csf_of_prefixes(prefix) -> tuple[tuple[int, ...], int, bool]:
+    """csf_signature() of a text given as prefix(n) (see tokenize_prefixes)."""
+    toks, complete = tokenize_prefixes(prefix)
+    return minhash(shingle_hashes(toks)), len(toks), complete
+
+
+def estimate_jaccard(sig_a: Sequence[int], sig_b: Sequence[int]) -> float:
+    """MinHash estimate of the Jaccard similarity of two prompts' shingle sets."""
+    if len(sig_a) != len(sig_b) or not sig_a:
+        raise ValueError("signatures must have the same, non-zero length")
+    return sum(1 for a, b in zip(sig_a, sig_b) if a == b) / len(sig_a)

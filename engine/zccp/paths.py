@@ -1,0 +1,61 @@
+"""Where the project's data files live: the Lua modules, the nginx templates, the ABI header.
+
+One resolver for every module that needs them. In a checkout (or an editable
+install) they sit beside `engine/`; `pip install .` copies them to
+`<prefix>/share/zccp/` (pyproject's data-files); ZCCP_HOME overrides both.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import sysconfig
+from functools import lru_cache
+from pathlib import Path
+
+# A directory is the data root when it holds all of these.
+_MARKERS = ("lua/zccp/handler.lua", "nginx/zccp_http.conf", "shm_abi/zccp_abi.h")
+
+
+def _is_root(p: Path) -> bool:
+    return all((p / m).is_file() for m in _MARKERS)
+
+
+def _candidates() -> list[Path]:
+    out = []
+    if env := os.environ.get("ZCCP_HOME"):
+        out.append(Path(env))
+    out.append(Path(__file__).resolve().parents[2])             # a checkout: engine/zccp/paths.py
+    for prefix in (sysconfig.get_path("data"), sys.prefix, sys.base_prefix):
+        out.append(Path(prefix) / "share" / "zccp")             # pip install . (data-files)
+    return out
+
+
+@lru_cache(maxsize=1)
+def data_root() -> Path:
+    """The directory holding lua/, nginx/ and shm_abi/."""
+    tried = _candidates()
+    for p in tried:
+        if _is_root(p):
+            return p
+    raise FileNotFoundError("ZCCP's data files (lua/, nginx/, shm_abi/) not found; looked in "
+                            + ", ".join(map(str, tried)) + " (set ZCCP_HOME to the directory holding them)")
+
+
+def lua_dir() -> Path:
+    """The directory on nginx's lua_package_path (it holds zccp/*.lua)."""
+    return data_root() / "lua"
+
+
+def lua_file(name: str) -> Path:
+    """A file of the Lua package, e.g. lua_file("fp_tables.lua")."""
+    return lua_dir() / "zccp" / name
+
+
+def nginx_template(name: str) -> Path:
+    return data_root() / "nginx" / name
+
+
+def abi_header() -> Path:
+    env = os.environ.get("ZCCP_ABI_HEADER")
+    return Path(env) if env else data_root() / "shm_abi" / "zccp_abi.h"

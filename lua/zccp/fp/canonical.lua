@@ -1,0 +1,208 @@
+-- The exact key's canonical form (docs/fingerprint.md §6): a decoded, masked request
+-- written as canonical JSON bytes into a string.buffer. engine/zccp/cache/fp/canonical.py
+-- is the same rule in Python, byte for byte.
+--
+--   local canonical = require "zccp.fp.canonical"
+--   canonical.write(buf, api, doc)   -- buf: a string.buffer (reset first)
+local ffi = require "ffi"
+local bit = require "bit"
+local T = require "zccp.fp_tables"
+local null = require("cjson").null
+
+local type = type
+local next = next
+local ipairs = ipairs
+local error = error
+local tonumber = tonumber
+local sort = table.sort
+local str_format = string.format
+local ffi_new = ffi.new
+local ffi_cast = ffi.cast
+local band, bxor = bit.band, bit.bxor
+
+local _M = { _VERSION = "0.1.0" }
+
+local EXACT_PREFIX = T.exact_prefix
+local EXCLUDED = {}
+for _, k in ipairs(T.excluded_keys) do
+    EXCLUDED[k] = true
+end
+
+local u8p = ffi.typeof("const uint8_t *")
+
+-- Numbers: glibc's snprintf (not LuaJIT's own formatter, which rounds ties differently
+-- from C and Python), shortest of %.15g/%.16g/%.17g that reads back as the same double.
+ffi.cdef [[ int snprintf(char *str, size_t size, const char *format, ...); ]]
+local C = ffi.C
+local numbuf = ffi_new("char[64]")
+local ffi_string = ffi.string
+local FMT = { "%.15g", "%.16g", "%.17g" }
+
+local function num(v)
+    if v ~= v then
+        return "nan"
+    end
+    if v == 0 then
+        return "0"
+    end
+    if v == 1 / 0 then
+        return "inf"
+    end
+    if v == -1 / 0 then
+        return "-inf"
+    end
+    -- an integer below 10^15 in magnitude: %.15g writes all its digits, as %d does
+    if v % 1 == 0 and v < 1e15 and v > -1e15 then
+        return str_format("%d", v)
+    end
+    local s
+    for i = 1, 3 do
+        local n = C.snprintf(numbuf, 64, FMT[i], v)
+        s = ffi_string(numbuf, n)
+        if tonumber(s) == v then
+            return s
+        end
+    end
+    return s
+end
+_M.number = num
+
+-- Strings: `"`, `\` and bytes 0x00-0x1F are escaped, every other byte is copied.
+local ESC = {}
+for c = 0, 255 do
+    ESC[c] = false
+end
+ESC[34], ESC[92] = '\\"', '\\\\'
+local SPECIAL = ffi_new("uint8_t[256]")
+SPECIAL[34], SPECIAL[92] = 1, 1
+for c = 0, 31 do
+    ESC[c] = str_format("\\u%04x", c)
+    SPECIAL[c] = 1
+end
+
+local u64p = ffi.typeof("const uint64_t *")
+local K01 = 0x0101010101010101ULL
+local K80 = 0x8080808080808080ULL
+local K20 = 0x2020202020202020ULL
+local K22 = 0x2222222222222222ULL
+local K5C = 0x5C5C5C5C5C5C5C5CULL
+local bnot, bor = bit.bnot, bit.bor
+
+-- Index of the first byte of p[i .. n-1] that needs escaping, or n. Eight bytes at a
+-- time (a byte < 0x20, == 0x22 or == 0x5C in the word makes the test non-zero), then
+-- byte by byte: the byte loop alone decides, the word test only skips clean words.
+local function first_special(p, i, n)
+    while i + 8 <= n do
+        local v = ffi_cast(u64p, p + i)[0]
+        local q = bxor(v, K22)
+        local b = bxor(v, K5C)
+        if band(bor(band(v - K20, bnot(v)), band(q - K01, bnot(q)), band(b - K01, bnot(b))), K80) ~= 0ULL then
+            break
+        end
+        i = i + 8
+    end
+    while i < n do
+        if SPECIAL[p[i]] ~= 0 then
+            return i
+        end
+        i = i + 1
+    end
+    return n
+end
+
+local function put_str(buf, s)
+    local n = #s
+    local p = ffi_cast(u8p, s)
+    local j = first_special(p, 0, n)
+    if j == n then
+        buf:put('"', s, '"')
+        return
+    end
+    buf:put('"')
+    local i = 0
+    repeat
+        if j > i then
+            buf:putcdata(p + i, j - i)
+        end
+        buf:put(ESC[p[j]])
+        i = j + 1
+        j = first_special(p, i, n)
+    until j == n
+    if n > i then
+        buf:putcdata(p + i, n - i)
+    end
+    buf:put('"')
+end
+
+local cj
+
+local function cj_table(buf, t)
+    if t[1] ~= nil then
+        buf:put("[")
+        for i = 1, #t do
+            if i > 1 then
+                buf:put(",")
+            end
+            cj(buf, t[i])
+        end
+        buf:put("]")
+        return
+    end
+    local keys, nk = {}, 0
+    for k in next, t do
+        nk = nk + 1
+        keys[nk] = k
+    end
+    if nk == 0 then
+        buf:put("[]")   -- cjson decodes {} and [] alike
+        return
+    end
+    sort(keys)
+    buf:put("{")
+    for i = 1, nk do
+        local k = keys[i]
+        if i > 1 then
+            buf:put(",")
+        end
+        put_str(buf, k)
+        buf:put(":")
+        cj(buf, t[k])
+    end
+    buf:put("}")
+end
+
+cj = function(buf, v)
+    local tv = type(v)
+    if tv == "string" then
+        put_str(buf, v)
+    elseif tv == "number" then
+        buf:put(num(v))
+    elseif tv == "boolean" then
+        buf:put(v and "true" or "false")
+    elseif tv == "table" then
+        cj_table(buf, v)
+    elseif v == null then
+        buf:put("null")
+    else
+        error("zccp.fp.canonical: unexpected value of type " .. tv)
+    end
+end
+
+-- Writes the canonical form of `doc` (decoded, masked) into buf (reset first).
+function _M.write(buf, api, doc)
+    local top = {}
+    for k, v in next, doc do
+        if v ~= null and not EXCLUDED[k] then
+            top[k] = v
+        end
+    end
+    if api == "openai" and top.max_completion_tokens ~= nil then
+        top.max_tokens = top.max_completion_tokens
+        top.max_completion_tokens = nil
+    end
+    buf:reset()
+    buf:put(EXACT_PREFIX, api, "\n")
+    cj(buf, top)
+end
+
+return _M

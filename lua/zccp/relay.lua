@@ -1,0 +1,140 @@
+-- Relays one engine answer from a slot's response ring to the client: waits for the
+-- doorbell's notices, sends the status and headers on the first one, copies every
+-- committed byte out of the ring (acking it, so the engine can reuse the room) and
+-- flushes SSE event by event. Every length read from the slot or the notice is checked
+-- before it is used: shared memory is input.
+local ffi = require "ffi"
+local bit = require "bit"
+local abi = require "zccp.abi"
+
+local ngx = ngx
+local ngx_header = ngx.header
+local ngx_print = ngx.print
+local ngx_flush = ngx.flush
+local ngx_now = ngx.now
+local ffi_string = ffi.string
+local str_format = string.format
+local tonumber = tonumber
+local tostring = tostring
+
+local _M = { _VERSION = "0.1.0" }
+
+local CACHE_NAMES = { [1] = "HIT", [2] = "NEAR", [3] = "MISS", [4] = "BYPASS", [5] = "ERROR" }
+
+local function send_headers(slot, status, sse)
+    local meta = slot.arena:meta(slot.index)
+    ngx.status = status
+    ngx_header["X-ZCCP-Context-ID"] = slot.ctx_hex
+    local cache = CACHE_NAMES[tonumber(meta.cache_status)]
+    if cache then
+        ngx_header["X-ZCCP-Cache"] = cache
+        if cache == "NEAR" then
+            ngx_header["X-ZCCP-Similarity"] = str_format("%.4f", tonumber(meta.similarity_ppm) / 1e6)
+        end
+        if cache == "HIT" or cache == "NEAR" then
+            ngx_header["Age"] = tonumber(meta.age_s)
+        end
+    end
+    if meta.plan_chunks > 0 then
+        ngx_header["X-ZCCP-Plan"] = "chunked:" .. tonumber(meta.plan_chunks)
+    end
+    if sse then
+        ngx_header["Content-Type"] = "text/event-stream; charset=utf-8"
+        ngx_header["Cache-Control"] = "no-cache"
+        ngx_header["X-Accel-Buffering"] = "no"
+    else
+        ngx_header["Content-Type"] = "application/json"
+    end
+end
+
+-- Committed-but-unread bytes [from, to) of the response ring, as a string.
+local function take(a, i, from, to)
+    local cap = a.response_cap
+    local base = a:response_ptr(i)
+    local pos = from % cap
+    local n = to - from
+    local first = cap - pos
+    if n <= first then
+        return ffi_string(base + pos, n)
+    end
+    return ffi_string(base + pos, first) .. ffi_string(base, n - first)
+end
+
+-- One notice: validates it, sends the headers on the first one, relays the new bytes.
+-- Returns nil while the answer goes on, else the outcome: "done", "retry" (the engine
+-- rejected a stale ring) or an error description.
+local function on_notice(slot, r, n)
+    local C = abi.C
+    local a, i, h = slot.arena, slot.index, slot.header
+    if n.slot ~= i or n.generation ~= slot.generation then
+        return "doorbell protocol error: notice for another slot"
+    end
+    if n.op == C.ZCCP_OP_REJECT then
+        return n.status == 409 and "retry" or ("engine rejected the ring: " .. tonumber(n.status))
+    end
+    if n.op ~= C.ZCCP_OP_NOTICE then
+        return "doorbell protocol error: opcode " .. tonumber(n.op)
+    end
+    if not r.started then
+        local status = tonumber(n.status)
+        if status < 100 or status > 599 then
+            return "engine sent an invalid status " .. status
+        end
+        r.sse = bit.band(h.flags, C.ZCCP_FLAG_RESPONSE_SSE) ~= 0
+        send_headers(slot, status, r.sse)
+        r.started = true
+    end
+    -- Committed length from the notice, cross-checked with the header.
+    local committed = tonumber(n.response_len)
+    if committed > tonumber(h.response_len) or committed < r.acked or committed - r.acked > a.response_cap then
+        return "engine committed an invalid response length"
+    end
+    if committed > r.acked then
+        local chunk = take(a, i, r.acked, committed)
+        r.acked = committed
+        h.response_acked = committed
+        if r.sse then
+            ngx_print(chunk)
+            if not ngx_flush(true) then
+                r.state.aborted = true
+            end
+        else
+            r.np = r.np + 1
+            r.parts[r.np] = chunk
+        end
+    end
+    if n.final == 1 then
+        return "done"
+    end
+end
+
+-- Relays the answer to `slot` (rung on slot.bell) until it is complete, the client
+-- goes away, the deadline passes or the engine fails. state.aborted is set by the
+-- request's on_abort handler. Returns the outcome ("done", "retry", "timeout",
+-- "client closed the connection" or an error description) and the relay record
+-- { started, sse, acked, parts, np }: a complete non-SSE body is in parts, for the
+-- caller to send with its Content-Length.
+function _M.run(slot, state, deadline)
+    local bell = slot.bell
+    local r = { started = false, sse = false, acked = 0, parts = {}, np = 0, state = state }
+    while true do
+        local n, err = bell:read_notice()
+        local outcome
+        if n then
+            outcome = on_notice(slot, r, n)
+        elseif err ~= "timeout" then
+            outcome = "engine closed the doorbell: " .. tostring(err)
+        end
+        if outcome then
+            return outcome, r
+        end
+        if state.aborted then
+            return "client closed the connection", r
+        end
+        if not n and ngx_now() > deadline then
+            return "timeout", r
+        end
+    end
+end
+
+return _M
