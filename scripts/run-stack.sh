@@ -4,4 +4,4 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
-exec zccp-stack up --config "${ZCCP_CONFIG:-config.yaml}" --run-dir .run
+exec .venv/bin/zccp-stack up --config "${ZCCP_CONFIG:-config.yaml}" --run-dir .run

@@ -1,10 +1,20 @@
 #!/usr/bin/env bash
-# Installs what ZCCP needs on Debian 12: nginx + the Lua module, redis, and the
-# Python package with its dependencies. Idempotent: skips what is already there.
+# Installs what ZCCP needs on Debian 12 and makes the checkout's own virtual environment:
+# nginx + the Lua module, redis, luajit and wrk from apt; the Python package and its
+# dependencies into .venv/ (never into the system Python: Debian's python3 refuses that,
+# PEP 668, and a per-checkout venv keeps two clones from breaking each other).
+# Idempotent: skips what is already there. Environment:
+#   PYTHON            the interpreter the venv is made from (default: python3)
+#   TORCH_INDEX_URL   where pip takes torch from, e.g. https://download.pytorch.org/whl/cpu
+#                     for the CPU build (~200 MB). Unset, pip uses its configured indexes:
+#                     from PyPI that is the CUDA build of torch 2.13.0 (~900 MB, plus ~3 GB of
+#                     NVIDIA libraries it pulls in); where pip is configured with a local
+#                     find-links holding the CPU wheel (this project's CI machines), that one.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-APT_PACKAGES=(nginx libnginx-mod-http-lua lua-resty-core lua-resty-lrucache lua-cjson redis-server luajit2 wrk)
+APT_PACKAGES=(nginx libnginx-mod-http-lua lua-resty-core lua-resty-lrucache lua-cjson redis-server luajit2 wrk
+              python3 python3-venv)
 missing=()
 for p in "${APT_PACKAGES[@]}"; do
     dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p")
@@ -17,8 +27,16 @@ if ((${#missing[@]})); then
     DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "${missing[@]}" >/dev/null
 fi
 
-PY=${PYTHON:-python3}
-# The CPU build of torch (a plain `torch` requirement would fetch a multi-GB CUDA build).
-"$PY" -c "import torch" 2>/dev/null || "$PY" -m pip install -q "torch==2.13.0"
-"$PY" -m pip install -q -e ".[test]"
-echo "setup: done"
+VENV=.venv
+if [ ! -x "$VENV/bin/python" ]; then
+    echo "setup: creating $VENV"
+    "${PYTHON:-python3}" -m venv "$VENV"
+fi
+PIP=("$VENV/bin/python" -m pip -q --disable-pip-version-check)
+if ! "$VENV/bin/python" -c "import torch" 2>/dev/null; then
+    echo "setup: installing torch 2.13.0${TORCH_INDEX_URL:+ from $TORCH_INDEX_URL} (see the top of this script for its size)"
+    "${PIP[@]}" install ${TORCH_INDEX_URL:+--index-url "$TORCH_INDEX_URL"} "torch==2.13.0"
+fi
+# Editable: the venv runs this checkout's code, and only this checkout's.
+"${PIP[@]}" install -e ".[test]"
+echo "setup: done ($VENV)"

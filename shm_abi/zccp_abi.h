@@ -1,5 +1,5 @@
 /*
- * ZCCP shared-memory ABI, version 1.
+ * ZCCP shared-memory ABI, version 2.
  *
  * The ONE source of truth for the binary layout shared by nginx (LuaJIT ffi.cdef)
  * and the engine (cffi).  Both load this file unchanged, so it holds plain C
@@ -9,7 +9,7 @@
  */
 
 enum zccp_abi_const {
-    ZCCP_ABI_VERSION        = 1,
+    ZCCP_ABI_VERSION        = 2,
     ZCCP_CONTROL_MAGIC      = 0x5A434350,   /* "PCCZ" little-endian: arena control page */
     ZCCP_SLOT_MAGIC         = 0xCAFEBABE,   /* every slot header */
     ZCCP_PAGE_SIZE          = 4096,         /* regions start on this boundary */
@@ -19,6 +19,9 @@ enum zccp_abi_const {
     ZCCP_SLOT_META_OFFSET   = 128,          /* meta block follows the header */
     ZCCP_SLOT_SIG_OFFSET    = 384,          /* MinHash signature follows the meta block */
     ZCCP_SLOT_SIG_SIZE      = 512,          /* sizeof(struct zccp_slot_signature) */
+    ZCCP_SLOT_REQ_OFFSET    = 896,          /* the request block follows the signature */
+    ZCCP_SLOT_REQ_SIZE      = 256,          /* sizeof(struct zccp_slot_request) */
+    ZCCP_REQUEST_ID_MAX     = 64,           /* bytes of X-Request-ID kept */
     ZCCP_CSF_BANDS          = 16,
     ZCCP_MINHASH_COUNT      = 128,
     ZCCP_RING_SIZE          = 16,           /* sizeof(struct zccp_ring) */
@@ -44,7 +47,18 @@ enum zccp_slot_flags {
     ZCCP_FLAG_NO_CACHE      = 8,    /* nginx: Cache-Control: no-cache (skip lookup) */
     ZCCP_FLAG_NO_STORE      = 16,   /* nginx: Cache-Control: no-store (skip store) */
     ZCCP_FLAG_FP_VALID      = 32,   /* nginx: csf_key, csf_bands, exact_key are filled */
+    ZCCP_FLAG_TENANT        = 64,   /* nginx: request.tenant holds the tenant's digest */
+    ZCCP_FLAG_MASK_DIGEST   = 128,  /* nginx: request.mask_digest names the mask set it applied */
     ZCCP_FLAG_RESPONSE_SSE  = 256   /* engine: the response is text/event-stream */
+};
+
+/* What a slot asks of the engine (request.kind); the API's shape is ZCCP_FLAG_API_OPENAI. */
+enum zccp_request_kind {
+    ZCCP_KIND_GENERATE     = 0,     /* POST /v1/messages, POST /v1/chat/completions */
+    ZCCP_KIND_COUNT_TOKENS = 1,     /* POST /v1/messages/count_tokens */
+    ZCCP_KIND_MODELS       = 2,     /* GET /v1/models */
+    ZCCP_KIND_WARMUP       = 3,     /* POST /v1/zccp/warmup (loopback or unix socket only) */
+    ZCCP_KIND_PURGE        = 4      /* POST /v1/zccp/purge (loopback or unix socket only) */
 };
 
 enum zccp_cache_status {
@@ -129,13 +143,25 @@ struct zccp_slot_meta {
     uint32_t age_s;             /* 188 age of the cache entry served (engine) */
     uint32_t plan_chunks;       /* 192 prefill chunks, 0 = single pass (engine) */
     uint32_t error_code;        /* 196 reserved for engine diagnostics */
-    uint8_t  reserved[56];      /* 200 */
+    uint32_t cache_ttl_s;       /* 200 engine: nginx may keep this answer for so long (0: it must not) */
+    uint32_t cache_scope;       /* 204 engine: 0 shared by every caller, 1 this tenant's only */
+    uint8_t  reserved[48];      /* 208 */
 };
 
 /* Bytes 384..895 of every slot: the full MinHash signature nginx computed, so the
    engine can estimate Jaccard similarity against cached entries without recomputing. */
 struct zccp_slot_signature {
     uint32_t minhash[128];      /*   0 one value per MinHash function (nginx) */
+};
+
+/* Bytes 896..1151 of every slot: who asks, and for what (nginx). */
+struct zccp_slot_request {
+    uint32_t kind;              /*   0 enum zccp_request_kind */
+    uint32_t request_id_len;    /*   4 bytes used in request_id */
+    uint8_t  request_id[64];    /*   8 X-Request-ID: the caller's, or one nginx made */
+    uint8_t  tenant[32];        /*  72 SHA-256 of the tenant's source value (ZCCP_FLAG_TENANT) */
+    uint8_t  mask_digest[32];   /* 104 SHA-256 naming the mask set nginx applied (ZCCP_FLAG_MASK_DIGEST) */
+    uint8_t  reserved[120];     /* 136 */
 };
 
 /* Doorbell frames: fixed size, host byte order, nothing else travels on the socket. */

@@ -30,6 +30,7 @@ SLOT_MAGIC = const("ZCCP_SLOT_MAGIC")
 PAGE_SIZE = const("ZCCP_PAGE_SIZE")
 META_OFFSET = const("ZCCP_SLOT_META_OFFSET")
 SIG_OFFSET = const("ZCCP_SLOT_SIG_OFFSET")
+REQ_OFFSET = const("ZCCP_SLOT_REQ_OFFSET")
 MINHASH_COUNT = const("ZCCP_MINHASH_COUNT")
 CSF_BANDS = const("ZCCP_CSF_BANDS")
 RING_SIZE = const("ZCCP_RING_SIZE")
@@ -41,6 +42,7 @@ for _struct, _size in (
     ("struct zccp_slot_header", "ZCCP_SLOT_HEADER_SIZE"),
     ("struct zccp_slot_meta", "ZCCP_SLOT_META_SIZE"),
     ("struct zccp_slot_signature", "ZCCP_SLOT_SIG_SIZE"),
+    ("struct zccp_slot_request", "ZCCP_SLOT_REQ_SIZE"),
     ("struct zccp_ring", "ZCCP_RING_SIZE"),
     ("struct zccp_notice", "ZCCP_NOTICE_SIZE"),
 ):
@@ -50,53 +52,33 @@ if ffi.sizeof("struct zccp_slot_header") != META_OFFSET:
     raise ImportError("ABI mismatch: the meta block must follow the slot header")
 if META_OFFSET + ffi.sizeof("struct zccp_slot_meta") != SIG_OFFSET:
     raise ImportError("ABI mismatch: the signature must follow the meta block")
-if SIG_OFFSET + ffi.sizeof("struct zccp_slot_signature") > PAGE_SIZE:
-    raise ImportError("ABI mismatch: header, meta and signature must fit in the first page of a slot")
+if SIG_OFFSET + ffi.sizeof("struct zccp_slot_signature") != REQ_OFFSET:
+    raise ImportError("ABI mismatch: the request block must follow the signature")
+if REQ_OFFSET + ffi.sizeof("struct zccp_slot_request") > PAGE_SIZE:
+    raise ImportError("ABI mismatch: header, meta, signature and request must fit in the first page of a slot")
 if ffi.sizeof("struct zccp_slot_signature") != 4 * MINHASH_COUNT:
     raise ImportError("ABI mismatch: signature size != 4 * ZCCP_MINHASH_COUNT")
+if ffi.sizeof(ffi.typeof("struct zccp_slot_request").fields[2][1].type) != const("ZCCP_REQUEST_ID_MAX"):
+    raise ImportError("ABI mismatch: request.request_id must hold ZCCP_REQUEST_ID_MAX bytes")
 
 
-class State:
-    FREE = const("ZCCP_STATE_FREE")
-    WRITING = const("ZCCP_STATE_WRITING")
-    READY = const("ZCCP_STATE_READY")
-    RUNNING = const("ZCCP_STATE_RUNNING")
-    STREAMING = const("ZCCP_STATE_STREAMING")
-    DONE = const("ZCCP_STATE_DONE")
-    FAILED = const("ZCCP_STATE_FAILED")
+def _enum(name: str, prefix: str) -> type:
+    """The header's `enum <name>` as a class of int constants, named without `prefix`:
+    _enum("zccp_slot_state", "ZCCP_STATE_").FREE == ZCCP_STATE_FREE. Names and values
+    come from the header alone."""
+    members = ffi.typeof(f"enum {name}").relements
+    consts = {k[len(prefix):]: int(v) for k, v in members.items() if k.startswith(prefix)}
+    if len(consts) != len(members):
+        raise ImportError(f"ABI: every member of enum {name} must start with {prefix}")
+    return type(name, (), consts)
 
 
-class Flag:
-    API_OPENAI = const("ZCCP_FLAG_API_OPENAI")
-    MASKED = const("ZCCP_FLAG_MASKED")
-    FP_COMPLETE = const("ZCCP_FLAG_FP_COMPLETE")
-    NO_CACHE = const("ZCCP_FLAG_NO_CACHE")
-    NO_STORE = const("ZCCP_FLAG_NO_STORE")
-    FP_VALID = const("ZCCP_FLAG_FP_VALID")
-    RESPONSE_SSE = const("ZCCP_FLAG_RESPONSE_SSE")
-
-
-class CacheStatus:
-    NONE = const("ZCCP_CACHE_NONE")
-    HIT = const("ZCCP_CACHE_HIT")
-    NEAR = const("ZCCP_CACHE_NEAR")
-    MISS = const("ZCCP_CACHE_MISS")
-    BYPASS = const("ZCCP_CACHE_BYPASS")
-    ERROR = const("ZCCP_CACHE_ERROR")
-
-
-class Op:
-    RING = const("ZCCP_OP_RING")
-    PING = const("ZCCP_OP_PING")
-    NOTICE = const("ZCCP_OP_NOTICE")
-    PONG = const("ZCCP_OP_PONG")
-    REJECT = const("ZCCP_OP_REJECT")
-
-
-class EngineState:
-    STARTING = const("ZCCP_ENGINE_STARTING")
-    SERVING = const("ZCCP_ENGINE_SERVING")
-    STOPPING = const("ZCCP_ENGINE_STOPPING")
+State = _enum("zccp_slot_state", "ZCCP_STATE_")            # slot life cycle
+Flag = _enum("zccp_slot_flags", "ZCCP_FLAG_")              # header.flags bits
+Kind = _enum("zccp_request_kind", "ZCCP_KIND_")            # request.kind
+CacheStatus = _enum("zccp_cache_status", "ZCCP_CACHE_")    # meta.cache_status
+Op = _enum("zccp_op", "ZCCP_OP_")                          # doorbell opcodes
+EngineState = _enum("zccp_engine_state", "ZCCP_ENGINE_")   # control.engine_state
 
 
 @dataclass(frozen=True)

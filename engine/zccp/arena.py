@@ -22,6 +22,7 @@ from zccp.abi import (
     ABI_VERSION,
     CONTROL_MAGIC,
     META_OFFSET,
+    REQ_OFFSET,
     SIG_OFFSET,
     SLOT_MAGIC,
     EngineState,
@@ -43,6 +44,7 @@ class SlotView:
     header: object      # struct zccp_slot_header *
     meta: object        # struct zccp_slot_meta *
     signature: object   # struct zccp_slot_signature *
+    request: object     # struct zccp_slot_request *
     base: int           # offset of the slot in the arena
 
 
@@ -117,6 +119,7 @@ class Arena:
             header=ffi.cast("struct zccp_slot_header *", self._buf + base),
             meta=ffi.cast("struct zccp_slot_meta *", self._buf + base + META_OFFSET),
             signature=ffi.cast("struct zccp_slot_signature *", self._buf + base + SIG_OFFSET),
+            request=ffi.cast("struct zccp_slot_request *", self._buf + base + REQ_OFFSET),
             base=base,
         )
 

@@ -25,9 +25,12 @@ def _candidates() -> list[Path]:
     out = []
     if env := os.environ.get("ZCCP_HOME"):
         out.append(Path(env))
-    out.append(Path(__file__).resolve().parents[2])             # a checkout: engine/zccp/paths.py
-    for prefix in (sysconfig.get_path("data"), sys.prefix, sys.base_prefix):
-        out.append(Path(prefix) / "share" / "zccp")             # pip install . (data-files)
+    here = Path(__file__).resolve()
+    out.append(here.parents[2])                                 # a checkout: engine/zccp/paths.py
+    # pip install . (data-files): <prefix>/share/zccp beside <prefix>/lib/pythonX.Y/site-packages/zccp
+    prefixes = [here.parents[4]] if len(here.parents) > 4 else []
+    prefixes += [Path(p) for p in (sysconfig.get_path("data"), sys.prefix, sys.base_prefix)]
+    out += [p / "share" / "zccp" for p in prefixes]
     return out
 
 

@@ -50,6 +50,7 @@ function _M.init(path)
         { "struct zccp_slot_header", "ZCCP_SLOT_HEADER_SIZE" },
         { "struct zccp_slot_meta", "ZCCP_SLOT_META_SIZE" },
         { "struct zccp_slot_signature", "ZCCP_SLOT_SIG_SIZE" },
+        { "struct zccp_slot_request", "ZCCP_SLOT_REQ_SIZE" },
         { "struct zccp_ring", "ZCCP_RING_SIZE" },
         { "struct zccp_notice", "ZCCP_NOTICE_SIZE" },
     } do
@@ -63,11 +64,16 @@ function _M.init(path)
     if C.ZCCP_SLOT_META_OFFSET + C.ZCCP_SLOT_META_SIZE ~= C.ZCCP_SLOT_SIG_OFFSET then
         error("zccp.abi: ABI mismatch: signature must follow the meta block", 2)
     end
+    if C.ZCCP_SLOT_SIG_OFFSET + C.ZCCP_SLOT_SIG_SIZE ~= C.ZCCP_SLOT_REQ_OFFSET
+       or C.ZCCP_SLOT_REQ_OFFSET + C.ZCCP_SLOT_REQ_SIZE > C.ZCCP_PAGE_SIZE then
+        error("zccp.abi: ABI mismatch: the request block must follow the signature, in the first page", 2)
+    end
     _M.C = C
     _M.control_ptr_t = ffi.typeof("struct zccp_control *")
     _M.header_ptr_t = ffi.typeof("struct zccp_slot_header *")
     _M.meta_ptr_t = ffi.typeof("struct zccp_slot_meta *")
     _M.signature_ptr_t = ffi.typeof("struct zccp_slot_signature *")
+    _M.request_ptr_t = ffi.typeof("struct zccp_slot_request *")
     _M.ring_t = ffi.typeof("struct zccp_ring")
     _M.notice_ptr_t = ffi.typeof("const struct zccp_notice *")
     loaded = true

@@ -191,6 +191,11 @@ function _M.signature(self, i)
         self.base + abi.C.ZCCP_PAGE_SIZE + i * self.slot_size + abi.C.ZCCP_SLOT_SIG_OFFSET)
 end
 
+function _M.request(self, i)
+    return ffi_cast(abi.request_ptr_t,
+        self.base + abi.C.ZCCP_PAGE_SIZE + i * self.slot_size + abi.C.ZCCP_SLOT_REQ_OFFSET)
+end
+
 function _M.payload_ptr(self, i)
     return self.base + abi.C.ZCCP_PAGE_SIZE + i * self.slot_size + self.payload_offset
 end

@@ -23,6 +23,7 @@ local ngx_log = ngx.log
 local ngx_ERR = ngx.ERR
 local ngx_WARN = ngx.WARN
 local ffi_copy = ffi.copy
+local ffi_fill = ffi.fill
 local str_format = string.format
 local str_find = string.find
 local str_lower = string.lower
@@ -136,6 +137,8 @@ local function fill_slot(a, i, body, flags, timeout_ms, fp)
     h.flags = flags
     meta.prompt_len, meta.completion_len, meta.cache_status = 0, 0, 0
     meta.similarity_ppm, meta.age_s, meta.plan_chunks, meta.error_code = 0, 0, 0, 0
+    meta.cache_ttl_s, meta.cache_scope = 0, 0
+    ffi_fill(a:request(i), C.ZCCP_SLOT_REQ_SIZE)   -- kind GENERATE, no request id, tenant or digest
     local now = libc.now_ns()
     h.timestamp_ns = now
     h.deadline_ns = now + timeout_ms * 1000000ULL

@@ -12,7 +12,8 @@ import pytest
 from zccp.abi import HEADER_PATH, SlotLayout, const, ffi
 
 ROOT = Path(__file__).resolve().parents[2]
-STRUCTS = ["zccp_control", "zccp_slot_header", "zccp_slot_meta", "zccp_slot_signature", "zccp_ring", "zccp_notice"]
+STRUCTS = ["zccp_control", "zccp_slot_header", "zccp_slot_meta", "zccp_slot_signature", "zccp_slot_request",
+           "zccp_ring", "zccp_notice"]
 
 
 def _documented_tables() -> dict[str, list[tuple[int, int, str]]]:

@@ -10,19 +10,16 @@ from __future__ import annotations
 from typing import Any
 
 import anthropic
-import httpx2
 import orjson
 import pytest
+from fake_api import LIMITS, MODEL, FakeServer, sdk_client
 from anthropic.types import Message, RawMessageStreamEvent
 from pydantic import TypeAdapter
 
 from zccp.api import anthropic as api
 from zccp.api import codec_for
-from zccp.api.common import ParseLimits
 from zccp.request import ApiError, ChatMessage, GenerationRequest, GenerationResult, TextDelta
 
-MODEL = "zccp-test"
-LIMITS = ParseLimits(served_models=frozenset({MODEL}), max_tokens_cap=4096, default_max_tokens=512)
 USER = {"role": "user", "content": "Hello"}
 
 
@@ -272,43 +269,9 @@ def test_render_error_and_status() -> None:
 # --------------------------------------------------------------------------- SDK end to end
 
 
-class FakeServer:
-    """Mock transport handler: our parser and renderers in place of the gateway."""
-
-    def __init__(self, text_pieces: list[str], stop: str = "end_turn", fail_mid_stream: ApiError | None = None):
-        self.pieces = text_pieces
-        self.stop = stop
-        self.fail = fail_mid_stream
-        self.requests: list[GenerationRequest] = []
-
-    def __call__(self, request: httpx2.Request) -> httpx2.Response:
-        assert request.url.path == "/v1/messages"
-        try:
-            req = api.parse_request(request.content, LIMITS)
-        except ApiError as err:
-            return httpx2.Response(api.http_status(err), content=api.render_error(err),
-                                   headers={"content-type": "application/json"})
-        self.requests.append(req)
-        res = GenerationResult("".join(self.pieces), self.stop, None, 11, 7)  # type: ignore[arg-type]
-        if not req.stream:
-            return httpx2.Response(200, content=api.render_response(req, res, "msg_e2e", 0),
-                                   headers={"content-type": "application/json"})
-        enc = api.StreamEncoder(req, "msg_e2e", 0, 11)
-        raw = enc.start() + b"".join(enc.delta(TextDelta(p)) for p in self.pieces)
-        raw += enc.error(self.fail) if self.fail else enc.finish(res)
-        # deliver in awkward 5-byte chunks to exercise the SDK's SSE framing
-        chunks = [raw[i:i + 5] for i in range(0, len(raw), 5)]
-        return httpx2.Response(200, content=iter(chunks), headers={"content-type": "text/event-stream"})
-
-
-def client(server: FakeServer) -> anthropic.Anthropic:
-    return anthropic.Anthropic(api_key="test", base_url="http://gateway", max_retries=0,
-                               http_client=httpx2.Client(transport=httpx2.MockTransport(server)))
-
-
 def test_sdk_create_non_streaming() -> None:
-    server = FakeServer(["Hello", ", world"])
-    msg = client(server).messages.create(
+    server = FakeServer(api.CODEC, ["Hello", ", world"])
+    msg = sdk_client(server).messages.create(
         model=MODEL, max_tokens=32, system="Be nice.",
         messages=[{"role": "user", "content": [{"type": "text", "text": "Hi"}]}],
         stop_sequences=["STOP"], metadata={"user_id": "abc"},
@@ -323,8 +286,8 @@ def test_sdk_create_non_streaming() -> None:
 
 def test_sdk_stream_helper_accumulates() -> None:
     pieces = ["Bonjour", " le ", "monde ", "\u00e9\u4e16\U0001f600", "\n\"quoted\"\n"]
-    server = FakeServer(pieces, stop="max_tokens")
-    with client(server).messages.stream(model=MODEL, max_tokens=32, messages=[USER]) as stream:
+    server = FakeServer(api.CODEC, pieces, stop="max_tokens")
+    with sdk_client(server).messages.stream(model=MODEL, max_tokens=32, messages=[USER]) as stream:
         streamed = "".join(stream.text_stream)
         final = stream.get_final_message()
     assert streamed == "".join(pieces)
@@ -334,8 +297,8 @@ def test_sdk_stream_helper_accumulates() -> None:
 
 
 def test_sdk_raw_stream_events() -> None:
-    server = FakeServer(["a", "b"])
-    events = list(client(server).messages.create(model=MODEL, max_tokens=8, messages=[USER], stream=True))
+    server = FakeServer(api.CODEC, ["a", "b"])
+    events = list(sdk_client(server).messages.create(model=MODEL, max_tokens=8, messages=[USER], stream=True))
     assert [e.type for e in events] == [
         "message_start", "content_block_start", "content_block_delta", "content_block_delta",
         "content_block_stop", "message_delta", "message_stop",
@@ -343,16 +306,16 @@ def test_sdk_raw_stream_events() -> None:
 
 
 def test_sdk_mid_stream_error_raises() -> None:
-    server = FakeServer(["partial"], fail_mid_stream=ApiError(529, "overloaded_error", "Overloaded"))
+    server = FakeServer(api.CODEC, ["partial"], fail_mid_stream=ApiError(529, "overloaded_error", "Overloaded"))
     with pytest.raises(anthropic.APIStatusError) as info:
-        with client(server).messages.stream(model=MODEL, max_tokens=8, messages=[USER]) as stream:
+        with sdk_client(server).messages.stream(model=MODEL, max_tokens=8, messages=[USER]) as stream:
             for _ in stream.text_stream:
                 pass
     assert info.value.body == {"type": "error", "error": {"type": "overloaded_error", "message": "Overloaded"}}
 
 
 def test_sdk_error_responses() -> None:
-    c = client(FakeServer(["x"]))
+    c = sdk_client(FakeServer(api.CODEC, ["x"]))
     with pytest.raises(anthropic.NotFoundError) as nf:
         c.messages.create(model="zccp-x", max_tokens=8, messages=[USER])
     assert nf.value.body == {"type": "error", "error": {"type": "not_found_error", "message": "model: zccp-x"}}

@@ -8,10 +8,10 @@ from __future__ import annotations
 
 from typing import Any
 
-import httpx2
 import openai
 import orjson
 import pytest
+from fake_api import LIMITS, MODEL, FakeServer, sdk_client
 from openai.types.chat import ChatCompletion, ChatCompletionChunk
 
 from zccp.api import codec_for
@@ -19,8 +19,6 @@ from zccp.api import openai as api
 from zccp.api.common import ParseLimits
 from zccp.request import ApiError, ChatMessage, GenerationRequest, GenerationResult, TextDelta
 
-MODEL = "zccp-test"
-LIMITS = ParseLimits(served_models=frozenset({MODEL}), max_tokens_cap=4096, default_max_tokens=512)
 USER = {"role": "user", "content": "Hello"}
 _DROP = object()
 
@@ -310,40 +308,9 @@ def test_new_response_id() -> None:
 # --------------------------------------------------------------------------- SDK end to end
 
 
-class FakeServer:
-    def __init__(self, pieces: list[str], stop: str = "end_turn", fail_mid_stream: ApiError | None = None):
-        self.pieces = pieces
-        self.stop = stop
-        self.fail = fail_mid_stream
-        self.requests: list[GenerationRequest] = []
-
-    def __call__(self, request: httpx2.Request) -> httpx2.Response:
-        assert request.url.path == "/v1/chat/completions"
-        try:
-            req = api.parse_request(request.content, LIMITS)
-        except ApiError as err:
-            return httpx2.Response(api.http_status(err), content=api.render_error(err),
-                                   headers={"content-type": "application/json"})
-        self.requests.append(req)
-        res = GenerationResult("".join(self.pieces), self.stop, None, 11, 7)  # type: ignore[arg-type]
-        if not req.stream:
-            return httpx2.Response(200, content=api.render_response(req, res, "chatcmpl-e2e", 1700000002),
-                                   headers={"content-type": "application/json"})
-        enc = api.StreamEncoder(req, "chatcmpl-e2e", 1700000002, 11)
-        raw = enc.start() + b"".join(enc.delta(TextDelta(p)) for p in self.pieces)
-        raw += enc.error(self.fail) if self.fail else enc.finish(res)
-        chunks = [raw[i:i + 7] for i in range(0, len(raw), 7)]
-        return httpx2.Response(200, content=iter(chunks), headers={"content-type": "text/event-stream"})
-
-
-def client(server: FakeServer) -> openai.OpenAI:
-    return openai.OpenAI(api_key="test", base_url="http://gateway/v1", max_retries=0,
-                         http_client=httpx2.Client(transport=httpx2.MockTransport(server)))
-
-
 def test_sdk_create_non_streaming() -> None:
-    server = FakeServer(["Hello", ", world"], stop="max_tokens")
-    comp = client(server).chat.completions.create(
+    server = FakeServer(api.CODEC, ["Hello", ", world"], stop="max_tokens")
+    comp = sdk_client(server).chat.completions.create(
         model=MODEL, messages=[{"role": "developer", "content": "Be nice."}, {"role": "user", "content": "Hi"}],
         max_completion_tokens=32, temperature=0, seed=3, stop="STOP", user="abc",
     )
@@ -356,8 +323,8 @@ def test_sdk_create_non_streaming() -> None:
 
 def test_sdk_raw_stream_with_usage() -> None:
     pieces = ["Bonjour", " ", "\u00e9\u4e16\U0001f600", "\n\"q\"\n"]
-    server = FakeServer(pieces)
-    chunks = list(client(server).chat.completions.create(
+    server = FakeServer(api.CODEC, pieces)
+    chunks = list(sdk_client(server).chat.completions.create(
         model=MODEL, messages=[USER], stream=True, stream_options={"include_usage": True}))
     text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
     assert text == "".join(pieces)
@@ -368,8 +335,8 @@ def test_sdk_raw_stream_with_usage() -> None:
 
 def test_sdk_stream_helper_accumulates() -> None:
     pieces = ["one ", "two ", "three"]
-    server = FakeServer(pieces)
-    with client(server).chat.completions.stream(
+    server = FakeServer(api.CODEC, pieces)
+    with sdk_client(server).chat.completions.stream(
             model=MODEL, messages=[USER], stream_options={"include_usage": True}) as stream:
         deltas = [e.delta for e in stream if e.type == "content.delta"]
         final = stream.get_final_completion()
@@ -379,16 +346,16 @@ def test_sdk_stream_helper_accumulates() -> None:
 
 
 def test_sdk_mid_stream_error_raises() -> None:
-    server = FakeServer(["partial"], fail_mid_stream=ApiError(529, "overloaded_error", "Overloaded"))
+    server = FakeServer(api.CODEC, ["partial"], fail_mid_stream=ApiError(529, "overloaded_error", "Overloaded"))
     with pytest.raises(openai.APIError) as info:
-        for _ in client(server).chat.completions.create(model=MODEL, messages=[USER], stream=True):
+        for _ in sdk_client(server).chat.completions.create(model=MODEL, messages=[USER], stream=True):
             pass
     assert info.value.message == "Overloaded"
     assert info.value.type == "server_error"
 
 
 def test_sdk_error_responses() -> None:
-    c = client(FakeServer(["x"]))
+    c = sdk_client(FakeServer(api.CODEC, ["x"]))
     with pytest.raises(openai.NotFoundError) as nf:
         c.chat.completions.create(model="nope", messages=[USER])
     assert nf.value.code == "model_not_found"
