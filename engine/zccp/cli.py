@@ -8,7 +8,7 @@ import sys
 import time
 from pathlib import Path
 
-from zccp.config import ConfigError, load_config
+from zccp.config import ConfigError, check_model_files, load_config
 
 
 def _load(path: str):
@@ -25,6 +25,11 @@ def engine_main(argv: list[str] | None = None) -> None:
     p.add_argument("--check", action="store_true", help="validate the config and exit")
     args = p.parse_args(argv)
     cfg = _load(args.config)
+    try:
+        check_model_files(cfg)
+    except ConfigError as exc:
+        print(f"zccp: config error: {exc}", file=sys.stderr)
+        sys.exit(2)
     if args.check:
         print(f"{args.config}: ok")
         return

@@ -29,6 +29,8 @@ local str_find = string.find
 local str_lower = string.lower
 local concat = table.concat
 local tonumber = tonumber
+local tostring = tostring
+local error = error
 local pcall = pcall
 
 local _M = { _VERSION = "0.1.0" }
@@ -110,7 +112,8 @@ local function write_fingerprint(a, i, fp)
 end
 
 -- Fill the claimed slot and mark it READY. Returns the generation rung with.
-local function fill_slot(a, i, body, flags, timeout_ms, fp)
+-- kind: the zccp_request_kind value (nil: GENERATE).
+local function fill_slot(a, i, body, flags, timeout_ms, fp, kind)
     local C = abi.C
     local h, meta = a:header(i), a:meta(i)
     if h.magic ~= C.ZCCP_SLOT_MAGIC or h.payload_cap ~= a.payload_cap or h.response_cap ~= a.response_cap then
@@ -139,6 +142,9 @@ local function fill_slot(a, i, body, flags, timeout_ms, fp)
     meta.similarity_ppm, meta.age_s, meta.plan_chunks, meta.error_code = 0, 0, 0, 0
     meta.cache_ttl_s, meta.cache_scope = 0, 0
     ffi_fill(a:request(i), C.ZCCP_SLOT_REQ_SIZE)   -- kind GENERATE, no request id, tenant or digest
+    if kind then
+        a:request(i).kind = kind
+    end
     local now = libc.now_ns()
     h.timestamp_ns = now
     h.deadline_ns = now + timeout_ms * 1000000ULL
@@ -156,13 +162,13 @@ local function release(slot)
 end
 
 -- Claims a slot of arena `a` and fills it: the slot record, or nil, status, kind, message.
-local function claim_and_fill(a, body, flags, fp)
+local function claim_and_fill(a, body, flags, fp, kind)
     local s = settings.get()
     local i = slots.claim(a)
     if not i then
         return nil, 429, "rate_limit_error", "all " .. a.slot_count .. " slots are busy; retry shortly"
     end
-    local gen, ferr = fill_slot(a, i, body, flags, s.request_timeout_ms, fp)
+    local gen, ferr = fill_slot(a, i, body, flags, s.request_timeout_ms, fp, kind)
     if not gen then
         slots.release(a, i)
         ngx_log(ngx_ERR, "zccp: ", ferr)
@@ -241,8 +247,8 @@ end
 -- "retry" when the engine behind the arena changed under us (stale ring); otherwise
 -- the request is answered. state.slot is set while a slot is held, so that serve()
 -- can free it if anything here raises.
-local function attempt(api, a, body, flags, deadline, state, fp)
-    local slot, code, kind, msg = claim_and_fill(a, body, flags, fp)
+local function attempt(api, a, body, flags, deadline, state, fp, req_kind)
+    local slot, code, kind, msg = claim_and_fill(a, body, flags, fp, req_kind)
     if not slot then
         return errors.send(api, code, kind, msg, RETRY_AFTER)
     end
@@ -267,16 +273,34 @@ function _M.too_large(api)
         "request body exceeds the limit of " .. settings.get().max_body .. " bytes")
 end
 
--- Content handler for POST /v1/messages ("anthropic") and /v1/chat/completions ("openai").
-function _M.serve(api)
+-- The request kinds a location may name (serve's second argument); nil: a generation.
+local REQUEST_KINDS = { count_tokens = "ZCCP_KIND_COUNT_TOKENS", models = "ZCCP_KIND_MODELS",
+                        warmup = "ZCCP_KIND_WARMUP" }
+
+local function is_loopback(addr)
+    return addr == "::1" or addr == "unix:" or str_find(addr, "^127%.") ~= nil
+        or str_find(addr, "^::ffff:127%.") ~= nil
+end
+
+-- Content handler for POST /v1/messages ("anthropic") and /v1/chat/completions ("openai");
+-- with `what` ("count_tokens", "models", "warmup"), for the model endpoints.
+function _M.serve(api, what)
     local s = settings.get()
+    local req_kind
+    if what then
+        req_kind = abi.C[REQUEST_KINDS[what] or error("zccp.handler.serve: unknown kind " .. tostring(what), 2)]
+    end
     local method = ngx.req.get_method()
-    if method ~= "POST" then
-        return errors.send(api, 405, "invalid_request_error", "method " .. method .. " not allowed; use POST",
-            { Allow = "POST" })
+    local want = what == "models" and "GET" or "POST"
+    if method ~= want then
+        return errors.send(api, 405, "invalid_request_error", "method " .. method .. " not allowed; use " .. want,
+            { Allow = want })
+    end
+    if what == "warmup" and not is_loopback(ngx_var.remote_addr) then
+        return errors.send(api, 403, "permission_error", "warmup is served to loopback and unix-socket clients only")
     end
     local ct = ngx_var.content_type
-    if ct and not is_json(ct) then
+    if want == "POST" and ct and not is_json(ct) then
         return errors.send(api, 415, "invalid_request_error",
             "content-type " .. ct .. " is not supported; send application/json")
     end
@@ -289,16 +313,21 @@ function _M.serve(api)
     local state = { aborted = false }
     ngx.on_abort(function() state.aborted = true end)
 
-    local body, code, kind, msg = read_body(s.max_body)
-    if not body then
-        return errors.send(api, code, kind, msg)
+    local body, code, kind, msg
+    if what == "models" then
+        body = ngx_var.zccp_model_id or ""     -- GET /v1/models/{id}: the id is the payload
+    else
+        body, code, kind, msg = read_body(s.max_body)
+        if not body then
+            return errors.send(api, code, kind, msg)
+        end
     end
-    local flags = cache_flags()
+    local flags = what and 0 or cache_flags()
     if api == "openai" then
         flags = flags + abi.C.ZCCP_FLAG_API_OPENAI
     end
     local deadline = ngx_now() + s.request_timeout_ms / 1000
-    local fp = fingerprint.compute(api, body)
+    local fp = not what and fingerprint.compute(api, body) or nil
 
     for _ = 1, MAX_ATTEMPTS do
         local a, err = arena_mod.acquire()
@@ -310,7 +339,7 @@ function _M.serve(api)
             return errors.send(api, 413, "request_too_large",
                 "request body of " .. #body .. " bytes exceeds the slot capacity of " .. a.payload_cap .. " bytes")
         end
-        local ok, res = pcall(attempt, api, a, body, flags, deadline, state, fp)
+        local ok, res = pcall(attempt, api, a, body, flags, deadline, state, fp, req_kind)
         if not ok then
             -- A bug must not leak a slot or a doorbell connection.
             ngx_log(ngx_ERR, "zccp: request failed: ", res)
@@ -332,6 +361,12 @@ function _M.serve(api)
         arena_mod.refresh()
     end
     return errors.send(api, 503, "overloaded_error", "engine restarted; retry", RETRY_AFTER)
+end
+
+-- GET /v1/models (and /v1/models/{id}): Anthropic's shape when the client says
+-- anthropic-version (the Anthropic SDK always does), OpenAI's otherwise.
+function _M.serve_models()
+    return _M.serve(ngx_var.http_anthropic_version and "anthropic" or "openai", "models")
 end
 
 return _M
