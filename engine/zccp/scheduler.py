@@ -198,6 +198,7 @@ class BatchScheduler:
         m = self.metrics
         m.batch_rows.set(len(self._rows))
         m.queue_waiting.set(len(self._waiting))
+        m.parked.set(len(self._parked))
         m.kv_bytes.set(self._batch.nbytes)
 
     # -- 2. cancellation ----------------------------------------------------------------
