@@ -59,7 +59,7 @@ def model_thread(m: ModelConfig, backend: ModelBackend, metrics: EngineMetrics) 
     kv_budget = m.kv_cache_mb << 20
     per_token = backend.kv_bytes_per_token
     if per_token:
-        fit = kv_budget // per_token
+        fit = (kv_budget // per_token - 16) * 8 // 9          # the longest row, with its spare room
         if fit < 64:
             raise ConfigError(f"model.kv_cache_mb: {m.kv_cache_mb} MiB holds {fit} tokens of this model's KV "
                               f"state ({per_token} bytes each); raise it")

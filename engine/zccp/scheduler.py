@@ -13,7 +13,8 @@ A step is:
      slow client never stalls the thread or the others;
   4. admit waiting sequences while the batch has rows (model.max_batch) and the KV
      bound (model.kv_cache_mb) holds for every admitted sequence at its longest
-     (prompt + max_tokens, padded to the longest row); reuse cached prefix blocks;
+     (prompt + max_tokens, padded to the longest row, with the KV buffers' spare
+     room); reuse cached prefix blocks;
   5. prefill at most one planned chunk of prompt tokens (zccp.planner), so a long
      prompt delays the running streams by one chunk per step, not by all of it;
      a sequence whose prefill completes samples its first token and joins;
@@ -39,6 +40,7 @@ import torch
 
 from zccp.metrics import EngineMetrics
 from zccp.model.base import DecodeBatch, ModelBackend
+from zccp.model.kv import room
 from zccp.model.sampling import Sampler, sample_rows
 from zccp.planner import Planner
 from zccp.prefix_cache import PrefixCache
@@ -266,7 +268,7 @@ class BatchScheduler:
         active = self._active()
         if len(active) >= self.limits.max_batch:
             return False
-        worst = max([s.worst for s in active] + [self._worst(seq)])
+        worst = room(max([s.worst for s in active] + [self._worst(seq)]))     # spare columns included
         return (len(active) + 1) * worst * self.backend.kv_bytes_per_token <= self.limits.kv_budget_bytes
 
     def _worst(self, seq: Sequence) -> int:

@@ -26,7 +26,7 @@ import torch
 
 from zccp.model.checkpoint import checkpoint_problems
 from zccp.model.hf_prompt import HfChatFormat
-from zccp.model.kv import TorchBackend
+from zccp.model.kv import GrowingKv, TorchBackend
 
 DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
 
@@ -67,6 +67,7 @@ class HfBackend(TorchBackend):
         self.dtype = self.model.dtype
         self._identity = repr(("hf", str(Path(path).resolve()), str(self.dtype))).encode()
         self._check_cache_layers()
+        self._layer_cls = _growing_layer_class()
         self._kv_bytes = self._measure_kv_bytes()
 
     def _dtype(self, name: str) -> Any:
@@ -128,9 +129,11 @@ class HfBackend(TorchBackend):
     def state_from_layers(self, layers: Sequence[tuple[torch.Tensor, torch.Tensor]]) -> Any:
         from transformers import DynamicCache
 
-        if not layers:
-            return DynamicCache(config=self.config)
-        return DynamicCache(ddp_cache_data=list(layers), config=self.config)
+        cache = DynamicCache(config=self.config)
+        cache.layers = [self._layer_cls() for _ in cache.layers]      # full attention only (checked at load)
+        for layer, (k, v) in zip(cache.layers, layers):
+            layer.update(k, v)
+        return cache
 
     def state_length(self, state: Any) -> int:
         return int(state.get_seq_length())
@@ -147,3 +150,18 @@ class HfBackend(TorchBackend):
         out = self.model(input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=True,
                          **{self._cache_kw: holder})
         return out.logits[:, -1].float()
+
+
+def _growing_layer_class() -> type:
+    """transformers' DynamicLayer whose update() appends into spare room (GrowingKv)
+    instead of torch.cat-ing the whole layer every step; nothing else changes."""
+    from transformers.cache_utils import DynamicLayer
+
+    class GrowingDynamicLayer(GrowingKv, DynamicLayer):
+        def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args: Any,
+                   **kwargs: Any) -> tuple[torch.Tensor, torch.Tensor]:
+            if not self.is_initialized:
+                self.lazy_initialization(key_states, value_states)
+            return self.append(key_states, value_states)
+
+    return GrowingDynamicLayer

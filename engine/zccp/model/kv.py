@@ -32,10 +32,60 @@ class Layer(Protocol):
     values: torch.Tensor
 
 
-class KvLayer:
-    """One layer's KV state for backends without a cache class of their own."""
+def room(need: int) -> int:
+    """Columns to allocate for `need`: some spare, so that appending a token copies one
+    column instead of the whole cache (torch.cat would copy it all, every step)."""
+    return need + max(16, need // 8)
 
-    __slots__ = ("keys", "values")
+
+class GrowingKv:
+    """keys/values ([B, H, n, D]) as views into buffers with room to grow. Assigning keys or
+    values (join, leave, park) replaces the buffer; append() writes into the spare room and
+    grows it by an eighth when it runs out. Memory: at most n * 9/8 + 16 columns."""
+
+    _kbuf: torch.Tensor | None = None
+    _vbuf: torch.Tensor | None = None
+    _n = 0
+
+    @property
+    def keys(self) -> torch.Tensor | None:
+        return None if self._kbuf is None else self._kbuf[:, :, : self._n]
+
+    @keys.setter
+    def keys(self, value: torch.Tensor | None) -> None:
+        self._kbuf = value if value is not None and value.dim() == 4 else None
+        self._n = 0 if self._kbuf is None else self._kbuf.shape[2]
+
+    @property
+    def values(self) -> torch.Tensor | None:
+        return None if self._vbuf is None else self._vbuf[:, :, : self._n]
+
+    @values.setter
+    def values(self, value: torch.Tensor | None) -> None:
+        self._vbuf = value if value is not None and value.dim() == 4 else None
+
+    def append(self, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        n, t = self._n, k.shape[2]
+        if self._kbuf is None or self._vbuf is None or self._kbuf.shape[2] < n + t:
+            cap = room(n + t)
+            kbuf = k.new_empty((k.shape[0], k.shape[1], cap, k.shape[3]))
+            vbuf = v.new_empty((v.shape[0], v.shape[1], cap, v.shape[3]))
+            if n:
+                kbuf[:, :, :n] = self._kbuf[:, :, :n]
+                vbuf[:, :, :n] = self._vbuf[:, :, :n]
+            self._kbuf, self._vbuf = kbuf, vbuf
+        self._kbuf[:, :, n : n + t] = k
+        self._vbuf[:, :, n : n + t] = v
+        self._n = n + t
+        return self._kbuf[:, :, : self._n], self._vbuf[:, :, : self._n]
+
+    @property
+    def capacity_bytes(self) -> int:
+        return sum(b.numel() * b.element_size() for b in (self._kbuf, self._vbuf) if b is not None)
+
+
+class KvLayer(GrowingKv):
+    """One layer's KV state for backends without a cache class of their own."""
 
     def __init__(self, keys: torch.Tensor, values: torch.Tensor) -> None:
         self.keys = keys
@@ -78,6 +128,9 @@ class PaddedBatch:
 
     @property
     def nbytes(self) -> int:
+        """Bytes its KV tensors hold, spare room included."""
+        if self.layers and hasattr(self.layers[0], "capacity_bytes"):
+            return sum(l.capacity_bytes for l in self.layers)
         return self.rows * self.width * self.bytes_per_token
 
     @property
@@ -92,8 +145,9 @@ class PaddedBatch:
             return
         width = max(self.width, n)
         for bl, nl in zip(self.layers, layers):
-            bl.keys = torch.cat((_lpad(bl.keys, width - self.width), _lpad(nl.keys, width - n)), 0)
-            bl.values = torch.cat((_lpad(bl.values, width - self.width), _lpad(nl.values, width - n)), 0)
+            k, v = bl.keys, bl.values          # read both before assigning either (GrowingKv)
+            bl.keys, bl.values = (torch.cat((_lpad(k, width - self.width), _lpad(nl.keys, width - n)), 0),
+                                  torch.cat((_lpad(v, width - self.width), _lpad(nl.values, width - n)), 0))
         self.lengths.append(n)
         self.width = width
 
@@ -105,14 +159,12 @@ class PaddedBatch:
         if list(keep) != list(range(self.rows)):
             idx = torch.tensor(list(keep), device=self.layers[0].keys.device)
             for l in self.layers:
-                l.keys = l.keys.index_select(0, idx)
-                l.values = l.values.index_select(0, idx)
+                l.keys, l.values = l.keys.index_select(0, idx), l.values.index_select(0, idx)
             self.lengths = [self.lengths[i] for i in keep]
         lead = self.width - max(self.lengths)
         if lead:
             for l in self.layers:
-                l.keys = l.keys[:, :, lead:]
-                l.values = l.values[:, :, lead:]
+                l.keys, l.values = l.keys[:, :, lead:], l.values[:, :, lead:]
             self.width -= lead
 
     def row_state(self, row: int) -> list[tuple[torch.Tensor, torch.Tensor]]:

@@ -257,9 +257,8 @@ class TinyTransformer(TorchBackend):
         for layer, kv in zip(self._layers, layers):
             x = self._rms_norm(h, layer.attn_norm)
             q, k, v = (x @ layer.wqkv).view(b, t, 3, H, hd).permute(2, 0, 3, 1, 4)   # each (B, H, T, hd)
-            kv.keys = torch.cat((kv.keys, self._rope(k, cos, sin)), dim=2)
-            kv.values = torch.cat((kv.values, v), dim=2)
-            a = F.scaled_dot_product_attention(self._rope(q, cos, sin), kv.keys, kv.values,
+            keys, values = kv.append(self._rope(k, cos, sin), v)
+            a = F.scaled_dot_product_attention(self._rope(q, cos, sin), keys, values,
                                                attn_mask=mask, is_causal=is_causal)    # (B, H, T, hd)
             h = h + a.transpose(1, 2).reshape(b, t, H * hd) @ layer.wo
             x = self._rms_norm(h, layer.mlp_norm)
