@@ -9,7 +9,9 @@
      ROUND_ROBIN_REF, the last commit with the round-robin model thread (exported with
      `git archive` and run from a temporary directory); B = nginx -> FastAPI/uvicorn.
    - hf: a checkpoint built with tests/hf_checkpoint.py (Llama, hidden 512, 4 layers, random
-     weights, byte-level BPE); D at model.threads 1 and 2; B the same backend behind FastAPI,
+     weights, byte-level BPE); D at model.threads 1 and 2, and at 1 without the prefix cache
+     (every request repeats one body, so with it D prefills only the last block); B the
+     same backend behind FastAPI,
      one generate() per request in uvicorn's thread pool (what a FastAPI app around a model
      does), 2 workers x 1 torch thread.
    Client: bench/ttft.py (httpx asyncio), c connections for --duration s each.
@@ -113,11 +115,15 @@ WORDS = ("prefix cache block token batch stream decode slot shared memory engine
          "system prompt context reuse chunk plan queue").split()
 
 
-def _system_prompt(seed: int, words: int) -> str:
+def _system_prompt(seed: int, tokens: int, tok) -> str:
+    """Random words from WORDS until the checkpoint's tokenizer counts `tokens`."""
     import random
 
     rng = random.Random(seed)
-    return " ".join(rng.choice(WORDS) for _ in range(words))
+    words: list[str] = []
+    while len(tok.encode(" ".join(words), add_special_tokens=False)) < tokens:
+        words += [rng.choice(WORDS) for _ in range(50)]
+    return " ".join(words)
 
 
 def _turn(client: httpx.Client, model: str, system: str, messages: list[dict]) -> tuple[float, str, dict]:
@@ -140,11 +146,14 @@ def _turn(client: httpx.Client, model: str, system: str, messages: list[dict]) -
     return (first or time.perf_counter()) - t0, "".join(text) or "ok", usage
 
 
-def prefix_trials(v, trials: int, words: int, seed0: int) -> list[dict]:
+def prefix_trials(v, trials: int, tokens: int, seed0: int, ckpt: Path) -> list[dict]:
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(ckpt, local_files_only=True)
     rows = []
     with httpx.Client(base_url=v.url, timeout=300) as client:
         for t in range(trials):
-            system = _system_prompt(seed0 + t, words)
+            system = _system_prompt(seed0 + t, tokens, tok)
             msgs: list[dict] = []
             for turn in range(3):
                 msgs.append({"role": "user", "content": f"Question {turn + 1} of trial {t}: what does the cache keep?"})
@@ -165,7 +174,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--concs", default="1,4,8,16,32")
     ap.add_argument("--max-tokens", type=int, default=64)
     ap.add_argument("--trials", type=int, default=5)
-    ap.add_argument("--system-words", type=int, default=1000, help="words of the prefix test's system prompt")
+    ap.add_argument("--system-tokens", type=int, default=2000, help="tokens of the prefix test's system prompt")
     ap.add_argument("--out", default=str(REPO / "bench" / "models_results.json"))
     args = ap.parse_args(argv)
     if args.quick:
@@ -201,13 +210,14 @@ def main(argv: list[str] | None = None) -> None:
     save()
 
     ckpt = build_hf(run_dir / "hf-checkpoint")
-    hf_body = json.dumps(dict(json.loads(synthetic_body(1024, "zccp-hf-bench", max_tokens=args.max_tokens, seed=1,
-                                                        stream=True))), separators=(",", ":")).encode()
-    for threads in (1, 2):
-        log(f"hf: D (threads {threads})")
-        v = start_d(run_dir / f"hf-D{threads}", hf_limits(ckpt, threads), 64)
+    hf_body = synthetic_body(1024, "zccp-hf-bench", max_tokens=args.max_tokens, seed=1, stream=True).encode()
+    # Every request of a run sends the same body, so with the prefix cache on (D-t1, D-t2) only its
+    # last block is prefilled after the first; D-t1-noprefix measures batching alone.
+    for name, threads, extra in (("D-t1", 1, {}), ("D-t2", 2, {}), ("D-t1-noprefix", 1, {"prefix_cache_mb": 0})):
+        log(f"hf: {name}")
+        v = start_d(run_dir / f"hf-{name}", hf_limits(ckpt, threads, **extra), 64)
         try:
-            res["rows"] += measure_variant(v, hf_body, concs, args.duration, "hf", f"D-t{threads}", True)
+            res["rows"] += measure_variant(v, hf_body, concs, args.duration, "hf", name, True)
         finally:
             v.stop()
         save()
@@ -223,7 +233,7 @@ def main(argv: list[str] | None = None) -> None:
         log(f"prefix: {name}")
         v = start_d(run_dir / f"prefix-{name}", hf_limits(ckpt, 2, **extra), 8)
         try:
-            res["prefix"][name] = prefix_trials(v, args.trials, args.system_words, 100)
+            res["prefix"][name] = prefix_trials(v, args.trials, args.system_tokens, 100, ckpt)
             ttfts = [r["ttft_s"] for r in res["prefix"][name]]
             log(f"prefix {name}: third-turn TTFT p50 {statistics.median(ttfts) * 1000:.0f} ms, "
                 f"prompt {res['prefix'][name][0]['prompt_tokens']} tokens, "

@@ -518,6 +518,9 @@ connections sending back to back for {st['duration']} s after a warm-up; TTFT = 
 this machine is shared, so treat differences under ~15% as noise.
 
 - **D** ZCCP with the batch scheduler (this tree), `model.threads` 1 (tiny) or 1 and 2 (`D-t1`, `D-t2`, hf).
+  Every request of a run sends the same body, so with the prefix cache on (the default) ZCCP prefills only
+  the prompt's last block after the first request; `D-t1-noprefix` (`model.prefix_cache_mb: 0`) measures
+  batching alone. B has no prefix reuse.
 - **D-rr** ZCCP at `{st['round_robin_ref']}`, the round-robin model thread this change replaces
   (exported with `git archive`, same session).
 - **B** nginx -> FastAPI/uvicorn, 2 workers x 1 torch thread, one `generate()` per request in the thread
@@ -538,7 +541,7 @@ this machine is shared, so treat differences under ~15% as noise.
 
 ### Prefix reuse: third turn, ~2,000-token system prompt (hf, D at model.threads 2)
 
-Each trial: a new system prompt of {st['system_words']} words (so turn 1 is cold), three streamed turns,
+Each trial: a new system prompt of {st['system_tokens']} tokens (so turn 1 is cold), three streamed turns,
 `max_tokens` 16; the table shows turn 3. "no-reuse" runs the same engine with `model.prefix_cache_mb: 0`.
 
 {_prefix_table(mres)}

@@ -17,6 +17,7 @@ Each reuses RequestFlow's endings (errors through the slot, logs, metrics).
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Callable
 
@@ -30,6 +31,8 @@ from zccp.reply import Endings, WarmupReply
 from zccp.request import ApiError, GenerationRequest, SamplingParams
 from zccp.response import SlotAbandoned
 from zccp.scheduler import Sequence
+
+log = logging.getLogger("zccp.endpoints")
 
 _NO_SAMPLING = SamplingParams(max_tokens=0, temperature=0.0)
 
@@ -60,6 +63,7 @@ class EndpointFlow(RequestFlow):
         except SlotAbandoned as exc:
             self._abandoned(exc)
         except Exception:
+            log.exception("request failed", extra={"context_id": self.ctx.context_id})
             self._fail(None)
         self._done()
 

@@ -160,8 +160,11 @@ class RequestFlow:
         seq = Sequence(prep.input_ids, prep.host_ids, prep.req.sampling, reply, ctx.cancelled, finished)
         if not self.deps.model.submit(seq):
             self.deps.metrics.queue_full.inc()
-            self._answer_error(ApiError(429, "rate_limit_error", "the model's queue is full "
-                                        "(model.max_queue requests wait already); retry shortly"), prep.started)
+            try:
+                self._answer_error(ApiError(429, "rate_limit_error", "the model's queue is full "
+                                            "(model.max_queue requests wait already); retry shortly"), prep.started)
+            except SlotAbandoned as exc:
+                self._abandoned(exc)
             self._done()
 
     def _tool_calls(self, req: GenerationRequest) -> bool:
