@@ -36,4 +36,4 @@ for _ in 1 2 3 4 5; do
     download "${more[@]}"
 done
 ((${#more[@]} == 0)) || { echo "wheelhouse: still missing: ${more[*]}" >&2; exit 1; }
-echo "wheelhouse: $(ls "$OUT"/*.whl | wc -l) wheels, $(du -sh "$OUT" | cut -f1)"
+echo "wheelhouse: $(find "$OUT" -name '*.whl' | wc -l) wheels, $(du -sh "$OUT" | cut -f1)"
