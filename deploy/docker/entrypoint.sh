@@ -1,6 +1,7 @@
 #!/bin/sh
 # Container entrypoint: `engine`, `nginx`, `redis`, or any other command.
 set -eu
+umask 0027   # nothing this container writes is world-readable (arena + socket set their own)
 CONFIG=${ZCCP_CONFIG:-/etc/zccp/config.yaml}
 NGINX_DIR=/run/zccp-nginx   # rendered conf, pid, logs, temp files (writable by nginx's user)
 
