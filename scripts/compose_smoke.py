@@ -70,8 +70,9 @@ def cmd_sdks() -> None:
         fail("anthropic: the cache HIT's text differs from the first answer")
     print(f"anthropic: message ok ({msg.usage.output_tokens} tokens), repeat X-ZCCP-Cache: HIT")
 
+    # Greedy: the tiny model's output is noise, and a sampled one may end at once.
     with claude.messages.stream(model=MODEL, max_tokens=24, messages=[
-            {"role": "user", "content": "Compose smoke: stream, please."}]) as stream:
+            {"role": "user", "content": "Compose smoke: stream, please."}], **greedy) as stream:
         pieces = list(stream.text_stream)
         final = stream.get_final_message()
     if not pieces or "".join(pieces) != final.content[0].text or final.stop_reason is None:
@@ -90,7 +91,7 @@ def cmd_sdks() -> None:
     print(f"openai: completion ok ({comp.usage.completion_tokens} tokens), repeat X-ZCCP-Cache: HIT")
 
     chunks = list(oai.chat.completions.create(
-        model=MODEL, max_tokens=24, stream=True, stream_options={"include_usage": True},
+        model=MODEL, max_tokens=24, temperature=0, stream=True, stream_options={"include_usage": True},
         messages=[{"role": "user", "content": "Compose smoke: OpenAI stream."}]))
     text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
     usage = [c.usage for c in chunks if c.usage]

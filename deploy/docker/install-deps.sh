@@ -22,3 +22,7 @@ else
     $PIP install --index-url "$TORCH_INDEX_URL" "torch==$TORCH_VERSION"
     $PIP install -r /build/requirements.txt "setuptools>=64" wheel
 fi
+# torch's C++ test binaries and headers (~190 MB): the engine neither runs them nor
+# compiles extensions (no torch.compile / cpp_extension).
+torch=/opt/venv/lib/python3.11/site-packages/torch
+rm -rf "$torch/test" "$torch/include" "$torch"/bin/*Test "$torch"/bin/test_* "$torch"/bin/protoc*
