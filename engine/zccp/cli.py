@@ -41,12 +41,18 @@ def engine_main(argv: list[str] | None = None) -> None:
 
 
 def nginx_main(argv: list[str] | None = None) -> None:
-    p = argparse.ArgumentParser(prog="zccp-nginx", description="Render ZCCP's nginx includes from config.yaml.")
+    args_in = sys.argv[1:] if argv is None else argv
+    # `zccp-nginx render ...` is the documented form; the bare `zccp-nginx --config ...`
+    # (what older scripts and the container entrypoint call) is its alias.
+    if args_in[:1] == ["render"]:
+        args_in = args_in[1:]
+    p = argparse.ArgumentParser(prog="zccp-nginx render", description="Render ZCCP's nginx includes from config.yaml "
+                                "(docs/existing-nginx.md: adding them to an nginx that already runs).")
     p.add_argument("--config", required=True)
     p.add_argument("--out", required=True, help="directory for zccp_http.conf / zccp_server.conf")
     p.add_argument("--standalone", action="store_true", help="also render a complete nginx.conf")
     p.add_argument("--prefix", help="nginx prefix for --standalone (logs, temp files)")
-    args = p.parse_args(argv)
+    args = p.parse_args(args_in)
     from zccp.nginx_conf import render
 
     r = render(_load(args.config), Path(args.out), args.standalone, Path(args.prefix) if args.prefix else None)

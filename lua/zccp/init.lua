@@ -16,6 +16,12 @@ function _M.init(opts)
     -- the last good set stays in force (see zccp.masks).
     require("zccp.masks").init({ last_good_path = opts.mask_last_good })
     require("zccp.fingerprint")
+    -- Load the request-time modules here too, in the master (root under a distribution's
+    -- nginx): the workers inherit them, so a worker user (www-data) needs no read access
+    -- to the Lua files, only to the arena and the socket (docs/existing-nginx.md).
+    require("zccp.handler")
+    require("zccp.health")
+    require("zccp.metrics")
 end
 
 function _M.init_worker()
