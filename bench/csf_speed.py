@@ -38,7 +38,7 @@ sys.path.insert(0, str(REPO / "tests"))
 import test_fingerprint_identity as TFI  # noqa: E402
 from test_fingerprint_identity import WORDS, FpNginx  # noqa: E402
 
-from zccp import fingerprint as F  # noqa: E402
+from zccp.cache import fingerprint as F  # noqa: E402
 from zccp.cache.masks import load_masks  # noqa: E402
 
 BENCH_LOCATION = r"""

@@ -1,17 +1,19 @@
-"""The exact key (docs/fingerprint.md §6): the canonical byte form of a decoded,
-masked request and its SHA-256. The Python side of lua/zccp/fp/canonical.lua.
+"""The prefix and exact keys (docs/fingerprint.md §6): the canonical byte form of a
+decoded, masked request, and the two SHA-256 keys hashed from it. The Python side of
+lua/zccp/fp/canonical.lua (and of the hashing in lua/zccp/fingerprint.lua).
 
-    canonical_request(api, doc) -> bytes
-    exact_key(api, doc) -> 32 bytes
+    canonical_form(api, doc) -> Canonical (pieces + the place of the final message)
+    Canonical.keys(api) -> (prefix_key, exact_key)
 """
 
 from __future__ import annotations
 
 import hashlib
 import re
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, Sequence
 
-from zccp.cache.fp.tables import EXACT_PREFIX, EXCLUDED_KEYS
+from zccp.cache.fp.tables import EXACT_PREFIX, EXCLUDED_KEYS, PREFIX_PREFIX
 
 try:  # finds the special bytes of very long strings at once
     import numpy as _np
@@ -123,34 +125,49 @@ def _cj(v: Any, out: list[bytes]) -> None:
         raise TypeError(type(v))
 
 
-def canonical_request(api: str, doc: dict) -> bytes:
-    """The exact key's byte form of an (already masked) decoded request."""
-    return b"".join(canonical_pieces(api, doc))
-
-
-def exact_key(api: str, doc: dict) -> bytes:
-    """SHA-256 of the canonical form, without copying its long pieces into one string."""
-    return sha256_of(canonical_pieces(api, doc))
-
-
-def sha256_of(pieces: list[bytes]) -> bytes:
+def sha256_of(*parts: Sequence[bytes]) -> bytes:
+    """SHA-256 of the concatenated pieces of `parts`, without joining long pieces."""
     h = hashlib.sha256()
     small: list[bytes] = []
-    for p in pieces:
-        if len(p) > 4096:
-            if small:
-                h.update(b"".join(small))
-                small.clear()
-            h.update(p)
-        else:
-            small.append(p)
+    for pieces in parts:
+        for p in pieces:
+            if len(p) > 4096:
+                if small:
+                    h.update(b"".join(small))
+                    small.clear()
+                h.update(p)
+            else:
+                small.append(p)
     if small:
         h.update(b"".join(small))
     return h.digest()
 
 
-def canonical_pieces(api: str, doc: dict) -> list[bytes]:
-    """The canonical form as pieces (joined, they are canonical_request())."""
+@dataclass(frozen=True)
+class Canonical:
+    """CJ(top) as pieces; when `messages` is a non-empty array, its final element is
+    pieces[first:stop] and pieces[cut:stop] is that element with the comma before it
+    (CJ of top without the final message is the pieces without [cut:stop])."""
+
+    pieces: list[bytes]
+    cut: int | None = None
+    first: int | None = None
+    stop: int | None = None
+
+    def keys(self, api: str) -> tuple[bytes, bytes]:
+        """(prefix_key, exact_key): SHA-256 of prefix_prefix API "\n" CJ(top without the final
+        message), then SHA-256 of exact_prefix, the prefix key and CJ(final message)."""
+        head = [PREFIX_PREFIX, api.encode(), b"\n"]
+        p = self.pieces
+        if self.cut is None:
+            prefix = sha256_of(head, p)
+            return prefix, sha256_of([EXACT_PREFIX, prefix])
+        prefix = sha256_of(head, p[:self.cut], p[self.stop:])
+        return prefix, sha256_of([EXACT_PREFIX, prefix], p[self.first:self.stop])
+
+
+def canonical_form(api: str, doc: dict) -> Canonical:
+    """CJ of the request's top-level object (§6), with the place of its final message."""
     top: dict[Any, Any] = {}
     for k, v in doc.items():
         if v is None or k in EXCLUDED_KEYS:
@@ -158,6 +175,27 @@ def canonical_pieces(api: str, doc: dict) -> list[bytes]:
         top[k] = v
     if api == "openai" and "max_completion_tokens" in top:
         top["max_tokens"] = top.pop("max_completion_tokens")
-    out = [EXACT_PREFIX, api.encode(), b"\n"]
-    _cj(top, out)
-    return out
+    out: list[bytes] = []
+    if not top:
+        return Canonical([b"[]"])
+    cut = first = stop = None
+    out.append(b"{")
+    for i, (k, x) in enumerate(sorted(((as_bytes(k), x) for k, x in top.items()), key=lambda kv: kv[0])):
+        if i:
+            out.append(b",")
+        _put_str(k, out)
+        out.append(b":")
+        if k == b"messages" and isinstance(x, list) and x:
+            out.append(b"[")
+            for m in x[:-1]:
+                _cj(m, out)
+                out.append(b",")
+            first = len(out)
+            cut = first - 1 if len(x) > 1 else first
+            _cj(x[-1], out)
+            stop = len(out)
+            out.append(b"]")
+        else:
+            _cj(x, out)
+    out.append(b"}")
+    return Canonical(out, cut, first, stop)
