@@ -29,7 +29,7 @@ from zccp.paths import lua_file
 log = logging.getLogger("zccp.cache.masks")
 
 __all__ = ["MaskSource", "MaskError", "MaskPattern", "MaskSet", "load_masks", "default_patterns_path", "mask_doc",
-           "EMPTY_MASKS"]
+           "collect_literals", "EMPTY_MASKS"]
 
 
 def default_patterns_path() -> Path:
@@ -155,10 +155,11 @@ class _DocMasker:
     """What gets masked in a request (§2): the top-level `system` string, and inside
     `system` and `messages` every string that is the value of a MASKED_KEYS member."""
 
-    def __init__(self, masks: MaskSet, literals: list[bytes] | None = None):
+    def __init__(self, masks: MaskSet, literals: list[bytes] | None = None, in_place: bool = True):
         self.masks = masks
         self.changed = False
         self.literals = literals
+        self.in_place = in_place
 
     def text(self, s: str | bytes) -> str | bytes:
         """The masked string (`s` itself when there are no masks)."""
@@ -175,7 +176,9 @@ class _DocMasker:
         if isinstance(v, dict):
             for k, x in v.items():
                 if isinstance(x, str) and k in MASKED_KEYS:
-                    v[k] = self.text(x)
+                    out = self.text(x)
+                    if self.in_place:
+                        v[k] = out
                 elif isinstance(x, (dict, list)):
                     self.walk(x)
         elif isinstance(v, list):
@@ -189,10 +192,22 @@ def mask_doc(doc: dict, masks: MaskSet, literals: list[bytes] | None = None) -> 
     changed some text. MaskError: a PCRE runtime failure (nginx returns nil, err too).
     literals: a list that receives the values the masks replaced (the cache's guard
     against serving one user's values to another)."""
-    m = _DocMasker(masks, literals)
+    return _mask(_DocMasker(masks, literals), doc)
+
+
+def collect_literals(doc: dict, masks: MaskSet) -> list[bytes]:
+    """The values mask_doc() would replace, without changing `doc`."""
+    lits: list[bytes] = []
+    _mask(_DocMasker(masks, lits, in_place=False), doc)
+    return lits
+
+
+def _mask(m: _DocMasker, doc: dict) -> bool:
     system = doc.get("system")
     if isinstance(system, str):
-        doc["system"] = m.text(system)
+        out = m.text(system)
+        if m.in_place:
+            doc["system"] = out
     elif isinstance(system, (dict, list)):
         m.walk(system)
     messages = doc.get("messages")
