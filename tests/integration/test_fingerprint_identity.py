@@ -73,8 +73,10 @@ def _b(x) -> bytes:
 
 
 class FpNginx:
-    def __init__(self, root: Path, patterns: Path, last_good: Path):
+    def __init__(self, root: Path, patterns: Path, last_good: Path, lua_root: Path = REPO, snippet: Path | None = None):
         self.prefix = root
+        self.lua_root = lua_root                 # a checkout (bench/csf_speed.py runs another commit's)
+        self.snippet = snippet or SNIPPET
         self.patterns = patterns
         self.last_good = last_good
         self.port = _free_port()
@@ -101,14 +103,14 @@ http {{
     uwsgi_temp_path {p}/tmp/uwsgi;
     scgi_temp_path {p}/tmp/scgi;
     keepalive_requests 100000;
-    lua_package_path "{REPO}/lua/?.lua;;";
+    lua_package_path "{self.lua_root}/lua/?.lua;;";
     init_by_lua_block {{
         require("zccp.masks").init({{ path = "{self.patterns}", last_good_path = "{self.last_good}" }})
         require("zccp.fingerprint")
     }}
     server {{
         listen 127.0.0.1:{self.port};
-        include {SNIPPET};
+        include {self.snippet};
     }}
 }}
 """)
