@@ -76,33 +76,54 @@ end
 
 -- ------------------------------------------------------------------ code point classes
 
-local R_LO, R_HI, R_CL, NR = {}, {}, {}, 0
-for _, r in ipairs(T.ranges) do
-    NR = NR + 1
-    R_LO[NR], R_HI[NR] = r[1], r[2]
-    if r[3] == "S" then
-        R_CL[NR] = 1
-    elseif r[3] == "C" then
-        R_CL[NR] = 2
-    else
-        error("zccp.fp_tables: unknown class " .. tostring(r[3]))
+-- A code point's class (0: word, 1: separator, 2: CJK, a token of its own) is read from
+-- two tables, without a loop (a loop here would keep LuaJIT from compiling the scan
+-- below as one trace): PAGE[cp >> 8] is the class of a whole 256-code-point page, or
+-- 3 + k when the page is mixed and its classes are MIXED[k * 256 .. k * 256 + 255].
+local NPAGES = 0x110000 / 256
+local PAGE = ffi_new("uint8_t[?]", NPAGES)
+local MIXED
+do
+    local CLASS = { S = 1, C = 2 }
+    local pages = {}   -- page -> { [cp & 255] = class } for pages a range covers in part
+    for _, r in ipairs(T.ranges) do
+        local cl = CLASS[r[3]]
+        if not cl then
+            error("zccp.fp_tables: unknown class " .. tostring(r[3]))
+        end
+        for pg = rshift(r[1], 8), rshift(r[2], 8) do
+            local lo, hi = math.max(r[1], pg * 256), math.min(r[2], pg * 256 + 255)
+            if hi - lo == 255 then
+                PAGE[pg] = cl       -- the whole page (ranges never overlap)
+            else
+                pages[pg] = pages[pg] or {}
+                for cp = lo, hi do
+                    pages[pg][cp - pg * 256] = cl
+                end
+            end
+        end
+    end
+    local order = {}
+    for pg in pairs(pages) do
+        order[#order + 1] = pg
+    end
+    table.sort(order)
+    assert(#order <= 252, "zccp.fp_tables: too many mixed pages")
+    MIXED = ffi_new("uint8_t[?]", math.max(1, #order) * 256)
+    for k, pg in ipairs(order) do
+        PAGE[pg] = 3 + (k - 1)
+        for lo = 0, 255 do
+            MIXED[(k - 1) * 256 + lo] = pages[pg][lo] or 0
+        end
     end
 end
 
--- 0: word, 1: separator, 2: CJK (a token of its own)
 local function cp_class(cp)
-    local lo, hi = 1, NR
-    while lo <= hi do
-        local mid = rshift(lo + hi, 1)
-        if cp < R_LO[mid] then
-            hi = mid - 1
-        elseif cp > R_HI[mid] then
-            lo = mid + 1
-        else
-            return R_CL[mid]
-        end
+    local pg = PAGE[rshift(cp, 8)]
+    if pg < 3 then
+        return pg
     end
-    return 0
+    return MIXED[(pg - 3) * 256 + band(cp, 255)]
 end
 
 -- The text is not lowercased as a whole: ASCII_WORD takes [0-9A-Za-z] as word bytes
@@ -198,12 +219,25 @@ local function scan(p, n)
             hs = bxor(hs, b)
             hs = tobit(lshift(hs, 24) + hs * 403)
             if len > 1 then
-                for k = i + 1, i + len - 1 do
-                    b = p[k]
+                -- the continuation bytes, unrolled (no inner loop in the scan's trace)
+                b = p[i + 1]
+                hc = bxor(hc, b)
+                hc = tobit(lshift(hc, 24) + hc * 403)
+                hs = bxor(hs, b)
+                hs = tobit(lshift(hs, 24) + hs * 403)
+                if len > 2 then
+                    b = p[i + 2]
                     hc = bxor(hc, b)
                     hc = tobit(lshift(hc, 24) + hc * 403)
                     hs = bxor(hs, b)
                     hs = tobit(lshift(hs, 24) + hs * 403)
+                    if len > 3 then
+                        b = p[i + 3]
+                        hc = bxor(hc, b)
+                        hc = tobit(lshift(hc, 24) + hc * 403)
+                        hs = bxor(hs, b)
+                        hs = tobit(lshift(hs, 24) + hs * 403)
+                    end
                 end
                 if cls == 2 then
                     inword = false   -- a CJK token ends where it starts: again below
