@@ -5,7 +5,7 @@ and the Python compute() the engine runs for bodies above DECODE_LIMIT.
 
     .venv/bin/python bench/csf_speed.py [-n 1000] [--baseline main] [--out bench]
 
-The baseline's lua/, shm_abi/, engine/ and tests/nginx/fp_test.conf are taken with
+The baseline's lua/, nginx/, shm_abi/, engine/ and tests/nginx/ are taken with
 `git archive <ref>` into a temporary tree. Two throw-away nginx (Debian nginx +
 libnginx-mod-http-lua), one per tree, run side by side; every body is timed on both, one
 after the other, so that the shared machine's noise falls on both alike:
@@ -196,8 +196,8 @@ def bodies() -> dict[str, bytes]:
 # --------------------------------------------------------------------------- trees
 
 def baseline_tree(ref: str, into: Path) -> Path:
-    """lua/, shm_abi/, engine/ and tests/nginx/ of `ref`, from git."""
-    archive = subprocess.run(["git", "archive", ref, "lua", "shm_abi", "engine", "tests/nginx"], cwd=REPO,
+    """lua/, nginx/, shm_abi/, engine/ and tests/nginx/ of `ref`, from git."""
+    archive = subprocess.run(["git", "archive", ref, "lua", "nginx", "shm_abi", "engine", "tests/nginx"], cwd=REPO,
                              capture_output=True, check=True).stdout
     into.mkdir(parents=True)
     subprocess.run(["tar", "-x", "-C", str(into)], input=archive, check=True)
@@ -216,7 +216,9 @@ def start_nginx(tree: Path, work: Path) -> FpNginx:
 
 def python_compute(tree: Path, files: dict[str, str], reps: int) -> dict:
     out = subprocess.run([sys.executable, "-c", PY_BENCH, json.dumps(files), str(reps)], capture_output=True,
-                         text=True, check=True, env={"PYTHONPATH": str(tree / "engine"), "PATH": "/usr/bin:/bin"})
+                         text=True, env={"PYTHONPATH": str(tree / "engine"), "PATH": "/usr/bin:/bin"})
+    if out.returncode != 0:
+        raise RuntimeError(f"python compute in {tree} failed:\n{out.stderr}")
     return json.loads(out.stdout)
 
 
