@@ -227,6 +227,7 @@ def test_compute_shape(masks):
         fp.tokens = 1  # type: ignore[misc]
     assert compute("anthropic", memoryview(body()), masks) == fp
     assert compute("anthropic", bytearray(body()), masks) == fp
+    assert canonical.exact_key("anthropic", json.loads(body())) == fp.exact_key   # bench B-cache's key
 
 
 def test_compute_rejects_bad_api():

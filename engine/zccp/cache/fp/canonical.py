@@ -4,6 +4,7 @@ lua/zccp/fp/canonical.lua (and of the hashing in lua/zccp/fingerprint.lua).
 
     canonical_form(api, doc) -> Canonical (pieces + the place of the final message)
     Canonical.keys(api) -> (prefix_key, exact_key)
+    exact_key(api, doc) -> 32 bytes
 """
 
 from __future__ import annotations
@@ -164,6 +165,11 @@ class Canonical:
             return prefix, sha256_of([EXACT_PREFIX, prefix])
         prefix = sha256_of(head, p[:self.cut], p[self.stop:])
         return prefix, sha256_of([EXACT_PREFIX, prefix], p[self.first:self.stop])
+
+
+def exact_key(api: str, doc: dict) -> bytes:
+    """The exact key of an (already masked) decoded request."""
+    return canonical_form(api, doc).keys(api)[1]
 
 
 def canonical_form(api: str, doc: dict) -> Canonical:
