@@ -139,18 +139,8 @@ end
 
 local cj
 
-local function cj_table(buf, t)
-    if t[1] ~= nil then
-        buf:put("[")
-        for i = 1, #t do
-            if i > 1 then
-                buf:put(",")
-            end
-            cj(buf, t[i])
-        end
-        buf:put("]")
-        return
-    end
+-- An object: members sorted by key bytes, each value written by put_value(buf, key, value).
+local function put_object(buf, t, put_value)
     local keys, nk = {}, 0
     for k in next, t do
         nk = nk + 1
@@ -169,9 +159,28 @@ local function cj_table(buf, t)
         end
         put_str(buf, k)
         buf:put(":")
-        cj(buf, t[k])
+        put_value(buf, k, t[k])
     end
     buf:put("}")
+end
+
+local function cj_member(buf, _, v)
+    cj(buf, v)
+end
+
+local function cj_table(buf, t)
+    if t[1] ~= nil then
+        buf:put("[")
+        for i = 1, #t do
+            if i > 1 then
+                buf:put(",")
+            end
+            cj(buf, t[i])
+        end
+        buf:put("]")
+        return
+    end
+    put_object(buf, t, cj_member)
 end
 
 cj = function(buf, v)
@@ -191,47 +200,25 @@ cj = function(buf, v)
     end
 end
 
--- The top-level object: cj_table's object branch, except that the place of the final
--- message is noted (see the top of this file).
-local function write_top(buf, top)
-    local keys, nk = {}, 0
-    for k in next, top do
-        nk = nk + 1
-        keys[nk] = k
+-- The top-level object's members: as cj_member, except that the place of the final
+-- message is noted in cut, first, stop (see the top of this file).
+local cut, first, stop
+
+local function top_member(buf, k, v)
+    if k ~= "messages" or type(v) ~= "table" or v[1] == nil then
+        return cj(buf, v)
     end
-    if nk == 0 then
-        buf:put("[]")
-        return nil
+    local n = #v
+    buf:put("[")
+    for j = 1, n - 1 do
+        cj(buf, v[j])
+        buf:put(",")
     end
-    sort(keys)
-    local cut, first, stop
-    buf:put("{")
-    for i = 1, nk do
-        local k = keys[i]
-        if i > 1 then
-            buf:put(",")
-        end
-        put_str(buf, k)
-        buf:put(":")
-        local v = top[k]
-        if k == "messages" and type(v) == "table" and v[1] ~= nil then
-            local n = #v
-            buf:put("[")
-            for j = 1, n - 1 do
-                cj(buf, v[j])
-                buf:put(",")
-            end
-            cut = #buf - (n > 1 and 1 or 0)
-            first = #buf
-            cj(buf, v[n])
-            stop = #buf
-            buf:put("]")
-        else
-            cj(buf, v)
-        end
-    end
-    buf:put("}")
-    return cut, first, stop
+    cut = #buf - (n > 1 and 1 or 0)
+    first = #buf
+    cj(buf, v[n])
+    stop = #buf
+    buf:put("]")
 end
 
 -- Writes CJ(top) of `doc` (decoded, masked) into buf (reset first); returns the place
@@ -248,7 +235,9 @@ function _M.write(buf, api, doc)
         top.max_completion_tokens = nil
     end
     buf:reset()
-    return write_top(buf, top)
+    cut, first, stop = nil, nil, nil
+    put_object(buf, top, top_member)
+    return cut, first, stop
 end
 
 return _M

@@ -142,6 +142,14 @@ local u8p = ffi.typeof("const uint8_t *")
 
 local FNV32_OFFSET = tobit(0x811C9DC5)
 
+-- One byte into both running FNV-1a 32 hashes: the token's (hc) and the shingle's (hs).
+-- (* 0x01000193 mod 2^32 as lshift(h, 24) + h * 403: exact in doubles, then tobit.)
+local function fnv2(hc, hs, b)
+    hc = bxor(hc, b)
+    hs = bxor(hs, b)
+    return tobit(lshift(hc, 24) + hc * 403), tobit(lshift(hs, 24) + hs * 403)
+end
+
 -- Tokenizes p[0 .. n-1] and hashes the shingles in the same pass: each token's FNV-1a 32
 -- (hc) and, from the previous token's hash followed by 0x20, the shingle's (hs) are
 -- carried along byte by byte (bytes lowercased through LOWER). Returns the number of
@@ -213,30 +221,14 @@ local function scan(p, n)
                 hs = bxor(prev, 0x20)
                 hs = tobit(lshift(hs, 24) + hs * 403)   -- * 0x01000193 mod 2^32
             end
-            local b = LOWER[c]
-            hc = bxor(hc, b)
-            hc = tobit(lshift(hc, 24) + hc * 403)
-            hs = bxor(hs, b)
-            hs = tobit(lshift(hs, 24) + hs * 403)
+            hc, hs = fnv2(hc, hs, LOWER[c])
             if len > 1 then
                 -- the continuation bytes, unrolled (no inner loop in the scan's trace)
-                b = p[i + 1]
-                hc = bxor(hc, b)
-                hc = tobit(lshift(hc, 24) + hc * 403)
-                hs = bxor(hs, b)
-                hs = tobit(lshift(hs, 24) + hs * 403)
+                hc, hs = fnv2(hc, hs, p[i + 1])
                 if len > 2 then
-                    b = p[i + 2]
-                    hc = bxor(hc, b)
-                    hc = tobit(lshift(hc, 24) + hc * 403)
-                    hs = bxor(hs, b)
-                    hs = tobit(lshift(hs, 24) + hs * 403)
+                    hc, hs = fnv2(hc, hs, p[i + 2])
                     if len > 3 then
-                        b = p[i + 3]
-                        hc = bxor(hc, b)
-                        hc = tobit(lshift(hc, 24) + hc * 403)
-                        hs = bxor(hs, b)
-                        hs = tobit(lshift(hs, 24) + hs * 403)
+                        hc, hs = fnv2(hc, hs, p[i + 3])
                     end
                 end
                 if cls == 2 then

@@ -111,19 +111,28 @@ def _cj(v: Any, out: list[bytes]) -> None:
             _cj(x, out)
         out.append(b"]")
     elif isinstance(v, dict):
-        if not v:
-            out.append(b"[]")  # lua-cjson decodes {} and [] alike
-            return
-        out.append(b"{")
-        for i, (k, x) in enumerate(sorted(((as_bytes(k), x) for k, x in v.items()), key=lambda kv: kv[0])):
-            if i:
-                out.append(b",")
-            _put_str(k, out)
-            out.append(b":")
-            _cj(x, out)
-        out.append(b"}")
+        _put_object(v, out, _cj_member)
     else:  # pragma: no cover
         raise TypeError(type(v))
+
+
+def _cj_member(key: bytes, v: Any, out: list[bytes]) -> None:
+    _cj(v, out)
+
+
+def _put_object(v: dict, out: list[bytes], put_value) -> None:
+    """An object: members sorted by key bytes, each value written by put_value(key, value, out)."""
+    if not v:
+        out.append(b"[]")  # lua-cjson decodes {} and [] alike
+        return
+    out.append(b"{")
+    for i, (k, x) in enumerate(sorted(((as_bytes(k), x) for k, x in v.items()), key=lambda kv: kv[0])):
+        if i:
+            out.append(b",")
+        _put_str(k, out)
+        out.append(b":")
+        put_value(k, x, out)
+    out.append(b"}")
 
 
 def sha256_of(*parts: Sequence[bytes]) -> bytes:
@@ -182,26 +191,21 @@ def canonical_form(api: str, doc: dict) -> Canonical:
     if api == "openai" and "max_completion_tokens" in top:
         top["max_tokens"] = top.pop("max_completion_tokens")
     out: list[bytes] = []
-    if not top:
-        return Canonical([b"[]"])
-    cut = first = stop = None
-    out.append(b"{")
-    for i, (k, x) in enumerate(sorted(((as_bytes(k), x) for k, x in top.items()), key=lambda kv: kv[0])):
-        if i:
+    place: list[int] = []        # cut, first, stop
+
+    def top_member(k: bytes, x: Any, out: list[bytes]) -> None:
+        if k != b"messages" or not isinstance(x, list) or not x:
+            return _cj(x, out)
+        out.append(b"[")
+        for m in x[:-1]:
+            _cj(m, out)
             out.append(b",")
-        _put_str(k, out)
-        out.append(b":")
-        if k == b"messages" and isinstance(x, list) and x:
-            out.append(b"[")
-            for m in x[:-1]:
-                _cj(m, out)
-                out.append(b",")
-            first = len(out)
-            cut = first - 1 if len(x) > 1 else first
-            _cj(x[-1], out)
-            stop = len(out)
-            out.append(b"]")
-        else:
-            _cj(x, out)
-    out.append(b"}")
+        first = len(out)
+        place.extend((first - 1 if len(x) > 1 else first, first))
+        _cj(x[-1], out)
+        place.append(len(out))
+        out.append(b"]")
+
+    _put_object(top, out, top_member)
+    cut, first, stop = place if place else (None, None, None)
     return Canonical(out, cut, first, stop)
