@@ -92,6 +92,7 @@ class Pair:
     confirm_first: str = ""
     confirm_tries: int = 0
     var_status: int = 0
+    var_retries: int = 0              # variants asked again after a Redis ERROR
     var_cache: str = ""
     similarity: float | None = None
     before_cache: str = ""
@@ -329,11 +330,15 @@ def _agent_pairs(pool: Pool, n: int, rng: random.Random) -> list[Pair]:
             elif name == "agent_repeat":
                 var, kind = base, f"{api}:{k} rounds"
             elif name == "tool_result":
+                edited, kind = results[k], f"{api}:another output"
                 if rng.random() < 0.5:
-                    _, _, edited = V.one_word_edit(rng, results[k - 1])
-                    kind = f"{api}:one word of the output"
-                else:
-                    edited, kind = results[k], f"{api}:another output"
+                    for _ in range(8):   # a word outside the masked values (else masks make them one output)
+                        _, _, e = V.one_word_edit(rng, results[k - 1])
+                        if masks().apply(e.encode()) != masks().apply(results[k - 1].encode()):
+                            edited, kind = e, f"{api}:one word of the output"
+                            break
+                if masks().apply(edited.encode()) == masks().apply(results[k - 1].encode()):
+                    continue
                 var = C.agent(api, task, calls[:k], results[:k - 1] + [edited], mt)
             else:
                 other = C.path_arg(rng)
