@@ -13,10 +13,11 @@ from dataclasses import dataclass, field
 
 import torch
 
-from zccp.abi import EngineState, Op, SlotLayout, State
+from zccp.abi import EngineState, Kind, Op, SlotLayout, State
 from zccp.api.common import ParseLimits
 from zccp.arena import Arena, SlotError, SlotView
 from zccp.cache.masks import MaskSource
+from zccp.cache.purge import PurgeFlow
 from zccp.cache.store import ResponseCache
 from zccp.config import Config, mask_state_path
 from zccp.device import select_device
@@ -154,6 +155,9 @@ class Engine:
             cancelled=job.cancelled,
             context_id=bytes(view.header.context_id).hex(),
         )
+        if view.request.kind == Kind.PURGE:   # POST /v1/zccp/purge (nginx: loopback clients only)
+            redis = self.cache.redis if self.cache is not None else None
+            return PurgeFlow(ctx.payload, ctx.writer, redis, self._spawn, lambda: self._finish_job(job)).start()
         RequestFlow(ctx, self.deps, lambda: self._finish_job(job)).start()
 
     def _spawn(self, coro: Awaitable[None]) -> None:
