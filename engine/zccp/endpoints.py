@@ -102,7 +102,7 @@ class EndpointFlow(RequestFlow):
         ctx.view.header.tokens_len = n
         ctx.view.meta.prompt_len = n
         sink = WarmupReply(prompt.req.model, ctx.view, ctx.writer, n,
-                           Endings(self._log_done, self._abandoned, self._fail), started)
+                           Endings(self._log_done, self._abandoned, self._fail, lambda result: None), started)
         seq = Sequence(deps.input_view(ctx.tokens[:n]), ctx.tokens[:n].numpy(), _NO_SAMPLING, sink,
                        ctx.cancelled, lambda _: self._done(), prefill_only=True)
         if not deps.model.submit(seq):

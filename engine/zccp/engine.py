@@ -18,6 +18,7 @@ from zccp.api.codec import ModelInfo
 from zccp.api.common import ParseLimits
 from zccp.arena import Arena, SlotError, SlotView
 from zccp.cache.masks import MaskSource
+from zccp.cache.purge import PurgeFlow
 from zccp.cache.store import ResponseCache
 from zccp.config import Config, ConfigError, ModelConfig, mask_state_path
 from zccp.device import select_device
@@ -184,10 +185,12 @@ class Engine:
             context_id=bytes(view.header.context_id).hex(),
         )
         kind = view.request.kind
+        if kind == Kind.PURGE:   # POST /v1/zccp/purge (nginx: loopback clients only)
+            redis = self.cache.redis if self.cache is not None else None
+            return PurgeFlow(ctx.payload, ctx.writer, redis, self._spawn, lambda: self._finish_job(job)).start()
         if kind == Kind.GENERATE:
-            RequestFlow(ctx, self.deps, lambda: self._finish_job(job)).start()
-        else:
-            EndpointFlow(ctx, self.deps, lambda: self._finish_job(job), kind, self.models).start()
+            return RequestFlow(ctx, self.deps, lambda: self._finish_job(job)).start()
+        EndpointFlow(ctx, self.deps, lambda: self._finish_job(job), kind, self.models).start()
 
     def _spawn(self, coro: Awaitable[None]) -> None:
         task = asyncio.ensure_future(coro)

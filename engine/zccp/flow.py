@@ -23,12 +23,12 @@ from typing import Any
 import numpy as np
 import torch
 
-from zccp.abi import CacheStatus, Flag
+from zccp.abi import CacheReason, CacheStatus, Flag
 from zccp.api import ApiCodec, codec_for
 from zccp.api.codec import StreamEncoder
 from zccp.api.common import ParseLimits
 from zccp.arena import SlotView
-from zccp.cache.answer import CachedAnswer
+from zccp.cache.answer import CachedAnswer, literals_in
 from zccp.cache.keys import CacheKeys, keys_for
 from zccp.cache.masks import MaskSource
 from zccp.cache.store import Lookup, ResponseCache
@@ -94,6 +94,8 @@ class RequestFlow:
         self.deps = deps
         self._on_done = on_done
         self.codec = codec_for("openai" if ctx.view.header.flags & Flag.API_OPENAI else "anthropic")
+        self._store_keys: CacheKeys | None = None    # set when the answer will be stored
+        self._literals: tuple[str, ...] = ()         # the request's masked values the answer carries
 
     # -- the sequence ----------------------------------------------------------------------
 
@@ -108,11 +110,11 @@ class RequestFlow:
         flags = ctx.view.header.flags
         if flags & Flag.NO_CACHE and flags & Flag.NO_STORE:
             # Neither lookup nor store: no keys to compute, no Redis round trip.
-            deps.metrics.cache.inc(result="BYPASS")
+            deps.metrics.cache.inc(result="BYPASS", reason="no_cache")
             ctx.view.meta.cache_status = CacheStatus.BYPASS
             return self._run_model(prep, None)
         try:
-            keys = keys_for(ctx.view, ctx.payload, prep.req, deps.masks, prep.doc)
+            keys = keys_for(ctx.view, ctx.payload, prep.req, deps.masks, deps.cache.cfg, prep.doc)
         except Exception:
             log.exception("cache keys failed; serving uncached", extra={"context_id": ctx.context_id})
             keys = None
@@ -123,24 +125,30 @@ class RequestFlow:
         assert deps.cache is not None
         flags = ctx.view.header.flags
         if keys is None or flags & Flag.NO_CACHE:
-            lookup = Lookup("BYPASS")
+            lookup = Lookup("BYPASS", "unfingerprintable" if keys is None else "no_cache")
         else:
-            lookup = await deps.cache.lookup(keys)
-        deps.metrics.cache.inc(result=lookup.status)
+            lookup = await deps.cache.lookup(keys, ctx.payload)
+        deps.metrics.cache.inc(result=lookup.status, reason=lookup.reason)
         if ctx.view.header.generation != ctx.generation or ctx.cancelled():
             deps.metrics.abandoned.inc()
             return self._done()   # nginx gave up while Redis answered
         meta = ctx.view.meta
         meta.cache_status = getattr(CacheStatus, lookup.status)
+        if lookup.reason == "masked_literal":
+            meta.cache_reason = CacheReason.MASKED_LITERAL
         if lookup.answer is not None:
             meta.similarity_ppm = int(lookup.similarity * 1_000_000)
             meta.age_s = lookup.age_s
+            if lookup.status == "HIT" and not flags & Flag.NO_STORE:   # what nginx may keep (its L1, by exact key)
+                meta.cache_ttl_s = deps.cache.l1_ttl(lookup.answer, lookup.age_s)
+                meta.cache_scope = 0 if lookup.shared else 1
             self._replay(prep, lookup.answer)
             return self._done()
         store = keys if keys is not None and not flags & Flag.NO_STORE and lookup.status != "ERROR" else None
         self._run_model(prep, store)
 
     def _run_model(self, prep: Prepared, store: CacheKeys | None) -> None:
+        self._store_keys = store
         # Streams always leave the loop: a full response ring makes the writer wait for
         # nginx's ack, and the loop must stay free to deliver the notices nginx waits for.
         if self.deps.inline and not prep.req.stream:
@@ -148,15 +156,16 @@ class RequestFlow:
             return self._done()
 
         def finished(completed: Completed | None) -> None:   # on the model thread
-            # The cache keeps text answers only (CachedAnswer): a tool-call turn is not stored.
-            if store is not None and completed is not None and not completed.result.tool_calls:
+            if store is not None and completed is not None:
                 self.deps.call_soon(self._store, store, completed)
             self._done()
 
         ctx, n = self.ctx, int(prep.input_ids.numel())
         reply = Reply(prep.codec, prep.req, ctx.view, ctx.writer, n,
                       self.deps.backend.prompt.detokenizer(prep.host_ids[-8:].tolist()),
-                      self._tool_calls(prep.req), Endings(self._log_done, self._abandoned, self._fail), prep.started)
+                      self._tool_calls(prep.req), Endings(self._log_done, self._abandoned, self._fail,
+                                                          lambda result: self._verdict(prep, result)),
+                      prep.started)
         seq = Sequence(prep.input_ids, prep.host_ids, prep.req.sampling, reply, ctx.cancelled, finished)
         if not self.deps.model.submit(seq):
             self.deps.metrics.queue_full.inc()
@@ -174,9 +183,25 @@ class RequestFlow:
     def _store(self, keys: CacheKeys | None, completed: Completed | None) -> None:
         """Only complete, successful answers are stored (on the loop)."""
         cache = self.deps.cache
-        if keys is None or completed is None or cache is None:
+        if keys is None or completed is None or cache is None or completed.result.tool_calls:
+            return                  # an entry keeps text only (CachedAnswer): a tool-call turn is not stored
+        self.deps.spawn(cache.store(keys, CachedAnswer.of(completed, time.time(), self._literals)))
+
+    def _verdict(self, prep: Prepared, result: GenerationResult) -> None:
+        """_cache_verdict for a model answer; one with tool calls is never cached (nor kept by nginx)."""
+        if not result.tool_calls:
+            self._cache_verdict(prep, result.text)
+
+    def _cache_verdict(self, prep: Prepared, text: str) -> None:
+        """Before the final notice: the masked values the answer carries (kept with the entry
+        for the guard) and what nginx may keep of it (meta.cache_ttl_s / cache_scope)."""
+        keys, deps = self._store_keys, self.deps
+        if keys is None or deps.cache is None or deps.masks is None:
             return
-        self.deps.spawn(cache.store(keys, CachedAnswer.of(completed, time.time())))
+        self._literals = literals_in(text, keys.request_literals(prep.doc, deps.masks.get()))
+        meta = self.ctx.view.meta
+        meta.cache_ttl_s = 0 if self._literals else deps.cache.cfg.ttl_s
+        meta.cache_scope = 0 if keys.placement.shared else 1
 
     def _done(self) -> None:
         self.ctx.payload.release()
@@ -250,6 +275,7 @@ class RequestFlow:
             writer.begin(200, sse=False)
             writer.write(codec.render(req, result, codec.new_response_id(), int(time.time())))
             ctx.view.meta.completion_len = result.output_tokens
+            self._verdict(prep, result)
             writer.finish()
             self._log_done(200, prep.started, result)
             return Completed(result, (len(result.text),) if result.text else ())

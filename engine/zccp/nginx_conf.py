@@ -56,6 +56,8 @@ def render(cfg: Config, out: Path, standalone: bool = False, prefix: Path | None
         "max_body": str(cfg.limits.max_body_kb * 1024),
         "pool_size": str(cfg.server.doorbell_pool_size),
         "mask_last_good": _safe(str(mask_state_path(cfg)), "mask state path"),
+        "tenant_source": cfg.cache.tenant_source,
+        "tenant_header": cfg.cache.tenant_header or "",
         "dict": "zccp_slots",
         "dict_size": "1m",
         "out": str(out),

@@ -32,6 +32,7 @@ class Endings:
     log_done: Callable[[int, float, GenerationResult], None]
     abandoned: Callable[[SlotAbandoned], None]
     fail: Callable[[StreamEncoder | None], None]
+    verdict: Callable[[GenerationResult], None]      # the cache's say, before the final notice
 
 
 class SlotOutput:
@@ -53,6 +54,7 @@ class SlotOutput:
             return False
         if self._result is not None and not self._finished:
             self._finished = True
+            self._endings.verdict(self._result)
             self._writer.finish()
             self._endings.log_done(200, self._started, self._result)
         return True

@@ -12,6 +12,7 @@ local errors = require "zccp.errors"
 local libc = require "zccp.libc"
 local relay = require "zccp.relay"
 local settings = require "zccp.settings"
+local tenant = require "zccp.tenant"
 
 local ngx = ngx
 local ngx_var = ngx.var
@@ -29,7 +30,6 @@ local str_find = string.find
 local str_lower = string.lower
 local concat = table.concat
 local tonumber = tonumber
-local tostring = tostring
 local error = error
 local pcall = pcall
 
@@ -94,15 +94,16 @@ end
 local function write_fingerprint(a, i, fp)
     local C = abi.C
     local h, meta, sig = a:header(i), a:meta(i), a:signature(i)
-    h.csf_key = fp.csf_key
-    for b = 1, C.ZCCP_CSF_BANDS do
-        meta.csf_bands[b - 1] = fp.bands[b]
-    end
     ffi_copy(meta.exact_key, fp.exact_key, 32)
-    ffi_copy(sig.minhash, fp.signature, C.ZCCP_SLOT_SIG_SIZE)
+    ffi_copy(a:request(i).prefix_key, fp.prefix_key, 32)
     meta.fp_tokens = fp.tokens
     local f = C.ZCCP_FLAG_FP_VALID
-    if fp.complete then
+    if fp.near then   -- a text-only final user turn: its CSF, and near hits allowed
+        h.csf_key = fp.csf_key
+        for b = 1, C.ZCCP_CSF_BANDS do
+            meta.csf_bands[b - 1] = fp.bands[b]
+        end
+        ffi_copy(sig.minhash, fp.signature, C.ZCCP_SLOT_SIG_SIZE)
         f = f + C.ZCCP_FLAG_FP_COMPLETE
     end
     if fp.masked then
@@ -112,8 +113,8 @@ local function write_fingerprint(a, i, fp)
 end
 
 -- Fill the claimed slot and mark it READY. Returns the generation rung with.
--- kind: the zccp_request_kind value (nil: GENERATE).
-local function fill_slot(a, i, body, flags, timeout_ms, fp, kind)
+-- extra: nil, or { kind = enum zccp_request_kind, tenant = 32-byte digest }.
+local function fill_slot(a, i, body, flags, timeout_ms, fp, extra)
     local C = abi.C
     local h, meta = a:header(i), a:meta(i)
     if h.magic ~= C.ZCCP_SLOT_MAGIC or h.payload_cap ~= a.payload_cap or h.response_cap ~= a.response_cap then
@@ -134,17 +135,22 @@ local function fill_slot(a, i, body, flags, timeout_ms, fp, kind)
     ffi_copy(h.context_id, h.sha256, 8)
     h.status, h.response_len, h.response_acked, h.tokens_len, h.csf_key = 0, 0, 0, 0, 0
     meta.fp_tokens = 0
+    local req = a:request(i)
+    ffi_fill(req, C.ZCCP_SLOT_REQ_SIZE)   -- kind GENERATE, no request id, tenant or digest
+    if extra then
+        req.kind = extra.kind or C.ZCCP_KIND_GENERATE
+        if extra.tenant then
+            ffi_copy(req.tenant, extra.tenant, 32)
+            flags = flags + C.ZCCP_FLAG_TENANT
+        end
+    end
     if fp then
         flags = flags + write_fingerprint(a, i, fp)
     end
     h.flags = flags
     meta.prompt_len, meta.completion_len, meta.cache_status = 0, 0, 0
     meta.similarity_ppm, meta.age_s, meta.plan_chunks, meta.error_code = 0, 0, 0, 0
-    meta.cache_ttl_s, meta.cache_scope = 0, 0
-    ffi_fill(a:request(i), C.ZCCP_SLOT_REQ_SIZE)   -- kind GENERATE, no request id, tenant or digest
-    if kind then
-        a:request(i).kind = kind
-    end
+    meta.cache_ttl_s, meta.cache_scope, meta.cache_reason = 0, 0, 0
     local now = libc.now_ns()
     h.timestamp_ns = now
     h.deadline_ns = now + timeout_ms * 1000000ULL
@@ -162,13 +168,13 @@ local function release(slot)
 end
 
 -- Claims a slot of arena `a` and fills it: the slot record, or nil, status, kind, message.
-local function claim_and_fill(a, body, flags, fp, kind)
+local function claim_and_fill(a, body, flags, fp, extra)
     local s = settings.get()
     local i = slots.claim(a)
     if not i then
         return nil, 429, "rate_limit_error", "all " .. a.slot_count .. " slots are busy; retry shortly"
     end
-    local gen, ferr = fill_slot(a, i, body, flags, s.request_timeout_ms, fp, kind)
+    local gen, ferr = fill_slot(a, i, body, flags, s.request_timeout_ms, fp, extra)
     if not gen then
         slots.release(a, i)
         ngx_log(ngx_ERR, "zccp: ", ferr)
@@ -247,8 +253,8 @@ end
 -- "retry" when the engine behind the arena changed under us (stale ring); otherwise
 -- the request is answered. state.slot is set while a slot is held, so that serve()
 -- can free it if anything here raises.
-local function attempt(api, a, body, flags, deadline, state, fp, req_kind)
-    local slot, code, kind, msg = claim_and_fill(a, body, flags, fp, req_kind)
+local function attempt(api, a, body, flags, deadline, state, fp, extra)
+    local slot, code, kind, msg = claim_and_fill(a, body, flags, fp, extra)
     if not slot then
         return errors.send(api, code, kind, msg, RETRY_AFTER)
     end
@@ -273,31 +279,29 @@ function _M.too_large(api)
         "request body exceeds the limit of " .. settings.get().max_body .. " bytes")
 end
 
--- The request kinds a location may name (serve's second argument); nil: a generation.
-local REQUEST_KINDS = { count_tokens = "ZCCP_KIND_COUNT_TOKENS", models = "ZCCP_KIND_MODELS",
-                        warmup = "ZCCP_KIND_WARMUP" }
-
-local function is_loopback(addr)
-    return addr == "::1" or addr == "unix:" or str_find(addr, "^127%.") ~= nil
-        or str_find(addr, "^::ffff:127%.") ~= nil
-end
+-- Admin requests (kinds "purge": POST /v1/zccp/purge, "warmup": POST /v1/zccp/warmup)
+-- answer clients on the loopback interface or a unix socket only, whatever the listener:
+-- realip_remote_addr is the connection's own address even when the realip module
+-- rewrote remote_addr.
+local LOOPBACK = { ["127.0.0.1"] = true, ["::1"] = true, ["unix:"] = true }
+local ADMIN_KINDS = { purge = "ZCCP_KIND_PURGE", warmup = "ZCCP_KIND_WARMUP" }
+-- The model endpoints anyone may call: POST /v1/messages/count_tokens, GET /v1/models.
+local MODEL_KINDS = { count_tokens = "ZCCP_KIND_COUNT_TOKENS", models = "ZCCP_KIND_MODELS" }
 
 -- Content handler for POST /v1/messages ("anthropic") and /v1/chat/completions ("openai");
--- with `what` ("count_tokens", "models", "warmup"), for the model endpoints.
-function _M.serve(api, what)
+-- kind: "purge" or "warmup" (loopback only), "count_tokens" or "models" (GET).
+function _M.serve(api, kind)
     local s = settings.get()
-    local req_kind
-    if what then
-        req_kind = abi.C[REQUEST_KINDS[what] or error("zccp.handler.serve: unknown kind " .. tostring(what), 2)]
+    local admin = kind and ADMIN_KINDS[kind]
+    local kind_name = kind and (admin or MODEL_KINDS[kind] or error("zccp.handler.serve: unknown kind " .. kind, 2))
+    if admin and not LOOPBACK[ngx_var.realip_remote_addr or ngx_var.remote_addr] then
+        return errors.send(api, 403, "permission_error", "this endpoint answers loopback clients only")
     end
     local method = ngx.req.get_method()
-    local want = what == "models" and "GET" or "POST"
+    local want = kind == "models" and "GET" or "POST"
     if method ~= want then
         return errors.send(api, 405, "invalid_request_error", "method " .. method .. " not allowed; use " .. want,
             { Allow = want })
-    end
-    if what == "warmup" and not is_loopback(ngx_var.remote_addr) then
-        return errors.send(api, 403, "permission_error", "warmup is served to loopback and unix-socket clients only")
     end
     local ct = ngx_var.content_type
     if want == "POST" and ct and not is_json(ct) then
@@ -313,21 +317,28 @@ function _M.serve(api, what)
     local state = { aborted = false }
     ngx.on_abort(function() state.aborted = true end)
 
-    local body, code, kind, msg
-    if what == "models" then
+    local body, code, err_kind, msg
+    if kind == "models" then
         body = ngx_var.zccp_model_id or ""     -- GET /v1/models/{id}: the id is the payload
     else
-        body, code, kind, msg = read_body(s.max_body)
+        body, code, err_kind, msg = read_body(s.max_body)
         if not body then
-            return errors.send(api, code, kind, msg)
+            return errors.send(api, code, err_kind, msg)
         end
     end
-    local flags = what and 0 or cache_flags()
+    local flags = kind and 0 or cache_flags()
     if api == "openai" then
         flags = flags + abi.C.ZCCP_FLAG_API_OPENAI
     end
     local deadline = ngx_now() + s.request_timeout_ms / 1000
-    local fp = not what and fingerprint.compute(api, body) or nil
+    local fp, extra
+    if kind then
+        extra = { kind = abi.C[kind_name] }
+    else
+        fp = fingerprint.compute(api, body)
+        local t = tenant.digest(fp)
+        extra = t and { tenant = t }
+    end
 
     for _ = 1, MAX_ATTEMPTS do
         local a, err = arena_mod.acquire()
@@ -339,7 +350,7 @@ function _M.serve(api, what)
             return errors.send(api, 413, "request_too_large",
                 "request body of " .. #body .. " bytes exceeds the slot capacity of " .. a.payload_cap .. " bytes")
         end
-        local ok, res = pcall(attempt, api, a, body, flags, deadline, state, fp, req_kind)
+        local ok, res = pcall(attempt, api, a, body, flags, deadline, state, fp, extra)
         if not ok then
             -- A bug must not leak a slot or a doorbell connection.
             ngx_log(ngx_ERR, "zccp: request failed: ", res)

@@ -11,6 +11,7 @@ import json
 import anthropic
 import openai
 import pytest
+import redis
 
 REPLY = ('Let me check. <tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris", '
          '"note": "caf\u00e9 </tool_call> \U0001f600"}}\n</tool_call>'
@@ -127,3 +128,22 @@ def test_tool_turn_history_is_accepted(claude, oai):
             {"id": "call_1", "type": "function", "function": {"name": "get_weather", "arguments": '{"city":"Paris"}'}}]},
         {"role": "tool", "tool_call_id": "call_1", "content": "sunny"}])
     assert r.usage.completion_tokens == 5
+
+
+@pytest.mark.parametrize("delay", [0, 0.5], ids=["inline", "batched"])
+def test_tool_call_answers_are_never_cached(make_stack, delay):
+    """An entry keeps text only, so a tool-call turn is neither stored nor kept by nginx."""
+    s = make_stack({"model": {"backend": "null", "null_reply": REPLY, "null_token_delay_ms": delay}},
+                   with_redis=True)
+    body = {"model": "zccp-tiny", "max_tokens": 400, "messages": USER, "tools": TOOLS}
+    seen = []
+    for _ in range(3):
+        r = s.client().post("/v1/messages", json=body)
+        assert r.status_code == 200 and r.json()["stop_reason"] == "tool_use"
+        seen.append(r.headers["x-zccp-cache"])
+    assert seen == ["MISS", "MISS", "MISS"]
+    r = redis.Redis.from_url(s.cfg.cache.redis_url)
+    assert r.dbsize() == 0                                                  # nothing was even written
+    plain = {"model": "zccp-tiny", "max_tokens": 10, "messages": USER}     # control: text answers are
+    assert [s.client().post("/v1/messages", json=plain).headers["x-zccp-cache"] for _ in range(2)] == ["MISS", "HIT"]
+    assert r.dbsize() > 0

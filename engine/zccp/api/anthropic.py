@@ -24,7 +24,6 @@ from ..request import (
 from .codec import ApiCodec, ModelInfo
 from .errors import KINDS
 from .common import (
-    scope_extra,
     JOIN,
     BodyError,
     ParseLimits,
@@ -303,7 +302,6 @@ def _parse(obj: dict[str, Any], limits: ParseLimits, fields: frozenset[str], for
         ),
         stream=bool(stream),
         user=user,
-        scope_extra=scope_extra(obj, ("tools", "tool_choice", "thinking")),
         tool_use=tool_use,
     )
 
