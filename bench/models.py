@@ -182,8 +182,14 @@ def main(argv: list[str] | None = None) -> None:
     concs = [int(c) for c in args.concs.split(",")]
     started = time.time()
     run_dir = Path(tempfile.mkdtemp(prefix="zccp-models-"))
+    code = commit_info()
+    git = subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO, capture_output=True, text=True)
+    dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=REPO,
+                           capture_output=True, text=True).stdout.strip()
+    if git.returncode == 0:     # commit_info reads .git as a directory; a worktree's .git is a file
+        code["commit"] = git.stdout.strip() + (" (with uncommitted changes)" if dirty else "")
     res: dict = {"settings": vars(args) | {"round_robin_ref": ROUND_ROBIN_REF, "hf_shape": HF_SHAPE},
-                 "machine": machine_info(), "code": commit_info(), "started": started, "rows": [], "prefix": {}}
+                 "machine": machine_info(), "code": code, "started": started, "rows": [], "prefix": {}}
     out = Path(args.out)
 
     def save() -> None:

@@ -72,3 +72,19 @@ def hf_stack(tmp_path_factory: pytest.TempPathFactory, hf_checkpoint: Path) -> I
         yield s.start()
     finally:
         s.stop()
+
+
+@pytest.fixture(scope="module")
+def claude(sdk_stack: Stack):
+    """The anthropic SDK pointed at the module's `sdk_stack` fixture."""
+    from harness import sdk_clients
+
+    return sdk_clients(sdk_stack)[0]
+
+
+@pytest.fixture(scope="module")
+def oai(sdk_stack: Stack):
+    """The openai SDK pointed at the module's `sdk_stack` fixture."""
+    from harness import sdk_clients
+
+    return sdk_clients(sdk_stack)[1]

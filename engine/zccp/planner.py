@@ -43,6 +43,12 @@ class Planner:
         return max(self.block, tokens // self.block * self.block)
 
     @staticmethod
+    def chunk_end(pos: int, end: int, chunk: int) -> int:
+        """Where the chunk that starts at absolute position `pos` ends: the next multiple
+        of `chunk` (0: one pass), at most `end`."""
+        return end if chunk <= 0 else min(end, (pos // chunk + 1) * chunk)
+
+    @staticmethod
     def chunks(start: int, end: int, chunk: int) -> int:
         """Forwards to prefill positions [start, end) in chunks at multiples of `chunk`
         (0: it is one pass)."""

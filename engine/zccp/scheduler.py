@@ -322,7 +322,7 @@ class BatchScheduler:
             assert seq.ids is not None
             n = seq.ids.numel()
             start = seq.done_tokens
-            end = min(n, (start // chunk + 1) * chunk)
+            end = Planner.chunk_end(start, n, chunk)
             try:
                 logits = self.backend.prefill(seq.state, seq.ids[start:end])
             except Exception:

@@ -15,6 +15,8 @@ import pytest
 from conftest import HF_MODEL
 from transformers import AutoTokenizer
 
+from zccp.stack import free_port
+
 SYSTEM = "You are a careful assistant for the shared memory pipeline. " * 12   # ~ 130 tokens
 GREEDY = {"temperature": 0}      # the anthropic SDK takes sampling parameters through extra_body
 TOOLS = [{"name": "get_weather", "description": "The weather in a city",
@@ -22,13 +24,8 @@ TOOLS = [{"name": "get_weather", "description": "The weather in a city",
 
 
 @pytest.fixture(scope="module")
-def claude(hf_stack):
-    return anthropic.Anthropic(base_url=hf_stack.base_url, api_key="unused", max_retries=0, timeout=60)
-
-
-@pytest.fixture(scope="module")
-def oai(hf_stack):
-    return openai.OpenAI(base_url=hf_stack.base_url + "/v1", api_key="unused", max_retries=0, timeout=60)
+def sdk_stack(hf_stack):
+    return hf_stack                    # the stack conftest's claude / oai fixtures talk to
 
 
 @pytest.fixture(scope="module")
@@ -190,7 +187,7 @@ def test_warmup_refuses_other_clients(make_stack, hf_checkpoint):
     addr = _outside_address()
     if addr is None:
         pytest.skip("this host has no non-loopback address")
-    s = make_stack({"server": {"listen": f"0.0.0.0:{hf_stack_port()}"},
+    s = make_stack({"server": {"listen": f"0.0.0.0:{free_port()}"},
                     "model": {"backend": "hf", "path": str(hf_checkpoint), "name": HF_MODEL}})
     port = s.cfg.server.listen.rsplit(":", 1)[1]
     r = httpx.post(f"http://{addr}:{port}/v1/zccp/warmup", json={"model": HF_MODEL, "messages": []}, timeout=30)
@@ -199,12 +196,6 @@ def test_warmup_refuses_other_clients(make_stack, hf_checkpoint):
     ok = httpx.post(f"http://127.0.0.1:{port}/v1/zccp/warmup", json={"model": HF_MODEL, "system": "x" * 80,
                                                                      "messages": []}, timeout=30)
     assert ok.status_code == 200
-
-
-def hf_stack_port() -> int:
-    from zccp.stack import free_port
-
-    return free_port()
 
 
 def test_long_prompt_is_planned_in_chunks(hf_stack):

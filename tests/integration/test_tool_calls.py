@@ -38,13 +38,8 @@ def tool_stack(tmp_path_factory, request):
 
 
 @pytest.fixture(scope="module")
-def claude(tool_stack):
-    return anthropic.Anthropic(base_url=tool_stack.base_url, api_key="unused", max_retries=0, timeout=30)
-
-
-@pytest.fixture(scope="module")
-def oai(tool_stack):
-    return openai.OpenAI(base_url=tool_stack.base_url + "/v1", api_key="unused", max_retries=0, timeout=30)
+def sdk_stack(tool_stack):
+    return tool_stack                    # the stack conftest's claude / oai fixtures talk to
 
 
 def _check_blocks(content):

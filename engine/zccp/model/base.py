@@ -22,6 +22,7 @@ import torch
 
 from zccp.model.prompt import BYTE_FORMAT, PromptFormat
 from zccp.model.sampling import Sampler, check_sampling
+from zccp.planner import Planner
 from zccp.request import SamplingParams
 
 
@@ -147,7 +148,7 @@ class ModelBackend(ABC):
         logits = None
         pos = 0
         while pos < ids.numel():
-            end = ids.numel() if chunk <= 0 else min(ids.numel(), ((start + pos) // chunk + 1) * chunk - start)
+            end = Planner.chunk_end(start + pos, start + ids.numel(), chunk) - start
             logits = self.prefill(state, ids[pos:end])
             pos = end
         assert logits is not None, "prefill of no tokens"
