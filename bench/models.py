@@ -61,16 +61,17 @@ def build_hf(out: Path) -> Path:
 # --- 1. throughput and TTFT ------------------------------------------------------------
 
 def measure_variant(v, body: bytes, concs: list[int], duration: float, model: str, variant: str,
-                    nocache: bool) -> list[dict]:
+                    nocache: bool, repeats: int) -> list[dict]:
     rows = []
     extra = {"Cache-Control": "no-cache, no-store"} if nocache else None
     ttft.measure(v.url, body, True, 1, min(2.0, duration), extra)           # warm-up
     for c in concs:
-        r = ttft.measure(v.url, body, True, c, duration, extra)
-        r.update(model=model, variant=variant)
-        rows.append(r)
-        log(f"{model} {variant} c={c}: {r['tokens_per_s']:.0f} tok/s, ttft p50 {r['ttft_p50_ms']:.0f} ms, "
-            f"{r['requests']} requests, {r['errors']} errors")
+        for rep in range(repeats):
+            r = ttft.measure(v.url, body, True, c, duration, extra)
+            r.update(model=model, variant=variant, rep=rep + 1)
+            rows.append(r)
+            log(f"{model} {variant} c={c}: {r['tokens_per_s']:.0f} tok/s, ttft p50 {r['ttft_p50_ms']:.0f} ms, "
+                f"{r['requests']} requests, {r['errors']} errors")
     return rows
 
 
@@ -81,24 +82,26 @@ from bench import ttft
 from bench.run import TINY
 from bench.services import start_d
 body, concs, duration, run_dir = sys.argv[1].encode(), json.loads(sys.argv[2]), float(sys.argv[3]), Path(sys.argv[4])
+repeats = int(sys.argv[5])
 v = start_d(run_dir, TINY, 64)
 try:
     extra = {"Cache-Control": "no-cache, no-store"}
     ttft.measure(v.url, body, True, 1, min(2.0, duration), extra)
-    print("RRJSON " + json.dumps([ttft.measure(v.url, body, True, c, duration, extra) for c in concs]), flush=True)
+    rows = [dict(ttft.measure(v.url, body, True, c, duration, extra), rep=r + 1) for c in concs for r in range(repeats)]
+    print("RRJSON " + json.dumps(rows), flush=True)
 finally:
     v.stop()
 """
 
 
-def round_robin(body: bytes, concs: list[int], duration: float, run_dir: Path) -> list[dict]:
+def round_robin(body: bytes, concs: list[int], duration: float, run_dir: Path, repeats: int) -> list[dict]:
     """The same tiny measurement on ROUND_ROBIN_REF's code, run from an exported tree."""
     src = Path(tempfile.mkdtemp(prefix="zccp-rr-"))
     archive = subprocess.run(["git", "archive", ROUND_ROBIN_REF], cwd=REPO, capture_output=True, check=True).stdout
     subprocess.run(["tar", "-x", "-C", str(src)], input=archive, check=True)
     env = dict(os.environ, PYTHONPATH=f"{src}{os.pathsep}{src / 'engine'}")
     out = subprocess.run([sys.executable, "-c", _RR_CHILD, body.decode(), json.dumps(concs), str(duration),
-                          str(run_dir)], cwd=src, env=env, capture_output=True, text=True, timeout=1800)
+                          str(run_dir), str(repeats)], cwd=src, env=env, capture_output=True, text=True, timeout=3000)
     line = next((l for l in out.stdout.splitlines() if l.startswith("RRJSON ")), None)
     if line is None:
         raise RuntimeError(f"round-robin run failed:\n{out.stdout[-2000:]}\n{out.stderr[-4000:]}")
@@ -171,6 +174,7 @@ def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(prog="python -m bench.models")
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--duration", type=float, default=8.0)
+    ap.add_argument("--repeats", type=int, default=2, help="measured runs per cell, back to back")
     ap.add_argument("--concs", default="1,4,8,16,32")
     ap.add_argument("--max-tokens", type=int, default=64)
     ap.add_argument("--trials", type=int, default=5)
@@ -178,7 +182,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--out", default=str(REPO / "bench" / "models_results.json"))
     args = ap.parse_args(argv)
     if args.quick:
-        args.duration, args.concs, args.trials = 2.0, "1,8", 2
+        args.duration, args.concs, args.trials, args.repeats = 2.0, "1,8", 2, 1
     concs = [int(c) for c in args.concs.split(",")]
     started = time.time()
     run_dir = Path(tempfile.mkdtemp(prefix="zccp-models-"))
@@ -200,17 +204,17 @@ def main(argv: list[str] | None = None) -> None:
     log("tiny: D (batch scheduler)")
     v = start_d(run_dir / "tiny-D", dict(TINY), 64)
     try:
-        res["rows"] += measure_variant(v, tiny_body, concs, args.duration, "tiny", "D", True)
+        res["rows"] += measure_variant(v, tiny_body, concs, args.duration, "tiny", "D", True, args.repeats)
     finally:
         v.stop()
     save()
     log(f"tiny: D-rr ({ROUND_ROBIN_REF}, round-robin)")
-    res["rows"] += round_robin(tiny_body, concs, args.duration, run_dir / "tiny-rr")
+    res["rows"] += round_robin(tiny_body, concs, args.duration, run_dir / "tiny-rr", args.repeats)
     save()
     log("tiny: B")
     v = start_b(run_dir / "tiny-B", TINY, 2)
     try:
-        res["rows"] += measure_variant(v, tiny_body, concs, args.duration, "tiny", "B", False)
+        res["rows"] += measure_variant(v, tiny_body, concs, args.duration, "tiny", "B", False, args.repeats)
     finally:
         v.stop()
     save()
@@ -223,14 +227,14 @@ def main(argv: list[str] | None = None) -> None:
         log(f"hf: {name}")
         v = start_d(run_dir / f"hf-{name}", hf_limits(ckpt, threads, **extra), 64)
         try:
-            res["rows"] += measure_variant(v, hf_body, concs, args.duration, "hf", name, True)
+            res["rows"] += measure_variant(v, hf_body, concs, args.duration, "hf", name, True, args.repeats)
         finally:
             v.stop()
         save()
     log("hf: B")
     v = start_b(run_dir / "hf-B", hf_limits(ckpt, 1), 2)
     try:
-        res["rows"] += measure_variant(v, hf_body, concs, args.duration, "hf", "B", False)
+        res["rows"] += measure_variant(v, hf_body, concs, args.duration, "hf", "B", False, args.repeats)
     finally:
         v.stop()
     save()

@@ -436,7 +436,16 @@ TTFT = request sent → first `content_block_delta` event.
 # --- bench.models: real models ------------------------------------------------------------
 
 def _mrows(mres: dict, model: str, variant: str) -> dict[int, dict]:
-    return {r["conc"]: r for r in mres["rows"] if r["model"] == model and r["variant"] == variant}
+    """conc -> the mean of its runs (tokens/s, TTFT p50, errors), with the tokens/s range."""
+    runs: dict[int, list[dict]] = {}
+    for r in mres["rows"]:
+        if r["model"] == model and r["variant"] == variant:
+            runs.setdefault(r["conc"], []).append(r)
+    return {c: {"tokens_per_s": statistics.fmean(x["tokens_per_s"] for x in rs),
+                "ttft_p50_ms": statistics.fmean(x["ttft_p50_ms"] for x in rs),
+                "errors": sum(x["errors"] for x in rs),
+                "tps_range": (min(x["tokens_per_s"] for x in rs), max(x["tokens_per_s"] for x in rs))}
+            for c, rs in runs.items()}
 
 
 def _model_table(mres: dict, model: str) -> str:
@@ -449,7 +458,10 @@ def _model_table(mres: dict, model: str) -> str:
         cells = []
         for c in concs:
             r = rows.get(c)
-            cells += [_fmt(r["tokens_per_s"], 0), _fmt(r["ttft_p50_ms"], 0)] if r else ["–", "–"]
+            lo, hi = r["tps_range"] if r else (0, 0)
+            tps = f"{_fmt(r['tokens_per_s'], 0)} ({_fmt(lo, 0)}–{_fmt(hi, 0)})" if r and hi > lo else (
+                _fmt(r["tokens_per_s"], 0) if r else "–")
+            cells += [tps, _fmt(r["ttft_p50_ms"], 0)] if r else ["–", "–"]
         errs = sum(r["errors"] for r in rows.values())
         lines.append(f"| {v}{f' ({errs} errors)' if errs else ''} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
@@ -515,8 +527,9 @@ def models_section(out_dir: Path) -> str:
 Method: streaming Anthropic requests (1 KiB body, `max_tokens` {st['max_tokens']}, `temperature` 0,
 `Cache-Control: no-cache, no-store` on ZCCP so the model runs every time), an httpx asyncio client with c
 connections sending back to back for {st['duration']} s after a warm-up; TTFT = request sent -> first
-`content_block_delta`; tokens/s = output tokens of all completed requests / wall time. One run per cell:
-this machine is shared, so treat differences under ~15% as noise.
+`content_block_delta`; tokens/s = output tokens of all completed requests / wall time. {st.get('repeats', 1)} runs per
+cell back to back: the mean, with the range of tokens/s in brackets. This machine is shared with other
+sessions (load average up to ~6 on 2 cores during these runs): treat differences under ~20% as noise.
 
 - **D** ZCCP with the batch scheduler (this tree), `model.threads` 1 (tiny) or 1 and 2 (`D-t1`, `D-t2`, hf).
   Every request of a run sends the same body, so with the prefix cache on (the default) ZCCP prefills only
