@@ -70,7 +70,7 @@ class Node:
 
     def _pong(self) -> bool:
         try:
-            return self.client().ping()
+            return bool(self.call("PING"))
         except redis.RedisError:
             return False
 
@@ -80,6 +80,10 @@ class Node:
     def call(self, *args: str | int) -> object:
         with self.client() as c:
             return c.execute_command(*args)
+
+    def replication(self) -> dict:
+        with self.client() as c:
+            return c.info("replication")
 
     def pause(self) -> None:
         """SIGSTOP: a node that holds its connections open and answers nothing."""
@@ -178,8 +182,7 @@ class LocalSentinel:
         try:
             self.master.start()
             self.replica.start()
-            wait_for("the replica in sync", lambda: self.replica.client().info("replication")
-                     .get("master_link_status") == "up")
+            wait_for("the replica in sync", lambda: self.replica.replication().get("master_link_status") == "up")
             self.sentinel.start()
             wait_for("the sentinel knows the replica", self._sentinel_sees_replica)
         except BaseException:
@@ -212,10 +215,10 @@ class LocalSentinel:
             c.execute_command("WAIT", 1, 5000)
         self.sentinel.call("SENTINEL", "FAILOVER", self.service_name)
         wait_for("the sentinel names the new master", lambda: self.master_port() == new.port, timeout)
-        wait_for("the new master says role:master", lambda: new.client().info("replication")["role"] == "master",
-                 timeout)
-        wait_for("the old master replicates from the new one", lambda: old.client().info("replication")
-                 .get("master_link_status") == "up", timeout)
+        wait_for("the new master says role:master", lambda: new.replication()["role"] == "master", timeout)
+        # Sentinel turns the old master into a replica at its next INFO round (every 10 s)
+        wait_for("the old master replicates from the new one",
+                 lambda: old.replication().get("master_link_status") == "up", timeout)
         return new
 
     def stop(self) -> None:
