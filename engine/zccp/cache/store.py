@@ -13,12 +13,15 @@ A hit is served only if it passes the masked-literal guard (CachedAnswer.leaks_t
 otherwise it is a MISS with the reason `masked_literal`, and the fresh answer is
 stored over it.
 
-Redis down or slow: every Redis call gives up after `timeout_ms` (a socket timeout,
-and a deadline around the call for the cluster and Sentinel clients' own steps: a slot
-map refresh, asking a Sentinel for the master), the lookup answers ERROR, a counter
-rises, and for one second after a failure the cache is not even tried (no request waits
-on a dead Redis); then it is tried again, so it comes back by itself. The same holds
-for one server, a Redis Cluster and a Sentinel-managed master (zccp.cache.redis_target).
+Redis down or slow: a lookup's Redis calls give up after `timeout_ms` (a deadline
+around each, which also bounds the cluster and Sentinel clients' own steps: a slot map
+refresh, asking a Sentinel for the master), the lookup answers ERROR, a counter rises,
+and for one second after a failure the cache is not even tried (no request waits on a
+dead Redis); then it is tried again, so it comes back by itself. A store runs after the
+answer has gone out, so no request waits on it: each of its steps has the socket timeout
+`timeout_ms`, with no deadline around the whole (one would also count the time the
+engine's busy loop kept it waiting). The same holds for one server, a Redis Cluster and
+a Sentinel-managed master (zccp.cache.redis_target).
 """
 
 from __future__ import annotations
@@ -217,6 +220,6 @@ class ResponseCache:
                 for k in p.band_keys(keys.bands):
                     pipe.sadd(k, exact)
                     pipe.expire(k, ttl)
-            await self._call(pipe.execute())
+            await pipe.execute()     # after the answer: bounded by the socket timeouts, no deadline
         except Exception as exc:
             self._failed("store", exc)
