@@ -152,7 +152,7 @@ def parse_redis_url(url: str) -> RedisTarget:
         if name not in allowed:
             known = f" (known: {', '.join(allowed)})" if allowed else ""
             raise ValueError(f"unknown option {name!r} for {scheme}://{known}")
-    parts = [p for p in path.split("/")] if path else []
+    parts = path.split("/") if path else []
     db, service = 0, ""
     if topology == "cluster":
         if len(parts) > 1 or (parts and parts[0] not in ("", "0")):

@@ -133,7 +133,7 @@ class ResponseCache:
     def _failed(self, what: str, exc: Exception) -> Lookup:
         self.metrics.cache_errors.inc()
         if time.monotonic() >= self._skip_until:
-            log.warning("redis %s failed: %s; serving uncached", what, exc)
+            log.warning("redis %s failed: %s; serving uncached", what, str(exc) or type(exc).__name__)
         self._skip_until = time.monotonic() + RETRY_AFTER_FAILURE_S
         return Lookup("ERROR", "redis")
 
