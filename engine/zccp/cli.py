@@ -63,6 +63,7 @@ def stack_main(argv: list[str] | None = None) -> None:
     p.add_argument("--run-dir", default=".run")
     args = p.parse_args(argv)
     cfg = _load(args.config)
+    from zccp.cache.redis_target import parse_redis_url
     from zccp.stack import StackError, base_url, engine_service, nginx_service, redis_service
 
     run_dir = Path(args.run_dir).resolve()
@@ -76,8 +77,8 @@ def stack_main(argv: list[str] | None = None) -> None:
     signal.signal(signal.SIGINT, stop)
     signal.signal(signal.SIGTERM, stop)
     try:
-        if cfg.cache.enabled:
-            started.append(redis_service(cfg.cache.redis_url, run_dir))
+        if cfg.cache.enabled and parse_redis_url(cfg.cache.redis_url).topology == "single":
+            started.append(redis_service(cfg.cache.redis_url, run_dir))   # a Cluster or Sentinels: yours, running
         started.append(engine_service(Path(args.config).resolve(), cfg, run_dir))
         nginx, _ = nginx_service(cfg, run_dir)
         started.append(nginx)
@@ -114,9 +115,8 @@ def cache_main(argv: list[str] | None = None) -> None:
     cfg = _load(args.config)
     import asyncio
 
-    import redis.asyncio as aioredis
-
     from zccp.cache.purge import parse_purge, purge
+    from zccp.cache.redis_target import connect, parse_redis_url
 
     fields = {"all": True} if args.all else {k: v for k in ("scope", "tenant", "key") if (v := getattr(args, k))}
     try:
@@ -125,17 +125,19 @@ def cache_main(argv: list[str] | None = None) -> None:
         print(f"zccp-cache: --{exc}", file=sys.stderr)
         sys.exit(2)
 
+    target = parse_redis_url(cfg.cache.redis_url)
+
     async def run() -> int:
-        r = aioredis.Redis.from_url(cfg.cache.redis_url, socket_connect_timeout=5)
+        conn = connect(target, timeout_s=5)
         try:
-            return await purge(r, req)
+            return await purge(conn.client, req)
         finally:
-            await r.aclose()
+            await conn.aclose()
 
     try:
         n = asyncio.run(run())
     except Exception as exc:  # redis unreachable, a refused command: say which
-        print(f"zccp-cache: purge failed at {cfg.cache.redis_url}: {exc}", file=sys.stderr)
+        print(f"zccp-cache: purge failed at {target.describe()}: {exc}", file=sys.stderr)
         sys.exit(1)
     print(f"purged {n} keys")
 

@@ -17,6 +17,8 @@ from typing import Any, Literal
 
 import yaml
 
+from zccp.cache.redis_target import parse_redis_url
+
 
 class ConfigError(ValueError):
     """A config file that cannot be used; the message names the file and key."""
@@ -41,6 +43,8 @@ class GpuConfig:
 @dataclass(frozen=True)
 class CacheConfig:
     enabled: bool = True
+    # redis://host:port/db (one server), redis+cluster://h1:p1,h2:p2 (a Redis Cluster) or
+    # redis+sentinel://h1:p1,h2:p2/<master name>/db (Sentinels): docs/cache.md
     redis_url: str = "redis://127.0.0.1:6379/0"
     ttl_s: int = 3600
     near_duplicate: bool = True
@@ -220,6 +224,10 @@ def _check_consistency(cfg: Config) -> None:
     if cfg.limits.default_max_tokens > cfg.limits.max_tokens_cap:
         raise ConfigError(f"{cfg.path}: limits.default_max_tokens: exceeds limits.max_tokens_cap")
     cache = cfg.cache
+    try:
+        parse_redis_url(cache.redis_url)
+    except ValueError as exc:
+        raise ConfigError(f"{cfg.path}: cache.redis_url: {exc}") from None
     if cache.tenant_source == "header" and cache.tenant_header is None:
         raise ConfigError(f"{cfg.path}: cache.tenant_header: required when cache.tenant_source is 'header'")
     if cache.tenant_header is not None:
