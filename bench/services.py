@@ -21,6 +21,7 @@ from pathlib import Path
 import yaml
 
 from zccp.config import load_config
+from zccp.runtime import resolve
 from zccp.stack import Service, engine_service, free_port, http_get, nginx_service, redis_service
 
 BENCH = Path(__file__).resolve().parent
@@ -143,7 +144,7 @@ def start_d(run_dir: Path, lim: dict, slots: int) -> Variant:
     }
     config_path = run_dir / "config.yaml"
     config_path.write_text(yaml.safe_dump(raw))
-    cfg = load_config(config_path)
+    cfg = resolve(load_config(config_path), run_dir)
     services: dict[str, Service] = {}
     try:
         services["redis"] = redis_service(cfg.cache.redis_url, run_dir)
