@@ -53,7 +53,9 @@ def keys_for(view: SlotView, payload: memoryview, req: GenerationRequest, masks:
 
     doc: the body as orjson parsed it (the engine's one parse), reused and masked in place."""
     h, meta = view.header, view.meta
-    mask_set = masks.get()
+    mask_set = masks.get(bytes(ffi.buffer(view.request.mask_digest, 32)).hex() if h.flags & Flag.MASK_DIGEST else None)
+    if mask_set is None:
+        return None       # nginx applied a mask set this engine cannot load
     system = req.system.encode("utf-8", "surrogatepass")
     scope = scope_key(req, mask_set.apply(system) if system else system)
     if h.flags & Flag.FP_VALID:
