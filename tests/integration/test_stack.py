@@ -108,15 +108,23 @@ def test_the_stack_restarts_a_dead_engine_and_nginx_carries_on(stack_process):
     before = health(s)
     nginx_master = int((s.run_dir / "nginx" / "nginx.pid").read_text())
 
-    def in_flight(stream: bool) -> tuple[httpx.Response, float]:
-        with httpx.Client(base_url=s.base_url, timeout=30) as c:
-            r = c.post("/v1/messages", json=anthropic_body("in flight", max_tokens=400, stream=stream))
-            return r, time.monotonic()
+    streaming = threading.Event()
+
+    def in_flight(stream: bool) -> tuple[int, str, float]:
+        body = anthropic_body("in flight", max_tokens=400, stream=stream)
+        with httpx.Client(base_url=s.base_url, timeout=30) as c, c.stream("POST", "/v1/messages", json=body) as r:
+            chunks = []
+            for chunk in r.iter_text():
+                chunks.append(chunk)
+                streaming.set()
+            return r.status_code, "".join(chunks), time.monotonic()
 
     with ThreadPoolExecutor(2) as pool:
-        plain, streamed = pool.submit(in_flight, False), pool.submit(in_flight, True)
+        streamed = pool.submit(in_flight, True)
+        assert streaming.wait(20), "the stream did not start"
+        plain = pool.submit(in_flight, False)
         end = time.monotonic() + 20
-        while health(s)["slots_busy"] < 2:      # both are being answered
+        while health(s)["slots_busy"] < 2:      # the plain one is being answered too
             assert time.monotonic() < end
             time.sleep(0.05)
         killed_at = time.monotonic()
@@ -135,12 +143,12 @@ def test_the_stack_restarts_a_dead_engine_and_nginx_carries_on(stack_process):
         # Sent at once after the kill, long before a new engine can be up.
         assert down and down[0].startswith("engine not running"), down[:3]
         # Requests in flight ended with an API-shaped error, within a second (+ a margin).
-        r, ended = plain.result(30)
-        assert r.status_code == 503 and r.json()["type"] == "error", r.text
+        status, text, ended = plain.result(30)
+        assert status == 503 and json.loads(text)["type"] == "error", text
         assert ended - killed_at < 1.0 + 4.0
-        r, ended = streamed.result(30)
-        assert r.status_code == 200 and r.text.rstrip().splitlines()[-1].startswith("data:")
-        assert "event: error" in r.text and "overloaded_error" in r.text.split("event: error", 1)[1]
+        status, text, ended = streamed.result(30)
+        assert status == 200 and text.rstrip().splitlines()[-1].startswith("data:")
+        assert "event: error" in text and "overloaded_error" in text.split("event: error", 1)[1]
         assert ended - killed_at < 1.0 + 4.0
     after = health(s)
     assert after["engine_pid"] != before["engine_pid"] and after["epoch"] != before["epoch"]
