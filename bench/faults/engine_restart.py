@@ -16,6 +16,7 @@ import argparse
 import json
 import os
 import platform
+import re
 import shutil
 import signal
 import statistics
@@ -123,9 +124,13 @@ def main() -> None:
     ap.add_argument("--clients", type=int, default=4)
     ap.add_argument("--settle", type=float, default=11.0,
                     help="seconds the engine serves before the next kill (the stack's backoff resets after 10 s)")
+    ap.add_argument("--report", action="store_true", help="only re-render the report from the last run")
     args = ap.parse_args()
 
     run = OUT / "engine_restart"
+    if args.report:
+        write_report(json.loads((OUT / "engine_restart.json").read_text()) | {"restarts": restarts_of(run)})
+        return
     run.mkdir(parents=True, exist_ok=True)
     tag = uuid.uuid4().hex[:8]
     cfg = yaml.safe_load((REPO / "config.yaml").read_text())
@@ -151,6 +156,7 @@ def main() -> None:
             time.sleep(0.2)
         nginx_master = int((run / "nginx" / "nginx.pid").read_text())
         load.start()
+        load_start = os.getloadavg()[0]
         time.sleep(args.settle)
         for n in range(1, args.kills + 1):
             h = health(url)
@@ -196,24 +202,37 @@ def main() -> None:
         "clients": args.clients, "settle_s": args.settle,
         "machine": f"{platform.node()} {os.cpu_count()} cores, {platform.platform()}",
         "backend": cfg["model"]["backend"],
+        "loadavg": f"{load_start:.1f}, {os.getloadavg()[0]:.1f}",
     }
+    result["restarts"] = restarts_of(run)
     (OUT / "engine_restart.json").write_text(json.dumps(result, indent=1))
     write_report(result)
     print(f"p50 {result['recovery_p50_s']:.2f} s, max {result['recovery_max_s']:.2f} s, leaked {leaked}")
 
 
+def restarts_of(run: Path) -> list[float]:
+    """zccp-stack's own account of each restart: engine exit -> serving again, in seconds."""
+    out = (run / "zccp-stack.out").read_text(errors="replace")
+    return [float(m) for m in re.findall(r"engine serving again \(pid \d+\), ([\d.]+) s after it exited", out)]
+
+
 def write_report(r: dict) -> None:
-    rows = "\n".join(
-        f"| {k['n']} | {k['recovery_s']:.2f} | {k['health_s']:.2f} | "
-        f"{', '.join(f'{s}: {c}' for s, c in sorted(k['answers'].items()))} |" for k in r["kills"])
+    restarts = r.get("restarts") or []
+
+    def row(i: int, k: dict) -> str:
+        restart = f"{restarts[i]:.1f}" if i < len(restarts) else "?"
+        answers = ", ".join(f"{s}: {c}" for s, c in sorted(k["answers"].items()))
+        return f"| {k['n']} | {k['recovery_s']:.2f} | {k['health_s']:.2f} | {restart} | {answers} |"
+
+    rows = "\n".join(row(i, k) for i, k in enumerate(r["kills"]))
     text = REPORT.read_text()
     start, end = "<!-- results -->", "<!-- /results -->"
     body = f"""{start}
 Run: {r['machine']}; backend `{r['backend']}`; {r['clients']} clients; {len(r['kills'])} kills,
-{r['settle_s']:.0f} s of service between them.
+{r['settle_s']:.0f} s of service between them; load average {r.get('loadavg', '?')} (start, end).
 
-| kill | first 200 after the kill (s) | /health back (s) | answers to requests sent while it was down (status: count) |
-|---|---|---|---|
+| kill | first 200 after the kill (s) | /health back (s) | engine exit → serving, by zccp-stack (s) | answers to requests sent until the first 200 (status: count) |
+|---|---|---|---|---|
 {rows}
 
 **Recovery (kill → first 200): p50 {r['recovery_p50_s']:.2f} s, min {r['recovery_min_s']:.2f} s,

@@ -76,7 +76,7 @@ class RequestLog:
             self._log.info(msg, extra=fields)
             return
         line = {"ts": _timestamp(time.time()), "level": "info", "src": "engine", "logger": self.LOGGER, "msg": msg}
-        line.update(fields)
+        line.update((k, v) for k, v in fields.items() if v is not None)   # as JsonFormatter does
         data = orjson.dumps(line).decode() + "\n"
         with h.lock:  # type: ignore[union-attr]
             h.stream.write(data)
