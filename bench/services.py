@@ -38,6 +38,8 @@ class Variant:
     def stop(self) -> None:
         for svc in reversed(list(self.services.values())):
             svc.stop()
+        if "socket_dir" in self.info:
+            shutil.rmtree(str(self.info["socket_dir"]), ignore_errors=True)
 
     def pids(self) -> dict[str, int]:
         return {role: svc.proc.pid for role, svc in self.services.items() if svc.proc is not None}
@@ -160,7 +162,7 @@ def start_d(run_dir: Path, lim: dict, slots: int) -> Variant:
         if http_get(url + "/health", 2)[0] == 200:
             break
         time.sleep(0.1)
-    return Variant("D", url, services, {"config": raw})
+    return Variant("D", url, services, {"config": raw, "socket_dir": str(Path(cfg.server.socket_path or "").parent)})
 
 
 def post(url: str, body: bytes, headers: dict[str, str] | None = None, timeout: float = 60) -> tuple[int, dict, bytes]:

@@ -69,7 +69,7 @@ for i in $(seq 1 900); do
     kill -0 $STACK 2>/dev/null || { tail -40 /tmp/run-stack.log; exit 1; }
     sleep 1
 done
-say "run-stack.sh: up after ${i} s"
+say "run-stack.sh: up after ${i} s; python3 is now $(command -v python3) ($(python3 --version)), the venv is made from $(.venv/bin/python -c "import sys; print(sys.base_prefix)")/bin/python3"
 python3 - <<PY
 import json, urllib.request as u
 req = u.Request("http://127.0.0.1:8080/v1/messages", method="POST", headers={"content-type": "application/json"},

@@ -25,6 +25,16 @@ from zccp.runtime import log_dir, resolve
 from zccp.stack import Service, engine_service, free_port, nginx_service, redis_service
 
 
+# Every socket directory a Stack of this process made under /tmp, for the session's
+# clean-up (conftest) to remove even when a stack was only used for its config.
+SOCKET_DIRS: list[Path] = []
+
+
+def remove_socket_dirs() -> None:
+    for d in SOCKET_DIRS:
+        shutil.rmtree(d, ignore_errors=True)
+
+
 def _merge(base: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any]:
     out = {k: dict(v) if isinstance(v, dict) else v for k, v in base.items()}
     for section, values in extra.items():
@@ -49,6 +59,7 @@ class Stack:
         # The socket lives outside pytest's private (0700) temp tree, where nginx's
         # unprivileged workers can reach it; stop() removes the directory.
         self.socket_dir = Path(f"/tmp/zccp-test-{tag}")
+        SOCKET_DIRS.append(self.socket_dir)
         raw = {
             "server": {"listen": f"127.0.0.1:{free_port()}", "workers": 2,
                        "socket_path": str(self.socket_dir / "doorbell.sock"), "connect_timeout_ms": 500},

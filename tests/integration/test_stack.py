@@ -140,8 +140,9 @@ def test_the_stack_restarts_a_dead_engine_and_nginx_carries_on(stack_process):
             down.append(r.json()["error"]["message"])
             assert time.monotonic() < killed_at + 120, "the engine did not come back"
             time.sleep(0.05)
-        # Sent at once after the kill, long before a new engine can be up.
-        assert down and down[0].startswith("engine not running"), down[:3]
+        # Sent at once after the kill, long before a new engine can be up. (A request that
+        # rang on a pooled doorbell connection of the dead engine says it failed instead.)
+        assert any(m.startswith("engine not running") for m in down), down[:3]
         # Requests in flight ended with an API-shaped error, within a second (+ a margin).
         status, text, ended = plain.result(30)
         assert status == 503 and json.loads(text)["type"] == "error", text
