@@ -96,7 +96,7 @@ class Engine:
             inline=cfg.model.backend == "null" and cfg.model.null_token_delay_ms == 0,
             spawn=self._spawn,
             call_soon=self._call_soon,
-            request_log=RequestLog(),
+            request_log=RequestLog(defer=self._after_this_turn),
         )
         self.metrics_server = MetricsServer(cfg.server.socket_path + ".metrics", self.metrics, cfg.shared_memory.group)
 
@@ -171,6 +171,15 @@ class Engine:
         """Run fn(*args) on the loop, from any thread."""
         if self._loop is not None:
             self._loop.call_soon_threadsafe(fn, *args)
+
+    def _after_this_turn(self, fn: Callable[[], None]) -> None:
+        """Run fn on the loop once it has handled what is ready now (from any thread)."""
+        if self._loop is None:
+            fn()
+        elif threading.get_ident() == self._loop_thread:
+            self._loop.call_soon(fn)
+        else:
+            self._loop.call_soon_threadsafe(fn)
 
     def _finish_job(self, job: Job) -> None:
         def drop() -> None:

@@ -6,6 +6,7 @@ import json
 import logging
 import sys
 import time
+from collections.abc import Callable
 from typing import Any
 
 import orjson
@@ -60,15 +61,18 @@ def setup_logging(level: str, path: str | None) -> None:
 
 class RequestLog:
     """The engine's line per answered request (info level): the same JSON shape as every
-    other line, built with orjson and written under the handler's lock, because it runs
-    once per request (~2 µs; through logging.Formatter it costs ~15 µs, a fifth of a
-    null-model request)."""
+    other line, but cheap, because it runs once per request. It is built with orjson
+    (~2 µs; through logging's Formatter ~15 µs) and written to the handler's stream without
+    a flush; `defer` (the engine's event loop) flushes once at the end of the loop's
+    iteration, so that a burst of answers costs one write(2), not one each (~4 µs here)."""
 
     LOGGER = "zccp.request"
 
-    def __init__(self) -> None:
+    def __init__(self, defer: Callable[[Callable[[], None]], None] | None = None) -> None:
         self._log = logging.getLogger(self.LOGGER)
         self.enabled = self._log.isEnabledFor(logging.INFO)
+        self._defer = defer
+        self._pending = False
 
     def write(self, msg: str, fields: dict[str, Any]) -> None:
         h = _handler
@@ -80,4 +84,18 @@ class RequestLog:
         data = orjson.dumps(line).decode() + "\n"
         with h.lock:  # type: ignore[union-attr]
             h.stream.write(data)
+            if self._defer is None:
+                h.stream.flush()
+                return
+            if self._pending:
+                return
+            self._pending = True
+        self._defer(self._flush)
+
+    def _flush(self) -> None:
+        h = _handler
+        if h is None:
+            return
+        with h.lock:  # type: ignore[union-attr]
+            self._pending = False
             h.stream.flush()
