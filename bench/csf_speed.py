@@ -1,22 +1,26 @@
 #!/usr/bin/env python3
-"""Fingerprint speed: the CSF and the whole fp.compute() inside one nginx worker, and the
-Python compute() the engine runs for bodies above DECODE_LIMIT (docs/fingerprint.md §8).
+"""Fingerprint speed, this checkout against a baseline commit in the same run
+(docs/fingerprint.md §8): nginx's fp.compute() and its stages inside one nginx worker,
+and the Python compute() the engine runs for bodies above DECODE_LIMIT.
 
-    cd /work/main && PYTHONPATH=engine python bench/csf_speed.py [-n 1000] [--only csf|compute|python]
+    .venv/bin/python bench/csf_speed.py [-n 1000] [--baseline main] [--out bench]
 
-Starts a throw-away nginx with the test-only locations of tests/nginx/fp_test.conf plus one
-bench-only location (written to a temporary snippet here; fp_test.conf is not changed) and:
+The baseline's lua/, nginx/, shm_abi/, engine/ and tests/nginx/ are taken with
+`git archive <ref>` into a temporary tree. Two throw-away nginx (Debian nginx +
+libnginx-mod-http-lua), one per tree, run side by side; every body is timed on both, one
+after the other, so that the shared machine's noise falls on both alike:
 
-* csf: POSTs 1024-token texts to /_fp/bench, which times (os.clock, CPU time of the worker)
-  n runs of fp.csf + band keys, and n runs of fp.compute() on an Anthropic request carrying
-  the text. One JSON line per text.
-* compute: POSTs whole Anthropic bodies of 1 KiB, 16 KiB and 64 KiB (one user message of
-  English prose; the 64 KiB one just under DECODE_LIMIT) to /_fp/bench_body, which times n
-  runs of fp.compute() on that body, plus the stages (cjson decode, masks.apply of the
-  text, the CSF of the prompt) for orientation. Medians in microseconds.
-* python: medians of the Python compute() for 64 KiB and 512 KiB bodies of the same kind.
+* /_fp/bench (fp_test.conf): the CSF (tokenize, shingles, MinHash, band keys) of a text of
+  1024 tokens, n times, CPU time of the worker (os.clock): the median.
+* /_fp/bench_body (defined here): fp.compute() of a whole request body n times, and its
+  stages: cjson decode; decode + masks.apply_doc; the CSF of the text the fingerprint
+  read (r.prompt). Medians in microseconds. Bodies: one user message of English prose of
+  1, 16 and 64 KiB; a 64 KiB multi-turn chat ending on a short question; a 64 KiB agent
+  loop ending on a tool result.
+* Python: compute() of 64 KiB and 512 KiB prose bodies (time.process_time, medians), in a
+  subprocess per tree (PYTHONPATH=<tree>/engine).
 
-The machine is shared and noisy: every figure is a median of many runs (p10/p90 shown).
+Writes <out>/csf_speed.json and <out>/csf_speed.md (the table) and prints the table.
 """
 
 from __future__ import annotations
@@ -24,26 +28,22 @@ from __future__ import annotations
 import argparse
 import json
 import random
-import statistics
+import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO / "engine"))
 sys.path.insert(0, str(REPO / "tests" / "integration"))
 sys.path.insert(0, str(REPO / "tests"))
 
-import test_fingerprint_identity as TFI  # noqa: E402
 from test_fingerprint_identity import WORDS, FpNginx  # noqa: E402
 
-from zccp import fingerprint as F  # noqa: E402
-from zccp.cache.masks import load_masks  # noqa: E402
-
+DECODE_LIMIT = 65536
 BENCH_LOCATION = r"""
 # BENCH-ONLY (bench/csf_speed.py): POST a whole request body, ?n=1000&api=anthropic ->
-# JSON { compute_us = {p10, median, p90}, decode_us, mask_us, csf_us, tokens }
+# JSON { compute_us, decode_us, decode_mask_us, csf_us = {p10, median, p90}, tokens, body_bytes }
 location = /_fp/bench_body {
     content_by_lua_block {
         local fp = require "zccp.fingerprint"
@@ -68,19 +68,42 @@ location = /_fp/bench_body {
                      p90 = ts[math.floor(n * 0.9) + 1] }
         end
         local r = assert(fp.compute(api, body, true))
-        local doc = cjson.decode(body)
-        local text = doc.messages[1].content
-        ngx.print(cjson.encode({
+        local out = {
             compute_us = run(function() assert(fp.compute(api, body)) end),
             decode_us = run(function() cjson.decode(body) end),
-            mask_us = run(function() masks.apply(text) end),
-            csf_us = run(function() local s = csf.of_text(r.prompt); csf.keys_of(s) end),
+            decode_mask_us = run(function() masks.apply_doc(cjson.decode(body)) end),
             tokens = r.tokens, body_bytes = #body,
-        }))
+        }
+        if r.prompt then
+            out.csf_us = run(function() local s = csf.of_text(r.prompt); csf.keys_of(s) end)
+        end
+        ngx.print(cjson.encode(out))
     }
 }
 """
 
+PY_BENCH = r"""
+import json, sys, time, statistics
+from zccp.cache.fingerprint import compute
+from zccp.cache.masks import load_masks
+masks = load_masks()
+out = {}
+for label, path in json.loads(sys.argv[1]).items():
+    body = open(path, "rb").read()
+    for _ in range(3):
+        compute("anthropic", body, masks)
+    ts = []
+    for _ in range(int(sys.argv[2])):
+        t0 = time.process_time()
+        compute("anthropic", body, masks)
+        ts.append((time.process_time() - t0) * 1000)
+    ts.sort()
+    out[label] = {"p10": ts[len(ts) // 10], "median": statistics.median(ts), "p90": ts[len(ts) * 9 // 10]}
+print(json.dumps(out))
+"""
+
+
+# --------------------------------------------------------------------------- inputs
 
 def texts() -> dict[str, str]:
     r = random.Random(1)
@@ -88,9 +111,7 @@ def texts() -> dict[str, str]:
     vocab = [f"{r.choice(WORDS)}{r.randint(0, 999)}" for _ in range(5000)]
     distinct = " ".join(r.choice(vocab) for _ in range(1100))
     cjk = "".join(chr(r.randint(0x4E00, 0x9FFF)) for _ in range(1100))
-    mixed = " ".join(r.choice([r.choice(WORDS), chr(r.randint(0x4E00, 0x9FFF)), "naïve", "😀", "Привет"])
-                     for _ in range(1100))
-    return {"english_1024": english, "distinct_words_1024": distinct, "cjk_1024": cjk, "mixed_1024": mixed,
+    return {"english_1024": english, "distinct_words_1024": distinct, "cjk_1024": cjk,
             "short_20": " ".join(r.choice(WORDS) for _ in range(20))}
 
 
@@ -110,72 +131,178 @@ def prose(r: random.Random, nbytes: int) -> str:
     return "".join(out)
 
 
-def anthropic_body(nbytes: int, seed: int = 2) -> bytes:
-    """An Anthropic request of (just under) nbytes: one user message of prose."""
-    r = random.Random(seed)
-    text = prose(r, nbytes)
-    req = {"model": "claude-x", "max_tokens": 1024, "messages": [{"role": "user", "content": text}]}
+def fit(req: dict, nbytes: int, shrink) -> bytes:
+    """The request's JSON, trimmed by shrink(req, excess) until it is at most nbytes."""
     while True:
         body = json.dumps(req).encode()
         if len(body) <= nbytes:
             return body
-        text = text[: len(text) - (len(body) - nbytes) - 1]
-        req["messages"][0]["content"] = text
+        shrink(req, len(body) - nbytes)
 
 
-def py_median_ms(body: bytes, masks, reps: int) -> dict:
-    ts = []
-    for _ in range(3):
-        F.compute("anthropic", body, masks)
-    for _ in range(reps):
-        t0 = time.process_time()
-        F.compute("anthropic", body, masks)
-        ts.append((time.process_time() - t0) * 1000)
-    ts.sort()
-    return {"p10": round(ts[len(ts) // 10], 3), "median": round(statistics.median(ts), 3),
-            "p90": round(ts[len(ts) * 9 // 10], 3)}
+def prose_body(nbytes: int, seed: int = 2) -> bytes:
+    req = {"model": "claude-x", "max_tokens": 1024, "messages": [{"role": "user", "content": prose(random.Random(seed), nbytes)}]}
 
+    def shrink(q, excess):
+        q["messages"][0]["content"] = q["messages"][0]["content"][:-(excess + 1)]
+    return fit(req, nbytes, shrink)
+
+
+def chat_body(nbytes: int) -> bytes:
+    """A long conversation ending on a short user question (near-able)."""
+    r = random.Random(3)
+    msgs = []
+    while sum(len(m["content"]) for m in msgs) < nbytes:
+        msgs.append({"role": "user" if len(msgs) % 2 == 0 else "assistant", "content": prose(r, 1500)})
+    msgs.append({"role": "user" if len(msgs) % 2 == 0 else "assistant", "content": "ok"})
+    if msgs[-1]["role"] == "assistant":
+        msgs.append({"role": "user", "content": "x"})
+    msgs[-1]["content"] = "And how would you summarise all of that for a new colleague in three sentences?"
+    req = {"model": "claude-x", "max_tokens": 1024, "system": "You are a helpful assistant.", "messages": msgs}
+
+    def shrink(q, excess):
+        q["messages"].pop(0)
+        q["messages"].pop(0)
+    return fit(req, nbytes, shrink)
+
+
+def agent_body(nbytes: int) -> bytes:
+    """An agent loop: tool_use / tool_result rounds, ending on a tool result (exact-only)."""
+    r = random.Random(4)
+    msgs: list = [{"role": "user", "content": "Fix the failing tests in this repository."}]
+    i = 0
+    while len(json.dumps(msgs)) < nbytes:
+        msgs.append({"role": "assistant", "content": [
+            {"type": "text", "text": "Reading the next file."},
+            {"type": "tool_use", "id": f"toolu_{i}", "name": "read_file", "input": {"path": f"src/mod{i}.py"}}]})
+        code = "\n".join(f"def f{j}(x):\n    return x * {r.randint(1, 99)}  # {prose(r, 40).strip()}" for j in range(20))
+        msgs.append({"role": "user", "content": [{"type": "tool_result", "tool_use_id": f"toolu_{i}", "content": code}]})
+        i += 1
+    req = {"model": "claude-x", "max_tokens": 1024, "tools": [
+        {"name": "read_file", "input_schema": {"type": "object", "properties": {"path": {"type": "string"}}}}],
+        "messages": msgs}
+
+    def shrink(q, excess):
+        del q["messages"][1:3]
+    return fit(req, nbytes, shrink)
+
+
+def bodies() -> dict[str, bytes]:
+    return {"prose 1 KiB": prose_body(1024), "prose 16 KiB": prose_body(16384),
+            "prose 64 KiB": prose_body(DECODE_LIMIT), "chat 64 KiB": chat_body(DECODE_LIMIT),
+            "agent 64 KiB": agent_body(DECODE_LIMIT)}
+
+
+# --------------------------------------------------------------------------- trees
+
+def baseline_tree(ref: str, into: Path) -> Path:
+    """lua/, nginx/, shm_abi/, engine/ and tests/nginx/ of `ref`, from git."""
+    archive = subprocess.run(["git", "archive", ref, "lua", "nginx", "shm_abi", "engine", "tests/nginx"], cwd=REPO,
+                             capture_output=True, check=True).stdout
+    into.mkdir(parents=True)
+    subprocess.run(["tar", "-x", "-C", str(into)], input=archive, check=True)
+    return into
+
+
+def start_nginx(tree: Path, work: Path) -> FpNginx:
+    work.mkdir(parents=True, exist_ok=True)
+    snippet = work / "fp_bench.conf"
+    snippet.write_text((tree / "tests" / "nginx" / "fp_test.conf").read_text() + BENCH_LOCATION)
+    srv = FpNginx(work, tree / "lua" / "zccp" / "mask_patterns.lua", work / "last_good.lua", lua_root=tree,
+                  snippet=snippet)
+    srv.start()
+    return srv
+
+
+def python_compute(tree: Path, files: dict[str, str], reps: int) -> dict:
+    out = subprocess.run([sys.executable, "-c", PY_BENCH, json.dumps(files), str(reps)], capture_output=True,
+                         text=True, env={"PYTHONPATH": str(tree / "engine"), "PATH": "/usr/bin:/bin"})
+    if out.returncode != 0:
+        raise RuntimeError(f"python compute in {tree} failed:\n{out.stderr}")
+    return json.loads(out.stdout)
+
+
+# --------------------------------------------------------------------------- main
 
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("-n", type=int, default=1000)
     ap.add_argument("--py-reps", type=int, default=60)
-    ap.add_argument("--only", choices=["csf", "compute", "python"])
+    ap.add_argument("--baseline", default="main", help="git ref to compare with (default main)")
+    ap.add_argument("--out", type=Path, default=REPO / "bench")
     args = ap.parse_args()
-    masks = load_masks()
-    want = {args.only} if args.only else {"csf", "compute", "python"}
+    head = subprocess.run(["git", "rev-parse", "--short=12", "HEAD"], cwd=REPO, capture_output=True,
+                          text=True).stdout.strip()
+    base = subprocess.run(["git", "rev-parse", "--short=12", args.baseline], cwd=REPO, capture_output=True,
+                          text=True, check=True).stdout.strip()
+    res: dict = {"run": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()), "n": args.n,
+                 "trees": {"before": f"{args.baseline} ({base})", "after": f"HEAD ({head}, with the working tree)"},
+                 "csf": {}, "compute": {}, "python": {}}
     with tempfile.TemporaryDirectory() as d:
         root = Path(d)
-        snippet = root / "fp_bench.conf"
-        snippet.write_text((REPO / "tests" / "nginx" / "fp_test.conf").read_text() + BENCH_LOCATION)
-        TFI.SNIPPET = snippet  # FpNginx includes TFI.SNIPPET
-        srv = FpNginx(root, REPO / "lua" / "zccp" / "mask_patterns.lua", root / "last_good.lua")
-        if want & {"csf", "compute"}:
-            srv.start()
+        trees = {"before": baseline_tree(args.baseline, root / "before"), "after": REPO}
+        servers = {k: start_nginx(t, root / f"ngx_{k}") for k, t in trees.items()}
         try:
-            if "csf" in want:
-                for name, text in texts().items():
-                    res = json.loads(srv.post(f"/_fp/bench?n={args.n}", text.encode()))
-                    body = json.dumps({"model": "m", "max_tokens": 16,
-                                       "messages": [{"role": "user", "content": text}]}).encode()
-                    res["python_compute_ms"] = py_median_ms(body, masks, 20)["median"]
-                    res = {"text": name, **{k: round(v, 4) if isinstance(v, float) else v for k, v in res.items()}}
-                    print(json.dumps(res), flush=True)
-            if "compute" in want:
-                for label, size in (("1KiB", 1024), ("16KiB", 16384), ("64KiB", F.DECODE_LIMIT)):
-                    body = anthropic_body(size)
-                    res = json.loads(srv.post(f"/_fp/bench_body?n={args.n}", body))
-                    res = {"lua_compute": label, **res}
-                    print(json.dumps(res, default=lambda v: round(v, 1)), flush=True)
-            if "python" in want:
-                for label, size in (("64KiB", F.DECODE_LIMIT), ("512KiB", 512 * 1024)):
-                    body = anthropic_body(size)
-                    print(json.dumps({"python_compute": label, "body_bytes": len(body),
-                                      "ms": py_median_ms(body, masks, args.py_reps)}), flush=True)
+            for name, text in texts().items():
+                for k, srv in servers.items():
+                    r = json.loads(srv.post(f"/_fp/bench?n={args.n}", text.encode()))
+                    res["csf"].setdefault(name, {})[k] = {"csf_ms": r["median_ms"], "tokens": r["tokens"]}
+                print(name, res["csf"][name], flush=True)
+            for name, body in bodies().items():
+                for k, srv in servers.items():
+                    res["compute"].setdefault(name, {})[k] = json.loads(srv.post(f"/_fp/bench_body?n={args.n}", body))
+                print(name, {k: v["compute_us"]["median"] for k, v in res["compute"][name].items()}, flush=True)
         finally:
-            if want & {"csf", "compute"}:
+            for srv in servers.values():
                 srv.stop()
+        files = {}
+        for label, size in (("64 KiB", DECODE_LIMIT), ("512 KiB", 512 * 1024)):
+            f = root / f"py_{size}.json"
+            f.write_bytes(prose_body(size))
+            files[label] = str(f)
+        for k, t in trees.items():
+            for label, v in python_compute(t, files, args.py_reps).items():
+                res["python"].setdefault(label, {})[k] = v
+        print("python", res["python"], flush=True)
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "csf_speed.json").write_text(json.dumps(res, indent=1) + "\n")
+    md = table(res)
+    (args.out / "csf_speed.md").write_text(md)
+    print(md)
     return 0
+
+
+def table(res: dict) -> str:
+    L = [f"# Fingerprint speed: before / after (`bench/csf_speed.py`, {res['run']})", "",
+         f"Before: {res['trees']['before']}; after: {res['trees']['after']}. Medians of {res['n']} runs in one nginx "
+         "worker (CPU time, `os.clock`), both trees side by side in the same run; Python: medians of "
+         "`time.process_time` in a subprocess per tree. The machine is shared: expect ±10-25 %.", "",
+         "| input | before | after | after / before |", "|---|---|---|---|"]
+
+    def row(label: str, b: float, a: float, unit: str) -> None:
+        L.append(f"| {label} | {b:.0f} {unit} | {a:.0f} {unit} | {a / b:.2f} |" if unit == "µs" else
+                 f"| {label} | {b:.2f} {unit} | {a:.2f} {unit} | {a / b:.2f} |")
+
+    for name, v in res["csf"].items():
+        row(f"CSF of `{name}` ({v['after']['tokens']} tokens)", v["before"]["csf_ms"] * 1000,
+            v["after"]["csf_ms"] * 1000, "µs")
+    for name, v in res["compute"].items():
+        b, a = v["before"], v["after"]
+        row(f"nginx `compute()`, {name}", b["compute_us"]["median"], a["compute_us"]["median"], "µs")
+    for name, v in res["python"].items():
+        row(f"Python `compute()`, prose {name}", v["before"]["median"], v["after"]["median"], "ms")
+    L += ["", "Stages of the nginx `compute()` (after; medians, µs): decode = `cjson.decode`; masks = "
+          "decode + `masks.apply_doc` − decode; CSF = the CSF of the text the fingerprint read (v2: the final user "
+          "turn, when text); rest = compute − decode − masks − CSF (canonical form, SHA-256 of the prefix and exact "
+          "keys, the final turn's text).", "",
+          "| body | compute | decode | masks | CSF | rest | tokens (near only) |", "|---|---|---|---|---|---|---|"]
+    for name, v in res["compute"].items():
+        a = v["after"]
+        c, dec, dm = a["compute_us"]["median"], a["decode_us"]["median"], a["decode_mask_us"]["median"]
+        csf = a.get("csf_us", {}).get("median", 0.0)
+        L.append(f"| {name} ({a['body_bytes']} B) | {c:.0f} | {dec:.0f} | {dm - dec:.0f} | {csf:.0f} | "
+                 f"{c - dm - csf:.0f} | {a['tokens']} |")
+    return "\n".join(L) + "\n"
 
 
 if __name__ == "__main__":

@@ -10,10 +10,11 @@ import statistics
 import sys
 from pathlib import Path
 
-ORDER = ["A", "B", "C", "D", "D-nocache"]
+ORDER = ["A", "B", "B-cache", "C", "D", "D-nocache"]
 NAMES = {
     "A": "A nginx+cjson (ceiling)",
     "B": "B nginx→FastAPI/uvicorn",
+    "B-cache": "B + exact Redis cache (redis-py asyncio, ZCCP's key)",
     "C": "C nginx→Flask/gunicorn",
     "D": "D ZCCP",
     "D-nocache": "D ZCCP, Cache-Control: no-cache, no-store",
@@ -181,7 +182,7 @@ def same_bytes(res: dict) -> str:
     for wl in _workloads(res):
         replies = {v: p[wl] for v, p in probes.items() if wl in p}
         statuses = ", ".join(f"{v}: {p['status']}" for v, p in replies.items())
-        bcd = {v: p["reply"] for v, p in replies.items() if v in ("B", "C", "D", "D-nocache")}
+        bcd = {v: p["reply"] for v, p in replies.items() if v in ("B", "B-cache", "C", "D", "D-nocache")}
         same = len(set(bcd.values())) <= 1
         cache = ", ".join(f"{v}: {p['cache']}" for v, p in replies.items() if p.get("cache"))
         out.append(f"- {wl}: status {statuses}; B/C/D replies identical except `id`: "
@@ -261,7 +262,7 @@ def plot(res: dict, path: Path) -> None:
 
     wls, concs, vs = _workloads(res), _concs(res), _variants(res)
     fig, axes = plt.subplots(2, len(concs), figsize=(6.5 * len(concs), 8), squeeze=False)
-    colors = {"A": "#999999", "B": "#4c72b0", "C": "#dd8452", "D": "#55a868", "D-nocache": "#8fd19e"}
+    colors = {"A": "#999999", "B": "#4c72b0", "B-cache": "#8da0cb", "C": "#dd8452", "D": "#55a868", "D-nocache": "#8fd19e"}
     width = 0.8 / max(len(vs), 1)
     for j, c in enumerate(concs):
         for i, (key, label) in enumerate((("rps", "requests/s"), ("p99_ms", "p99 latency (ms)"))):

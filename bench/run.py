@@ -23,7 +23,7 @@ from pathlib import Path
 
 from bench import procs
 from bench.bodies import sharegpt_bodies, synthetic_body
-from bench.services import BENCH, REPO, Variant, post, start_a, start_b, start_c, start_d
+from bench.services import BENCH, REPO, Variant, post, start_a, start_b, start_b_cache, start_c, start_d
 
 SIZES = {"1k": 1024, "64k": 65536, "512k": 524288}
 
@@ -34,6 +34,7 @@ LIMITS = {
     "response_kb": 64,
     "max_body_kb": 600,              # every variant: nginx client_max_body_size / client_body_buffer_size
 }
+VARIANTS = ("A", "B", "B-cache", "C", "D")
 NULL = dict(LIMITS, backend="null", model_name="zccp-null", max_context=1 << 20)
 TINY = dict(LIMITS, backend="tiny", model_name="zccp-tiny", max_context=8192,
             segment_size_kb=1024, tokens_kb=256, max_body_kb=512)
@@ -127,6 +128,7 @@ def run_matrix(args: argparse.Namespace, run_dir: Path, files: dict[str, Path], 
     starters = {
         "A": lambda: start_a(run_dir / "A", NULL, reply),
         "B": lambda: start_b(run_dir / "B", NULL, args.b_workers),
+        "B-cache": lambda: start_b_cache(run_dir / "B-cache", NULL, args.b_workers),
         "C": lambda: start_c(run_dir / "C", NULL, args.c_workers),
         "D": lambda: start_d(run_dir / "D", NULL, args.slots),
     }
@@ -327,7 +329,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--warmup", type=float, default=1.0, help="seconds of unmeasured wrk before each pair")
     ap.add_argument("--repeats", type=int, default=2, help="measured runs back to back (default 2)")
     ap.add_argument("--conc", default="16,64", help="wrk connections (default 16,64)")
-    ap.add_argument("--variants", default="A,B,C,D", help="subset of A,B,C,D")
+    ap.add_argument("--variants", default=",".join(VARIANTS), help=f"subset of {','.join(VARIANTS)}")
     ap.add_argument("--workloads", default="1k,64k,512k,sharegpt")
     ap.add_argument("--b-workers", type=int, default=2, help="uvicorn workers for B (default 2 = cores)")
     ap.add_argument("--c-workers", type=int, default=4, help="gunicorn sync workers for C (default 4 = 2 x cores)")
@@ -343,7 +345,11 @@ def main(argv: list[str] | None = None) -> None:
         args.duration, args.warmup, args.repeats, args.conc = 2.0, 0.0, 1, "16"
         args.tiny_duration, args.sharegpt_sample = 1.5, 300
     args.conc = [int(c) for c in args.conc.split(",")]
-    args.variants = [v.strip().upper() for v in args.variants.split(",")]
+    by_name = {v.lower(): v for v in VARIANTS}
+    try:
+        args.variants = [by_name[v.strip().lower()] for v in args.variants.split(",")]
+    except KeyError as exc:
+        ap.error(f"--variants: unknown variant {exc.args[0]!r} (known: {', '.join(VARIANTS)})")
     args.workloads = [w.strip() for w in args.workloads.split(",")]
     if max(args.conc) > args.slots:
         ap.error("--slots must be >= the largest --conc (ZCCP answers 429 when no slot is free)")

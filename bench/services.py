@@ -101,12 +101,12 @@ def app_env(lim: dict) -> dict[str, str]:
 
 
 def _start_proxied(name: str, label: str, cmd: list[str], log: str, run_dir: Path, lim: dict,
-                   workers: int) -> Variant:
+                   workers: int, env: dict[str, str] | None = None) -> Variant:
     """A Python app server on a free port, behind nginx proxy_pass (upstream keepalive)."""
     run_dir.mkdir(parents=True, exist_ok=True)
     port = free_port()
     app = Service("backend", [c.replace("{port}", str(port)) for c in cmd], run_dir / "logs" / log,
-                  env=app_env(lim))
+                  env=dict(app_env(lim), **(env or {})))
     app.start()
     _wait_http(f"http://127.0.0.1:{port}/health", app, f"{label} /health", 120)
     nginx, url = _nginx_from_template("proxy.conf.in", run_dir, {
@@ -114,11 +114,30 @@ def _start_proxied(name: str, label: str, cmd: list[str], log: str, run_dir: Pat
     return Variant(name, url, {"nginx": nginx, "backend": app}, {"app_workers": workers})
 
 
-def start_b(run_dir: Path, lim: dict, workers: int) -> Variant:
+def _uvicorn(app: str, workers: int) -> list[str]:
     """FastAPI on uvicorn (uvloop + httptools, the 'standard' extras), access log off."""
-    cmd = [sys.executable, "-m", "uvicorn", "bench.apps.fastapi_app:app", "--host", "127.0.0.1",
-           "--port", "{port}", "--workers", str(workers), "--no-access-log", "--log-level", "warning"]
-    return _start_proxied("B", "uvicorn", cmd, "uvicorn.log", run_dir, lim, workers)
+    return [sys.executable, "-m", "uvicorn", app, "--host", "127.0.0.1", "--port", "{port}",
+            "--workers", str(workers), "--no-access-log", "--log-level", "warning"]
+
+
+def start_b(run_dir: Path, lim: dict, workers: int) -> Variant:
+    return _start_proxied("B", "uvicorn", _uvicorn("bench.apps.fastapi_app:app", workers), "uvicorn.log",
+                          run_dir, lim, workers)
+
+
+def start_b_cache(run_dir: Path, lim: dict, workers: int) -> Variant:
+    """B with an exact Redis cache in front of the same work (bench/apps/fastapi_cache_app.py)."""
+    run_dir.mkdir(parents=True, exist_ok=True)
+    url = f"redis://127.0.0.1:{free_port()}/0"
+    redis = redis_service(url, run_dir)
+    try:
+        v = _start_proxied("B-cache", "uvicorn", _uvicorn("bench.apps.fastapi_cache_app:app", workers),
+                           "uvicorn.log", run_dir, lim, workers, {"ZCCP_BENCH_REDIS_URL": url})
+    except Exception:
+        redis.stop()
+        raise
+    v.services["redis"] = redis
+    return v
 
 
 def start_c(run_dir: Path, lim: dict, workers: int) -> Variant:

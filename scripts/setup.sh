@@ -13,8 +13,9 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
+# systemd: only for `systemd-analyze verify` of deploy/systemd/ in the tests (nothing is started)
 APT_PACKAGES=(nginx libnginx-mod-http-lua lua-resty-core lua-resty-lrucache lua-cjson redis-server luajit2 wrk
-              python3 python3-venv)
+              python3 python3-venv systemd)
 missing=()
 for p in "${APT_PACKAGES[@]}"; do
     dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p")

@@ -43,7 +43,7 @@ enum zccp_slot_state {
 enum zccp_slot_flags {
     ZCCP_FLAG_API_OPENAI    = 1,    /* nginx: body is an OpenAI chat completion (else Anthropic) */
     ZCCP_FLAG_MASKED        = 2,    /* nginx: a mask pattern changed the prompt text */
-    ZCCP_FLAG_FP_COMPLETE   = 4,    /* nginx: the fingerprint saw the whole prompt */
+    ZCCP_FLAG_FP_COMPLETE   = 4,    /* nginx: near hits allowed (a text-only final user turn, wholly fingerprinted) */
     ZCCP_FLAG_NO_CACHE      = 8,    /* nginx: Cache-Control: no-cache (skip lookup) */
     ZCCP_FLAG_NO_STORE      = 16,   /* nginx: Cache-Control: no-store (skip store) */
     ZCCP_FLAG_FP_VALID      = 32,   /* nginx: csf_key, csf_bands, exact_key are filled */
@@ -68,6 +68,12 @@ enum zccp_cache_status {
     ZCCP_CACHE_MISS   = 3,
     ZCCP_CACHE_BYPASS = 4,
     ZCCP_CACHE_ERROR  = 5
+};
+
+/* Why a cache answer was not served (meta.cache_reason; X-ZCCP-Cache-Reason). */
+enum zccp_cache_reason {
+    ZCCP_REASON_NONE           = 0,
+    ZCCP_REASON_MASKED_LITERAL = 1  /* the cached answer carries a masked value this request lacks */
 };
 
 enum zccp_engine_state {
@@ -145,7 +151,8 @@ struct zccp_slot_meta {
     uint32_t error_code;        /* 196 reserved for engine diagnostics */
     uint32_t cache_ttl_s;       /* 200 engine: nginx may keep this answer for so long (0: it must not) */
     uint32_t cache_scope;       /* 204 engine: 0 shared by every caller, 1 this tenant's only */
-    uint8_t  reserved[48];      /* 208 */
+    uint32_t cache_reason;      /* 208 engine: enum zccp_cache_reason */
+    uint8_t  reserved[44];      /* 212 */
 };
 
 /* Bytes 384..895 of every slot: the full MinHash signature nginx computed, so the
@@ -161,7 +168,8 @@ struct zccp_slot_request {
     uint8_t  request_id[64];    /*   8 X-Request-ID: the caller's, or one nginx made */
     uint8_t  tenant[32];        /*  72 SHA-256 of the tenant's source value (ZCCP_FLAG_TENANT) */
     uint8_t  mask_digest[32];   /* 104 SHA-256 naming the mask set nginx applied (ZCCP_FLAG_MASK_DIGEST) */
-    uint8_t  reserved[120];     /* 136 */
+    uint8_t  prefix_key[32];    /* 136 fingerprint prefix key: the request but its final message (ZCCP_FLAG_FP_VALID) */
+    uint8_t  reserved[88];      /* 168 */
 };
 
 /* Doorbell frames: fixed size, host byte order, nothing else travels on the socket. */

@@ -78,8 +78,13 @@ class Prepared:
 
 
 def prepare(body: bytes) -> Prepared:
-    """Parse + tokenize; raises ApiError like the engine's pipeline._prepare."""
-    req = anthropic.parse_request(body, LIMITS)
+    """Parse + tokenize; raises ApiError like the engine's flow (RequestFlow._prepare)."""
+    return prepare_doc(anthropic.decode_body(body))
+
+
+def prepare_doc(doc: dict) -> Prepared:
+    """prepare() of a body already decoded by anthropic.decode_body."""
+    req = anthropic.parse_document(doc, LIMITS)
     out = _take_tokens()
     try:
         n = encode_chat_into(req.system, req.messages, out)
@@ -101,6 +106,11 @@ def error_reply(err: ApiError) -> tuple[int, bytes]:
 
 def complete(p: Prepared) -> bytes:
     """Non-streaming: the full JSON response."""
+    return complete_with_result(p)[0]
+
+
+def complete_with_result(p: Prepared) -> tuple[bytes, GenerationResult]:
+    """complete(), and the result it rendered (what a cache stores)."""
     rid, created = anthropic.new_response_id(), int(time.time())
     result = None
     try:
@@ -110,7 +120,7 @@ def complete(p: Prepared) -> bytes:
     finally:
         p.release()
     assert result is not None
-    return anthropic.render_response(p.req, result, rid, created)
+    return anthropic.render_response(p.req, result, rid, created), result
 
 
 def stream(p: Prepared) -> Iterator[bytes]:

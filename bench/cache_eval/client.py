@@ -42,14 +42,17 @@ class Client:
         sim = r.headers.get("x-zccp-similarity")
         return Reply(r.status_code, r.headers.get("x-zccp-cache", ""), float(sim) if sim else None)
 
-    def metrics(self) -> dict[str, float]:
-        """The engine's cache counters: {result: count} from zccp_engine_cache_total."""
+    def metrics(self, by: str = "result") -> dict[str, float]:
+        """The engine's cache counters from zccp_engine_cache_total: {result: count} summed over
+        reasons, or with by="reason" {"RESULT/reason": count}."""
         text = self._client().get("/metrics").text
         out: dict[str, float] = {}
         for line in text.splitlines():
             if line.startswith("zccp_engine_cache_total{"):
                 label = line.split('result="', 1)[1].split('"', 1)[0]
-                out[label] = float(line.rsplit(" ", 1)[1])
+                if by == "reason" and 'reason="' in line:
+                    label += "/" + line.split('reason="', 1)[1].split('"', 1)[0]
+                out[label] = out.get(label, 0.0) + float(line.rsplit(" ", 1)[1])
         return out
 
     def close(self) -> None:

@@ -1,14 +1,20 @@
-"""True Jaccard of two prompts: word 2-shingle SETS of the masked prompt text, with the
-fingerprint's own masks, prompt-text rules and tokenizer (docs/fingerprint.md §2-§4),
-over the WHOLE prompt (no 1024-token window)."""
+"""True Jaccard of two requests: word 2-shingle SETS after masking, with the fingerprint's
+own masks, final-turn rule and tokenizer (docs/fingerprint.md §2-§4), over the WHOLE text
+(no 1024-token window).
+
+What is compared (fingerprint version 2): the final user turns, when both requests end on a
+text-only user turn; otherwise the whole conversations as version 1 read them (`role: text`
+per message, non-text blocks as `[type]`), which shows how alike such requests look to a
+fingerprint that ignores block content."""
 
 from __future__ import annotations
 
 import copy
 from functools import lru_cache
 
+from zccp.cache.fp.canonical import as_bytes
 from zccp.cache.fp.csf import MAX_TOKENS, minhash, shingle_hashes, tokenize
-from zccp.cache.fp.prompt import prompt_text
+from zccp.cache.fp.prompt import final_turn
 from zccp.cache.masks import MaskSet, load_masks, mask_doc
 
 _UNLIMITED = 1 << 30
@@ -19,15 +25,42 @@ def masks() -> MaskSet:
     return load_masks()
 
 
-def masked_prompt(api: str, body: dict) -> bytes:
-    """The masked prompt text the CSF reads (`role: text\\n` per entry), for a decoded body."""
+def _masked(body: dict) -> dict:
     doc = {k: copy.deepcopy(body[k]) for k in ("system", "messages") if body.get(k) is not None}
     mask_doc(doc, masks())
-    return prompt_text(api, doc)
+    return doc
 
 
-def tokens_of(prompt: bytes) -> list[bytes]:
-    return tokenize(prompt, _UNLIMITED)[0]
+def masked_turn(body: dict) -> bytes | None:
+    """The masked text of the final user turn (what the CSF reads), or None (exact-only)."""
+    turn = final_turn(_masked(body))
+    return None if turn is None else b"".join(as_bytes(p) for p in turn)
+
+
+def _v1_text(content) -> bytes:
+    if isinstance(content, (str, bytes)):
+        return as_bytes(content)
+    if isinstance(content, list):
+        return b"\n".join(as_bytes(b["text"]) if isinstance(b, dict) and b.get("type") == "text"
+                          and isinstance(b.get("text"), (str, bytes))
+                          else b"[" + as_bytes(str(b.get("type", "?")) if isinstance(b, dict) else "?") + b"]"
+                          for b in content)
+    return b"" if content is None else b"[?]"
+
+
+def conversation_text(api: str, body: dict) -> bytes:
+    """The whole masked conversation as fingerprint version 1 read it (for comparison only)."""
+    doc = _masked(body)
+    out = []
+    if api == "anthropic" and doc.get("system") is not None:
+        out.append(b"system: " + _v1_text(doc["system"]) + b"\n")
+    for m in doc.get("messages") or []:
+        out.append(as_bytes(m.get("role", "?")) + b": " + _v1_text(m.get("content")) + b"\n")
+    return b"".join(out)
+
+
+def tokens_of(text: bytes) -> list[bytes]:
+    return tokenize(text, _UNLIMITED)[0]
 
 
 def shingles(tokens: list[bytes]) -> frozenset:
@@ -49,7 +82,16 @@ def signature(tokens: list[bytes]) -> tuple[int, ...]:
     return minhash(shingle_hashes(tokens[:MAX_TOKENS]))
 
 
-def pair_jaccard(api_a: str, body_a: dict, api_b: str, body_b: dict) -> tuple[float, int, int]:
-    """(true Jaccard, tokens of a, tokens of b)."""
-    ta, tb = tokens_of(masked_prompt(api_a, body_a)), tokens_of(masked_prompt(api_b, body_b))
-    return jaccard(shingles(ta), shingles(tb)), len(ta), len(tb)
+def text_tokens(text: str) -> list[bytes]:
+    """Tokens of one user message's masked text."""
+    return tokens_of(masked_turn({"messages": [{"role": "user", "content": text}]}) or b"")
+
+
+def pair_jaccard(api_a: str, body_a: dict, api_b: str, body_b: dict) -> tuple[float, int, int, str]:
+    """(true Jaccard, tokens of a, tokens of b, what was compared: "turn" or "conversation")."""
+    ta, tb = masked_turn(body_a), masked_turn(body_b)
+    what = "turn"
+    if ta is None or tb is None:
+        ta, tb, what = conversation_text(api_a, body_a), conversation_text(api_b, body_b), "conversation"
+    xa, xb = tokens_of(ta), tokens_of(tb)
+    return jaccard(shingles(xa), shingles(xb)), len(xa), len(xb), what

@@ -10,11 +10,13 @@ from typing import Any, Callable
 from zccp.cache.fingerprint import MAX_TOKENS, compute, estimate_jaccard
 from zccp.cache.fp.csf import _TOKEN_RE
 
+from bench.cache_eval import conversations as C
 from bench.cache_eval import variants as V
-from bench.cache_eval.jaccard import jaccard, masked_prompt, masks, shingles, tokens_of
+from bench.cache_eval.jaccard import masks, pair_jaccard
 from bench.cache_eval.prompts import Base, Pool
 
-MODEL = "zccp-tiny"
+MODEL = C.MODEL
+APIS = ("anthropic", "openai")
 
 # Expectations:
 #   "J"      a hit is wanted iff true Jaccard >= 0.85 (near-duplicate categories)
@@ -40,6 +42,22 @@ CATEGORIES: list[tuple[str, str, str]] = [
     ("unrelated", "never", "natural ShareGPT first turns (only exact duplicates removed) queried with `Cache-Control: "
                            "no-store` against a cache holding other natural first turns; a query is a false hit when it "
                            "hits although no stored prompt has J >= 0.85 with it"),
+    # fingerprint version 2: agents, tools, images, documents, tenants, conversations (both APIs, alternating)
+    ("agent_loop", "never", "a coding-agent loop one step later: the same conversation plus one more tool round "
+                            "(tool_use + tool_result / tool_calls + tool message); outputs are ShareGPT answers"),
+    ("agent_repeat", "exact", "the same agent request again (control)"),
+    ("tool_result", "never", "the same agent step, the last tool output different (one word, or another output)"),
+    ("tool_call_round", "never", "the same agent step, the last tool call's arguments different, the same output "
+                                 "(Anthropic tool_use input / OpenAI tool_calls arguments)"),
+    ("image_bytes", "never", "the same question with other image bytes (one byte flipped, or another image; "
+                             "Anthropic base64 image / OpenAI data URL)"),
+    ("document_bytes", "never", "the same question with other document bytes (Anthropic base64 PDF / OpenAI file)"),
+    ("multi_user_masked", "never", "a masked value (ID, UUID, timestamp, e-mail) changed, sent with another API key "
+                                   "(another tenant)"),
+    ("multi_turn_chat", "J", "a real ShareGPT conversation (question, answer, next question), the final question "
+                             "reworded (whitespace, punctuation, case, one word, a sentence appended)"),
+    ("history_edit", "never", "the same final question after an earlier turn changed by one word (version 2: the "
+                              "history must match exactly)"),
 ]
 EXPECT = {name: e for name, e, _ in CATEGORIES}
 WHAT = {name: w for name, _, w in CATEGORIES}
@@ -58,20 +76,27 @@ class Pair:
     ntok_var: int
     expect: str
     var_headers: dict[str, str] | None = None
-    # local model of the engine's decision (zccp.fingerprint in Python)
+    base_headers: dict[str, str] | None = None
+    compared: str = "turn"            # what J is over: the final user turns, or whole conversations
+    # local model of the engine's decision (zccp.cache.fingerprint in Python)
     same_exact_key: bool = False
-    est: float = 0.0                  # MinHash estimate between the two prompts
+    est: float = 0.0                  # MinHash estimate between the two final turns
     shared_band: bool = False
-    complete: bool = True
+    complete: bool = True             # both fingerprints allow near hits
     same_csf: bool = False
-    same_scope: bool = True           # every output-relevant parameter and the system prompt equal
-    # live results
+    same_scope: bool = True           # the same API and prefix key (every parameter, the history)
+    masked: bool = False              # a mask changed either request
+    same_tenant: bool = True
+    # live results (after: this checkout; before: the baseline commit, same run)
     base_cache: str = ""
     confirm_first: str = ""
     confirm_tries: int = 0
     var_status: int = 0
+    var_retries: int = 0              # variants asked again after a Redis ERROR
     var_cache: str = ""
     similarity: float | None = None
+    before_cache: str = ""
+    before_similarity: float | None = None
     extra: dict[str, Any] = field(default_factory=dict)
 
 
@@ -82,31 +107,34 @@ def dumps(obj: Any, **kw: Any) -> bytes:
 
 
 def anth(text: str, max_tokens: int, **extra: Any) -> dict:
-    b = {"model": MODEL, "max_tokens": max_tokens, "temperature": 0, "messages": [{"role": "user", "content": text}]}
-    b.update(extra)
-    return b
+    return C.body("anthropic", [{"role": "user", "content": text}], max_tokens, **extra)
 
 
 def oai(text: str, max_tokens: int, **extra: Any) -> dict:
-    b = {"model": MODEL, "max_tokens": max_tokens, "temperature": 0, "messages": [{"role": "user", "content": text}]}
-    b.update(extra)
-    return b
+    return C.body("openai", [{"role": "user", "content": text}], max_tokens, **extra)
+
+
+def _tenant(headers: dict | None) -> str | None:
+    return (headers or {}).get("x-api-key")
 
 
 def _mk(category: str, kind: str, api_b: str, body_b: dict, api_v: str, body_v: dict, *,
-        raw_b: bytes | None = None, raw_v: bytes | None = None, headers: dict | None = None) -> Pair:
-    tb = tokens_of(masked_prompt(api_b, body_b))
-    tv = tokens_of(masked_prompt(api_v, body_v))
+        raw_b: bytes | None = None, raw_v: bytes | None = None, headers: dict | None = None,
+        base_headers: dict | None = None) -> Pair:
+    j, nb, nv, what = pair_jaccard(api_b, body_b, api_v, body_v)
     p = Pair(category, kind, api_b, raw_b if raw_b is not None else dumps(body_b), api_v,
-             raw_v if raw_v is not None else dumps(body_v), jaccard(shingles(tb), shingles(tv)), len(tb), len(tv),
-             EXPECT[category], headers)
+             raw_v if raw_v is not None else dumps(body_v), j, nb, nv, EXPECT[category], headers, base_headers, what)
+    p.same_tenant = _tenant(headers) == _tenant(base_headers)
     fb, fv = compute(api_b, p.base, masks()), compute(api_v, p.variant, masks())
     if fb is not None and fv is not None:
         p.same_exact_key = api_b == api_v and fb.exact_key == fv.exact_key
-        p.est = estimate_jaccard(fb.signature, fv.signature)
-        p.shared_band = any(x == y for x, y in zip(fb.bands, fv.bands))
-        p.complete = fb.complete and fv.complete
-        p.same_csf = fb.csf_key == fv.csf_key
+        p.same_scope = api_b == api_v and fb.prefix_key == fv.prefix_key
+        p.masked = fb.masked or fv.masked
+        p.complete = fb.near and fv.near
+        if p.complete:
+            p.est = estimate_jaccard(fb.signature, fv.signature)
+            p.shared_band = any(x == y for x, y in zip(fb.bands, fv.bands))
+            p.same_csf = fb.csf_key == fv.csf_key
     return p
 
 
@@ -208,8 +236,6 @@ def _param_pairs(bases: list[Base], mt: int, rng: random.Random) -> list[Pair]:
             else:
                 out.append(_mk("params", f"anthropic:{kind}/{form}", "anthropic", base, "anthropic",
                                ANTH_CHANGES[kind](anth(vtext, mt))))
-    for p in out:
-        p.same_scope = False
     return out
 
 
@@ -222,16 +248,13 @@ def _system_pairs(bases: list[Base], mt: int, rng: random.Random) -> list[Pair]:
         sys_a = f"Current time: {ta}. You are a helpful assistant."
         sys_b = sys_a if kind.startswith("system_same") else f"Current time: {tb}. You are a helpful assistant."
         vtext = b.text if kind.endswith("same_prompt") else b.text + "\n"
-        p = _mk("mask_in_system", kind, "anthropic", anth(b.text, mt, system=sys_a), "anthropic",
-                anth(vtext, mt, system=sys_b))
-        p.same_scope = sys_a == sys_b      # the scope holds the system prompt verbatim (unmasked)
-        out.append(p)
+        out.append(_mk("mask_in_system", kind, "anthropic", anth(b.text, mt, system=sys_a), "anthropic",
+                       anth(vtext, mt, system=sys_b)))
     return out
 
 
 def _window_end(text: str) -> int:
-    """Char offset in `text` (a user turn) 64 tokens past the end of the fingerprint's window:
-    tokens are counted over "user: " + text, so the content's 1023rd token is the prompt's 1024th."""
+    """Char offset in `text` (a user turn) 64 tokens past the end of the fingerprint's window."""
     s = text.encode("utf-8", "surrogateescape").lower().decode("utf-8", "surrogateescape")
     for j, m in enumerate(_TOKEN_RE.finditer(s)):
         if j == MAX_TOKENS - 1 + 64:           # a margin of 64 tokens past the window
@@ -279,4 +302,101 @@ def build_pairs(pool: Pool, n: int, n_small: int, seed: int = 4) -> list[Pair]:
     out += _system_pairs(small, max_tokens_for("mask_in_system"), rng)
     out += _param_pairs(bases, max_tokens_for("params"), rng)
     out += _long_pairs(pool.long[:n], max_tokens_for("long_exact"), max_tokens_for("long_near"), rng)
+    out += _agent_pairs(pool, n_small, rng)
+    out += _media_pairs(pool, n_small, rng)
+    out += _multi_user_pairs(small, max_tokens_for("multi_user_masked"), rng)
+    out += _chat_pairs(pool, n_small, rng)
+    return out
+
+
+# ----------------------------------------------------------------------------- version 2 categories
+
+def _agent_pairs(pool: Pool, n: int, rng: random.Random) -> list[Pair]:
+    """Agent loops of 1-4 tool rounds; the task is a ShareGPT first turn, the tool outputs are
+    ShareGPT answers. One base per pair and category."""
+    out: list[Pair] = []
+    outs = pool.outputs
+    for name in ("agent_loop", "agent_repeat", "tool_result", "tool_call_round"):
+        mt = max_tokens_for(name)
+        for i in range(n):
+            api = APIS[i % 2]
+            task = pool.edit[(i * 7 + len(out)) % len(pool.edit)].text
+            k = rng.randint(1, 4)
+            calls = [C.path_arg(rng) for _ in range(k + 1)]
+            results = [rng.choice(outs) for _ in range(k + 1)]
+            base = C.agent(api, task, calls[:k], results[:k], mt)
+            if name == "agent_loop":
+                var, kind = C.agent(api, task, calls, results, mt), f"{api}:{k}->{k + 1} rounds"
+            elif name == "agent_repeat":
+                var, kind = base, f"{api}:{k} rounds"
+            elif name == "tool_result":
+                edited, kind = results[k], f"{api}:another output"
+                if rng.random() < 0.5:
+                    for _ in range(8):   # a word outside the masked values (else masks make them one output)
+                        _, _, e = V.one_word_edit(rng, results[k - 1])
+                        if masks().apply(e.encode()) != masks().apply(results[k - 1].encode()):
+                            edited, kind = e, f"{api}:one word of the output"
+                            break
+                if masks().apply(edited.encode()) == masks().apply(results[k - 1].encode()):
+                    continue
+                var = C.agent(api, task, calls[:k], results[:k - 1] + [edited], mt)
+            else:
+                other = C.path_arg(rng)
+                while other == calls[k - 1]:
+                    other = C.path_arg(rng)
+                var, kind = C.agent(api, task, calls[:k - 1] + [other], results[:k], mt), f"{api}:other arguments"
+            out.append(_mk(name, kind, api, base, api, var))
+    return out
+
+
+def _media_pairs(pool: Pool, n: int, rng: random.Random) -> list[Pair]:
+    out: list[Pair] = []
+    for name, kind_of, make in (("image_bytes", "png", C.image), ("document_bytes", "pdf", C.document)):
+        mt = max_tokens_for(name)
+        for i in range(n):
+            api = APIS[i % 2]
+            question = pool.edit[(i * 3 + 1) % len(pool.edit)].text
+            data = C.fake_bytes(rng, kind_of, rng.randint(2000, 12000))
+            if rng.random() < 0.5:
+                j = rng.randrange(16, len(data))
+                other, kind = data[:j] + bytes([data[j] ^ 1]) + data[j + 1:], f"{api}:one byte flipped"
+            else:
+                other, kind = C.fake_bytes(rng, kind_of, len(data) - 9), f"{api}:another file"
+            out.append(_mk(name, kind, api, make(api, question, data, mt), api, make(api, question, other, mt)))
+    return out
+
+
+def _multi_user_pairs(bases: list[Base], mt: int, rng: random.Random) -> list[Pair]:
+    out: list[Pair] = []
+    gens = [V.mask_id, V.mask_email, V.mask_timestamp]
+    for i, b in enumerate(bases):
+        api = APIS[i % 2]
+        gen = gens[i % len(gens)]
+        kind, bt, vt = gen(rng, b.text)
+        out.append(_mk("multi_user_masked", f"{api}:{gen.__name__}:{kind}", api, C.body(api, [
+            {"role": "user", "content": bt}], mt), api, C.body(api, [{"role": "user", "content": vt}], mt),
+            base_headers={"x-api-key": f"tenant-a-{i}"}, headers={"x-api-key": f"tenant-b-{i}"}))
+    return out
+
+
+_REWORDINGS = [V.whitespace, V.punctuation, V.case, V.one_word_edit, V.appended_sentence]
+
+
+def _chat_pairs(pool: Pool, n: int, rng: random.Random) -> list[Pair]:
+    out: list[Pair] = []
+    for name in ("multi_turn_chat", "history_edit"):
+        mt = max_tokens_for(name)
+        for i, c in enumerate(pool.chats[:n]):
+            api = APIS[i % 2]
+            base = C.chat(api, c.first, c.answer, c.second, mt)
+            if name == "multi_turn_chat":
+                gen = _REWORDINGS[i % len(_REWORDINGS)]
+                kind, _, q = gen(rng, c.second)
+                var = C.chat(api, c.first, c.answer, q, mt)
+            else:
+                kind, _, first = V.one_word_edit(rng, c.first)
+                var = C.chat(api, first, c.answer, c.second, mt)
+            if var == base:
+                continue
+            out.append(_mk(name, f"{api}:{kind}", api, base, api, var))
     return out

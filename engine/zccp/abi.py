@@ -78,6 +78,7 @@ State = _enum("zccp_slot_state", "ZCCP_STATE_")            # slot life cycle
 Flag = _enum("zccp_slot_flags", "ZCCP_FLAG_")              # header.flags bits
 Kind = _enum("zccp_request_kind", "ZCCP_KIND_")            # request.kind
 CacheStatus = _enum("zccp_cache_status", "ZCCP_CACHE_")    # meta.cache_status
+CacheReason = _enum("zccp_cache_reason", "ZCCP_REASON_")   # meta.cache_reason
 Op = _enum("zccp_op", "ZCCP_OP_")                          # doorbell opcodes
 EngineState = _enum("zccp_engine_state", "ZCCP_ENGINE_")   # control.engine_state
 # meta.cache_status -> its X-ZCCP-Cache name (NONE has none)

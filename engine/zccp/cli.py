@@ -1,4 +1,4 @@
-"""Command-line entry points: zccp-engine, zccp-nginx, zccp-stack."""
+"""Command-line entry points: zccp-engine, zccp-nginx, zccp-stack, zccp-cache."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ RUN_DIR_HELP = ("the stack's run directory (default .run): logs, nginx's files, 
                 "config.yaml says otherwise the doorbell socket and the masks' last-good file")
 
 
-def _load(path: str, run_dir: str, check_host: bool = True) -> Config:
+def _load(path: str, run_dir: str = ".run", check_host: bool = True) -> Config:
     """config.yaml resolved for the run directory; a config error exits with status 2."""
     from zccp import runtime
 
@@ -54,13 +54,19 @@ def engine_main(argv: list[str] | None = None) -> None:
 
 
 def nginx_main(argv: list[str] | None = None) -> None:
-    p = argparse.ArgumentParser(prog="zccp-nginx", description="Render ZCCP's nginx includes from config.yaml.")
+    args_in = sys.argv[1:] if argv is None else argv
+    # `zccp-nginx render ...` is the documented form; the bare `zccp-nginx --config ...`
+    # (what older scripts and the container entrypoint call) is its alias.
+    if args_in[:1] == ["render"]:
+        args_in = args_in[1:]
+    p = argparse.ArgumentParser(prog="zccp-nginx render", description="Render ZCCP's nginx includes from config.yaml "
+                                "(docs/existing-nginx.md: adding them to an nginx that already runs).")
     p.add_argument("--config", required=True)
     p.add_argument("--out", required=True, help="directory for zccp_http.conf / zccp_server.conf")
     p.add_argument("--run-dir", default=".run", help=RUN_DIR_HELP)
     p.add_argument("--standalone", action="store_true", help="also render a complete nginx.conf")
     p.add_argument("--prefix", help="nginx prefix for --standalone (temp files; logs go to <prefix>/logs)")
-    args = p.parse_args(argv)
+    args = p.parse_args(args_in)
     from zccp.nginx_conf import render
 
     r = render(_load(args.config, args.run_dir), Path(args.out), args.standalone,
@@ -159,8 +165,48 @@ def stack_main(argv: list[str] | None = None) -> None:
     sys.exit(_stack_reload(cfg, run_dir))
 
 
+def cache_main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(prog="zccp-cache", description="Operate the response cache in Redis.")
+    sub = p.add_subparsers(dest="command", required=True)
+    pp = sub.add_parser("purge", help="delete cache entries (straight in Redis, at cache.redis_url)")
+    pp.add_argument("--config", required=True)
+    what = pp.add_mutually_exclusive_group(required=True)
+    what.add_argument("--all", action="store_true", help="every entry")
+    what.add_argument("--scope", help="one scope: shared, anonymous, or a tenant digest (64 hex digits)")
+    what.add_argument("--tenant", help="one tenant, by its source value (an API key, a user id): hashed here")
+    what.add_argument("--key", help="one exact key (64 hex digits, as the engine logs it)")
+    args = p.parse_args(argv)
+    cfg = _load(args.config, check_host=False)
+    import asyncio
+
+    import redis.asyncio as aioredis
+
+    from zccp.cache.purge import parse_purge, purge
+
+    fields = {"all": True} if args.all else {k: v for k in ("scope", "tenant", "key") if (v := getattr(args, k))}
+    try:
+        req = parse_purge(fields)
+    except ValueError as exc:
+        print(f"zccp-cache: --{exc}", file=sys.stderr)
+        sys.exit(2)
+
+    async def run() -> int:
+        r = aioredis.Redis.from_url(cfg.cache.redis_url, socket_connect_timeout=5)
+        try:
+            return await purge(r, req)
+        finally:
+            await r.aclose()
+
+    try:
+        n = asyncio.run(run())
+    except Exception as exc:  # redis unreachable, a refused command: say which
+        print(f"zccp-cache: purge failed at {cfg.cache.redis_url}: {exc}", file=sys.stderr)
+        sys.exit(1)
+    print(f"purged {n} keys")
+
+
 def main() -> None:
-    cmds = {"engine": engine_main, "nginx": nginx_main, "stack": stack_main}
+    cmds = {"engine": engine_main, "nginx": nginx_main, "stack": stack_main, "cache": cache_main}
     if len(sys.argv) < 2 or sys.argv[1] not in cmds:
         print(f"usage: python -m zccp.cli {{{','.join(cmds)}}} ...", file=sys.stderr)
         sys.exit(2)

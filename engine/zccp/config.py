@@ -8,6 +8,7 @@ never silently falls back to a default.
 from __future__ import annotations
 
 import dataclasses
+import re
 import types
 import typing
 from dataclasses import dataclass, field
@@ -46,6 +47,13 @@ class CacheConfig:
     near_duplicate: bool = True
     similarity_threshold: float = 0.85
     timeout_ms: int = 100                   # per Redis call; includes the engine's own queueing
+    # Who may be served whose answers: "tenant" (exact unmasked hits shared, masked and
+    # near hits only within the tenant), "isolated" (nothing crosses tenants) or "global".
+    scope: Literal["tenant", "isolated", "global"] = "tenant"
+    # Where the tenant comes from: the API key (x-api-key or Authorization: Bearer), the
+    # end user the body names (metadata.user_id / user), or the header tenant_header.
+    tenant_source: Literal["api_key", "user", "header"] = "api_key"
+    tenant_header: str | None = None
     mask_patterns: str | None = None        # the operator's mask file (None: lua/zccp/mask_patterns.lua)
 
 
@@ -221,6 +229,16 @@ def _check_consistency(cfg: Config, given: frozenset[str] = frozenset()) -> None
         raise ConfigError(f"{cfg.path}: server.socket_path: longer than 107 bytes")
     if cfg.limits.default_max_tokens > cfg.limits.max_tokens_cap:
         raise ConfigError(f"{cfg.path}: limits.default_max_tokens: exceeds limits.max_tokens_cap")
+    cache = cfg.cache
+    if cache.tenant_source == "header" and cache.tenant_header is None:
+        raise ConfigError(f"{cfg.path}: cache.tenant_header: required when cache.tenant_source is 'header'")
+    if cache.tenant_header is not None:
+        if cache.tenant_source != "header":
+            raise ConfigError(f"{cfg.path}: cache.tenant_header: set, but cache.tenant_source is "
+                              f"{cache.tenant_source!r}, not 'header'")
+        if not re.fullmatch(r"[A-Za-z0-9-]{1,64}", cache.tenant_header):
+            raise ConfigError(f"{cfg.path}: cache.tenant_header: {cache.tenant_header!r} is not a header name "
+                              f"(letters, digits and '-')")
     if cfg.model.d_model % cfg.model.n_heads or (cfg.model.d_model // cfg.model.n_heads) % 2:
         raise ConfigError(f"{cfg.path}: model.d_model: must split into n_heads heads of even size")
 

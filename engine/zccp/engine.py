@@ -15,10 +15,11 @@ from pathlib import Path
 
 import torch
 
-from zccp.abi import REQUEST_ID_MAX, EngineState, Op, SlotLayout, State, ffi
+from zccp.abi import REQUEST_ID_MAX, EngineState, Kind, Op, SlotLayout, State, ffi
 from zccp.api.common import ParseLimits
 from zccp.arena import Arena, SlotError, SlotView
 from zccp.cache.masks import MaskSource
+from zccp.cache.purge import PurgeFlow
 from zccp.cache.store import ResponseCache
 from zccp.config import Config, mask_state_path
 from zccp.device import select_device
@@ -160,6 +161,9 @@ class Engine:
             context_id=bytes(view.header.context_id).hex(),
             request_id=_request_id(view),
         )
+        if view.request.kind == Kind.PURGE:   # POST /v1/zccp/purge (nginx: loopback clients only)
+            redis = self.cache.redis if self.cache is not None else None
+            return PurgeFlow(ctx.payload, ctx.writer, redis, self._spawn, lambda: self._finish_job(job)).start()
         RequestFlow(ctx, self.deps, lambda: self._finish_job(job)).start()
 
     def _spawn(self, coro: Awaitable[None]) -> None:

@@ -21,13 +21,13 @@ from typing import Any
 
 import torch
 
-from zccp.abi import CACHE_NAMES, CacheStatus, Flag
+from zccp.abi import CACHE_NAMES, CacheReason, CacheStatus, Flag
 from zccp.api import ApiCodec, codec_for
 from zccp.api.codec import StreamEncoder
 from zccp.api.common import ParseLimits
 from zccp.arena import SlotView
-from zccp.cache.answer import CachedAnswer
-from zccp.cache.keys import CacheKeys, keys_for
+from zccp.cache.answer import CachedAnswer, literals_in
+from zccp.cache.keys import CacheKeys, keys_for, slot_masks
 from zccp.cache.masks import MaskSource
 from zccp.cache.store import Lookup, ResponseCache
 from zccp.generation import generate_text
@@ -96,6 +96,8 @@ class RequestFlow:
         self._on_done = on_done
         self._started = time.perf_counter()
         self.codec = codec_for("openai" if ctx.view.header.flags & Flag.API_OPENAI else "anthropic")
+        self._store_keys: CacheKeys | None = None    # set when the answer will be stored
+        self._literals: tuple[str, ...] = ()         # the request's masked values the answer carries
 
     # -- the sequence ----------------------------------------------------------------------
 
@@ -110,11 +112,11 @@ class RequestFlow:
         flags = ctx.view.header.flags
         if flags & Flag.NO_CACHE and flags & Flag.NO_STORE:
             # Neither lookup nor store: no keys to compute, no Redis round trip.
-            deps.metrics.cache.inc(result="BYPASS")
+            deps.metrics.cache.inc(result="BYPASS", reason="no_cache")
             ctx.view.meta.cache_status = CacheStatus.BYPASS
             return self._run_model(prep, None)
         try:
-            keys = keys_for(ctx.view, ctx.payload, prep.req, deps.masks, prep.doc)
+            keys = keys_for(ctx.view, ctx.payload, prep.req, deps.masks, deps.cache.cfg, prep.doc)
         except Exception:
             log.exception("cache keys failed; serving uncached", extra=ctx.ids())
             keys = None
@@ -125,24 +127,30 @@ class RequestFlow:
         assert deps.cache is not None
         flags = ctx.view.header.flags
         if keys is None or flags & Flag.NO_CACHE:
-            lookup = Lookup("BYPASS")
+            lookup = Lookup("BYPASS", "unfingerprintable" if keys is None else "no_cache")
         else:
-            lookup = await deps.cache.lookup(keys)
-        deps.metrics.cache.inc(result=lookup.status)
+            lookup = await deps.cache.lookup(keys, ctx.payload)
+        deps.metrics.cache.inc(result=lookup.status, reason=lookup.reason)
         if ctx.view.header.generation != ctx.generation or ctx.cancelled():
             deps.metrics.abandoned.inc()
             return self._done()   # nginx gave up while Redis answered
         meta = ctx.view.meta
         meta.cache_status = getattr(CacheStatus, lookup.status)
+        if lookup.reason == "masked_literal":
+            meta.cache_reason = CacheReason.MASKED_LITERAL
         if lookup.answer is not None:
             meta.similarity_ppm = int(lookup.similarity * 1_000_000)
             meta.age_s = lookup.age_s
+            if lookup.status == "HIT" and not flags & Flag.NO_STORE:   # what nginx may keep (its L1, by exact key)
+                meta.cache_ttl_s = deps.cache.l1_ttl(lookup.answer, lookup.age_s)
+                meta.cache_scope = 0 if lookup.shared else 1
             self._replay(prep, lookup.answer)
             return self._done()
         store = keys if keys is not None and not flags & Flag.NO_STORE and lookup.status != "ERROR" else None
         self._run_model(prep, store)
 
     def _run_model(self, prep: Prepared, store: CacheKeys | None) -> None:
+        self._store_keys = store
         # Streams always leave the loop: a full response ring makes the writer wait for
         # nginx's ack, and the loop must stay free to deliver the notices nginx waits for.
         if self.deps.inline and not prep.req.stream:
@@ -161,7 +169,21 @@ class RequestFlow:
         cache = self.deps.cache
         if keys is None or completed is None or cache is None:
             return
-        self.deps.spawn(cache.store(keys, CachedAnswer.of(completed, time.time())))
+        self.deps.spawn(cache.store(keys, CachedAnswer.of(completed, time.time(), self._literals)))
+
+    def _cache_verdict(self, prep: Prepared, text: str) -> None:
+        """Before the final notice: the masked values the answer carries (kept with the entry
+        for the guard) and what nginx may keep of it (meta.cache_ttl_s / cache_scope)."""
+        keys, deps = self._store_keys, self.deps
+        if keys is None or deps.cache is None or deps.masks is None:
+            return
+        # The set nginx applied (keys_for resolved it); the latest should it have gone meanwhile.
+        masks = slot_masks(self.ctx.view, deps.masks) or deps.masks.get()
+        assert masks is not None
+        self._literals = literals_in(text, keys.request_literals(prep.doc, masks))
+        meta = self.ctx.view.meta
+        meta.cache_ttl_s = 0 if self._literals else deps.cache.cfg.ttl_s
+        meta.cache_scope = 0 if keys.placement.shared else 1
 
     def _done(self) -> None:
         self.ctx.payload.release()
@@ -263,6 +285,7 @@ class RequestFlow:
                 writer.write(codec.render(req, result, rid, created))
                 deltas = [len(result.text)] if result.text else []
             ctx.view.meta.completion_len = result.output_tokens
+            self._cache_verdict(prep, result.text)
             writer.finish()
             self._log_done(200, prep.started, result)
             return Completed(result, tuple(deltas))

@@ -14,8 +14,6 @@ import os
 from collections import defaultdict
 from dataclasses import dataclass, field
 
-from zccp.abi import CACHE_NAMES
-
 Labels = tuple[tuple[str, str], ...]
 
 
@@ -85,8 +83,8 @@ class EngineMetrics:
         self.tokens_in = r.counter("zccp_engine_prompt_tokens_total", "Prompt tokens processed")
         self.tokens_out = r.counter("zccp_engine_completion_tokens_total", "Tokens generated or replayed")
         self.seconds = r.counter("zccp_engine_request_seconds_total", "Time spent answering requests")
-        self.cache = r.counter("zccp_engine_cache_total", "Cache lookups by result (HIT, NEAR, MISS, BYPASS, ERROR)").seed(
-            *({"result": name} for name in CACHE_NAMES.values()))
+        self.cache = r.counter("zccp_engine_cache_total",
+                               "Cache lookups by result (HIT, NEAR, MISS, BYPASS, ERROR) and reason")
         self.cache_errors = r.counter("zccp_engine_cache_errors_total", "Redis operations that failed or timed out")
         self.abandoned = r.counter("zccp_engine_abandoned_total", "Requests stopped: client gone, deadline, stale")
         self.sweeps = r.counter("zccp_engine_sweeper_resets_total", "Slots reset by the sweeper")

@@ -59,6 +59,8 @@ def render(cfg: Config, out: Path, standalone: bool = False, prefix: Path | None
         "pool_size": str(cfg.server.doorbell_pool_size),
         "mask_last_good": _safe(str(mask_state_path(cfg)), "mask state path"),
         "mask_patterns": _safe(cfg.cache.mask_patterns or str(lua_file("mask_patterns.lua")), "cache.mask_patterns"),
+        "tenant_source": cfg.cache.tenant_source,
+        "tenant_header": cfg.cache.tenant_header or "",
         "dict": "zccp_slots",
         "dict_size": "1m",
         "out": str(out),

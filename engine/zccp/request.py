@@ -41,10 +41,7 @@ class GenerationRequest:
     sampling: SamplingParams
     stream: bool = False
     include_usage: bool = False       # OpenAI stream_options.include_usage
-    user: str | None = None           # OpenAI `user` / Anthropic metadata.user_id (logged only)
-    # Canonical JSON of accepted fields the model does not use but that change what a
-    # real model would answer (tools, tool_choice, ...): part of the cache scope.
-    scope_extra: bytes = b""
+    user: str | None = None           # OpenAI `user` / Anthropic metadata.user_id (a cache tenant source)
 
 
 @dataclass(frozen=True)

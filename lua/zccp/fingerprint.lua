@@ -1,22 +1,27 @@
--- Fingerprints and cache keys (docs/fingerprint.md): decode the body (§1), mask it
--- (§2, zccp.masks), then the exact key (§6, zccp.fp.canonical), the prompt text (§3,
--- zccp.fp.prompt) and its CSF (§4-§5, zccp.fp.csf). engine/zccp/cache/fingerprint.py
--- is the same algorithm in Python, checked byte for byte by the golden vectors and the
--- identity test.
+-- Fingerprints and cache keys (docs/fingerprint.md, version 2): decode the body (§1),
+-- mask it (§2, zccp.masks), then the prefix and exact keys (§6, zccp.fp.canonical), the
+-- final user turn (§3, zccp.fp.prompt) and, when it is text only, its CSF (§4-§5,
+-- zccp.fp.csf). engine/zccp/cache/fingerprint.py is the same algorithm in Python,
+-- checked byte for byte by the golden vectors and the identity test.
 --
 --   local fp = require "zccp.fingerprint"
 --   local r, err = fp.compute("anthropic" | "openai", body)
+--   r.exact_key  32-byte string   SHA-256: the prefix key and the final message
+--   r.prefix_key 32-byte string   SHA-256 of the canonical masked request without its final message
+--   r.near       true when near-duplicate hits are allowed (a text-only final user turn
+--                of 1..1024 tokens); then also:
 --   r.csf_key    uint64_t cdata   FNV-1a 64 over the MinHash values
 --   r.bands      { 16 x uint64_t cdata }   LSH band keys (16 bands x 8 rows)
---   r.exact_key  32-byte string   SHA-256 of the canonical masked request
---   r.signature  uint32_t[128] cdata   the MinHash signature
---   r.tokens     prompt tokens the CSF saw (<= 1024)
---   r.complete   true when the CSF saw the whole prompt
+--   r.signature  uint32_t[128] cdata   the MinHash signature of the final user turn
+--   r.tokens     tokens of the final user turn the CSF saw (0 when not near)
 --   r.masked     true when a mask pattern changed some text
+--   r.end_user   metadata.user_id (anthropic) / user (openai) when a string: not part of
+--                the fingerprint, a tenant source (zccp.tenant)
 --
 -- Bounded work: bodies above decode_limit (64 KiB) are not decoded here
 -- (nil, "body too large to fingerprint": the engine computes the same fingerprint),
 -- and tokenizing stops at the 1025th token.
+local ffi = require "ffi"
 local bit = require "bit"
 local T = require "zccp.fp_tables"
 local csf = require "zccp.fp.csf"
@@ -30,13 +35,14 @@ local pcall = pcall
 local error = error
 local tostring = tostring
 local tonumber = tonumber
+local ffi_cast = ffi.cast
 local require = require
 local str_byte = string.byte
 local str_find = string.find
 local str_format = string.format
 local band, rshift = bit.band, bit.rshift
 
-local _M = { _VERSION = "0.1.0" }
+local _M = { _VERSION = "0.2.0" }
 
 local DECODE_LIMIT = T.decode_limit
 _M.DECODE_LIMIT = DECODE_LIMIT
@@ -52,8 +58,15 @@ local masks -- required lazily (needs ngx.re)
 -- Reused for every body (compute() never yields). Buffers that grew past KEEP bytes
 -- (a test's raised limit) are freed after use.
 local CBUF = new_buffer(16384)   -- canonical form
-local PBUF = new_buffer(16384)   -- prompt text
+local PBUF = new_buffer(16384)   -- the final user turn's text blocks, joined
 local KEEP = 4 * DECODE_LIMIT
+
+local EXACT_PREFIX = T.exact_prefix
+local PREFIX_HEAD = {   -- the prefix key's first bytes, per API
+    anthropic = T.prefix_prefix .. "anthropic\n",
+    openai = T.prefix_prefix .. "openai\n",
+}
+local u8p = ffi.typeof("const uint8_t *")
 
 -- §1: the body as a decoded JSON object, or nil, err.
 local function decode(body, limit)
@@ -74,7 +87,20 @@ local function decode(body, limit)
     return doc
 end
 
--- debug: also return r.canonical and r.prompt; limit: overrides the decode limit
+-- The end user a request names (a tenant source): a string, or nil.
+local function end_user(api, doc)
+    local u
+    if api == "anthropic" then
+        local meta = doc.metadata
+        u = type(meta) == "table" and meta.user_id or nil
+    else
+        u = doc.user
+    end
+    return type(u) == "string" and u or nil
+end
+
+-- debug: also return r.canonical (CJ of the request) and r.prompt (the final user turn's
+-- text, when text only); limit: overrides the decode limit
 -- (tests; the engine covers larger bodies).
 function _M.compute(api, body, debug, limit)
     if api ~= "anthropic" and api ~= "openai" then
@@ -95,33 +121,52 @@ function _M.compute(api, body, debug, limit)
         return nil, merr
     end
 
-    canonical.write(CBUF, api, doc)
+    -- §6: the prefix key (all but the final message) and the exact key (the prefix key
+    -- and the final message), both hashed from the one canonical form in CBUF
+    local cut, first, stop = canonical.write(CBUF, api, doc)
     local cp, clen = CBUF:ref()
-    local exact, herr = sha256.digest(cp, clen)
+    cp = ffi_cast(u8p, cp)
+    local head = PREFIX_HEAD[api]
+    local prefix, herr, exact
+    if cut then
+        prefix, herr = sha256.digest_parts(head, #head, cp, cut, cp + stop, clen - stop)
+        if prefix then
+            exact, herr = sha256.digest_parts(EXACT_PREFIX, #EXACT_PREFIX, prefix, 32, cp + first, stop - first)
+        end
+    else
+        prefix, herr = sha256.digest_parts(head, #head, cp, clen)
+        if prefix then
+            exact, herr = sha256.digest_parts(EXACT_PREFIX, #EXACT_PREFIX, prefix, 32)
+        end
+    end
     if not exact then
         return nil, herr
     end
-    prompt.write(PBUF, api, doc)
-    local pp, plen = PBUF:ref()
-    local sig, ntok, complete = csf.signature(pp, plen)
-    local csf_key, bands = csf.keys_of(sig)
     local r = {
-        csf_key = csf_key,
-        bands = bands,
         exact_key = exact,
-        signature = sig,
-        tokens = ntok,
-        complete = complete,
+        prefix_key = prefix,
+        near = false,
+        tokens = 0,
         masked = masked,
+        end_user = end_user(api, doc),
     }
+    -- §3-§5: the CSF of a text-only final user turn
+    local tp, tlen = prompt.final_turn(PBUF, doc)
+    if tp then
+        local sig, ntok, complete = csf.signature(tp, tlen)
+        if complete and ntok > 0 then
+            r.near, r.tokens, r.signature = true, ntok, sig
+            r.csf_key, r.bands = csf.keys_of(sig)
+        end
+    end
     if debug then
         r.canonical = CBUF:tostring()
-        r.prompt = PBUF:tostring()
+        r.prompt = tp and (type(tp) == "string" and tp or ffi.string(tp, tlen)) or nil
     end
     if clen > KEEP then
         CBUF:free()
     end
-    if plen > KEEP then
+    if tlen and tlen > KEEP then
         PBUF:free()
     end
     return r

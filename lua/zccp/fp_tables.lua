@@ -4,15 +4,20 @@
 -- Specification: docs/fingerprint.md. Changing anything here changes every key:
 -- bump `version` and regenerate shm_abi/vectors/fingerprint_vectors.json.
 return {
-    version = 1,
-    max_tokens = 1024,       -- the CSF looks at the first 1024 tokens of the prompt text
-    -- MinHash functions and LSH bands: ZCCP_MINHASH_COUNT and ZCCP_CSF_BANDS of the ABI
-    -- header (the slot holds the signature and the band keys), 8 rows per band.
-    seed_hi = 0x5A434350,    -- splitmix64 seed 0x5A43435046503031 ("ZCCPFP01")
-    seed_lo = 0x46503031,
+    version = 2,
+    max_tokens = 1024,       -- the CSF looks at the first 1024 tokens of the final user turn
+    -- MinHash bins and LSH bands: ZCCP_MINHASH_COUNT (a power of two) and ZCCP_CSF_BANDS
+    -- of the ABI header (the slot holds the signature and the band keys), 8 rows per band.
+    seed_hi = 0x5A434350,    -- 64-bit seed 0x5A43435046503032 ("ZCCPFP02"): the shingle
+    seed_lo = 0x46503032,    -- mixer's key and the splitmix64 seed of the probe table
     decode_limit = 65536,    -- nginx fingerprints bodies of at most this many bytes
     max_depth = 128,         -- JSON nested deeper: no fingerprint (lua-cjson's decode_max_depth)
-    exact_prefix = "zccp-exact/1\n",   -- first bytes of the exact key's canonical form
+    exact_prefix = "zccp-exact/2\n",    -- first bytes hashed for the exact key
+    prefix_prefix = "zccp-prefix/2\n",  -- first bytes hashed for the prefix key
+    -- members a near-duplicate final user turn may have (anything else: exact-only),
+    -- and the members of its text blocks
+    turn_keys = { "role", "content" },
+    text_block_keys = { "type", "text", "cache_control" },
     -- top-level members the exact key leaves out: they never change the answer
     excluded_keys = { "stream", "stream_options", "metadata", "user" },
     -- masks rewrite the strings that are the value of members with these names

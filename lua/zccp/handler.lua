@@ -12,6 +12,7 @@ local errors = require "zccp.errors"
 local libc = require "zccp.libc"
 local relay = require "zccp.relay"
 local settings = require "zccp.settings"
+local tenant = require "zccp.tenant"
 local masks = require "zccp.masks"
 
 local ngx = ngx
@@ -93,15 +94,16 @@ end
 local function write_fingerprint(a, i, fp)
     local C = abi.C
     local h, meta, sig = a:header(i), a:meta(i), a:signature(i)
-    h.csf_key = fp.csf_key
-    for b = 1, C.ZCCP_CSF_BANDS do
-        meta.csf_bands[b - 1] = fp.bands[b]
-    end
     ffi_copy(meta.exact_key, fp.exact_key, 32)
-    ffi_copy(sig.minhash, fp.signature, C.ZCCP_SLOT_SIG_SIZE)
+    ffi_copy(a:request(i).prefix_key, fp.prefix_key, 32)
     meta.fp_tokens = fp.tokens
     local f = C.ZCCP_FLAG_FP_VALID
-    if fp.complete then
+    if fp.near then   -- a text-only final user turn: its CSF, and near hits allowed
+        h.csf_key = fp.csf_key
+        for b = 1, C.ZCCP_CSF_BANDS do
+            meta.csf_bands[b - 1] = fp.bands[b]
+        end
+        ffi_copy(sig.minhash, fp.signature, C.ZCCP_SLOT_SIG_SIZE)
         f = f + C.ZCCP_FLAG_FP_COMPLETE
     end
     if fp.masked then
@@ -110,12 +112,10 @@ local function write_fingerprint(a, i, fp)
     return f
 end
 
--- Who asks: the request id and the mask set this worker applied (the engine follows it).
--- Returns the flag it sets.
-local function write_request(a, i, rid)
+-- The request id and the mask set this worker applied (the engine follows it) into the
+-- request block `req`. Returns the flag it sets.
+local function write_ids(req, rid)
     local C = abi.C
-    local req = a:request(i)
-    ffi_fill(req, C.ZCCP_SLOT_REQ_SIZE)   -- kind GENERATE, no tenant
     local n = #rid
     if n > C.ZCCP_REQUEST_ID_MAX then
         n = C.ZCCP_REQUEST_ID_MAX
@@ -131,7 +131,8 @@ local function write_request(a, i, rid)
 end
 
 -- Fill the claimed slot and mark it READY. Returns the generation rung with.
-local function fill_slot(a, i, body, flags, timeout_ms, fp, rid)
+-- extra: nil, or { kind = enum zccp_request_kind, tenant = 32-byte digest }; rid: X-Request-ID.
+local function fill_slot(a, i, body, flags, timeout_ms, fp, extra, rid)
     local C = abi.C
     local h, meta = a:header(i), a:meta(i)
     if h.magic ~= C.ZCCP_SLOT_MAGIC or h.payload_cap ~= a.payload_cap or h.response_cap ~= a.response_cap then
@@ -152,14 +153,23 @@ local function fill_slot(a, i, body, flags, timeout_ms, fp, rid)
     ffi_copy(h.context_id, h.sha256, 8)
     h.status, h.response_len, h.response_acked, h.tokens_len, h.csf_key = 0, 0, 0, 0, 0
     meta.fp_tokens = 0
+    local req = a:request(i)
+    ffi_fill(req, C.ZCCP_SLOT_REQ_SIZE)   -- kind GENERATE, no request id, tenant or digest
+    if extra then
+        req.kind = extra.kind or C.ZCCP_KIND_GENERATE
+        if extra.tenant then
+            ffi_copy(req.tenant, extra.tenant, 32)
+            flags = flags + C.ZCCP_FLAG_TENANT
+        end
+    end
+    flags = flags + write_ids(req, rid)
     if fp then
         flags = flags + write_fingerprint(a, i, fp)
     end
-    flags = flags + write_request(a, i, rid)
     h.flags = flags
     meta.prompt_len, meta.completion_len, meta.cache_status = 0, 0, 0
     meta.similarity_ppm, meta.age_s, meta.plan_chunks, meta.error_code = 0, 0, 0, 0
-    meta.cache_ttl_s, meta.cache_scope = 0, 0
+    meta.cache_ttl_s, meta.cache_scope, meta.cache_reason = 0, 0, 0
     local now = libc.now_ns()
     h.timestamp_ns = now
     h.deadline_ns = now + timeout_ms * 1000000ULL
@@ -177,13 +187,13 @@ local function release(slot)
 end
 
 -- Claims a slot of arena `a` and fills it: the slot record, or nil, status, kind, message.
-local function claim_and_fill(a, body, flags, fp, rid)
+local function claim_and_fill(a, body, flags, fp, extra, rid)
     local s = settings.get()
     local i = slots.claim(a)
     if not i then
         return nil, 429, "rate_limit_error", "all " .. a.slot_count .. " slots are busy; retry shortly"
     end
-    local gen, ferr = fill_slot(a, i, body, flags, s.request_timeout_ms, fp, rid)
+    local gen, ferr = fill_slot(a, i, body, flags, s.request_timeout_ms, fp, extra, rid)
     if not gen then
         slots.release(a, i)
         ngx_log(ngx_ERR, "zccp: ", ferr)
@@ -262,8 +272,8 @@ end
 -- "retry" when the engine behind the arena changed under us (stale ring); otherwise
 -- the request is answered. state.slot is set while a slot is held, so that serve()
 -- can free it if anything here raises.
-local function attempt(api, a, body, flags, deadline, state, fp)
-    local slot, code, kind, msg = claim_and_fill(a, body, flags, fp, state.request_id)
+local function attempt(api, a, body, flags, deadline, state, fp, extra)
+    local slot, code, kind, msg = claim_and_fill(a, body, flags, fp, extra, state.request_id)
     if not slot then
         return errors.send(api, code, kind, msg, RETRY_AFTER)
     end
@@ -289,11 +299,21 @@ function _M.too_large(api)
         "request body exceeds the limit of " .. settings.get().max_body .. " bytes")
 end
 
--- Content handler for POST /v1/messages ("anthropic") and /v1/chat/completions ("openai").
-function _M.serve(api)
+-- Admin requests (kind "purge": POST /v1/zccp/purge) answer clients on the loopback
+-- interface or a unix socket only, whatever the listener: realip_remote_addr is the
+-- connection's own address even when the realip module rewrote remote_addr.
+local LOOPBACK = { ["127.0.0.1"] = true, ["::1"] = true, ["unix:"] = true }
+local ADMIN_KINDS = { purge = "ZCCP_KIND_PURGE" }
+
+-- Content handler for POST /v1/messages ("anthropic") and /v1/chat/completions ("openai");
+-- admin_kind: "purge" for POST /v1/zccp/purge (Anthropic-shaped errors).
+function _M.serve(api, admin_kind)
     local s = settings.get()
     local rid = ngx_var.zccp_request_id
     ngx_header["X-Request-ID"] = rid
+    if admin_kind and not LOOPBACK[ngx_var.realip_remote_addr or ngx_var.remote_addr] then
+        return errors.send(api, 403, "permission_error", "this endpoint answers loopback clients only")
+    end
     local method = ngx.req.get_method()
     if method ~= "POST" then
         return errors.send(api, 405, "invalid_request_error", "method " .. method .. " not allowed; use POST",
@@ -322,7 +342,14 @@ function _M.serve(api)
         flags = flags + abi.C.ZCCP_FLAG_API_OPENAI
     end
     local deadline = ngx_now() + s.request_timeout_ms / 1000
-    local fp = fingerprint.compute(api, body)
+    local fp, extra
+    if admin_kind then
+        extra = { kind = abi.C[ADMIN_KINDS[admin_kind]] }
+    else
+        fp = fingerprint.compute(api, body)
+        local t = tenant.digest(fp)
+        extra = t and { tenant = t }
+    end
 
     for _ = 1, MAX_ATTEMPTS do
         local a, err = arena_mod.acquire()
@@ -334,7 +361,7 @@ function _M.serve(api)
             return errors.send(api, 413, "request_too_large",
                 "request body of " .. #body .. " bytes exceeds the slot capacity of " .. a.payload_cap .. " bytes")
         end
-        local ok, res = pcall(attempt, api, a, body, flags, deadline, state, fp)
+        local ok, res = pcall(attempt, api, a, body, flags, deadline, state, fp, extra)
         if not ok then
             -- A bug must not leak a slot or a doorbell connection.
             ngx_log(ngx_ERR, "zccp: request failed: ", res)

@@ -4,13 +4,10 @@ local settings = require "zccp.settings"
 local abi = require "zccp.abi"
 
 local ngx = ngx
-local ipairs = ipairs
 
 local _M = { _VERSION = "0.1.0" }
 
 local REFRESH_S = 1
-local PRELOAD = { "zccp.fingerprint", "zccp.handler", "zccp.relay", "zccp.arena", "zccp.slots",
-                  "zccp.doorbell", "zccp.health", "zccp.metrics", "zccp.errors" }
 
 function _M.init(opts)
     settings.set(opts)
@@ -18,11 +15,13 @@ function _M.init(opts)
     -- Compile the operator's mask patterns now: a broken one is logged by name and
     -- the last good set stays in force (see zccp.masks).
     require("zccp.masks").init({ path = opts.mask_patterns, last_good_path = opts.mask_last_good })
-    -- Every module the workers run, loaded here in the master: workers inherit them, and
-    -- never need to read the Lua files after dropping to an unprivileged user.
-    for _, name in ipairs(PRELOAD) do
-        require(name)
-    end
+    require("zccp.fingerprint")
+    -- Load the request-time modules here too, in the master (root under a distribution's
+    -- nginx): the workers inherit them, so a worker user (www-data) needs no read access
+    -- to the Lua files, only to the arena and the socket (docs/existing-nginx.md).
+    require("zccp.handler")
+    require("zccp.health")
+    require("zccp.metrics")
 end
 
 function _M.init_worker()

@@ -20,6 +20,13 @@ local tostring = tostring
 local _M = { _VERSION = "0.1.0" }
 
 local CACHE_NAMES = { [1] = "HIT", [2] = "NEAR", [3] = "MISS", [4] = "BYPASS", [5] = "ERROR" }
+local REASON_NAMES   -- enum zccp_cache_reason -> X-ZCCP-Cache-Reason (built when the ABI is loaded)
+
+local function reason_names()
+    local C = abi.C
+    REASON_NAMES = { [tonumber(C.ZCCP_REASON_MASKED_LITERAL)] = "masked_literal" }
+    return REASON_NAMES
+end
 
 local function send_headers(slot, status, sse)
     local meta = slot.arena:meta(slot.index)
@@ -33,6 +40,10 @@ local function send_headers(slot, status, sse)
         end
         if cache == "HIT" or cache == "NEAR" then
             ngx_header["Age"] = tonumber(meta.age_s)
+        end
+        local reason = (REASON_NAMES or reason_names())[tonumber(meta.cache_reason)]
+        if reason then
+            ngx_header["X-ZCCP-Cache-Reason"] = reason
         end
     end
     if meta.plan_chunks > 0 then

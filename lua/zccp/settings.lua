@@ -17,6 +17,7 @@ local REQUIRED = {
     max_body = "number",
     pool_size = "number",
     dict = "string",
+    tenant_source = "string",   -- cache.tenant_source (zccp.tenant)
 }
 
 function _M.set(t)

@@ -1,13 +1,16 @@
--- SHA-256 over a memory range through libcrypto (C speed, no Lua string needed).
+-- SHA-256 over memory ranges through libcrypto (C speed, no Lua string needed).
 local ffi = require "ffi"
 
 local pcall = pcall
 local ffi_string = ffi.string
 
-local _M = { _VERSION = "0.1.0" }
+local _M = { _VERSION = "0.2.0" }
 
 ffi.cdef [[
 unsigned char *SHA256(const unsigned char *d, size_t n, unsigned char *md);
+int SHA256_Init(void *c);
+int SHA256_Update(void *c, const void *data, size_t len);
+int SHA256_Final(unsigned char *md, void *c);
 ]]
 
 local function load_crypto()
@@ -22,6 +25,8 @@ end
 
 local crypto = load_crypto()
 local md = ffi.new("unsigned char[32]")
+-- SHA256_CTX is 112 bytes in every OpenSSL; the room here does not depend on its layout.
+local ctx = ffi.new("uint8_t[256]")
 
 -- Digest of `len` bytes at `ptr` (a pointer or a Lua string) into `out` (32 bytes).
 function _M.digest_into(ptr, len, out)
@@ -38,6 +43,21 @@ function _M.digest(ptr, len)
     if not ok then
         return nil, err
     end
+    return ffi_string(md, 32)
+end
+
+-- Digest of the concatenation of up to three ranges (a pointer or a Lua string, and a
+-- length; a range may be nil), as a 32-byte Lua string: one pass over each range,
+-- nothing copied. Never yields (one context per worker).
+function _M.digest_parts(p1, n1, p2, n2, p3, n3)
+    if not crypto then
+        return nil, "libcrypto not found"
+    end
+    crypto.SHA256_Init(ctx)
+    if p1 and n1 > 0 then crypto.SHA256_Update(ctx, p1, n1) end
+    if p2 and n2 > 0 then crypto.SHA256_Update(ctx, p2, n2) end
+    if p3 and n3 > 0 then crypto.SHA256_Update(ctx, p3, n3) end
+    crypto.SHA256_Final(md, ctx)
     return ffi_string(md, 32)
 end
 

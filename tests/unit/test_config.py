@@ -20,6 +20,7 @@ def test_shipped_config_loads():
     assert cfg.shared_memory.segment_count == 128
     assert cfg.shared_memory.segment_size_kb == 1024
     assert cfg.shared_memory.cleanup_interval_ms == 30000
+    assert (cfg.cache.scope, cfg.cache.tenant_source, cfg.cache.tenant_header) == ("tenant", "api_key", None)
 
 
 @pytest.mark.parametrize(
@@ -39,6 +40,11 @@ def test_shipped_config_loads():
         ({"shared_memory": {"name": "no-slash"}}, "shared_memory.name"),
         ({"server": {"socket_path": "/" + "x" * 120}}, "server.socket_path"),
         ({"model": {"d_model": 100, "n_heads": 3}}, "model.d_model"),
+        ({"cache": {"scope": "per_user"}}, "cache.scope: 'per_user' is not one of"),
+        ({"cache": {"tenant_source": "cookie"}}, "cache.tenant_source: 'cookie' is not one of"),
+        ({"cache": {"tenant_source": "header"}}, "cache.tenant_header: required"),
+        ({"cache": {"tenant_header": "X-Team"}}, "cache.tenant_header: set, but cache.tenant_source is 'api_key'"),
+        ({"cache": {"tenant_source": "header", "tenant_header": "X Team"}}, "cache.tenant_header: 'X Team' is not"),
         ([1, 2], "top level must be a mapping"),
     ],
 )

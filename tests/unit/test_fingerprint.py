@@ -1,4 +1,5 @@
-"""zccp.cache.fingerprint and zccp.cache.fp (Python only): golden vectors, tokenizer, MinHash, keys, properties.
+"""zccp.cache.fingerprint and zccp.cache.fp (Python only): golden vectors, tokenizer, MinHash, keys,
+the final-turn rule, properties.
 Lua is checked against the same vectors through nginx in
 tests/integration/test_fingerprint_identity.py."""
 
@@ -47,9 +48,12 @@ def body(api: str = "anthropic", text: str = "hello world", **kw) -> bytes:
 def test_vector_params(vectors):
     p = vectors["params"]
     assert (p["max_tokens"], p["num_perm"], p["bands"], p["rows"], p["decode_limit"]) == (1024, 128, 16, 8, 65536)
-    assert p["seed"] == "%016x" % F.SEED == "5a43435046503031"
-    assert [int(a) for a in p["a"]] == list(F.MINHASH_A) and [int(b) for b in p["b"]] == list(F.MINHASH_B)
-    assert all(0 < a < F.MERSENNE_61 for a in F.MINHASH_A) and all(0 <= b < F.MERSENNE_61 for b in F.MINHASH_B)
+    assert vectors["version"] == tables.VERSION == 2
+    assert p["seed"] == "%016x" % F.SEED == "5a43435046503032"
+    assert [bytes.fromhex(r) for r in p["probe_hex"]] == [bytes(r) for r in F.PROBE]
+    assert all(sorted(r) == list(range(128)) for r in F.PROBE)      # each row a permutation of the bins
+    for m in p["mix64"]:
+        assert "%016x" % F.mix64(int(m["x"], 16)) == m["mix"]
 
 
 def test_vector_fnv(vectors):
@@ -70,15 +74,19 @@ def test_vector_requests(vectors, vmasks):
             assert fp is None, v["name"]
             continue
         assert fp is not None, v["name"]
-        got = {"csf_key": "%016x" % fp.csf_key, "bands": ["%016x" % b for b in fp.bands],
-               "exact_key": fp.exact_key.hex(), "tokens": fp.tokens, "complete": fp.complete,
-               "masked": fp.masked, "signature_hex": "".join("%08x" % s for s in fp.signature)}
+        near = fp.near
+        got = {"exact_key": fp.exact_key.hex(), "prefix_key": fp.prefix_key.hex(), "masked": fp.masked,
+               "near": near, "tokens": fp.tokens, "end_user": fp.end_user,
+               "csf_key": "%016x" % fp.csf_key if near else None,
+               "bands": ["%016x" % b for b in fp.bands] if near else None,
+               "signature_hex": "".join("%08x" % s for s in fp.signature) if near else None}
         assert got == e, v["name"]
         if v["canonical_b64"] is not None:
             dbg: dict = {}
             compute(v["api"], vec_body(v), vmasks, debug=dbg)
             assert dbg["canonical"] == base64.b64decode(v["canonical_b64"]), v["name"]
-            assert dbg["prompt"] == base64.b64decode(v["prompt_b64"]), v["name"]
+            want = base64.b64decode(v["prompt_b64"]) if v["prompt_b64"] is not None else None
+            assert dbg["prompt"] == want, v["name"]
 
 
 def test_vector_tokenize(vectors):
@@ -97,8 +105,8 @@ def test_vector_numbers_and_hashes(vectors):
     for n in vectors["numbers"]:
         v = float(n["literal"]) if "e400" in n["literal"] else json.loads(n["literal"])
         assert canonical.canonical_number(v).decode() == n["canonical"], n["literal"]
-    for h in vectors["hash_single"]:
-        assert list(F.minhash([h["x"]])) == sig_values(h["h_hex"])
+    for m in vectors["minhash"]:
+        assert list(F.minhash(m["xs"])) == sig_values(m["signature_hex"])
 
 
 def test_vector_masks(vectors, vmasks):
@@ -157,16 +165,46 @@ def test_minhash_numpy_equals_pure_python():
     r = random.Random(1)
     for _ in range(30):
         xs = [r.getrandbits(32) for _ in range(r.randint(1, 1100))] + [0, 0xFFFFFFFF]
-        assert F.minhash(xs) == F._minhash_py(xs)
         if F._np is not None:
-            assert F._minhash_np(xs) == F._minhash_py(xs)
+            assert F._bins_np(xs) == F._bins_py(xs)
 
 
 def test_minhash_empty_and_single():
     assert F.minhash([]) == (0xFFFFFFFF,) * 128
     x = 123456789
-    assert F.minhash([x]) == tuple(((a * x + b) % ((1 << 61) - 1)) & 0xFFFFFFFF
-                                   for a, b in zip(F.MINHASH_A, F.MINHASH_B))
+    z = F.mix64(x ^ F.SEED)
+    assert F.minhash([x]) == (z & 0xFFFFFFFF,) * 128       # one filled bin, copied into every other
+    assert F.minhash([x, x, x]) == F.minhash([x])
+
+
+def test_minhash_bins_and_densification():
+    """Filled bins hold their minimum; an empty bin copies the first filled bin of its probe row."""
+    r = random.Random(8)
+    xs = [r.getrandbits(32) for _ in range(40)]
+    sig = F.minhash(xs)
+    bins: dict[int, int] = {}
+    for x in xs:
+        z = F.mix64(x ^ F.SEED)
+        bins[z >> 57] = min(bins.get(z >> 57, 1 << 32), z & 0xFFFFFFFF)
+    assert 10 < len(bins) < 128
+    for i in range(128):
+        src = i if i in bins else next(j for j in F.PROBE[i] if j in bins)
+        assert sig[i] == bins[src]
+
+
+def test_minhash_estimates_jaccard():
+    """One permutation with densification estimates Jaccard without bias, small sets included."""
+    r = random.Random(12)
+    for n, j in ((8, 0.6), (40, 0.85), (400, 0.85), (1000, 0.3)):
+        ests = []
+        for _ in range(300):
+            common = [r.getrandbits(32) for _ in range(round(n * 2 * j / (1 + j)))]
+            rest = n - len(common)
+            a = common + [r.getrandbits(32) for _ in range(rest)]
+            b = common + [r.getrandbits(32) for _ in range(rest)]
+            true_j = len(common) / (len(common) + 2 * rest)
+            ests.append(estimate_jaccard(F.minhash(a), F.minhash(b)) - true_j)
+        assert abs(sum(ests) / len(ests)) < 0.02, (n, j, sum(ests) / len(ests))
 
 
 def test_band_and_csf_keys():
@@ -182,13 +220,14 @@ def test_band_and_csf_keys():
 def test_compute_shape(masks):
     fp = compute("anthropic", body(), masks)
     assert isinstance(fp, Fingerprint)
-    assert len(fp.bands) == 16 and len(fp.signature) == 128 and len(fp.exact_key) == 32
+    assert len(fp.bands) == 16 and len(fp.signature) == 128 and len(fp.exact_key) == len(fp.prefix_key) == 32
     assert 0 <= fp.csf_key < 1 << 64 and all(0 <= b < 1 << 64 for b in fp.bands)
-    assert fp.tokens == 3 and fp.complete and not fp.masked       # "user", "hello", "world"
+    assert fp.tokens == 2 and fp.near and not fp.masked           # the final turn: "hello", "world"
     with pytest.raises(dataclasses.FrozenInstanceError):
         fp.tokens = 1  # type: ignore[misc]
     assert compute("anthropic", memoryview(body()), masks) == fp
     assert compute("anthropic", bytearray(body()), masks) == fp
+    assert canonical.exact_key("anthropic", json.loads(body())) == fp.exact_key   # bench B-cache's key
 
 
 def test_compute_rejects_bad_api():
@@ -202,15 +241,88 @@ def test_not_fingerprintable(raw):
     assert compute("openai", raw) is None
 
 
-def test_prompt_text_layout():
-    doc = {"system": "sys", "messages": [
-        {"role": "user", "content": [{"type": "text", "text": "a"}, {"type": "image"}, {"type": "text", "text": "b"}]},
-        {"role": "assistant", "content": "c"}]}
-    assert prompt.prompt_text("anthropic", doc) == b"system: sys\nuser: a\n[image]\nb\nassistant: c\n"
-    odoc = {"messages": [{"role": "user", "content": "u"}, {"role": "developer", "content": "d"},
-                         {"role": "system", "content": [{"type": "text", "text": "s"}]},
-                         {"role": "assistant", "content": None}]}
-    assert prompt.prompt_text("openai", odoc) == b"developer: d\nsystem: s\nuser: u\nassistant: \n"
+def _turn(content, **extra):
+    return prompt.final_turn({"messages": [{"role": "assistant", "content": "x"},
+                                           {"role": "user", "content": content, **extra}]})
+
+
+def test_final_turn_rule():
+    assert _turn("plain") == ["plain"]
+    assert _turn([{"type": "text", "text": "a"}, {"type": "text", "text": "b", "cache_control": {"type": "ephemeral"}}]) \
+        == ["a", b"\n", "b"]
+    for content in ([{"type": "text", "text": "a"}, {"type": "image", "source": {"type": "base64", "data": "AA"}}],
+                    [{"type": "tool_result", "tool_use_id": "t", "content": "42"}],
+                    [{"type": "document", "source": {"type": "text", "data": "d"}}],
+                    [{"type": "image_url", "image_url": {"url": "data:image/png;base64,AA"}}],
+                    [{"type": "text", "text": "a", "citations": []}], [{"type": "text", "text": 5}],
+                    [], {}, None, 7, [["nested"]]):
+        assert _turn(content) is None, content
+    assert _turn("hi", name="alice") is None                      # another member: exact-only
+    assert prompt.final_turn({"messages": [{"role": "user", "content": "q"}, {"role": "assistant", "content": "a"}]}) \
+        is None
+    assert prompt.final_turn({"messages": [{"role": "tool", "tool_call_id": "c", "content": "1"}]}) is None
+    assert prompt.final_turn({"messages": []}) is None and prompt.final_turn({"messages": {}}) is None
+    assert prompt.final_turn({"messages": "x"}) is None and prompt.final_turn({}) is None
+
+
+def _conv(*turns, **top):
+    msgs = [{"role": ("user", "assistant")[i % 2], "content": t} for i, t in enumerate(turns)]
+    return json.dumps({"model": "m", "max_tokens": 16, "messages": msgs, **top}).encode()
+
+
+def test_prefix_key_covers_everything_but_the_final_turn(masks):
+    a = compute("anthropic", _conv("Capital of France?", "Paris.", "And of Japan?"), masks)
+    reworded = compute("anthropic", _conv("Capital of France?", "Paris.", "What about Japan?"), masks)
+    assert a.prefix_key == reworded.prefix_key and a.exact_key != reworded.exact_key
+    assert a.near and reworded.near
+    for other in (_conv("Capital of Spain?", "Paris.", "And of Japan?"), _conv("Capital of France?", "Lyon.",
+                                                                                "And of Japan?"),
+                  _conv("Capital of France?", "Paris.", "And of Japan?", system="Be terse."),
+                  _conv("Capital of France?", "Paris.", "And of Japan?", tools=[{"name": "t"}]),
+                  _conv("Capital of France?", "Paris.", "And of Japan?", tool_choice={"type": "any"}),
+                  _conv("Capital of France?", "Paris.", "And of Japan?", temperature=0.2),
+                  _conv("Capital of France?", "Paris.", "And of Japan?", model="n"),
+                  _conv("Paris.", "And of Japan?")):
+        assert compute("anthropic", other, masks).prefix_key != a.prefix_key, other
+    # what the exact key leaves out, the prefix key does too
+    same = json.loads(_conv("Capital of France?", "Paris.", "And of Japan?"))
+    same.update(stream=True, metadata={"user_id": "u"})
+    assert compute("anthropic", json.dumps(same).encode(), masks).prefix_key == a.prefix_key
+    # one message: the prefix is the request with no messages
+    one = compute("anthropic", _conv("hi"), masks)
+    assert one.prefix_key == compute("anthropic", json.dumps({"model": "m", "max_tokens": 16, "messages": []}).encode(),
+                                     masks).prefix_key
+
+
+def test_every_block_counts(masks):
+    def img(data):
+        return json.dumps({"model": "m", "max_tokens": 8, "messages": [{"role": "user", "content": [
+            {"type": "text", "text": "What is this?"},
+            {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": data}}]}]}).encode()
+    a, b = compute("anthropic", img("AAAA"), masks), compute("anthropic", img("BBBB"), masks)
+    assert a.exact_key != b.exact_key and not a.near and not b.near
+    with pytest.raises(ValueError):
+        a.jaccard(b)                                    # exact-only requests have no similarity
+
+    def step(n):
+        msgs = [{"role": "user", "content": "fix the bug"}]
+        for i in range(n):
+            msgs += [{"role": "assistant", "content": [{"type": "tool_use", "id": f"t{i}", "name": "read",
+                                                        "input": {"path": f"a{i}.py"}}]},
+                     {"role": "user", "content": [{"type": "tool_result", "tool_use_id": f"t{i}", "content": f"r{i}"}]}]
+        return json.dumps({"model": "m", "max_tokens": 8, "messages": msgs}).encode()
+    keys = [compute("anthropic", step(n), masks) for n in (1, 2, 3)]
+    assert len({k.exact_key for k in keys}) == 3 and len({k.prefix_key for k in keys}) == 3
+    assert not any(k.near for k in keys)
+
+    def calls(args, result):
+        return json.dumps({"model": "m", "messages": [
+            {"role": "user", "content": "go"},
+            {"role": "assistant", "content": None, "tool_calls": [
+                {"id": "c", "type": "function", "function": {"name": "f", "arguments": args}}]},
+            {"role": "tool", "tool_call_id": "c", "content": result}]}).encode()
+    o = [compute("openai", calls(a_, r_), masks) for a_, r_ in (("{}", "1"), ('{"x":1}', "1"), ("{}", "2"))]
+    assert len({k.exact_key for k in o}) == 3 and not any(k.near for k in o)
 
 
 def test_exact_key_parameters(masks):
@@ -248,25 +360,32 @@ def test_near_duplicates_share_bands(masks):
     words[200] = "changed"
     b = compute("anthropic", body(text=" ".join(words)), masks)
     other = compute("anthropic", body(text=" ".join(f"v{r.randint(0, 5000)}" for _ in range(400))), masks)
-    assert a.exact_key != b.exact_key and a.csf_key != b.csf_key
+    assert a.exact_key != b.exact_key
     assert estimate_jaccard(a.signature, b.signature) > 0.9 and a.jaccard(b) > 0.9
     assert len(set(a.bands) & set(b.bands)) >= 8
     assert estimate_jaccard(a.signature, other.signature) < 0.1 and not set(a.bands) & set(other.bands)
 
 
-def test_long_prompts_incomplete(masks):
+def test_long_turns_are_exact_only(masks):
     fp = compute("anthropic", body(text=" ".join(f"t{i}" for i in range(2000))), masks)
-    assert fp.tokens == 1024 and not fp.complete
+    assert not fp.near and fp.tokens == 0 and fp.signature == ()
+    fp = compute("anthropic", body(text=" ".join(f"t{i}" for i in range(1024))), masks)
+    assert fp.near and fp.tokens == 1024
     big = body(text="lorem ipsum " * 10000)
     assert len(big) > tables.DECODE_LIMIT
     fp = compute("anthropic", big, masks)                   # Python has no decode limit
-    assert fp is not None and fp.tokens == 1024 and not fp.complete
+    assert fp is not None and not fp.near
+    # a long history with a short final question still allows near hits
+    hist = _conv(" ".join(f"h{i}" for i in range(3000)), "ok", "and now a short question")
+    fp = compute("anthropic", hist, masks)
+    assert fp.near and fp.tokens == 5
 
 
 def test_empty_and_odd_shapes():
     assert compute("anthropic", b"{}").tokens == 0
     e = compute("anthropic", b'{"messages":[]}')
-    assert e.signature == (0xFFFFFFFF,) * 128 and e.complete
+    assert not e.near and e.signature == ()
+    assert not compute("anthropic", b'{"messages":[{"role":"user","content":" ,;"}]}').near   # no token
     # {} and [] are one thing (lua-cjson cannot tell them apart)
     a = compute("openai", b'{"messages":[{"role":"user","content":[]}],"tools":{}}')
     b = compute("openai", b'{"messages":[{"role":"user","content":{}}],"tools":[]}')
@@ -275,7 +394,16 @@ def test_empty_and_odd_shapes():
 
 def test_invalid_utf8_and_control_chars():
     fp = compute("anthropic", b'{"messages":[{"role":"user","content":"caf\xe9 \xff x\x01y"}]}')
-    assert fp is not None and fp.tokens == 5                # user, caf\xe9, \xff, x, y
+    assert fp is not None and fp.tokens == 4                # caf\xe9, \xff, x, y
+
+
+def test_mask_literals(masks):
+    lit: list[bytes] = []
+    b = json.dumps({"model": "m", "system": "today is 2024-05-01T10:00:00Z", "messages": [
+        {"role": "user", "content": [{"type": "text", "text": "mail ann@north.com about invoice 123456789"}]},
+        {"role": "user", "content": "ann@north.com again", "metadata": "bob@south.org"}]}).encode()
+    fp = compute("anthropic", b, masks, literals=lit)
+    assert fp.masked and lit == [b"2024-05-01T10:00:00Z", b"ann@north.com", b"123456789", b"ann@north.com"]
 
 
 def test_canonical_numbers():

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Writes shm_abi/vectors/fingerprint_vectors.json: golden vectors for docs/fingerprint.md.
 
-    cd /work/main && PYTHONPATH=engine python tests/vectors/make_fingerprint_vectors.py [--check]
+    .venv/bin/python tests/vectors/make_fingerprint_vectors.py [--check]
 
 The values come from engine/zccp/fingerprint.py; tests/unit/test_fingerprint.py checks
 them against Python and tests/integration/test_fingerprint_identity.py against Lua
@@ -23,7 +23,7 @@ sys.path.insert(0, str(REPO / "engine"))
 from zccp.cache.fingerprint import compute  # noqa: E402
 from zccp.cache.fp import csf as F  # noqa: E402
 from zccp.cache.fp.canonical import canonical_number  # noqa: E402
-from zccp.cache.fp.tables import DECODE_LIMIT  # noqa: E402
+from zccp.cache.fp.tables import DECODE_LIMIT, VERSION  # noqa: E402
 from zccp.cache.masks import MaskSet, load_masks  # noqa: E402
 
 OUT = REPO / "shm_abi" / "vectors" / "fingerprint_vectors.json"
@@ -156,8 +156,72 @@ def requests() -> list[tuple[str, str, bytes]]:
         ("nan", "openai", b'{"messages":[],"temperature":NaN}'),
         ("too_deep", "openai", b'{"x":' + b"[" * 200 + b"]" * 200 + b"}"),
         ("deep_ok", "openai", b'{"x":' + b"[" * 127 + b"]" * 127 + b"}"),
+        # version 2: every block counts (exact/prefix keys), near hits only on a text-only final user turn
+        ("image_data_a", "anthropic", j({"model": "m", "max_tokens": 8, "messages": [
+            {"role": "user", "content": [{"type": "text", "text": "What is in this picture?"}, image("AAAAAAAA")]}]})),
+        ("image_data_b", "anthropic", j({"model": "m", "max_tokens": 8, "messages": [
+            {"role": "user", "content": [{"type": "text", "text": "What is in this picture?"}, image("BBBBBBBB")]}]})),
+        ("document_block", "anthropic", j({"model": "m", "max_tokens": 8, "messages": [
+            {"role": "user", "content": [{"type": "document", "source": {
+                "type": "base64", "media_type": "application/pdf", "data": "JVBERi0xLjQK"}},
+                {"type": "text", "text": "Summarise it."}]}]})),
+        ("agent_step_1", "anthropic", j(agent(1))),
+        ("agent_step_2", "anthropic", j(agent(2))),
+        ("agent_step_2_then_text", "anthropic", j(agent(2, then="Thanks, now explain the result."))),
+        ("tool_result_blocks", "anthropic", j({"model": "m", "max_tokens": 8, "messages": [
+            {"role": "user", "content": "Look it up"},
+            {"role": "assistant", "content": [{"type": "tool_use", "id": "toolu_9", "name": "lookup",
+                                               "input": {"q": "x"}}]},
+            {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "toolu_9", "is_error": False,
+                                          "content": [{"type": "text", "text": "found 42"}]}]}]})),
+        ("final_turn_cache_control", "anthropic", j({"model": "m", "max_tokens": 8, "messages": [
+            {"role": "user", "content": [{"type": "text", "text": "first part"},
+                                         {"type": "text", "text": "second part",
+                                          "cache_control": {"type": "ephemeral"}}]}]})),
+        ("final_turn_assistant", "anthropic", j({"model": "m", "max_tokens": 8, "messages": conv[:2]})),
+        ("multi_turn_reworded", "anthropic", j({"model": "m", "max_tokens": 8, "system": "Be brief.",
+                                                "messages": conv[:2] + [{"role": "user",
+                                                                        "content": "And what about Japan?"}]})),
+        ("openai_tool_round", "openai", j({"model": "gpt", "tools": [
+            {"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}], "messages": [
+            {"role": "user", "content": "call f"},
+            {"role": "assistant", "content": None, "tool_calls": [
+                {"id": "c1", "type": "function", "function": {"name": "f", "arguments": '{"a": 1}'}}]},
+            {"role": "tool", "tool_call_id": "c1", "content": "1"}]})),
+        ("openai_tool_round_other_args", "openai", j({"model": "gpt", "tools": [
+            {"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}], "messages": [
+            {"role": "user", "content": "call f"},
+            {"role": "assistant", "content": None, "tool_calls": [
+                {"id": "c1", "type": "function", "function": {"name": "f", "arguments": '{"a": 2}'}}]},
+            {"role": "tool", "tool_call_id": "c1", "content": "1"}]})),
+        ("openai_user_name", "openai", j({"model": "gpt", "messages": [
+            {"role": "user", "content": "hello", "name": "alice"}]})),
+        ("openai_image_data_url", "openai", j({"model": "gpt", "messages": [{"role": "user", "content": [
+            {"type": "text", "text": "what is this"},
+            {"type": "image_url", "image_url": {"url": "data:image/png;base64,iVBORw0KGgo="}}]}]})),
+        ("end_user", "openai", j({"model": "gpt", "user": "tenant-7", "messages": conv})),
     ]
     return cases
+
+
+def image(data: str) -> dict:
+    return {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": data}}
+
+
+def agent(steps: int, then: str | None = None) -> dict:
+    """An agent loop after `steps` tool rounds (the last user turn a tool result), or followed by text."""
+    msgs: list = [{"role": "user", "content": "Fix the failing test in tests/test_app.py"}]
+    for i in range(steps):
+        msgs.append({"role": "assistant", "content": [
+            {"type": "text", "text": "Reading the file."},
+            {"type": "tool_use", "id": f"toolu_{i}", "name": "read_file", "input": {"path": f"src/m{i}.py"}}]})
+        msgs.append({"role": "user", "content": [{"type": "tool_result", "tool_use_id": f"toolu_{i}",
+                                                  "content": f"def f{i}():\n    return {i}"}]})
+    if then is not None:
+        msgs.append({"role": "assistant", "content": "Done."})
+        msgs.append({"role": "user", "content": then})
+    return {"model": "m", "max_tokens": 64, "system": "You are a coding agent.",
+            "tools": [{"name": "read_file", "input_schema": {"type": "object"}}], "messages": msgs}
 
 
 def text_spec(name: str):
@@ -199,6 +263,24 @@ MASK_TEXTS = [b"", b"no ids here", b"patient_id: P123456789", b"patient_id: P123
               b"\xff\xfe 1714566600\xc3", "東京 P1234567 ＠".encode()]
 
 
+def fp_fields(fp) -> dict:
+    """A fingerprint as the vectors record it (csf_key, bands, signature: None unless near)."""
+    return {"exact_key": fp.exact_key.hex(), "prefix_key": fp.prefix_key.hex(), "masked": fp.masked,
+            "near": fp.near, "tokens": fp.tokens, "end_user": fp.end_user,
+            "csf_key": "%016x" % fp.csf_key if fp.near else None,
+            "bands": ["%016x" % b for b in fp.bands] if fp.near else None,
+            "signature_hex": sig_hex(fp.signature) if fp.near else None}
+
+
+def minhash_sets() -> list[list[int]]:
+    """Shingle hash sets for the MinHash vectors: one value, a few (most bins densified), many."""
+    import random
+    r = random.Random(5)
+    sets = [[0], [1], [0xFFFFFFFF], [0x20, 0x811C9DC5], [123456789, 3735928559, 7]]
+    sets += [[r.getrandbits(32) for _ in range(n)] for n in (16, 100, 128, 300, 1023)]
+    return sets
+
+
 def build() -> dict:
     masks = load_masks(REPO / "lua" / "zccp" / "mask_patterns.lua", REPO / "build" / "no-such-last-good.lua")
     assert not masks.errors, masks.errors
@@ -212,13 +294,10 @@ def build() -> dict:
         reqs.append({
             "name": name, "api": api, **body_fields(body),
             "body_bytes": len(body),
-            "fingerprint": None if fp is None else {
-                "csf_key": "%016x" % fp.csf_key, "bands": ["%016x" % b for b in fp.bands],
-                "exact_key": fp.exact_key.hex(), "tokens": fp.tokens, "complete": fp.complete,
-                "masked": fp.masked, "signature_hex": sig_hex(fp.signature),
-            },
+            "fingerprint": None if fp is None else fp_fields(fp),
             "canonical_b64": base64.b64encode(dbg["canonical"]).decode() if fp and small else None,
-            "prompt_b64": base64.b64encode(dbg["prompt"]).decode() if fp and small else None,
+            "prompt_b64": base64.b64encode(dbg["prompt"]).decode() if fp and small and dbg["prompt"] is not None
+            else None,
         })
     toks = []
     for name, text in TOKENIZE:
@@ -228,16 +307,14 @@ def build() -> dict:
                      "text_repeat": None if len(text) < 2048 else text_spec(name), "tokens": len(t),
                      "tokens_hex": [x.hex() for x in t] if len(t) <= 64 else None, "complete": complete,
                      "shingles": F.shingle_hashes(t)[:8], "csf_key": "%016x" % F.csf_key_of(sig)})
-    xs = [0, 1, 0x20, 0xFFFFFFFF, 0x80000000, 0x811C9DC5, 123456789, 3735928559]
-    hs = [{"x": x, "h_hex": sig_hex([((a * x + b) % F.MERSENNE_61) & 0xFFFFFFFF
-                                     for a, b in zip(F.MINHASH_A, F.MINHASH_B)])} for x in xs]
     return {
         "spec": "docs/fingerprint.md",
-        "version": 1,
+        "version": VERSION,
         "params": {
             "max_tokens": F.MAX_TOKENS, "num_perm": F.NUM_PERM, "bands": F.BANDS, "rows": F.ROWS,
             "seed": "%016x" % F.SEED, "decode_limit": DECODE_LIMIT,
-            "a": [str(a) for a in F.MINHASH_A], "b": [str(b) for b in F.MINHASH_B],
+            "probe_hex": [bytes(row).hex() for row in F.PROBE],
+            "mix64": [{"x": "%016x" % x, "mix": "%016x" % F.mix64(x)} for x in (0, 1, F.SEED, 0xFFFFFFFFFFFFFFFF)],
         },
         "fnv": [{"data_hex": d.hex(), "fnv1a32": "%08x" % F.fnv1a32(d), "fnv1a64": "%016x" % F.fnv1a64(d)}
                 for d in (b"", b"a", b"foobar", b"hello world", bytes(range(256)))],
@@ -248,7 +325,7 @@ def build() -> dict:
         "numbers": [{"literal": s, "canonical": canonical_number(json.loads(s) if "e400" not in s
                                                                     else float(s)).decode()} for s in NUMBERS],
         "tokenize": toks,
-        "hash_single": hs,
+        "minhash": [{"xs": xs, "signature_hex": sig_hex(F.minhash(xs))} for xs in minhash_sets()],
         "requests": reqs,
     }
 

@@ -19,7 +19,6 @@ from ..request import (
 from .codec import ApiCodec
 from .errors import KINDS
 from .common import (
-    scope_extra,
     JOIN,
     BodyError,
     ParseLimits,
@@ -256,7 +255,6 @@ def parse_document(obj: dict[str, Any], limits: ParseLimits) -> GenerationReques
         ),
         stream=bool(stream),
         user=user,
-        scope_extra=scope_extra(obj, ("tools", "tool_choice", "thinking")),
     )
 
 

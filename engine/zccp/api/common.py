@@ -50,12 +50,6 @@ def decode_object(body: bytes | memoryview) -> dict[str, Any]:
     return value
 
 
-def scope_extra(obj: dict[str, Any], keys: tuple[str, ...]) -> bytes:
-    """Canonical JSON of the present `keys` (sorted), for the cache scope."""
-    present = {k: obj[k] for k in keys if obj.get(k) is not None}
-    return orjson.dumps(present, option=orjson.OPT_SORT_KEYS) if present else b""
-
-
 # --- strict JSON type checks (bool is not a number, float is not an integer) ---
 
 def is_int(v: object) -> bool:

@@ -23,7 +23,6 @@ from .codec import ApiCodec
 from .errors import KINDS
 from .errors import kind as error_kind
 from .common import (
-    scope_extra,
     JOIN,
     BodyError,
     ParseLimits,
@@ -374,7 +373,6 @@ def parse_document(obj: dict[str, Any], limits: ParseLimits) -> GenerationReques
         stream=stream,
         include_usage=include_usage,
         user=user,
-        scope_extra=scope_extra(obj, ("tools", "tool_choice", "response_format", "frequency_penalty", "presence_penalty")),
     )
 
 

@@ -1,5 +1,10 @@
 """A cached answer: what the cache keeps of a complete, successful response, and how
-it is made from one (CachedAnswer.of) and replayed into a result (CachedAnswer.result)."""
+it is made from one (CachedAnswer.of) and replayed into a result (CachedAnswer.result).
+
+An entry also keeps the masked values (the literals a mask replaced in the request that
+produced it) that its text carries: a request whose masks made it look like that one
+but that does not itself contain those values must not be served this text
+(CachedAnswer.leaks_to)."""
 
 from __future__ import annotations
 
@@ -18,12 +23,22 @@ class CachedAnswer:
     output_tokens: int
     deltas: tuple[int, ...]           # character lengths of the streamed deltas, to replay them alike
     created: float
+    literals: tuple[str, ...] = ()    # masked values of the request that the text contains
 
     @classmethod
-    def of(cls, completed: Completed, now: float) -> CachedAnswer:
-        """The entry to store for a finished answer."""
+    def of(cls, completed: Completed, now: float, literals: tuple[str, ...] = ()) -> CachedAnswer:
+        """The entry to store for a finished answer (literals: see literals_in)."""
         r = completed.result
-        return cls(r.text, r.stop_reason, r.stop_sequence, r.output_tokens, completed.deltas, now)
+        return cls(r.text, r.stop_reason, r.stop_sequence, r.output_tokens, completed.deltas, now, literals)
+
+    def leaks_to(self, body: bytes) -> str | None:
+        """A masked value of this entry's request that its text carries and that `body` (the
+        raw bytes of the request about to be served) does not contain, or None. A value the
+        body spells with JSON escapes counts as absent: a miss, never a leak."""
+        for lit in self.literals:
+            if lit.encode() not in body:
+                return lit
+        return None
 
     def result(self, input_tokens: int) -> GenerationResult:
         return GenerationResult(self.text, self.stop_reason, self.stop_sequence,  # type: ignore[arg-type]
@@ -32,7 +47,7 @@ class CachedAnswer:
     def to_json(self) -> bytes:
         return orjson.dumps({"text": self.text, "stop_reason": self.stop_reason, "stop_sequence": self.stop_sequence,
                              "output_tokens": self.output_tokens, "deltas": list(self.deltas),
-                             "created": self.created})
+                             "created": self.created, "literals": list(self.literals)})
 
     @classmethod
     def from_json(cls, raw: bytes) -> CachedAnswer | None:
@@ -40,10 +55,27 @@ class CachedAnswer:
         try:
             d = orjson.loads(raw)
             deltas = tuple(int(n) for n in d["deltas"])
+            literals = d["literals"]
+            if not isinstance(literals, list) or not all(isinstance(x, str) and x for x in literals):
+                return None
             ans = cls(str(d["text"]), str(d["stop_reason"]), d["stop_sequence"], int(d["output_tokens"]),
-                      deltas, float(d["created"]))
+                      deltas, float(d["created"]), tuple(literals))
         except (orjson.JSONDecodeError, KeyError, TypeError, ValueError):
             return None
         if ans.stop_reason not in ("end_turn", "max_tokens", "stop_sequence") or sum(deltas) != len(ans.text):
             return None
         return ans
+
+
+def literals_in(text: str, literals: tuple[bytes, ...]) -> tuple[str, ...]:
+    """The request's masked values that `text` contains (those the guard must check later).
+    A value that is not valid UTF-8 cannot be in the text."""
+    out: list[str] = []
+    for lit in literals:
+        try:
+            s = lit.decode("utf-8")
+        except UnicodeDecodeError:
+            continue
+        if s and s in text and s not in out:
+            out.append(s)
+    return tuple(out)

@@ -1,9 +1,9 @@
-"""Fingerprints and cache keys (docs/fingerprint.md): the Python side of
+"""Fingerprints and cache keys (docs/fingerprint.md, version 2): the Python side of
 lua/zccp/fingerprint.lua, byte for byte.
 
-§1 decoding is here; §2 masks in zccp.cache.masks; §3 the prompt text in
-zccp.cache.fp.prompt; §4–§5 the CSF in zccp.cache.fp.csf; §6 the exact key in
-zccp.cache.fp.canonical. Golden vectors: shm_abi/vectors/fingerprint_vectors.json;
+§1 decoding is here; §2 masks in zccp.cache.masks; §3 the final user turn in
+zccp.cache.fp.prompt; §4–§5 the CSF in zccp.cache.fp.csf; §6 the prefix and exact keys
+in zccp.cache.fp.canonical. Golden vectors: shm_abi/vectors/fingerprint_vectors.json;
 tests/integration/test_fingerprint_identity.py compares both languages through a
 real nginx. nginx fingerprints bodies of at most DECODE_LIMIT bytes; the engine
 calls compute() for the larger ones and gets exactly what nginx would have
@@ -21,9 +21,9 @@ from typing import Any, Sequence
 
 import orjson
 
-from zccp.cache.fp.canonical import as_bytes, canonical_pieces, sha256_of
+from zccp.cache.fp.canonical import as_bytes, canonical_form
 from zccp.cache.fp.csf import band_keys, csf_key_of, csf_of_prefixes, estimate_jaccard
-from zccp.cache.fp.prompt import prompt_pieces, prompt_prefix
+from zccp.cache.fp.prompt import final_turn, prefix_of
 from zccp.cache.fp.tables import DECODE_LIMIT, MAX_DEPTH, MAX_TOKENS
 from zccp.cache.masks import EMPTY_MASKS, MaskError, MaskSet, mask_doc
 
@@ -93,17 +93,29 @@ def _too_deep(v: Any) -> bool:
 
 @dataclass(frozen=True)
 class Fingerprint:
-    csf_key: int                    # uint64: FNV-1a 64 over the 128 signature values
-    bands: tuple[int, ...]          # 16 uint64 LSH band keys
-    exact_key: bytes                # 32 bytes: SHA-256 of the canonical masked request
-    tokens: int                     # prompt tokens the CSF saw (<= 1024)
-    complete: bool                  # the CSF saw the whole prompt
+    exact_key: bytes                # 32 bytes: SHA-256 of the prefix key and the final message
+    prefix_key: bytes               # 32 bytes: SHA-256 of the canonical request without its final message
     masked: bool                    # a mask pattern changed some text
-    signature: tuple[int, ...] = () # the 128 MinHash values (uint32)
+    near: bool = False              # near-duplicate hits allowed: a text-only final user turn, 1..1024 tokens
+    tokens: int = 0                 # tokens of the final user turn the CSF saw (0 unless near)
+    signature: tuple[int, ...] = () # the 128 MinHash values of the final user turn (() unless near)
+    bands: tuple[int, ...] = ()     # 16 uint64 LSH band keys (() unless near)
+    csf_key: int = 0                # uint64: FNV-1a 64 over the signature (0 unless near)
+    end_user: str | None = None     # metadata.user_id / user: a tenant source, not part of the fingerprint
 
     def jaccard(self, other: "Fingerprint | Sequence[int]") -> float:
+        """Estimated similarity of the final user turns; ValueError unless both allow near hits."""
         sig = other.signature if isinstance(other, Fingerprint) else other
         return estimate_jaccard(self.signature, sig)
+
+
+def _end_user(api: str, doc: dict) -> str | None:
+    if api == "anthropic":
+        meta = doc.get("metadata")
+        u = meta.get("user_id") if isinstance(meta, dict) else None
+    else:
+        u = doc.get("user")
+    return u if isinstance(u, str) else None
 
 
 def _parse(api: str, body: bytes | bytearray | memoryview | str) -> dict | None:
@@ -120,14 +132,17 @@ def _parse(api: str, body: bytes | bytearray | memoryview | str) -> dict | None:
 
 
 def compute(api: str, body: bytes | bytearray | memoryview | str | None, masks: MaskSet = EMPTY_MASKS,
-            *, debug: dict | None = None, doc: dict | None = None) -> Fingerprint | None:
+            *, debug: dict | None = None, doc: dict | None = None,
+            literals: list[bytes] | None = None) -> Fingerprint | None:
     """The fingerprint nginx computes for `body` (at any size), or None where nginx's
     decoder would fail (not a JSON object, nested deeper than MAX_DEPTH, ...).
 
     doc: the body already decoded by `orjson.loads(body)` (it must be exactly that: the
     result of a successful orjson parse of these bytes, not a fallback decoder's). It is
     used instead of decoding again, and it is changed in place (masked strings). body may
-    then be None."""
+    then be None.
+
+    literals: a list that receives every value a mask replaced (the `$0` of each match)."""
     if doc is None:
         doc = _parse(api, body)
         if doc is None:
@@ -138,20 +153,19 @@ def compute(api: str, body: bytes | bytearray | memoryview | str | None, masks: 
         if not isinstance(doc, dict) or _too_deep(doc):
             return None
     try:
-        masked = mask_doc(doc, masks)
+        masked = mask_doc(doc, masks, literals)
     except MaskError:  # a PCRE runtime failure (match limit ...): nginx returns nil, err too
         return None
-    canon = canonical_pieces(api, doc)
-    sig, ntok, complete = csf_of_prefixes(prompt_prefix(api, doc))
+    canon = canonical_form(api, doc)
+    prefix, exact = canon.keys(api)
+    fp = Fingerprint(exact, prefix, masked, end_user=_end_user(api, doc))
+    turn = final_turn(doc)
     if debug is not None:
-        debug["canonical"] = b"".join(canon)
-        debug["prompt"] = b"".join(as_bytes(p) for p in prompt_pieces(api, doc))
-    return Fingerprint(
-        csf_key=csf_key_of(sig),
-        bands=band_keys(sig),
-        exact_key=sha256_of(canon),
-        tokens=ntok,
-        complete=complete,
-        masked=masked,
-        signature=sig,
-    )
+        debug["canonical"] = b"".join(canon.pieces)
+        debug["prompt"] = None if turn is None else b"".join(as_bytes(p) for p in turn)
+    if turn is None:
+        return fp
+    sig, ntok, complete = csf_of_prefixes(prefix_of(turn))
+    if not complete or ntok == 0:
+        return fp
+    return Fingerprint(exact, prefix, masked, True, ntok, sig, band_keys(sig), csf_key_of(sig), fp.end_user)

@@ -2,73 +2,80 @@
 
 nginx fingerprints bodies it can decode cheaply and sets ZCCP_FLAG_FP_VALID; for
 the rest (large bodies) the engine runs the same algorithm (zccp.cache.fingerprint,
-byte-identical to lua/zccp/fingerprint.lua) over the payload in place, with the
-same mask patterns.
+byte-identical to lua/zccp/fingerprint.lua) over its own parse, with the same mask
+patterns.
 """
 
 from __future__ import annotations
 
-import hashlib
 from dataclasses import dataclass
 from typing import Any
-
-import orjson
 
 from zccp.abi import CSF_BANDS, MINHASH_COUNT, Flag, ffi
 from zccp.arena import SlotView
 from zccp.cache.fingerprint import compute
-from zccp.cache.masks import MaskSource
+from zccp.cache.masks import MaskSet, MaskSource, collect_literals
+from zccp.cache.scope import Placement, place, tenant_of
+from zccp.config import CacheConfig
 from zccp.request import GenerationRequest
 
 
 @dataclass(frozen=True)
 class CacheKeys:
     exact: bytes                      # 32-byte exact key (masked request, every parameter)
-    scope: bytes                      # 32-byte digest of the parameters, prompt excluded
+    prefix: bytes                     # 32-byte prefix key: the request but its final message
     bands: tuple[int, ...]            # 16 LSH band keys ((): near-duplicates not allowed)
-    signature: tuple[int, ...]        # 128 MinHash values ((): none)
+    signature: tuple[int, ...]        # 128 MinHash values of the final user turn ((): none)
+    masked: bool                      # a mask changed some text
+    tenant: bytes | None              # the tenant's digest; None: anonymous
+    placement: Placement
+    # the values the masks replaced, when the engine masked the body itself (None: not collected)
+    literals: tuple[bytes, ...] | None = None
 
     @property
     def near_ok(self) -> bool:
         return bool(self.bands) and len(self.signature) == MINHASH_COUNT
 
-
-def scope_key(req: GenerationRequest, masked_system: bytes | None = None) -> bytes:
-    """Every output-relevant parameter except the conversation, canonically.
-
-    The system prompt is part of the scope: a near-duplicate is a similar conversation
-    under the same instructions, never similar text under other ones. Pass it masked
-    (as the exact key sees it), so a timestamp in it does not defeat near hits."""
-    s = req.sampling
-    system = masked_system if masked_system is not None else req.system.encode()
-    doc = {"api": req.api, "model": req.model, "system": system.decode("utf-8", "replace"), "max_tokens": s.max_tokens, "temperature": s.temperature,
-           "top_p": s.top_p, "top_k": s.top_k, "seed": s.seed, "stop": list(s.stop),
-           "extra": req.scope_extra.decode()}
-    return hashlib.sha256(orjson.dumps(doc, option=orjson.OPT_SORT_KEYS)).digest()
+    def request_literals(self, doc: dict[str, Any], masks: MaskSet) -> tuple[bytes, ...]:
+        """The values this request's masks replaced (doc: the body as parsed, unmasked)."""
+        if not self.masked:
+            return ()
+        if self.literals is not None:
+            return self.literals
+        return tuple(collect_literals(doc, masks))
 
 
-def keys_for(view: SlotView, payload: memoryview, req: GenerationRequest, masks: MaskSource,
+def slot_masks(view: SlotView, masks: MaskSource) -> MaskSet | None:
+    """The mask set nginx applied to this request (it names it in the slot; the latest one
+    when it names none), or None when this engine cannot load it."""
+    named = view.header.flags & Flag.MASK_DIGEST
+    return masks.get(bytes(ffi.buffer(view.request.mask_digest, 32)).hex() if named else None)
+
+
+def keys_for(view: SlotView, payload: memoryview, req: GenerationRequest, masks: MaskSource, cfg: CacheConfig,
              doc: dict[str, Any] | None = None) -> CacheKeys | None:
     """None when the body cannot be fingerprinted (then the request is served uncached).
 
-    doc: the body as orjson parsed it (the engine's one parse), reused and masked in place."""
+    doc: the body as orjson parsed it (the engine's one parse), reused and masked in place
+    when the engine fingerprints the body itself."""
     h, meta = view.header, view.meta
-    mask_set = masks.get(bytes(ffi.buffer(view.request.mask_digest, 32)).hex() if h.flags & Flag.MASK_DIGEST else None)
+    mask_set = slot_masks(view, masks)
     if mask_set is None:
         return None       # nginx applied a mask set this engine cannot load
-    system = req.system.encode("utf-8", "surrogatepass")
-    scope = scope_key(req, mask_set.apply(system) if system else system)
+    tenant = tenant_of(view, req, cfg)
     if h.flags & Flag.FP_VALID:
         exact = bytes(ffi.buffer(meta.exact_key, 32))
-        complete = bool(h.flags & Flag.FP_COMPLETE)
-        bands = tuple(ffi.unpack(meta.csf_bands, CSF_BANDS)) if complete else ()
-        sig = tuple(ffi.unpack(view.signature.minhash, MINHASH_COUNT)) if complete else ()
-        return CacheKeys(exact, scope, bands, sig)
-    fp = compute(req.api, payload, mask_set, doc=doc)
+        prefix = bytes(ffi.buffer(view.request.prefix_key, 32))
+        masked = bool(h.flags & Flag.MASKED)
+        near = bool(h.flags & Flag.FP_COMPLETE)
+        bands = tuple(ffi.unpack(meta.csf_bands, CSF_BANDS)) if near else ()
+        sig = tuple(ffi.unpack(view.signature.minhash, MINHASH_COUNT)) if near else ()
+        return CacheKeys(exact, prefix, bands, sig, masked, tenant, place(prefix, tenant, masked, cfg.scope))
+    literals: list[bytes] = []
+    fp = compute(req.api, payload, mask_set, doc=doc, literals=literals)
     if fp is None:
         return None
-    if len(fp.signature) != MINHASH_COUNT:
+    if fp.near and len(fp.signature) != MINHASH_COUNT:
         raise ValueError("fingerprint signature length does not match the ABI")  # programmer error
-    if fp.complete:
-        return CacheKeys(fp.exact_key, scope, fp.bands, fp.signature)
-    return CacheKeys(fp.exact_key, scope, (), ())
+    return CacheKeys(fp.exact_key, fp.prefix_key, fp.bands, fp.signature, fp.masked, tenant,
+                     place(fp.prefix_key, tenant, fp.masked, cfg.scope), tuple(literals))

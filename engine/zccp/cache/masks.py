@@ -29,7 +29,7 @@ from zccp.paths import lua_file
 log = logging.getLogger("zccp.cache.masks")
 
 __all__ = ["MaskSource", "MaskError", "MaskPattern", "MaskSet", "load_masks", "default_patterns_path", "mask_doc",
-           "EMPTY_MASKS"]
+           "collect_literals", "EMPTY_MASKS"]
 
 
 def default_patterns_path() -> Path:
@@ -118,8 +118,9 @@ class MaskSet:
             h.update(p.name.encode("utf-8", "surrogateescape") + b"\0" + p.pattern + b"\0" + p.replacement + b"\0")
         return h.hexdigest()
 
-    def apply(self, data: bytes) -> bytes:
-        """Every pattern in order; returns `data` itself (same object) when nothing matched."""
+    def apply(self, data: bytes, literals: list[bytes] | None = None) -> bytes:
+        """Every pattern in order; returns `data` itself (same object) when nothing matched.
+        literals: a list that receives the text each match replaced (`$0`, as the pattern saw it)."""
         found: dict[int, bool] = {}   # prefilter results for the current `data`
         for c in self._compiled:
             skip = False
@@ -132,15 +133,15 @@ class MaskSet:
                     break
             if skip:
                 continue
-            new, n = c.regex.gsub(data)
+            new, n = c.regex.gsub(data, literals)
             if n:
                 data = new
                 found.clear()
         return data
 
-    def apply_changed(self, data: bytes) -> tuple[bytes, bool]:
+    def apply_changed(self, data: bytes, literals: list[bytes] | None = None) -> tuple[bytes, bool]:
         """(masked, changed): changed is True when the masked text differs from `data`."""
-        out = self.apply(data)
+        out = self.apply(data, literals)
         return out, (out is not data and out != data)
 
     def __len__(self) -> int:
@@ -154,15 +155,18 @@ class _DocMasker:
     """What gets masked in a request (§2): the top-level `system` string, and inside
     `system` and `messages` every string that is the value of a MASKED_KEYS member."""
 
-    def __init__(self, masks: MaskSet):
+    def __init__(self, masks: MaskSet, literals: list[bytes] | None = None, in_place: bool = True):
         self.masks = masks
         self.changed = False
+        self.literals = literals
+        self.in_place = in_place
 
     def text(self, s: str | bytes) -> str | bytes:
         """The masked string (`s` itself when there are no masks)."""
         if not self.masks.patterns:
             return s
-        out, changed = self.masks.apply_changed(s if isinstance(s, bytes) else s.encode("utf-8", "surrogateescape"))
+        out, changed = self.masks.apply_changed(s if isinstance(s, bytes) else s.encode("utf-8", "surrogateescape"),
+                                                self.literals)
         if changed:
             self.changed = True
         return out
@@ -172,7 +176,9 @@ class _DocMasker:
         if isinstance(v, dict):
             for k, x in v.items():
                 if isinstance(x, str) and k in MASKED_KEYS:
-                    v[k] = self.text(x)
+                    out = self.text(x)
+                    if self.in_place:
+                        v[k] = out
                 elif isinstance(x, (dict, list)):
                     self.walk(x)
         elif isinstance(v, list):
@@ -181,13 +187,27 @@ class _DocMasker:
                     self.walk(x)
 
 
-def mask_doc(doc: dict, masks: MaskSet) -> bool:
+def mask_doc(doc: dict, masks: MaskSet, literals: list[bytes] | None = None) -> bool:
     """Mask a decoded request in place (masked strings become bytes); True when a mask
-    changed some text. MaskError: a PCRE runtime failure (nginx returns nil, err too)."""
-    m = _DocMasker(masks)
+    changed some text. MaskError: a PCRE runtime failure (nginx returns nil, err too).
+    literals: a list that receives the values the masks replaced (the cache's guard
+    against serving one user's values to another)."""
+    return _mask(_DocMasker(masks, literals), doc)
+
+
+def collect_literals(doc: dict, masks: MaskSet) -> list[bytes]:
+    """The values mask_doc() would replace, without changing `doc`."""
+    lits: list[bytes] = []
+    _mask(_DocMasker(masks, lits, in_place=False), doc)
+    return lits
+
+
+def _mask(m: _DocMasker, doc: dict) -> bool:
     system = doc.get("system")
     if isinstance(system, str):
-        doc["system"] = m.text(system)
+        out = m.text(system)
+        if m.in_place:
+            doc["system"] = out
     elif isinstance(system, (dict, list)):
         m.walk(system)
     messages = doc.get("messages")

@@ -137,8 +137,9 @@ class Regex:
         ov = (ctypes.c_int * self._ovsize)()
         return _pcre.pcre_exec(self._code, self._extra, subj, len(subj), 0, 0, ov, self._ovsize) != _PCRE_ERROR_NOMATCH
 
-    def gsub(self, subj: bytes) -> tuple[bytes, int]:
-        """lua-resty-core's re_sub_str_helper (global): returns (result, number of matches)."""
+    def gsub(self, subj: bytes, matches: list[bytes] | None = None) -> tuple[bytes, int]:
+        """lua-resty-core's re_sub_str_helper (global): returns (result, number of matches).
+        matches: a list that receives the text of each match (`$0`)."""
         n = len(subj)
         ov = (ctypes.c_int * self._ovsize)()
         code, extra, ovsize, exec_ = self._code, self._extra, self._ovsize, _pcre.pcre_exec
@@ -155,6 +156,8 @@ class Regex:
                 raise MaskError("capture size too small")
             count += 1
             s, e = ov[0], ov[1]
+            if matches is not None:
+                matches.append(subj[s:e])
             out.append(subj[cp:s])
             if const is not None:
                 out.append(const)

@@ -1,16 +1,17 @@
-"""The response cache in Redis: exact entries and an LSH band index for near-duplicates.
+"""The response cache in Redis: exact entries and an LSH band index for near-duplicates,
+partitioned by scope and tenant (key layout: zccp.cache.scope).
 
-Keys (all under `zccp:v1:`, all with the configured TTL):
-  e:<exact hex>                 the entry: orjson {text, stop_reason, stop_sequence, output_tokens, deltas, created}
-  s:<exact hex>                 scope (32 bytes) + MinHash signature (128 little-endian u32): for Jaccard checks
-  b:<band index>:<band hex>     set of exact keys whose signature has this band
+A lookup is one round trip: a server-side script (LOOKUP_SCRIPT) tries the exact keys
+the placement allows and, on a miss, reads the near owner's 16 band sets, ranks the
+candidates by shared bands and returns the best MAX_CANDIDATES with their near records;
+a near hit costs one more round trip for the winner's entry. Every key one script
+touches carries the same hash tag (one Redis Cluster slot). A candidate only counts
+when its prefix key equals the request's: the same system prompt, tools, parameters
+and earlier turns, so similarity is judged on the final user turn alone.
 
-A lookup is one round trip: a server-side script (LOOKUP_SCRIPT) does the exact GET
-and, on a miss, the 16 band SMEMBERS, ranks the candidates by shared bands and
-returns the best MAX_CANDIDATES with their scope + signature; a near hit costs one
-more round trip for the winner's entry. Only entries whose fingerprint saw the whole prompt are indexed
-by band, and a candidate only counts when its scope — every output-relevant
-parameter and the system prompt — is byte-identical to the request's.
+A hit is served only if it passes the masked-literal guard (CachedAnswer.leaks_to):
+otherwise it is a MISS with the reason `masked_literal`, and the fresh answer is
+stored over it.
 
 Redis down or slow: the lookup answers ERROR within `timeout_ms`, a counter rises,
 and for one second after a failure the cache is not even tried (no request waits
@@ -30,22 +31,25 @@ from zccp.abi import MINHASH_COUNT
 from zccp.cache.answer import CachedAnswer
 from zccp.cache.fp.csf import estimate_jaccard
 from zccp.cache.keys import CacheKeys
+from zccp.cache.scope import SHARED, Placement
 from zccp.config import CacheConfig
 from zccp.metrics import EngineMetrics
 
 log = logging.getLogger("zccp.cache.store")
 
-PREFIX = "zccp:v1:"
 MAX_CANDIDATES = 32
 
-# KEYS: the exact entry key, then the band keys (none when near-duplicates are off).
-# ARGV: max candidates, the signature key prefix.
-# Returns {1, entry} on an exact hit, else {0, key1, sig1, key2, sig2, ...}.
+# KEYS: the exact entry keys to try, in order, then the band keys (none when near is off).
+# ARGV: how many exact keys, max candidates, the near records' key prefix.
+# Returns {i, entry} on an exact hit in KEYS[i], else {0, key1, rec1, key2, rec2, ...}.
 LOOKUP_SCRIPT = """
-local e = redis.call('GET', KEYS[1])
-if e then return {1, e} end
+local n = tonumber(ARGV[1])
+for i = 1, n do
+  local e = redis.call('GET', KEYS[i])
+  if e then return {i, e} end
+end
 local votes, order = {}, {}
-for i = 2, #KEYS do
+for i = n + 1, #KEYS do
   for _, k in ipairs(redis.call('SMEMBERS', KEYS[i])) do
     local v = votes[k]
     if v then votes[k] = v + 1 else votes[k] = 1; order[#order + 1] = k end
@@ -53,31 +57,36 @@ for i = 2, #KEYS do
 end
 table.sort(order, function(a, b) return votes[a] > votes[b] end)
 local out = {0}
-for i = 1, math.min(#order, tonumber(ARGV[1])) do
-  local sig = redis.call('GET', ARGV[2] .. order[i])
-  if sig then out[#out + 1] = order[i]; out[#out + 1] = sig end
+for i = 1, math.min(#order, tonumber(ARGV[2])) do
+  local rec = redis.call('GET', ARGV[3] .. order[i])
+  if rec then out[#out + 1] = order[i]; out[#out + 1] = rec end
 end
 return out
 """
 RETRY_AFTER_FAILURE_S = 1.0
+_REC_SIZE = 32 + 1 + 4 * MINHASH_COUNT   # prefix key, entry in `shared` (1) or the near owner (0), signature
 
 
 @dataclass(frozen=True)
 class Lookup:
     status: str                       # HIT | NEAR | MISS | BYPASS | ERROR
+    reason: str                       # why (the `reason` label of zccp_engine_cache_total)
     answer: CachedAnswer | None = None
     similarity: float = 0.0
     age_s: int = 0
+    shared: bool = False              # the answer came from the `shared` owner
 
 
-def _sig_bytes(scope: bytes, sig: tuple[int, ...]) -> bytes:
-    return scope + struct.pack(f"<{len(sig)}I", *sig)
+def _near_record(keys: CacheKeys) -> bytes:
+    p = keys.placement
+    where = b"\x01" if p.store_owner == SHARED and p.near_owner != SHARED else b"\x00"
+    return keys.prefix + where + struct.pack(f"<{MINHASH_COUNT}I", *keys.signature)
 
 
-def _parse_sig(raw: bytes | None) -> tuple[bytes, tuple[int, ...]] | None:
-    if raw is None or len(raw) != 32 + 4 * MINHASH_COUNT:
+def _parse_record(raw: bytes | None) -> tuple[bytes, bool, tuple[int, ...]] | None:
+    if raw is None or len(raw) != _REC_SIZE:
         return None
-    return raw[:32], struct.unpack(f"<{MINHASH_COUNT}I", raw[32:])
+    return raw[:32], raw[32] == 1, struct.unpack(f"<{MINHASH_COUNT}I", raw[33:])
 
 
 @dataclass
@@ -93,6 +102,10 @@ class ResponseCache:
                                               retry_on_timeout=False, health_check_interval=0)
         self._lookup = self._redis.register_script(LOOKUP_SCRIPT)
 
+    @property
+    def redis(self) -> aioredis.Redis:
+        return self._redis
+
     async def close(self) -> None:
         await self._redis.aclose()
 
@@ -101,66 +114,89 @@ class ResponseCache:
         if time.monotonic() >= self._skip_until:
             log.warning("redis %s failed: %s; serving uncached", what, exc)
         self._skip_until = time.monotonic() + RETRY_AFTER_FAILURE_S
-        return Lookup("ERROR")
+        return Lookup("ERROR", "redis")
 
     def _available(self) -> bool:
         return time.monotonic() >= self._skip_until
 
-    async def lookup(self, keys: CacheKeys) -> Lookup:
+    async def lookup(self, keys: CacheKeys, body: memoryview) -> Lookup:
+        """The answer to serve for these keys, if any. body: the request's raw bytes (the guard)."""
         if not self._available():
             self.metrics.cache_errors.inc()
-            return Lookup("ERROR")
+            return Lookup("ERROR", "redis")
+        p = keys.placement
         exact = keys.exact.hex()
         near = keys.near_ok and self.cfg.near_duplicate
-        redis_keys = [PREFIX + "e:" + exact]
+        redis_keys = [p.key(owner, "e", exact) for owner in p.lookup_owners]
         if near:
-            redis_keys += [f"{PREFIX}b:{i}:{band:016x}" for i, band in enumerate(keys.bands)]
+            redis_keys += p.band_keys(keys.bands)
         try:
-            reply = await self._lookup(keys=redis_keys, args=[MAX_CANDIDATES, PREFIX + "s:"])
-            if reply and reply[0] == 1:
-                hit = CachedAnswer.from_json(reply[1])
-                if hit is not None:
-                    return Lookup("HIT", hit, 1.0, self._age(hit))
-                return Lookup("MISS")
+            reply = await self._lookup(keys=redis_keys, args=[len(p.lookup_owners), MAX_CANDIDATES,
+                                                              p.key(p.near_owner, "s", "")])
+            if reply and reply[0] >= 1:
+                ans = CachedAnswer.from_json(reply[1])
+                if ans is None:
+                    return Lookup("MISS", "not_found")
+                shared = p.lookup_owners[reply[0] - 1] == SHARED
+                return self._guarded(Lookup("HIT", "exact", ans, 1.0, self._age(ans), shared), keys, body)
             if not near:
-                return Lookup("MISS")
-            return await self._near(keys, reply[1:])
+                return Lookup("MISS", "not_found")
+            return await self._near(keys, p, reply[1:], body)
         except Exception as exc:  # redis errors, timeouts, a dropped connection: never fail the request
             return self._failed("lookup", exc)
 
-    async def _near(self, keys: CacheKeys, flat: list[bytes]) -> Lookup:
-        best, best_sim = None, 0.0
+    async def _near(self, keys: CacheKeys, p: Placement, flat: list[bytes], body: memoryview) -> Lookup:
+        best, best_sim, best_shared = None, 0.0, False
         for cand, raw in zip(flat[0::2], flat[1::2]):
-            parsed = _parse_sig(raw)
-            if parsed is None or parsed[0] != keys.scope:
+            rec = _parse_record(raw)
+            if rec is None or rec[0] != keys.prefix:
                 continue
-            sim = estimate_jaccard(parsed[1], keys.signature)
+            sim = estimate_jaccard(rec[2], keys.signature)
             if sim > best_sim:
-                best, best_sim = cand, sim
-        if best is None or best_sim < self.cfg.similarity_threshold:
-            return Lookup("MISS")
-        raw = await self._redis.get(PREFIX + "e:" + best.decode())
+                best, best_sim, best_shared = cand, sim, rec[1]
+        if best is None:
+            return Lookup("MISS", "not_found")
+        if best_sim < self.cfg.similarity_threshold:
+            return Lookup("MISS", "not_similar")
+        owner = SHARED if best_shared else p.near_owner
+        raw = await self._redis.get(p.key(owner, "e", best.decode()))
         ans = CachedAnswer.from_json(raw) if raw is not None else None
         if ans is None:
-            return Lookup("MISS")
-        return Lookup("NEAR", ans, best_sim, self._age(ans))
+            return Lookup("MISS", "not_found")
+        return self._guarded(Lookup("NEAR", "near", ans, best_sim, self._age(ans), best_shared), keys, body)
+
+    @staticmethod
+    def _guarded(hit: Lookup, keys: CacheKeys, body: memoryview) -> Lookup:
+        """The masked-literal guard: an entry whose text carries a masked value of its own
+        request is served only to a request that contains that value too."""
+        assert hit.answer is not None
+        if hit.answer.literals and hit.answer.leaks_to(bytes(body)) is not None:
+            return Lookup("MISS", "masked_literal")
+        return hit
 
     @staticmethod
     def _age(ans: CachedAnswer) -> int:
         return max(0, int(time.time() - ans.created))
 
+    def l1_ttl(self, answer: CachedAnswer, age_s: int = 0) -> int:
+        """How long nginx may keep this answer by its exact key (meta.cache_ttl_s): never when
+        it carries a masked value (only the engine can run the guard), else its remaining TTL."""
+        if answer.literals:
+            return 0
+        return max(0, self.cfg.ttl_s - age_s)
+
     async def store(self, keys: CacheKeys, answer: CachedAnswer) -> None:
         if not self._available():
             return
+        p = keys.placement
         exact = keys.exact.hex()
         ttl = self.cfg.ttl_s
         try:
             pipe = self._redis.pipeline(transaction=False)
-            pipe.set(PREFIX + "e:" + exact, answer.to_json(), ex=ttl)
+            pipe.set(p.key(p.store_owner, "e", exact), answer.to_json(), ex=ttl)
             if keys.near_ok:
-                pipe.set(PREFIX + "s:" + exact, _sig_bytes(keys.scope, keys.signature), ex=ttl)
-                for i, band in enumerate(keys.bands):
-                    k = f"{PREFIX}b:{i}:{band:016x}"
+                pipe.set(p.key(p.near_owner, "s", exact), _near_record(keys), ex=ttl)
+                for k in p.band_keys(keys.bands):
                     pipe.sadd(k, exact)
                     pipe.expire(k, ttl)
             await pipe.execute()

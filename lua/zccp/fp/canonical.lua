@@ -1,9 +1,13 @@
--- The exact key's canonical form (docs/fingerprint.md §6): a decoded, masked request
--- written as canonical JSON bytes into a string.buffer. engine/zccp/cache/fp/canonical.py
--- is the same rule in Python, byte for byte.
+-- The canonical form the exact and prefix keys hash (docs/fingerprint.md §6): a decoded,
+-- masked request written as canonical JSON bytes into a string.buffer, with the place
+-- of the final message. engine/zccp/cache/fp/canonical.py is the same rule in Python,
+-- byte for byte.
 --
 --   local canonical = require "zccp.fp.canonical"
---   canonical.write(buf, api, doc)   -- buf: a string.buffer (reset first)
+--   local cut, first, stop = canonical.write(buf, api, doc)   -- buf: a string.buffer (reset first)
+--   -- buf holds CJ(top); when `messages` is a non-empty array, its final element is
+--   -- buf[first, stop) and buf[cut, stop) is that element with the comma before it
+--   -- (CJ of top without the final message is buf without [cut, stop)); else nil.
 local ffi = require "ffi"
 local bit = require "bit"
 local T = require "zccp.fp_tables"
@@ -22,7 +26,6 @@ local band, bxor = bit.band, bit.bxor
 
 local _M = { _VERSION = "0.1.0" }
 
-local EXACT_PREFIX = T.exact_prefix
 local EXCLUDED = {}
 for _, k in ipairs(T.excluded_keys) do
     EXCLUDED[k] = true
@@ -136,18 +139,8 @@ end
 
 local cj
 
-local function cj_table(buf, t)
-    if t[1] ~= nil then
-        buf:put("[")
-        for i = 1, #t do
-            if i > 1 then
-                buf:put(",")
-            end
-            cj(buf, t[i])
-        end
-        buf:put("]")
-        return
-    end
+-- An object: members sorted by key bytes, each value written by put_value(buf, key, value).
+local function put_object(buf, t, put_value)
     local keys, nk = {}, 0
     for k in next, t do
         nk = nk + 1
@@ -166,9 +159,28 @@ local function cj_table(buf, t)
         end
         put_str(buf, k)
         buf:put(":")
-        cj(buf, t[k])
+        put_value(buf, k, t[k])
     end
     buf:put("}")
+end
+
+local function cj_member(buf, _, v)
+    cj(buf, v)
+end
+
+local function cj_table(buf, t)
+    if t[1] ~= nil then
+        buf:put("[")
+        for i = 1, #t do
+            if i > 1 then
+                buf:put(",")
+            end
+            cj(buf, t[i])
+        end
+        buf:put("]")
+        return
+    end
+    put_object(buf, t, cj_member)
 end
 
 cj = function(buf, v)
@@ -188,7 +200,29 @@ cj = function(buf, v)
     end
 end
 
--- Writes the canonical form of `doc` (decoded, masked) into buf (reset first).
+-- The top-level object's members: as cj_member, except that the place of the final
+-- message is noted in cut, first, stop (see the top of this file).
+local cut, first, stop
+
+local function top_member(buf, k, v)
+    if k ~= "messages" or type(v) ~= "table" or v[1] == nil then
+        return cj(buf, v)
+    end
+    local n = #v
+    buf:put("[")
+    for j = 1, n - 1 do
+        cj(buf, v[j])
+        buf:put(",")
+    end
+    cut = #buf - (n > 1 and 1 or 0)
+    first = #buf
+    cj(buf, v[n])
+    stop = #buf
+    buf:put("]")
+end
+
+-- Writes CJ(top) of `doc` (decoded, masked) into buf (reset first); returns the place
+-- of the final message (cut, first, stop: 0-based offsets into buf), or nil.
 function _M.write(buf, api, doc)
     local top = {}
     for k, v in next, doc do
@@ -201,8 +235,9 @@ function _M.write(buf, api, doc)
         top.max_completion_tokens = nil
     end
     buf:reset()
-    buf:put(EXACT_PREFIX, api, "\n")
-    cj(buf, top)
+    cut, first, stop = nil, nil, nil
+    put_object(buf, top, top_member)
+    return cut, first, stop
 end
 
 return _M

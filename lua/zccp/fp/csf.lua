@@ -1,6 +1,6 @@
 -- The content-similarity fingerprint (docs/fingerprint.md §4-§5): tokens, word
--- 2-shingles, the MinHash signature, LSH band keys and csf_key, read straight from
--- memory (a pointer and a length: no Lua string of the text is needed).
+-- 2-shingles, the one-permutation MinHash signature, LSH band keys and csf_key, read
+-- straight from memory (a pointer and a length: no Lua string of the text is needed).
 -- engine/zccp/cache/fp/csf.py is the same algorithm in Python, byte for byte.
 --
 --   local csf = require "zccp.fp.csf"
@@ -16,9 +16,10 @@ local tostring = tostring
 local ipairs = ipairs
 local ffi_new = ffi.new
 local ffi_cast = ffi.cast
+local ffi_fill = ffi.fill
 local band, bxor, lshift, rshift, tobit = bit.band, bit.bxor, bit.lshift, bit.rshift, bit.tobit
 
-local _M = { _VERSION = "0.1.0" }
+local _M = { _VERSION = "0.2.0" }
 
 local MAX_TOKENS = T.max_tokens
 local NUM_PERM = abi.C.ZCCP_MINHASH_COUNT   -- the slot holds the signature and the bands
@@ -31,70 +32,98 @@ _M.NUM_PERM = NUM_PERM
 local u64 = ffi.typeof("uint64_t")
 local u64_arr = ffi.typeof("uint64_t[?]")
 local u32_arr = ffi.typeof("uint32_t[?]")
-local P61 = 0x1FFFFFFFFFFFFFFFULL
 local M32 = 0xFFFFFFFFULL
 local FNV64_OFFSET = 0xCBF29CE484222325ULL
 local FNV64_PRIME = 0x100000001B3ULL
 
--- ------------------------------------------------------------------ MinHash parameters
+-- ------------------------------------------------------------------ one-permutation MinHash
 
--- a_i = AH[i] * 2^29 + AL[i] (AH < 2^32, AL < 2^29), b_i = B[i]: with x < 2^32 every
--- product below fits in 64 bits (see minhash()).
-local AH = u64_arr(NUM_PERM)
-local AL = u64_arr(NUM_PERM)
-local B = u64_arr(NUM_PERM)
-local M29 = 0x1FFFFFFFULL
-assert(NUM_PERM % 2 == 0)
+-- Each shingle hash x is mixed once (splitmix64's output function of x xor SEED): the top
+-- BIN_BITS bits pick its bin, the low 32 bits are its value; a bin keeps its minimum.
+-- Empty bins are filled by optimal densification: bin i copies the first bin of
+-- PROBE[i] (a fixed permutation of the bins) that a shingle filled.
+local SEED = u64(T.seed_hi) * 0x100000000ULL + u64(T.seed_lo)
+local MIX1 = 0xBF58476D1CE4E5B9ULL
+local MIX2 = 0x94D049BB133111EBULL
+local BIN_BITS = 0
+while 2 ^ BIN_BITS < NUM_PERM do
+    BIN_BITS = BIN_BITS + 1
+end
+assert(2 ^ BIN_BITS == NUM_PERM and NUM_PERM <= 256, "ZCCP_MINHASH_COUNT must be a power of two <= 256")
+local BIN_SHIFT = 64 - BIN_BITS
 
+local PROBE = ffi_new("uint8_t[?]", NUM_PERM * NUM_PERM)   -- row i: bin i's probe order
 do
-    local state = u64(T.seed_hi) * 0x100000000ULL + u64(T.seed_lo)
+    local state = SEED
     local function splitmix64()
         state = state + 0x9E3779B97F4A7C15ULL
         local z = state
-        z = bxor(z, rshift(z, 30)) * 0xBF58476D1CE4E5B9ULL
-        z = bxor(z, rshift(z, 27)) * 0x94D049BB133111EBULL
+        z = bxor(z, rshift(z, 30)) * MIX1
+        z = bxor(z, rshift(z, 27)) * MIX2
         return bxor(z, rshift(z, 31))
     end
     for i = 0, NUM_PERM - 1 do
-        local a = 0ULL
-        while a == 0ULL do
-            a = splitmix64() % P61
+        local row = i * NUM_PERM
+        for j = 0, NUM_PERM - 1 do
+            PROBE[row + j] = j
         end
-        AH[i] = rshift(a, 29)
-        AL[i] = band(a, M29)
-        B[i] = splitmix64() % P61
+        for j = NUM_PERM - 1, 1, -1 do   -- Fisher-Yates
+            local r = row + tonumber(splitmix64() % (j + 1))
+            PROBE[row + j], PROBE[r] = PROBE[r], PROBE[row + j]
+        end
     end
 end
 
 -- ------------------------------------------------------------------ code point classes
 
-local R_LO, R_HI, R_CL, NR = {}, {}, {}, 0
-for _, r in ipairs(T.ranges) do
-    NR = NR + 1
-    R_LO[NR], R_HI[NR] = r[1], r[2]
-    if r[3] == "S" then
-        R_CL[NR] = 1
-    elseif r[3] == "C" then
-        R_CL[NR] = 2
-    else
-        error("zccp.fp_tables: unknown class " .. tostring(r[3]))
+-- A code point's class (0: word, 1: separator, 2: CJK, a token of its own) is read from
+-- two tables, without a loop (a loop here would keep LuaJIT from compiling the scan
+-- below as one trace): PAGE[cp >> 8] is the class of a whole 256-code-point page, or
+-- 3 + k when the page is mixed and its classes are MIXED[k * 256 .. k * 256 + 255].
+local NPAGES = 0x110000 / 256
+local PAGE = ffi_new("uint8_t[?]", NPAGES)
+local MIXED
+do
+    local CLASS = { S = 1, C = 2 }
+    local pages = {}   -- page -> { [cp & 255] = class } for pages a range covers in part
+    for _, r in ipairs(T.ranges) do
+        local cl = CLASS[r[3]]
+        if not cl then
+            error("zccp.fp_tables: unknown class " .. tostring(r[3]))
+        end
+        for pg = rshift(r[1], 8), rshift(r[2], 8) do
+            local lo, hi = math.max(r[1], pg * 256), math.min(r[2], pg * 256 + 255)
+            if hi - lo == 255 then
+                PAGE[pg] = cl       -- the whole page (ranges never overlap)
+            else
+                pages[pg] = pages[pg] or {}
+                for cp = lo, hi do
+                    pages[pg][cp - pg * 256] = cl
+                end
+            end
+        end
+    end
+    local order = {}
+    for pg in pairs(pages) do
+        order[#order + 1] = pg
+    end
+    table.sort(order)
+    assert(#order <= 252, "zccp.fp_tables: too many mixed pages")
+    MIXED = ffi_new("uint8_t[?]", math.max(1, #order) * 256)
+    for k, pg in ipairs(order) do
+        PAGE[pg] = 3 + (k - 1)
+        for lo = 0, 255 do
+            MIXED[(k - 1) * 256 + lo] = pages[pg][lo] or 0
+        end
     end
 end
 
--- 0: word, 1: separator, 2: CJK (a token of its own)
 local function cp_class(cp)
-    local lo, hi = 1, NR
-    while lo <= hi do
-        local mid = rshift(lo + hi, 1)
-        if cp < R_LO[mid] then
-            hi = mid - 1
-        elseif cp > R_HI[mid] then
-            lo = mid + 1
-        else
-            return R_CL[mid]
-        end
+    local pg = PAGE[rshift(cp, 8)]
+    if pg < 3 then
+        return pg
     end
-    return 0
+    return MIXED[(pg - 3) * 256 + band(cp, 255)]
 end
 
 -- The text is not lowercased as a whole: ASCII_WORD takes [0-9A-Za-z] as word bytes
@@ -108,49 +137,25 @@ for c = 0, 255 do LOWER[c] = (c >= 65 and c <= 90) and c + 32 or c end
 
 -- ------------------------------------------------------------------ CSF
 
-local X = u64_arr(MAX_TOKENS + 1) -- distinct shingle hashes
+local X = u64_arr(MAX_TOKENS + 1)  -- the shingle hashes of one scan
 local u8p = ffi.typeof("const uint8_t *")
-
--- A set of the shingle hashes of one scan (open addressing, at most MAX_TOKENS entries
--- in HS_SIZE slots); a slot belongs to the current scan when HS_GEN[slot] == gen.
-local HS_SIZE = 4096
-assert(HS_SIZE >= 2 * MAX_TOKENS)
-local HS_KEY = ffi_new("uint32_t[?]", HS_SIZE)
-local HS_GEN = ffi_new("uint32_t[?]", HS_SIZE)
-local hs_gen = 0
 
 local FNV32_OFFSET = tobit(0x811C9DC5)
 
--- Adds shingle hash hs to X unless this scan (gen) has it already; returns the new count.
--- Small enough for LuaJIT to inline into the scan's trace.
-local function add_shingle(hs, gen, nx)
-    local x = hs % 4294967296
-    local slot = band(hs, HS_SIZE - 1)
-    while true do
-        if HS_GEN[slot] ~= gen then
-            HS_GEN[slot] = gen
-            HS_KEY[slot] = x
-            X[nx] = x
-            return nx + 1
-        elseif HS_KEY[slot] == x then
-            return nx
-        end
-        slot = band(slot + 1, HS_SIZE - 1)
-    end
+-- One byte into both running FNV-1a 32 hashes: the token's (hc) and the shingle's (hs).
+-- (* 0x01000193 mod 2^32 as lshift(h, 24) + h * 403: exact in doubles, then tobit.)
+local function fnv2(hc, hs, b)
+    hc = bxor(hc, b)
+    hs = bxor(hs, b)
+    return tobit(lshift(hc, 24) + hc * 403), tobit(lshift(hs, 24) + hs * 403)
 end
 
 -- Tokenizes p[0 .. n-1] and hashes the shingles in the same pass: each token's FNV-1a 32
 -- (hc) and, from the previous token's hash followed by 0x20, the shingle's (hs) are
 -- carried along byte by byte (bytes lowercased through LOWER). Returns the number of
--- tokens kept, whether that was all of them, and the number of distinct shingle
--- hashes written to X.
+-- tokens kept, whether that was all of them, and the number of shingle hashes written
+-- to X (repeats included: a bin keeps a minimum, so they change nothing).
 local function scan(p, n)
-    hs_gen = hs_gen + 1
-    if hs_gen >= 4294967295 then
-        ffi.fill(HS_GEN, HS_SIZE * 4)
-        hs_gen = 1
-    end
-    local gen = hs_gen
     local ntok, nx = 0, 0
     local limit = MAX_TOKENS
     local inword = false
@@ -200,7 +205,8 @@ local function scan(p, n)
             -- the word ends: its shingle with the previous token
             inword = false
             if ntok > 1 then
-                nx = add_shingle(hs, gen, nx)
+                X[nx] = hs % 4294967296
+                nx = nx + 1
             end
             prev = hc
         end
@@ -215,23 +221,21 @@ local function scan(p, n)
                 hs = bxor(prev, 0x20)
                 hs = tobit(lshift(hs, 24) + hs * 403)   -- * 0x01000193 mod 2^32
             end
-            local b = LOWER[c]
-            hc = bxor(hc, b)
-            hc = tobit(lshift(hc, 24) + hc * 403)
-            hs = bxor(hs, b)
-            hs = tobit(lshift(hs, 24) + hs * 403)
+            hc, hs = fnv2(hc, hs, LOWER[c])
             if len > 1 then
-                for k = i + 1, i + len - 1 do
-                    b = p[k]
-                    hc = bxor(hc, b)
-                    hc = tobit(lshift(hc, 24) + hc * 403)
-                    hs = bxor(hs, b)
-                    hs = tobit(lshift(hs, 24) + hs * 403)
+                -- the continuation bytes, unrolled (no inner loop in the scan's trace)
+                hc, hs = fnv2(hc, hs, p[i + 1])
+                if len > 2 then
+                    hc, hs = fnv2(hc, hs, p[i + 2])
+                    if len > 3 then
+                        hc, hs = fnv2(hc, hs, p[i + 3])
+                    end
                 end
                 if cls == 2 then
                     inword = false   -- a CJK token ends where it starts: again below
                     if ntok > 1 then
-                        nx = add_shingle(hs, gen, nx)
+                        X[nx] = hs % 4294967296
+                        nx = nx + 1
                     end
                     prev = hc
                 end
@@ -240,7 +244,8 @@ local function scan(p, n)
         i = i + len
     end
     if inword and ntok > 1 then
-        nx = add_shingle(hs, gen, nx)
+        X[nx] = hs % 4294967296
+        nx = nx + 1
     elseif ntok == 1 then
         -- one token: one 1-shingle, the token's own hash
         X[0] = (inword and hc or prev) % 4294967296
@@ -249,50 +254,39 @@ local function scan(p, n)
     return ntok, true, nx
 end
 
--- sig[i] = min over X of ((a_i * x + b_i) mod P) & 0xffffffff, P = 2^61 - 1.
---
--- With a = ah * 2^29 + al and x < 2^32: h = ah * x < 2^64 and
---   a*x + b = h * 2^29 + al*x + b == (h mod 2^32) * 2^29 + (h >> 32) + al*x + b   (2^61 == 1 mod P)
--- so s = ((h & M32) << 29) + (h >> 32) + al*x + b < 2^63 and s == a*x + b (mod P).
--- s mod P is r = (s & P) + (s >> 61), less P if r >= P. Unless s & P >= P - 3 (then r
--- could reach P: the exact slow path), r < P and its low 32 bits are those of
--- s + (s >> 61), since s - (s & P) is a multiple of 2^61.
--- The minimum is kept as a number: tobit() of the low 32 bits xor 2^31 orders like
--- the unsigned value. Two functions per pass over X.
-local P61_3 = P61 - 3
-local BIAS = 0x80000000
-local min = math.min
-
-local function slow_low32(s)
-    local r = band(s, P61) + rshift(s, 61)
-    if r >= P61 then
-        r = r - P61
-    end
-    return bxor(tobit(r), BIAS)
-end
+-- The signature of the nx shingle hashes in X (docs/fingerprint.md §4): one mix per
+-- shingle, a minimum per bin, then the empty bins densified. No shingle: every value
+-- is 0xFFFFFFFF.
+local VAL = u32_arr(NUM_PERM)
+local FULL = ffi_new("uint8_t[?]", NUM_PERM)
 
 local function minhash(nx, sig)
+    ffi_fill(FULL, NUM_PERM)
     local xs = X
-    for i = 0, NUM_PERM - 1, 2 do
-        local ah1, al1, b1 = AH[i], AL[i], B[i]
-        local ah2, al2, b2 = AH[i + 1], AL[i + 1], B[i + 1]
-        local m1, m2 = 0x7FFFFFFF, 0x7FFFFFFF
-        for k = 0, nx - 1 do
-            local x = xs[k]
-            local h1 = ah1 * x
-            local h2 = ah2 * x
-            local s1 = lshift(band(h1, M32), 29) + rshift(h1, 32) + al1 * x + b1
-            local s2 = lshift(band(h2, M32), 29) + rshift(h2, 32) + al2 * x + b2
-            if band(s1, P61) >= P61_3 or band(s2, P61) >= P61_3 then
-                m1 = min(m1, slow_low32(s1))
-                m2 = min(m2, slow_low32(s2))
-            else
-                m1 = min(m1, bxor(tobit(s1 + rshift(s1, 61)), BIAS))
-                m2 = min(m2, bxor(tobit(s2 + rshift(s2, 61)), BIAS))
-            end
+    for k = 0, nx - 1 do
+        local z = bxor(xs[k], SEED)
+        z = bxor(z, rshift(z, 30)) * MIX1
+        z = bxor(z, rshift(z, 27)) * MIX2
+        z = bxor(z, rshift(z, 31))
+        local b = tonumber(rshift(z, BIN_SHIFT))
+        local v = tonumber(band(z, M32))
+        if FULL[b] == 0 or v < VAL[b] then
+            VAL[b] = v
+            FULL[b] = 1
         end
-        sig[i] = bxor(m1, BIAS) % 4294967296
-        sig[i + 1] = bxor(m2, BIAS) % 4294967296
+    end
+    for i = 0, NUM_PERM - 1 do
+        if FULL[i] ~= 0 then
+            sig[i] = VAL[i]
+        elseif nx == 0 then
+            sig[i] = 0xFFFFFFFF
+        else
+            local j = i * NUM_PERM
+            while FULL[PROBE[j]] == 0 do
+                j = j + 1
+            end
+            sig[i] = VAL[PROBE[j]]
+        end
     end
     return sig
 end
@@ -336,8 +330,8 @@ function _M.keys_of(sig)
     return h, bands
 end
 
--- MinHash of an explicit list of 32-bit shingle hashes (tests: with one value x,
--- signature[i] is h_i(x) itself). Returns a uint32_t[128] cdata.
+-- The signature of an explicit list of 32-bit shingle hashes (tests). Returns a
+-- uint32_t[NUM_PERM] cdata.
 function _M.minhash_of(xs)
     local nx = #xs
     if nx > MAX_TOKENS + 1 then

@@ -1,102 +1,71 @@
--- The prompt text the CSF reads (docs/fingerprint.md §3): `role: text\n` per entry,
--- from a decoded, masked request, written into a string.buffer.
--- engine/zccp/cache/fp/prompt.py is the same rule in Python, byte for byte.
+-- The final user turn (docs/fingerprint.md §3): the text the CSF reads, when the last
+-- message of a decoded, masked request is a user turn of text only. Everything before
+-- it is covered exactly by the prefix key (zccp.fp.canonical), so near-duplicates are
+-- judged on this turn alone. engine/zccp/cache/fp/prompt.py is the same rule in Python.
 --
 --   local prompt = require "zccp.fp.prompt"
---   prompt.write(buf, api, doc)   -- buf: a string.buffer (reset first)
-local null = require("cjson").null
+--   local p, n = prompt.final_turn(buf, doc)   -- buf: a string.buffer for joined blocks
+--   -- p, n: the turn's text (a Lua string or a pointer into buf) and its length,
+--   -- or nil when the request is exact-only (no text-only final user turn)
+local T = require "zccp.fp_tables"
 
 local type = type
 local next = next
+local ipairs = ipairs
 
-local _M = { _VERSION = "0.1.0" }
+local _M = { _VERSION = "0.2.0" }
 
-local function put_text(buf, content)
-    local tc = type(content)
-    if tc == "string" then
-        buf:put(content)
-        return
+local function key_set(list)
+    local s = {}
+    for _, k in ipairs(list) do
+        s[k] = true
     end
-    if content == nil or content == null then
-        return
+    return s
+end
+
+local TURN_KEYS = key_set(T.turn_keys)
+local TEXT_BLOCK_KEYS = key_set(T.text_block_keys)
+
+-- true when every member name of table t is in `allowed`
+local function only(t, allowed)
+    for k in next, t do
+        if not allowed[k] then
+            return false
+        end
     end
-    if tc ~= "table" or (content[1] == nil and next(content) ~= nil) then
-        buf:put("[?]")   -- not an array
-        return
+    return true
+end
+
+function _M.final_turn(buf, doc)
+    local msgs = doc.messages
+    if type(msgs) ~= "table" then
+        return nil
     end
+    local last = msgs[#msgs]
+    -- an object (a decoded JSON object has no [1]) with role "user" and nothing else but content
+    if type(last) ~= "table" or last[1] ~= nil or last.role ~= "user" or not only(last, TURN_KEYS) then
+        return nil
+    end
+    local content = last.content
+    if type(content) == "string" then
+        return content, #content
+    end
+    if type(content) ~= "table" or content[1] == nil then
+        return nil   -- null, a number, an object, or no blocks at all
+    end
+    buf:reset()
     for i = 1, #content do
+        local blk = content[i]
+        if type(blk) ~= "table" or blk[1] ~= nil or blk.type ~= "text" or type(blk.text) ~= "string"
+            or not only(blk, TEXT_BLOCK_KEYS) then
+            return nil   -- an image, a document, a tool result, ...: exact-only
+        end
         if i > 1 then
             buf:put("\n")
         end
-        local blk = content[i]
-        local t = type(blk) == "table" and blk[1] == nil and blk.type or nil
-        if type(t) == "string" then
-            local txt = blk.text
-            if t == "text" and type(txt) == "string" then
-                buf:put(txt)
-            else
-                buf:put("[", t, "]")
-            end
-        else
-            buf:put("[?]")
-        end
+        buf:put(blk.text)
     end
-end
-
-local function put_entry(buf, role, content)
-    if type(role) ~= "string" then
-        role = "?"
-    end
-    buf:put(role, ": ")
-    put_text(buf, content)
-    buf:put("\n")
-end
-
-local EMPTY = {}
-
--- Writes the prompt text of `doc` (decoded, masked) into buf (reset first).
-function _M.write(buf, api, doc)
-    buf:reset()
-    local msgs = doc.messages
-    if type(msgs) ~= "table" or (msgs[1] == nil and next(msgs) ~= nil) then
-        msgs = EMPTY   -- not an array: no messages
-    end
-    if api == "anthropic" then
-        local system = doc.system
-        if system ~= nil and system ~= null then
-            put_entry(buf, "system", system)
-        end
-        for i = 1, #msgs do
-            local m = msgs[i]
-            if type(m) == "table" and m[1] == nil then
-                put_entry(buf, m.role, m.content)
-            else
-                put_entry(buf, nil, "[?]")
-            end
-        end
-    else
-        -- the system and developer messages first, then all the others, each in order
-        for i = 1, #msgs do
-            local m = msgs[i]
-            if type(m) == "table" and m[1] == nil then
-                local role = m.role
-                if role == "system" or role == "developer" then
-                    put_entry(buf, role, m.content)
-                end
-            end
-        end
-        for i = 1, #msgs do
-            local m = msgs[i]
-            if type(m) == "table" and m[1] == nil then
-                local role = m.role
-                if role ~= "system" and role ~= "developer" then
-                    put_entry(buf, role, m.content)
-                end
-            else
-                put_entry(buf, nil, "[?]")
-            end
-        end
-    end
+    return buf:ref()
 end
 
 return _M

@@ -1,7 +1,9 @@
-"""The exact key (docs/fingerprint.md §6): the canonical byte form of a decoded,
-masked request and its SHA-256. The Python side of lua/zccp/fp/canonical.lua.
+"""The prefix and exact keys (docs/fingerprint.md §6): the canonical byte form of a
+decoded, masked request, and the two SHA-256 keys hashed from it. The Python side of
+lua/zccp/fp/canonical.lua (and of the hashing in lua/zccp/fingerprint.lua).
 
-    canonical_request(api, doc) -> bytes
+    canonical_form(api, doc) -> Canonical (pieces + the place of the final message)
+    Canonical.keys(api) -> (prefix_key, exact_key)
     exact_key(api, doc) -> 32 bytes
 """
 
@@ -9,9 +11,10 @@ from __future__ import annotations
 
 import hashlib
 import re
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, Sequence
 
-from zccp.cache.fp.tables import EXACT_PREFIX, EXCLUDED_KEYS
+from zccp.cache.fp.tables import EXACT_PREFIX, EXCLUDED_KEYS, PREFIX_PREFIX
 
 try:  # finds the special bytes of very long strings at once
     import numpy as _np
@@ -108,49 +111,78 @@ def _cj(v: Any, out: list[bytes]) -> None:
             _cj(x, out)
         out.append(b"]")
     elif isinstance(v, dict):
-        if not v:
-            out.append(b"[]")  # lua-cjson decodes {} and [] alike
-            return
-        out.append(b"{")
-        for i, (k, x) in enumerate(sorted(((as_bytes(k), x) for k, x in v.items()), key=lambda kv: kv[0])):
-            if i:
-                out.append(b",")
-            _put_str(k, out)
-            out.append(b":")
-            _cj(x, out)
-        out.append(b"}")
+        _put_object(v, out, _cj_member)
     else:  # pragma: no cover
         raise TypeError(type(v))
 
 
-def canonical_request(api: str, doc: dict) -> bytes:
-    """The exact key's byte form of an (already masked) decoded request."""
-    return b"".join(canonical_pieces(api, doc))
+def _cj_member(key: bytes, v: Any, out: list[bytes]) -> None:
+    _cj(v, out)
 
 
-def exact_key(api: str, doc: dict) -> bytes:
-    """SHA-256 of the canonical form, without copying its long pieces into one string."""
-    return sha256_of(canonical_pieces(api, doc))
+def _put_object(v: dict, out: list[bytes], put_value) -> None:
+    """An object: members sorted by key bytes, each value written by put_value(key, value, out)."""
+    if not v:
+        out.append(b"[]")  # lua-cjson decodes {} and [] alike
+        return
+    out.append(b"{")
+    for i, (k, x) in enumerate(sorted(((as_bytes(k), x) for k, x in v.items()), key=lambda kv: kv[0])):
+        if i:
+            out.append(b",")
+        _put_str(k, out)
+        out.append(b":")
+        put_value(k, x, out)
+    out.append(b"}")
 
 
-def sha256_of(pieces: list[bytes]) -> bytes:
+def sha256_of(*parts: Sequence[bytes]) -> bytes:
+    """SHA-256 of the concatenated pieces of `parts`, without joining long pieces."""
     h = hashlib.sha256()
     small: list[bytes] = []
-    for p in pieces:
-        if len(p) > 4096:
-            if small:
-                h.update(b"".join(small))
-                small.clear()
-            h.update(p)
-        else:
-            small.append(p)
+    for pieces in parts:
+        for p in pieces:
+            if len(p) > 4096:
+                if small:
+                    h.update(b"".join(small))
+                    small.clear()
+                h.update(p)
+            else:
+                small.append(p)
     if small:
         h.update(b"".join(small))
     return h.digest()
 
 
-def canonical_pieces(api: str, doc: dict) -> list[bytes]:
-    """The canonical form as pieces (joined, they are canonical_request())."""
+@dataclass(frozen=True)
+class Canonical:
+    """CJ(top) as pieces; when `messages` is a non-empty array, its final element is
+    pieces[first:stop] and pieces[cut:stop] is that element with the comma before it
+    (CJ of top without the final message is the pieces without [cut:stop])."""
+
+    pieces: list[bytes]
+    cut: int | None = None
+    first: int | None = None
+    stop: int | None = None
+
+    def keys(self, api: str) -> tuple[bytes, bytes]:
+        """(prefix_key, exact_key): SHA-256 of prefix_prefix API "\n" CJ(top without the final
+        message), then SHA-256 of exact_prefix, the prefix key and CJ(final message)."""
+        head = [PREFIX_PREFIX, api.encode(), b"\n"]
+        p = self.pieces
+        if self.cut is None:
+            prefix = sha256_of(head, p)
+            return prefix, sha256_of([EXACT_PREFIX, prefix])
+        prefix = sha256_of(head, p[:self.cut], p[self.stop:])
+        return prefix, sha256_of([EXACT_PREFIX, prefix], p[self.first:self.stop])
+
+
+def exact_key(api: str, doc: dict) -> bytes:
+    """The exact key of an (already masked) decoded request."""
+    return canonical_form(api, doc).keys(api)[1]
+
+
+def canonical_form(api: str, doc: dict) -> Canonical:
+    """CJ of the request's top-level object (§6), with the place of its final message."""
     top: dict[Any, Any] = {}
     for k, v in doc.items():
         if v is None or k in EXCLUDED_KEYS:
@@ -158,6 +190,22 @@ def canonical_pieces(api: str, doc: dict) -> list[bytes]:
         top[k] = v
     if api == "openai" and "max_completion_tokens" in top:
         top["max_tokens"] = top.pop("max_completion_tokens")
-    out = [EXACT_PREFIX, api.encode(), b"\n"]
-    _cj(top, out)
-    return out
+    out: list[bytes] = []
+    place: list[int] = []        # cut, first, stop
+
+    def top_member(k: bytes, x: Any, out: list[bytes]) -> None:
+        if k != b"messages" or not isinstance(x, list) or not x:
+            return _cj(x, out)
+        out.append(b"[")
+        for m in x[:-1]:
+            _cj(m, out)
+            out.append(b",")
+        first = len(out)
+        place.extend((first - 1 if len(x) > 1 else first, first))
+        _cj(x[-1], out)
+        place.append(len(out))
+        out.append(b"]")
+
+    _put_object(top, out, top_member)
+    cut, first, stop = place if place else (None, None, None)
+    return Canonical(out, cut, first, stop)

@@ -1,8 +1,8 @@
 """The content-similarity fingerprint (docs/fingerprint.md §4–§5): tokens, word
-2-shingles, the MinHash signature, LSH band keys and csf_key. The Python side of
-lua/zccp/fp/csf.lua, byte for byte.
+2-shingles, the one-permutation MinHash signature (optimal densification), LSH band
+keys and csf_key. The Python side of lua/zccp/fp/csf.lua, byte for byte.
 
-    csf_signature(masked_prompt_text) -> (signature, tokens seen, complete)
+    csf_signature(masked_text) -> (signature, tokens seen, complete)
     band_keys(signature), csf_key_of(signature), estimate_jaccard(sig_a, sig_b)
 """
 
@@ -12,7 +12,7 @@ import itertools
 import re
 from typing import Sequence
 
-from zccp.cache.fp.tables import BANDS, MAX_TOKENS, NUM_PERM, RANGES, ROWS, SEED
+from zccp.cache.fp.tables import BANDS, BIN_BITS, MAX_TOKENS, NUM_PERM, RANGES, ROWS, SEED
 
 try:  # vectorised MinHash; the pure-Python path below gives the same values
     import numpy as _np
@@ -21,8 +21,10 @@ except ImportError:  # pragma: no cover
 
 _M32 = 0xFFFFFFFF
 _M64 = 0xFFFFFFFFFFFFFFFF
-MERSENNE_61 = (1 << 61) - 1
-EMPTY_SLOT = _M32                    # signature value when the prompt has no shingle
+EMPTY_SLOT = _M32                    # signature value when the text has no shingle
+_MIX1 = 0xBF58476D1CE4E5B9
+_MIX2 = 0x94D049BB133111EB
+_BIN_SHIFT = 64 - BIN_BITS
 
 # --------------------------------------------------------------------------- hashes
 
@@ -42,25 +44,31 @@ def _splitmix64(seed: int):
     state = seed
     while True:
         state = (state + 0x9E3779B97F4A7C15) & _M64
-        z = state
-        z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & _M64
-        z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & _M64
-        yield z ^ (z >> 31)
+        yield mix64(state)
 
 
-def _minhash_params() -> tuple[tuple[int, ...], tuple[int, ...]]:
+def mix64(z: int) -> int:
+    """splitmix64's output function (a bijection of 64-bit values)."""
+    z = ((z ^ (z >> 30)) * _MIX1) & _M64
+    z = ((z ^ (z >> 27)) * _MIX2) & _M64
+    return z ^ (z >> 31)
+
+
+def _probe_table() -> tuple[tuple[int, ...], ...]:
+    """Row i: the order in which an empty bin i looks for a filled bin (a Fisher-Yates
+    permutation of the bins drawn from splitmix64 seeded with SEED, rows in order)."""
     gen = _splitmix64(SEED)
-    a_s, b_s = [], []
+    rows = []
     for _ in range(NUM_PERM):
-        a = 0
-        while a == 0:
-            a = next(gen) % MERSENNE_61
-        a_s.append(a)
-        b_s.append(next(gen) % MERSENNE_61)
-    return tuple(a_s), tuple(b_s)
+        perm = list(range(NUM_PERM))
+        for j in range(NUM_PERM - 1, 0, -1):
+            r = next(gen) % (j + 1)
+            perm[j], perm[r] = perm[r], perm[j]
+        rows.append(tuple(perm))
+    return tuple(rows)
 
 
-MINHASH_A, MINHASH_B = _minhash_params()
+PROBE = _probe_table()
 
 
 # --------------------------------------------------------------------------- tokenizer
@@ -167,59 +175,47 @@ def _shingle_hashes_np(tokens: Sequence[bytes]) -> list[int]:
     return out
 
 
-def _minhash_py(xs: Sequence[int]) -> tuple[int, ...]:
-    if not xs:
-        return (EMPTY_SLOT,) * NUM_PERM
-    P = MERSENNE_61
-    return tuple(min(((a * x + b) % P) & _M32 for x in xs) for a, b in zip(MINHASH_A, MINHASH_B))
+def _bins_py(xs: Sequence[int]) -> dict[int, int]:
+    """bin -> minimum value, over the shingle hashes xs (one mix each)."""
+    out: dict[int, int] = {}
+    for x in xs:
+        z = mix64(x ^ SEED)
+        b, v = z >> _BIN_SHIFT, z & _M32
+        if v < out.get(b, 1 << 32):
+            out[b] = v
+    return out
 
 
-if _np is not None:
-    # a = AH * 2^29 + AL (AH < 2^32, AL < 2^29), as in fingerprint.lua
-    _AH = _np.array([a >> 29 for a in MINHASH_A], dtype=_np.uint64)[:, None]
-    _AL = _np.array([a & ((1 << 29) - 1) for a in MINHASH_A], dtype=_np.uint64)[:, None]
-    _B = _np.array(MINHASH_B, dtype=_np.uint64)[:, None]
-
-_NP_ROWS = 16   # MinHash functions per numpy block (keeps the temporaries in cache)
-
-
-def _minhash_np(xs: Sequence[int]) -> tuple[int, ...]:
-    """Same arithmetic as fingerprint.lua: with a = AH*2^29 + AL and x < 2^32,
-    s = ((AH*x mod 2^32) << 29) + (AH*x >> 32) + AL*x + b < 2^63 is a*x + b mod P;
-    r = (s & P) + (s >> 61) <= P + 3, and r mod P has the low 32 bits of r + ((r + 1) >> 61)."""
-    if not xs:
-        return (EMPTY_SLOT,) * NUM_PERM
+def _bins_np(xs: Sequence[int]) -> dict[int, int]:
+    """The same with numpy: mix every hash at once, then the smallest value of each bin."""
     np = _np
-    x = np.array(xs, dtype=np.uint64)[None, :]
-    u = np.uint64
-    m32, p61, s29, s32, s61, one = u(_M32), u(MERSENNE_61), u(29), u(32), u(61), u(1)
-    out: list[int] = []
-    for i in range(0, NUM_PERM, _NP_ROWS):
-        h = _AH[i:i + _NP_ROWS] * x
-        s = h & m32
-        s <<= s29
-        h >>= s32
-        s += h
-        np.multiply(_AL[i:i + _NP_ROWS], x, out=h)
-        s += h
-        s += _B[i:i + _NP_ROWS]
-        np.right_shift(s, s61, out=h)
-        s &= p61
-        s += h                      # r
-        np.add(s, one, out=h)
-        h >>= s61                   # 1 iff r >= P
-        s += h
-        s &= m32
-        out.extend(s.min(axis=1).tolist())
-    return tuple(out)
+    z = np.array(xs, dtype=np.uint64) ^ np.uint64(SEED)
+    z ^= z >> np.uint64(30)
+    z *= np.uint64(_MIX1)
+    z ^= z >> np.uint64(27)
+    z *= np.uint64(_MIX2)
+    z ^= z >> np.uint64(31)
+    # bin in the high word, value in the low one: sorted, a bin's first entry is its minimum
+    k = np.sort(((z >> np.uint64(_BIN_SHIFT)) << np.uint64(32)) | (z & np.uint64(_M32)))
+    b = k >> np.uint64(32)
+    first = np.flatnonzero(np.concatenate(([True], b[1:] != b[:-1])))
+    return dict(zip(b[first].tolist(), (k[first] & np.uint64(_M32)).tolist()))
 
 
 def minhash(xs: Sequence[int]) -> tuple[int, ...]:
-    """128 values: min over shingles of ((a_i*x + b_i) mod (2^61-1)) & 0xffffffff."""
-    xs = list(dict.fromkeys(xs))
-    if _np is not None and len(xs) > 8:
-        return _minhash_np(xs)
-    return _minhash_py(xs)
+    """The NUM_PERM values of one-permutation MinHash over shingle hashes xs: bin i holds
+    the smallest value mixed into it; an empty bin copies the first filled bin of PROBE[i]
+    (optimal densification); no shingle at all: EMPTY_SLOT everywhere."""
+    if not xs:
+        return (EMPTY_SLOT,) * NUM_PERM
+    bins = _bins_np(xs) if _np is not None and len(xs) > 32 else _bins_py(xs)
+    out = []
+    for i in range(NUM_PERM):
+        v = bins.get(i)
+        if v is None:
+            v = bins[next(j for j in PROBE[i] if j in bins)]
+        out.append(v)
+    return tuple(out)
 
 
 def band_keys(sig: Sequence[int]) -> tuple[int, ...]:
@@ -235,7 +231,7 @@ def csf_key_of(sig: Sequence[int]) -> int:
 
 
 def csf_signature(text: bytes) -> tuple[tuple[int, ...], int, bool]:
-    """(signature, tokens seen, complete) of an already-masked prompt text."""
+    """(signature, tokens seen, complete) of an already-masked text."""
     toks, complete = tokenize(text)
     return minhash(shingle_hashes(toks)), len(toks), complete
 
@@ -247,7 +243,7 @@ def csf_of_prefixes(prefix) -> tuple[tuple[int, ...], int, bool]:
 
 
 def estimate_jaccard(sig_a: Sequence[int], sig_b: Sequence[int]) -> float:
-    """MinHash estimate of the Jaccard similarity of two prompts' shingle sets."""
+    """MinHash estimate of the Jaccard similarity of two texts' shingle sets."""
     if len(sig_a) != len(sig_b) or not sig_a:
         raise ValueError("signatures must have the same, non-zero length")
     return sum(1 for a, b in zip(sig_a, sig_b) if a == b) / len(sig_a)

@@ -1,0 +1,27 @@
+"""Container healthchecks, with the addresses taken from the mounted config.yaml.
+
+  healthcheck.py engine   the engine answers a PING on its doorbell socket
+  healthcheck.py nginx    GET /health is 200 (nginx is up and the engine answers it)
+"""
+
+import os
+import sys
+import urllib.error
+import urllib.request
+
+from zccp.config import load_config
+from zccp.stack import engine_ping
+
+cfg = load_config(os.environ.get("ZCCP_CONFIG", "/etc/zccp/config.yaml"))
+what = sys.argv[1] if len(sys.argv) > 1 else ""
+if what == "engine":
+    sys.exit(0 if engine_ping(cfg.server.socket_path, timeout=2.0) is not None else 1)
+if what == "nginx":
+    port = cfg.server.listen.rpartition(":")[2]
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2.0) as r:
+            sys.exit(0 if r.status == 200 else 1)
+    except (urllib.error.URLError, OSError) as exc:
+        print(f"/health: {exc}", file=sys.stderr)
+        sys.exit(1)
+sys.exit("usage: healthcheck.py engine|nginx")

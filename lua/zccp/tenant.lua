@@ -1,0 +1,47 @@
+-- The request's tenant for the cache (cache.tenant_source): SHA-256 of the source's
+-- value, written into request.tenant with ZCCP_FLAG_TENANT. Header sources are known
+-- only here; the body's end user when nginx decoded the body (else the engine reads it).
+--
+--   local tenant = require "zccp.tenant"
+--   local digest = tenant.digest(fp)   -- 32-byte string, or nil (anonymous / left to the engine)
+local settings = require "zccp.settings"
+local sha256 = require "zccp.sha256"
+
+local ngx_var = ngx.var
+local str_match = string.match
+local str_lower = string.lower
+local str_gsub = string.gsub
+
+local _M = { _VERSION = "0.1.0" }
+
+local header_var   -- ngx.var name of cache.tenant_header ("http_x_tenant_id")
+
+local function source_value(s, fp)
+    local src = s.tenant_source
+    if src == "api_key" then
+        local key = ngx_var.http_x_api_key
+        if key then
+            return key
+        end
+        local auth = ngx_var.http_authorization
+        return auth and str_match(auth, "^[Bb][Ee][Aa][Rr][Ee][Rr]%s+(%S+)")
+    end
+    if src == "header" then
+        if not header_var then
+            header_var = "http_" .. str_gsub(str_lower(s.tenant_header), "-", "_")
+        end
+        return ngx_var[header_var]
+    end
+    return fp and fp.end_user   -- "user": metadata.user_id / user, when nginx decoded the body
+end
+
+-- fp: the request's fingerprint (zccp.fingerprint.compute), or nil.
+function _M.digest(fp)
+    local v = source_value(settings.get(), fp)
+    if not v or v == "" then
+        return nil
+    end
+    return sha256.digest(v, #v)
+end
+
+return _M

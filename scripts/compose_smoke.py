@@ -1,0 +1,142 @@
+"""Client half of scripts/compose-smoke.sh: talks to the compose stack on 127.0.0.1 only.
+
+  compose_smoke.py health                  print /health's JSON; exit 0 when it is 200
+  compose_smoke.py sdks                    both APIs through the official SDKs, streams, cache HIT
+  compose_smoke.py cache-pair A B          two requests that differ only in A/B: print the 2nd's X-ZCCP-Cache
+  compose_smoke.py mask-add FILE           add the smoke's mask to a mask_patterns.lua
+  compose_smoke.py wait-new-epoch EPOCH S  wait (at most S s) for /health 200 from another engine epoch
+
+ZCCP_URL (default http://127.0.0.1:8080) says where. Exit status 1 with a message on failure.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+
+import httpx
+
+URL = os.environ.get("ZCCP_URL", "http://127.0.0.1:8080")
+MODEL = "zccp-tiny"
+SMOKE_MASK = """    {
+        -- added by scripts/compose-smoke.sh (removed again when it ends)
+        name = "compose_smoke",
+        pattern = [[\\bsmoke-ticket-[a-z]+\\b]],
+        replacement = "<smoke-ticket>",
+    },
+"""
+
+
+def fail(msg: str) -> None:
+    print(f"FAIL: {msg}", file=sys.stderr)
+    sys.exit(1)
+
+
+def health() -> tuple[int, dict]:
+    try:
+        r = httpx.get(f"{URL}/health", timeout=3)
+    except httpx.HTTPError as exc:
+        return 0, {"error": str(exc)}
+    try:
+        return r.status_code, r.json()
+    except ValueError:
+        return r.status_code, {"body": r.text[:200]}
+
+
+def cmd_health() -> None:
+    code, body = health()
+    print(json.dumps(body))
+    sys.exit(0 if code == 200 else 1)
+
+
+def cmd_sdks() -> None:
+    import anthropic
+    import openai
+
+    claude = anthropic.Anthropic(base_url=URL, api_key="unused", max_retries=0, timeout=60)
+    msgs = [{"role": "user", "content": "Compose smoke: say something."}]
+    # This SDK's create() has no temperature argument any more; the API still takes it.
+    greedy = {"extra_body": {"temperature": 0}}
+    raw = claude.messages.with_raw_response.create(model=MODEL, max_tokens=24, messages=msgs, **greedy)
+    msg = raw.parse()
+    if msg.type != "message" or msg.content[0].type != "text" or msg.usage.output_tokens < 1:
+        fail(f"anthropic: unexpected message {msg!r}")
+    again = claude.messages.with_raw_response.create(model=MODEL, max_tokens=24, messages=msgs, **greedy)
+    if again.headers.get("x-zccp-cache") != "HIT":
+        fail(f"anthropic: repeated request: X-ZCCP-Cache {again.headers.get('x-zccp-cache')!r}, expected HIT")
+    if again.parse().content[0].text != msg.content[0].text:
+        fail("anthropic: the cache HIT's text differs from the first answer")
+    print(f"anthropic: message ok ({msg.usage.output_tokens} tokens), repeat X-ZCCP-Cache: HIT")
+
+    # Greedy: the tiny model's output is noise, and a sampled one may end at once.
+    with claude.messages.stream(model=MODEL, max_tokens=24, messages=[
+            {"role": "user", "content": "Compose smoke: stream, please."}], **greedy) as stream:
+        pieces = list(stream.text_stream)
+        final = stream.get_final_message()
+    if not pieces or "".join(pieces) != final.content[0].text or final.stop_reason is None:
+        fail(f"anthropic: stream {len(pieces)} deltas, final {final!r}")
+    print(f"anthropic: stream ok ({len(pieces)} text deltas, stop_reason {final.stop_reason})")
+
+    oai = openai.OpenAI(base_url=f"{URL}/v1", api_key="unused", max_retries=0, timeout=60)
+    omsgs = [{"role": "user", "content": "Compose smoke: OpenAI side."}]
+    raw = oai.chat.completions.with_raw_response.create(model=MODEL, max_tokens=24, temperature=0, messages=omsgs)
+    comp = raw.parse()
+    if comp.choices[0].message.content is None or comp.usage.completion_tokens < 1:
+        fail(f"openai: unexpected completion {comp!r}")
+    again = oai.chat.completions.with_raw_response.create(model=MODEL, max_tokens=24, temperature=0, messages=omsgs)
+    if again.headers.get("x-zccp-cache") != "HIT":
+        fail(f"openai: repeated request: X-ZCCP-Cache {again.headers.get('x-zccp-cache')!r}, expected HIT")
+    print(f"openai: completion ok ({comp.usage.completion_tokens} tokens), repeat X-ZCCP-Cache: HIT")
+
+    chunks = list(oai.chat.completions.create(
+        model=MODEL, max_tokens=24, temperature=0, stream=True, stream_options={"include_usage": True},
+        messages=[{"role": "user", "content": "Compose smoke: OpenAI stream."}]))
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    usage = [c.usage for c in chunks if c.usage]
+    if not text or not usage or usage[-1].completion_tokens < 1:
+        fail(f"openai: stream of {len(chunks)} chunks, text {text!r}, usage {usage!r}")
+    print(f"openai: stream ok ({len(chunks)} chunks, usage {usage[-1].completion_tokens} tokens)")
+
+
+def cmd_cache_pair(a: str, b: str) -> None:
+    """The second request's cache result: HIT only if a mask makes A and B the same key."""
+    results = []
+    for word in (a, b):
+        body = {"model": MODEL, "max_tokens": 8, "temperature": 0,
+                "messages": [{"role": "user", "content": f"Describe {word} in one line."}]}
+        r = httpx.post(f"{URL}/v1/messages", json=body, timeout=60)
+        if r.status_code != 200:
+            fail(f"cache-pair {word}: HTTP {r.status_code}: {r.text[:200]}")
+        results.append(r.headers.get("x-zccp-cache"))
+    print(results[1])
+
+
+def cmd_mask_add(path: str) -> None:
+    text = open(path, encoding="utf-8").read()
+    end = text.rstrip().rfind("}")
+    if end < 0 or "compose_smoke" in text:
+        fail(f"{path}: no closing brace, or the smoke's mask is already there")
+    with open(path, "r+", encoding="utf-8") as f:  # in place: same inode
+        f.write(text[:end] + SMOKE_MASK + text[end:])
+        f.truncate()
+
+
+def cmd_wait_new_epoch(old: str, limit: str) -> None:
+    start = time.monotonic()
+    while time.monotonic() - start < float(limit):
+        code, body = health()
+        if code == 200 and body.get("epoch") != old:
+            print(f"{time.monotonic() - start:.1f}")
+            return
+        time.sleep(0.1)
+    fail(f"no engine with a new epoch on /health after {limit} s (last: {body})")
+
+
+if __name__ == "__main__":
+    cmds = {"health": cmd_health, "sdks": cmd_sdks, "cache-pair": cmd_cache_pair,
+            "mask-add": cmd_mask_add, "wait-new-epoch": cmd_wait_new_epoch}
+    if len(sys.argv) < 2 or sys.argv[1] not in cmds:
+        fail(__doc__)
+    cmds[sys.argv[1]](*sys.argv[2:])

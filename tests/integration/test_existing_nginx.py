@@ -1,0 +1,419 @@
+"""ZCCP added to an nginx that already serves other sites (docs/existing-nginx.md), for real.
+
+The nginx here is Debian's nginx with Debian's own nginx.conf layout (the modules
+loaded by /etc/nginx/modules-enabled/, conf.d/ and sites-enabled/ included from http {},
+`user www-data` when the test runs as root), moved under a private prefix. Its site
+serves a static root and a `proxy_pass` upstream (a Python HTTP server). The test then
+does what the document tells an operator to do: `zccp-nginx render`, one include in
+conf.d/, one include in the server, `nginx -t`, `nginx -s reload`; and checks that all
+three answer, then that reloads under steady load on all of them fail no request.
+"""
+
+from __future__ import annotations
+
+import grp
+import json
+import os
+import pwd
+import re
+import shutil
+import signal
+import stat
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections import Counter
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+import pytest
+
+from harness import Stack, anthropic_body
+from zccp.config import mask_state_path
+from zccp.stack import Service, engine_service, free_port, redis_service
+
+REPO = Path(__file__).resolve().parents[2]
+NGINX = shutil.which("nginx") or "/usr/sbin/nginx"
+MODULES_ENABLED = Path("/etc/nginx/modules-enabled")
+AS_ROOT = os.geteuid() == 0
+WORKER_USER = "www-data"     # Debian's nginx user: the workers run as it when the test runs as root
+WORKERS = 2
+CLIENTS = 6                  # concurrent clients during the reloads
+RELOADS = 5
+INDEX = "<h1>the static site</h1>\n"
+UPSTREAM_TEXT = "hello from the upstream app\n"
+
+# Debian's /etc/nginx/nginx.conf (nginx 1.22, bookworm), paths moved under the test's prefix.
+NGINX_CONF = """\
+{user_line}
+worker_processes {workers};
+pid {p}/nginx.pid;
+error_log {p}/logs/error.log;
+include /etc/nginx/modules-enabled/*.conf;
+
+events {{
+    worker_connections 768;
+}}
+
+http {{
+    sendfile on;
+    tcp_nopush on;
+    types_hash_max_size 2048;
+    include /etc/nginx/mime.types;
+    default_type application/octet-stream;
+    # Debian's nginx keeps these in /var/lib/nginx/; this one has its own.
+    client_body_temp_path {p}/tmp/body;
+    proxy_temp_path {p}/tmp/proxy;
+    fastcgi_temp_path {p}/tmp/fastcgi;
+    uwsgi_temp_path {p}/tmp/uwsgi;
+    scgi_temp_path {p}/tmp/scgi;
+    access_log {p}/logs/access.log;
+    gzip on;
+    include {p}/conf.d/*.conf;
+    include {p}/sites-enabled/*;
+}}
+"""
+
+SITE = """\
+server {{
+    listen {listen};
+    root {p}/www;
+    index index.html;
+    location / {{
+        try_files $uri $uri/ =404;
+    }}
+    location /app/ {{
+        proxy_pass http://127.0.0.1:{upstream};
+    }}
+}}
+"""
+
+
+# What docs/existing-nginx.md adds to the server block: the include, and (optional) ZCCP's
+# JSON log beside the server's own (a server-level access_log replaces the inherited one).
+ZCCP_IN_SERVER = """\
+    include {out}/zccp_server.conf;
+    access_log {p}/logs/access.log;
+    access_log {p}/logs/zccp.log zccp_json if=$sent_http_x_zccp_context_id;
+}}
+"""
+
+
+@dataclass
+class Existing:
+    """The operator's nginx: a prefix laid out like /etc/nginx, its master, its address."""
+    prefix: Path
+    listen: str
+    upstream: Service
+    nginx: Service | None = None
+
+    @property
+    def conf(self) -> Path:
+        return self.prefix / "nginx.conf"
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.listen}"
+
+    def ctl(self, *args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([NGINX, "-p", str(self.prefix), "-c", str(self.conf), *args],
+                              capture_output=True, text=True, timeout=60)
+
+    def workers(self) -> set[int]:
+        """The master's live worker processes (zombies not yet reaped are gone already)."""
+        assert self.nginx is not None and self.nginx.proc is not None
+        master, out = self.nginx.proc.pid, set()
+        for d in Path("/proc").iterdir():
+            if not d.name.isdigit():
+                continue
+            try:
+                fields = (d / "stat").read_text().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            if fields[0] != "Z" and int(fields[1]) == master:
+                out.add(int(d.name))
+        return out
+
+    def error_log(self) -> str:
+        return (self.prefix / "logs" / "error.log").read_text(errors="replace")
+
+
+def _wait(cond: Callable[[], bool], timeout: float, what: str) -> None:
+    end = time.monotonic() + timeout
+    while not cond():
+        assert time.monotonic() < end, f"timed out waiting for {what}"
+        time.sleep(0.05)
+
+
+def _site_up(url: str) -> bool:
+    try:
+        return httpx.get(url, timeout=2).status_code == 200
+    except httpx.HTTPError:
+        return False
+
+
+@pytest.fixture
+def zccp_home(tmp_path: Path) -> Path:
+    """ZCCP's data files where the worker user cannot read them (as in a venv under
+    /root): only nginx's master may need them, at start and reload."""
+    home = tmp_path / "zccp-home"
+    for d in ("lua", "nginx"):
+        shutil.copytree(REPO / d, home / d)
+    (home / "shm_abi").mkdir()
+    shutil.copy(REPO / "shm_abi" / "zccp_abi.h", home / "shm_abi")
+    home.chmod(0o700)
+    return home
+
+
+@pytest.fixture
+def zccp(tmp_path: Path) -> Iterator[Stack]:
+    """ZCCP's config (arena + socket 0660 to the workers' group when they are www-data);
+    its engine and Redis are started by the test. The existing site listens on its
+    server.listen, so the Stack's own checks (health, leaks) reach it there."""
+    s = Stack(tmp_path / "zccp", {"shared_memory": {"group": WORKER_USER}} if AS_ROOT else {}, with_redis=True)
+    try:
+        yield s
+    finally:
+        s.stop()
+        shutil.rmtree(Path(s.cfg.server.socket_path).parent, ignore_errors=True)
+
+
+@pytest.fixture
+def existing(tmp_path: Path, zccp: Stack) -> Iterator[Existing]:
+    # Not under pytest's 0700 tmp_path: www-data serves the static root from here.
+    prefix = Path(tempfile.mkdtemp(prefix="zccp-existing-nginx-"))
+    prefix.chmod(0o755)
+    upstream_dir = tmp_path / "upstream"
+    (upstream_dir / "app").mkdir(parents=True)
+    (upstream_dir / "app" / "hello.txt").write_text(UPSTREAM_TEXT)
+    up_port = free_port()
+    upstream = Service("upstream", [sys.executable, "-m", "http.server", str(up_port), "--bind", "127.0.0.1",
+                                    "--directory", str(upstream_dir)], tmp_path / "upstream.log")
+    e = Existing(prefix, zccp.cfg.server.listen, upstream)
+    try:
+        upstream.start()
+        upstream.wait_until(lambda: _site_up(f"http://127.0.0.1:{up_port}/app/hello.txt"), 20, "GET /app/hello.txt")
+        for sub in ("logs", "conf.d", "sites-enabled", "www", "tmp"):
+            (prefix / sub).mkdir()
+        (prefix / "www" / "index.html").write_text(INDEX)
+        # Debian's modules-enabled/*.conf name the modules relative to the prefix
+        # (/usr/share/nginx/modules -> /usr/lib/nginx/modules): the same link here.
+        (prefix / "modules").symlink_to("/usr/lib/nginx/modules")
+        e.conf.write_text(NGINX_CONF.format(p=prefix, workers=WORKERS,
+                                            user_line=f"user {WORKER_USER};" if AS_ROOT else ""))
+        (prefix / "sites-enabled" / "default").write_text(SITE.format(p=prefix, listen=e.listen, upstream=up_port))
+        t = e.ctl("-t")
+        assert t.returncode == 0, t.stderr
+        e.nginx = Service("nginx", [NGINX, "-p", str(prefix), "-c", str(e.conf), "-g", "daemon off;"],
+                          prefix / "logs" / "nginx.log", stop_signal=signal.SIGQUIT)
+        e.nginx.start()
+        e.nginx.wait_until(lambda: _site_up(e.url + "/"), 20, "GET / on the static site")
+        yield e
+    finally:
+        if e.nginx is not None:
+            e.nginx.stop()
+        upstream.stop()
+        shutil.rmtree(prefix, ignore_errors=True)
+
+
+def _check_sites(url: str) -> None:
+    r = httpx.get(url + "/", timeout=10)
+    assert r.status_code == 200 and r.text == INDEX, (r.status_code, r.text)
+    r = httpx.get(url + "/app/hello.txt", timeout=10)
+    assert r.status_code == 200 and r.text == UPSTREAM_TEXT, (r.status_code, r.text)
+
+
+def _chat_body(text: str, **extra: object) -> dict:
+    return {"model": "zccp-tiny", "max_tokens": 4, "messages": [{"role": "user", "content": text}], **extra}
+
+
+# One request of each kind the clients send: (method, path, body or None, check of the response).
+def _requests(client_no: int, n: int) -> list[tuple[str, str, dict | None, Callable[[httpx.Response], bool]]]:
+    text = f"reload client {client_no} request {n // 12}"   # each kind twice per text: a miss, then a hit
+    return [
+        ("POST", "/v1/messages", anthropic_body(text, max_tokens=4), lambda r: r.json()["type"] == "message"),
+        ("POST", "/v1/chat/completions", _chat_body(text), lambda r: r.json()["object"] == "chat.completion"),
+        ("POST", "/v1/messages", anthropic_body(text + " stream", max_tokens=16, stream=True),
+         lambda r: "event: message_stop" in r.text),
+        ("GET", "/", None, lambda r: r.text == INDEX),
+        ("GET", "/app/hello.txt", None, lambda r: r.text == UPSTREAM_TEXT),
+        ("GET", "/health", None, lambda r: r.json()["status"] == "ok"),
+    ]
+
+
+KINDS = ("messages", "chat", "stream", "static", "proxy", "health")
+
+
+@dataclass(frozen=True)
+class Outcome:
+    kind: str
+    keepalive: bool
+    start: float
+    end: float
+    ok: bool
+    retried: bool
+    cache: str        # X-ZCCP-Cache of ZCCP's answers
+    detail: str
+
+
+# nginx's reload closes the old workers' idle keep-alive connections at once; a request
+# the client sends on one in that instant is never read: the connection closes (or is
+# reset) before any byte of a response. HTTP clients send such a request again on a new
+# connection (the official SDKs retry connection errors; RFC 9112 9.3.1): the keep-alive
+# clients do too, once, and count it. An error after the response began is never retried.
+NOT_ANSWERED = (httpx.RemoteProtocolError, httpx.ReadError, httpx.WriteError)
+
+
+def _send(c: httpx.Client, method: str, path: str, body: dict | None, keepalive: bool) -> tuple[httpx.Response, bool]:
+    """The response, read in full, and whether it took a second try."""
+    retried = False
+    try:
+        r = c.send(c.build_request(method, path, json=body), stream=True)   # returns with the headers
+    except NOT_ANSWERED:
+        if not keepalive:
+            raise
+        retried = True
+        r = c.send(c.build_request(method, path, json=body), stream=True)
+    try:
+        r.read()
+    finally:
+        r.close()
+    return r, retried
+
+
+def _client(url: str, client_no: int, keepalive: bool, stop: threading.Event, out: list[Outcome]) -> None:
+    n = 0
+    limits = httpx.Limits(max_keepalive_connections=1 if keepalive else 0)
+    headers = {} if keepalive else {"connection": "close"}
+    with httpx.Client(base_url=url, timeout=60, limits=limits, headers=headers) as c:
+        while not stop.is_set():
+            i = (client_no + n) % len(KINDS)
+            method, path, body, check = _requests(client_no, n)[i]
+            t0, retried, cache = time.monotonic(), False, ""
+            try:
+                r, retried = _send(c, method, path, body, keepalive)
+                ok = 200 <= r.status_code < 300 and check(r)
+                cache, detail = r.headers.get("x-zccp-cache", ""), f"{r.status_code} {r.text[:200]!r}"
+            except Exception as exc:   # any other transport error is a failed request
+                ok, detail = False, f"{type(exc).__name__}: {exc}"
+            out.append(Outcome(KINDS[i], keepalive, t0, time.monotonic(), ok, retried, cache, detail))
+            n += 1
+
+
+def test_zccp_joins_an_nginx_serving_other_sites_and_reloads_under_load(existing, zccp, zccp_home):
+    e, s = existing, zccp
+    _check_sites(e.url)
+    assert (MODULES_ENABLED / "50-mod-http-lua.conf").exists(), "libnginx-mod-http-lua is not enabled"
+
+    # The engine and its Redis first (the systemd units' part), then nginx's part.
+    env = {"ZCCP_HOME": str(zccp_home)}
+    s.redis = redis_service(s.cfg.cache.redis_url, s.run_dir)
+    s.engine = engine_service(s.config_path, s.cfg, s.run_dir, extra_env=env)
+
+    # zccp-nginx render, the two includes, nginx -t, reload: docs/existing-nginx.md, step by step.
+    out = e.prefix / "zccp"
+    r = subprocess.run([sys.executable, "-m", "zccp.cli", "nginx", "render", "--config", str(s.config_path),
+                        "--out", str(out)], capture_output=True, text=True, timeout=60,
+                       env=dict(os.environ, PYTHONPATH=str(REPO / "engine"), **env))
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.split() == [str(out / "zccp_http.conf"), str(out / "zccp_server.conf")]
+    assert f'lua_package_path "{zccp_home / "lua"}/?.lua;;";' in (out / "zccp_http.conf").read_text()
+    (e.prefix / "conf.d" / "zccp.conf").write_text(f"include {out}/zccp_http.conf;\n")
+    site = e.prefix / "sites-enabled" / "default"
+    body = site.read_text().rstrip()
+    assert body.endswith("}")
+    site.write_text(body[:-1] + ZCCP_IN_SERVER.format(out=out, p=e.prefix))
+    t = e.ctl("-t")
+    assert t.returncode == 0, t.stderr
+    before = e.workers()
+    assert e.ctl("-s", "reload").returncode == 0
+    _wait(lambda: not (e.workers() & before) and len(e.workers()) == WORKERS, 30, "the reload's new workers")
+
+    # All three answer: the static site, the upstream, ZCCP (both APIs, health, metrics).
+    _check_sites(e.url)
+    s.wait_healthy()
+    with s.client() as c:
+        m = c.post("/v1/messages", json=anthropic_body("Hello from an existing nginx", temperature=1))
+        assert m.status_code == 200 and m.json()["type"] == "message", m.text
+        assert m.headers["x-zccp-cache"] == "MISS"
+        # The engine stores the answer after sending it: the repeat hits once the store landed.
+        again: list[httpx.Response] = []
+
+        def hit() -> bool:
+            again.append(c.post("/v1/messages", json=anthropic_body("Hello from an existing nginx", temperature=1)))
+            return again[-1].headers["x-zccp-cache"] == "HIT"
+
+        _wait(hit, 10, "a cache HIT from Redis")
+        # Sampled at temperature 1: only a replay repeats a text answered before.
+        assert again[-1].json()["content"] in [x.json()["content"] for x in (m, *again[:-1])]
+        o = c.post("/v1/chat/completions", json=_chat_body("Hello"))
+        assert o.status_code == 200 and o.json()["choices"][0]["message"]["role"] == "assistant", o.text
+        bad = c.post("/v1/chat/completions", json={"model": "zccp-tiny"})
+        assert bad.status_code == 400 and "messages" in bad.json()["error"]["message"], bad.text
+        assert "zccp_engine_up 1" in c.get("/metrics").text
+    # ZCCP's requests in its JSON log, each with its context id; every request in access.log.
+    zlog = [json.loads(ln) for ln in (e.prefix / "logs" / "zccp.log").read_text().splitlines()]
+    assert zlog and all(x["uri"] in ("/v1/messages", "/v1/chat/completions") for x in zlog), zlog
+    assert all(re.fullmatch("[0-9a-f]{16}", x["context_id"]) for x in zlog), zlog
+    access = (e.prefix / "logs" / "access.log").read_text()
+    assert '"GET /app/hello.txt HTTP/1.1" 200' in access and '"POST /v1/messages HTTP/1.1" 200' in access
+    # nginx's master wrote the masks' last-good copy beside the socket (the engine reads it).
+    assert mask_state_path(s.cfg).is_file()
+
+    if AS_ROOT:
+        # The workers are www-data; they reach the arena and the socket only through the group,
+        # and never read ZCCP's Lua files (the master loaded them).
+        uid = pwd.getpwnam(WORKER_USER).pw_uid
+        for pid in e.workers():
+            uids = next(ln for ln in Path(f"/proc/{pid}/status").read_text().splitlines() if ln.startswith("Uid:"))
+            assert uids.split()[1:] == [str(uid)] * 4, uids
+        gid = grp.getgrnam(WORKER_USER).gr_gid
+        for path in (Path("/dev/shm") / s.cfg.shared_memory.name.lstrip("/"), Path(s.cfg.server.socket_path)):
+            st = path.stat()
+            assert (stat.S_IMODE(st.st_mode), st.st_uid, st.st_gid) == (0o660, 0, gid), path
+        assert (stat.S_IMODE(zccp_home.stat().st_mode), zccp_home.stat().st_uid) == (0o700, 0)
+
+    # Reloads under steady load on all three: every request a 2xx.
+    outcomes: list[Outcome] = []
+    stop = threading.Event()
+    # Half the clients keep their connection alive, half open one per request.
+    threads = [threading.Thread(target=_client, args=(e.url, i, i % 2 == 0, stop, outcomes), daemon=True)
+               for i in range(CLIENTS)]
+    for th in threads:
+        th.start()
+    windows: list[tuple[float, float]] = []
+    try:
+        _wait(lambda: len(outcomes) >= 5 * CLIENTS, 60, "the clients' first requests")
+        for _ in range(RELOADS):
+            old = e.workers()
+            t0 = time.monotonic()
+            rl = e.ctl("-s", "reload")
+            assert rl.returncode == 0, rl.stderr
+            # A reload is over when every old worker has finished its requests and exited.
+            _wait(lambda: not (e.workers() & old) and len(e.workers()) == WORKERS, 60, "the old workers' exit")
+            windows.append((t0, time.monotonic()))
+            time.sleep(0.5)
+    finally:
+        stop.set()
+        for th in threads:
+            th.join(90)
+    done = list(outcomes)
+    failed = [o for o in done if not o.ok]
+    overlapping = [o for o in done if any(o.start < w1 and o.end > w0 for w0, w1 in windows)]
+    retried = [o for o in done if o.retried]
+    summary = (f"{len(done)} requests ({sum(o.keepalive for o in done)} on keep-alive connections), "
+               f"{len(overlapping)} overlapping the {RELOADS} reloads ({dict(Counter(o.kind for o in overlapping))}), "
+               f"{len(failed)} failed, {len(retried)} sent again after a keep-alive close "
+               f"({dict(Counter(o.kind for o in retried))}); cache {dict(Counter(o.cache for o in done if o.cache))}")
+    print(summary)
+    assert not failed, summary + "\n" + "\n".join(f"{o.kind}: {o.detail}" for o in failed[:20])
+    assert all(any(o.start < w1 and o.end > w0 for o in done) for w0, w1 in windows), summary
+    assert {o.kind for o in overlapping} == set(KINDS), summary
+    assert {"HIT", "MISS"} <= {o.cache for o in done}, summary     # Redis answered through the reloads
+    s.assert_no_leaks()
+    bad_lines = [ln for ln in e.error_log().splitlines() if any(f"[{lv}]" in ln for lv in ("alert", "crit", "emerg"))]
+    assert not bad_lines, "\n".join(bad_lines[:10])
