@@ -178,7 +178,9 @@ class RequestFlow:
         if keys is None or deps.cache is None or deps.masks is None:
             return
         # The set nginx applied (keys_for resolved it); the latest should it have gone meanwhile.
-        masks = slot_masks(self.ctx.view, deps.masks) or deps.masks.get()
+        masks = slot_masks(self.ctx.view, deps.masks)
+        if masks is None:
+            masks = deps.masks.get()
         assert masks is not None
         self._literals = literals_in(text, keys.request_literals(prep.doc, masks))
         meta = self.ctx.view.meta
