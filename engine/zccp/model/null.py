@@ -25,6 +25,7 @@ class NullBackend(ModelBackend):
         name: str = "zccp-null",
         max_context: int = 8192,
         token_delay_ms: float = 0.0,
+        fail_after: int = -1,
     ) -> None:
         self.name = name
         self.max_context = max_context
@@ -32,6 +33,9 @@ class NullBackend(ModelBackend):
         self.token_delay_s = token_delay_ms / 1000.0
         self.reply = reply
         self._ids: tuple[int, ...] = tuple(reply.encode("utf-8"))
+        # Fault injection: raise after this many tokens (-1: never), as a model that
+        # fails mid-answer would; the tests drive the engine's failure paths with it.
+        self.fail_after = fail_after
 
     def generate(
         self,
@@ -45,7 +49,9 @@ class NullBackend(ModelBackend):
         return self._replay(self._ids[: max(params.max_tokens, 0)], cancelled)
 
     def _replay(self, ids: tuple[int, ...], cancelled: Callable[[], bool]) -> Iterator[int]:
-        for tok in ids:
+        for n, tok in enumerate(ids):
+            if n == self.fail_after:
+                raise RuntimeError(f"null backend: injected failure after {n} tokens (model.null_fail_after)")
             if cancelled():
                 return
             if self.token_delay_s:
