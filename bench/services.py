@@ -21,6 +21,7 @@ from pathlib import Path
 import yaml
 
 from zccp.config import load_config
+from zccp.runtime import resolve
 from zccp.stack import Service, engine_service, free_port, http_get, nginx_service, redis_service
 
 BENCH = Path(__file__).resolve().parent
@@ -37,6 +38,8 @@ class Variant:
     def stop(self) -> None:
         for svc in reversed(list(self.services.values())):
             svc.stop()
+        if "socket_dir" in self.info:
+            shutil.rmtree(str(self.info["socket_dir"]), ignore_errors=True)
 
     def pids(self) -> dict[str, int]:
         return {role: svc.proc.pid for role, svc in self.services.items() if svc.proc is not None}
@@ -163,7 +166,7 @@ def start_d(run_dir: Path, lim: dict, slots: int) -> Variant:
     }
     config_path = run_dir / "config.yaml"
     config_path.write_text(yaml.safe_dump(raw))
-    cfg = load_config(config_path)
+    cfg = resolve(load_config(config_path), run_dir)
     services: dict[str, Service] = {}
     try:
         services["redis"] = redis_service(cfg.cache.redis_url, run_dir)
@@ -180,7 +183,7 @@ def start_d(run_dir: Path, lim: dict, slots: int) -> Variant:
         if http_get(url + "/health", 2)[0] == 200:
             break
         time.sleep(0.1)
-    return Variant("D", url, services, {"config": raw})
+    return Variant("D", url, services, {"config": raw, "socket_dir": str(Path(cfg.server.socket_path or "").parent)})
 
 
 def post(url: str, body: bytes, headers: dict[str, str] | None = None, timeout: float = 60) -> tuple[int, dict, bytes]:

@@ -27,6 +27,11 @@ PY=${PYTHON:-.venv/bin/python}
 say() { printf '[compose-smoke %3ds] %s\n' "$(($(date +%s) - T0))" "$*"; }
 die() { say "FAILED: $*" >&2; exit 1; }
 
+# docker_up, docker_down, debian_base_image (shared with scripts/debian12-check.sh)
+LOG_DIR=$RUN
+# shellcheck source=lib/docker.sh
+. scripts/lib/docker.sh
+
 # --- tools ------------------------------------------------------------------------------
 apt_install() {
     say "apt-get install $*"
@@ -59,7 +64,6 @@ fi
 dc() { timeout 120 "${COMPOSE[@]}" "$@"; }
 
 # --- dockerd ----------------------------------------------------------------------------
-DOCKERD_PID=""
 MASK_BACKUP=""
 cleanup() {
     local rc=$?
@@ -74,8 +78,7 @@ cleanup() {
     fi
     if [ -n "$DOCKERD_PID" ]; then
         say "stopping the dockerd this script started (pid $DOCKERD_PID)"
-        $SUDO kill -TERM "$DOCKERD_PID" 2>/dev/null
-        for _ in $(seq 1 60); do $SUDO kill -0 "$DOCKERD_PID" 2>/dev/null || break; sleep 0.5; done
+        docker_down
     fi
     say "$([ "$rc" -eq 0 ] && echo PASSED || echo FAILED) in $(($(date +%s) - T0)) s"
     exit "$rc"
@@ -85,28 +88,14 @@ trap 'exit 130' INT TERM
 
 if ! docker info >/dev/null 2>&1; then
     say "starting dockerd (log: $RUN/dockerd.log)"
-    $SUDO dockerd --pidfile "$RUN/dockerd.pid" > "$RUN/dockerd.log" 2>&1 &
-    for _ in $(seq 1 60); do docker info >/dev/null 2>&1 && break; sleep 0.5; done
-    docker info >/dev/null 2>&1 || die "dockerd did not come up: $(tail -5 "$RUN/dockerd.log")"
-    DOCKERD_PID=$(cat "$RUN/dockerd.pid")
+    docker_up || die "dockerd did not come up"
 fi
 say "$(docker version --format 'docker {{.Server.Version}}'), $(dc version --short 2>/dev/null || dc version | head -1)"
 
 # --- base image: no registry here, so debootstrap it when absent --------------------------
 if ! docker image inspect debian:bookworm-slim >/dev/null 2>&1; then
-    command -v debootstrap >/dev/null || apt_install debootstrap
-    mirror=$(sed -n 's/^URIs: *\([^ ]*\).*/\1/p' /etc/apt/sources.list.d/*.sources 2>/dev/null \
-             | grep -v security | head -1)
-    [ -n "$mirror" ] || mirror=$(awk '$1 == "deb" && $2 !~ /security/ {print $2; exit}' \
-             /etc/apt/sources.list /etc/apt/sources.list.d/*.list 2>/dev/null)
-    [ -n "$mirror" ] || die "no Debian mirror found in /etc/apt/sources.list*"
-    say "making debian:bookworm-slim with debootstrap from $mirror"
-    rootfs=$(mktemp -d)
-    timeout 600 $SUDO debootstrap --variant=minbase bookworm "$rootfs" "$mirror" > "$RUN/debootstrap.log" 2>&1 \
-        || die "debootstrap failed: $(tail -5 "$RUN/debootstrap.log")"
-    $SUDO rm -rf "$rootfs"/var/cache/apt/archives/*.deb "$rootfs"/var/lib/apt/lists/*
-    $SUDO tar -C "$rootfs" -c . | docker import -c 'CMD ["bash"]' - debian:bookworm-slim >/dev/null
-    $SUDO rm -rf "$rootfs"
+    say "making debian:bookworm-slim with debootstrap (log: $RUN/debootstrap.log)"
+    debian_base_image || die "could not make debian:bookworm-slim"
 fi
 
 # --- wheelhouse, build, up ----------------------------------------------------------------

@@ -12,7 +12,14 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "engine"))
 
-from harness import Stack  # noqa: E402
+from harness import Stack, remove_socket_dirs  # noqa: E402
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _no_socket_dirs_left() -> Iterator[None]:
+    """Nothing of this run stays in /tmp: every stack's socket directory goes at the end."""
+    yield
+    remove_socket_dirs()
 
 
 @pytest.fixture(scope="session")

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import time
 import uuid
 from dataclasses import dataclass, field
@@ -20,7 +21,18 @@ import yaml
 
 from zccp.arena_reader import ArenaReader
 from zccp.config import Config, load_config
+from zccp.runtime import log_dir, resolve
 from zccp.stack import Service, engine_service, free_port, nginx_service, redis_service
+
+
+# Every socket directory a Stack of this process made under /tmp, for the session's
+# clean-up (conftest) to remove even when a stack was only used for its config.
+SOCKET_DIRS: list[Path] = []
+
+
+def remove_socket_dirs() -> None:
+    for d in SOCKET_DIRS:
+        shutil.rmtree(d, ignore_errors=True)
 
 
 def _merge(base: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any]:
@@ -44,9 +56,13 @@ class Stack:
     def __post_init__(self) -> None:
         tag = uuid.uuid4().hex[:10]
         self.run_dir.mkdir(parents=True, exist_ok=True)
+        # The socket lives outside pytest's private (0700) temp tree, where nginx's
+        # unprivileged workers can reach it; stop() removes the directory.
+        self.socket_dir = Path(f"/tmp/zccp-test-{tag}")
+        SOCKET_DIRS.append(self.socket_dir)
         raw = {
             "server": {"listen": f"127.0.0.1:{free_port()}", "workers": 2,
-                       "socket_path": f"/tmp/zccp-test-{tag}/doorbell.sock", "connect_timeout_ms": 500},
+                       "socket_path": str(self.socket_dir / "doorbell.sock"), "connect_timeout_ms": 500},
             "shared_memory": {"name": f"/zccp.test.{tag}", "segment_count": 8, "cleanup_interval_ms": 30000},
             "cache": {"enabled": self.with_redis, "redis_url": f"redis://127.0.0.1:{free_port()}/0"},
             "model": {"backend": "tiny", "name": "zccp-tiny", "max_context": 4096},
@@ -56,7 +72,7 @@ class Stack:
         raw = _merge(raw, self.overrides)
         self.config_path = self.run_dir / "config.yaml"
         self.config_path.write_text(yaml.safe_dump(raw))
-        self.cfg = load_config(self.config_path)
+        self.cfg = resolve(load_config(self.config_path), self.run_dir)
 
     # -- processes ----------------------------------------------------------------------
 
@@ -79,6 +95,7 @@ class Stack:
         for svc in (self.nginx, self.engine, self.redis):
             if svc is not None:
                 svc.stop()
+        shutil.rmtree(self.socket_dir, ignore_errors=True)
 
     def wait_healthy(self, timeout: float = 20) -> dict[str, Any]:
         end = time.monotonic() + timeout
@@ -125,13 +142,16 @@ class Stack:
                 raise AssertionError(f"leaked slots: claimed={h.get('slots_claimed')} busy={busy}")
             time.sleep(0.05)
 
-    def error_log(self) -> str:
-        p = self.run_dir / "nginx" / "logs" / "error.log"
+    def log(self, name: str) -> str:
+        """One of the stack's logs (engine.log, redis.log, nginx-error.log, nginx-access.log)."""
+        p = log_dir(self.run_dir) / name
         return p.read_text(errors="replace") if p.exists() else ""
 
+    def error_log(self) -> str:
+        return self.log("nginx-error.log")
+
     def engine_log(self) -> str:
-        p = self.run_dir / "logs" / "engine.log"
-        return p.read_text(errors="replace") if p.exists() else ""
+        return self.log("engine.log")
 
 
 def sdk_clients(stack: Stack, timeout: float = 60) -> tuple[Any, Any]:
@@ -154,3 +174,90 @@ def dumps(obj: Any) -> bytes:
 
 
 os.environ.setdefault("NO_PROXY", "127.0.0.1,localhost")
+
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+@dataclass
+class StackProcess:
+    """`zccp-stack up` itself, as a user runs it (this checkout's package), for the tests of
+    its own life cycle: supervision, signals, exit status. stop() ends it and anything it
+    left, by pid."""
+
+    stack: Stack                  # only for its isolated config (ports, shm name, socket)
+    proc: Any = field(default=None, init=False)
+    output: Path = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.output = self.stack.run_dir / "zccp-stack.out"
+
+    def start(self, wait: bool = True, timeout: float = 120) -> StackProcess:
+        import subprocess
+        import sys
+
+        env = dict(os.environ, PYTHONPATH=str(REPO / "engine"))
+        with open(self.output, "wb") as out:
+            self.proc = subprocess.Popen([sys.executable, "-m", "zccp.cli", "stack", "up", "--config",
+                                          str(self.stack.config_path), "--run-dir", str(self.stack.run_dir)],
+                                         stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
+                                         start_new_session=True)
+        if wait:
+            end = time.monotonic() + timeout
+            while True:
+                assert self.proc.poll() is None, f"zccp-stack exited {self.proc.returncode}:\n{self.text()}"
+                try:
+                    if httpx.get(self.stack.url("/health"), timeout=2).status_code == 200:
+                        break
+                except httpx.HTTPError:
+                    pass
+                assert time.monotonic() < end, f"stack not healthy:\n{self.text()}"
+                time.sleep(0.2)
+        return self
+
+    def text(self) -> str:
+        return self.output.read_text(errors="replace") if self.output.exists() else ""
+
+    def wait(self, timeout: float) -> int:
+        return self.proc.wait(timeout)
+
+    def descendants(self) -> set[int]:
+        """Every process below zccp-stack (redis, the engine, nginx and its workers)."""
+        out, todo = set(), [self.proc.pid]
+        while todo:
+            pid = todo.pop()
+            try:
+                kids = [int(p) for p in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
+            except OSError:
+                continue
+            out.update(kids)
+            todo += kids
+        return out
+
+    def stop(self) -> None:
+        import signal
+
+        if self.proc is None:
+            return
+        left = self.descendants()
+        if self.proc.poll() is None:
+            os.kill(self.proc.pid, signal.SIGINT)
+            try:
+                self.proc.wait(30)
+            except Exception:
+                self.proc.kill()
+                self.proc.wait(10)
+        for pid in left:          # only what this stack started, should anything remain
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        shutil.rmtree(self.stack.socket_dir, ignore_errors=True)
+
+
+def alive(pid: int) -> bool:
+    """Whether pid runs (a zombie does not count)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().split(") ", 1)[1][0] != "Z"
+    except (OSError, IndexError):
+        return False

@@ -35,6 +35,7 @@ MINHASH_COUNT = const("ZCCP_MINHASH_COUNT")
 CSF_BANDS = const("ZCCP_CSF_BANDS")
 RING_SIZE = const("ZCCP_RING_SIZE")
 NOTICE_SIZE = const("ZCCP_NOTICE_SIZE")
+REQUEST_ID_MAX = const("ZCCP_REQUEST_ID_MAX")
 
 # The header states its own sizes; a compiler/ABI mismatch fails here, loudly.
 for _struct, _size in (
@@ -58,7 +59,7 @@ if REQ_OFFSET + ffi.sizeof("struct zccp_slot_request") > PAGE_SIZE:
     raise ImportError("ABI mismatch: header, meta, signature and request must fit in the first page of a slot")
 if ffi.sizeof("struct zccp_slot_signature") != 4 * MINHASH_COUNT:
     raise ImportError("ABI mismatch: signature size != 4 * ZCCP_MINHASH_COUNT")
-if ffi.sizeof(ffi.typeof("struct zccp_slot_request").fields[2][1].type) != const("ZCCP_REQUEST_ID_MAX"):
+if ffi.sizeof(ffi.typeof("struct zccp_slot_request").fields[2][1].type) != REQUEST_ID_MAX:
     raise ImportError("ABI mismatch: request.request_id must hold ZCCP_REQUEST_ID_MAX bytes")
 
 
@@ -80,6 +81,8 @@ CacheStatus = _enum("zccp_cache_status", "ZCCP_CACHE_")    # meta.cache_status
 CacheReason = _enum("zccp_cache_reason", "ZCCP_REASON_")   # meta.cache_reason
 Op = _enum("zccp_op", "ZCCP_OP_")                          # doorbell opcodes
 EngineState = _enum("zccp_engine_state", "ZCCP_ENGINE_")   # control.engine_state
+# meta.cache_status -> its X-ZCCP-Cache name (NONE has none)
+CACHE_NAMES: dict[int, str] = {v: k for k, v in vars(CacheStatus).items() if isinstance(v, int) and k != "NONE"}
 
 
 @dataclass(frozen=True)

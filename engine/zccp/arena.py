@@ -8,6 +8,7 @@ validated against the layout before use (shared memory is input, not trust).
 
 from __future__ import annotations
 
+import errno
 import grp
 import mmap
 import os
@@ -30,10 +31,56 @@ from zccp.abi import (
     State,
     ffi,
 )
+from zccp.doorbell import engine_ping
 
 
 class SlotError(Exception):
     """A slot header that fails validation; the ring is rejected, nothing is read."""
+
+
+class ArenaError(RuntimeError):
+    """The arena cannot be made: the message says why and which setting to change."""
+
+
+def _refuse_if_served(name: str) -> None:
+    """An arena whose engine still answers on the doorbell it published is not stale:
+    replacing it would cut that engine off from its nginx."""
+    try:
+        shm = posix_ipc.SharedMemory(name, 0)
+    except posix_ipc.ExistentialError:
+        return
+    try:
+        if shm.size < ffi.sizeof("struct zccp_control"):
+            return
+        page = mmap.mmap(shm.fd, ffi.sizeof("struct zccp_control"), prot=mmap.PROT_READ)
+    finally:
+        shm.close_fd()
+    c = ffi.cast("struct zccp_control *", ffi.from_buffer(page))
+    magic, epoch, pid = int(c.magic), int(c.epoch), int(c.engine_pid)
+    sock = ffi.string(c.socket_path, 108).decode("utf-8", "replace")
+    del c
+    page.close()
+    if magic == CONTROL_MAGIC and sock and engine_ping(sock) == epoch:
+        raise ArenaError(f"shared_memory.name {name}: an engine (pid {pid}) is serving on it, doorbell {sock}; "
+                         f"stop it, or give this one another shared_memory.name")
+
+
+def _reserve(fd: int, layout: SlotLayout, name: str) -> None:
+    """Allocate every page now, so that a /dev/shm too small for the arena is an error with
+    the sizes in it at start-up rather than a SIGBUS on the first request that touches it."""
+    try:
+        os.posix_fallocate(fd, 0, layout.arena_size)
+    except OSError as exc:
+        if exc.errno not in (errno.ENOSPC, errno.ENOMEM, errno.EFBIG):
+            raise
+        st = os.statvfs("/dev/shm")
+        mib = 1024 * 1024
+        raise ArenaError(
+            f"shared memory: arena {name} needs {layout.arena_size / mib:.1f} MiB (shared_memory.segment_count "
+            f"{layout.slot_count} x segment_size_kb {layout.slot_size // 1024} + a 4 KiB control page), but /dev/shm "
+            f"has {st.f_bavail * st.f_frsize / mib:.1f} MiB free of {st.f_blocks * st.f_frsize / mib:.1f} MiB "
+            f"({exc.strerror}): lower shared_memory.segment_count or segment_size_kb, or give /dev/shm more "
+            f"room (Docker: --shm-size, Compose: shm_size)") from None
 
 
 @dataclass(frozen=True)
@@ -55,6 +102,7 @@ class Arena:
         self.epoch = secrets.randbits(63) | 1
         mode = 0o660 if group else 0o600
         # A stale arena from a crashed engine is replaced, never reused.
+        _refuse_if_served(name)
         try:
             posix_ipc.unlink_shared_memory(name)
         except posix_ipc.ExistentialError:
@@ -64,6 +112,12 @@ class Arena:
             self._shm = posix_ipc.SharedMemory(name, posix_ipc.O_CREX, mode=mode, size=layout.arena_size)
         finally:
             os.umask(old_umask)
+        try:
+            _reserve(self._shm.fd, layout, name)
+        except BaseException:
+            self._shm.close_fd()
+            self._shm.unlink()
+            raise
         if group:
             os.fchown(self._shm.fd, -1, grp.getgrnam(group).gr_gid)
             os.fchmod(self._shm.fd, mode)

@@ -5,15 +5,23 @@ from __future__ import annotations
 import argparse
 import signal
 import sys
-import time
 from pathlib import Path
 
-from zccp.config import ConfigError, check_model_files, load_config
+from zccp.config import Config, ConfigError, check_model_files, load_config
+
+RUN_DIR_HELP = ("the stack's run directory (default .run): logs, nginx's files, and unless "
+                "config.yaml says otherwise the doorbell socket and the masks' last-good file")
 
 
-def _load(path: str):
+def _load(path: str, run_dir: str = ".run", check_host: bool = True) -> Config:
+    """config.yaml resolved for the run directory; a config error exits with status 2."""
+    from zccp import runtime
+
     try:
-        return load_config(path)
+        cfg = runtime.resolve(load_config(path), Path(run_dir))
+        if check_host:
+            runtime.check_host(cfg)
+        return cfg
     except ConfigError as exc:
         print(f"zccp: config error: {exc}", file=sys.stderr)
         sys.exit(2)
@@ -22,9 +30,10 @@ def _load(path: str):
 def engine_main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(prog="zccp-engine", description="Run the ZCCP engine process.")
     p.add_argument("--config", required=True)
-    p.add_argument("--check", action="store_true", help="validate the config and exit")
+    p.add_argument("--run-dir", default=".run", help=RUN_DIR_HELP)
+    p.add_argument("--check", action="store_true", help="validate the config against this host and exit")
     args = p.parse_args(argv)
-    cfg = _load(args.config)
+    cfg = _load(args.config, args.run_dir)
     try:
         check_model_files(cfg)
     except ConfigError as exc:
@@ -33,11 +42,20 @@ def engine_main(argv: list[str] | None = None) -> None:
     if args.check:
         print(f"{args.config}: ok")
         return
+    import logging
+
+    from zccp.arena import ArenaError
     from zccp.engine import run_engine
     from zccp.logs import setup_logging
 
     setup_logging(cfg.logging.level, cfg.logging.file)
-    run_engine(cfg)
+    try:
+        run_engine(cfg)
+    except ArenaError as exc:
+        logging.getLogger("zccp.engine").error("cannot start: %s", exc)
+        if cfg.logging.file:
+            print(f"zccp-engine: {exc}", file=sys.stderr)
+        sys.exit(1)
 
 
 def nginx_main(argv: list[str] | None = None) -> None:
@@ -50,59 +68,108 @@ def nginx_main(argv: list[str] | None = None) -> None:
                                 "(docs/existing-nginx.md: adding them to an nginx that already runs).")
     p.add_argument("--config", required=True)
     p.add_argument("--out", required=True, help="directory for zccp_http.conf / zccp_server.conf")
+    p.add_argument("--run-dir", default=".run", help=RUN_DIR_HELP)
     p.add_argument("--standalone", action="store_true", help="also render a complete nginx.conf")
-    p.add_argument("--prefix", help="nginx prefix for --standalone (logs, temp files)")
+    p.add_argument("--prefix", help="nginx prefix for --standalone (temp files; logs go to <prefix>/logs)")
     args = p.parse_args(args_in)
     from zccp.nginx_conf import render
 
-    r = render(_load(args.config), Path(args.out), args.standalone, Path(args.prefix) if args.prefix else None)
+    r = render(_load(args.config, args.run_dir), Path(args.out), args.standalone,
+               Path(args.prefix) if args.prefix else None)
     for f in (r.http_conf, r.server_conf, r.nginx_conf):
         if f:
             print(f)
 
 
-def stack_main(argv: list[str] | None = None) -> None:
-    p = argparse.ArgumentParser(prog="zccp-stack", description="Run redis + engine + nginx on loopback.")
-    p.add_argument("command", choices=["up"])
-    p.add_argument("--config", default="config.yaml")
-    p.add_argument("--run-dir", default=".run")
-    args = p.parse_args(argv)
-    cfg = _load(args.config)
-    from zccp.stack import StackError, base_url, engine_service, nginx_service, redis_service
+def _stack_up(cfg: Config, config_path: Path, run_dir: Path) -> int:
+    from urllib.parse import urlparse
 
-    run_dir = Path(args.run_dir).resolve()
-    started = []
+    from zccp.cache.redis_target import parse_redis_url
+    from zccp.runtime import log_dir
+    from zccp.stack import (
+        Service,
+        StackError,
+        Supervisor,
+        base_url,
+        engine_service,
+        ensure_free,
+        nginx_service,
+        redis_service,
+    )
+
     stopping = False
 
     def stop(*_: object) -> None:
         nonlocal stopping
         stopping = True
 
-    signal.signal(signal.SIGINT, stop)
-    signal.signal(signal.SIGTERM, stop)
+    def interrupt(*_: object) -> None:
+        raise KeyboardInterrupt
+
+    # While starting, a signal interrupts the start (what was started is stopped below);
+    # once up, it asks the supervisor to stop.
+    signal.signal(signal.SIGINT, interrupt)
+    signal.signal(signal.SIGTERM, interrupt)
+    started: list[Service] = []
     try:
-        if cfg.cache.enabled:
+        ensure_free(cfg.server.listen, "server.listen")
+        if cfg.cache.enabled and parse_redis_url(cfg.cache.redis_url).topology == "single":
+            # a local redis for one server; a Cluster or Sentinels are the user's, already running
+            u = urlparse(cfg.cache.redis_url)
+            ensure_free(f"{u.hostname or '127.0.0.1'}:{u.port or 6379}", "cache.redis_url")
             started.append(redis_service(cfg.cache.redis_url, run_dir))
-        started.append(engine_service(Path(args.config).resolve(), cfg, run_dir))
+        engine = engine_service(config_path, cfg, run_dir)
+        started.append(engine)
         nginx, _ = nginx_service(cfg, run_dir)
         started.append(nginx)
         url = base_url(cfg)
-        print(f"ZCCP is up on {url} (logs in {run_dir / 'logs'}). Try:\n")
+        print(f"ZCCP is up on {url} (logs in {log_dir(run_dir)}). Try:\n")
         print(f"  curl -s {url}/v1/messages -H 'content-type: application/json' \\\n"
               f"    -d '{{\"model\":\"{cfg.model.name}\",\"max_tokens\":32,"
               f"\"messages\":[{{\"role\":\"user\",\"content\":\"Hello\"}}]}}'\n")
-        print("Ctrl-C stops nginx, the engine and redis.", flush=True)
-        while not stopping and all(s.alive for s in started):
-            time.sleep(0.2)
-        for s in started:
-            if not s.alive:
-                print(f"zccp-stack: {s.name} exited; stopping the rest", file=sys.stderr)
+        print("Ctrl-C stops nginx, the engine and redis. The engine is restarted if it dies.", flush=True)
+        signal.signal(signal.SIGINT, stop)
+        signal.signal(signal.SIGTERM, stop)
+        return Supervisor(cfg, engine, [s for s in started if s is not engine]).run(lambda: stopping)
     except StackError as exc:
         print(f"zccp-stack: {exc}", file=sys.stderr)
-        sys.exit(1)
+        return 1
+    except KeyboardInterrupt:
+        print("zccp-stack: interrupted while starting", file=sys.stderr)
+        return 130
     finally:
         for s in reversed(started):
             s.stop()
+
+
+def _stack_reload(cfg: Config, run_dir: Path) -> int:
+    from zccp.config import mask_state_path
+    from zccp.stack import StackError, reload_masks
+
+    try:
+        m = reload_masks(cfg, run_dir)
+    except StackError as exc:
+        print(f"zccp-stack: {exc}", file=sys.stderr)
+        return 1
+    print(f"nginx reloaded: {m.patterns} mask pattern(s) in force, digest {m.digest[:16]}; the engine "
+          f"follows with the next request (it loads {mask_state_path(cfg)})")
+    for e in m.errors:
+        print(f"  refused: {e} (its previous version, if any, stays in force)", file=sys.stderr)
+    return 1 if m.errors else 0
+
+
+def stack_main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(prog="zccp-stack", description="Run redis + engine + nginx on loopback.")
+    p.add_argument("command", choices=["up", "reload"],
+                   help="up: start the stack and keep it running; reload: reload the running stack's mask patterns")
+    p.add_argument("--config", default="config.yaml")
+    p.add_argument("--run-dir", default=".run", help=RUN_DIR_HELP)
+    args = p.parse_args(argv)
+    run_dir = Path(args.run_dir).resolve()
+    cfg = _load(args.config, str(run_dir))
+    if args.command == "up":
+        sys.exit(_stack_up(cfg, Path(args.config).resolve(), run_dir))
+    sys.exit(_stack_reload(cfg, run_dir))
 
 
 def cache_main(argv: list[str] | None = None) -> None:
@@ -116,12 +183,11 @@ def cache_main(argv: list[str] | None = None) -> None:
     what.add_argument("--tenant", help="one tenant, by its source value (an API key, a user id): hashed here")
     what.add_argument("--key", help="one exact key (64 hex digits, as the engine logs it)")
     args = p.parse_args(argv)
-    cfg = _load(args.config)
+    cfg = _load(args.config, check_host=False)
     import asyncio
 
-    import redis.asyncio as aioredis
-
     from zccp.cache.purge import parse_purge, purge
+    from zccp.cache.redis_target import connect, parse_redis_url
 
     fields = {"all": True} if args.all else {k: v for k in ("scope", "tenant", "key") if (v := getattr(args, k))}
     try:
@@ -130,17 +196,19 @@ def cache_main(argv: list[str] | None = None) -> None:
         print(f"zccp-cache: --{exc}", file=sys.stderr)
         sys.exit(2)
 
+    target = parse_redis_url(cfg.cache.redis_url)
+
     async def run() -> int:
-        r = aioredis.Redis.from_url(cfg.cache.redis_url, socket_connect_timeout=5)
+        conn = connect(target, timeout_s=5)
         try:
-            return await purge(r, req)
+            return await purge(conn.client, req)
         finally:
-            await r.aclose()
+            await conn.aclose()
 
     try:
         n = asyncio.run(run())
     except Exception as exc:  # redis unreachable, a refused command: say which
-        print(f"zccp-cache: purge failed at {cfg.cache.redis_url}: {exc}", file=sys.stderr)
+        print(f"zccp-cache: purge failed at {target.describe()}: {exc}", file=sys.stderr)
         sys.exit(1)
     print(f"purged {n} keys")
 

@@ -17,6 +17,8 @@ from typing import Any, Literal
 
 import yaml
 
+from zccp.cache.redis_target import parse_redis_url
+
 
 class ConfigError(ValueError):
     """A config file that cannot be used; the message names the file and key."""
@@ -26,9 +28,10 @@ class ConfigError(ValueError):
 class ServerConfig:
     listen: str = "127.0.0.1:8080"          # nginx listen address (loopback by default)
     workers: int = 2                         # nginx worker processes
-    socket_path: str = "/tmp/zccp/doorbell.sock"
+    socket_path: str | None = None           # None: derived from the run directory (zccp.runtime)
     connect_timeout_ms: int = 500            # nginx -> engine doorbell connect
     doorbell_pool_size: int = 64             # keepalive cosockets per nginx worker
+    user: str | None = None                  # nginx workers' user when started as root (None: www-data)
 
 
 @dataclass(frozen=True)
@@ -41,6 +44,8 @@ class GpuConfig:
 @dataclass(frozen=True)
 class CacheConfig:
     enabled: bool = True
+    # redis://host:port/db (one server), redis+cluster://h1:p1,h2:p2 (a Redis Cluster) or
+    # redis+sentinel://h1:p1,h2:p2/<master name>/db (Sentinels): docs/cache.md
     redis_url: str = "redis://127.0.0.1:6379/0"
     ttl_s: int = 3600
     near_duplicate: bool = True
@@ -53,6 +58,7 @@ class CacheConfig:
     # end user the body names (metadata.user_id / user), or the header tenant_header.
     tenant_source: Literal["api_key", "user", "header"] = "api_key"
     tenant_header: str | None = None
+    mask_patterns: str | None = None        # the operator's mask file (None: lua/zccp/mask_patterns.lua)
 
 
 @dataclass(frozen=True)
@@ -62,7 +68,7 @@ class SharedMemoryConfig:
     segment_size_kb: int = 1024
     tokens_kb: int = 256                     # token array region per slot
     response_kb: int = 64                    # response ring per slot
-    cleanup_interval_ms: int = 30000
+    cleanup_interval_ms: int = 30000         # sweeper period; a slot with no job is checked after this long
     group: str | None = None                 # arena + socket become 0660 with this group
 
 
@@ -88,6 +94,7 @@ class ModelConfig:
     tool_parser: Literal["hermes", "none"] = "hermes"   # <tool_call> JSON in the output -> tool calls
     null_reply: str = "Hello from the ZCCP null backend."
     null_token_delay_ms: float = 0.0         # null backend: simulated time per token
+    null_fail_after: int = -1                # null backend: raise after this many tokens (-1: never; tests)
 
 
 @dataclass(frozen=True)
@@ -143,6 +150,7 @@ _RANGES: dict[tuple[str, str], tuple[float, float]] = {
     ("model", "max_batch"): (1, 4096),
     ("model", "max_queue"): (1, 1 << 20),
     ("model", "null_token_delay_ms"): (0, 10_000),
+    ("model", "null_fail_after"): (-1, 1 << 20),
     ("limits", "max_body_kb"): (1, 1 << 20),
     ("limits", "max_tokens_cap"): (1, 1 << 20),
     ("limits", "default_max_tokens"): (1, 1 << 20),
@@ -153,6 +161,8 @@ _RANGES: dict[tuple[str, str], tuple[float, float]] = {
 def _check_value(where: str, hint: Any, value: Any) -> Any:
     origin = typing.get_origin(hint)
     if origin is Literal:
+        if isinstance(value, bool) and {"on", "off"} <= set(typing.get_args(hint)):
+            return "on" if value else "off"   # YAML 1.1 reads a bare on/off/yes/no as a boolean
         if value is None and "null" in typing.get_args(hint):
             raise ConfigError(f"{where}: YAML read null as nothing; write 'null' in quotes")
         if value not in typing.get_args(hint):
@@ -205,7 +215,8 @@ def _build_section(path: str, name: str, cls: type, raw: Any) -> Any:
     return cls(**values)
 
 
-def _check_consistency(cfg: Config) -> None:
+def _check_consistency(cfg: Config, given: frozenset[str] = frozenset()) -> None:
+    """given: the shared_memory keys the file set (so an error names the one the user wrote)."""
     shm = cfg.shared_memory
     where = f"{cfg.path}: shared_memory"
     if shm.segment_size_kb % 4:
@@ -215,9 +226,12 @@ def _check_consistency(cfg: Config) -> None:
             raise ConfigError(f"{where}.{key}: {getattr(shm, key)} is not a multiple of 4")
     payload_kb = shm.segment_size_kb - 4 - shm.tokens_kb - shm.response_kb
     if payload_kb < 4:
+        regions = [k for k in ("tokens_kb", "response_kb") if k in given]
+        key = max(regions, key=lambda k: getattr(shm, k)) if regions else "segment_size_kb"
         raise ConfigError(
-            f"{where}.segment_size_kb: {shm.segment_size_kb} KiB leaves no room for a payload "
-            f"after the 4 KiB header page, tokens_kb and response_kb"
+            f"{where}.{key}: {getattr(shm, key)} leaves no room for a payload: a slot of segment_size_kb "
+            f"{shm.segment_size_kb} KiB holds the 4 KiB header page, tokens_kb {shm.tokens_kb} and "
+            f"response_kb {shm.response_kb}, and needs at least 4 KiB more"
         )
     if cfg.limits.max_body_kb > payload_kb:
         raise ConfigError(
@@ -228,11 +242,15 @@ def _check_consistency(cfg: Config) -> None:
         raise ConfigError(f"{where}: the arena would exceed 64 GiB")
     if not shm.name.startswith("/") or "/" in shm.name[1:] or len(shm.name) > 200:
         raise ConfigError(f"{where}.name: {shm.name!r} must look like /name (one leading slash)")
-    if len(cfg.server.socket_path.encode()) >= 108:
+    if cfg.server.socket_path is not None and len(cfg.server.socket_path.encode()) >= 108:
         raise ConfigError(f"{cfg.path}: server.socket_path: longer than 107 bytes")
     if cfg.limits.default_max_tokens > cfg.limits.max_tokens_cap:
         raise ConfigError(f"{cfg.path}: limits.default_max_tokens: exceeds limits.max_tokens_cap")
     cache = cfg.cache
+    try:
+        parse_redis_url(cache.redis_url)
+    except ValueError as exc:
+        raise ConfigError(f"{cfg.path}: cache.redis_url: {exc}") from None
     if cache.tenant_source == "header" and cache.tenant_header is None:
         raise ConfigError(f"{cfg.path}: cache.tenant_header: required when cache.tenant_source is 'header'")
     if cache.tenant_header is not None:
@@ -275,12 +293,15 @@ def parse_config(raw: Any, path: str = "<string>") -> Config:
             raise ConfigError(f"{path}: {key}: unknown section (known: {', '.join(_SECTIONS)})")
     sections = {name: _build_section(path, name, hints[name], raw.get(name)) for name in _SECTIONS}
     cfg = Config(**sections, path=path)
-    _check_consistency(cfg)
+    shm_raw = raw.get("shared_memory")
+    _check_consistency(cfg, frozenset(shm_raw) if isinstance(shm_raw, dict) else frozenset())
     return cfg
 
 
 def mask_state_path(cfg: Config) -> Path:
-    """Where nginx keeps the last good mask patterns (beside the doorbell socket)."""
+    """Where nginx keeps the mask patterns in force (beside the doorbell socket)."""
+    if cfg.server.socket_path is None:
+        raise ValueError("server.socket_path is not resolved (zccp.runtime.resolve)")  # programmer error
     return Path(cfg.server.socket_path).parent / "mask_patterns.last_good.lua"
 
 

@@ -12,6 +12,7 @@ import contextlib
 import grp
 import logging
 import os
+import socket
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -55,6 +56,25 @@ def encode_ring(op: int, slot: int, generation: int) -> bytes:
     p = ffi.new("struct zccp_ring *")
     p.op, p.slot, p.generation = op, slot, generation
     return bytes(ffi.buffer(p, RING_SIZE))
+
+
+def engine_ping(socket_path: str, timeout: float = 1.0) -> int | None:
+    """The epoch of the engine answering a PING on `socket_path`, else None."""
+    try:
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+            s.settimeout(timeout)
+            s.connect(socket_path)
+            s.sendall(encode_ring(Op.PING, 0, 0))
+            data = b""
+            while len(data) < NOTICE_SIZE:
+                chunk = s.recv(NOTICE_SIZE - len(data))
+                if not chunk:
+                    return None
+                data += chunk
+    except OSError:
+        return None
+    n = decode_notice(data)
+    return int(n.generation) if n.op == Op.PONG else None
 
 
 class Connection:

@@ -63,7 +63,7 @@ class EndpointFlow(RequestFlow):
         except SlotAbandoned as exc:
             self._abandoned(exc)
         except Exception:
-            log.exception("request failed", extra={"context_id": self.ctx.context_id})
+            log.exception("request failed", extra=self.ctx.ids())
             self._fail(None)
         self._done()
 

@@ -5,15 +5,17 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import signal
 import threading
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import torch
 
-from zccp.abi import EngineState, Kind, Op, SlotLayout, State
+from zccp.abi import REQUEST_ID_MAX, EngineState, Kind, Op, SlotLayout, State, ffi
 from zccp.api.codec import ModelInfo
 from zccp.api.common import ParseLimits
 from zccp.arena import Arena, SlotError, SlotView
@@ -25,6 +27,7 @@ from zccp.device import select_device
 from zccp.doorbell import Connection, DoorbellServer, Ring, encode_notice
 from zccp.endpoints import EndpointFlow
 from zccp.flow import FlowDeps, RequestContext, RequestFlow
+from zccp.logs import RequestLog
 from zccp.metrics import EngineMetrics, MetricsServer
 from zccp.model.base import ModelBackend
 from zccp.model.registry import backend_from_config
@@ -116,12 +119,14 @@ class Engine:
             metrics=self.metrics,
             model=self._model,
             cache=self.cache,
-            masks=MaskSource(last_good=mask_state_path(cfg)) if cfg.cache.enabled else None,
+            masks=MaskSource(Path(cfg.cache.mask_patterns) if cfg.cache.mask_patterns else None,
+                             last_good=mask_state_path(cfg)) if cfg.cache.enabled else None,
             # The instant null backend runs on the loop itself: no thread hop per request.
             inline=cfg.model.backend == "null" and cfg.model.null_token_delay_ms == 0,
             spawn=self._spawn,
             call_soon=self._call_soon,
             tool_parser=cfg.model.tool_parser,
+            request_log=RequestLog(defer=self._after_this_turn),
         )
         self.metrics_server = MetricsServer(cfg.server.socket_path + ".metrics", self.metrics, cfg.shared_memory.group)
 
@@ -183,6 +188,7 @@ class Engine:
             writer=ResponseWriter(self.arena, view, job.generation, notify, job.cancelled),
             cancelled=job.cancelled,
             context_id=bytes(view.header.context_id).hex(),
+            request_id=_request_id(view),
         )
         kind = view.request.kind
         if kind == Kind.PURGE:   # POST /v1/zccp/purge (nginx: loopback clients only)
@@ -202,6 +208,15 @@ class Engine:
         if self._loop is not None:
             self._loop.call_soon_threadsafe(fn, *args)
 
+    def _after_this_turn(self, fn: Callable[[], None]) -> None:
+        """Run fn on the loop once it has handled what is ready now (from any thread)."""
+        if self._loop is None:
+            fn()
+        elif threading.get_ident() == self._loop_thread:
+            self._loop.call_soon(fn)
+        else:
+            self._loop.call_soon_threadsafe(fn)
+
     def _finish_job(self, job: Job) -> None:
         def drop() -> None:
             if self._jobs.get(job.view.index) is job:
@@ -216,22 +231,43 @@ class Engine:
     # -- sweeper ---------------------------------------------------------------------------
 
     def sweep(self, now_ns: int | None = None) -> int:
-        """Reset slots stuck past cleanup_interval_ms (a worker died, a ring never came)."""
+        """Reclaim the slots nobody will finish: the deadline nginx wrote into the slot has
+        passed, or no job runs for it, it has sat for cleanup_interval_ms and the nginx worker
+        that claimed it is gone. A request that is merely long (its worker connected, its
+        deadline ahead) is never touched, however long it runs."""
         now_ns = now_ns or time.time_ns()
-        limit = self.cfg.shared_memory.cleanup_interval_ms * 1_000_000
+        grace = self.cfg.shared_memory.cleanup_interval_ms * 1_000_000
         reset = 0
         for view in self.arena.slots():
             h = view.header
-            if h.state == State.FREE or not h.timestamp_ns or now_ns - h.timestamp_ns < limit:
+            if h.state == State.FREE:
+                continue
+            why = self._abandoned_because(view, now_ns, grace)
+            if why is None:
                 continue
             job = self._jobs.get(view.index)
             if job is not None:
                 job.cancel.set()
-            log.warning("sweeper: slot stuck in state %d, reset", h.state, extra={"slot": view.index, "generation": int(h.generation)})
+            log.warning("sweeper: slot in state %d reset: %s", h.state, why,
+                        extra={"slot": view.index, "generation": int(h.generation)})
             h.state = State.FREE
             self.metrics.sweeps.inc()
             reset += 1
         return reset
+
+    def _abandoned_because(self, view: SlotView, now_ns: int, grace: int) -> str | None:
+        h = view.header
+        deadline = h.deadline_ns
+        if deadline and now_ns > deadline:
+            return "its deadline has passed"
+        job = self._jobs.get(view.index)
+        if job is not None and not job.conn.closed:
+            return None   # running, and the worker that rang is connected: it is owned
+        if now_ns - h.timestamp_ns < grace:
+            return None   # between nginx's claim and its ring, or nginx still copying the answer out
+        if _process_exists(int(h.owner_pid)):
+            return None
+        return f"its nginx worker (pid {int(h.owner_pid)}) is gone"
 
     async def _sweeper(self) -> None:
         period = max(self.cfg.shared_memory.cleanup_interval_ms / 4000, 0.05)
@@ -268,6 +304,36 @@ class Engine:
             self._tokens.clear()
             self.arena.close()
             log.info("engine stopped; arena and socket removed")
+
+
+def _process_exists(pid: int) -> bool:
+    """Whether `pid` names a process here. A worker in another pid namespace (nginx in its
+    own container) may look gone: its slot is then only reset after the grace, which cannot
+    hand it to anyone else (nginx's shared-dict claim still holds it)."""
+    if pid <= 0:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _request_id(view: SlotView) -> str:
+    """The slot's request id (X-Request-ID), printable ASCII only: shared memory is input."""
+    req = view.request
+    n = req.request_id_len
+    if not n:
+        return ""
+    if n > REQUEST_ID_MAX:
+        return "<invalid>"
+    try:
+        text = bytes(ffi.buffer(req.request_id, n)).decode("ascii")
+    except UnicodeDecodeError:
+        return "<invalid>"
+    return text if text.isprintable() else "<invalid>"
 
 
 def run_engine(cfg: Config) -> None:

@@ -23,16 +23,17 @@ from typing import Any
 import numpy as np
 import torch
 
-from zccp.abi import CacheReason, CacheStatus, Flag
+from zccp.abi import CACHE_NAMES, CacheReason, CacheStatus, Flag
 from zccp.api import ApiCodec, codec_for
 from zccp.api.codec import StreamEncoder
 from zccp.api.common import ParseLimits
 from zccp.arena import SlotView
 from zccp.cache.answer import CachedAnswer, literals_in
-from zccp.cache.keys import CacheKeys, keys_for
+from zccp.cache.keys import CacheKeys, keys_for, slot_masks
 from zccp.cache.masks import MaskSource
 from zccp.cache.store import Lookup, ResponseCache
 from zccp.generation import generate_text
+from zccp.logs import RequestLog
 from zccp.metrics import EngineMetrics
 from zccp.model.base import ModelBackend
 from zccp.model.prompt import Prompt
@@ -56,6 +57,11 @@ class RequestContext:
     writer: ResponseWriter
     cancelled: Callable[[], bool]
     context_id: str
+    request_id: str                # X-Request-ID, from the slot's request block ("" when none)
+
+    def ids(self) -> dict[str, str]:
+        """The fields that tie a log line to one request."""
+        return {"context_id": self.context_id, "request_id": self.request_id}
 
 
 @dataclass(frozen=True)
@@ -73,6 +79,7 @@ class FlowDeps:
     inline: bool                                         # the instant null backend: no thread hop
     spawn: Callable[[Awaitable[None]], None]             # run a coroutine on the loop
     call_soon: Callable[..., None]                       # run a callback on the loop, from any thread
+    request_log: RequestLog                              # the line per answered request
     tool_parser: str = "none"                            # model.tool_parser: "hermes" | "none"
 
 
@@ -93,6 +100,7 @@ class RequestFlow:
         self.ctx = ctx
         self.deps = deps
         self._on_done = on_done
+        self._started = time.perf_counter()
         self.codec = codec_for("openai" if ctx.view.header.flags & Flag.API_OPENAI else "anthropic")
         self._store_keys: CacheKeys | None = None    # set when the answer will be stored
         self._literals: tuple[str, ...] = ()         # the request's masked values the answer carries
@@ -116,7 +124,7 @@ class RequestFlow:
         try:
             keys = keys_for(ctx.view, ctx.payload, prep.req, deps.masks, deps.cache.cfg, prep.doc)
         except Exception:
-            log.exception("cache keys failed; serving uncached", extra={"context_id": ctx.context_id})
+            log.exception("cache keys failed; serving uncached", extra=ctx.ids())
             keys = None
         deps.spawn(self._serve_cached(prep, keys))
 
@@ -198,7 +206,12 @@ class RequestFlow:
         keys, deps = self._store_keys, self.deps
         if keys is None or deps.cache is None or deps.masks is None:
             return
-        self._literals = literals_in(text, keys.request_literals(prep.doc, deps.masks.get()))
+        # The set nginx applied (keys_for resolved it); the latest should it have gone meanwhile.
+        masks = slot_masks(self.ctx.view, deps.masks)
+        if masks is None:
+            masks = deps.masks.get()
+        assert masks is not None
+        self._literals = literals_in(text, keys.request_literals(prep.doc, masks))
         meta = self.ctx.view.meta
         meta.cache_ttl_s = 0 if self._literals else deps.cache.cfg.ttl_s
         meta.cache_scope = 0 if keys.placement.shared else 1
@@ -223,7 +236,7 @@ class RequestFlow:
             self._abandoned(exc)
             return None
         except Exception:
-            log.exception("request failed", extra={"context_id": ctx.context_id})
+            log.exception("request failed", extra=ctx.ids())
             self._fail(None)
             return None
         n = int(input_ids.numel())
@@ -282,7 +295,7 @@ class RequestFlow:
         except SlotAbandoned as exc:
             self._abandoned(exc)
         except Exception:
-            log.exception("request failed", extra={"context_id": ctx.context_id})
+            log.exception("request failed", extra=ctx.ids())
             self._fail(None)
         return None
 
@@ -314,17 +327,17 @@ class RequestFlow:
         except SlotAbandoned as exc:
             self._abandoned(exc)
         except Exception:
-            log.exception("cache replay failed", extra={"context_id": self.ctx.context_id})
+            log.exception("cache replay failed", extra=self.ctx.ids())
             self._fail(None)
 
     # -- endings ---------------------------------------------------------------------------
 
     def _abandoned(self, exc: SlotAbandoned) -> None:
         self.deps.metrics.abandoned.inc()
-        log.info("request abandoned: %s", exc, extra={"context_id": self.ctx.context_id})
+        log.info("request abandoned: %s", exc, extra=self.ctx.ids())
 
     def _fail(self, encoder: StreamEncoder | None) -> None:
-        self.deps.metrics.requests.inc(api=self.codec.name, status="500")
+        self._log_done(500, self._started)
         err = ApiError(500, "api_error", "the engine failed while serving this request")
         writer = self.ctx.writer
         try:
@@ -345,19 +358,19 @@ class RequestFlow:
         if result is not None:
             m.tokens_in.inc(result.input_tokens)
             m.tokens_out.inc(result.output_tokens)
-        if not log.isEnabledFor(logging.DEBUG):
-            return  # nginx's access log has a line per request; this one costs ~20% of a null request
+        rlog = self.deps.request_log
+        if not rlog.enabled:
+            return
         ctx = self.ctx
-        log.debug(
-            "request done",
-            extra={
-                "context_id": ctx.context_id,
-                "slot": ctx.view.index,
-                "generation": ctx.generation,
-                "status": status,
-                "api": self.codec.name,
-                "duration_ms": round(elapsed * 1000, 3),
-                "tokens_in": result.input_tokens if result else None,
-                "tokens_out": result.output_tokens if result else None,
-            },
-        )
+        rlog.write("request done", {
+            "context_id": ctx.context_id,
+            "request_id": ctx.request_id,
+            "slot": ctx.view.index,
+            "generation": ctx.generation,
+            "status": status,
+            "api": self.codec.name,
+            "cache": CACHE_NAMES.get(ctx.view.meta.cache_status),
+            "duration_ms": round(elapsed * 1000, 3),
+            "tokens_in": result.input_tokens if result else None,
+            "tokens_out": result.output_tokens if result else None,
+        })

@@ -40,9 +40,17 @@ class Metric:
     def get(self, **labels: str) -> float:
         return self.values.get(tuple(sorted(labels.items())), 0.0)
 
+    def seed(self, *label_sets: dict[str, str]) -> Metric:
+        """Start these label sets at 0, so that a counter nothing has bumped yet still has a
+        sample (a rate over a series that appears late misses its first increments)."""
+        for labels in label_sets:
+            self.values.setdefault(tuple(sorted(labels.items())), 0.0)
+        return self
+
     def render(self) -> str:
         lines = [f"# HELP {self.name} {self.help}", f"# TYPE {self.name} {self.kind}"]
-        for labels, v in sorted(self.values.items()):
+        values = self.values if self.values else {(): 0.0}   # an unlabelled counter at zero
+        for labels, v in sorted(values.items()):
             lines.append(f"{self.name}{_fmt_labels(labels)} {v:g}")
         return "\n".join(lines)
 
@@ -68,8 +76,10 @@ class EngineMetrics:
     def __post_init__(self) -> None:
         r = self.registry
         self.rings = r.counter("zccp_engine_rings_total", "Doorbell rings received")
-        self.rejects = r.counter("zccp_engine_rejects_total", "Rings rejected, by HTTP-like reason status")
-        self.requests = r.counter("zccp_engine_requests_total", "Requests answered, by API and status")
+        self.rejects = r.counter("zccp_engine_rejects_total", "Rings rejected, by HTTP-like reason status").seed(
+            {"status": "400"}, {"status": "409"})
+        self.requests = r.counter("zccp_engine_requests_total", "Requests answered, by API and status").seed(
+            {"api": "anthropic", "status": "200"}, {"api": "openai", "status": "200"})
         self.tokens_in = r.counter("zccp_engine_prompt_tokens_total", "Prompt tokens processed")
         self.tokens_out = r.counter("zccp_engine_completion_tokens_total", "Tokens generated or replayed")
         self.seconds = r.counter("zccp_engine_request_seconds_total", "Time spent answering requests")

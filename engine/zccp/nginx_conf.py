@@ -2,15 +2,14 @@
 
 from __future__ import annotations
 
-import getpass
-import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
 
 from zccp.abi import HEADER_PATH
 from zccp.config import Config, mask_state_path
-from zccp.paths import lua_dir, nginx_template
+from zccp.paths import lua_dir, lua_file, nginx_template
+from zccp.runtime import worker_user
 
 _PLACEHOLDER = re.compile(r"\{\{(\w+)\}\}")
 _LEVELS = {"debug": "info", "info": "warn", "warning": "warn", "error": "error"}
@@ -43,7 +42,10 @@ def _safe(value: str, what: str) -> str:
     return value
 
 
-def render(cfg: Config, out: Path, standalone: bool = False, prefix: Path | None = None) -> RenderedNginx:
+def render(cfg: Config, out: Path, standalone: bool = False, prefix: Path | None = None,
+           log_dir: Path | None = None) -> RenderedNginx:
+    """cfg must be resolved for its run directory (zccp.runtime.resolve). log_dir: where the
+    standalone nginx.conf puts error and access logs (default <prefix>/logs)."""
     out = out.resolve()
     out.mkdir(parents=True, exist_ok=True)
     values = {
@@ -56,6 +58,7 @@ def render(cfg: Config, out: Path, standalone: bool = False, prefix: Path | None
         "max_body": str(cfg.limits.max_body_kb * 1024),
         "pool_size": str(cfg.server.doorbell_pool_size),
         "mask_last_good": _safe(str(mask_state_path(cfg)), "mask state path"),
+        "mask_patterns": _safe(cfg.cache.mask_patterns or str(lua_file("mask_patterns.lua")), "cache.mask_patterns"),
         "tenant_source": cfg.cache.tenant_source,
         "tenant_header": cfg.cache.tenant_header or "",
         "dict": "zccp_slots",
@@ -70,15 +73,25 @@ def render(cfg: Config, out: Path, standalone: bool = False, prefix: Path | None
     nginx_conf = None
     if standalone:
         prefix = (prefix or out).resolve()
-        for sub in ("logs", "tmp/body", "tmp/proxy", "tmp/fastcgi", "tmp/uwsgi", "tmp/scgi"):
-            (prefix / sub).mkdir(parents=True, exist_ok=True)
+        logs = (log_dir or prefix / "logs").resolve()
+        logs.mkdir(parents=True, exist_ok=True)
+        # Started as root, the workers (they parse untrusted input) drop to an unprivileged
+        # user in the group the arena and the sockets are 0660 to. Their temp files (a
+        # chunked body spills over the buffer) then go beside the socket, a directory they
+        # can reach (zccp.runtime), not under a run directory they may not enter.
+        user = worker_user(cfg)
+        temp = Path(cfg.server.socket_path or "").parent / "nginx-tmp" if user else prefix / "tmp"
+        for sub in ("body", "proxy", "fastcgi", "uwsgi", "scgi"):
+            (temp / sub).mkdir(parents=True, exist_ok=True)
         values.update(
             prefix=str(prefix),
+            temp_dir=_safe(str(temp), "nginx temp directory"),
+            log_dir=_safe(str(logs), "log directory"),
             workers=str(cfg.server.workers),
             listen=_safe(cfg.server.listen, "server.listen"),
             error_log_level=_LEVELS[cfg.logging.level],
-            # As root, workers would run as nobody and could not open a 0600 arena.
-            user_line=f"user {getpass.getuser()};" if os.geteuid() == 0 else "",
+            user_line=f"user {_safe(user, 'server.user')} {_safe(cfg.shared_memory.group or user, 'shared_memory.group')};"
+            if user else "",
         )
         nginx_conf = out / "nginx.conf"
         nginx_conf.write_text(_fill(nginx_template("nginx.conf").read_text(), values, "nginx.conf"))

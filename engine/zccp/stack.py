@@ -7,6 +7,8 @@ the tests run exactly the processes a user runs. Everything binds to loopback.
 from __future__ import annotations
 
 import contextlib
+import ctypes
+import json
 import os
 import shutil
 import signal
@@ -16,14 +18,15 @@ import sys
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import urlparse
 
-from zccp.abi import NOTICE_SIZE, Op
 from zccp.config import Config
-from zccp.doorbell import decode_notice, encode_ring
+from zccp.doorbell import engine_ping
 from zccp.nginx_conf import RenderedNginx, render
+from zccp.runtime import log_dir
 
 
 class StackError(RuntimeError):
@@ -43,25 +46,62 @@ def _tail(path: Path, n: int = 30) -> str:
         return "(no log)"
 
 
+PR_SET_PDEATHSIG = 1
+
+
+def _die_with_parent() -> Callable[[], None]:
+    """A preexec_fn: the child is sent SIGTERM when the thread that started it dies, even
+    by SIGKILL (prctl PR_SET_PDEATHSIG), so no service outlives zccp-stack or a test run.
+    libc is resolved here, before the fork: the child only makes two system calls."""
+    prctl = ctypes.CDLL(None, use_errno=True).prctl
+    parent = os.getpid()
+
+    def preexec() -> None:
+        prctl(PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
+        if os.getppid() != parent:   # the parent died before prctl took effect
+            os._exit(1)
+
+    return preexec
+
+
 @dataclass
 class Service:
+    """One child process, its output appended to its log. Start it from the thread that
+    will outlive it (the main thread): it is stopped when that thread goes."""
+
     name: str
     cmd: list[str]
     log_path: Path
     env: dict[str, str] | None = None
     proc: subprocess.Popen[bytes] | None = field(default=None, init=False)
     stop_signal: int = signal.SIGTERM
+    started_at: float = field(default=0.0, init=False)
 
     def start(self) -> None:
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         log = open(self.log_path, "ab")
         self.proc = subprocess.Popen(self.cmd, stdout=log, stderr=subprocess.STDOUT, env=self.env,
-                                     stdin=subprocess.DEVNULL, start_new_session=True)
+                                     stdin=subprocess.DEVNULL, start_new_session=True,
+                                     preexec_fn=_die_with_parent())
         log.close()
+        self.started_at = time.monotonic()
 
     @property
     def alive(self) -> bool:
         return self.proc is not None and self.proc.poll() is None
+
+    @property
+    def pid(self) -> int | None:
+        return self.proc.pid if self.proc is not None else None
+
+    def exit_reason(self) -> str:
+        """How it ended, in words: 'exit status 1', 'killed by SIGKILL'."""
+        rc = self.proc.returncode if self.proc is not None else None
+        if rc is None:
+            return "still running"
+        if rc < 0:
+            return f"killed by {signal.Signals(-rc).name}"
+        return f"exit status {rc}"
 
     def stop(self, timeout: float = 10.0) -> None:
         if not self.alive:
@@ -85,11 +125,31 @@ class Service:
         end = time.monotonic() + timeout
         while time.monotonic() < end:
             if not self.alive:
-                raise StackError(f"{self.name} exited while starting ({what}):\n{_tail(self.log_path)}")
+                raise StackError(f"{self.name} exited while starting ({what}, {self.exit_reason()}):\n"
+                                 f"{_tail(self.log_path)}")
             if ready():
                 return
             time.sleep(0.05)
         raise StackError(f"{self.name} not ready after {timeout}s ({what}):\n{_tail(self.log_path)}")
+
+
+def _host_port(addr: str, default_host: str = "0.0.0.0") -> tuple[str, int]:
+    host, _, port = addr.rpartition(":")
+    return (host.strip("[]") or default_host), int(port)
+
+
+def ensure_free(addr: str, what: str) -> None:
+    """Refuse to start on an address something already listens on: the port check comes
+    first, so that a second stack never touches the first one's redis, arena or nginx."""
+    host, port = _host_port(addr)
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)   # as nginx and redis bind
+        try:
+            s.bind((host, port))
+        except OSError as exc:
+            raise StackError(f"{what} {host}:{port}: {exc.strerror} (another ZCCP stack or server is "
+                             f"listening there; stop it or choose another port)") from None
 
 
 def redis_service(url: str, run_dir: Path) -> Service:
@@ -103,7 +163,7 @@ def redis_service(url: str, run_dir: Path) -> Service:
     data = run_dir / "redis"
     data.mkdir(parents=True, exist_ok=True)
     svc = Service("redis", [exe, "--bind", host, "--port", str(port), "--save", "", "--appendonly", "no",
-                            "--dir", str(data), "--daemonize", "no"], run_dir / "logs" / "redis.log")
+                            "--dir", str(data), "--daemonize", "no"], log_dir(run_dir) / "redis.log")
     svc.start()
 
     def ping() -> bool:
@@ -116,36 +176,25 @@ def redis_service(url: str, run_dir: Path) -> Service:
     return svc
 
 
-def engine_ping(socket_path: str, timeout: float = 1.0) -> int | None:
-    """The engine's epoch if it answers a PING on its doorbell, else None."""
-    try:
-        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
-            s.settimeout(timeout)
-            s.connect(socket_path)
-            s.sendall(encode_ring(Op.PING, 0, 0))
-            data = b""
-            while len(data) < NOTICE_SIZE:
-                chunk = s.recv(NOTICE_SIZE - len(data))
-                if not chunk:
-                    return None
-                data += chunk
-    except OSError:
-        return None
-    n = decode_notice(data)
-    return int(n.generation) if n.op == Op.PONG else None
-
-
-def engine_service(config_path: Path, cfg: Config, run_dir: Path, extra_env: dict[str, str] | None = None) -> Service:
+def engine_service(config_path: Path, cfg: Config, run_dir: Path, extra_env: dict[str, str] | None = None,
+                   wait: bool = True) -> Service:
+    """The engine for `cfg` (resolved for run_dir: the engine resolves the same)."""
     env = dict(os.environ)
     # The engine runs the same zccp package as the caller (this checkout).
     pkg_root = str(Path(__file__).resolve().parents[1])
     env["PYTHONPATH"] = os.pathsep.join(p for p in (pkg_root, env.get("PYTHONPATH", "")) if p)
     env.update(extra_env or {})
-    svc = Service("engine", [sys.executable, "-m", "zccp.cli", "engine", "--config", str(config_path)],
-                  run_dir / "logs" / "engine.log", env=env)
+    svc = Service("engine", [sys.executable, "-m", "zccp.cli", "engine", "--config", str(config_path),
+                             "--run-dir", str(run_dir)], log_dir(run_dir) / "engine.log", env=env)
     svc.start()
-    svc.wait_until(lambda: engine_ping(cfg.server.socket_path) is not None, 120, "doorbell PING")
+    if wait:
+        wait_for_engine(svc, cfg)
     return svc
+
+
+def wait_for_engine(svc: Service, cfg: Config, timeout: float = 120) -> None:
+    assert cfg.server.socket_path is not None
+    svc.wait_until(lambda: engine_ping(cfg.server.socket_path) is not None, timeout, "doorbell PING")
 
 
 def http_get(url: str, timeout: float = 2.0) -> tuple[int, bytes]:
@@ -156,21 +205,28 @@ def http_get(url: str, timeout: float = 2.0) -> tuple[int, bytes]:
         return e.code, e.read()
 
 
+def nginx_paths(run_dir: Path) -> tuple[Path, Path]:
+    """The stack's nginx prefix and its nginx.conf."""
+    prefix = run_dir / "nginx"
+    return prefix, prefix / "nginx.conf"
+
+
 def nginx_service(cfg: Config, run_dir: Path) -> tuple[Service, RenderedNginx]:
     exe = shutil.which("nginx") or "/usr/sbin/nginx"
     if not os.path.exists(exe):
         raise StackError("nginx not found (apt-get install nginx libnginx-mod-http-lua)")
-    rendered = render(cfg, run_dir / "nginx", standalone=True, prefix=run_dir / "nginx")
+    prefix, _ = nginx_paths(run_dir)
+    rendered = render(cfg, prefix, standalone=True, prefix=prefix, log_dir=log_dir(run_dir))
     assert rendered.nginx_conf is not None and rendered.prefix is not None
     test = subprocess.run([exe, "-t", "-q", "-p", str(rendered.prefix), "-c", str(rendered.nginx_conf)],
                           capture_output=True, text=True)
     if test.returncode != 0:
         raise StackError(f"nginx -t failed:\n{test.stderr}")
+    # Its stderr (what it says before its error_log is open) goes to that same file.
     svc = Service("nginx", [exe, "-p", str(rendered.prefix), "-c", str(rendered.nginx_conf), "-g", "daemon off;"],
-                  run_dir / "logs" / "nginx.log", stop_signal=signal.SIGQUIT)
+                  log_dir(run_dir) / "nginx-error.log", stop_signal=signal.SIGQUIT)
     svc.start()
-    host, _, port = cfg.server.listen.rpartition(":")
-    url = f"http://{host or '127.0.0.1'}:{port}/health"
+    url = base_url(cfg) + "/health"
 
     def listening() -> bool:
         with contextlib.suppress(OSError):
@@ -183,5 +239,131 @@ def nginx_service(cfg: Config, run_dir: Path) -> tuple[Service, RenderedNginx]:
 
 
 def base_url(cfg: Config) -> str:
-    host, _, port = cfg.server.listen.rpartition(":")
-    return f"http://{host or '127.0.0.1'}:{port}"
+    host, port = _host_port(cfg.server.listen, "127.0.0.1")
+    if host in ("0.0.0.0", "::"):
+        host = "127.0.0.1"
+    return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
+
+
+# -- supervision ------------------------------------------------------------------------------
+
+
+@dataclass
+class Backoff:
+    """The delay before restarting a service that died: none after a life of at least
+    stable_s, then doubling from first_s up to max_s while it keeps dying young."""
+
+    first_s: float = 0.5
+    max_s: float = 30.0
+    stable_s: float = 10.0
+    delay_s: float = field(default=0.0, init=False)
+
+    def after(self, lived_s: float) -> float:
+        if lived_s >= self.stable_s:
+            self.delay_s = 0.0
+        else:
+            self.delay_s = min(max(self.delay_s * 2, self.first_s), self.max_s)
+        return self.delay_s
+
+
+def _say(msg: str) -> None:
+    print(f"zccp-stack: {msg}", file=sys.stderr, flush=True)
+
+
+@dataclass
+class Supervisor:
+    """Keeps a started stack running: the engine is restarted with backoff when it dies
+    (nginx stays up, answers 503 meanwhile and maps the new arena by itself); redis or
+    nginx dying stops the stack with a non-zero status and the cause."""
+
+    cfg: Config
+    engine: Service
+    others: list[Service]
+    backoff: Backoff = field(default_factory=Backoff)
+    restarts: int = field(default=0, init=False)
+    _restart_at: float | None = field(default=None, init=False)
+    _died_at: float = field(default=0.0, init=False)
+    _waiting: bool = field(default=False, init=False)
+
+    def run(self, stopping: Callable[[], bool], poll_s: float = 0.1) -> int:
+        """Until stopping() says so (0) or a service other than the engine exits (1)."""
+        while not stopping():
+            for svc in self.others:
+                if not svc.alive:
+                    _say(f"{svc.name} exited ({svc.exit_reason()}); stopping the rest. "
+                         f"Its log, {svc.log_path}:\n{_tail(svc.log_path)}")
+                    return 1
+            self._tend_engine()
+            time.sleep(poll_s)
+        return 0
+
+    def _tend_engine(self) -> None:
+        now = time.monotonic()
+        eng = self.engine
+        if self._restart_at is None and not eng.alive:
+            lived = now - eng.started_at
+            delay = self.backoff.after(lived)
+            self._died_at, self._restart_at = now, now + delay
+            _say(f"engine exited ({eng.exit_reason()}) after {lived:.1f} s; restarting it in {delay:.1f} s "
+                 f"(nginx answers 503 meanwhile)")
+        if self._restart_at is not None and now >= self._restart_at:
+            self._restart_at = None
+            self.restarts += 1
+            eng.start()
+            self._waiting = True
+        if self._waiting and eng.alive and engine_ping(self.cfg.server.socket_path or "", 0.5) is not None:
+            self._waiting = False
+            _say(f"engine serving again (pid {eng.pid}), {time.monotonic() - self._died_at:.1f} s after it exited")
+
+
+# -- reloading the masks -------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class MasksInForce:
+    digest: str
+    patterns: int
+    errors: tuple[str, ...]      # "name: message" of each pattern nginx refused
+    worker_pid: int
+
+
+def _nginx_master(run_dir: Path) -> int:
+    prefix, _ = nginx_paths(run_dir)
+    pid_file = prefix / "nginx.pid"
+    try:
+        pid = int(pid_file.read_text().strip())
+        os.kill(pid, 0)
+    except (OSError, ValueError):
+        raise StackError(f"no running stack in {run_dir} (no live nginx behind {pid_file})") from None
+    return pid
+
+
+def _workers_of(pid: int) -> set[int]:
+    try:
+        return {int(p) for p in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()}
+    except OSError:
+        return set()
+
+
+def reload_masks(cfg: Config, run_dir: Path, timeout: float = 20.0) -> MasksInForce:
+    """Reload the running stack's nginx (SIGHUP to its master: what `nginx -s reload` does,
+    without needing the stack's -p and -c) and return the mask set its new workers have in
+    force. nginx writes that set to its last-good file as it loads it, and every request
+    names it in its slot: the engine switches to it with the first such request."""
+    master = _nginx_master(run_dir)
+    old = _workers_of(master)
+    os.kill(master, signal.SIGHUP)
+    url = base_url(cfg) + "/health"
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        with contextlib.suppress(OSError, ValueError):
+            _, body = http_get(url, 2.0)
+            h = json.loads(body)
+            masks = h.get("masks") or {}
+            if h.get("worker_pid") not in old and "digest" in masks:
+                return MasksInForce(masks["digest"], int(masks["patterns"]),
+                                    tuple(f"{e['name']}: {e['message']}" for e in masks.get("errors", [])),
+                                    int(h["worker_pid"]))
+        time.sleep(0.1)
+    raise StackError(f"nginx did not answer from new workers within {timeout:.0f} s after the reload; "
+                     f"see {log_dir(run_dir) / 'nginx-error.log'}")

@@ -54,6 +54,9 @@ end
 local function open_arena(name)
     local fd = C.shm_open(name, libc.O_RDWR, 0)
     if fd < 0 then
+        if ffi.errno() == libc.ENOENT then
+            return nil, "engine not running (no arena " .. name .. ")"
+        end
         return nil, "shm_open " .. name .. ": " .. libc.errstr()
     end
     local size = tonumber(C.lseek(fd, 0, libc.SEEK_END))

@@ -22,7 +22,10 @@ function _M.open()
     sock:settimeouts(s.connect_timeout_ms, s.connect_timeout_ms, s.request_timeout_ms)
     local ok, err = sock:connect("unix:" .. s.socket_path, { pool = "zccp:" .. s.socket_path, pool_size = s.pool_size })
     if not ok then
-        return nil, "doorbell connect: " .. err
+        if err == "timeout" then
+            return nil, "engine not answering (doorbell connect timed out)"
+        end
+        return nil, "engine not running (doorbell " .. s.socket_path .. ": " .. err .. ")"
     end
     return setmetatable({ sock = sock }, mt)
 end

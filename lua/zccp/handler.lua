@@ -13,6 +13,7 @@ local libc = require "zccp.libc"
 local relay = require "zccp.relay"
 local settings = require "zccp.settings"
 local tenant = require "zccp.tenant"
+local masks = require "zccp.masks"
 
 local ngx = ngx
 local ngx_var = ngx.var
@@ -112,9 +113,27 @@ local function write_fingerprint(a, i, fp)
     return f
 end
 
+-- The request id and the mask set this worker applied (the engine follows it) into the
+-- request block `req`. Returns the flag it sets.
+local function write_ids(req, rid)
+    local C = abi.C
+    local n = #rid
+    if n > C.ZCCP_REQUEST_ID_MAX then
+        n = C.ZCCP_REQUEST_ID_MAX
+    end
+    req.request_id_len = n
+    ffi_copy(req.request_id, rid, n)
+    local digest = masks.digest_raw()
+    if not digest then
+        return 0
+    end
+    ffi_copy(req.mask_digest, digest, 32)
+    return C.ZCCP_FLAG_MASK_DIGEST
+end
+
 -- Fill the claimed slot and mark it READY. Returns the generation rung with.
--- extra: nil, or { kind = enum zccp_request_kind, tenant = 32-byte digest }.
-local function fill_slot(a, i, body, flags, timeout_ms, fp, extra)
+-- extra: nil, or { kind = enum zccp_request_kind, tenant = 32-byte digest }; rid: X-Request-ID.
+local function fill_slot(a, i, body, flags, timeout_ms, fp, extra, rid)
     local C = abi.C
     local h, meta = a:header(i), a:meta(i)
     if h.magic ~= C.ZCCP_SLOT_MAGIC or h.payload_cap ~= a.payload_cap or h.response_cap ~= a.response_cap then
@@ -144,6 +163,7 @@ local function fill_slot(a, i, body, flags, timeout_ms, fp, extra)
             flags = flags + C.ZCCP_FLAG_TENANT
         end
     end
+    flags = flags + write_ids(req, rid)
     if fp then
         flags = flags + write_fingerprint(a, i, fp)
     end
@@ -168,20 +188,20 @@ local function release(slot)
 end
 
 -- Claims a slot of arena `a` and fills it: the slot record, or nil, status, kind, message.
-local function claim_and_fill(a, body, flags, fp, extra)
+local function claim_and_fill(a, body, flags, fp, extra, rid)
     local s = settings.get()
     local i = slots.claim(a)
     if not i then
         return nil, 429, "rate_limit_error", "all " .. a.slot_count .. " slots are busy; retry shortly"
     end
-    local gen, ferr = fill_slot(a, i, body, flags, s.request_timeout_ms, fp, extra)
+    local gen, ferr = fill_slot(a, i, body, flags, s.request_timeout_ms, fp, extra, rid)
     if not gen then
         slots.release(a, i)
         ngx_log(ngx_ERR, "zccp: ", ferr)
         return nil, 503, "overloaded_error", "engine arena unusable: " .. ferr
     end
     local h = a:header(i)
-    return { arena = a, index = i, header = h, generation = gen, ctx_hex = hex(h.context_id, 8) }
+    return { arena = a, index = i, header = h, generation = gen, ctx_hex = hex(h.context_id, 8), request_id = rid }
 end
 
 -- Rings the engine for `slot` (slot.bell is the open doorbell): true, or nil, message.
@@ -189,12 +209,12 @@ local function ring(slot)
     local bell, berr = doorbell.open()
     if not bell then
         arena_mod.refresh()
-        return nil, "engine unavailable: " .. berr
+        return nil, berr
     end
     slot.bell = bell
     local ok, rerr = bell:ring(slot.index, slot.generation)
     if not ok then
-        return nil, "engine unavailable: " .. rerr
+        return nil, "engine unavailable: doorbell send: " .. rerr
     end
     bell:set_read_timeout(POLL_MS)
     return true
@@ -232,8 +252,8 @@ local function respond(api, slot, outcome, r)
     if outcome == "client closed the connection" then
         return   -- nobody is listening; the access log shows the client's close
     end
-    ngx_log(outcome == "timeout" and ngx_WARN or ngx_ERR, "zccp: request ", slot.ctx_hex, " on slot ",
-            slot.index, ": ", outcome)
+    ngx_log(outcome == "timeout" and ngx_WARN or ngx_ERR, "zccp: request ", slot.request_id, " (context ",
+            slot.ctx_hex, ") on slot ", slot.index, ": ", outcome)
     local code, kind, msg
     if outcome == "timeout" then
         code, kind, msg = 504, "api_error", "request timed out after " .. settings.get().request_timeout_ms .. " ms"
@@ -254,7 +274,7 @@ end
 -- the request is answered. state.slot is set while a slot is held, so that serve()
 -- can free it if anything here raises.
 local function attempt(api, a, body, flags, deadline, state, fp, extra)
-    local slot, code, kind, msg = claim_and_fill(a, body, flags, fp, extra)
+    local slot, code, kind, msg = claim_and_fill(a, body, flags, fp, extra, state.request_id)
     if not slot then
         return errors.send(api, code, kind, msg, RETRY_AFTER)
     end
@@ -275,6 +295,7 @@ end
 
 -- nginx refused the body itself (client_max_body_size): same answer, API-shaped.
 function _M.too_large(api)
+    ngx_header["X-Request-ID"] = ngx_var.zccp_request_id
     return errors.send(api, 413, "request_too_large",
         "request body exceeds the limit of " .. settings.get().max_body .. " bytes")
 end
@@ -292,6 +313,8 @@ local MODEL_KINDS = { count_tokens = "ZCCP_KIND_COUNT_TOKENS", models = "ZCCP_KI
 -- kind: "purge" or "warmup" (loopback only), "count_tokens" or "models" (GET).
 function _M.serve(api, kind)
     local s = settings.get()
+    local rid = ngx_var.zccp_request_id
+    ngx_header["X-Request-ID"] = rid
     local admin = kind and ADMIN_KINDS[kind]
     local kind_name = kind and (admin or MODEL_KINDS[kind] or error("zccp.handler.serve: unknown kind " .. kind, 2))
     if admin and not LOOPBACK[ngx_var.realip_remote_addr or ngx_var.remote_addr] then
@@ -314,7 +337,7 @@ function _M.serve(api, kind)
             "request body of " .. len .. " bytes exceeds the limit of " .. s.max_body .. " bytes")
     end
 
-    local state = { aborted = false }
+    local state = { aborted = false, request_id = rid }
     ngx.on_abort(function() state.aborted = true end)
 
     local body, code, err_kind, msg
@@ -343,7 +366,7 @@ function _M.serve(api, kind)
     for _ = 1, MAX_ATTEMPTS do
         local a, err = arena_mod.acquire()
         if not a then
-            return errors.send(api, 503, "overloaded_error", "engine unavailable: " .. err, RETRY_AFTER)
+            return errors.send(api, 503, "overloaded_error", err, RETRY_AFTER)
         end
         if #body > a.payload_cap then
             a:release()

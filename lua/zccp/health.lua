@@ -4,6 +4,7 @@ local arena_mod = require "zccp.arena"
 local slots = require "zccp.slots"
 local doorbell = require "zccp.doorbell"
 local settings = require "zccp.settings"
+local masks = require "zccp.masks"
 local cjson = require "cjson.safe"
 
 local ngx = ngx
@@ -12,7 +13,17 @@ local tostring = tostring
 
 local _M = { _VERSION = "0.1.0" }
 
+-- The mask set this worker applies (zccp-stack reload waits for a new worker's).
+local function masks_in_force()
+    return { digest = masks.digest(), patterns = masks.count(), errors = masks.errors() }
+end
+
 local function reply(status, t)
+    t.worker_pid = ngx.worker.pid()
+    t.masks = masks_in_force()
+    if status ~= 200 then
+        t.status = "unavailable"
+    end
     ngx.status = status
     ngx.header["Content-Type"] = "application/json"
     ngx.header["Cache-Control"] = "no-store"
@@ -43,12 +54,12 @@ end
 function _M.serve()
     local a, err = arena_mod.acquire()
     if not a then
-        return reply(503, { status = "unavailable", reason = err })
+        return reply(503, { reason = err })
     end
     local epoch, perr = ping()
     if not epoch then
         a:release()
-        return reply(503, { status = "unavailable", reason = perr })
+        return reply(503, { reason = perr })
     end
     if epoch ~= a.epoch then
         -- The engine answering is not the one we mapped: switch now.
@@ -56,7 +67,7 @@ function _M.serve()
         arena_mod.refresh()
         a, err = arena_mod.acquire()
         if not a then
-            return reply(503, { status = "unavailable", reason = err })
+            return reply(503, { reason = err })
         end
     end
     local busy = 0
@@ -75,7 +86,6 @@ function _M.serve()
         slots_busy = busy,
         payload_cap = a.payload_cap,
         response_cap = a.response_cap,
-        worker_pid = ngx.worker.pid(),
     }
     a:release()
     return reply(200, out)

@@ -18,6 +18,7 @@ int clock_gettime(int clk_id, struct zccp_timespec *tp);
 
 -- POSIX/Linux values (these are the OS's constants, not ZCCP's ABI).
 _M.O_RDWR = 2
+_M.ENOENT = 2
 _M.PROT_READ_WRITE = 3
 _M.MAP_SHARED = 1
 _M.MAP_POPULATE = 0x8000   -- pre-fault the mapping: no page faults on the request path

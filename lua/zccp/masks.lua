@@ -61,6 +61,7 @@ local state = {
     n = 0,
     errors = {},     -- { name = ..., message = ... }
     digest = nil,
+    digest_raw = nil,
     path = nil,
     last_good_path = nil,
 }
@@ -141,7 +142,7 @@ local function digest_of(patterns, n)
     for i = 1, #d do
         hex[i] = str_format("%02x", str_byte(d, i))
     end
-    return concat(hex)
+    return concat(hex), d
 end
 
 local function write_last_good(path, patterns, n)
@@ -264,7 +265,7 @@ function _M.init(opts)
     end
 
     state.patterns, state.n, state.errors = patterns, n, errors
-    state.digest = digest_of(patterns, n)
+    state.digest, state.digest_raw = digest_of(patterns, n)
     state.path, state.last_good_path, state.loaded = path, lg_path, true
 
     if write then
@@ -417,6 +418,12 @@ end
 function _M.digest()
     ensure()
     return state.digest
+end
+
+-- The same digest as 32 raw bytes (what nginx writes into a slot's request.mask_digest).
+function _M.digest_raw()
+    ensure()
+    return state.digest_raw
 end
 
 function _M.count()

@@ -36,12 +36,29 @@ function _M.log(api)
     d:incr("zccp_nginx_bytes_in_total" .. SEP .. api, tonumber(ngx.var.request_length) or 0, 0)
 end
 
+-- Series that exist from the start, at 0, so that a rate over them misses nothing.
+local SEEDS = {
+    "zccp_nginx_requests_total" .. SEP .. "anthropic" .. SEP .. "200",
+    "zccp_nginx_requests_total" .. SEP .. "openai" .. SEP .. "200",
+    "zccp_nginx_bytes_in_total" .. SEP .. "anthropic",
+    "zccp_nginx_bytes_in_total" .. SEP .. "openai",
+}
+
 local function render_own()
     local d = dict()
     if not d then
         return ""
     end
     local keys = d:get_keys(0)
+    local have = {}
+    for _, key in ipairs(keys) do
+        have[key] = true
+    end
+    for _, key in ipairs(SEEDS) do
+        if not have[key] then
+            keys[#keys + 1] = key
+        end
+    end
     sort(keys)
     local out, n, seen = {}, 0, {}
     for _, key in ipairs(keys) do

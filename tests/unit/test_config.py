@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
-from zccp.config import ConfigError, load_config, parse_config
+from zccp import runtime
+from zccp.config import ConfigError, load_config, mask_state_path, parse_config
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -60,12 +64,87 @@ def test_missing_and_unparsable_files(tmp_path):
         load_config(bad)
 
 
-def test_engine_cli_refuses_a_bad_config(tmp_path):
-    import subprocess
-    import sys
+def _cli(*args: str) -> subprocess.CompletedProcess[str]:
+    """python -m zccp.cli from this checkout (not whatever zccp the interpreter has installed)."""
+    env = dict(os.environ, PYTHONPATH=str(ROOT / "engine"))
+    out = subprocess.run([sys.executable, "-c", "import sys, zccp, zccp.cli; print(zccp.__file__, file=sys.stderr); "
+                          "sys.argv[0] = 'zccp'; zccp.cli.main()", *args], capture_output=True, text=True, env=env)
+    assert out.stderr.splitlines()[0] == str(ROOT / "engine" / "zccp" / "__init__.py"), out.stderr
+    return out
 
+
+def test_engine_cli_refuses_a_bad_config(tmp_path):
     p = tmp_path / "c.yaml"
     p.write_text("server:\n  prot: 1\n")
-    out = subprocess.run([sys.executable, "-m", "zccp.cli", "engine", "--config", str(p)], capture_output=True, text=True)
+    out = _cli("engine", "--config", str(p))
     assert out.returncode == 2
     assert "server.prot: unknown key" in out.stderr and str(p) in out.stderr
+
+
+def test_yaml_booleans_are_accepted_where_a_switch_is_meant(tmp_path):
+    p = tmp_path / "c.yaml"
+    p.write_text("gpu:\n  enabled: on\n")            # YAML 1.1 reads a bare `on` as true
+    assert load_config(p).gpu.enabled == "on"
+    p.write_text("gpu:\n  enabled: off\n")
+    assert load_config(p).gpu.enabled == "off"
+    p.write_text("gpu:\n  enabled: 'auto'\n")
+    assert load_config(p).gpu.enabled == "auto"
+    with pytest.raises(ConfigError, match="model.backend: True is not one of"):
+        parse_config({"model": {"backend": True}}, "my.yaml")   # not a switch: refused by name
+
+
+@pytest.mark.parametrize("raw,key", [
+    ({"shared_memory": {"tokens_kb": 1000}}, "shared_memory.tokens_kb"),
+    ({"shared_memory": {"response_kb": 1000}}, "shared_memory.response_kb"),
+    ({"shared_memory": {"tokens_kb": 700, "response_kb": 400}}, "shared_memory.tokens_kb"),
+    ({"shared_memory": {"segment_size_kb": 256}}, "shared_memory.segment_size_kb"),
+])
+def test_a_slot_too_small_blames_the_key_that_was_set(raw, key):
+    with pytest.raises(ConfigError) as exc:
+        parse_config(raw, "my.yaml")
+    assert str(exc.value).startswith(f"my.yaml: {key}: ")
+    assert "no room for a payload" in str(exc.value)
+
+
+def test_check_refuses_what_this_host_lacks(tmp_path):
+    p = tmp_path / "c.yaml"
+    p.write_text(f"logging:\n  file: {tmp_path}/missing/engine.log\n")
+    out = _cli("engine", "--config", str(p), "--check")
+    assert out.returncode == 2
+    assert f"logging.file: directory {tmp_path}/missing does not exist" in out.stderr
+    p.write_text("shared_memory:\n  group: no-such-group-zccp\n")
+    out = _cli("engine", "--config", str(p), "--check")
+    assert out.returncode == 2 and "shared_memory.group: no group 'no-such-group-zccp'" in out.stderr
+    p.write_text(f"logging:\n  file: {tmp_path}/engine.log\n")
+    out = _cli("engine", "--config", str(p), "--check", "--run-dir", str(tmp_path / "run"))
+    assert out.returncode == 0, out.stderr
+
+
+def test_socket_and_last_good_file_come_from_the_run_directory(tmp_path):
+    cfg = parse_config({}, str(tmp_path / "config.yaml"))
+    a, b = runtime.resolve(cfg, tmp_path / "a" / ".run"), runtime.resolve(cfg, tmp_path / "b" / ".run")
+    assert a.server.socket_path != b.server.socket_path       # two checkouts never share them
+    assert mask_state_path(a) != mask_state_path(b)
+    assert mask_state_path(a).parent == Path(a.server.socket_path).parent
+    if os.geteuid() != 0:
+        assert a.server.socket_path == str(tmp_path / "a" / ".run" / "doorbell.sock")
+    explicit = runtime.resolve(parse_config({"server": {"socket_path": "/run/x/d.sock"}}), tmp_path)
+    assert explicit.server.socket_path == "/run/x/d.sock"
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="nginx drops to another user only when started as root")
+def test_as_root_the_workers_user_and_group_are_derived(tmp_path):
+    import grp
+    import pwd
+
+    cfg = runtime.resolve(parse_config({}, "c.yaml"), tmp_path)
+    user = runtime.worker_user(cfg)
+    assert user in runtime.DEFAULT_WORKER_USERS
+    assert cfg.shared_memory.group == grp.getgrgid(pwd.getpwnam(user).pw_gid).gr_name
+    # A run directory the workers cannot enter: the socket moves to /run/zccp/<digest>/.
+    private = tmp_path / "private"
+    (private / "run").mkdir(parents=True)
+    private.chmod(0o700)
+    moved = runtime.resolve(parse_config({}, "c.yaml"), private / "run")
+    assert moved.server.socket_path.startswith(str(runtime.ROOT_SOCKET_BASE) + "/")
+    assert runtime.can_traverse(user, cfg.shared_memory.group, Path(moved.server.socket_path).parent.parent)

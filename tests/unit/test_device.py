@@ -3,6 +3,7 @@ recording stand-in for cupy (checked on a real GPU only when a device is lent)."
 
 from __future__ import annotations
 
+import ctypes
 import mmap
 import sys
 import types
@@ -32,6 +33,12 @@ def test_auto_without_cuda_falls_back_to_cpu_and_on_refuses(monkeypatch):
         dev.select_device(GpuConfig(enabled="on"), m)
 
 
+# The stand-in's device address space: the host mapping shifted by DEVICE_DELTA, as mapped
+# host memory appears to a GPU at its own addresses. Reading a "device" address reads the
+# host bytes it stands for, so what the model would read stays observable.
+DEVICE_DELTA = 0x100000000000
+
+
 class _FakeRuntime:
     def __init__(self) -> None:
         self.registered: list[tuple[int, int, int]] = []
@@ -44,7 +51,9 @@ class _FakeRuntime:
         self.unregistered.append(ptr)
 
     def pointerGetAttributes(self, ptr):
-        return types.SimpleNamespace(devicePointer=0x7F0000000000 + (ptr & 0xFFF))
+        (base, size, _), = self.registered
+        assert base <= ptr < base + size, "only registered memory has a device pointer"
+        return types.SimpleNamespace(devicePointer=ptr + DEVICE_DELTA)
 
 
 def _fake_cupy():
@@ -61,7 +70,10 @@ def _fake_cupy():
 
     def ndarray(shape, dtype, memptr):
         made.append((shape, memptr.mem.ptr, memptr.mem.size))
-        return torch.zeros(shape, dtype=torch.int32)  # stands in for the device array
+        host = memptr.mem.ptr + memptr.off - DEVICE_DELTA
+        (n,) = shape
+        # The "device array" is the registered host memory itself, read in place.
+        return torch.frombuffer((ctypes.c_int32 * n).from_address(host), dtype=torch.int32)
 
     cuda = types.SimpleNamespace(runtime=rt, UnownedMemory=UnownedMemory, MemoryPointer=MemoryPointer,
                                  Device=lambda i: types.SimpleNamespace(use=lambda: None), is_available=lambda: True)
@@ -77,15 +89,21 @@ def test_cuda_path_registers_the_arena_once_and_maps_views_by_offset(monkeypatch
     (ptr, size, flags), = rt.registered
     assert size == len(m) and flags == 3  # cudaHostRegisterPortable | cudaHostRegisterMapped
     tokens = torch.frombuffer(m, dtype=torch.int32, count=100, offset=8192)
-    d.input_view(tokens[:10])
-    d.input_view(tokens[:20])
+    tokens[:20] = torch.arange(1000, 1020, dtype=torch.int32)
+    a = d.input_view(tokens[:10])
+    b = d.input_view(tokens[:20])
     assert len(rt.registered) == 1       # once per arena, not per request
-    dev_base = 0x7F0000000000 + (ptr & 0xFFF)
-    assert made[0] == ((10,), dev_base + 8192, 40)
-    assert made[1] == ((20,), dev_base + 8192, 80)
+    assert made[0] == ((10,), ptr + DEVICE_DELTA + 8192, 40)
+    assert made[1] == ((20,), ptr + DEVICE_DELTA + 8192, 80)
+    # The model reads exactly the slot's token ids, and in place: a write to the arena
+    # shows through the view at once (no staging copy was made).
+    assert a.tolist() == list(range(1000, 1010)) and b.tolist() == list(range(1000, 1020))
+    tokens[3] = 7
+    assert int(a[3]) == 7 and int(b[3]) == 7
     outside = torch.zeros(4, dtype=torch.int32)
     with pytest.raises(ValueError, match="outside the registered arena"):
         d.input_view(outside)
+    del a, b
     d.close()
     d.close()
     assert rt.unregistered == [ptr]

@@ -45,6 +45,13 @@ class CacheKeys:
         return tuple(collect_literals(doc, masks))
 
 
+def slot_masks(view: SlotView, masks: MaskSource) -> MaskSet | None:
+    """The mask set nginx applied to this request (it names it in the slot; the latest one
+    when it names none), or None when this engine cannot load it."""
+    named = view.header.flags & Flag.MASK_DIGEST
+    return masks.get(bytes(ffi.buffer(view.request.mask_digest, 32)).hex() if named else None)
+
+
 def keys_for(view: SlotView, payload: memoryview, req: GenerationRequest, masks: MaskSource, cfg: CacheConfig,
              doc: dict[str, Any] | None = None) -> CacheKeys | None:
     """None when the body cannot be fingerprinted (then the request is served uncached).
@@ -52,6 +59,9 @@ def keys_for(view: SlotView, payload: memoryview, req: GenerationRequest, masks:
     doc: the body as orjson parsed it (the engine's one parse), reused and masked in place
     when the engine fingerprints the body itself."""
     h, meta = view.header, view.meta
+    mask_set = slot_masks(view, masks)
+    if mask_set is None:
+        return None       # nginx applied a mask set this engine cannot load
     tenant = tenant_of(view, req, cfg)
     if h.flags & Flag.FP_VALID:
         exact = bytes(ffi.buffer(meta.exact_key, 32))
@@ -62,7 +72,7 @@ def keys_for(view: SlotView, payload: memoryview, req: GenerationRequest, masks:
         sig = tuple(ffi.unpack(view.signature.minhash, MINHASH_COUNT)) if near else ()
         return CacheKeys(exact, prefix, bands, sig, masked, tenant, place(prefix, tenant, masked, cfg.scope))
     literals: list[bytes] = []
-    fp = compute(req.api, payload, masks.get(), doc=doc, literals=literals)
+    fp = compute(req.api, payload, mask_set, doc=doc, literals=literals)
     if fp is None:
         return None
     if fp.near and len(fp.signature) != MINHASH_COUNT:

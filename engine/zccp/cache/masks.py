@@ -311,36 +311,59 @@ def load_masks(path: str | Path | None = None, last_good_path: str | Path | None
 
 
 class MaskSource:
-    """The operator's mask patterns, re-read (at most once a second) when the file changes."""
+    """The mask set nginx has in force, followed by its digest rather than by the file.
 
-    CHECK_EVERY_S = 1.0
+    nginx names, in every slot, the digest of the set it applied (request.mask_digest) and
+    writes that set to its last-good file on every start and reload. The engine starts from
+    the files nginx reads; when a slot names a set it does not hold, it loads the last-good
+    file. So nginx and the engine switch together when nginx reloads, whatever the patterns
+    file says meanwhile, and the workers of the previous generation, finishing their
+    requests during a graceful reload, keep theirs. A digest the engine cannot find gets
+    None: that request is served uncached (when in doubt, miss).
+    """
+
+    KEEP = 4                  # sets held at once (the current one and the ones before it)
+    RETRY_S = 1.0             # an unknown digest is looked for again after this long
 
     def __init__(self, path: Path | None = None, last_good: Path | None = None) -> None:
         self.path = path or default_patterns_path()
         self.last_good = last_good
-        self._mtime = 0.0
-        self._checked = 0.0
-        self._masks: MaskSet = self._load()
+        first = self._load(self.path, last_good)
+        self._sets: dict[str, MaskSet] = {first.digest: first}
+        self._current = first
+        self._missing: dict[str, float] = {}
 
-    def _load(self) -> MaskSet:
-        try:
-            self._mtime = os.stat(self.path).st_mtime
-        except OSError:
-            self._mtime = 0.0
-        masks = load_masks(self.path, self.last_good)
+    @staticmethod
+    def _load(path: Path, last_good: Path | None) -> MaskSet:
+        masks = load_masks(path, last_good)
         for name, err in masks.errors:
             log.error("mask pattern %s not applied: %s", name, err)
         return masks
 
-    def get(self) -> MaskSet:
+    def get(self, digest: str | None = None) -> MaskSet | None:
+        """The set named by `digest` (hex), or the latest one when nginx named none."""
+        if digest is None:
+            return self._current
+        masks = self._sets.get(digest)
+        return masks if masks is not None else self._follow(digest)
+
+    def _follow(self, digest: str) -> MaskSet | None:
         now = time.monotonic()
-        if now - self._checked >= self.CHECK_EVERY_S:
-            self._checked = now
-            try:
-                changed = os.stat(self.path).st_mtime != self._mtime
-            except OSError:
-                changed = False
-            if changed:
-                self._masks = self._load()
-                log.info("mask patterns reloaded from %s", self.path)
-        return self._masks
+        if self.last_good is None or now < self._missing.get(digest, 0.0):
+            return None
+        masks: MaskSet | None = None
+        if self.last_good.is_file():
+            masks = self._load(self.last_good, self.last_good)
+            self._sets[masks.digest] = masks
+            self._current = masks
+            while len(self._sets) > self.KEEP:
+                del self._sets[next(iter(self._sets))]
+        if masks is not None and masks.digest == digest:
+            log.info("mask set %s now in force: nginx (re)loaded %d pattern(s)", digest[:12], len(masks))
+            return masks
+        if len(self._missing) > 64:
+            self._missing.clear()
+        self._missing[digest] = now + self.RETRY_S
+        log.warning("nginx applied mask set %s, which %s does not hold: serving its requests uncached",
+                    digest[:12], self.last_good)
+        return None

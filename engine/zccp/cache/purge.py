@@ -11,15 +11,17 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import orjson
-import redis.asyncio as aioredis
 
 from zccp.api import codec_for
 from zccp.cache.scope import purge_patterns, tenant_digest
 from zccp.request import ApiError
 from zccp.response import ResponseWriter, SlotAbandoned
+
+if TYPE_CHECKING:
+    from zccp.cache.redis_target import RedisClient
 
 log = logging.getLogger("zccp.cache.purge")
 
@@ -65,8 +67,10 @@ def parse_purge(obj: Any) -> PurgeRequest:
     return req
 
 
-async def purge(redis: aioredis.Redis, req: PurgeRequest) -> int:
-    """Delete every key matching the request (SCAN + UNLINK in batches); the count."""
+async def purge(redis: RedisClient, req: PurgeRequest) -> int:
+    """Delete every key matching the request (SCAN + UNLINK in batches); the count.
+    On a Redis Cluster, redis-py's SCAN visits every primary (each with its own cursor)
+    and its UNLINK splits a batch by slot; through Sentinel it runs on the master."""
     n = 0
     for pattern in req.patterns:
         batch: list[bytes] = []
@@ -83,7 +87,7 @@ async def purge(redis: aioredis.Redis, req: PurgeRequest) -> int:
 class PurgeFlow:
     """One POST /v1/zccp/purge through a slot: the JSON body in, {"purged": n} out."""
 
-    def __init__(self, payload: memoryview, writer: ResponseWriter, redis: aioredis.Redis | None,
+    def __init__(self, payload: memoryview, writer: ResponseWriter, redis: RedisClient | None,
                  spawn: Callable[[Any], None], on_done: Callable[[], None]) -> None:
         self._payload = payload
         self._writer = writer

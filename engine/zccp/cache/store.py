@@ -13,27 +13,38 @@ A hit is served only if it passes the masked-literal guard (CachedAnswer.leaks_t
 otherwise it is a MISS with the reason `masked_literal`, and the fresh answer is
 stored over it.
 
-Redis down or slow: the lookup answers ERROR within `timeout_ms`, a counter rises,
-and for one second after a failure the cache is not even tried (no request waits
-on a dead Redis); then it is tried again, so it comes back by itself.
+Redis down or slow: a lookup's Redis calls give up after `timeout_ms` (a deadline
+around each, which also bounds the cluster and Sentinel clients' own steps: a slot map
+refresh, asking a Sentinel for the master), the lookup answers ERROR, a counter rises,
+and for one second after a failure the cache is not even tried (no request waits on a
+dead Redis); then it is tried again, so it comes back by itself. A store runs after the
+answer has gone out, so no request waits on it: each of its steps has the socket timeout
+`timeout_ms`, with no deadline around the whole (one would also count the time the
+engine's busy loop kept it waiting). The same holds for one server, a Redis Cluster and
+a Sentinel-managed master (zccp.cache.redis_target).
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import struct
 import time
+from collections.abc import Awaitable
 from dataclasses import dataclass, field
-
-import redis.asyncio as aioredis
+from typing import TYPE_CHECKING, Any
 
 from zccp.abi import MINHASH_COUNT
 from zccp.cache.answer import CachedAnswer
 from zccp.cache.fp.csf import estimate_jaccard
 from zccp.cache.keys import CacheKeys
+from zccp.cache.redis_target import RedisConnection, connect, parse_redis_url
 from zccp.cache.scope import SHARED, Placement
 from zccp.config import CacheConfig
 from zccp.metrics import EngineMetrics
+
+if TYPE_CHECKING:
+    from zccp.cache.redis_target import RedisClient
 
 log = logging.getLogger("zccp.cache.store")
 
@@ -42,6 +53,12 @@ MAX_CANDIDATES = 32
 # KEYS: the exact entry keys to try, in order, then the band keys (none when near is off).
 # ARGV: how many exact keys, max candidates, the near records' key prefix.
 # Returns {i, entry} on an exact hit in KEYS[i], else {0, key1, rec1, key2, rec2, ...}.
+# The near records it reads (ARGV[3] .. candidate) are not in KEYS: they are only known
+# once the band sets are read. Their names carry KEYS[1]'s hash tag, so they live in its
+# slot, on the node the call was routed to, and Redis Cluster runs them (Redis 7 refuses
+# keys of a node's other slots only to scripts with a shebang, and keys of other nodes to
+# every script). No shebang: Redis 6 runs it too. docs/cache.md, "Redis topologies";
+# tests/integration/test_scale_out.py checks it against a real cluster.
 LOOKUP_SCRIPT = """
 local n = tonumber(ARGV[1])
 for i = 1, n do
@@ -93,26 +110,30 @@ def _parse_record(raw: bytes | None) -> tuple[bytes, bool, tuple[int, ...]] | No
 class ResponseCache:
     cfg: CacheConfig
     metrics: EngineMetrics
-    _redis: aioredis.Redis = field(init=False)
+    _conn: RedisConnection = field(init=False)
     _skip_until: float = field(default=0.0, init=False)
 
     def __post_init__(self) -> None:
-        t = self.cfg.timeout_ms / 1000
-        self._redis = aioredis.Redis.from_url(self.cfg.redis_url, socket_timeout=t, socket_connect_timeout=t,
-                                              retry_on_timeout=False, health_check_interval=0)
+        self._timeout = self.cfg.timeout_ms / 1000
+        self._conn = connect(parse_redis_url(self.cfg.redis_url), self._timeout)
+        self._redis = self._conn.client
         self._lookup = self._redis.register_script(LOOKUP_SCRIPT)
 
     @property
-    def redis(self) -> aioredis.Redis:
+    def redis(self) -> RedisClient:
         return self._redis
 
     async def close(self) -> None:
-        await self._redis.aclose()
+        await self._conn.aclose()
+
+    async def _call(self, op: Awaitable[Any]) -> Any:
+        """One Redis call, given up after timeout_ms whatever the client does inside it."""
+        return await asyncio.wait_for(op, self._timeout)
 
     def _failed(self, what: str, exc: Exception) -> Lookup:
         self.metrics.cache_errors.inc()
         if time.monotonic() >= self._skip_until:
-            log.warning("redis %s failed: %s; serving uncached", what, exc)
+            log.warning("redis %s failed: %s; serving uncached", what, str(exc) or type(exc).__name__)
         self._skip_until = time.monotonic() + RETRY_AFTER_FAILURE_S
         return Lookup("ERROR", "redis")
 
@@ -131,8 +152,8 @@ class ResponseCache:
         if near:
             redis_keys += p.band_keys(keys.bands)
         try:
-            reply = await self._lookup(keys=redis_keys, args=[len(p.lookup_owners), MAX_CANDIDATES,
-                                                              p.key(p.near_owner, "s", "")])
+            reply = await self._call(self._lookup(keys=redis_keys, args=[len(p.lookup_owners), MAX_CANDIDATES,
+                                                                         p.key(p.near_owner, "s", "")]))
             if reply and reply[0] >= 1:
                 ans = CachedAnswer.from_json(reply[1])
                 if ans is None:
@@ -159,7 +180,7 @@ class ResponseCache:
         if best_sim < self.cfg.similarity_threshold:
             return Lookup("MISS", "not_similar")
         owner = SHARED if best_shared else p.near_owner
-        raw = await self._redis.get(p.key(owner, "e", best.decode()))
+        raw = await self._call(self._redis.get(p.key(owner, "e", best.decode())))
         ans = CachedAnswer.from_json(raw) if raw is not None else None
         if ans is None:
             return Lookup("MISS", "not_found")
@@ -199,6 +220,6 @@ class ResponseCache:
                 for k in p.band_keys(keys.bands):
                     pipe.sadd(k, exact)
                     pipe.expire(k, ttl)
-            await pipe.execute()
+            await pipe.execute()     # after the answer: bounded by the socket timeouts, no deadline
         except Exception as exc:
             self._failed("store", exc)

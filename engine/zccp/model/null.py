@@ -38,6 +38,7 @@ class NullBackend(ModelBackend):
         name: str = "zccp-null",
         max_context: int = 8192,
         token_delay_ms: float = 0.0,
+        fail_after: int = -1,
     ) -> None:
         self.name = name
         self.max_context = max_context
@@ -47,6 +48,9 @@ class NullBackend(ModelBackend):
         self.token_delay_s = token_delay_ms / 1000.0
         self.reply = reply
         self._ids: tuple[int, ...] = tuple(reply.encode("utf-8"))
+        # Fault injection: raise after this many tokens (-1: never), as a model that
+        # fails mid-answer would; the tests drive the engine's failure paths with it.
+        self.fail_after = fail_after
 
     def generate(
         self,
@@ -60,7 +64,9 @@ class NullBackend(ModelBackend):
         return self._replay(self._ids[: max(params.max_tokens, 0)], cancelled)
 
     def _replay(self, ids: tuple[int, ...], cancelled: Callable[[], bool]) -> Iterator[int]:
-        for tok in ids:
+        for n, tok in enumerate(ids):
+            if n == self.fail_after:
+                raise RuntimeError(f"null backend: injected failure after {n} tokens (model.null_fail_after)")
             if cancelled():
                 return
             if self.token_delay_s:
@@ -87,6 +93,8 @@ class NullBackend(ModelBackend):
 
     def _next(self, s: _State) -> int:
         k = s.length - s.prompt_len
+        if k == self.fail_after:
+            raise RuntimeError(f"null backend: injected failure after {k} tokens (model.null_fail_after)")
         return self._ids[k] if k < len(self._ids) else EOS
 
 

@@ -23,7 +23,7 @@ def _build_tiny(**options: Any) -> ModelBackend:
     return TinyTransformer(TinyConfig(**options))
 
 
-_NULL_OPTIONS = frozenset({"reply", "name", "max_context", "token_delay_ms"})
+_NULL_OPTIONS = frozenset({"reply", "name", "max_context", "token_delay_ms", "fail_after"})
 
 
 def _build_null(**options: Any) -> ModelBackend:
@@ -103,7 +103,7 @@ def build_backend(kind: str, **options: Any) -> ModelBackend:
 
     tiny: any TinyConfig field (name, d_model, n_layers, n_heads, d_ff, max_context,
     seed, prefill_chunk, tie_embeddings, eos_bias, device).
-    null: reply, name, max_context, token_delay_ms.
+    null: reply, name, max_context, token_delay_ms, fail_after.
     hf: path, name, dtype, max_context, prefill_chunk, device.
     """
     try:
