@@ -1,5 +1,6 @@
-"""What an hf checkpoint directory must hold, checked without loading anything (config
-validation runs it, so `zccp-engine --check` names a missing file before start-up)."""
+"""What an hf checkpoint directory must hold, checked without loading anything. The
+engine runs it at start-up (config.check_model_files: `zccp-engine --check` names a
+missing file); nginx's host is not asked, it need not see the model."""
 
 from __future__ import annotations
 

@@ -5,13 +5,14 @@ model.path names a directory holding config.json, *.safetensors and a fast token
 transformers (AutoModelForCausalLM, sdpa attention) and tokenizers, offline only:
 HF_HUB_OFFLINE is set and every load passes local_files_only, so nothing is ever
 fetched; a missing file is a start-up error that names it (checkpoint_problems, which
-config validation calls too). Install with `pip install -e .[hf]`.
+`zccp-engine --check` runs too). Install with `pip install -e .[hf]`.
 
 KV state: a transformers DynamicCache per sequence; the decode batch is one
 DynamicCache whose layers hold every row, left-padded (zccp.model.kv), decoded with
-a 2-D attention mask and each row's own position ids. Checked against transformers
-5.0 and 5.24: the forward's cache argument was renamed past_key_values -> cache
-in 5.24, so it is looked up once from the signature.
+a 2-D attention mask and each row's own position ids; each layer grows into spare
+room (zccp.model.kv.GrowingKv) instead of torch.cat-ing itself every step. Tested with
+transformers 5.24 (the pinned extra); the forward's cache argument was renamed
+past_key_values -> cache within 5.x, so it is looked up once from the signature.
 """
 
 from __future__ import annotations
