@@ -94,6 +94,7 @@ def app_env(lim: dict) -> dict[str, str]:
         "ZCCP_BENCH_MAX_CONTEXT": str(lim["max_context"]),
         "ZCCP_BENCH_TOKENS_CAP": str(lim["tokens_kb"] * 256),
         "ZCCP_BENCH_MAX_TOKENS_CAP": "4096",
+        "ZCCP_BENCH_MODEL_PATH": lim.get("model_extra", {}).get("path", ""),
         "PYTHONPATH": str(REPO) + os.pathsep + env.get("PYTHONPATH", ""),
         "OMP_NUM_THREADS": "1",
     })
@@ -159,7 +160,7 @@ def start_d(run_dir: Path, lim: dict, slots: int) -> Variant:
                           "response_kb": lim["response_kb"]},
         "cache": {"enabled": True, "redis_url": f"redis://127.0.0.1:{free_port()}/0"},
         "model": {"backend": lim["backend"], "name": lim["model_name"], "max_context": lim["max_context"],
-                  "threads": 1},
+                  "threads": lim.get("threads", 1), **lim.get("model_extra", {})},
         "limits": {"max_body_kb": lim["max_body_kb"], "request_timeout_ms": 60000},
         "logging": {"level": lim.get("engine_log_level", "warning")},
     }
@@ -169,7 +170,8 @@ def start_d(run_dir: Path, lim: dict, slots: int) -> Variant:
     services: dict[str, Service] = {}
     try:
         services["redis"] = redis_service(cfg.cache.redis_url, run_dir)
-        services["engine"] = engine_service(config_path, cfg, run_dir, {"OMP_NUM_THREADS": "1"})
+        services["engine"] = engine_service(config_path, cfg, run_dir,
+                                            {"OMP_NUM_THREADS": str(lim.get("threads", 1))})
         services["nginx"], _ = nginx_service(cfg, run_dir)
     except Exception:
         for svc in reversed(list(services.values())):

@@ -38,6 +38,7 @@ if ! "$VENV/bin/python" -c "import torch" 2>/dev/null; then
     echo "setup: installing torch 2.13.0${TORCH_INDEX_URL:+ from $TORCH_INDEX_URL} (see the top of this script for its size)"
     "${PIP[@]}" install ${TORCH_INDEX_URL:+--index-url "$TORCH_INDEX_URL"} "torch==2.13.0"
 fi
-# Editable: the venv runs this checkout's code, and only this checkout's.
-"${PIP[@]}" install -e ".[test]"
+# Editable: the venv runs this checkout's code, and only this checkout's. The hf extra
+# (transformers, tokenizers) is installed because the tests run the hf backend.
+"${PIP[@]}" install -e ".[test,hf]"
 echo "setup: done ($VENV)"

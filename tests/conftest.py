@@ -57,3 +57,41 @@ def make_stack(tmp_path: Path) -> Iterator:
     finally:
         for s in made:
             s.stop()
+
+
+HF_MODEL = "zccp-hf-test"
+
+
+@pytest.fixture(scope="session")
+def hf_checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A small Llama checkpoint + byte-level BPE tokenizer, made on the fly (tests/hf_checkpoint.py)."""
+    from hf_checkpoint import build_checkpoint
+
+    return build_checkpoint(tmp_path_factory.mktemp("hf") / "checkpoint")
+
+
+@pytest.fixture(scope="session")
+def hf_stack(tmp_path_factory: pytest.TempPathFactory, hf_checkpoint: Path) -> Iterator[Stack]:
+    """model.backend: hf over that checkpoint, behind the real nginx."""
+    s = Stack(tmp_path_factory.mktemp("hfstack"), {"model": {
+        "backend": "hf", "path": str(hf_checkpoint), "name": HF_MODEL, "max_context": 4096, "prefill_chunk": 64}})
+    try:
+        yield s.start()
+    finally:
+        s.stop()
+
+
+@pytest.fixture(scope="module")
+def claude(sdk_stack: Stack):
+    """The anthropic SDK pointed at the module's `sdk_stack` fixture."""
+    from harness import sdk_clients
+
+    return sdk_clients(sdk_stack)[0]
+
+
+@pytest.fixture(scope="module")
+def oai(sdk_stack: Stack):
+    """The openai SDK pointed at the module's `sdk_stack` fixture."""
+    from harness import sdk_clients
+
+    return sdk_clients(sdk_stack)[1]

@@ -154,6 +154,15 @@ class Stack:
         return self.log("engine.log")
 
 
+def sdk_clients(stack: Stack, timeout: float = 60) -> tuple[Any, Any]:
+    """The official anthropic and openai SDK clients, unmodified, pointed at a stack."""
+    import anthropic
+    import openai
+
+    return (anthropic.Anthropic(base_url=stack.base_url, api_key="unused", max_retries=0, timeout=timeout),
+            openai.OpenAI(base_url=stack.base_url + "/v1", api_key="unused", max_retries=0, timeout=timeout))
+
+
 def anthropic_body(text: str = "Hello", max_tokens: int = 16, **extra: Any) -> dict[str, Any]:
     body = {"model": "zccp-tiny", "max_tokens": max_tokens, "messages": [{"role": "user", "content": text}]}
     body.update(extra)

@@ -1,12 +1,15 @@
 """The work B and C do per request: exactly the engine's pipeline, minus shared memory.
 
-parse_request (orjson, same validation) -> encode_chat_into a preallocated int32
-token array (the engine tokenizes into the slot's array) -> the same model backend
-through zccp.generation.generate_text -> anthropic.render_response / StreamEncoder.
-Only the response id differs from what the engine would answer.
+parse_request (orjson, same validation) -> the backend's prompt format (the byte
+tokenizer, or the hf checkpoint's chat template) into a preallocated int32 token
+array (the engine tokenizes into the slot's array) -> the same model backend through
+zccp.generation.generate_text, one request at a time per thread (no batching: what a
+FastAPI app around a model's generate() does) -> anthropic.render_response /
+StreamEncoder. Only the response id differs from what the engine would answer.
 
 Configured from the environment (set by bench/run.py):
-  ZCCP_BENCH_BACKEND      null | tiny
+  ZCCP_BENCH_BACKEND      null | tiny | hf
+  ZCCP_BENCH_MODEL_PATH   hf: the checkpoint directory
   ZCCP_BENCH_MODEL_NAME   served model name (zccp-null / zccp-tiny)
   ZCCP_BENCH_MAX_CONTEXT  model max_context
   ZCCP_BENCH_TOKENS_CAP   token array capacity (ids); the engine's slot holds tokens_kb*256
@@ -25,8 +28,9 @@ import torch
 from zccp.api import anthropic
 from zccp.api.common import ParseLimits
 from zccp.generation import generate_text
+from zccp.model.prompt import Prompt
 from zccp.model.registry import build_backend
-from zccp.model.tokenizer import PromptTooLong, encode_chat_into
+from zccp.model.tokenizer import PromptTooLong
 from zccp.request import ApiError, GenerationResult, TextDelta
 
 torch.set_num_threads(1)   # the engine's model.threads default
@@ -41,8 +45,8 @@ LIMITS = ParseLimits(
     default_max_tokens=256,
 )
 
-if BACKEND_KIND == "null":
-    BACKEND = build_backend("null", name=MODEL_NAME, max_context=MAX_CONTEXT)
+if BACKEND_KIND == "hf":
+    BACKEND = build_backend("hf", name=MODEL_NAME, max_context=MAX_CONTEXT, path=os.environ["ZCCP_BENCH_MODEL_PATH"])
 else:
     BACKEND = build_backend(BACKEND_KIND, name=MODEL_NAME, max_context=MAX_CONTEXT)
 
@@ -87,7 +91,7 @@ def prepare_doc(doc: dict) -> Prepared:
     req = anthropic.parse_document(doc, LIMITS)
     out = _take_tokens()
     try:
-        n = encode_chat_into(req.system, req.messages, out)
+        n = BACKEND.prompt.encode_into(Prompt(req, lambda: anthropic.chat_input(doc)), out)
     except PromptTooLong as exc:
         _free.put(out)
         raise ApiError(413, "request_too_large",

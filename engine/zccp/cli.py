@@ -7,7 +7,7 @@ import signal
 import sys
 from pathlib import Path
 
-from zccp.config import Config, ConfigError, load_config
+from zccp.config import Config, ConfigError, check_model_files, load_config
 
 RUN_DIR_HELP = ("the stack's run directory (default .run): logs, nginx's files, and unless "
                 "config.yaml says otherwise the doorbell socket and the masks' last-good file")
@@ -34,6 +34,11 @@ def engine_main(argv: list[str] | None = None) -> None:
     p.add_argument("--check", action="store_true", help="validate the config against this host and exit")
     args = p.parse_args(argv)
     cfg = _load(args.config, args.run_dir)
+    try:
+        check_model_files(cfg)
+    except ConfigError as exc:
+        print(f"zccp: config error: {exc}", file=sys.stderr)
+        sys.exit(2)
     if args.check:
         print(f"{args.config}: ok")
         return

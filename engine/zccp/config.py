@@ -74,16 +74,24 @@ class SharedMemoryConfig:
 
 @dataclass(frozen=True)
 class ModelConfig:
-    backend: Literal["tiny", "null"] = "tiny"
+    backend: Literal["tiny", "null", "hf"] = "tiny"
     name: str = "zccp-tiny"
+    path: str | None = None                  # hf: the local checkpoint directory
+    dtype: Literal["auto", "bfloat16", "float16", "float32"] = "auto"   # hf; auto: checkpoint's on GPU, fp32 on CPU
     seed: int = 0
     d_model: int = 128
     n_layers: int = 2
     n_heads: int = 4
     d_ff: int = 512
     max_context: int = 8192
-    prefill_chunk: int = 0                   # 0 = single-pass prefill
+    prefill_chunk: int = 0                   # cap on prompt tokens per prefill forward; 0: planned from memory
     threads: int = 1                         # torch intra-op threads
+    kv_cache_mb: int = 512                   # KV memory of the running batch (admission bound)
+    prefix_cache_mb: int = 256               # KV memory kept for prompt-prefix reuse; 0: off
+    prefix_block: int = 16                   # tokens per prefix block
+    max_batch: int = 32                      # sequences decoded together
+    max_queue: int = 64                      # sequences waiting for the model; beyond: 429
+    tool_parser: Literal["hermes", "none"] = "hermes"   # <tool_call> JSON in the output -> tool calls
     null_reply: str = "Hello from the ZCCP null backend."
     null_token_delay_ms: float = 0.0         # null backend: simulated time per token
     null_fail_after: int = -1                # null backend: raise after this many tokens (-1: never; tests)
@@ -136,6 +144,11 @@ _RANGES: dict[tuple[str, str], tuple[float, float]] = {
     ("model", "max_context"): (16, 1 << 22),
     ("model", "prefill_chunk"): (0, 1 << 22),
     ("model", "threads"): (1, 256),
+    ("model", "kv_cache_mb"): (1, 1 << 22),
+    ("model", "prefix_cache_mb"): (0, 1 << 22),
+    ("model", "prefix_block"): (1, 4096),
+    ("model", "max_batch"): (1, 4096),
+    ("model", "max_queue"): (1, 1 << 20),
     ("model", "null_token_delay_ms"): (0, 10_000),
     ("model", "null_fail_after"): (-1, 1 << 20),
     ("limits", "max_body_kb"): (1, 1 << 20),
@@ -249,6 +262,21 @@ def _check_consistency(cfg: Config, given: frozenset[str] = frozenset()) -> None
                               f"(letters, digits and '-')")
     if cfg.model.d_model % cfg.model.n_heads or (cfg.model.d_model // cfg.model.n_heads) % 2:
         raise ConfigError(f"{cfg.path}: model.d_model: must split into n_heads heads of even size")
+    if cfg.model.backend == "hf" and cfg.model.path is None:
+        raise ConfigError(f"{cfg.path}: model.path: required when model.backend is 'hf' "
+                          "(a local checkpoint directory)")
+
+
+def check_model_files(cfg: Config) -> None:
+    """The engine's own start-up check (not nginx's: its host need not see the model):
+    the hf checkpoint directory holds what loading needs, else a ConfigError naming it."""
+    if cfg.model.backend != "hf" or cfg.model.path is None:
+        return
+    from zccp.model.checkpoint import checkpoint_problems
+
+    problems = checkpoint_problems(cfg.model.path)
+    if problems:
+        raise ConfigError(f"{cfg.path}: model.path: " + "; ".join(problems))
 
 
 _SECTIONS = {f.name: f.type for f in dataclasses.fields(Config) if f.name != "path"}

@@ -16,20 +16,25 @@ from pathlib import Path
 import torch
 
 from zccp.abi import REQUEST_ID_MAX, EngineState, Kind, Op, SlotLayout, State, ffi
+from zccp.api.codec import ModelInfo
 from zccp.api.common import ParseLimits
 from zccp.arena import Arena, SlotError, SlotView
 from zccp.cache.masks import MaskSource
 from zccp.cache.purge import PurgeFlow
 from zccp.cache.store import ResponseCache
-from zccp.config import Config, mask_state_path
+from zccp.config import Config, ConfigError, ModelConfig, mask_state_path
 from zccp.device import select_device
 from zccp.doorbell import Connection, DoorbellServer, Ring, encode_notice
+from zccp.endpoints import EndpointFlow
 from zccp.flow import FlowDeps, RequestContext, RequestFlow
 from zccp.logs import RequestLog
 from zccp.metrics import EngineMetrics, MetricsServer
+from zccp.model.base import ModelBackend
 from zccp.model.registry import backend_from_config
+from zccp.planner import Planner
+from zccp.prefix_cache import PrefixCache
 from zccp.response import ResponseWriter
-from zccp.scheduler import RoundRobinScheduler
+from zccp.scheduler import BatchLimits, BatchScheduler
 
 log = logging.getLogger("zccp.engine")
 
@@ -51,6 +56,28 @@ class Job:
         return False
 
 
+def model_thread(m: ModelConfig, backend: ModelBackend, metrics: EngineMetrics) -> BatchScheduler:
+    """The batch scheduler with its bounds: model.kv_cache_mb (a prompt + answer longer
+    than fits alone is refused as too long: max_context shrinks to it), the prefill
+    planner, and the prefix cache (model.prefix_cache_mb; backends that can reuse blocks)."""
+    kv_budget = m.kv_cache_mb << 20
+    per_token = backend.kv_bytes_per_token
+    if per_token:
+        fit = (kv_budget // per_token - 16) * 8 // 9          # the longest row, with its spare room
+        if fit < 64:
+            raise ConfigError(f"model.kv_cache_mb: {m.kv_cache_mb} MiB holds {fit} tokens of this model's KV "
+                              f"state ({per_token} bytes each); raise it")
+        if fit < backend.max_context:
+            log.info("model.kv_cache_mb holds %d tokens: max_context %d -> %d", fit, backend.max_context, fit)
+            backend.max_context = fit
+    prefix = None
+    if m.prefix_cache_mb and backend.prefix_blocks:
+        prefix = PrefixCache(m.prefix_cache_mb << 20, m.prefix_block, backend.identity)
+    planner = Planner(backend.device, kv_budget, backend.activation_bytes_per_token + per_token,
+                      m.prefill_chunk, m.prefix_block)
+    return BatchScheduler(backend, BatchLimits(m.max_batch, m.max_queue, kv_budget), planner, prefix, metrics)
+
+
 def layout_from_config(cfg: Config) -> SlotLayout:
     shm = cfg.shared_memory
     return SlotLayout.build(shm.segment_count, shm.segment_size_kb * 1024, shm.tokens_kb * 1024, shm.response_kb * 1024)
@@ -63,16 +90,17 @@ class Engine:
         self.layout = layout_from_config(cfg)
         self.arena = Arena(cfg.shared_memory.name, self.layout, cfg.shared_memory.group)
         self.device = select_device(cfg.gpu, self.arena.mapping())
-        self.backend = backend_from_config(cfg.model)
-        if self.device.device_id >= 0 and hasattr(self.backend, "to"):
+        self.backend = backend_from_config(cfg.model, str(self.device.torch_device))
+        if self.device.device_id >= 0:
             self.backend.to(self.device.torch_device)
         self.metrics = EngineMetrics()
         self.metrics.info.set(1, backend=cfg.model.backend, model=cfg.model.name, device=self.device.name)
+        self.models = [ModelInfo(cfg.model.name, int(time.time()))]
         # Views made once: a request never allocates a tensor header for its slot.
         self._tokens = [self.arena.token_tensor(v) for v in self.arena.slots()]
         self._jobs: dict[int, Job] = {}
-        # One model thread, interleaving generations token by token; the loop stays free for rings.
-        self._model = RoundRobinScheduler()
+        # One model thread, decoding every running request in one batch; the loop stays free for rings.
+        self._model = model_thread(cfg.model, self.backend, self.metrics)
         self.doorbell = DoorbellServer(cfg.server.socket_path, self._on_ring, self._on_close, self._on_ping,
                                        cfg.shared_memory.group)
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -97,6 +125,7 @@ class Engine:
             inline=cfg.model.backend == "null" and cfg.model.null_token_delay_ms == 0,
             spawn=self._spawn,
             call_soon=self._call_soon,
+            tool_parser=cfg.model.tool_parser,
             request_log=RequestLog(defer=self._after_this_turn),
         )
         self.metrics_server = MetricsServer(cfg.server.socket_path + ".metrics", self.metrics, cfg.shared_memory.group)
@@ -161,10 +190,13 @@ class Engine:
             context_id=bytes(view.header.context_id).hex(),
             request_id=_request_id(view),
         )
-        if view.request.kind == Kind.PURGE:   # POST /v1/zccp/purge (nginx: loopback clients only)
+        kind = view.request.kind
+        if kind == Kind.PURGE:   # POST /v1/zccp/purge (nginx: loopback clients only)
             redis = self.cache.redis if self.cache is not None else None
             return PurgeFlow(ctx.payload, ctx.writer, redis, self._spawn, lambda: self._finish_job(job)).start()
-        RequestFlow(ctx, self.deps, lambda: self._finish_job(job)).start()
+        if kind == Kind.GENERATE:
+            return RequestFlow(ctx, self.deps, lambda: self._finish_job(job)).start()
+        EndpointFlow(ctx, self.deps, lambda: self._finish_job(job), kind, self.models).start()
 
     def _spawn(self, coro: Awaitable[None]) -> None:
         task = asyncio.ensure_future(coro)

@@ -7,18 +7,20 @@ view of the token array -> each API's bytes written to the response ring -> stor
 a complete answer. Client errors come back through the same slot as API-shaped JSON.
 
 Threads: start() and everything up to the model run on the engine's event loop;
-the model's steps run on the model thread (zccp.scheduler), which hands the
-finished answer back to the loop for the store.
+the model runs on the model thread (zccp.scheduler, which batches every running
+request into one forward per token), writing through this request's zccp.reply.Reply,
+and hands the finished answer back to the loop for the store.
 """
 
 from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Awaitable, Callable, Generator
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 import torch
 
 from zccp.abi import CACHE_NAMES, CacheReason, CacheStatus, Flag
@@ -34,10 +36,12 @@ from zccp.generation import generate_text
 from zccp.logs import RequestLog
 from zccp.metrics import EngineMetrics
 from zccp.model.base import ModelBackend
-from zccp.model.tokenizer import PromptTooLong, encode_chat_into
+from zccp.model.prompt import Prompt
+from zccp.model.tokenizer import PromptTooLong
+from zccp.reply import Endings, Reply
 from zccp.request import ApiError, Completed, GenerationRequest, GenerationResult, TextDelta
 from zccp.response import ResponseWriter, SlotAbandoned
-from zccp.scheduler import RoundRobinScheduler
+from zccp.scheduler import BatchScheduler, Sequence
 
 log = logging.getLogger("zccp.flow")
 
@@ -69,13 +73,14 @@ class FlowDeps:
     input_view: Callable[[torch.Tensor], torch.Tensor]   # device seam
     device_id: int
     metrics: EngineMetrics
-    model: RoundRobinScheduler                           # the model thread
+    model: BatchScheduler                                # the model thread
     cache: ResponseCache | None                          # None: cache disabled
     masks: MaskSource | None
     inline: bool                                         # the instant null backend: no thread hop
     spawn: Callable[[Awaitable[None]], None]             # run a coroutine on the loop
     call_soon: Callable[..., None]                       # run a callback on the loop, from any thread
     request_log: RequestLog                              # the line per answered request
+    tool_parser: str = "none"                            # model.tool_parser: "hermes" | "none"
 
 
 @dataclass(frozen=True)
@@ -87,6 +92,7 @@ class Prepared:
     input_ids: torch.Tensor
     started: float
     doc: dict[str, Any]              # the parsed body (the fingerprint may reuse it, and mask it)
+    host_ids: np.ndarray             # the prompt ids on the CPU (a view of the slot's array)
 
 
 class RequestFlow:
@@ -162,14 +168,37 @@ class RequestFlow:
                 self.deps.call_soon(self._store, store, completed)
             self._done()
 
-        self.deps.model.submit(self._execute_steps(prep), finished)
+        ctx, n = self.ctx, int(prep.input_ids.numel())
+        reply = Reply(prep.codec, prep.req, ctx.view, ctx.writer, n,
+                      self.deps.backend.prompt.detokenizer(prep.host_ids[-8:].tolist()),
+                      self._tool_calls(prep.req), Endings(self._log_done, self._abandoned, self._fail,
+                                                          lambda result: self._verdict(prep, result)),
+                      prep.started)
+        seq = Sequence(prep.input_ids, prep.host_ids, prep.req.sampling, reply, ctx.cancelled, finished)
+        if not self.deps.model.submit(seq):
+            self.deps.metrics.queue_full.inc()
+            try:
+                self._answer_error(ApiError(429, "rate_limit_error", "the model's queue is full "
+                                            "(model.max_queue requests wait already); retry shortly"), prep.started)
+            except SlotAbandoned as exc:
+                self._abandoned(exc)
+            self._done()
+
+    def _tool_calls(self, req: GenerationRequest) -> bool:
+        """Parse tool calls out of this answer: tools were offered, and the parser is on."""
+        return req.tool_use and self.deps.tool_parser == "hermes"
 
     def _store(self, keys: CacheKeys | None, completed: Completed | None) -> None:
         """Only complete, successful answers are stored (on the loop)."""
         cache = self.deps.cache
-        if keys is None or completed is None or cache is None:
-            return
+        if keys is None or completed is None or cache is None or completed.result.tool_calls:
+            return                  # an entry keeps text only (CachedAnswer): a tool-call turn is not stored
         self.deps.spawn(cache.store(keys, CachedAnswer.of(completed, time.time(), self._literals)))
+
+    def _verdict(self, prep: Prepared, result: GenerationResult) -> None:
+        """_cache_verdict for a model answer; one with tool calls is never cached (nor kept by nginx)."""
+        if not result.tool_calls:
+            self._cache_verdict(prep, result.text)
 
     def _cache_verdict(self, prep: Prepared, text: str) -> None:
         """Before the final notice: the masked values the answer carries (kept with the entry
@@ -201,10 +230,7 @@ class RequestFlow:
             try:
                 req, input_ids, doc = self._parse_and_tokenize()
             except ApiError as err:
-                ctx.writer.begin(codec.http_status(err), sse=False)
-                ctx.writer.write(codec.render_error(err))
-                ctx.writer.finish()
-                self._log_done(codec.http_status(err), started)
+                self._answer_error(err, started)
                 return None
         except SlotAbandoned as exc:
             self._abandoned(exc)
@@ -213,14 +239,24 @@ class RequestFlow:
             log.exception("request failed", extra=ctx.ids())
             self._fail(None)
             return None
-        return Prepared(codec, req, input_ids, started, doc)
+        n = int(input_ids.numel())
+        return Prepared(codec, req, input_ids, started, doc, ctx.tokens[:n].numpy())
+
+    def _answer_error(self, err: ApiError, started: float) -> None:
+        """A client error, API-shaped, through the slot (raises SlotAbandoned)."""
+        writer, codec = self.ctx.writer, self.codec
+        writer.begin(codec.http_status(err), sse=False)
+        writer.write(codec.render_error(err))
+        writer.finish()
+        self._log_done(codec.http_status(err), started)
 
     def _parse_and_tokenize(self) -> tuple[GenerationRequest, torch.Tensor, dict[str, Any]]:
         ctx, deps = self.ctx, self.deps
         doc = self.codec.decode(ctx.payload)
         req = self.codec.parse(doc, deps.limits)
+        codec = self.codec
         try:
-            n = encode_chat_into(req.system, req.messages, ctx.tokens)
+            n = deps.backend.prompt.encode_into(Prompt(req, lambda: codec.chat_input(doc)), ctx.tokens)
         except PromptTooLong as exc:
             raise ApiError(413, "request_too_large",
                            f"prompt is {exc.needed} tokens; a slot holds at most {exc.capacity}") from None
@@ -229,10 +265,6 @@ class RequestFlow:
         meta.prompt_len = n
         meta.max_tokens = req.sampling.max_tokens
         meta.gpu_device_id = deps.device_id
-        # The prefill plan, shown to the client as X-ZCCP-Plan: chunks of the backend's
-        # prefill_chunk tokens through the KV cache, or one pass (0).
-        chunk = getattr(deps.backend, "prefill_chunk", 0)
-        meta.plan_chunks = -(-n // chunk) if chunk and n > chunk else 0
         limit = deps.backend.max_context
         if n + req.sampling.max_tokens > limit:
             raise ApiError(400, "invalid_request_error",
@@ -241,61 +273,30 @@ class RequestFlow:
         return req, deps.input_view(ctx.tokens[:n]), doc
 
     def _execute(self, prep: Prepared) -> Completed | None:
-        """Run the model and write the answer, start to finish; never raises."""
-        steps = self._execute_steps(prep)
-        while True:
-            try:
-                next(steps)
-            except StopIteration as done:
-                return done.value
-
-    def _execute_steps(self, prep: Prepared) -> Generator[None, None, Completed | None]:
-        """Run the model and write the answer, yielding after every generated token so one
-        model thread can interleave many requests. Never raises; returns None unless the
-        answer is complete and successful."""
-        ctx, codec, req, input_ids, writer = self.ctx, prep.codec, prep.req, prep.input_ids, self.ctx.writer
-        encoder = None
-        deltas: list[int] = []
+        """The inline path (the instant null backend, not streamed, on the loop): run the
+        model and write the answer, start to finish; never raises; None unless the answer
+        is complete and successful."""
+        ctx, codec, req, writer = self.ctx, prep.codec, prep.req, self.ctx.writer
         try:
-            rid, created = codec.new_response_id(), int(time.time())
-            events = generate_text(self.deps.backend, input_ids, req.sampling, ctx.cancelled)
             result: GenerationResult | None = None
-            if req.stream:
-                encoder = codec.stream(req, rid, created, int(input_ids.numel()))
-                writer.begin(200, sse=True)
-                writer.write(encoder.start())
-                for ev in events:
-                    if isinstance(ev, TextDelta):
-                        if ev.text:
-                            deltas.append(len(ev.text))
-                            writer.write(encoder.delta(ev))
-                        yield
-                    else:
-                        result = ev
-                if result is None:
-                    raise SlotAbandoned("generation stopped without a result")
-                writer.write(encoder.finish(result))
-            else:
-                for ev in events:
-                    if isinstance(ev, GenerationResult):
-                        result = ev
-                    else:
-                        yield
-                if result is None:
-                    raise SlotAbandoned("generation stopped without a result")
-                writer.begin(200, sse=False)
-                writer.write(codec.render(req, result, rid, created))
-                deltas = [len(result.text)] if result.text else []
+            for ev in generate_text(self.deps.backend, prep.input_ids, req.sampling, ctx.cancelled,
+                                    self._tool_calls(req)):
+                if isinstance(ev, GenerationResult):
+                    result = ev
+            if result is None:
+                raise SlotAbandoned("generation stopped without a result")
+            writer.begin(200, sse=False)
+            writer.write(codec.render(req, result, codec.new_response_id(), int(time.time())))
             ctx.view.meta.completion_len = result.output_tokens
-            self._cache_verdict(prep, result.text)
+            self._verdict(prep, result)
             writer.finish()
             self._log_done(200, prep.started, result)
-            return Completed(result, tuple(deltas))
+            return Completed(result, (len(result.text),) if result.text else ())
         except SlotAbandoned as exc:
             self._abandoned(exc)
         except Exception:
             log.exception("request failed", extra=ctx.ids())
-            self._fail(encoder)
+            self._fail(None)
         return None
 
     def _replay(self, prep: Prepared, answer: CachedAnswer) -> None:

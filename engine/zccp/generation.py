@@ -1,25 +1,28 @@
 """The generation loop every backend shares: tokens -> text deltas -> one result.
 
-generate_text() pulls byte token ids from a backend, decodes them incrementally as
-UTF-8 (never emitting half a character; invalid bytes become U+FFFD), applies stop
-sequences to the generated text, and yields TextDelta values followed by exactly
-one GenerationResult. Text that might be the beginning of a stop sequence is held
-back until it can no longer be one (or until generation ends, when it is released).
+TextAssembler turns one sequence's generated token ids into what the client sees:
+the backend's incremental detokenizer (never half a character; invalid bytes become
+U+FFFD), stop sequences applied to the generated text (text that might be the start
+of one is held back until it can no longer be, or until generation ends), then the
+tool-call parser when the request offered tools (zccp.tools). The batch scheduler
+feeds it one token per step; generate_text() drives it from a backend's generate()
+for a single sequence (the inline path, the bench's FastAPI variant, tests).
 
-Cancellation: cancelled() is checked before every token is pulled; once it returns
-True the iterator ends at once, WITHOUT a GenerationResult (the caller discards the
-request anyway), and the backend's generator is closed.
+Cancellation (generate_text): cancelled() is checked before every token is pulled;
+once it returns True the iterator ends at once, WITHOUT a GenerationResult (the
+caller discards the request anyway), and the backend's generator is closed.
 """
 
 from __future__ import annotations
 
-import codecs
 from collections.abc import Callable, Iterator, Sequence
+from typing import Any
 
 import torch
 
-from zccp.model.base import ModelBackend
-from zccp.request import GenerationResult, SamplingParams, StopReason, TextDelta
+from zccp.model.prompt import Detokenizer
+from zccp.request import GenerationResult, SamplingParams, StopReason, TextDelta, ToolCall
+from zccp.tools import HermesParser
 
 
 class StopMatcher:
@@ -67,16 +70,76 @@ class StopMatcher:
         return best
 
 
+class TextAssembler:
+    """One sequence's generated ids -> [TextDelta | ToolCall] events, in order."""
+
+    def __init__(self, detok: Detokenizer, stops: Sequence[str], tools: HermesParser | None = None) -> None:
+        self._detok = detok
+        self._matcher = StopMatcher(stops)
+        self._tools = tools
+        self._text: list[str] = []
+        self.tool_calls: list[ToolCall] = []
+        self.stop_sequence: str | None = None     # set when a stop sequence ended the text
+
+    @property
+    def text(self) -> str:
+        return "".join(self._text)
+
+    def feed(self, token: int) -> list[TextDelta | ToolCall]:
+        """The events one more token releases (none once a stop sequence matched)."""
+        if self.stop_sequence is not None:
+            return []
+        text = self._detok.step(token)
+        if not text:
+            return []
+        released, self.stop_sequence = self._matcher.feed(text)
+        return self._events(released, final=self.stop_sequence is not None)
+
+    def finish(self) -> list[TextDelta | ToolCall]:
+        """Release what is held back, at the end of the generation."""
+        if self.stop_sequence is not None:
+            return []
+        # A dangling partial character becomes U+FFFD; it may still complete a stop.
+        tail = self._detok.flush()
+        released, self.stop_sequence = self._matcher.feed(tail) if tail else ("", None)
+        if self.stop_sequence is None:
+            released += self._matcher.flush()
+        return self._events(released, final=True)
+
+    def stop_reason(self, reason: StopReason) -> StopReason:
+        """The reason to report: a stop sequence if one matched, and tool_use for a turn
+        that ended with tool calls (not for one cut short by max_tokens)."""
+        if self.stop_sequence is not None:
+            reason = "stop_sequence"
+        return "tool_use" if self.tool_calls and reason != "max_tokens" else reason
+
+    def _events(self, text: str, final: bool) -> list[TextDelta | ToolCall]:
+        if self._tools is None:
+            out: list[TextDelta | ToolCall] = [TextDelta(text)] if text else []
+        else:
+            out = self._tools.feed(text) if text else []
+            if final:
+                out += self._tools.finish()
+        for ev in out:
+            if isinstance(ev, TextDelta):
+                self._text.append(ev.text)
+            else:
+                self.tool_calls.append(ev)
+        return out
+
+
 def generate_text(
-    backend: ModelBackend,
+    backend: Any,
     input_ids: torch.Tensor,
     params: SamplingParams,
     cancelled: Callable[[], bool],
-) -> Iterator[TextDelta | GenerationResult]:
-    """Stream a completion as TextDelta values, then one GenerationResult.
+    tools: bool = False,
+) -> Iterator[TextDelta | ToolCall | GenerationResult]:
+    """Stream a completion as TextDelta (and ToolCall) values, then one GenerationResult.
 
-    Errors the backend raises when called (e.g. ValueError for a prompt that does
-    not fit its context) surface on the first next().
+    `backend` needs generate() and prompt (a ModelBackend). Errors the backend raises
+    when called (e.g. ValueError for a prompt that does not fit its context) surface
+    on the first next().
     """
     input_tokens = int(input_ids.numel())
     max_tokens = params.max_tokens
@@ -84,15 +147,9 @@ def generate_text(
         return
     tokens = backend.generate(input_ids, params, cancelled)
     del input_ids  # the shared-memory view must not outlive the backend's use of it
-
-    decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
-    matcher = StopMatcher(params.stop)
-    parts: list[str] = []
+    asm = TextAssembler(backend.prompt.detokenizer(()), params.stop, HermesParser() if tools else None)
     output_tokens = 0
     stop_reason: StopReason = "end_turn"
-    stop_sequence: str | None = None
-    one = bytearray(1)
-
     try:
         while output_tokens < max_tokens:
             if cancelled():
@@ -101,18 +158,8 @@ def generate_text(
             if tok is None:
                 break
             output_tokens += 1
-            if not 0 <= tok < 256:
-                continue  # special ids carry no text
-            one[0] = tok
-            text = decoder.decode(one)
-            if not text:
-                continue  # inside a multi-byte character
-            released, stop_sequence = matcher.feed(text)
-            if released:
-                parts.append(released)
-                yield TextDelta(released)
-            if stop_sequence is not None:
-                stop_reason = "stop_sequence"
+            yield from asm.feed(tok)
+            if asm.stop_sequence is not None:
                 break
         else:
             stop_reason = "max_tokens"
@@ -122,23 +169,12 @@ def generate_text(
             close()
     if cancelled():
         return
-
-    if stop_sequence is None:
-        # A dangling partial character becomes U+FFFD; it may still complete a stop.
-        tail = decoder.decode(b"", final=True)
-        released, stop_sequence = matcher.feed(tail) if tail else ("", None)
-        if stop_sequence is not None:
-            stop_reason = "stop_sequence"
-        else:
-            released += matcher.flush()
-        if released:
-            parts.append(released)
-            yield TextDelta(released)
-
+    yield from asm.finish()
     yield GenerationResult(
-        text="".join(parts),
-        stop_reason=stop_reason,
-        stop_sequence=stop_sequence,
+        text=asm.text,
+        stop_reason=asm.stop_reason(stop_reason),
+        stop_sequence=asm.stop_sequence,
         input_tokens=input_tokens,
         output_tokens=output_tokens,
+        tool_calls=tuple(asm.tool_calls),
     )

@@ -8,12 +8,12 @@ TextDelta values; the API layer renders those back into each API's bytes.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Any, Literal
 
 ApiKind = Literal["anthropic", "openai"]
 Role = Literal["system", "user", "assistant"]
 # Anthropic's stop reasons; the OpenAI renderer maps them to finish_reason.
-StopReason = Literal["end_turn", "max_tokens", "stop_sequence"]
+StopReason = Literal["end_turn", "max_tokens", "stop_sequence", "tool_use"]
 
 
 @dataclass(frozen=True)
@@ -42,6 +42,18 @@ class GenerationRequest:
     stream: bool = False
     include_usage: bool = False       # OpenAI stream_options.include_usage
     user: str | None = None           # OpenAI `user` / Anthropic metadata.user_id (a cache tenant source)
+    tool_use: bool = False            # tools were offered and tool_choice allows calling them
+
+
+@dataclass(frozen=True)
+class ChatInput:
+    """The conversation as a chat template takes it (transformers' message shape), built
+    from a validated body by the API's codec, for backends that render a chat template."""
+
+    messages: list[dict[str, Any]]    # role, content (str), tool_calls, tool_call_id
+    tools: list[dict[str, Any]] | None                 # [{"type": "function", "function": {...}}]
+    tool_choice: str | dict[str, Any] | None           # "auto" | "none" | "required" | a named function
+    media: tuple[tuple[str, str], ...] = ()            # (field, block type) of non-text content
 
 
 @dataclass(frozen=True)
@@ -50,12 +62,22 @@ class TextDelta:
 
 
 @dataclass(frozen=True)
+class ToolCall:
+    """One tool call the model made (parsed from its output by zccp.tools)."""
+
+    name: str
+    arguments: str                    # the arguments object as JSON text
+
+
+@dataclass(frozen=True)
 class GenerationResult:
     text: str
     stop_reason: StopReason
     stop_sequence: str | None
-    input_tokens: int
+    input_tokens: int                 # every prompt token, reused ones included
     output_tokens: int
+    tool_calls: tuple[ToolCall, ...] = ()
+    cached_tokens: int = 0            # prompt tokens whose KV state came from the prefix cache
 
 
 @dataclass(frozen=True)

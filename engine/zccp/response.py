@@ -4,7 +4,9 @@ Bytes go in at `response_len % response_cap`; response_len (cumulative) is
 committed after the bytes, then a NOTICE tells nginx. nginx consumes, then
 advances response_acked; when the ring is full the writer waits for that ack,
 so a response of any size streams through a fixed region: never an overflow,
-never a silent truncation.
+never a silent truncation. The model thread never waits: it writes with
+write_nowait(), which keeps what does not fit for flush_pending() (the scheduler
+parks that sequence until nginx has acked room).
 """
 
 from __future__ import annotations
@@ -36,6 +38,7 @@ class ResponseWriter:
         self._region = arena.response_region(view)
         self._cap = len(self._region)
         self._total = 0
+        self._pending = bytearray()          # write_nowait's bytes the ring had no room for
         self.started = False
         self.status = 0
 
@@ -53,38 +56,72 @@ class ResponseWriter:
         self.status = status
         self.started = True
 
+    def _room(self) -> int:
+        """Bytes the ring can take now (raises SlotAbandoned when it is not ours)."""
+        self._check_owner()
+        acked = self._view.header.response_acked
+        if acked > self._total:
+            raise SlotAbandoned(f"slot {self._view.index}: response_acked {acked} > committed {self._total}")
+        return self._cap - (self._total - acked)
+
     def _wait_for_room(self, need: int) -> int:
-        h = self._view.header
         delay = self.ACK_POLL_S
         while True:
-            self._check_owner()
-            acked = h.response_acked
-            if acked > self._total:
-                raise SlotAbandoned(f"slot {self._view.index}: response_acked {acked} > committed {self._total}")
-            room = self._cap - (self._total - acked)
+            room = self._room()
             if room >= min(need, self._cap) or room >= self._cap // 4:
                 return room
             time.sleep(delay)
             delay = min(delay * 2, self.ACK_POLL_MAX_S)
 
+    def _put(self, view: memoryview, room: int) -> int:
+        """Commit up to `room` bytes of view, tell nginx; how many were committed."""
+        n = min(room, len(view))
+        if n <= 0:
+            return 0
+        pos = self._total % self._cap
+        first = min(n, self._cap - pos)
+        self._region[pos : pos + first] = view[:first]
+        if n > first:
+            self._region[0 : n - first] = view[first:n]
+        self._check_owner()
+        self._total += n
+        self._view.header.response_len = self._total & 0xFFFFFFFF
+        self._notify(self._total, False, self.status)
+        return n
+
     def write(self, data: bytes) -> None:
+        """Write all of data, waiting for nginx's acks while the ring is full."""
         if not self.started:
             raise RuntimeError("begin() first")  # programmer error
         view = memoryview(data)
-        h = self._view.header
         while view:
-            room = self._wait_for_room(len(view))
-            n = min(room, len(view))
-            pos = self._total % self._cap
-            first = min(n, self._cap - pos)
-            self._region[pos : pos + first] = view[:first]
-            if n > first:
-                self._region[0 : n - first] = view[first:n]
-            self._check_owner()
-            self._total += n
-            h.response_len = self._total & 0xFFFFFFFF
-            self._notify(self._total, False, self.status)
-            view = view[n:]
+            view = view[self._put(view, self._wait_for_room(len(view))):]
+
+    # -- never waiting: the batch scheduler's writes ----------------------------------------
+
+    def write_nowait(self, data: bytes) -> None:
+        """Write what fits now and keep the rest for flush_pending(); never sleeps."""
+        if not self.started:
+            raise RuntimeError("begin() first")  # programmer error
+        if self._pending:
+            self._pending += data
+            self.flush_pending()
+            return
+        view = memoryview(data)
+        done = self._put(view, self._room()) if view else 0
+        if done < len(view):
+            self._pending += view[done:]
+
+    def flush_pending(self) -> bool:
+        """Write held-back bytes as far as the ring has room; True when none are left."""
+        if self._pending:
+            done = self._put(memoryview(self._pending), self._room())
+            del self._pending[:done]
+        return not self._pending
+
+    @property
+    def pending(self) -> int:
+        return len(self._pending)
 
     def finish(self, failed: bool = False) -> None:
         self._check_owner()

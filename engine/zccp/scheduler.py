@@ -1,10 +1,28 @@
-"""The model thread: every active generation advanced one token at a time, in turn.
+"""The model thread: continuous batching for every backend.
 
-Requests arrive as step generators (zccp.pipeline.execute_steps). One thread runs them
-round-robin, so a long generation never holds up the first token of a new request:
-time to first token under concurrency is one prefill plus a round of token steps, not
-the sum of every earlier request's whole generation. One thread, because the model is
-the serial resource on this machine and torch parallelises inside each step.
+Every running sequence advances by one token per step, all of them in ONE forward
+(zccp.model.base.DecodeBatch); sequences join and leave the batch between steps.
+A step is:
+
+  1. take new sequences from the inbox (submit() refuses beyond model.max_queue
+     waiting: the flow answers 429 with Retry-After, never an unbounded queue);
+  2. drop cancelled sequences wherever they are (client gone, deadline, nginx's
+     deadline_ns = 1): a batch row is freed at once;
+  3. flush the response bytes a full ring held back; a sequence whose ring was full
+     was parked out of the batch and joins again once nginx has acked room, so one
+     slow client never stalls the thread or the others;
+  4. admit waiting sequences while the batch has rows (model.max_batch) and the KV
+     bound (model.kv_cache_mb) holds for every admitted sequence at its longest
+     (prompt + max_tokens, padded to the longest row, with the KV buffers' spare
+     room); reuse cached prefix blocks;
+  5. prefill at most one planned chunk of prompt tokens (zccp.planner), so a long
+     prompt delays the running streams by one chunk per step, not by all of it;
+     a sequence whose prefill completes samples its first token and joins;
+  6. one decode forward for the batch; each row's token goes to its sink.
+
+A finished sequence leaves the batch; its sink may still hold bytes for a full ring,
+which are flushed before on_done runs. One thread, because the model is the serial
+resource and torch parallelises inside each forward.
 """
 
 from __future__ import annotations
@@ -13,60 +31,432 @@ import logging
 import queue
 import threading
 from collections import deque
-from collections.abc import Callable, Generator
-from typing import Any
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import numpy as np
+import torch
+
+from zccp.metrics import EngineMetrics
+from zccp.model.base import DecodeBatch, ModelBackend
+from zccp.model.kv import room
+from zccp.model.sampling import Sampler, sample_rows
+from zccp.planner import Planner
+from zccp.prefix_cache import PrefixCache
+from zccp.request import SamplingParams, StopReason
+from zccp.response import SlotAbandoned
 
 log = logging.getLogger("zccp.scheduler")
 
-Steps = Generator[None, None, Any]
-OnDone = Callable[[Any], None]
+IDLE_POLL_S = 0.002        # how often parked or draining sequences are looked at when nothing runs
 
 
-class RoundRobinScheduler:
-    def __init__(self, name: str = "zccp-model") -> None:
-        self._inbox: queue.SimpleQueue[tuple[Steps, OnDone] | None] = queue.SimpleQueue()
+class Sink(Protocol):
+    """The output side of one sequence (zccp.reply): it renders and writes the answer."""
+
+    def start(self, cached_tokens: int, plan_chunks: int) -> None:
+        """Admitted: the prompt's reused tokens and its prefill plan are known."""
+
+    def kept(self, tokens: int) -> None:
+        """The prefill is done; the prefix cache now holds this many of its prompt tokens."""
+
+    def token(self, token: int) -> bool:
+        """One generated token; True when the answer is complete (a stop sequence)."""
+
+    def end(self, reason: StopReason, output_tokens: int) -> Any:
+        """Generation is over; the value on_done receives once everything is written."""
+
+    def flush(self) -> bool:
+        """Write what a full ring held back; True when nothing is pending (and, after
+        end(), the answer is finished)."""
+
+    @property
+    def blocked(self) -> bool:
+        """Bytes are waiting for room in the response ring."""
+
+    def fail(self) -> None:
+        """The model failed: answer with an error."""
+
+    def abandoned(self, exc: SlotAbandoned) -> None:
+        """The slot is no longer ours."""
+
+
+@dataclass(eq=False)
+class Sequence:
+    """What the flow submits: one request's prompt and where its tokens go."""
+
+    input_ids: torch.Tensor | None        # the model's view of the slot's token array
+    host_ids: np.ndarray                  # the same ids on the CPU (prefix-block hashing)
+    params: SamplingParams
+    sink: Sink
+    cancelled: Callable[[], bool]
+    on_done: Callable[[Any], None]        # on the model thread; the sink's end() value, or None
+    prefill_only: bool = False            # a warm-up: prefill and keep the prefix blocks, no output
+    # -- the model thread's state ---------------------------------------------------------
+    state: Any = field(default=None, repr=False)
+    ids: torch.Tensor | None = field(default=None, repr=False)
+    keys: list[bytes] = field(default_factory=list, repr=False)
+    sampler: Sampler | None = field(default=None, repr=False)
+    done_tokens: int = 0                  # prompt tokens in the state (reused or prefilled)
+    reused: int = 0
+    produced: int = 0
+    last: int = 0
+    worst: int = 0                        # prompt + max_tokens: its longest possible row
+    result: Any = None
+
+
+@dataclass(frozen=True)
+class BatchLimits:
+    max_batch: int                        # rows decoded together (prefilling and parked included)
+    max_queue: int                        # sequences waiting for admission
+    kv_budget_bytes: int
+
+
+# What became of a sequence after one token.
+RUN, PARK, OUT = "run", "park", "out"
+
+
+class BatchScheduler:
+    def __init__(self, backend: ModelBackend, limits: BatchLimits, planner: Planner,
+                 prefix: PrefixCache | None, metrics: EngineMetrics, name: str = "zccp-model") -> None:
+        self.backend = backend
+        self.limits = limits
+        self.planner = planner
+        self.prefix = prefix
+        self.metrics = metrics
+        self._inbox: queue.SimpleQueue[Sequence | None] = queue.SimpleQueue()
+        self._lock = threading.Lock()
+        self._queued = 0                  # submitted, not yet admitted (guarded by _lock)
+        self._waiting: deque[Sequence] = deque()
+        self._prefilling: deque[Sequence] = deque()
+        self._rows: list[Sequence] = []   # row i of the batch
+        self._batch: DecodeBatch = backend.new_batch()
+        self._parked: list[Sequence] = []
+        self._draining: list[Sequence] = []
+        self._stopping = False
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
         self._thread.start()
 
-    def submit(self, steps: Steps, on_done: OnDone) -> None:
-        """on_done(result) runs on the model thread when `steps` finishes."""
-        self._inbox.put((steps, on_done))
+    # -- any thread ----------------------------------------------------------------------
+
+    def submit(self, seq: Sequence) -> bool:
+        """Queue a sequence; False when model.max_queue sequences already wait."""
+        with self._lock:
+            if self._queued >= self.limits.max_queue:
+                return False
+            self._queued += 1
+        self._inbox.put(seq)
+        return True
 
     def stop(self, timeout: float = 10.0) -> None:
         self._inbox.put(None)
         self._thread.join(timeout)
 
-    def _run(self) -> None:
-        active: deque[tuple[Steps, OnDone]] = deque()
-        stopping = False
-        while active or not stopping:
-            try:
-                # Block only when idle; otherwise just pick up whatever has arrived.
-                item = self._inbox.get() if not active else self._inbox.get_nowait()
-            except queue.Empty:
-                item = ()
-            if item is None:
-                stopping = True
-            elif item:
-                active.append(item)
-                continue  # drain the inbox before the next step
-            if not active:
-                continue
-            steps, on_done = active.popleft()
-            try:
-                next(steps)
-            except StopIteration as done:
-                self._finish(on_done, done.value)
-                continue
-            except BaseException:  # execute_steps never raises; a bug must not kill the thread
-                log.exception("model step failed")
-                self._finish(on_done, None)
-                continue
-            active.append((steps, on_done))
+    # -- the model thread ------------------------------------------------------------------
 
-    @staticmethod
-    def _finish(on_done: OnDone, value: Any) -> None:
+    def _computing(self) -> bool:
+        return bool(self._waiting or self._prefilling or self._rows)
+
+    def _active(self) -> list[Sequence]:
+        """The admitted sequences that hold (or will hold) a batch row."""
+        return [*self._prefilling, *self._rows, *self._parked]
+
+    def _run(self) -> None:
+        with torch.inference_mode():
+            while self._take():
+                try:
+                    self._step()
+                except BaseException:   # a bug must not kill the thread: fail what was admitted
+                    log.exception("model step failed")
+                    self._fail_all()
+
+    def _take(self) -> bool:
+        """Move the inbox into the waiting queue; False once stopped and idle. Blocks
+        while there is nothing at all to do; polls while only full rings are pending."""
+        while True:
+            try:
+                if self._computing():
+                    item = self._inbox.get_nowait()
+                elif self._parked or self._draining:
+                    item = self._inbox.get(timeout=IDLE_POLL_S)
+                elif self._stopping:
+                    return False
+                else:
+                    item = self._inbox.get()
+            except queue.Empty:
+                return True
+            if item is None:
+                self._stopping = True
+            else:
+                self._waiting.append(item)
+
+    def _step(self) -> None:
+        self._reap()
+        self._flush()
+        self._admit()
+        self._prefill()
+        self._decode()
+        m = self.metrics
+        m.batch_rows.set(len(self._rows))
+        m.queue_waiting.set(len(self._waiting))
+        m.parked.set(len(self._parked))
+        m.kv_bytes.set(self._batch.nbytes)
+
+    # -- 2. cancellation ----------------------------------------------------------------
+
+    def _reap(self) -> None:
+        for seq in [s for s in self._waiting if s.cancelled()]:
+            self._waiting.remove(seq)
+            with self._lock:
+                self._queued -= 1
+            self._drop(seq)
+        gone = [i for i, s in enumerate(self._rows) if s.cancelled()]
+        if gone:
+            leaving = [self._rows[i] for i in gone]
+            self._leave(set(gone))
+            for seq in leaving:
+                self._drop(seq)
+        for lst in (self._prefilling, self._parked, self._draining):
+            for seq in [s for s in lst if s.cancelled()]:
+                lst.remove(seq)
+                self._drop(seq)
+
+    def _drop(self, seq: Sequence) -> None:
+        seq.state = seq.ids = seq.input_ids = None
+        seq.sink.abandoned(SlotAbandoned("cancelled while in the model"))
+        self._done(seq, None)
+
+    # -- 3. full rings --------------------------------------------------------------------
+
+    def _flush(self) -> None:
+        for seq in list(self._draining):
+            if self._sink_call(seq, seq.sink.flush):
+                self._draining.remove(seq)
+                self._done(seq, seq.result)
+        for seq in list(self._parked):
+            if self._sink_call(seq, seq.sink.flush):
+                self._parked.remove(seq)
+                self._batch.join(seq.state)
+                seq.state = None
+                self._rows.append(seq)
+
+    def _sink_call(self, seq: Sequence, fn: Callable[..., Any], *args: Any) -> Any:
+        """A sink call; if the slot is no longer ours (or writing fails) the sequence
+        ends here, out of every list but the batch (rows leave in _decode): None."""
         try:
-            on_done(value)
+            return fn(*args)
+        except SlotAbandoned as exc:
+            self._forget(seq)
+            seq.sink.abandoned(exc)
+        except Exception:
+            log.exception("writing the answer failed")
+            self._forget(seq)
+            seq.sink.fail()
+        self._done(seq, None)
+        return None
+
+    def _forget(self, seq: Sequence) -> None:
+        for lst in (self._prefilling, self._parked, self._draining):
+            if seq in lst:
+                lst.remove(seq)
+        seq.state = seq.ids = None
+
+    # -- 4. admission ---------------------------------------------------------------------
+
+    def _fits(self, seq: Sequence) -> bool:
+        active = self._active()
+        if len(active) >= self.limits.max_batch:
+            return False
+        worst = room(max([s.worst for s in active] + [self._worst(seq)]))     # spare columns included
+        return (len(active) + 1) * worst * self.backend.kv_bytes_per_token <= self.limits.kv_budget_bytes
+
+    def _worst(self, seq: Sequence) -> int:
+        n = int(seq.input_ids.numel()) if seq.input_ids is not None else 0
+        return min(n + seq.params.max_tokens, self.backend.max_context)
+
+    def _admit(self) -> None:
+        while self._waiting and self._fits(self._waiting[0]):
+            seq = self._waiting.popleft()
+            with self._lock:
+                self._queued -= 1
+            try:
+                self._start(seq)
+            except Exception:
+                log.exception("admitting a sequence failed")
+                seq.state = seq.ids = seq.input_ids = None
+                seq.sink.fail()
+                self._done(seq, None)
+                continue
+            if seq.state is not None:
+                self._prefilling.append(seq)
+
+    def _start(self, seq: Sequence) -> None:
+        backend = self.backend
+        assert seq.input_ids is not None
+        seq.worst = self._worst(seq)
+        ids = backend.check_prompt(seq.input_ids)
+        seq.input_ids = None                       # the slot's views are not kept
+        n = ids.numel()
+        blocks: list[torch.Tensor] = []
+        if self.prefix is not None:
+            seq.keys = self.prefix.chain(seq.host_ids, n // self.prefix.block)
+            match = self.prefix.match(seq.host_ids)
+            blocks = match.blocks
+            seq.reused = match.count * self.prefix.block
+        seq.host_ids = _NO_IDS
+        seq.state = backend.new_state(blocks)
+        seq.ids = ids
+        seq.done_tokens = seq.reused
+        seq.sampler = backend.sampler(seq.params)
+        self.metrics.prefix_reused.inc(seq.reused)
+        self._sink_call(seq, seq.sink.start, seq.reused, Planner.chunks(seq.reused, n, self.planner.chunk()))
+
+    # -- 5. prefill ------------------------------------------------------------------------
+
+    def _prefill(self) -> None:
+        chunk = self.planner.chunk()
+        budget = chunk
+        while self._prefilling and budget > 0:
+            seq = self._prefilling[0]
+            assert seq.ids is not None
+            n = seq.ids.numel()
+            start = seq.done_tokens
+            end = Planner.chunk_end(start, n, chunk)
+            try:
+                logits = self.backend.prefill(seq.state, seq.ids[start:end])
+            except Exception:
+                log.exception("prefill failed")
+                self._prefilling.popleft()
+                seq.state = seq.ids = None
+                seq.sink.fail()
+                self._done(seq, None)
+                continue
+            self.metrics.prefilled.inc(end - start)
+            budget -= end - start
+            seq.done_tokens = end
+            if end < n:
+                continue
+            self._prefilling.popleft()
+            seq.ids = None
+            self._sink_call(seq, seq.sink.kept, self._keep_prefix(seq))
+            if seq.state is None:
+                continue                                       # the slot was abandoned meanwhile
+            if seq.prefill_only or seq.params.max_tokens == 0:
+                seq.state = None
+                self._finish(seq, "end_turn" if seq.prefill_only else "max_tokens")
+                continue
+            tok = self._choose(logits.unsqueeze(0) if isinstance(logits, torch.Tensor) else [logits],
+                               [seq.sampler])[0]
+            outcome = self._emit(seq, tok)
+            if outcome == RUN:
+                self._batch.join(seq.state)
+                seq.state = None
+                self._rows.append(seq)
+            elif outcome == PARK:
+                self._parked.append(seq)
+            else:
+                seq.state = None
+
+    def _keep_prefix(self, seq: Sequence) -> int:
+        """Store the prompt's new full blocks; how many prompt tokens the cache now holds."""
+        if self.prefix is None or not seq.keys:
+            return 0
+        b, state = self.prefix.block, seq.state
+        self.prefix.insert(seq.keys, seq.reused // b, lambda i: self.backend.take_block(state, i * b, (i + 1) * b))
+        return self.prefix.held(seq.keys) * b
+
+    # -- 6. decode ---------------------------------------------------------------------------
+
+    def _decode(self) -> None:
+        rows = self._rows
+        if not rows:
+            return
+        try:
+            toks = self._choose(self._batch.decode([s.last for s in rows]), [s.sampler for s in rows])
+        except Exception:
+            log.exception("decode step failed")
+            self._fail_rows()
+            return
+        self.metrics.decode_steps.inc()
+        leaving: set[int] = set()
+        for i, (seq, tok) in enumerate(zip(rows, toks)):
+            outcome = self._emit(seq, tok)
+            if outcome == RUN:
+                continue
+            leaving.add(i)
+            if outcome == PARK:
+                seq.state = self._batch.park(i)
+                self._parked.append(seq)
+        if leaving:
+            self._leave(leaving)
+
+    def _choose(self, out: torch.Tensor | list[int], samplers: list[Sampler | None]) -> list[int]:
+        """Each row's next token: sampled from its logits, or the backend's own choice."""
+        if isinstance(out, list):
+            return out
+        return sample_rows(self.backend.process_logits(out), samplers)
+
+    def _leave(self, rows: set[int]) -> None:
+        keep = [i for i in range(len(self._rows)) if i not in rows]
+        self._batch.leave(keep)
+        self._rows = [self._rows[i] for i in keep]
+
+    # -- one token ---------------------------------------------------------------------------
+
+    def _emit(self, seq: Sequence, tok: int) -> str:
+        """Deliver a sampled token: RUN (keeps decoding), PARK (its ring is full) or OUT."""
+        if tok in self.backend.eos_ids:
+            self._finish(seq, "end_turn")
+            return OUT
+        seq.produced += 1
+        seq.last = tok
+        done = self._sink_call(seq, seq.sink.token, tok)
+        if done is None:
+            return OUT                                        # abandoned or failed
+        if done:
+            self._finish(seq, "stop_sequence")
+        elif seq.produced >= seq.params.max_tokens:
+            self._finish(seq, "max_tokens")
+        elif seq.sink.blocked:
+            return PARK
+        else:
+            return RUN
+        return OUT
+
+    def _finish(self, seq: Sequence, reason: StopReason) -> None:
+        seq.result = self._sink_call(seq, seq.sink.end, reason, seq.produced)
+        if seq.result is None:
+            return
+        flushed = self._sink_call(seq, seq.sink.flush)
+        if flushed:
+            self._done(seq, seq.result)
+        elif flushed is not None:
+            self._draining.append(seq)
+
+    def _done(self, seq: Sequence, value: Any) -> None:
+        try:
+            seq.on_done(value)
         except BaseException:
             log.exception("completion callback failed")
+
+    # -- failures ------------------------------------------------------------------------------
+
+    def _fail_rows(self) -> None:
+        rows, self._rows = self._rows, []
+        self._batch = self.backend.new_batch()
+        for seq in rows:
+            seq.sink.fail()
+            self._done(seq, None)
+
+    def _fail_all(self) -> None:
+        self._fail_rows()
+        for lst in (self._prefilling, self._parked, self._draining):
+            while lst:
+                seq = lst.pop()
+                seq.state = seq.ids = None
+                seq.sink.fail()
+                self._done(seq, None)
+
+
+_NO_IDS = np.empty(0, dtype=np.int32)

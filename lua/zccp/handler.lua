@@ -31,6 +31,7 @@ local str_find = string.find
 local str_lower = string.lower
 local concat = table.concat
 local tonumber = tonumber
+local error = error
 local pcall = pcall
 
 local _M = { _VERSION = "0.1.0" }
@@ -299,28 +300,34 @@ function _M.too_large(api)
         "request body exceeds the limit of " .. settings.get().max_body .. " bytes")
 end
 
--- Admin requests (kind "purge": POST /v1/zccp/purge) answer clients on the loopback
--- interface or a unix socket only, whatever the listener: realip_remote_addr is the
--- connection's own address even when the realip module rewrote remote_addr.
+-- Admin requests (kinds "purge": POST /v1/zccp/purge, "warmup": POST /v1/zccp/warmup)
+-- answer clients on the loopback interface or a unix socket only, whatever the listener:
+-- realip_remote_addr is the connection's own address even when the realip module
+-- rewrote remote_addr.
 local LOOPBACK = { ["127.0.0.1"] = true, ["::1"] = true, ["unix:"] = true }
-local ADMIN_KINDS = { purge = "ZCCP_KIND_PURGE" }
+local ADMIN_KINDS = { purge = "ZCCP_KIND_PURGE", warmup = "ZCCP_KIND_WARMUP" }
+-- The model endpoints anyone may call: POST /v1/messages/count_tokens, GET /v1/models.
+local MODEL_KINDS = { count_tokens = "ZCCP_KIND_COUNT_TOKENS", models = "ZCCP_KIND_MODELS" }
 
 -- Content handler for POST /v1/messages ("anthropic") and /v1/chat/completions ("openai");
--- admin_kind: "purge" for POST /v1/zccp/purge (Anthropic-shaped errors).
-function _M.serve(api, admin_kind)
+-- kind: "purge" or "warmup" (loopback only), "count_tokens" or "models" (GET).
+function _M.serve(api, kind)
     local s = settings.get()
     local rid = ngx_var.zccp_request_id
     ngx_header["X-Request-ID"] = rid
-    if admin_kind and not LOOPBACK[ngx_var.realip_remote_addr or ngx_var.remote_addr] then
+    local admin = kind and ADMIN_KINDS[kind]
+    local kind_name = kind and (admin or MODEL_KINDS[kind] or error("zccp.handler.serve: unknown kind " .. kind, 2))
+    if admin and not LOOPBACK[ngx_var.realip_remote_addr or ngx_var.remote_addr] then
         return errors.send(api, 403, "permission_error", "this endpoint answers loopback clients only")
     end
     local method = ngx.req.get_method()
-    if method ~= "POST" then
-        return errors.send(api, 405, "invalid_request_error", "method " .. method .. " not allowed; use POST",
-            { Allow = "POST" })
+    local want = kind == "models" and "GET" or "POST"
+    if method ~= want then
+        return errors.send(api, 405, "invalid_request_error", "method " .. method .. " not allowed; use " .. want,
+            { Allow = want })
     end
     local ct = ngx_var.content_type
-    if ct and not is_json(ct) then
+    if want == "POST" and ct and not is_json(ct) then
         return errors.send(api, 415, "invalid_request_error",
             "content-type " .. ct .. " is not supported; send application/json")
     end
@@ -333,18 +340,23 @@ function _M.serve(api, admin_kind)
     local state = { aborted = false, request_id = rid }
     ngx.on_abort(function() state.aborted = true end)
 
-    local body, code, kind, msg = read_body(s.max_body)
-    if not body then
-        return errors.send(api, code, kind, msg)
+    local body, code, err_kind, msg
+    if kind == "models" then
+        body = ngx_var.zccp_model_id or ""     -- GET /v1/models/{id}: the id is the payload
+    else
+        body, code, err_kind, msg = read_body(s.max_body)
+        if not body then
+            return errors.send(api, code, err_kind, msg)
+        end
     end
-    local flags = cache_flags()
+    local flags = kind and 0 or cache_flags()
     if api == "openai" then
         flags = flags + abi.C.ZCCP_FLAG_API_OPENAI
     end
     local deadline = ngx_now() + s.request_timeout_ms / 1000
     local fp, extra
-    if admin_kind then
-        extra = { kind = abi.C[ADMIN_KINDS[admin_kind]] }
+    if kind then
+        extra = { kind = abi.C[kind_name] }
     else
         fp = fingerprint.compute(api, body)
         local t = tenant.digest(fp)
@@ -383,6 +395,12 @@ function _M.serve(api, admin_kind)
         arena_mod.refresh()
     end
     return errors.send(api, 503, "overloaded_error", "engine restarted; retry", RETRY_AFTER)
+end
+
+-- GET /v1/models (and /v1/models/{id}): Anthropic's shape when the client says
+-- anthropic-version (the Anthropic SDK always does), OpenAI's otherwise.
+function _M.serve_models()
+    return _M.serve(ngx_var.http_anthropic_version and "anthropic" or "openai", "models")
 end
 
 return _M

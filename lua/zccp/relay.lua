@@ -20,6 +20,8 @@ local tostring = tostring
 local _M = { _VERSION = "0.1.0" }
 
 local CACHE_NAMES = { [1] = "HIT", [2] = "NEAR", [3] = "MISS", [4] = "BYPASS", [5] = "ERROR" }
+-- The engine's "come back later" answers (its model queue is full): like nginx's own.
+local RETRY_STATUSES = { [429] = true, [503] = true, [529] = true }
 local REASON_NAMES   -- enum zccp_cache_reason -> X-ZCCP-Cache-Reason (built when the ABI is loaded)
 
 local function reason_names()
@@ -32,6 +34,9 @@ local function send_headers(slot, status, sse)
     local meta = slot.arena:meta(slot.index)
     ngx.status = status
     ngx_header["X-ZCCP-Context-ID"] = slot.ctx_hex
+    if RETRY_STATUSES[status] then
+        ngx_header["Retry-After"] = "1"
+    end
     local cache = CACHE_NAMES[tonumber(meta.cache_status)]
     if cache then
         ngx_header["X-ZCCP-Cache"] = cache

@@ -10,13 +10,8 @@ MODEL = "zccp-tiny"
 
 
 @pytest.fixture(scope="module")
-def claude(stack):
-    return anthropic.Anthropic(base_url=stack.base_url, api_key="unused", max_retries=0, timeout=60)
-
-
-@pytest.fixture(scope="module")
-def oai(stack):
-    return openai.OpenAI(base_url=stack.base_url + "/v1", api_key="unused", max_retries=0, timeout=60)
+def sdk_stack(stack):
+    return stack                    # the stack conftest's claude / oai fixtures talk to
 
 
 def test_anthropic_create(claude, stack):

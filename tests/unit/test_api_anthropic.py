@@ -239,7 +239,8 @@ def test_stream_event_sequence_exact() -> None:
         assert data["type"] == name
     start = events[0][1]["message"]
     assert start["content"] == [] and start["stop_reason"] is None
-    assert start["usage"] == {"input_tokens": 11, "output_tokens": 1}
+    assert start["usage"] == {"input_tokens": 11, "output_tokens": 1, "cache_creation_input_tokens": 0,
+                              "cache_read_input_tokens": 0}
     assert events[1][1] == {"type": "content_block_start", "index": 0, "content_block": {"type": "text", "text": ""}}
     assert events[3][1] == {"type": "content_block_delta", "index": 0, "delta": {"type": "text_delta", "text": "Hel"}}
     assert events[6][1] == {"type": "message_delta", "delta": {"stop_reason": "max_tokens", "stop_sequence": None},

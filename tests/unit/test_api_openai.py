@@ -290,7 +290,8 @@ def test_stream_chunks_exact(include_usage: bool) -> None:
     if include_usage:
         assert all(c["usage"] is None for c in chunks[:4])
         assert chunks[4]["choices"] == []
-        assert chunks[4]["usage"] == {"prompt_tokens": 11, "completion_tokens": 7, "total_tokens": 18}
+        assert chunks[4]["usage"] == {"prompt_tokens": 11, "completion_tokens": 7, "total_tokens": 18,
+                                      "prompt_tokens_details": {"cached_tokens": 0}}
     assert enc.delta(TextDelta("")) == b""
 
 

@@ -1,7 +1,7 @@
 import torch
 
 from zccp.generation import generate_text
-from zccp.model.base import ModelBackend
+from zccp.model.prompt import BYTE_FORMAT
 from zccp.model.null import DEFAULT_REPLY, NullBackend
 from zccp.model.tiny import TinyTransformer
 from zccp.model.tokenizer import encode_chat
@@ -10,11 +10,12 @@ from zccp.request import ChatMessage, GenerationResult, SamplingParams, TextDelt
 PROMPT = torch.zeros(7, dtype=torch.int32)
 
 
-class FakeBackend(ModelBackend):
-    """Yields the given byte ids, then ends (like EOS)."""
+class FakeBackend:
+    """Yields the given byte ids, then ends (like EOS): what generate_text() needs of a backend."""
 
     name = "fake"
     max_context = 1000
+    prompt = BYTE_FORMAT
 
     def __init__(self, ids):
         self.ids = list(ids)

@@ -6,17 +6,22 @@ Validation errors follow the real API's style: "<dotted.path>: <message>", e.g.
 
 from __future__ import annotations
 
+import time
 from typing import Any, Final
+
+from orjson import Fragment
 
 from ..request import (
     ApiError,
+    ChatInput,
     GenerationRequest,
     GenerationResult,
     Role,
     SamplingParams,
     TextDelta,
+    ToolCall,
 )
-from .codec import ApiCodec
+from .codec import ApiCodec, ModelInfo
 from .errors import KINDS
 from .common import (
     JOIN,
@@ -42,6 +47,7 @@ _FIELDS: Final = frozenset({
     "top_p", "top_k", "stream", "metadata", "tools", "tool_choice", "thinking",
     "service_tier",
 })
+_COUNT_FIELDS: Final = frozenset({"model", "messages", "system", "tools", "tool_choice", "thinking"})
 _MESSAGE_FIELDS: Final = frozenset({"role", "content"})
 _METADATA_FIELDS: Final = frozenset({"user_id"})
 _ROLES: Final = frozenset({"user", "assistant"})
@@ -133,9 +139,9 @@ def _system(v: Any) -> str:
     return JOIN.join(parts)
 
 
-def _messages(v: Any) -> list[tuple[Role, str]]:
+def _messages(v: Any, allow_empty: bool = False) -> list[tuple[Role, str]]:
     items = _list(v, "messages")
-    if not items:
+    if not items and not allow_empty:
         raise _bad("messages", "at least one message is required")
     turns: list[tuple[Role, str]] = []
     last = len(items) - 1
@@ -184,14 +190,35 @@ def _metadata(v: Any) -> str | None:
     return user
 
 
+_TOOL_CHOICES: Final = ("auto", "any", "tool", "none")
+
+
+def _tools(body: dict[str, Any]) -> bool:
+    """Check tools and tool_choice; True when tools are offered and may be called."""
+    tools = body.get("tools")
+    if tools is not None:
+        for i, tool in enumerate(_list(tools, "tools")):
+            tool = _dict(tool, f"tools.{i}")
+            _str(_required(tool, "name", f"tools.{i}.name"), f"tools.{i}.name")
+            if (schema := tool.get("input_schema")) is not None:
+                _dict(schema, f"tools.{i}.input_schema")
+            if (desc := tool.get("description")) is not None:
+                _str(desc, f"tools.{i}.description")
+    choice = "auto"
+    if (val := body.get("tool_choice")) is not None:
+        val = _dict(val, "tool_choice")
+        choice = _str(_required(val, "type", "tool_choice.type"), "tool_choice.type")
+        if choice not in _TOOL_CHOICES:
+            raise _bad("tool_choice.type", "Input should be 'auto', 'any', 'tool' or 'none'")
+        if choice == "tool":
+            _str(_required(val, "name", "tool_choice.name"), "tool_choice.name")
+    return bool(tools) and choice != "none"
+
+
 def _ignored(body: dict[str, Any]) -> None:
     """Fields accepted for compatibility but not acted on; check their outer shape only."""
-    if (tools := body.get("tools")) is not None:
-        for i, tool in enumerate(_list(tools, "tools")):
-            _dict(tool, f"tools.{i}")
-    for key in ("tool_choice", "thinking"):
-        if (val := body.get(key)) is not None:
-            _str(_required(_dict(val, key), "type", key + ".type"), key + ".type")
+    if (val := body.get("thinking")) is not None:
+        _str(_required(_dict(val, "thinking"), "type", "thinking.type"), "thinking.type")
     if (tier := body.get("service_tier")) is not None and tier not in ("auto", "standard_only"):
         raise _bad("service_tier", "Input should be 'auto' or 'standard_only'")
 
@@ -217,10 +244,29 @@ def parse_request(body: bytes | memoryview, limits: ParseLimits) -> GenerationRe
 
 def parse_document(obj: dict[str, Any], limits: ParseLimits) -> GenerationRequest:
     """Validate an already-decoded body (decode_body) into a GenerationRequest."""
-    _no_extras(obj, _FIELDS, "")
+    return _parse(obj, limits, _FIELDS, for_generation=True)
+
+
+def parse_count_tokens(obj: dict[str, Any], limits: ParseLimits) -> GenerationRequest:
+    """A POST /v1/messages/count_tokens body (no max_tokens, no sampling fields)."""
+    return _parse(obj, limits, _COUNT_FIELDS, for_generation=False)
+
+
+def parse_warmup(obj: dict[str, Any], limits: ParseLimits) -> GenerationRequest:
+    """A POST /v1/zccp/warmup body: a Messages request whose max_tokens is optional and
+    whose messages may be empty (a system prompt and tools alone)."""
+    return _parse(obj, limits, _FIELDS, for_generation=False, allow_no_messages=True)
+
+
+def _parse(obj: dict[str, Any], limits: ParseLimits, fields: frozenset[str], for_generation: bool,
+           allow_no_messages: bool = False) -> GenerationRequest:
+    _no_extras(obj, fields, "")
     model = _str(_required(obj, "model", "model"), "model")
-    max_tokens = _int(_required(obj, "max_tokens", "max_tokens"), "max_tokens", 1)
-    turns = _messages(_required(obj, "messages", "messages"))
+    if for_generation or obj.get("max_tokens") is not None:
+        max_tokens = _int(_required(obj, "max_tokens", "max_tokens"), "max_tokens", 1)
+    else:
+        max_tokens = 1
+    turns = _messages(_required(obj, "messages", "messages"), allow_no_messages)
 
     # Optional fields: JSON null is treated as absent.
     get = obj.get
@@ -233,6 +279,7 @@ def parse_document(obj: dict[str, Any], limits: ParseLimits) -> GenerationReques
     if stream is not None and not isinstance(stream, bool):
         raise _bad("stream", "Input should be a valid boolean")
     user = _metadata(v) if (v := get("metadata")) is not None else None
+    tool_use = _tools(obj)
     _ignored(obj)
 
     if model not in limits.served_models:
@@ -255,7 +302,84 @@ def parse_document(obj: dict[str, Any], limits: ParseLimits) -> GenerationReques
         ),
         stream=bool(stream),
         user=user,
+        tool_use=tool_use,
     )
+
+
+# --- the conversation for a chat template ---
+
+_SKIPPED_BLOCKS: Final = frozenset({"thinking", "redacted_thinking"})   # earlier turns' reasoning
+
+
+def _tool_result_text(block: dict[str, Any], path: str, media: list[tuple[str, str]]) -> str:
+    content = block.get("content", "")
+    if isinstance(content, str):
+        return content
+    parts = []
+    for k, item in enumerate(_list(content, path + ".content")):
+        item = _dict(item, f"{path}.content.{k}")
+        if item.get("type") == "text":
+            parts.append(_str(_required(item, "text", f"{path}.content.{k}.text"), f"{path}.content.{k}.text"))
+        else:
+            media.append((f"{path}.content.{k}", str(item.get("type"))))
+    return JOIN.join(parts)
+
+
+def chat_input(obj: dict[str, Any]) -> ChatInput:
+    """A validated body (parse_document) as chat-template messages: system first;
+    tool_use blocks become the assistant's tool_calls, tool_result blocks "tool"
+    messages, in block order; images and documents are listed in `media`."""
+    messages: list[dict[str, Any]] = []
+    media: list[tuple[str, str]] = []
+    if (v := obj.get("system")) is not None and (system := _system(v)):
+        messages.append({"role": "system", "content": system})
+    for i, msg in enumerate(obj["messages"]):
+        path, role, content = f"messages.{i}", msg["role"], msg["content"]
+        if isinstance(content, str):
+            messages.append({"role": role, "content": content})
+            continue
+        texts: list[str] = []
+        calls: list[dict[str, Any]] = []
+        for j, block in enumerate(content):
+            bpath = f"{path}.content.{j}"
+            btype = block["type"]
+            if btype == "text":
+                texts.append(block["text"])
+            elif btype == "tool_use" and role == "assistant":
+                calls.append({"id": _str(_required(block, "id", bpath + ".id"), bpath + ".id"), "type": "function",
+                              "function": {"name": _str(_required(block, "name", bpath + ".name"), bpath + ".name"),
+                                           "arguments": _dict(_required(block, "input", bpath + ".input"),
+                                                              bpath + ".input")}})
+            elif btype == "tool_result" and role == "user":
+                if texts:
+                    messages.append({"role": "user", "content": JOIN.join(texts)})
+                    texts = []
+                call_id = _str(_required(block, "tool_use_id", bpath + ".tool_use_id"), bpath + ".tool_use_id")
+                messages.append({"role": "tool", "tool_call_id": call_id,
+                                 "content": _tool_result_text(block, bpath, media)})
+            elif btype not in _SKIPPED_BLOCKS:
+                media.append((bpath, btype))
+        if role == "assistant":
+            messages.append({"role": "assistant", "content": JOIN.join(texts), **({"tool_calls": calls} if calls else {})})
+        elif texts:
+            messages.append({"role": "user", "content": JOIN.join(texts)})
+    tools: list[dict[str, Any]] | None = None
+    choice: str | dict[str, Any] | None = None
+    if obj.get("tools"):
+        tools = []
+        for i, tool in enumerate(obj["tools"]):
+            if tool.get("type", "custom") != "custom" or "input_schema" not in tool:
+                raise _bad(f"tools.{i}", f"tool type {tool.get('type', 'custom')!r} is not supported here: "
+                                         "only custom tools (name, description, input_schema)")
+            fn = {"name": tool["name"], "description": tool.get("description") or "",
+                  "parameters": tool["input_schema"]}
+            tools.append({"type": "function", "function": fn})
+        tc = obj.get("tool_choice") or {"type": "auto"}
+        choice = {"auto": "auto", "any": "required", "none": "none"}.get(tc["type"]) or \
+            {"type": "function", "function": {"name": tc.get("name")}}
+        if choice == "none":
+            tools = None                 # a turn that may not call tools is not shown them
+    return ChatInput(messages, tools, choice, tuple(media))
 
 
 # --- rendering ---
@@ -277,41 +401,80 @@ def render_error(err: ApiError) -> bytes:
     return dumps(_error_obj(err))
 
 
+def _usage(input_tokens: int, cached_tokens: int) -> dict[str, int]:
+    """Anthropic counts cache reads apart: input_tokens are the prompt tokens computed."""
+    return {"input_tokens": input_tokens - cached_tokens, "cache_creation_input_tokens": 0,
+            "cache_read_input_tokens": cached_tokens}
+
+
+def _tool_use_id() -> str:
+    return random_id("toolu_")
+
+
 def render_response(req: GenerationRequest, result: GenerationResult, response_id: str, created: int) -> bytes:
     del created  # the Messages API has no timestamp field
+    content: list[dict[str, Any]] = []
+    if result.text or not result.tool_calls:
+        content.append({"type": "text", "text": result.text})
+    for call in result.tool_calls:
+        content.append({"type": "tool_use", "id": _tool_use_id(), "name": call.name, "input": Fragment(call.arguments)})
     return dumps({
         "id": response_id,
         "type": "message",
         "role": "assistant",
         "model": req.model,
-        "content": [{"type": "text", "text": result.text}],
+        "content": content,
         "stop_reason": result.stop_reason,
         "stop_sequence": result.stop_sequence,
-        "usage": {"input_tokens": result.input_tokens, "output_tokens": result.output_tokens},
+        "usage": {**_usage(result.input_tokens, result.cached_tokens), "output_tokens": result.output_tokens},
     })
 
 
+def render_count(input_tokens: int) -> bytes:
+    """The POST /v1/messages/count_tokens answer."""
+    return dumps({"input_tokens": input_tokens})
+
+
+def render_models(models: list[ModelInfo]) -> bytes:
+    """GET /v1/models (a request carrying anthropic-version): Anthropic's list shape."""
+    data = [{"type": "model", "id": m.name, "display_name": m.name,
+             "created_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(m.created))} for m in models]
+    return dumps({"data": data, "has_more": False, "first_id": data[0]["id"] if data else None,
+                  "last_id": data[-1]["id"] if data else None})
+
+
+def render_model(model: ModelInfo) -> bytes:
+    """GET /v1/models/{id}."""
+    return dumps({"type": "model", "id": model.name, "display_name": model.name,
+                  "created_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(model.created))})
+
+
 _PING: Final = sse(b'{"type":"ping"}', "ping")
-_BLOCK_START: Final = sse(
-    b'{"type":"content_block_start","index":0,"content_block":{"type":"text","text":""}}',
-    "content_block_start")
-_BLOCK_STOP: Final = sse(b'{"type":"content_block_stop","index":0}', "content_block_stop")
+_TEXT_START: Final = b'{"type":"content_block_start","index":%d,"content_block":{"type":"text","text":""}}'
+_BLOCK_STOP: Final = b'{"type":"content_block_stop","index":%d}'
 _MESSAGE_STOP: Final = sse(b'{"type":"message_stop"}', "message_stop")
 _DELTA_HEAD: Final = (b'event: content_block_delta\ndata: {"type":"content_block_delta",'
-                      b'"index":0,"delta":{"type":"text_delta","text":')
+                      b'"index":%d,"delta":{"type":"text_delta","text":')
 _DELTA_TAIL: Final = b"}}\n\n"
 
 
 class StreamEncoder:
-    """SSE bytes for one streamed message: start(), delta()*, then finish() or error()."""
+    """SSE bytes for one streamed message: start(), delta()* and tool_call()*, then
+    finish() or error(). Content blocks open as content arrives: a text block at the
+    first text (again after a tool call), one tool_use block per call; an answer with
+    neither still gets its (empty) text block. The ping follows the first block start."""
 
-    __slots__ = ("_req", "_id", "_input_tokens")
+    __slots__ = ("_req", "_id", "_input_tokens", "_cached", "_blocks", "_open")
 
-    def __init__(self, req: GenerationRequest, response_id: str, created: int, input_tokens: int) -> None:
+    def __init__(self, req: GenerationRequest, response_id: str, created: int, input_tokens: int,
+                 cached_tokens: int = 0) -> None:
         del created
         self._req = req
         self._id = response_id
         self._input_tokens = input_tokens
+        self._cached = cached_tokens
+        self._blocks = 0          # content blocks started so far
+        self._open = False        # a text block is open
 
     def start(self) -> bytes:
         message_start = dumps({
@@ -324,23 +487,52 @@ class StreamEncoder:
                 "content": [],
                 "stop_reason": None,
                 "stop_sequence": None,
-                "usage": {"input_tokens": self._input_tokens, "output_tokens": 1},
+                "usage": {**_usage(self._input_tokens, self._cached), "output_tokens": 1},
             },
         })
-        return sse(message_start, "message_start") + _BLOCK_START + _PING
+        return sse(message_start, "message_start")
+
+    def _block_start(self, payload: bytes) -> bytes:
+        out = sse(payload, "content_block_start")
+        if self._blocks == 0:
+            out += _PING
+        self._blocks += 1
+        return out
+
+    def _close_text(self) -> bytes:
+        if not self._open:
+            return b""
+        self._open = False
+        return sse(_BLOCK_STOP % (self._blocks - 1), "content_block_stop")
 
     def delta(self, d: TextDelta) -> bytes:
         if not d.text:
             return b""
-        return _DELTA_HEAD + dumps(d.text) + _DELTA_TAIL
+        head = b""
+        if not self._open:
+            head = self._block_start(_TEXT_START % self._blocks)
+            self._open = True
+        return head + _DELTA_HEAD % (self._blocks - 1) + dumps(d.text) + _DELTA_TAIL
+
+    def tool_call(self, call: ToolCall) -> bytes:
+        index = self._blocks
+        out = self._close_text() + self._block_start(dumps({
+            "type": "content_block_start", "index": index,
+            "content_block": {"type": "tool_use", "id": _tool_use_id(), "name": call.name, "input": {}}}))
+        out += sse(dumps({"type": "content_block_delta", "index": index,
+                          "delta": {"type": "input_json_delta", "partial_json": call.arguments}}), "content_block_delta")
+        return out + sse(_BLOCK_STOP % index, "content_block_stop")
 
     def finish(self, result: GenerationResult) -> bytes:
+        out = self._close_text()
+        if self._blocks == 0:
+            out += self._block_start(_TEXT_START % 0) + sse(_BLOCK_STOP % 0, "content_block_stop")
         message_delta = dumps({
             "type": "message_delta",
             "delta": {"stop_reason": result.stop_reason, "stop_sequence": result.stop_sequence},
             "usage": {"output_tokens": result.output_tokens},
         })
-        return _BLOCK_STOP + sse(message_delta, "message_delta") + _MESSAGE_STOP
+        return out + sse(message_delta, "message_delta") + _MESSAGE_STOP
 
     def error(self, err: ApiError) -> bytes:
         return sse(dumps(_error_obj(err)), "error")
@@ -349,4 +541,5 @@ class StreamEncoder:
 CODEC: Final = ApiCodec(
     name="anthropic", decode=decode_body, parse=parse_document, render=render_response, stream=StreamEncoder,
     render_error=render_error, http_status=http_status, new_response_id=new_response_id,
+    chat_input=chat_input, render_models=render_models, render_model=render_model,
 )

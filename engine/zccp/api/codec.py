@@ -12,16 +12,26 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from zccp.api.common import ParseLimits
-from zccp.request import ApiError, ApiKind, GenerationRequest, GenerationResult, TextDelta
+from zccp.request import ApiError, ApiKind, ChatInput, GenerationRequest, GenerationResult, TextDelta, ToolCall
 
 
 class StreamEncoder(Protocol):
-    """SSE bytes for one streamed answer: start(), delta()*, then finish() or error()."""
+    """SSE bytes for one streamed answer: start(), delta()* and tool_call()*, then
+    finish() or error()."""
 
     def start(self) -> bytes: ...
     def delta(self, d: TextDelta) -> bytes: ...
+    def tool_call(self, call: ToolCall) -> bytes: ...
     def finish(self, result: GenerationResult) -> bytes: ...
     def error(self, err: ApiError) -> bytes: ...
+
+
+@dataclass(frozen=True)
+class ModelInfo:
+    """A served model, as GET /v1/models lists it."""
+
+    name: str
+    created: int                  # unix seconds
 
 
 @dataclass(frozen=True)
@@ -33,11 +43,16 @@ class ApiCodec:
     parse: Callable[[dict[str, Any], ParseLimits], GenerationRequest]
     # (req, result, response id, created) -> the non-streamed response body
     render: Callable[[GenerationRequest, GenerationResult, str, int], bytes]
-    # (req, response id, created, input tokens) -> the stream's encoder
-    stream: Callable[[GenerationRequest, str, int, int], StreamEncoder]
+    # (req, response id, created, input tokens[, reused prompt tokens]) -> the stream's encoder
+    stream: Callable[..., StreamEncoder]
     render_error: Callable[[ApiError], bytes]
     http_status: Callable[[ApiError], int]
     new_response_id: Callable[[], str]
+    # a validated body as chat-template messages (backends with a chat template)
+    chat_input: Callable[[dict[str, Any]], ChatInput]
+    # GET /v1/models in this API's shape, and GET /v1/models/{id}
+    render_models: Callable[[list[ModelInfo]], bytes]
+    render_model: Callable[[ModelInfo], bytes]
 
     def parse_body(self, body: bytes | memoryview, limits: ParseLimits) -> GenerationRequest:
         return self.parse(self.decode(body), limits)

@@ -10,16 +10,20 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Final
 
+import orjson
+
 from ..request import (
     ApiError,
+    ChatInput,
     GenerationRequest,
     GenerationResult,
     Role,
     SamplingParams,
     StopReason,
     TextDelta,
+    ToolCall,
 )
-from .codec import ApiCodec
+from .codec import ApiCodec, ModelInfo
 from .errors import KINDS
 from .errors import kind as error_kind
 from .common import (
@@ -55,6 +59,7 @@ FINISH_REASON: Final[dict[StopReason, str]] = {
     "end_turn": "stop",
     "stop_sequence": "stop",
     "max_tokens": "length",
+    "tool_use": "tool_calls",
 }
 
 _FIELDS: Final = frozenset({
@@ -202,6 +207,21 @@ def _content_text(content: Any, role: str, path: str) -> str:
     return pieces[0] if len(pieces) == 1 else JOIN.join(pieces)
 
 
+def _check_tool_calls(calls: list[Any], path: str) -> None:
+    for k, call in enumerate(calls):
+        cpath = f"{path}[{k}]"
+        call = _obj(call, cpath)
+        for key in ("id", "function"):
+            if key not in call:
+                raise _missing(f"{cpath}.{key}")
+        _str(call["id"], cpath + ".id")
+        fn = _obj(call["function"], cpath + ".function")
+        for key in ("name", "arguments"):
+            if key not in fn:
+                raise _missing(f"{cpath}.function.{key}")
+            _str(fn[key], f"{cpath}.function.{key}")
+
+
 def _messages(v: Any) -> tuple[list[str], list[tuple[Role, str]]]:
     """Split messages into system parts and conversation turns."""
     items = _arr(v, "messages")
@@ -227,6 +247,7 @@ def _messages(v: Any) -> tuple[list[str], list[tuple[Role, str]]]:
             text = "" if content is None else _content_text(content, role, path)
             tool_calls = msg.get("tool_calls")
             if tool_calls is not None and _arr(tool_calls, path + ".tool_calls"):
+                _check_tool_calls(tool_calls, path + ".tool_calls")
                 text = text + JOIN + marker("tool_calls") if text else marker("tool_calls")
             turns.append(("assistant", text))
             continue
@@ -278,18 +299,40 @@ def _ignored(obj: dict[str, Any]) -> None:
     for key in ("store", "parallel_tool_calls"):
         if (v := obj.get(key)) is not None:
             _bool(v, key)
-    if (v := obj.get("tools")) is not None:
-        for i, tool in enumerate(_arr(v, "tools")):
-            _obj(tool, f"tools[{i}]")
+    for key in ("prompt_cache_key", "safety_identifier"):
+        if (v := obj.get(key)) is not None:
+            _str(v, key)
+
+
+def _tools(obj: dict[str, Any]) -> bool:
+    """Check tools and tool_choice; True when tools are offered and may be called."""
+    tools = obj.get("tools")
+    if tools is not None:
+        for i, tool in enumerate(_arr(tools, "tools")):
+            path = f"tools[{i}]"
+            tool = _obj(tool, path)
+            if tool.get("type") != "function":
+                raise _invalid_value(path + ".type", tool.get("type"), ("function",))
+            if "function" not in tool:
+                raise _missing(path + ".function")
+            fn = _obj(tool["function"], path + ".function")
+            if "name" not in fn:
+                raise _missing(path + ".function.name")
+            _str(fn["name"], path + ".function.name")
+            if (d := fn.get("description")) is not None:
+                _str(d, path + ".function.description")
+            if (params := fn.get("parameters")) is not None:
+                _obj(params, path + ".function.parameters")
+    choice = "auto"
     if (v := obj.get("tool_choice")) is not None:
         if isinstance(v, str):
             if v not in ("none", "auto", "required"):
                 raise _invalid_value("tool_choice", v, ("none", "auto", "required"))
+            choice = v
         else:
-            _obj(v, "tool_choice")
-    for key in ("prompt_cache_key", "safety_identifier"):
-        if (v := obj.get(key)) is not None:
-            _str(v, key)
+            fn = _obj(_obj(v, "tool_choice").get("function"), "tool_choice.function")
+            _str(fn.get("name"), "tool_choice.function.name")
+    return bool(tools) and choice != "none"
 
 
 def decode_body(body: bytes | memoryview) -> dict[str, Any]:
@@ -349,6 +392,7 @@ def parse_document(obj: dict[str, Any], limits: ParseLimits) -> GenerationReques
             _bool(u, "stream_options.include_obfuscation")
     seed = _int(v, "seed") if (v := get("seed")) is not None else None
     user = _str(v, "user") if (v := get("user")) is not None else None
+    tool_use = _tools(obj)
     _ignored(obj)
 
     if model not in limits.served_models:
@@ -373,7 +417,66 @@ def parse_document(obj: dict[str, Any], limits: ParseLimits) -> GenerationReques
         stream=stream,
         include_usage=include_usage,
         user=user,
+        tool_use=tool_use,
     )
+
+
+# --- the conversation for a chat template ---
+
+def _parts_text(content: Any, path: str, media: list[tuple[str, str]]) -> str:
+    if content is None or isinstance(content, str):
+        return content or ""
+    pieces = []
+    for j, part in enumerate(content):
+        if part["type"] in ("text", "refusal"):
+            pieces.append(part.get("text") or part.get("refusal") or "")
+        else:
+            media.append((f"{path}.content[{j}]", part["type"]))
+    return JOIN.join(pieces)
+
+
+def _arguments(raw: Any) -> Any:
+    """Tool-call arguments as the template takes them: the object (a JSON string that is
+    not one stays a string)."""
+    if isinstance(raw, str):
+        try:
+            parsed = orjson.loads(raw)
+        except orjson.JSONDecodeError:
+            return raw
+        return parsed if isinstance(parsed, dict) else raw
+    return raw
+
+
+def chat_input(obj: dict[str, Any]) -> ChatInput:
+    """A validated body (parse_document) as chat-template messages: the system and
+    developer messages joined first (as GenerationRequest.system), then the turns in
+    order; image, audio and file parts are listed in `media`."""
+    system: list[str] = []
+    turns: list[dict[str, Any]] = []
+    media: list[tuple[str, str]] = []
+    for i, msg in enumerate(obj["messages"]):
+        path, role = f"messages[{i}]", msg["role"]
+        text = _parts_text(msg.get("content"), path, media)
+        if role in ("system", "developer"):
+            system.append(text)
+        elif role == "tool":
+            turns.append({"role": "tool", "tool_call_id": msg["tool_call_id"], "content": text})
+        elif role == "assistant":
+            m: dict[str, Any] = {"role": "assistant", "content": text}
+            if msg.get("tool_calls"):
+                m["tool_calls"] = [
+                    {"id": tc["id"], "type": "function",
+                     "function": {"name": tc["function"]["name"], "arguments": _arguments(tc["function"]["arguments"])}}
+                    for tc in msg["tool_calls"]]
+            turns.append(m)
+        else:
+            turns.append({"role": "user", "content": text})
+    messages = ([{"role": "system", "content": JOIN.join(system)}] if system else []) + turns
+    tools = obj.get("tools") or None
+    choice = obj.get("tool_choice") or ("auto" if tools else None)
+    if choice == "none":
+        tools = None                     # a turn that may not call tools is not shown them
+    return ChatInput(messages, tools, choice, tuple(media))
 
 
 # --- rendering ---
@@ -402,15 +505,29 @@ def render_error(err: ApiError) -> bytes:
     return dumps(_error_obj(err))
 
 
-def _usage(result: GenerationResult) -> dict[str, int]:
+def _usage(result: GenerationResult) -> dict[str, Any]:
     return {
         "prompt_tokens": result.input_tokens,
         "completion_tokens": result.output_tokens,
         "total_tokens": result.input_tokens + result.output_tokens,
+        "prompt_tokens_details": {"cached_tokens": result.cached_tokens},
     }
 
 
+def _call_id() -> str:
+    return random_id("call_")
+
+
+def _tool_calls(calls: tuple[ToolCall, ...]) -> list[dict[str, Any]]:
+    return [{"id": _call_id(), "type": "function", "function": {"name": c.name, "arguments": c.arguments}}
+            for c in calls]
+
+
 def render_response(req: GenerationRequest, result: GenerationResult, response_id: str, created: int) -> bytes:
+    message: dict[str, Any] = {"role": "assistant", "content": result.text, "refusal": None}
+    if result.tool_calls:
+        message["content"] = result.text or None
+        message["tool_calls"] = _tool_calls(result.tool_calls)
     return dumps({
         "id": response_id,
         "object": "chat.completion",
@@ -418,12 +535,26 @@ def render_response(req: GenerationRequest, result: GenerationResult, response_i
         "model": req.model,
         "choices": [{
             "index": 0,
-            "message": {"role": "assistant", "content": result.text, "refusal": None},
+            "message": message,
             "logprobs": None,
             "finish_reason": FINISH_REASON[result.stop_reason],
         }],
         "usage": _usage(result),
     })
+
+
+def render_models(models: list[ModelInfo]) -> bytes:
+    """GET /v1/models: OpenAI's list shape."""
+    return dumps({"object": "list", "data": [_model(m) for m in models]})
+
+
+def _model(m: ModelInfo) -> dict[str, Any]:
+    return {"id": m.name, "object": "model", "created": m.created, "owned_by": "zccp"}
+
+
+def render_model(model: ModelInfo) -> bytes:
+    """GET /v1/models/{id}."""
+    return dumps(_model(model))
 
 
 _DONE: Final = b"data: [DONE]\n\n"
@@ -434,18 +565,22 @@ _DELTA_TAIL: Final = b'},"logprobs":null,"finish_reason":null}'
 
 
 class StreamEncoder:
-    """SSE bytes for one streamed completion: start(), delta()*, then finish() or error()."""
+    """SSE bytes for one streamed completion: start(), delta()* and tool_call()*, then
+    finish() or error(). A tool call is two chunks: its id, type and name with empty
+    arguments, then the arguments (delta.tool_calls, indexed in call order)."""
 
-    __slots__ = ("_head", "_tail", "_include_usage")
+    __slots__ = ("_head", "_tail", "_include_usage", "_calls")
 
-    def __init__(self, req: GenerationRequest, response_id: str, created: int, input_tokens: int) -> None:
-        del input_tokens  # usage is reported from the final GenerationResult
+    def __init__(self, req: GenerationRequest, response_id: str, created: int, input_tokens: int,
+                 cached_tokens: int = 0) -> None:
+        del input_tokens, cached_tokens  # usage is reported from the final GenerationResult
         # Every chunk is: _head + <choices items> + _tail.
         self._head = (b'data: {"id":' + dumps(response_id)
                       + b',"object":"chat.completion.chunk","created":' + str(int(created)).encode()
                       + b',"model":' + dumps(req.model) + b',"choices":[')
         self._include_usage = req.include_usage
         self._tail = b'],"usage":null}\n\n' if req.include_usage else b"]}\n\n"
+        self._calls = 0
 
     def start(self) -> bytes:
         return self._head + _FIRST_CHOICE + self._tail
@@ -454,6 +589,17 @@ class StreamEncoder:
         if not d.text:
             return b""
         return self._head + _DELTA_HEAD + dumps(d.text) + _DELTA_TAIL + self._tail
+
+    def _tool_chunk(self, item: dict[str, Any]) -> bytes:
+        choice = {"index": 0, "delta": {"tool_calls": [item]}, "logprobs": None, "finish_reason": None}
+        return self._head + dumps(choice) + self._tail
+
+    def tool_call(self, call: ToolCall) -> bytes:
+        index = self._calls
+        self._calls += 1
+        return (self._tool_chunk({"index": index, "id": _call_id(), "type": "function",
+                                  "function": {"name": call.name, "arguments": ""}})
+                + self._tool_chunk({"index": index, "function": {"arguments": call.arguments}}))
 
     def finish(self, result: GenerationResult) -> bytes:
         reason = FINISH_REASON[result.stop_reason].encode()
@@ -470,4 +616,5 @@ class StreamEncoder:
 CODEC: Final = ApiCodec(
     name="openai", decode=decode_body, parse=parse_document, render=render_response, stream=StreamEncoder,
     render_error=render_error, http_status=http_status, new_response_id=new_response_id,
+    chat_input=chat_input, render_models=render_models, render_model=render_model,
 )

@@ -1,35 +1,206 @@
-"""The one interface every model backend implements.
+"""The interface every model backend implements: a KV state per sequence, and a
+decode batch that advances every running sequence by one token per forward.
 
-A backend turns prompt token ids into generated token ids, one at a time, so the
-generation loop (zccp.generation) can stream, stop on stop sequences and cancel.
-Input ids arrive as a 1-D int32 torch tensor that is a zero-copy view of the
-slot's token array in shared memory (or a device view of it on the GPU): a
-backend must not keep a reference to it after generate() returns.
+zccp.scheduler drives it: prefill a new sequence alone (in chunks, on top of prefix
+blocks from zccp.prefix_cache when it has them), join it to the batch, decode the
+whole batch one step at a time, let finished or paused rows leave between steps.
+generate() runs one sequence through the same calls (the inline path, tests, and
+the bench's FastAPI variant).
+
+Input ids arrive as a 1-D int32 tensor that is a zero-copy view of the slot's token
+array in shared memory (or a device view of it on the GPU): a backend copies what it
+needs and keeps no reference to it.
 """
 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
 
 import torch
 
+from zccp.model.prompt import BYTE_FORMAT, PromptFormat
+from zccp.model.sampling import Sampler, check_sampling
+from zccp.planner import Planner
 from zccp.request import SamplingParams
 
 
-class ModelBackend(ABC):
-    name: str            # served model name, e.g. "zccp-tiny"
-    max_context: int     # prompt + completion tokens the backend accepts
+class DecodeBatch(ABC):
+    """The running sequences of one backend, decoded together."""
+
+    @property
+    @abstractmethod
+    def rows(self) -> int: ...
+
+    @property
+    @abstractmethod
+    def nbytes(self) -> int:
+        """Memory its KV state takes now (padding included)."""
 
     @abstractmethod
+    def join(self, state: Any) -> None:
+        """Append a prefilled sequence (its state is consumed) as the last row."""
+
+    @abstractmethod
+    def leave(self, keep: Sequence[int]) -> None:
+        """Keep only rows `keep`, in that order."""
+
+    @abstractmethod
+    def park(self, row: int) -> Any:
+        """A copy of row `row`'s state, to join again later (call leave() after)."""
+
+    @abstractmethod
+    def decode(self, tokens: Sequence[int]) -> torch.Tensor | list[int]:
+        """Feed each row its next token; the logits of the next position, [rows, vocab]
+        (or, for a backend whose output is fixed, the next tokens themselves)."""
+
+
+class ModelBackend(ABC):
+    name: str                          # served model name, e.g. "zccp-tiny"
+    max_context: int                   # prompt + completion tokens the backend accepts
+    vocab_size: int
+    eos_ids: frozenset[int] = frozenset()
+    prefill_chunk: int = 0             # configured chunk cap; 0: the planner decides
+    prompt: PromptFormat = BYTE_FORMAT
+    prefix_blocks: bool = False        # take_block() works: prompt prefixes can be reused
+
+    @property
+    def device(self) -> torch.device:
+        return torch.device("cpu")
+
+    @property
+    def kv_bytes_per_token(self) -> int:
+        """KV memory one token of one sequence takes (0: no KV state)."""
+        return 0
+
+    @property
+    def activation_bytes_per_token(self) -> int:
+        """Rough transient memory one prefill token takes (the planner's unit)."""
+        return 0
+
+    @property
+    def identity(self) -> bytes:
+        """What makes two backends' KV states interchangeable (prefix-cache key salt)."""
+        return self.name.encode()
+
+    # -- the scheduler's calls -----------------------------------------------------------
+
+    @abstractmethod
+    def new_state(self, blocks: Sequence[torch.Tensor] = ()) -> Any:
+        """A sequence's KV state: empty, or the prefix that `blocks` hold."""
+
+    @abstractmethod
+    def state_length(self, state: Any) -> int:
+        """Tokens in the state (the next token's position)."""
+
+    @abstractmethod
+    def prefill(self, state: Any, ids: torch.Tensor) -> torch.Tensor | int:
+        """Run ids (1-D long, on the device) at positions state_length.. and append them
+        to the state; the raw logits at the last position, [vocab] (or the next token,
+        for a backend whose output is fixed)."""
+
+    @abstractmethod
+    def new_batch(self) -> DecodeBatch: ...
+
+    def take_block(self, state: Any, start: int, end: int) -> torch.Tensor | None:
+        """Positions [start, end) of the state as a prefix block (None: no prefix reuse)."""
+        return None
+
+    def process_logits(self, logits: torch.Tensor) -> torch.Tensor:
+        """Applied before sampling (e.g. the tiny model's allowed-token mask)."""
+        return logits
+
+    def sampler(self, params: SamplingParams) -> Sampler:
+        """The next-token chooser of one sequence."""
+        return Sampler(params, self.device)
+
+    def choose(self, out: torch.Tensor | int, sampler: Sampler) -> int:
+        """One sequence's next token from prefill()'s or a one-row decode()'s output."""
+        if isinstance(out, torch.Tensor):
+            return sampler(self.process_logits(out))
+        return out
+
+    def to(self, device: torch.device | str) -> ModelBackend:
+        return self
+
+    # -- one sequence ------------------------------------------------------------------
+
+    def check_prompt(self, input_ids: torch.Tensor) -> torch.Tensor:
+        """A validated copy of the prompt ids: 1-D long on the model's device."""
+        if not isinstance(input_ids, torch.Tensor) or input_ids.dim() != 1:
+            raise ValueError("input_ids must be a 1-D tensor")
+        n = input_ids.numel()
+        if n == 0:
+            raise ValueError("input_ids is empty")
+        if n > self.max_context:
+            raise ValueError(f"prompt ({n} tokens) exceeds the model's context of {self.max_context}")
+        ids = input_ids.to(device=self.device, dtype=torch.long, copy=True)
+        lo, hi = torch.aminmax(ids)
+        if int(lo) < 0 or int(hi) >= self.vocab_size:
+            raise ValueError(f"input_ids must be in [0, {self.vocab_size}), got [{int(lo)}, {int(hi)}]")
+        return ids
+
+    def prefill_chunked(self, state: Any, ids: torch.Tensor, chunk: int) -> torch.Tensor | int:
+        """prefill() in chunks whose boundaries are absolute multiples of `chunk` (0: one
+        pass), so a prompt prefilled on top of reused blocks computes the same chunks."""
+        start = self.state_length(state)
+        logits = None
+        pos = 0
+        while pos < ids.numel():
+            end = Planner.chunk_end(start + pos, start + ids.numel(), chunk) - start
+            logits = self.prefill(state, ids[pos:end])
+            pos = end
+        assert logits is not None, "prefill of no tokens"
+        return logits
+
+    @torch.inference_mode()
+    def prefill_logits(self, input_ids: torch.Tensor, chunk: int = 0) -> torch.Tensor:
+        """Raw logits at the last prompt position, prefilled in `chunk`-token chunks."""
+        out = self.prefill_chunked(self.new_state(), self.check_prompt(input_ids), chunk)
+        assert isinstance(out, torch.Tensor), "this backend has no logits"
+        return out.clone()
+
     def generate(
         self,
         input_ids: torch.Tensor,
         params: SamplingParams,
         cancelled: Callable[[], bool],
     ) -> Iterator[int]:
-        """Yield generated token ids until EOS (not yielded), params.max_tokens, or cancelled()."""
+        """Yield generated token ids until EOS (not yielded), params.max_tokens, or cancelled().
 
-    @property
-    def device(self) -> torch.device:
-        return torch.device("cpu")
+        Validates eagerly (ValueError here, not on the first next()); the prompt is
+        copied before this returns, so the caller's view is never referenced later."""
+        ids = self.check_prompt(input_ids)
+        check_sampling(params)
+        if ids.numel() + params.max_tokens > self.max_context:
+            raise ValueError(
+                f"prompt ({ids.numel()} tokens) + max_tokens ({params.max_tokens}) exceeds "
+                f"the model's context of {self.max_context} tokens"
+            )
+        return self._generate(ids, params, cancelled)
+
+    # As a decorator (not a `with` inside the body) so inference mode is entered
+    # around each resume of the generator and never leaks into the consumer.
+    @torch.inference_mode()
+    def _generate(self, ids: torch.Tensor, params: SamplingParams, cancelled: Callable[[], bool]) -> Iterator[int]:
+        if params.max_tokens == 0 or cancelled():
+            return
+        state = self.new_state()
+        sampler = self.sampler(params)
+        logits = self.prefill_chunked(state, ids, self.prefill_chunk)
+        del ids
+        batch = self.new_batch()
+        batch.join(state)
+        produced = 0
+        while True:
+            if cancelled():
+                return
+            tok = self.choose(logits, sampler)
+            if tok in self.eos_ids:
+                return
+            yield tok
+            produced += 1
+            if produced >= params.max_tokens or cancelled():
+                return
+            logits = batch.decode((tok,))[0]

@@ -1,21 +1,34 @@
 """A backend with no model: it answers every prompt with the same fixed reply.
 
 Used to benchmark the pipeline (nginx, shared memory, parsing, rendering,
-streaming) without any model cost. It looks at the prompt's length only (through
-the generation loop's usage count), never at its contents.
+streaming) without any model cost, and by tests as a model whose output is known
+(e.g. a reply that holds a <tool_call>). It looks at the prompt's length only (through
+the usage count), never at its contents. In a batch it names each row's next token
+itself (the reply's next byte, EOS after the last): no logits, no sampling, no tensor
+work per step.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
 
 import torch
 
-from zccp.model.base import ModelBackend
+from zccp.model.base import DecodeBatch, ModelBackend
+from zccp.model.tokenizer import EOS, VOCAB_SIZE
 from zccp.request import SamplingParams
 
 DEFAULT_REPLY = "Hello from the ZCCP null backend."
+
+
+class _State:
+    __slots__ = ("prompt_len", "length")
+
+    def __init__(self) -> None:
+        self.prompt_len = 0
+        self.length = 0
 
 
 class NullBackend(ModelBackend):
@@ -29,7 +42,9 @@ class NullBackend(ModelBackend):
     ) -> None:
         self.name = name
         self.max_context = max_context
-        # Simulates a model's per-token time (benchmarks, tests of long requests).
+        self.vocab_size = VOCAB_SIZE
+        self.eos_ids = frozenset({EOS})
+        # Simulates a model's time per forward (benchmarks, tests of long requests).
         self.token_delay_s = token_delay_ms / 1000.0
         self.reply = reply
         self._ids: tuple[int, ...] = tuple(reply.encode("utf-8"))
@@ -43,9 +58,9 @@ class NullBackend(ModelBackend):
         params: SamplingParams,
         cancelled: Callable[[], bool],
     ) -> Iterator[int]:
-        # Slice eagerly: the returned iterator holds no reference to input_ids.
-        # Truncation is per byte token, so a short max_tokens may cut a multi-byte
-        # character (the generation loop then emits U+FFFD), like any byte model.
+        # The inline path's fast replay (no tensors). Slice eagerly: the returned iterator
+        # holds no reference to input_ids. Truncation is per byte token, so a short
+        # max_tokens may cut a multi-byte character (then U+FFFD), like any byte model.
         return self._replay(self._ids[: max(params.max_tokens, 0)], cancelled)
 
     def _replay(self, ids: tuple[int, ...], cancelled: Callable[[], bool]) -> Iterator[int]:
@@ -57,3 +72,57 @@ class NullBackend(ModelBackend):
             if self.token_delay_s:
                 time.sleep(self.token_delay_s)
             yield tok
+
+    # -- the scheduler's calls -----------------------------------------------------------
+
+    def new_state(self, blocks: Sequence[torch.Tensor] = ()) -> _State:
+        return _State()
+
+    def state_length(self, state: _State) -> int:
+        return state.length
+
+    def prefill(self, state: _State, ids: torch.Tensor) -> int:
+        if self.token_delay_s:
+            time.sleep(self.token_delay_s)
+        state.length += ids.numel()
+        state.prompt_len = state.length
+        return self._next(state)
+
+    def new_batch(self) -> DecodeBatch:
+        return _NullBatch(self)
+
+    def _next(self, s: _State) -> int:
+        k = s.length - s.prompt_len
+        if k == self.fail_after:
+            raise RuntimeError(f"null backend: injected failure after {k} tokens (model.null_fail_after)")
+        return self._ids[k] if k < len(self._ids) else EOS
+
+
+class _NullBatch(DecodeBatch):
+    def __init__(self, backend: NullBackend) -> None:
+        self._backend = backend
+        self._states: list[_State] = []
+
+    @property
+    def rows(self) -> int:
+        return len(self._states)
+
+    @property
+    def nbytes(self) -> int:
+        return 0
+
+    def join(self, state: Any) -> None:
+        self._states.append(state)
+
+    def leave(self, keep: Sequence[int]) -> None:
+        self._states = [self._states[i] for i in keep]
+
+    def park(self, row: int) -> Any:
+        return self._states[row]
+
+    def decode(self, tokens: Sequence[int]) -> list[int]:
+        if self._backend.token_delay_s:
+            time.sleep(self._backend.token_delay_s)
+        for s in self._states:
+            s.length += 1
+        return [self._backend._next(s) for s in self._states]

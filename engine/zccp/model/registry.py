@@ -39,12 +39,27 @@ def _build_null(**options: Any) -> ModelBackend:
     return NullBackend(**options)
 
 
-# kind -> factory(**options). A future "hf" (Hugging Face) backend plugs in here
-# with register_backend("hf", factory); its module should import transformers
-# lazily inside the factory, as the entries above do for torch models.
+_HF_OPTIONS = frozenset({"path", "name", "dtype", "max_context", "prefill_chunk", "device"})
+
+
+def _build_hf(**options: Any) -> ModelBackend:
+    # transformers is imported only here: the default stack does not need it (extra "hf").
+    try:
+        from zccp.model.hf import HfBackend
+    except ImportError as exc:
+        raise ValueError(f"model.backend 'hf' needs transformers: pip install -e '.[hf]' ({exc})") from None
+    unknown = sorted(set(options) - _HF_OPTIONS)
+    if unknown:
+        raise ValueError(f"unknown option(s) for backend 'hf': {', '.join(unknown)}")
+    return HfBackend(**options)
+
+
+# kind -> factory(**options); a backend's module (torch, transformers) is imported
+# lazily inside its factory.
 _BUILDERS: dict[str, Callable[..., ModelBackend]] = {
     "tiny": _build_tiny,
     "null": _build_null,
+    "hf": _build_hf,
 }
 
 
@@ -55,7 +70,8 @@ def _tiny_options() -> frozenset[str]:
 
 
 # kind -> the option names its factory takes (read from config.yaml's model section).
-_OPTIONS: dict[str, Callable[[], frozenset[str]]] = {"tiny": _tiny_options, "null": lambda: _NULL_OPTIONS}
+_OPTIONS: dict[str, Callable[[], frozenset[str]]] = {
+    "tiny": _tiny_options, "null": lambda: _NULL_OPTIONS, "hf": lambda: _HF_OPTIONS}
 
 
 def register_backend(kind: str, factory: Callable[..., ModelBackend], options: frozenset[str] = frozenset()) -> None:
@@ -63,15 +79,18 @@ def register_backend(kind: str, factory: Callable[..., ModelBackend], options: f
     _OPTIONS[kind] = lambda: options
 
 
-def backend_from_config(m: ModelConfig) -> ModelBackend:
+def backend_from_config(m: ModelConfig, device: str | None = None) -> ModelBackend:
     """The backend `model.backend` names, built from config.yaml's model section: each
     option takes the model.<option> value, or model.<kind>_<option> (model.null_reply is
-    the null backend's `reply`); nothing is mapped by hand."""
+    the null backend's `reply`); nothing is mapped by hand. `device` (the gpu section's
+    choice) reaches backends that take a `device` option, so they load onto it."""
     names = _OPTIONS.get(m.backend, frozenset)()
     values = {f.name: getattr(m, f.name) for f in dataclasses.fields(m)}
     prefix = m.backend + "_"
     options = {k: v for k, v in values.items() if k in names}
     options.update({k[len(prefix):]: v for k, v in values.items() if k.startswith(prefix) and k[len(prefix):] in names})
+    if device is not None and "device" in names:
+        options["device"] = device
     return build_backend(m.backend, **options)
 
 
@@ -80,11 +99,12 @@ def available_kinds() -> tuple[str, ...]:
 
 
 def build_backend(kind: str, **options: Any) -> ModelBackend:
-    """Construct the backend `kind` ("tiny" or "null") with keyword options.
+    """Construct the backend `kind` ("tiny", "null" or "hf") with keyword options.
 
     tiny: any TinyConfig field (name, d_model, n_layers, n_heads, d_ff, max_context,
     seed, prefill_chunk, tie_embeddings, eos_bias, device).
     null: reply, name, max_context, token_delay_ms, fail_after.
+    hf: path, name, dtype, max_context, prefill_chunk, device.
     """
     try:
         factory = _BUILDERS[kind]

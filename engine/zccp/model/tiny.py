@@ -22,7 +22,7 @@ run to max_tokens. The default was chosen empirically (see DEFAULT_EOS_BIAS).
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterator
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
@@ -30,9 +30,8 @@ import torch.nn.functional as F
 from torch.nn.attention.bias import causal_lower_right
 
 from zccp.config import ModelConfig
-from zccp.model.base import ModelBackend
+from zccp.model.kv import KvLayer, TorchBackend
 from zccp.model.tokenizer import EOS, VOCAB_SIZE
-from zccp.request import SamplingParams
 
 # EOS's raw logit is pinned at 0 (its head column is zero), so its final logit is
 # exactly eos_bias and the model stops as soon as no allowed token's raw logit
@@ -60,7 +59,7 @@ class TinyConfig:
     d_ff: int = _M.d_ff
     max_context: int = _M.max_context
     seed: int = _M.seed
-    prefill_chunk: int = _M.prefill_chunk   # 0 = whole prompt in one pass
+    prefill_chunk: int = _M.prefill_chunk   # 0: the planner decides (zccp.planner)
     tie_embeddings: bool = False    # tied: greedy degenerates to one repeated byte
     eos_bias: float = DEFAULT_EOS_BIAS
     device: str = "cpu"
@@ -90,12 +89,14 @@ class _Layer:
             setattr(self, k, v)
 
 
-class TinyTransformer(ModelBackend):
+class TinyTransformer(TorchBackend):
     def __init__(self, config: TinyConfig | None = None) -> None:
         self.config = cfg = config or TinyConfig()
         self.name = cfg.name
         self.max_context = cfg.max_context
         self.prefill_chunk = cfg.prefill_chunk
+        self.vocab_size = VOCAB_SIZE
+        self.eos_ids = frozenset({EOS})
         self._device = torch.device(cfg.device)
         self._n_heads = cfg.n_heads
         self._head_dim = cfg.d_model // cfg.n_heads
@@ -178,69 +179,67 @@ class TinyTransformer(ModelBackend):
                 out[f"layers.{i}.{k}"] = getattr(layer, k)
         return out
 
-    def generate(
-        self,
-        input_ids: torch.Tensor,
-        params: SamplingParams,
-        cancelled: Callable[[], bool],
-    ) -> Iterator[int]:
-        """Validate eagerly (ValueError here, not on first next()), then stream tokens.
+    @property
+    def kv_bytes_per_token(self) -> int:
+        return 2 * self.config.n_layers * self.config.d_model * 4       # float32 keys + values
 
-        The prompt is copied (to int64 on the model's device) before this returns, so
-        the caller's shared-memory view is never referenced afterwards.
-        """
-        ids = self._check_prompt(input_ids)
-        if params.max_tokens < 0:
-            raise ValueError(f"max_tokens must be >= 0, got {params.max_tokens}")
-        if ids.numel() + params.max_tokens > self.max_context:
-            raise ValueError(
-                f"prompt ({ids.numel()} tokens) + max_tokens ({params.max_tokens}) exceeds "
-                f"the model's context of {self.max_context} tokens"
-            )
-        _check_sampling(params)
-        return self._generate(ids, params, cancelled)
+    @property
+    def activation_bytes_per_token(self) -> int:
+        c = self.config
+        return 4 * (6 * c.d_model + 2 * c.d_ff)
+
+    @property
+    def identity(self) -> bytes:
+        return repr(("tiny", self.config)).encode()
+
+    def process_logits(self, logits: torch.Tensor) -> torch.Tensor:
+        return logits + self._logit_offset
+
+    # ------------------------------------------------------------------ KV state
+
+    def state_from_layers(self, layers: Sequence[tuple[torch.Tensor, torch.Tensor]]) -> _State:
+        if not layers:
+            empty = (1, self._n_heads, 0, self._head_dim)
+            layers = [(torch.empty(empty, device=self._device), torch.empty(empty, device=self._device))
+                      for _ in self._layers]
+        return _State([KvLayer(k, v) for k, v in layers])
+
+    def state_length(self, state: _State) -> int:
+        return int(state.layers[0].keys.shape[2])
+
+    # ------------------------------------------------------------------ forward
 
     @torch.inference_mode()
-    def prefill_logits(self, input_ids: torch.Tensor, chunk: int = 0) -> torch.Tensor:
-        """Raw logits (before masking/bias) at the last prompt position.
+    def prefill(self, state: _State, ids: torch.Tensor) -> torch.Tensor:
+        start = self.state_length(state)
+        t = ids.numel()
+        end = start + t
+        if end > self.max_context:
+            raise ValueError(f"{end} positions exceed the model's context of {self.max_context}")
+        if t == 1 or start == 0:
+            mask, is_causal = None, t > 1
+        else:
+            mask, is_causal = causal_lower_right(t, end), False
+        cos, sin = self._cos[start:end], self._sin[start:end]
+        h = self._blocks(ids.view(1, t), cos, sin, state.layers, mask, is_causal)
+        return self._rms_norm(h[0, -1], self._final_norm) @ self._head
 
-        chunk > 0 feeds the prompt through the KV cache `chunk` tokens at a time.
-        """
-        ids = self._check_prompt(input_ids)
-        cache = self._new_cache(ids.numel())
-        return self._prefill(ids, cache, chunk).clone()
+    @torch.inference_mode()
+    def decode_step(self, holder: _State, ids: torch.Tensor, mask: torch.Tensor | None,
+                    positions: torch.Tensor) -> torch.Tensor:
+        if int(positions.max()) >= self.max_context:
+            raise ValueError(f"a row reached the model's context of {self.max_context}")
+        cos = self._cos[positions].unsqueeze(1)                      # (B, 1, 1, hd/2)
+        sin = self._sin[positions].unsqueeze(1)
+        attn = None if mask is None else mask.bool()[:, None, None, :]
+        h = self._blocks(ids, cos, sin, holder.layers, attn, False)
+        return self._rms_norm(h[:, -1], self._final_norm) @ self._head
 
     # ------------------------------------------------------------------ internals
 
-    def _check_prompt(self, input_ids: torch.Tensor) -> torch.Tensor:
-        if not isinstance(input_ids, torch.Tensor) or input_ids.dim() != 1:
-            raise ValueError("input_ids must be a 1-D tensor")
-        n = input_ids.numel()
-        if n == 0:
-            raise ValueError("input_ids is empty")
-        if n > self.max_context:
-            raise ValueError(f"prompt ({n} tokens) exceeds the model's context of {self.max_context}")
-        ids = input_ids.to(device=self._device, dtype=torch.long, copy=True)
-        lo, hi = torch.aminmax(ids)
-        if int(lo) < 0 or int(hi) >= VOCAB_SIZE:
-            raise ValueError(f"input_ids must be in [0, {VOCAB_SIZE}), got [{int(lo)}, {int(hi)}]")
-        return ids
-
-    def _new_cache(self, length: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
-        shape = (self._n_heads, length, self._head_dim)
-        return [
-            (
-                torch.empty(shape, dtype=torch.float32, device=self._device),
-                torch.empty(shape, dtype=torch.float32, device=self._device),
-            )
-            for _ in self._layers
-        ]
-
-    def _rope(self, x: torch.Tensor, start: int) -> torch.Tensor:
-        # x: (H, T, hd); rotate pairs (first half, second half) by position angles.
-        t = x.shape[1]
-        cos = self._cos[start : start + t]
-        sin = self._sin[start : start + t]
+    @staticmethod
+    def _rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        # x: (B, H, T, hd); rotate pairs (first half, second half) by position angles.
         x1, x2 = x.chunk(2, dim=-1)
         return torch.cat((x1 * cos - x2 * sin, x1 * sin + x2 * cos), dim=-1)
 
@@ -248,122 +247,31 @@ class TinyTransformer(ModelBackend):
     def _rms_norm(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
         return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + _NORM_EPS) * weight
 
-    def _forward(
-        self, ids: torch.Tensor, start: int, cache: list[tuple[torch.Tensor, torch.Tensor]]
-    ) -> torch.Tensor:
-        """Run ids (positions start..start+T) through the model, filling the cache.
-
-        Returns the raw logits of the last position, shape (VOCAB_SIZE,).
-        """
-        t = ids.numel()
-        end = start + t
+    def _blocks(self, ids: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, layers: list[KvLayer],
+                mask: torch.Tensor | None, is_causal: bool) -> torch.Tensor:
+        """ids (B, T) through every block, appending their keys/values to `layers`;
+        the final hidden states (B, T, d)."""
+        b, t = ids.shape
         H, hd = self._n_heads, self._head_dim
-        h = F.embedding(ids, self._embed)                          # (T, d)
-        if t == 1 or start == 0:
-            mask, is_causal = None, t > 1
-        else:
-            mask, is_causal = causal_lower_right(t, end), False
-        for layer, (kc, vc) in zip(self._layers, cache):
+        h = F.embedding(ids, self._embed)                                # (B, T, d)
+        for layer, kv in zip(self._layers, layers):
             x = self._rms_norm(h, layer.attn_norm)
-            q, k, v = (x @ layer.wqkv).view(t, 3, H, hd).permute(1, 2, 0, 3)  # each (H, T, hd)
-            kc[:, start:end] = self._rope(k, start)
-            vc[:, start:end] = v
-            q = self._rope(q, start)
-            # 4-D (batch of 1): CPU's fused (flash) kernel needs it; without it a
-            # long prefill materialises the full T x T score matrix.
-            a = F.scaled_dot_product_attention(
-                q[None], kc[None, :, :end], vc[None, :, :end], attn_mask=mask, is_causal=is_causal
-            )[0]                                                    # (H, T, hd)
-            h = h + a.transpose(0, 1).reshape(t, H * hd) @ layer.wo
+            q, k, v = (x @ layer.wqkv).view(b, t, 3, H, hd).permute(2, 0, 3, 1, 4)   # each (B, H, T, hd)
+            keys, values = kv.append(self._rope(k, cos, sin), v)
+            a = F.scaled_dot_product_attention(self._rope(q, cos, sin), keys, values,
+                                               attn_mask=mask, is_causal=is_causal)    # (B, H, T, hd)
+            h = h + a.transpose(1, 2).reshape(b, t, H * hd) @ layer.wo
             x = self._rms_norm(h, layer.mlp_norm)
             h = h + F.gelu(x @ layer.w1) @ layer.w2
-        last = self._rms_norm(h[-1], self._final_norm)
-        return last @ self._head
-
-    def _prefill(
-        self, ids: torch.Tensor, cache: list[tuple[torch.Tensor, torch.Tensor]], chunk: int
-    ) -> torch.Tensor:
-        n = ids.numel()
-        if chunk <= 0 or chunk >= n:
-            return self._forward(ids, 0, cache)
-        logits = None
-        for s in range(0, n, chunk):
-            logits = self._forward(ids[s : s + chunk], s, cache)
-        assert logits is not None
-        return logits
-
-    # As a decorator (not a `with` inside the body) so inference mode is entered
-    # around each resume of the generator and never leaks into the consumer.
-    @torch.inference_mode()
-    def _generate(
-        self, ids: torch.Tensor, params: SamplingParams, cancelled: Callable[[], bool]
-    ) -> Iterator[int]:
-        max_tokens = params.max_tokens
-        if max_tokens == 0 or cancelled():
-            return
-        n = ids.numel()
-        # The last generated token is never fed back, so n + max_tokens - 1 suffices.
-        cache = self._new_cache(n + max_tokens - 1)
-        sampler = _Sampler(params, self._device)
-        logits = self._prefill(ids, cache, self.prefill_chunk)
-        del ids
-        pos = n
-        produced = 0
-        step = torch.empty(1, dtype=torch.long, device=self._device)
-        while True:
-            if cancelled():
-                return
-            tok = sampler(logits + self._logit_offset)
-            if tok == EOS:
-                return
-            yield tok
-            produced += 1
-            if produced >= max_tokens:
-                return
-            if cancelled():
-                return
-            step.fill_(tok)
-            logits = self._forward(step, pos, cache)
-            pos += 1
+        return h
 
 
-def _check_sampling(params: SamplingParams) -> None:
-    if params.temperature < 0 or not math.isfinite(params.temperature):
-        raise ValueError(f"temperature must be a finite number >= 0, got {params.temperature}")
-    if params.top_k is not None and params.top_k < 1:
-        raise ValueError(f"top_k must be >= 1, got {params.top_k}")
-    if params.top_p is not None and not (0.0 < params.top_p <= 1.0):
-        raise ValueError(f"top_p must be in (0, 1], got {params.top_p}")
+class _State:
+    """One sequence's KV state: a KvLayer per block, (1, H, length, hd)."""
+
+    __slots__ = ("layers",)
+
+    def __init__(self, layers: list[KvLayer]) -> None:
+        self.layers = layers
 
 
-class _Sampler:
-    """temperature -> top_k -> top_p -> multinomial; argmax when temperature == 0."""
-
-    def __init__(self, params: SamplingParams, device: torch.device) -> None:
-        self.greedy = params.temperature == 0
-        self.temperature = params.temperature
-        self.top_k = params.top_k
-        self.top_p = params.top_p
-        self.gen: torch.Generator | None = None
-        if not self.greedy:
-            self.gen = torch.Generator(device=device)
-            if params.seed is not None:
-                self.gen.manual_seed(params.seed)
-            else:
-                self.gen.seed()
-
-    def __call__(self, logits: torch.Tensor) -> int:
-        if self.greedy:
-            return int(torch.argmax(logits))
-        logits = logits / self.temperature
-        if self.top_k is not None and self.top_k < logits.numel():
-            kth = torch.topk(logits, self.top_k).values[-1]
-            logits = logits.masked_fill(logits < kth, float("-inf"))
-        probs = torch.softmax(logits, dim=-1)
-        if self.top_p is not None and self.top_p < 1.0:
-            sorted_probs, order = torch.sort(probs, descending=True)
-            # Drop a token when the tokens before it already cover top_p (keeps >= 1).
-            before = torch.cumsum(sorted_probs, dim=-1) - sorted_probs
-            sorted_probs = sorted_probs.masked_fill(before >= self.top_p, 0.0)
-            probs = torch.zeros_like(probs).scatter_(0, order, sorted_probs)
-        return int(torch.multinomial(probs, 1, generator=self.gen))

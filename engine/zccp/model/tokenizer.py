@@ -67,14 +67,14 @@ def _segments(system: str, messages: Sequence[ChatMessage]) -> list[tuple[int, b
     return segs
 
 
-def _needed(segs: Sequence[tuple[int, bytearray]]) -> int:
+def _needed(segs: Sequence[tuple[int, bytearray]], generation_prompt: bool = True) -> int:
     # BOS + per segment (marker + bytes) + final ASSISTANT marker
-    return 2 + sum(1 + len(b) for _, b in segs)
+    return 1 + generation_prompt + sum(1 + len(b) for _, b in segs)
 
 
-def count_chat_tokens(system: str, messages: Sequence[ChatMessage]) -> int:
+def count_chat_tokens(system: str, messages: Sequence[ChatMessage], generation_prompt: bool = True) -> int:
     """Number of ids encode_chat_into() would write for this prompt."""
-    n = 2
+    n = 1 + generation_prompt
     if system:
         n += 1 + len(system.encode("utf-8", _ENCODE_ERRORS))
     for m in messages:
@@ -83,18 +83,21 @@ def count_chat_tokens(system: str, messages: Sequence[ChatMessage]) -> int:
     return n
 
 
-def encode_chat_into(system: str, messages: Sequence[ChatMessage], out: torch.Tensor) -> int:
+def encode_chat_into(system: str, messages: Sequence[ChatMessage], out: torch.Tensor,
+                     generation_prompt: bool = True) -> int:
     """Write the prompt's ids into out[0:n] and return n.
 
     `out` is a 1-D integer tensor (normally int32, a view of shared memory). If the
-    prompt does not fit, PromptTooLong is raised and `out` is left untouched.
+    prompt does not fit, PromptTooLong is raised and `out` is left untouched. Without
+    the generation prompt (the final ASSISTANT marker) it is a prefix of every longer
+    conversation that starts the same way (what a warm-up pre-loads).
     """
     if out.dim() != 1:
         raise ValueError(f"out must be 1-D, got shape {tuple(out.shape)}")
     if out.dtype.is_floating_point or out.dtype.is_complex or out.dtype == torch.bool:
         raise ValueError(f"out must be an integer tensor, got {out.dtype}")
     segs = _segments(system, messages)
-    needed = _needed(segs)
+    needed = _needed(segs, generation_prompt)
     capacity = out.numel()
     if needed > capacity:
         raise PromptTooLong(needed, capacity)
@@ -114,8 +117,9 @@ def encode_chat_into(system: str, messages: Sequence[ChatMessage], out: torch.Te
             else:
                 out[pos : pos + n].copy_(torch.frombuffer(data, dtype=torch.uint8))
             pos += n
-    dst[pos] = ASSISTANT
-    pos += 1
+    if generation_prompt:
+        dst[pos] = ASSISTANT
+        pos += 1
     assert pos == needed
     return pos
 

@@ -1,0 +1,122 @@
+"""The hf backend's prompt format: the checkpoint's own chat template and fast tokenizer.
+
+The conversation (zccp.request.ChatInput, from either API) is rendered with
+tokenizer.apply_chat_template (system prompt, tools, tool calls and tool results as
+the template lays them out, the generation prompt), then encoded by the Rust
+tokenizer without adding special tokens (the template writes them): exactly what
+apply_chat_template(tokenize=True) gives, one string render and one encode.
+A final assistant message is continued, not closed (Anthropic's prefill).
+
+Detokenization is incremental (tokenizers' DecodeStream, primed with the prompt's
+last ids as vLLM does), so a character spread over several tokens is emitted whole;
+flush() releases what is still held at the end. Special tokens are kept out of the
+text, except the tool-call tags when they are special tokens: the tool parser needs
+them (with skip_special_tokens they would vanish).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+import torch
+
+from zccp.model.prompt import Detokenizer, Prompt, PromptFormat
+from zccp.model.tokenizer import PromptTooLong
+from zccp.request import ApiError
+from zccp.tools import END, START
+
+# Prompt ids a detokenizer is primed with (context for tokenizers that merge spaces).
+_PRIME = 8
+
+
+class HfDetokenizer:
+    __slots__ = ("_tok", "_stream", "_prime", "_ids", "_sent", "_hidden")
+
+    def __init__(self, tok: Any, prime: Sequence[int], hidden: frozenset[int]) -> None:
+        from tokenizers.decoders import DecodeStream
+
+        self._tok = tok                        # the Rust tokenizers.Tokenizer
+        self._prime = list(prime)
+        self._stream = DecodeStream(ids=self._prime, skip_special_tokens=False)
+        self._ids: list[int] = []
+        self._sent: list[str] = []
+        self._hidden = hidden
+
+    def step(self, token: int) -> str:
+        if token in self._hidden:
+            return ""
+        self._ids.append(token)
+        try:
+            text = self._stream.step(self._tok, token) or ""
+        except Exception:                      # an id the decoder cannot place: flush() settles it
+            text = ""
+        self._sent.append(text)
+        return text
+
+    def flush(self) -> str:
+        """The text the generated ids spell that was not streamed yet (a dangling
+        partial character becomes U+FFFD, as in a full decode)."""
+        head = self._tok.decode(self._prime, skip_special_tokens=False)
+        whole = self._tok.decode(self._prime + self._ids, skip_special_tokens=False)
+        sent = "".join(self._sent)
+        if not whole.startswith(head) or not whole[len(head):].startswith(sent):
+            return ""
+        return whole[len(head) + len(sent):]
+
+
+class HfChatFormat(PromptFormat):
+    def __init__(self, tokenizer: Any, model_name: str) -> None:
+        self._tok = tokenizer
+        self._rust = tokenizer.backend_tokenizer
+        self._model = model_name
+        tags = {START, END}
+        special = set(tokenizer.all_special_ids) | {
+            i for i, t in tokenizer.added_tokens_decoder.items() if getattr(t, "special", False)}
+        self._hidden = frozenset(i for i in special if tokenizer.convert_ids_to_tokens(i) not in tags)
+
+    def render(self, prompt: Prompt, generation_prompt: bool = True) -> str:
+        """The prompt text the chat template makes (ApiError: content the model cannot take,
+        or a conversation its template refuses)."""
+        chat = prompt.chat()
+        if chat.media:
+            field, kind = chat.media[0]
+            raise ApiError(400, "invalid_request_error",
+                           f"{field}: {kind} content is not supported: {self._model} is a text-only model",
+                           param=field)
+        extra: dict[str, Any] = {}
+        if chat.tools:
+            extra["tools"] = chat.tools
+            extra["tool_choice"] = chat.tool_choice
+        last = chat.messages[-1]["role"] if chat.messages else None
+        cont = generation_prompt and last == "assistant"      # continue the prefilled answer
+        try:
+            return self._tok.apply_chat_template(
+                chat.messages, tokenize=False, add_generation_prompt=generation_prompt and not cont,
+                continue_final_message=cont, **extra)
+        except Exception as exc:   # jinja2's TemplateError, or the template's raise_exception()
+            raise ApiError(400, "invalid_request_error",
+                           f"messages: the chat template of {self._model} refused this conversation: {exc}",
+                           param="messages") from None
+
+    def ids(self, prompt: Prompt, generation_prompt: bool = True) -> list[int]:
+        return self._rust.encode(self.render(prompt, generation_prompt), add_special_tokens=False).ids
+
+    def encode_into(self, prompt: Prompt, out: torch.Tensor, generation_prompt: bool = True) -> int:
+        ids = self.ids(prompt, generation_prompt)
+        n = len(ids)
+        if n > out.numel():
+            raise PromptTooLong(n, out.numel())
+        arr = np.asarray(ids, dtype=np.int32)
+        if out.device.type == "cpu":
+            out.numpy()[:n] = arr
+        else:
+            out[:n].copy_(torch.from_numpy(arr))
+        return n
+
+    def count(self, prompt: Prompt) -> int:
+        return len(self.ids(prompt))
+
+    def detokenizer(self, prompt_ids: Sequence[int]) -> Detokenizer:
+        return HfDetokenizer(self._rust, list(prompt_ids)[-_PRIME:], self._hidden)

@@ -1,0 +1,79 @@
+"""Choosing the next token from logits: every backend, every row of a batch.
+
+One Sampler per sequence (its own torch.Generator, so a seeded request draws the same
+tokens whatever else shares its batch); sample_rows() picks the next token of every
+row of a batched step, with one argmax for all the greedy rows.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+import torch
+
+from zccp.request import SamplingParams
+
+
+def check_sampling(params: SamplingParams) -> None:
+    """ValueError for parameters no sampler can apply (the API layers refuse them first)."""
+    if params.max_tokens < 0:
+        raise ValueError(f"max_tokens must be >= 0, got {params.max_tokens}")
+    if params.temperature < 0 or not math.isfinite(params.temperature):
+        raise ValueError(f"temperature must be a finite number >= 0, got {params.temperature}")
+    if params.top_k is not None and params.top_k < 1:
+        raise ValueError(f"top_k must be >= 1, got {params.top_k}")
+    if params.top_p is not None and not (0.0 < params.top_p <= 1.0):
+        raise ValueError(f"top_p must be in (0, 1], got {params.top_p}")
+
+
+class Sampler:
+    """temperature -> top_k -> top_p -> multinomial; argmax when temperature == 0."""
+
+    __slots__ = ("greedy", "temperature", "top_k", "top_p", "gen")
+
+    def __init__(self, params: SamplingParams, device: torch.device) -> None:
+        self.greedy = params.temperature == 0
+        self.temperature = params.temperature
+        self.top_k = params.top_k
+        self.top_p = params.top_p
+        self.gen: torch.Generator | None = None
+        if not self.greedy:
+            self.gen = torch.Generator(device=device)
+            if params.seed is not None:
+                self.gen.manual_seed(params.seed)
+            else:
+                self.gen.seed()
+
+    def __call__(self, logits: torch.Tensor) -> int:
+        """The next token from one row of logits (1-D)."""
+        if self.greedy:
+            return int(torch.argmax(logits))
+        logits = logits.float() / self.temperature
+        if self.top_k is not None and self.top_k < logits.numel():
+            kth = torch.topk(logits, self.top_k).values[-1]
+            logits = logits.masked_fill(logits < kth, float("-inf"))
+        probs = torch.softmax(logits, dim=-1)
+        if self.top_p is not None and self.top_p < 1.0:
+            sorted_probs, order = torch.sort(probs, descending=True)
+            # Drop a token when the tokens before it already cover top_p (keeps >= 1).
+            before = torch.cumsum(sorted_probs, dim=-1) - sorted_probs
+            sorted_probs = sorted_probs.masked_fill(before >= self.top_p, 0.0)
+            probs = torch.zeros_like(probs).scatter_(0, order, sorted_probs)
+        return int(torch.multinomial(probs, 1, generator=self.gen))
+
+
+def sample_rows(logits: torch.Tensor, samplers: Sequence[Sampler]) -> list[int]:
+    """The next token of every row of `logits` ([B, V]), row i by samplers[i]."""
+    greedy = [i for i, s in enumerate(samplers) if s.greedy]
+    out = [0] * len(samplers)
+    if greedy:
+        if len(greedy) == len(samplers):
+            return torch.argmax(logits, dim=-1).tolist()
+        picks = torch.argmax(logits[greedy], dim=-1).tolist()
+        for i, t in zip(greedy, picks):
+            out[i] = t
+    for i, s in enumerate(samplers):
+        if not s.greedy:
+            out[i] = s(logits[i])
+    return out

@@ -1,0 +1,58 @@
+"""The prefill plan (the design's "context sharding"): how many prompt tokens one
+forward may take, from the memory there is.
+
+On a GPU the chunk is sized from the device's free memory now
+(torch.cuda.mem_get_info: half of what is free), on the CPU from model.kv_cache_mb
+(an eighth of it: prefill activations live beside the KV cache the bound is for).
+A configured model.prefill_chunk caps it. Chunks are a multiple of the prefix block,
+so a prompt prefilled on top of reused blocks computes the same chunks as one that
+is not (zccp.model.base.ModelBackend.prefill_chunked). The plan a request got is
+X-ZCCP-Plan (meta.plan_chunks: 0 = one pass).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+# Activation bytes per token are an estimate; never plan chunks below this.
+MIN_CHUNK = 64
+MAX_CHUNK = 1 << 15
+
+
+@dataclass(frozen=True)
+class Planner:
+    device: torch.device
+    kv_budget_bytes: int
+    bytes_per_token: int      # activations + KV of one prefill token (the backend's estimate)
+    configured: int           # model.prefill_chunk: 0 = no cap
+    block: int                # chunks are a multiple of this
+
+    def chunk(self) -> int:
+        """Prompt tokens per prefill forward now."""
+        if self.device.type == "cuda":
+            free, _ = torch.cuda.mem_get_info(self.device)
+            budget = free // 2
+        else:
+            budget = self.kv_budget_bytes // 8
+        tokens = budget // max(self.bytes_per_token, 1)
+        tokens = max(MIN_CHUNK, min(MAX_CHUNK, tokens))
+        if self.configured:
+            tokens = min(tokens, self.configured)
+        return max(self.block, tokens // self.block * self.block)
+
+    @staticmethod
+    def chunk_end(pos: int, end: int, chunk: int) -> int:
+        """Where the chunk that starts at absolute position `pos` ends: the next multiple
+        of `chunk` (0: one pass), at most `end`."""
+        return end if chunk <= 0 else min(end, (pos // chunk + 1) * chunk)
+
+    @staticmethod
+    def chunks(start: int, end: int, chunk: int) -> int:
+        """Forwards to prefill positions [start, end) in chunks at multiples of `chunk`
+        (0: it is one pass)."""
+        if end - start <= 0:
+            return 0
+        n = (end - 1) // chunk - start // chunk + 1
+        return n if n > 1 else 0

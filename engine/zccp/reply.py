@@ -1,0 +1,163 @@
+"""One answer's output side, fed a token at a time by the batch scheduler.
+
+Generated ids -> zccp.generation.TextAssembler (detokenizer, stop sequences, tool
+calls) -> the API's stream encoder (SSE) or, at the end, its rendered JSON -> the
+slot's response ring. Writes never wait: what the ring cannot take yet stays in the
+writer (write_nowait) and `blocked` tells the scheduler to park this sequence until
+flush() has written it. The flow that made the reply keeps the endings: the log line
+and metrics of a finished answer, an abandoned slot, a failure.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import orjson
+
+from zccp.api.codec import ApiCodec, StreamEncoder
+from zccp.arena import SlotView
+from zccp.generation import TextAssembler
+from zccp.model.prompt import Detokenizer
+from zccp.request import Completed, GenerationRequest, GenerationResult, StopReason, TextDelta, ToolCall
+from zccp.response import ResponseWriter, SlotAbandoned
+from zccp.tools import HermesParser
+
+
+@dataclass(frozen=True)
+class Endings:
+    """How the owning flow ends a request: logged and counted, abandoned, or failed."""
+
+    log_done: Callable[[int, float, GenerationResult], None]
+    abandoned: Callable[[SlotAbandoned], None]
+    fail: Callable[[StreamEncoder | None], None]
+    verdict: Callable[[GenerationResult], None]      # the cache's say, before the final notice
+
+
+class SlotOutput:
+    """What every model answer does with its slot: write without waiting, finish once
+    everything is written, and end through the owning flow."""
+
+    def __init__(self, writer: ResponseWriter, endings: Endings, started: float) -> None:
+        self._writer = writer
+        self._endings = endings
+        self._started = started
+        self._result: GenerationResult | None = None      # set by end(): finish once flushed
+        self._finished = False
+
+    def kept(self, tokens: int) -> None:
+        pass
+
+    def flush(self) -> bool:
+        if not self._writer.flush_pending():
+            return False
+        if self._result is not None and not self._finished:
+            self._finished = True
+            self._endings.verdict(self._result)
+            self._writer.finish()
+            self._endings.log_done(200, self._started, self._result)
+        return True
+
+    @property
+    def blocked(self) -> bool:
+        return self._writer.pending > 0
+
+    def fail(self) -> None:
+        self._endings.fail(None)
+
+    def abandoned(self, exc: SlotAbandoned) -> None:
+        self._endings.abandoned(exc)
+
+
+class Reply(SlotOutput):
+    """A generation's answer: tokens in, the API's bytes out."""
+
+    def __init__(self, codec: ApiCodec, req: GenerationRequest, view: SlotView, writer: ResponseWriter,
+                 prompt_tokens: int, detok: Detokenizer, tool_calls: bool, endings: Endings,
+                 started: float) -> None:
+        super().__init__(writer, endings, started)
+        self._codec = codec
+        self._req = req
+        self._view = view
+        self._prompt_tokens = prompt_tokens
+        self._asm = TextAssembler(detok, req.sampling.stop, HermesParser() if tool_calls else None)
+        self._encoder: StreamEncoder | None = None
+        self._cached = 0
+        self._deltas: list[int] = []            # text delta lengths as streamed (cache replay)
+
+    def start(self, cached_tokens: int, plan_chunks: int) -> None:
+        self._cached = cached_tokens
+        self._view.meta.plan_chunks = plan_chunks          # X-ZCCP-Plan, sent with the first bytes
+        if self._req.stream:
+            self._encoder = self._codec.stream(self._req, self._codec.new_response_id(), int(time.time()),
+                                               self._prompt_tokens, cached_tokens)
+            self._writer.begin(200, sse=True)
+            self._writer.write_nowait(self._encoder.start())
+
+    def token(self, token: int) -> bool:
+        self._send(self._asm.feed(token))
+        return self._asm.stop_sequence is not None
+
+    def end(self, reason: StopReason, output_tokens: int) -> Completed:
+        self._send(self._asm.finish())
+        result = GenerationResult(
+            text=self._asm.text, stop_reason=self._asm.stop_reason(reason), stop_sequence=self._asm.stop_sequence,
+            input_tokens=self._prompt_tokens, output_tokens=output_tokens,
+            tool_calls=tuple(self._asm.tool_calls), cached_tokens=self._cached)
+        if self._encoder is not None:
+            self._writer.write_nowait(self._encoder.finish(result))
+        else:
+            self._writer.begin(200, sse=False)
+            self._writer.write_nowait(self._codec.render(self._req, result, self._codec.new_response_id(),
+                                                         int(time.time())))
+            self._deltas = [len(result.text)] if result.text else []
+        self._view.meta.completion_len = output_tokens
+        self._result = result
+        return Completed(result, tuple(self._deltas))
+
+    def fail(self) -> None:
+        self._endings.fail(self._encoder)
+
+    def _send(self, events: list[TextDelta | ToolCall]) -> None:
+        enc = self._encoder
+        if enc is None:
+            return
+        for ev in events:
+            if isinstance(ev, TextDelta):
+                if ev.text:
+                    self._deltas.append(len(ev.text))
+                    self._writer.write_nowait(enc.delta(ev))
+            else:
+                self._writer.write_nowait(enc.tool_call(ev))
+
+
+class WarmupReply(SlotOutput):
+    """POST /v1/zccp/warmup's answer: the prefix is prefilled and its blocks kept."""
+
+    def __init__(self, model: str, view: SlotView, writer: ResponseWriter, prompt_tokens: int,
+                 endings: Endings, started: float) -> None:
+        super().__init__(writer, endings, started)
+        self._model = model
+        self._view = view
+        self._prompt_tokens = prompt_tokens
+        self._reused = 0
+        self._kept = 0
+
+    def start(self, cached_tokens: int, plan_chunks: int) -> None:
+        self._reused = cached_tokens
+        self._view.meta.plan_chunks = plan_chunks
+
+    def kept(self, tokens: int) -> None:
+        self._kept = tokens
+
+    def token(self, token: int) -> bool:
+        raise AssertionError("a warm-up generates nothing")   # programmer error
+
+    def end(self, reason: StopReason, output_tokens: int) -> dict[str, int]:
+        body = {"type": "warmup", "model": self._model, "prompt_tokens": self._prompt_tokens,
+                "reused_tokens": self._reused, "cached_tokens": self._kept}
+        self._writer.begin(200, sse=False)
+        self._writer.write_nowait(orjson.dumps(body))
+        self._result = GenerationResult("", "end_turn", None, self._prompt_tokens, 0, cached_tokens=self._reused)
+        return body

@@ -1,0 +1,206 @@
+"""The hf backend on a checkpoint made on the fly: batched decoding equals decoding alone,
+chunked prefill equals one pass, prefix reuse changes no token, the detokenizer never
+splits a character, and a missing file is named at start-up."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+import threading
+
+import pytest
+import torch
+import yaml
+
+from zccp.config import ConfigError, parse_config
+from zccp.metrics import EngineMetrics
+from zccp.model.hf import HfBackend
+from zccp.planner import Planner
+from zccp.prefix_cache import PrefixCache
+from zccp.request import SamplingParams
+from zccp.scheduler import BatchLimits, BatchScheduler, Sequence
+
+
+@pytest.fixture(scope="module")
+def hf(hf_checkpoint):
+    return HfBackend(str(hf_checkpoint), "zccp-hf-test", prefill_chunk=0)
+
+
+def chat_ids(hf, text: str, system: str = "") -> torch.Tensor:
+    msgs = ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": text}]
+    ids = hf.prompt._tok.apply_chat_template(msgs, add_generation_prompt=True, tokenize=True, return_dict=False)
+    return torch.tensor(ids, dtype=torch.int32)
+
+
+def solo_logits(hf, ids, steps):
+    state = hf.new_state()
+    logits = hf.prefill_chunked(state, hf.check_prompt(ids), 0)
+    batch = hf.new_batch()
+    batch.join(state)
+    out = [logits]
+    for _ in range(steps):
+        logits = batch.decode([int(logits.argmax())])[0]
+        out.append(logits)
+    return out
+
+
+@torch.inference_mode()
+def test_batched_decode_equals_decoding_alone(hf):
+    prompts = [chat_ids(hf, t) for t in ("Hello world", "def add(a, b):\n    return a + b\n" * 3,
+                                         "日本語のテキスト", '{"name": "get_weather"}', "Emoji 😀")]
+    refs = [solo_logits(hf, p, 24) for p in prompts]
+    batch, rows, last, step = hf.new_batch(), [], {}, {}
+    joins = {0: [0, 1], 3: [2], 5: [3], 7: [4]}
+    worst, flips, checked = 0.0, 0, 0
+    for s in range(20):
+        for r in joins.get(s, []):
+            state = hf.new_state()
+            logits = hf.prefill_chunked(state, hf.check_prompt(prompts[r]), 0)
+            batch.join(state)
+            rows.append(r)
+            last[r], step[r] = int(logits.argmax()), 0
+        if s == 6:                                   # row of prompt 1 leaves
+            i = rows.index(1)
+            batch.leave([j for j in range(len(rows)) if j != i])
+            rows.pop(i)
+        if s == 9:                                   # prompt 0 is parked and joins again
+            i = rows.index(0)
+            parked = batch.park(i)
+            batch.leave([j for j in range(len(rows)) if j != i])
+            rows.pop(i)
+            batch.join(parked)
+            rows.append(0)
+        logits = batch.decode([last[r] for r in rows])
+        for i, r in enumerate(rows):
+            step[r] += 1
+            ref = refs[r][step[r]]
+            worst = max(worst, float((logits[i] - ref).abs().max()))
+            flips += int(logits[i].argmax()) != int(ref.argmax())
+            checked += 1
+            last[r] = int(logits[i].argmax())
+    assert checked > 60 and flips == 0
+    assert worst < 1e-3                              # float noise from other shapes, nothing more
+
+
+def test_chunked_prefill_equals_one_pass(hf):
+    ids = chat_ids(hf, "Shared memory slots carry the request body. " * 8)
+    single = hf.prefill_logits(ids)
+    for chunk in (7, 16, 64):
+        chunked = hf.prefill_logits(ids, chunk)
+        assert int(chunked.argmax()) == int(single.argmax())
+        assert float((chunked - single).abs().max()) < 1e-4
+
+
+def _generate(hf, prompts, prefix):
+    sched = BatchScheduler(hf, BatchLimits(8, 8, 256 << 20), Planner(torch.device("cpu"), 256 << 20, 1, 32, 16),
+                           prefix, EngineMetrics())
+    out: dict[int, list[int]] = {}
+    reused: dict[int, int] = {}
+    try:
+        for i, p in enumerate(prompts):          # one after the other: each can reuse the one before
+            done = threading.Event()
+            toks: list[int] = []
+
+            class S:
+                blocked = False
+
+                def start(self, cached, plan, i=i):
+                    reused[i] = cached
+
+                def kept(self, n):
+                    pass
+
+                def token(self, t, toks=toks):
+                    toks.append(t)
+                    return False
+
+                def end(self, reason, n):
+                    return n
+
+                def flush(self):
+                    return True
+
+                def fail(self):
+                    raise AssertionError("failed")
+
+                def abandoned(self, exc):
+                    raise AssertionError("abandoned")
+
+            sched.submit(Sequence(p, p.numpy(), SamplingParams(max_tokens=24, temperature=0), S(), lambda: False,
+                                  lambda v, done=done: done.set()))
+            assert done.wait(60)
+            out[i] = toks
+    finally:
+        sched.stop()
+    return out, reused
+
+
+def test_prefix_reuse_gives_token_identical_greedy_output(hf):
+    system = "You are a careful assistant for the shared memory pipeline. " * 10
+    prompts = [chat_ids(hf, q, system) for q in ("First question", "First question", "Another one entirely")]
+    with_cache, reused = _generate(hf, prompts, PrefixCache(64 << 20, 16, hf.identity))
+    without, none = _generate(hf, prompts, None)
+    assert reused[0] == 0 and reused[1] >= 100 and reused[2] >= 100 and set(none.values()) == {0}
+    assert with_cache == without
+
+
+class TestDetokenizer:
+    TEXTS = ["Emoji test 😀🎉👍🏽 done", "日本語のテキストです。中文文本，你好世界。", "Ελληνικά русский 𝄞 ∑"]
+
+    def test_characters_are_never_split(self, hf):
+        tok = hf.prompt._tok
+        for text in self.TEXTS:
+            ids = tok.encode(text, add_special_tokens=False)
+            det = hf.prompt.detokenizer(chat_ids(hf, "hi").tolist())
+            deltas = [det.step(i) for i in ids] + [det.flush()]
+            assert "".join(deltas) == text
+            assert not any("\ufffd" in d for d in deltas)
+
+    def test_tool_tags_survive_other_specials_do_not(self, hf):
+        tok = hf.prompt._tok
+        ids = tok.encode('a<tool_call>{"name": "f"}</tool_call><|im_start|>b', add_special_tokens=False)
+        det = hf.prompt.detokenizer([])
+        assert "".join(det.step(i) for i in ids) + det.flush() == 'a<tool_call>{"name": "f"}</tool_call>b'
+
+    def test_a_dangling_byte_is_flushed_as_a_replacement(self, hf):
+        tok = hf.prompt._tok
+        ids = tok.encode("ok 😀", add_special_tokens=False)
+        det = hf.prompt.detokenizer([])
+        streamed = "".join(det.step(i) for i in ids[:-1])
+        assert "\ufffd" not in streamed and det.flush().endswith("\ufffd")
+
+
+def test_hf_backend_needs_a_path():
+    with pytest.raises(ConfigError, match="model.path: required"):
+        parse_config({"model": {"backend": "hf"}}, "c.yaml")
+    with pytest.raises(ConfigError, match="model.dtype"):
+        parse_config({"model": {"backend": "hf", "path": "/x", "dtype": "int8"}}, "c.yaml")
+
+
+def test_a_missing_checkpoint_file_is_named(hf_checkpoint, tmp_path):
+    broken = tmp_path / "ckpt"
+    shutil.copytree(hf_checkpoint, broken)
+    (broken / "tokenizer.json").unlink()
+    cfg = tmp_path / "config.yaml"
+    cfg.write_text(yaml.safe_dump({"model": {"backend": "hf", "path": str(broken)}}))
+    r = subprocess.run([sys.executable, "-m", "zccp.cli", "engine", "--config", str(cfg), "--check"],
+                       capture_output=True, text=True)
+    assert r.returncode == 2
+    assert "model.path" in r.stderr and str(broken / "tokenizer.json") in r.stderr
+    with pytest.raises(ValueError, match="tokenizer.json: missing"):
+        HfBackend(str(broken), "x")
+    ok = tmp_path / "ok.yaml"
+    ok.write_text(yaml.safe_dump({"model": {"backend": "hf", "path": str(hf_checkpoint)}}))
+    r = subprocess.run([sys.executable, "-m", "zccp.cli", "engine", "--config", str(ok), "--check"],
+                       capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+
+
+def test_dtype_is_applied(hf_checkpoint):
+    b = HfBackend(str(hf_checkpoint), "x", dtype="bfloat16")
+    assert b.dtype == torch.bfloat16 and b.kv_bytes_per_token == hf_kv_bytes(hf_checkpoint) // 2
+
+
+def hf_kv_bytes(path) -> int:
+    return HfBackend(str(path), "x", dtype="float32").kv_bytes_per_token

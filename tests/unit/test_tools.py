@@ -1,0 +1,80 @@
+"""The hermes tool-call parser: the same calls and text whatever way the output is cut."""
+
+from __future__ import annotations
+
+import json
+import random
+
+import pytest
+
+from zccp.generation import TextAssembler
+from zccp.model.prompt import BYTE_FORMAT
+from zccp.request import TextDelta, ToolCall
+from zccp.tools import HermesParser
+
+
+def parse(text: str, pieces: list[str] | None = None) -> tuple[str, list[tuple[str, dict]]]:
+    p = HermesParser()
+    events = []
+    for piece in pieces if pieces is not None else [text]:
+        events += p.feed(piece)
+    events += p.finish()
+    out = "".join(e.text for e in events if isinstance(e, TextDelta))
+    calls = [(e.name, json.loads(e.arguments)) for e in events if isinstance(e, ToolCall)]
+    return out, calls
+
+
+def cuts(text: str, seed: int) -> list[str]:
+    rng = random.Random(seed)
+    out, i = [], 0
+    while i < len(text):
+        n = rng.randint(1, 7)
+        out.append(text[i:i + n])
+        i += n
+    return out
+
+
+CASES = [
+    ("plain text, no calls", "Hello <b>there</b> a < b and <tool_ is not a tag", "Hello <b>there</b> a < b and <tool_ is not a tag", []),
+    ("text then a call", 'Let me look. <tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris \U0001f600"}}\n</tool_call>',
+     "Let me look. ", [("get_weather", {"city": "Paris \U0001f600"})]),
+    ("a closing tag inside a string", '<tool_call>{"name": "w", "arguments": {"s": "</tool_call> x"}}</tool_call>'
+     '<tool_call>{"name": "t", "arguments": {}}</tool_call> after', " after",
+     [("w", {"s": "</tool_call> x"}), ("t", {})]),
+    ("arguments as a JSON string", '<tool_call>{"name": "f", "arguments": "{\\"a\\": 1}"}</tool_call>', "", [("f", {"a": 1})]),
+    ("no name is text", '<tool_call>{"arguments": {}}</tool_call>', '<tool_call>{"arguments": {}}</tool_call>', []),
+    ("bad JSON is text", "<tool_call>{not json}</tool_call> ok", "<tool_call>{not json}</tool_call> ok", []),
+    ("cut off at the end is text", '<tool_call>{"name": "f", "argu', '<tool_call>{"name": "f", "argu', []),
+    ("closed by the end of output", '<tool_call>{"name": "f", "arguments": {"x": [1, 2]}}', "", [("f", {"x": [1, 2]})]),
+    ("held-back partial tag released", "ends with <tool_c", "ends with <tool_c", []),
+]
+
+
+@pytest.mark.parametrize("name,text,want_text,want_calls", CASES, ids=[c[0] for c in CASES])
+def test_same_result_however_the_text_is_cut(name, text, want_text, want_calls):
+    assert parse(text) == (want_text, want_calls)
+    assert parse(text, list(text)) == (want_text, want_calls)
+    for seed in range(5):
+        assert parse(text, cuts(text, seed)) == (want_text, want_calls)
+
+
+def test_nothing_that_could_start_a_tag_is_released_early():
+    p = HermesParser()
+    assert p.feed("abc <tool") == [TextDelta("abc ")]
+    assert p.feed("_call>") == []
+    assert p.feed('{"name": "f", "arguments": {}}') == []
+    assert p.feed("</tool_call>") == [ToolCall("f", "{}")]
+
+
+def test_assembler_applies_stop_sequences_before_parsing():
+    ids = list('hi <tool_call>{"name": "f", "arguments": {}}</tool_call> END more'.encode())
+    asm = TextAssembler(BYTE_FORMAT.detokenizer(()), ("END",), HermesParser())
+    events = []
+    for t in ids:
+        events += asm.feed(t)
+        if asm.stop_sequence:
+            break
+    events += asm.finish()
+    assert asm.text == "hi  " and asm.tool_calls == [ToolCall("f", "{}")]
+    assert asm.stop_reason("end_turn") == "tool_use" and asm.stop_sequence == "END"
+    assert asm.stop_reason("max_tokens") == "tool_use"  # the stop sequence ended it, not max_tokens
