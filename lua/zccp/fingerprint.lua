@@ -17,6 +17,8 @@
 --   r.masked     true when a mask pattern changed some text
 --   r.end_user   metadata.user_id (anthropic) / user (openai) when a string: not part of
 --                the fingerprint, a tenant source (zccp.tenant)
+--   r.stream, r.include_usage   "stream": true, and OpenAI's stream_options.include_usage:
+--                not part of the fingerprint, but the answer shows them (zccp.l1)
 --
 -- Bounded work: bodies above decode_limit (64 KiB) are not decoded here
 -- (nil, "body too large to fingerprint": the engine computes the same fingerprint),
@@ -113,6 +115,8 @@ function _M.compute(api, body, debug, limit)
     if not doc then
         return nil, err
     end
+    local opts = doc.stream_options
+    local stream, include_usage = doc.stream == true, type(opts) == "table" and opts.include_usage == true
     if not masks then
         masks = require "zccp.masks"
     end
@@ -149,6 +153,8 @@ function _M.compute(api, body, debug, limit)
         tokens = 0,
         masked = masked,
         end_user = end_user(api, doc),
+        stream = stream,
+        include_usage = include_usage,
     }
     -- §3-§5: the CSF of a text-only final user turn
     local tp, tlen = prompt.final_turn(PBUF, doc)

@@ -14,6 +14,7 @@ local relay = require "zccp.relay"
 local settings = require "zccp.settings"
 local tenant = require "zccp.tenant"
 local masks = require "zccp.masks"
+local l1 = require "zccp.l1"
 
 local ngx = ngx
 local ngx_var = ngx.var
@@ -132,8 +133,9 @@ local function write_ids(req, rid)
 end
 
 -- Fill the claimed slot and mark it READY. Returns the generation rung with.
--- extra: nil, or { kind = enum zccp_request_kind, tenant = 32-byte digest }; rid: X-Request-ID.
-local function fill_slot(a, i, body, flags, timeout_ms, fp, extra, rid)
+-- extra: nil, or { kind = enum zccp_request_kind, tenant = 32-byte digest }; rid: X-Request-ID;
+-- digest: SHA-256 of the body when already computed (zccp.l1), else nil.
+local function fill_slot(a, i, body, flags, timeout_ms, fp, extra, rid, digest)
     local C = abi.C
     local h, meta = a:header(i), a:meta(i)
     if h.magic ~= C.ZCCP_SLOT_MAGIC or h.payload_cap ~= a.payload_cap or h.response_cap ~= a.response_cap then
@@ -147,9 +149,13 @@ local function fill_slot(a, i, body, flags, timeout_ms, fp, extra, rid)
     local dst = a:payload_ptr(i)
     ffi_copy(dst, body, n)
     h.payload_len = n
-    local ok, err = sha256.digest_into(dst, n, h.sha256)
-    if not ok then
-        return nil, err
+    if digest then
+        ffi_copy(h.sha256, digest, 32)
+    else
+        local ok, err = sha256.digest_into(dst, n, h.sha256)
+        if not ok then
+            return nil, err
+        end
     end
     ffi_copy(h.context_id, h.sha256, 8)
     h.status, h.response_len, h.response_acked, h.tokens_len, h.csf_key = 0, 0, 0, 0, 0
@@ -188,13 +194,13 @@ local function release(slot)
 end
 
 -- Claims a slot of arena `a` and fills it: the slot record, or nil, status, kind, message.
-local function claim_and_fill(a, body, flags, fp, extra, rid)
+local function claim_and_fill(a, body, flags, fp, extra, rid, digest)
     local s = settings.get()
     local i = slots.claim(a)
     if not i then
         return nil, 429, "rate_limit_error", "all " .. a.slot_count .. " slots are busy; retry shortly"
     end
-    local gen, ferr = fill_slot(a, i, body, flags, s.request_timeout_ms, fp, extra, rid)
+    local gen, ferr = fill_slot(a, i, body, flags, s.request_timeout_ms, fp, extra, rid, digest)
     if not gen then
         slots.release(a, i)
         ngx_log(ngx_ERR, "zccp: ", ferr)
@@ -274,7 +280,8 @@ end
 -- the request is answered. state.slot is set while a slot is held, so that serve()
 -- can free it if anything here raises.
 local function attempt(api, a, body, flags, deadline, state, fp, extra)
-    local slot, code, kind, msg = claim_and_fill(a, body, flags, fp, extra, state.request_id)
+    local slot, code, kind, msg = claim_and_fill(a, body, flags, fp, extra, state.request_id,
+                                                 state.l1 and state.l1.digest)
     if not slot then
         return errors.send(api, code, kind, msg, RETRY_AFTER)
     end
@@ -287,6 +294,12 @@ local function attempt(api, a, body, flags, deadline, state, fp, extra)
         return errors.send(api, 503, "overloaded_error", rerr, RETRY_AFTER)
     end
     local outcome, r = relay.run(slot, state, deadline)
+    if outcome == "done" and state.l1 then
+        local ok, err = pcall(l1.keep, api, state.l1, a:meta(slot.index), r)
+        if not ok then
+            ngx_log(ngx_ERR, "zccp: L1 store failed: ", err)
+        end
+    end
     hang_up(slot, outcome == "done")
     release(slot)
     state.slot = nil
@@ -357,10 +370,21 @@ function _M.serve(api, kind)
     local fp, extra
     if kind then
         extra = { kind = abi.C[kind_name] }
+        if kind == "purge" then
+            l1.purge()   -- before the engine purges Redis, and again after (below)
+        end
     else
         fp = fingerprint.compute(api, body)
         local t = tenant.digest(fp)
         extra = t and { tenant = t }
+        -- L1 (zccp.l1): an exact hit is answered here; otherwise the engine's answer may be kept.
+        local k = l1.key(api, body, fp, t, flags)
+        if k then
+            if l1.serve(api, k) then
+                return
+            end
+            state.l1, state.keep = k, l1.max_entry(k)
+        end
     end
 
     for _ = 1, MAX_ATTEMPTS do
@@ -374,6 +398,9 @@ function _M.serve(api, kind)
                 "request body of " .. #body .. " bytes exceeds the slot capacity of " .. a.payload_cap .. " bytes")
         end
         local ok, res = pcall(attempt, api, a, body, flags, deadline, state, fp, extra)
+        if kind == "purge" then
+            l1.purge()   -- what was relayed from Redis while it was purged is gone too
+        end
         if not ok then
             -- A bug must not leak a slot or a doorbell connection.
             ngx_log(ngx_ERR, "zccp: request failed: ", res)
@@ -395,6 +422,23 @@ function _M.serve(api, kind)
         arena_mod.refresh()
     end
     return errors.send(api, 503, "overloaded_error", "engine restarted; retry", RETRY_AFTER)
+end
+
+-- POST /v1/zccp/l1/purge (loopback only, like the purge): empties this nginx's L1 and
+-- nothing else; `zccp-cache purge` calls it after purging Redis (docs/cache.md).
+function _M.purge_l1()
+    ngx_header["X-Request-ID"] = ngx_var.zccp_request_id
+    if not LOOPBACK[ngx_var.realip_remote_addr or ngx_var.remote_addr] then
+        return errors.send("anthropic", 403, "permission_error", "this endpoint answers loopback clients only")
+    end
+    local method = ngx.req.get_method()
+    if method ~= "POST" then
+        return errors.send("anthropic", 405, "invalid_request_error", "method " .. method .. " not allowed; use POST",
+            { Allow = "POST" })
+    end
+    l1.purge()
+    ngx_header["Content-Type"] = "application/json"
+    ngx_print('{"purged_l1":true}')
 end
 
 -- GET /v1/models (and /v1/models/{id}): Anthropic's shape when the client says
