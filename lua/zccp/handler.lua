@@ -374,7 +374,7 @@ function _M.serve(api, kind)
             l1.purge()   -- before the engine purges Redis, and again after (below)
         end
     else
-        fp = fingerprint.compute(api, body)
+        fp = fingerprint.keys(api, body)
         local t = tenant.digest(fp)
         extra = t and { tenant = t }
         -- L1 (zccp.l1): an exact hit is answered here; otherwise the engine's answer may be kept.
@@ -384,6 +384,9 @@ function _M.serve(api, kind)
                 return
             end
             state.l1, state.keep = k, l1.max_entry(k)
+        end
+        if fp then
+            fingerprint.complete(fp)   -- the near-duplicate part: only the engine needs it
         end
     end
 
