@@ -10,7 +10,6 @@ import signal
 import threading
 import time
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
@@ -39,21 +38,28 @@ from zccp.scheduler import BatchLimits, BatchScheduler
 log = logging.getLogger("zccp.engine")
 
 
-@dataclass(eq=False)
 class Job:
-    conn: Connection
-    view: SlotView
-    generation: int
-    cancel: threading.Event = field(default_factory=threading.Event)
+    """One ring being answered. cancel() may come from the loop or the sweeper; the model
+    thread reads cancelled() (a flag: a plain attribute is enough under the GIL)."""
+
+    __slots__ = ("conn", "view", "generation", "_cancelled")
+
+    def __init__(self, conn: Connection, view: SlotView, generation: int) -> None:
+        self.conn = conn
+        self.view = view
+        self.generation = generation
+        self._cancelled = False
+
+    def cancel(self) -> None:
+        self._cancelled = True
 
     def cancelled(self) -> bool:
-        if self.cancel.is_set():
+        if self._cancelled:
             return True
         deadline = self.view.header.deadline_ns
         if deadline and time.time_ns() > deadline:
-            self.cancel.set()
-            return True
-        return False
+            self._cancelled = True
+        return self._cancelled
 
 
 def model_thread(m: ModelConfig, backend: ModelBackend, metrics: EngineMetrics) -> BatchScheduler:
@@ -157,7 +163,7 @@ class Engine:
                 return self._reject(conn, ring, 409, "slot rung twice at the same generation")
             # nginx re-claimed the slot (the previous job's final notice went out, or
             # nginx gave up on it) before that job was dropped here: it is over.
-            prev.cancel.set()
+            prev.cancel()
         try:
             self.arena.validate(view)
         except SlotError as exc:
@@ -170,7 +176,7 @@ class Engine:
 
     def _on_close(self, conn: Connection) -> None:
         for job in list(conn.jobs):
-            job.cancel.set()  # the client side went away: stop generating
+            job.cancel()  # the client side went away: stop generating
 
     # -- one job ---------------------------------------------------------------------------
 
@@ -247,7 +253,7 @@ class Engine:
                 continue
             job = self._jobs.get(view.index)
             if job is not None:
-                job.cancel.set()
+                job.cancel()
             log.warning("sweeper: slot in state %d reset: %s", h.state, why,
                         extra={"slot": view.index, "generation": int(h.generation)})
             h.state = State.FREE
@@ -294,7 +300,7 @@ class Engine:
             sweeper.cancel()
             self.arena.set_engine_state(EngineState.STOPPING)
             for job in list(self._jobs.values()):
-                job.cancel.set()
+                job.cancel()
             await self.doorbell.stop()
             await self.metrics_server.stop()
             if self.cache is not None:

@@ -244,10 +244,8 @@ class RequestFlow:
 
     def _answer_error(self, err: ApiError, started: float) -> None:
         """A client error, API-shaped, through the slot (raises SlotAbandoned)."""
-        writer, codec = self.ctx.writer, self.codec
-        writer.begin(codec.http_status(err), sse=False)
-        writer.write(codec.render_error(err))
-        writer.finish()
+        codec = self.codec
+        self.ctx.writer.answer(codec.http_status(err), False, codec.render_error(err))
         self._log_done(codec.http_status(err), started)
 
     def _parse_and_tokenize(self) -> tuple[GenerationRequest, torch.Tensor, dict[str, Any]]:
@@ -285,11 +283,9 @@ class RequestFlow:
                     result = ev
             if result is None:
                 raise SlotAbandoned("generation stopped without a result")
-            writer.begin(200, sse=False)
-            writer.write(codec.render(req, result, codec.new_response_id(), int(time.time())))
             ctx.view.meta.completion_len = result.output_tokens
             self._verdict(prep, result)
-            writer.finish()
+            writer.answer(200, False, codec.render(req, result, codec.new_response_id(), int(time.time())))
             self._log_done(200, prep.started, result)
             return Completed(result, (len(result.text),) if result.text else ())
         except SlotAbandoned as exc:
@@ -316,13 +312,11 @@ class RequestFlow:
                     parts.append(enc.delta(TextDelta(answer.text[pos : pos + n])))
                     pos += n
                 parts.append(enc.finish(result))
-                writer.begin(200, sse=True)
-                writer.write(b"".join(parts))
+                data, sse = b"".join(parts), True
             else:
-                writer.begin(200, sse=False)
-                writer.write(codec.render(req, result, rid, created))
+                data, sse = codec.render(req, result, rid, created), False
             self.ctx.view.meta.completion_len = result.output_tokens
-            writer.finish()
+            writer.answer(200, sse, data)
             self._log_done(200, prep.started, result)
         except SlotAbandoned as exc:
             self._abandoned(exc)

@@ -114,7 +114,8 @@ class MetricsServer:
     async def start(self) -> None:
         from zccp.doorbell import start_private_unix_server
 
-        self._server = await start_private_unix_server(self.path, self._serve, self._group)
+        self._server = await start_private_unix_server(
+            self.path, self._group, lambda path: asyncio.start_unix_server(self._serve, path=path, backlog=1024))
 
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         writer.write(self._metrics.render().encode())
