@@ -14,6 +14,7 @@ local relay = require "zccp.relay"
 local settings = require "zccp.settings"
 local tenant = require "zccp.tenant"
 local masks = require "zccp.masks"
+local body_mod = require "zccp.body"
 
 local ngx = ngx
 local ngx_var = ngx.var
@@ -26,6 +27,7 @@ local ngx_ERR = ngx.ERR
 local ngx_WARN = ngx.WARN
 local ffi_copy = ffi.copy
 local ffi_fill = ffi.fill
+local ffi_string = ffi.string
 local str_format = string.format
 local str_find = string.find
 local str_lower = string.lower
@@ -51,26 +53,6 @@ end
 local function is_json(ct)
     ct = str_lower(ct)   -- media types are case-insensitive
     return str_find(ct, "^%s*application/json") or str_find(ct, "^%s*application/[%w.-]+%+json")
-end
-
--- Read the body; returns it as a string or nil, status, kind, message.
-local function read_body(cap)
-    ngx.req.read_body()
-    local body = ngx.req.get_body_data()
-    if not body then
-        if ngx.req.get_body_file() then
-            return nil, 413, "request_too_large", "request body exceeds the in-memory body buffer"
-        end
-        return nil, 400, "invalid_request_error", "request body is empty; expected a JSON object"
-    end
-    local n = #body
-    if n == 0 then
-        return nil, 400, "invalid_request_error", "request body is empty; expected a JSON object"
-    end
-    if n > cap then
-        return nil, 413, "request_too_large", "request body of " .. n .. " bytes exceeds " .. cap .. " bytes"
-    end
-    return body
 end
 
 local function cache_flags()
@@ -131,9 +113,11 @@ local function write_ids(req, rid)
     return C.ZCCP_FLAG_MASK_DIGEST
 end
 
--- Fill the claimed slot and mark it READY. Returns the generation rung with.
+-- Fill the claimed slot and mark it READY. Returns the generation rung with, or nil,
+-- message[, status, kind] (a status when the client's body failed, not the arena).
+-- src: { body = string } or { len = n, deadline = t } (streamed from the client socket);
 -- extra: nil, or { kind = enum zccp_request_kind, tenant = 32-byte digest }; rid: X-Request-ID.
-local function fill_slot(a, i, body, flags, timeout_ms, fp, extra, rid)
+local function fill_slot(a, i, src, flags, timeout_ms, fp, extra, rid)
     local C = abi.C
     local h, meta = a:header(i), a:meta(i)
     if h.magic ~= C.ZCCP_SLOT_MAGIC or h.payload_cap ~= a.payload_cap or h.response_cap ~= a.response_cap then
@@ -143,9 +127,21 @@ local function fill_slot(a, i, body, flags, timeout_ms, fp, extra, rid)
     h.generation = gen
     h.state = C.ZCCP_STATE_WRITING
     h.owner_pid = ngx.worker.pid()
-    local n = #body
+    local now = libc.now_ns()
+    h.timestamp_ns = now   -- the sweeper leaves a slot alone until its deadline, upload included
+    h.deadline_ns = now + timeout_ms * 1000000ULL
     local dst = a:payload_ptr(i)
-    ffi_copy(dst, body, n)
+    local body, n = src.body, nil
+    if body then
+        n = #body
+        ffi_copy(dst, body, n)
+    else
+        n = src.len
+        local ok, status, kind, msg = body_mod.receive_into(dst, n, src.deadline)
+        if not ok then
+            return nil, msg, status or 499, kind
+        end
+    end
     h.payload_len = n
     local ok, err = sha256.digest_into(dst, n, h.sha256)
     if not ok then
@@ -171,9 +167,6 @@ local function fill_slot(a, i, body, flags, timeout_ms, fp, extra, rid)
     meta.prompt_len, meta.completion_len, meta.cache_status = 0, 0, 0
     meta.similarity_ppm, meta.age_s, meta.plan_chunks, meta.error_code = 0, 0, 0, 0
     meta.cache_ttl_s, meta.cache_scope, meta.cache_reason = 0, 0, 0
-    local now = libc.now_ns()
-    h.timestamp_ns = now
-    h.deadline_ns = now + timeout_ms * 1000000ULL
     h.state = C.ZCCP_STATE_READY
     return gen
 end
@@ -188,15 +181,22 @@ local function release(slot)
 end
 
 -- Claims a slot of arena `a` and fills it: the slot record, or nil, status, kind, message.
-local function claim_and_fill(a, body, flags, fp, extra, rid)
+local function claim_and_fill(a, src, flags, fp, extra, rid)
     local s = settings.get()
     local i = slots.claim(a)
     if not i then
         return nil, 429, "rate_limit_error", "all " .. a.slot_count .. " slots are busy; retry shortly"
     end
-    local gen, ferr = fill_slot(a, i, body, flags, s.request_timeout_ms, fp, extra, rid)
+    local gen, ferr, status, kind = fill_slot(a, i, src, flags, s.request_timeout_ms, fp, extra, rid)
     if not gen then
+        local h = a:header(i)
+        if h.state == abi.C.ZCCP_STATE_WRITING then
+            h.state = abi.C.ZCCP_STATE_FREE
+        end
         slots.release(a, i)
+        if status then   -- the client's body, not the arena
+            return nil, status, kind, ferr
+        end
         ngx_log(ngx_ERR, "zccp: ", ferr)
         return nil, 503, "overloaded_error", "engine arena unusable: " .. ferr
     end
@@ -273,10 +273,13 @@ end
 -- "retry" when the engine behind the arena changed under us (stale ring); otherwise
 -- the request is answered. state.slot is set while a slot is held, so that serve()
 -- can free it if anything here raises.
-local function attempt(api, a, body, flags, deadline, state, fp, extra)
-    local slot, code, kind, msg = claim_and_fill(a, body, flags, fp, extra, state.request_id)
+local function attempt(api, a, src, flags, deadline, state, fp, extra)
+    local slot, code, kind, msg = claim_and_fill(a, src, flags, fp, extra, state.request_id)
     if not slot then
-        return errors.send(api, code, kind, msg, RETRY_AFTER)
+        if code == 499 then
+            return   -- the client left during its upload: nobody to answer
+        end
+        return errors.send(api, code, kind, msg, code == 429 and RETRY_AFTER or nil)
     end
     state.slot = slot
     local ok, rerr = ring(slot)
@@ -287,6 +290,10 @@ local function attempt(api, a, body, flags, deadline, state, fp, extra)
         return errors.send(api, 503, "overloaded_error", rerr, RETRY_AFTER)
     end
     local outcome, r = relay.run(slot, state, deadline)
+    if outcome == "retry" and not src.body then
+        -- the streamed body exists only in this slot: keep it for the next attempt
+        src.body = ffi_string(a:payload_ptr(slot.index), src.len)
+    end
     hang_up(slot, outcome == "done")
     release(slot)
     state.slot = nil
@@ -340,25 +347,30 @@ function _M.serve(api, kind)
     local state = { aborted = false, request_id = rid }
     ngx.on_abort(function() state.aborted = true end)
 
+    local deadline = ngx_now() + s.request_timeout_ms / 1000
     local body, code, err_kind, msg
+    local src   -- { body = string } or { len = n, deadline = t }: see fill_slot
     if kind == "models" then
         body = ngx_var.zccp_model_id or ""     -- GET /v1/models/{id}: the id is the payload
+    elseif body_mod.streamable(len, fingerprint.DECODE_LIMIT) then
+        src = { len = len, deadline = deadline }   -- read later, straight into the slot
     else
-        body, code, err_kind, msg = read_body(s.max_body)
+        body, code, err_kind, msg = body_mod.read(s.max_body)
         if not body then
             return errors.send(api, code, err_kind, msg)
         end
     end
+    src = src or { body = body }
+    local body_len = body and #body or len
     local flags = kind and 0 or cache_flags()
     if api == "openai" then
         flags = flags + abi.C.ZCCP_FLAG_API_OPENAI
     end
-    local deadline = ngx_now() + s.request_timeout_ms / 1000
     local fp, extra
     if kind then
         extra = { kind = abi.C[kind_name] }
     else
-        fp = fingerprint.compute(api, body)
+        fp = body and fingerprint.compute(api, body)   -- a streamed body is the engine's to fingerprint
         local t = tenant.digest(fp)
         extra = t and { tenant = t }
     end
@@ -368,12 +380,12 @@ function _M.serve(api, kind)
         if not a then
             return errors.send(api, 503, "overloaded_error", err, RETRY_AFTER)
         end
-        if #body > a.payload_cap then
+        if body_len > a.payload_cap then
             a:release()
             return errors.send(api, 413, "request_too_large",
-                "request body of " .. #body .. " bytes exceeds the slot capacity of " .. a.payload_cap .. " bytes")
+                "request body of " .. body_len .. " bytes exceeds the slot capacity of " .. a.payload_cap .. " bytes")
         end
-        local ok, res = pcall(attempt, api, a, body, flags, deadline, state, fp, extra)
+        local ok, res = pcall(attempt, api, a, src, flags, deadline, state, fp, extra)
         if not ok then
             -- A bug must not leak a slot or a doorbell connection.
             ngx_log(ngx_ERR, "zccp: request failed: ", res)
