@@ -18,6 +18,7 @@ from zccp.abi import REQUEST_ID_MAX, EngineState, Kind, Op, SlotLayout, State, f
 from zccp.api.codec import ModelInfo
 from zccp.api.common import ParseLimits
 from zccp.arena import Arena, SlotError, SlotView
+from zccp.cache.inflight import InFlight
 from zccp.cache.masks import MaskSource
 from zccp.cache.purge import PurgeFlow
 from zccp.cache.store import ResponseCache
@@ -133,6 +134,8 @@ class Engine:
             call_soon=self._call_soon,
             tool_parser=cfg.model.tool_parser,
             request_log=RequestLog(defer=self._after_this_turn),
+            inflight=InFlight() if cfg.cache.enabled and cfg.cache.coalesce_wait_ms else None,
+            coalesce_wait_s=cfg.cache.coalesce_wait_ms / 1000,
         )
         self.metrics_server = MetricsServer(cfg.server.socket_path + ".metrics", self.metrics, cfg.shared_memory.group)
 
