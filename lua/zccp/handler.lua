@@ -2,6 +2,7 @@
 -- copy, ring the engine, then relay the response it commits into the slot
 -- (zccp.relay). Every path releases the slot and the arena reference.
 local ffi = require "ffi"
+local bit = require "bit"
 local abi = require "zccp.abi"
 local arena_mod = require "zccp.arena"
 local slots = require "zccp.slots"
@@ -42,10 +43,15 @@ local POLL_MS = 250     -- how often a waiting request checks its deadline and t
 local MAX_ATTEMPTS = 2  -- a ring rejected as stale after an engine restart is retried once
 local RETRY_AFTER = { ["Retry-After"] = "1" }
 
+local HEX = {}   -- byte -> two hex digits, made once
+for b = 0, 255 do
+    HEX[b] = str_format("%02x", b)
+end
+
 local function hex(ptr, n)
     local t = {}
     for k = 0, n - 1 do
-        t[k + 1] = str_format("%02x", ptr[k])
+        t[k + 1] = HEX[ptr[k]]
     end
     return concat(t)
 end
@@ -370,7 +376,10 @@ function _M.serve(api, kind)
     if kind then
         extra = { kind = abi.C[kind_name] }
     else
-        fp = body and fingerprint.compute(api, body)   -- a streamed body is the engine's to fingerprint
+        -- A streamed body is the engine's to fingerprint; a request that neither reads nor
+        -- writes the cache (no-cache + no-store) needs no keys at all.
+        local bypass = abi.C.ZCCP_FLAG_NO_CACHE + abi.C.ZCCP_FLAG_NO_STORE
+        fp = body and bit.band(flags, bypass) ~= bypass and fingerprint.compute(api, body) or nil
         local t = tenant.digest(fp)
         extra = t and { tenant = t }
     end
