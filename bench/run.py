@@ -165,7 +165,7 @@ def run_matrix(args: argparse.Namespace, run_dir: Path, files: dict[str, Path], 
 # --- py-spy on the engine -----------------------------------------------------------------
 
 def profile_engine(v: Variant, files: dict[str, Path], args: argparse.Namespace) -> dict:
-    exe = shutil.which("py-spy")
+    exe = shutil.which("py-spy") or shutil.which("py-spy", path=str(Path(sys.executable).parent))   # the venv's
     if not exe:
         return {"skipped": "py-spy not installed"}
     out = {}

@@ -7,6 +7,7 @@ promises (ZCCP_*_SIZE) are asserted at import time.
 
 from __future__ import annotations
 
+import struct
 from dataclasses import dataclass
 
 import cffi
@@ -61,6 +62,28 @@ if ffi.sizeof("struct zccp_slot_signature") != 4 * MINHASH_COUNT:
     raise ImportError("ABI mismatch: signature size != 4 * ZCCP_MINHASH_COUNT")
 if ffi.sizeof(ffi.typeof("struct zccp_slot_request").fields[2][1].type) != REQUEST_ID_MAX:
     raise ImportError("ABI mismatch: request.request_id must hold ZCCP_REQUEST_ID_MAX bytes")
+
+
+_STRUCT_CODES = {"uint8_t": "B", "int32_t": "i", "uint32_t": "I", "int64_t": "q", "uint64_t": "Q"}
+
+
+def packer(name: str) -> struct.Struct:
+    """A struct.Struct for `struct <name>` (scalar fields only: the doorbell frames), derived
+    from the header's layout as cffi computed it, padding included: packing a frame costs a
+    fraction of building it through cffi, and nothing restates the layout."""
+    t = ffi.typeof(f"struct {name}")
+    fmt, pos = "=", 0
+    for _, f in t.fields:
+        if f.offset > pos:
+            fmt += f"{f.offset - pos}x"
+        fmt += _STRUCT_CODES[f.type.cname]
+        pos = f.offset + ffi.sizeof(f.type)
+    if ffi.sizeof(t) > pos:
+        fmt += f"{ffi.sizeof(t) - pos}x"
+    out = struct.Struct(fmt)
+    if out.size != ffi.sizeof(t):  # pragma: no cover - a field type missing from _STRUCT_CODES
+        raise ImportError(f"ABI: struct {name} does not pack as laid out")
+    return out
 
 
 def _enum(name: str, prefix: str) -> type:

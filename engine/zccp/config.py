@@ -61,6 +61,9 @@ class CacheConfig:
     near_duplicate: bool = True
     similarity_threshold: float = 0.85
     timeout_ms: int = 100                   # per Redis call; includes the engine's own queueing
+    # An identical request (same exact key) arriving while the first is generated waits
+    # for it up to this long, then runs on its own; 0: never wait (zccp.cache.inflight).
+    coalesce_wait_ms: int = 30000
     # Who may be served whose answers: "tenant" (exact unmasked hits shared, masked and
     # near hits only within the tenant), "isolated" (nothing crosses tenants) or "global".
     scope: Literal["tenant", "isolated", "global"] = "tenant"
@@ -143,6 +146,7 @@ _RANGES: dict[tuple[str, str], tuple[float, float]] = {
     ("cache", "ttl_s"): (1, 30 * 86400),
     ("cache", "similarity_threshold"): (0.01, 1.0),
     ("cache", "timeout_ms"): (1, 60_000),
+    ("cache", "coalesce_wait_ms"): (0, 3_600_000),
     ("cache.l1", "size_mb"): (1, 1 << 16),
     ("cache.l1", "max_entries"): (1, 1 << 24),
     ("cache.l1", "max_entry_kb"): (1, 1 << 20),

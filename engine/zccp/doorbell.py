@@ -14,17 +14,19 @@ import logging
 import os
 import socket
 import threading
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Awaitable, Callable
 from pathlib import Path
+from typing import NamedTuple
 
-from zccp.abi import NOTICE_SIZE, RING_SIZE, Op, ffi
+from zccp.abi import NOTICE_SIZE, RING_SIZE, Op, ffi, packer
 
 log = logging.getLogger("zccp.doorbell")
 
+_RING = packer("zccp_ring")
+_NOTICE = packer("zccp_notice")
 
-@dataclass(frozen=True)
-class Ring:
+
+class Ring(NamedTuple):
     op: int
     slot: int
     generation: int
@@ -33,8 +35,7 @@ class Ring:
 def decode_ring(frame: bytes) -> Ring:
     if len(frame) != RING_SIZE:
         raise ValueError(f"ring frame of {len(frame)} bytes, expected {RING_SIZE}")
-    p = ffi.cast("struct zccp_ring *", ffi.from_buffer(frame))
-    return Ring(op=int(p.op), slot=int(p.slot), generation=int(p.generation))
+    return Ring._make(_RING.unpack(frame))
 
 
 def decode_notice(frame: bytes):
@@ -45,17 +46,12 @@ def decode_notice(frame: bytes):
 
 
 def encode_notice(op: int, slot: int, generation: int, response_len: int = 0, final: int = 0, status: int = 0) -> bytes:
-    p = ffi.new("struct zccp_notice *")
-    p.op, p.slot, p.generation = op, slot, generation
-    p.response_len, p.final, p.status = response_len, final, status
-    return bytes(ffi.buffer(p, NOTICE_SIZE))
+    return _NOTICE.pack(op, slot, generation, response_len, final, status, 0)
 
 
 def encode_ring(op: int, slot: int, generation: int) -> bytes:
     """Used by tests and tools that speak to the engine as nginx does."""
-    p = ffi.new("struct zccp_ring *")
-    p.op, p.slot, p.generation = op, slot, generation
-    return bytes(ffi.buffer(p, RING_SIZE))
+    return _RING.pack(op, slot, generation)
 
 
 def engine_ping(socket_path: str, timeout: float = 1.0) -> int | None:
@@ -80,8 +76,8 @@ def engine_ping(socket_path: str, timeout: float = 1.0) -> int | None:
 class Connection:
     """One nginx cosocket. Notices may be sent from worker threads (thread-safe)."""
 
-    def __init__(self, writer: asyncio.StreamWriter, loop: asyncio.AbstractEventLoop) -> None:
-        self._writer = writer
+    def __init__(self, transport: asyncio.WriteTransport, loop: asyncio.AbstractEventLoop) -> None:
+        self._transport = transport
         self._loop = loop
         self._loop_thread = threading.get_ident()
         self.closed = False
@@ -91,25 +87,27 @@ class Connection:
         if self.closed:
             return
         if threading.get_ident() == self._loop_thread:
-            self._writer.write(frame)
+            self._transport.write(frame)
         else:
             self._loop.call_soon_threadsafe(self._write_if_open, frame)
 
     def close(self) -> None:
         self.closed = True
-        self._writer.close()
+        self._transport.close()
 
     def _write_if_open(self, frame: bytes) -> None:
         if not self.closed:
-            self._writer.write(frame)
+            self._transport.write(frame)
 
 
 RingHandler = Callable[[Connection, Ring], None]
 CloseHandler = Callable[[Connection], None]
 
 
-async def start_private_unix_server(path: str, handler, group: str | None) -> asyncio.AbstractServer:
-    """A unix socket only its owner (or, with a group, that group) can connect to."""
+async def start_private_unix_server(path: str, group: str | None,
+                                    create: Callable[[str], Awaitable[asyncio.AbstractServer]]) -> asyncio.AbstractServer:
+    """A unix socket only its owner (or, with a group, that group) can connect to;
+    create(path) makes the server (asyncio's stream or protocol flavour)."""
     sock_path = Path(path)
     sock_path.parent.mkdir(parents=True, exist_ok=True)
     with contextlib.suppress(FileNotFoundError):
@@ -117,13 +115,64 @@ async def start_private_unix_server(path: str, handler, group: str | None) -> as
             sock_path.unlink()  # a stale socket from a crashed engine
     old = os.umask(0o007 if group else 0o077)
     try:
-        server = await asyncio.start_unix_server(handler, path=path, backlog=1024)
+        server = await create(path)
     finally:
         os.umask(old)
     if group:
         os.chown(path, -1, grp.getgrnam(group).gr_gid)
     os.chmod(path, 0o660 if group else 0o600)
     return server
+
+
+class _RingProtocol(asyncio.BufferedProtocol):
+    """One nginx connection: whole frames are handled as they arrive, a partial one waits
+    for the rest (a protocol, not a stream reader: no coroutine resumption per frame).
+    Buffered: the loop recv_into()s this connection's own small buffer, where a plain
+    Protocol has asyncio allocate (and fault in) a 256 KiB bytes object per read."""
+
+    FRAMES = 64   # frames one read can take
+
+    def __init__(self, server: DoorbellServer) -> None:
+        self._server = server
+        self._buf = bytearray(RING_SIZE * self.FRAMES)
+        self._view = memoryview(self._buf)
+        self._filled = 0                 # bytes of a partial frame at the buffer's start
+        self.conn: Connection | None = None
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        assert isinstance(transport, asyncio.WriteTransport)
+        self.conn = Connection(transport, asyncio.get_running_loop())
+        self._server._conns.add(self.conn)
+
+    def get_buffer(self, sizehint: int) -> memoryview:
+        return self._view[self._filled:]
+
+    def buffer_updated(self, nbytes: int) -> None:
+        conn, server, buf = self.conn, self._server, self._buf
+        assert conn is not None
+        n = self._filled + nbytes
+        end = n - n % RING_SIZE
+        for off in range(0, end, RING_SIZE):
+            ring = Ring._make(_RING.unpack_from(buf, off))
+            if ring.op == Op.RING:
+                server._on_ring(conn, ring)
+            elif ring.op == Op.PING:
+                server._on_ping(conn)
+            else:
+                log.warning("doorbell: unknown opcode %d, closing connection", ring.op)
+                conn.close()
+                return
+        self._filled = n - end
+        if self._filled:
+            buf[:self._filled] = buf[end:n]
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        conn = self.conn
+        if conn is None:
+            return
+        conn.closed = True
+        self._server._conns.discard(conn)
+        self._server._on_close(conn)
 
 
 class DoorbellServer:
@@ -137,30 +186,12 @@ class DoorbellServer:
         self._conns: set[Connection] = set()
 
     async def start(self) -> None:
-        self._server = await start_private_unix_server(self.path, self._serve, self._group)
+        loop = asyncio.get_running_loop()
 
-    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        conn = Connection(writer, asyncio.get_running_loop())
-        self._conns.add(conn)
-        try:
-            while True:
-                try:
-                    frame = await reader.readexactly(RING_SIZE)
-                except (asyncio.IncompleteReadError, ConnectionError):
-                    break
-                ring = decode_ring(frame)
-                if ring.op == Op.RING:
-                    self._on_ring(conn, ring)
-                elif ring.op == Op.PING:
-                    self._on_ping(conn)
-                else:
-                    log.warning("doorbell: unknown opcode %d, closing connection", ring.op)
-                    break
-        finally:
-            conn.closed = True
-            self._conns.discard(conn)
-            self._on_close(conn)
-            writer.close()
+        def create(path: str) -> Awaitable[asyncio.AbstractServer]:
+            return loop.create_unix_server(lambda: _RingProtocol(self), path=path, backlog=1024)
+
+        self._server = await start_private_unix_server(self.path, self._group, create)
 
     async def stop(self) -> None:
         if self._server is not None:
@@ -171,4 +202,3 @@ class DoorbellServer:
                 await asyncio.wait_for(self._server.wait_closed(), 2)
         with contextlib.suppress(FileNotFoundError):
             os.unlink(self.path)
-

@@ -10,7 +10,6 @@ import signal
 import threading
 import time
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
@@ -19,6 +18,7 @@ from zccp.abi import REQUEST_ID_MAX, EngineState, Kind, Op, SlotLayout, State, f
 from zccp.api.codec import ModelInfo
 from zccp.api.common import ParseLimits
 from zccp.arena import Arena, SlotError, SlotView
+from zccp.cache.inflight import InFlight
 from zccp.cache.masks import MaskSource
 from zccp.cache.purge import PurgeFlow
 from zccp.cache.store import ResponseCache
@@ -39,21 +39,28 @@ from zccp.scheduler import BatchLimits, BatchScheduler
 log = logging.getLogger("zccp.engine")
 
 
-@dataclass(eq=False)
 class Job:
-    conn: Connection
-    view: SlotView
-    generation: int
-    cancel: threading.Event = field(default_factory=threading.Event)
+    """One ring being answered. cancel() may come from the loop or the sweeper; the model
+    thread reads cancelled() (a flag: a plain attribute is enough under the GIL)."""
+
+    __slots__ = ("conn", "view", "generation", "_cancelled")
+
+    def __init__(self, conn: Connection, view: SlotView, generation: int) -> None:
+        self.conn = conn
+        self.view = view
+        self.generation = generation
+        self._cancelled = False
+
+    def cancel(self) -> None:
+        self._cancelled = True
 
     def cancelled(self) -> bool:
-        if self.cancel.is_set():
+        if self._cancelled:
             return True
         deadline = self.view.header.deadline_ns
         if deadline and time.time_ns() > deadline:
-            self.cancel.set()
-            return True
-        return False
+            self._cancelled = True
+        return self._cancelled
 
 
 def model_thread(m: ModelConfig, backend: ModelBackend, metrics: EngineMetrics) -> BatchScheduler:
@@ -127,6 +134,8 @@ class Engine:
             call_soon=self._call_soon,
             tool_parser=cfg.model.tool_parser,
             request_log=RequestLog(defer=self._after_this_turn),
+            inflight=InFlight() if cfg.cache.enabled and cfg.cache.coalesce_wait_ms else None,
+            coalesce_wait_s=cfg.cache.coalesce_wait_ms / 1000,
         )
         self.metrics_server = MetricsServer(cfg.server.socket_path + ".metrics", self.metrics, cfg.shared_memory.group)
 
@@ -157,7 +166,7 @@ class Engine:
                 return self._reject(conn, ring, 409, "slot rung twice at the same generation")
             # nginx re-claimed the slot (the previous job's final notice went out, or
             # nginx gave up on it) before that job was dropped here: it is over.
-            prev.cancel.set()
+            prev.cancel()
         try:
             self.arena.validate(view)
         except SlotError as exc:
@@ -170,7 +179,7 @@ class Engine:
 
     def _on_close(self, conn: Connection) -> None:
         for job in list(conn.jobs):
-            job.cancel.set()  # the client side went away: stop generating
+            job.cancel()  # the client side went away: stop generating
 
     # -- one job ---------------------------------------------------------------------------
 
@@ -247,7 +256,7 @@ class Engine:
                 continue
             job = self._jobs.get(view.index)
             if job is not None:
-                job.cancel.set()
+                job.cancel()
             log.warning("sweeper: slot in state %d reset: %s", h.state, why,
                         extra={"slot": view.index, "generation": int(h.generation)})
             h.state = State.FREE
@@ -294,7 +303,7 @@ class Engine:
             sweeper.cancel()
             self.arena.set_engine_state(EngineState.STOPPING)
             for job in list(self._jobs.values()):
-                job.cancel.set()
+                job.cancel()
             await self.doorbell.stop()
             await self.metrics_server.stop()
             if self.cache is not None:

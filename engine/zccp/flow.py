@@ -29,6 +29,7 @@ from zccp.api.codec import StreamEncoder
 from zccp.api.common import ParseLimits
 from zccp.arena import SlotView
 from zccp.cache.answer import CachedAnswer, literals_in
+from zccp.cache.inflight import InFlight
 from zccp.cache.keys import CacheKeys, keys_for, slot_masks
 from zccp.cache.masks import MaskSource
 from zccp.cache.store import Lookup, ResponseCache
@@ -81,6 +82,8 @@ class FlowDeps:
     call_soon: Callable[..., None]                       # run a callback on the loop, from any thread
     request_log: RequestLog                              # the line per answered request
     tool_parser: str = "none"                            # model.tool_parser: "hermes" | "none"
+    inflight: InFlight | None = None                     # identical misses wait for the first (None: off)
+    coalesce_wait_s: float = 0.0                         # cache.coalesce_wait_ms: how long they wait
 
 
 @dataclass(frozen=True)
@@ -104,6 +107,7 @@ class RequestFlow:
         self.codec = codec_for("openai" if ctx.view.header.flags & Flag.API_OPENAI else "anthropic")
         self._store_keys: CacheKeys | None = None    # set when the answer will be stored
         self._literals: tuple[str, ...] = ()         # the request's masked values the answer carries
+        self._owned: bytes | None = None             # the in-flight key this request owns (coalescing)
 
     # -- the sequence ----------------------------------------------------------------------
 
@@ -132,14 +136,17 @@ class RequestFlow:
         deps, ctx = self.deps, self.ctx
         assert deps.cache is not None
         flags = ctx.view.header.flags
-        if keys is None or flags & Flag.NO_CACHE:
-            lookup = Lookup("BYPASS", "unfingerprintable" if keys is None else "no_cache")
-        else:
-            lookup = await deps.cache.lookup(keys, ctx.payload)
-        deps.metrics.cache.inc(result=lookup.status, reason=lookup.reason)
-        if ctx.view.header.generation != ctx.generation or ctx.cancelled():
-            deps.metrics.abandoned.inc()
-            return self._done()   # nginx gave up while Redis answered
+        for waited in (False, True):
+            if keys is None or flags & Flag.NO_CACHE:
+                lookup = Lookup("BYPASS", "unfingerprintable" if keys is None else "no_cache")
+            else:
+                lookup = await deps.cache.lookup(keys, ctx.payload)
+            deps.metrics.cache.inc(result=lookup.status, reason=lookup.reason)
+            if ctx.view.header.generation != ctx.generation or ctx.cancelled():
+                deps.metrics.abandoned.inc()
+                return self._done()   # nginx gave up while Redis (or the first request) answered
+            if lookup.answer is not None or waited or not await self._wait_for_twin(keys, lookup):
+                break
         meta = ctx.view.meta
         meta.cache_status = getattr(CacheStatus, lookup.status)
         if lookup.reason == "masked_literal":
@@ -155,6 +162,29 @@ class RequestFlow:
         store = keys if keys is not None and not flags & Flag.NO_STORE and lookup.status != "ERROR" else None
         self._run_model(prep, store)
 
+    async def _wait_for_twin(self, keys: CacheKeys | None, lookup: Lookup) -> bool:
+        """After a MISS: when an identical request is being generated, wait for it (bounded)
+        and say so (True: look again). Otherwise this request owns the key (zccp.cache.inflight)."""
+        deps, flags = self.deps, self.ctx.view.header.flags
+        if (deps.inflight is None or keys is None or lookup.status != "MISS"
+                or flags & (Flag.NO_STORE | Flag.NO_CACHE)):
+            return False
+        key = keys.exact + keys.placement.store_owner.encode()
+        fut = deps.inflight.claim(key)
+        if fut is None:
+            self._owned = key        # released by _store, once the answer is stored or lost
+            return False
+        left = self.ctx.view.header.deadline_ns / 1e9 - time.time()
+        done = await InFlight.wait(fut, min(deps.coalesce_wait_s, left - 0.05))
+        deps.metrics.coalesced.inc(outcome="answered" if done else "timed_out")
+        return done
+
+    def _release_owned(self) -> None:
+        """Waiters for this request's key look the cache up again (on the loop)."""
+        if self._owned is not None and self.deps.inflight is not None:
+            self.deps.inflight.release(self._owned)
+            self._owned = None
+
     def _run_model(self, prep: Prepared, store: CacheKeys | None) -> None:
         self._store_keys = store
         # Streams always leave the loop: a full response ring makes the writer wait for
@@ -164,7 +194,7 @@ class RequestFlow:
             return self._done()
 
         def finished(completed: Completed | None) -> None:   # on the model thread
-            if store is not None and completed is not None:
+            if store is not None:
                 self.deps.call_soon(self._store, store, completed)
             self._done()
 
@@ -182,6 +212,7 @@ class RequestFlow:
                                             "(model.max_queue requests wait already); retry shortly"), prep.started)
             except SlotAbandoned as exc:
                 self._abandoned(exc)
+            self._release_owned()
             self._done()
 
     def _tool_calls(self, req: GenerationRequest) -> bool:
@@ -189,11 +220,21 @@ class RequestFlow:
         return req.tool_use and self.deps.tool_parser == "hermes"
 
     def _store(self, keys: CacheKeys | None, completed: Completed | None) -> None:
-        """Only complete, successful answers are stored (on the loop)."""
+        """Only complete, successful answers are stored (on the loop); then the requests
+        waiting for this one look again."""
         cache = self.deps.cache
         if keys is None or completed is None or cache is None or completed.result.tool_calls:
-            return                  # an entry keeps text only (CachedAnswer): a tool-call turn is not stored
-        self.deps.spawn(cache.store(keys, CachedAnswer.of(completed, time.time(), self._literals)))
+            self._release_owned()   # an entry keeps text only (CachedAnswer): a tool-call turn is not stored
+            return
+        entry = CachedAnswer.of(completed, time.time(), self._literals)
+
+        async def store_then_release() -> None:
+            try:
+                await cache.store(keys, entry)
+            finally:
+                self._release_owned()
+
+        self.deps.spawn(store_then_release())
 
     def _verdict(self, prep: Prepared, result: GenerationResult) -> None:
         """_cache_verdict for a model answer; one with tool calls is never cached (nor kept by nginx)."""
@@ -244,10 +285,8 @@ class RequestFlow:
 
     def _answer_error(self, err: ApiError, started: float) -> None:
         """A client error, API-shaped, through the slot (raises SlotAbandoned)."""
-        writer, codec = self.ctx.writer, self.codec
-        writer.begin(codec.http_status(err), sse=False)
-        writer.write(codec.render_error(err))
-        writer.finish()
+        codec = self.codec
+        self.ctx.writer.answer(codec.http_status(err), False, codec.render_error(err))
         self._log_done(codec.http_status(err), started)
 
     def _parse_and_tokenize(self) -> tuple[GenerationRequest, torch.Tensor, dict[str, Any]]:
@@ -285,11 +324,9 @@ class RequestFlow:
                     result = ev
             if result is None:
                 raise SlotAbandoned("generation stopped without a result")
-            writer.begin(200, sse=False)
-            writer.write(codec.render(req, result, codec.new_response_id(), int(time.time())))
             ctx.view.meta.completion_len = result.output_tokens
             self._verdict(prep, result)
-            writer.finish()
+            writer.answer(200, False, codec.render(req, result, codec.new_response_id(), int(time.time())))
             self._log_done(200, prep.started, result)
             return Completed(result, (len(result.text),) if result.text else ())
         except SlotAbandoned as exc:
@@ -316,13 +353,11 @@ class RequestFlow:
                     parts.append(enc.delta(TextDelta(answer.text[pos : pos + n])))
                     pos += n
                 parts.append(enc.finish(result))
-                writer.begin(200, sse=True)
-                writer.write(b"".join(parts))
+                data, sse = b"".join(parts), True
             else:
-                writer.begin(200, sse=False)
-                writer.write(codec.render(req, result, rid, created))
+                data, sse = codec.render(req, result, rid, created), False
             self.ctx.view.meta.completion_len = result.output_tokens
-            writer.finish()
+            writer.answer(200, sse, data)
             self._log_done(200, prep.started, result)
         except SlotAbandoned as exc:
             self._abandoned(exc)

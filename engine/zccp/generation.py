@@ -145,6 +145,11 @@ def generate_text(
     max_tokens = params.max_tokens
     if cancelled():
         return
+    fixed = getattr(backend, "fixed_reply", None)
+    ids = fixed(params) if fixed is not None and not tools and not params.stop else None
+    if ids is not None:
+        yield from _whole(backend, ids, input_tokens, max_tokens)
+        return
     tokens = backend.generate(input_ids, params, cancelled)
     del input_ids  # the shared-memory view must not outlive the backend's use of it
     asm = TextAssembler(backend.prompt.detokenizer(()), params.stop, HermesParser() if tools else None)
@@ -177,4 +182,21 @@ def generate_text(
         input_tokens=input_tokens,
         output_tokens=output_tokens,
         tool_calls=tuple(asm.tool_calls),
+    )
+
+
+def _whole(backend: Any, ids: Sequence[int], input_tokens: int, max_tokens: int) -> Iterator[TextDelta | GenerationResult]:
+    """generate_text for an answer known whole in advance (no stops, no tools): the same
+    events and result as the token loop, from one detokenization pass."""
+    detok = backend.prompt.detokenizer(())
+    text = "".join([detok.step(t) for t in ids]) + detok.flush()
+    if text:
+        yield TextDelta(text)
+    yield GenerationResult(
+        text=text,
+        stop_reason="max_tokens" if len(ids) >= max_tokens else "end_turn",
+        stop_sequence=None,
+        input_tokens=input_tokens,
+        output_tokens=len(ids),
+        tool_calls=(),
     )

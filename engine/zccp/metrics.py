@@ -86,6 +86,8 @@ class EngineMetrics:
         self.cache = r.counter("zccp_engine_cache_total",
                                "Cache lookups by result (HIT, NEAR, MISS, BYPASS, ERROR) and reason")
         self.cache_errors = r.counter("zccp_engine_cache_errors_total", "Redis operations that failed or timed out")
+        self.coalesced = r.counter("zccp_engine_coalesced_total",
+                                   "Misses that waited for an identical request in flight, by outcome")
         self.abandoned = r.counter("zccp_engine_abandoned_total", "Requests stopped: client gone, deadline, stale")
         self.sweeps = r.counter("zccp_engine_sweeper_resets_total", "Slots reset by the sweeper")
         self.info = r.gauge("zccp_engine_info", "Engine identity")
@@ -114,7 +116,8 @@ class MetricsServer:
     async def start(self) -> None:
         from zccp.doorbell import start_private_unix_server
 
-        self._server = await start_private_unix_server(self.path, self._serve, self._group)
+        self._server = await start_private_unix_server(
+            self.path, self._group, lambda path: asyncio.start_unix_server(self._serve, path=path, backlog=1024))
 
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         writer.write(self._metrics.render().encode())

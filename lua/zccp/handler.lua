@@ -2,6 +2,7 @@
 -- copy, ring the engine, then relay the response it commits into the slot
 -- (zccp.relay). Every path releases the slot and the arena reference.
 local ffi = require "ffi"
+local bit = require "bit"
 local abi = require "zccp.abi"
 local arena_mod = require "zccp.arena"
 local slots = require "zccp.slots"
@@ -14,6 +15,7 @@ local relay = require "zccp.relay"
 local settings = require "zccp.settings"
 local tenant = require "zccp.tenant"
 local masks = require "zccp.masks"
+local body_mod = require "zccp.body"
 local l1 = require "zccp.l1"
 
 local ngx = ngx
@@ -27,6 +29,7 @@ local ngx_ERR = ngx.ERR
 local ngx_WARN = ngx.WARN
 local ffi_copy = ffi.copy
 local ffi_fill = ffi.fill
+local ffi_string = ffi.string
 local str_format = string.format
 local str_find = string.find
 local str_lower = string.lower
@@ -41,10 +44,15 @@ local POLL_MS = 250     -- how often a waiting request checks its deadline and t
 local MAX_ATTEMPTS = 2  -- a ring rejected as stale after an engine restart is retried once
 local RETRY_AFTER = { ["Retry-After"] = "1" }
 
+local HEX = {}   -- byte -> two hex digits, made once
+for b = 0, 255 do
+    HEX[b] = str_format("%02x", b)
+end
+
 local function hex(ptr, n)
     local t = {}
     for k = 0, n - 1 do
-        t[k + 1] = str_format("%02x", ptr[k])
+        t[k + 1] = HEX[ptr[k]]
     end
     return concat(t)
 end
@@ -52,26 +60,6 @@ end
 local function is_json(ct)
     ct = str_lower(ct)   -- media types are case-insensitive
     return str_find(ct, "^%s*application/json") or str_find(ct, "^%s*application/[%w.-]+%+json")
-end
-
--- Read the body; returns it as a string or nil, status, kind, message.
-local function read_body(cap)
-    ngx.req.read_body()
-    local body = ngx.req.get_body_data()
-    if not body then
-        if ngx.req.get_body_file() then
-            return nil, 413, "request_too_large", "request body exceeds the in-memory body buffer"
-        end
-        return nil, 400, "invalid_request_error", "request body is empty; expected a JSON object"
-    end
-    local n = #body
-    if n == 0 then
-        return nil, 400, "invalid_request_error", "request body is empty; expected a JSON object"
-    end
-    if n > cap then
-        return nil, 413, "request_too_large", "request body of " .. n .. " bytes exceeds " .. cap .. " bytes"
-    end
-    return body
 end
 
 local function cache_flags()
@@ -132,10 +120,12 @@ local function write_ids(req, rid)
     return C.ZCCP_FLAG_MASK_DIGEST
 end
 
--- Fill the claimed slot and mark it READY. Returns the generation rung with.
--- extra: nil, or { kind = enum zccp_request_kind, tenant = 32-byte digest }; rid: X-Request-ID;
--- digest: SHA-256 of the body when already computed (zccp.l1), else nil.
-local function fill_slot(a, i, body, flags, timeout_ms, fp, extra, rid, digest)
+-- Fill the claimed slot and mark it READY. Returns the generation rung with, or nil,
+-- message[, status, kind] (a status when the client's body failed, not the arena).
+-- src: { body = string[, digest = its SHA-256 (zccp.l1)] } or { len = n, deadline = t }
+-- (streamed from the client socket);
+-- extra: nil, or { kind = enum zccp_request_kind, tenant = 32-byte digest }; rid: X-Request-ID.
+local function fill_slot(a, i, src, flags, timeout_ms, fp, extra, rid)
     local C = abi.C
     local h, meta = a:header(i), a:meta(i)
     if h.magic ~= C.ZCCP_SLOT_MAGIC or h.payload_cap ~= a.payload_cap or h.response_cap ~= a.response_cap then
@@ -145,12 +135,24 @@ local function fill_slot(a, i, body, flags, timeout_ms, fp, extra, rid, digest)
     h.generation = gen
     h.state = C.ZCCP_STATE_WRITING
     h.owner_pid = ngx.worker.pid()
-    local n = #body
+    local now = libc.now_ns()
+    h.timestamp_ns = now   -- the sweeper leaves a slot alone until its deadline, upload included
+    h.deadline_ns = now + timeout_ms * 1000000ULL
     local dst = a:payload_ptr(i)
-    ffi_copy(dst, body, n)
+    local body, n = src.body, nil
+    if body then
+        n = #body
+        ffi_copy(dst, body, n)
+    else
+        n = src.len
+        local ok, status, kind, msg = body_mod.receive_into(dst, n, src.deadline)
+        if not ok then
+            return nil, msg, status or 499, kind
+        end
+    end
     h.payload_len = n
-    if digest then
-        ffi_copy(h.sha256, digest, 32)
+    if src.digest then
+        ffi_copy(h.sha256, src.digest, 32)
     else
         local ok, err = sha256.digest_into(dst, n, h.sha256)
         if not ok then
@@ -177,9 +179,6 @@ local function fill_slot(a, i, body, flags, timeout_ms, fp, extra, rid, digest)
     meta.prompt_len, meta.completion_len, meta.cache_status = 0, 0, 0
     meta.similarity_ppm, meta.age_s, meta.plan_chunks, meta.error_code = 0, 0, 0, 0
     meta.cache_ttl_s, meta.cache_scope, meta.cache_reason = 0, 0, 0
-    local now = libc.now_ns()
-    h.timestamp_ns = now
-    h.deadline_ns = now + timeout_ms * 1000000ULL
     h.state = C.ZCCP_STATE_READY
     return gen
 end
@@ -194,15 +193,22 @@ local function release(slot)
 end
 
 -- Claims a slot of arena `a` and fills it: the slot record, or nil, status, kind, message.
-local function claim_and_fill(a, body, flags, fp, extra, rid, digest)
+local function claim_and_fill(a, src, flags, fp, extra, rid)
     local s = settings.get()
     local i = slots.claim(a)
     if not i then
         return nil, 429, "rate_limit_error", "all " .. a.slot_count .. " slots are busy; retry shortly"
     end
-    local gen, ferr = fill_slot(a, i, body, flags, s.request_timeout_ms, fp, extra, rid, digest)
+    local gen, ferr, status, kind = fill_slot(a, i, src, flags, s.request_timeout_ms, fp, extra, rid)
     if not gen then
+        local h = a:header(i)
+        if h.state == abi.C.ZCCP_STATE_WRITING then
+            h.state = abi.C.ZCCP_STATE_FREE
+        end
         slots.release(a, i)
+        if status then   -- the client's body, not the arena
+            return nil, status, kind, ferr
+        end
         ngx_log(ngx_ERR, "zccp: ", ferr)
         return nil, 503, "overloaded_error", "engine arena unusable: " .. ferr
     end
@@ -279,13 +285,24 @@ end
 -- "retry" when the engine behind the arena changed under us (stale ring); otherwise
 -- the request is answered. state.slot is set while a slot is held, so that serve()
 -- can free it if anything here raises.
-local function attempt(api, a, body, flags, deadline, state, fp, extra)
-    local slot, code, kind, msg = claim_and_fill(a, body, flags, fp, extra, state.request_id,
-                                                 state.l1 and state.l1.digest)
+local function attempt(api, a, src, flags, deadline, state, fp, extra)
+    local slot, code, kind, msg = claim_and_fill(a, src, flags, fp, extra, state.request_id)
     if not slot then
-        return errors.send(api, code, kind, msg, RETRY_AFTER)
+        if code == 499 then
+            return   -- the client left during its upload: nobody to answer
+        end
+        return errors.send(api, code, kind, msg, code == 429 and RETRY_AFTER or nil)
     end
     state.slot = slot
+    local k = state.l1
+    if k and k.pending then   -- a streamed body: L1 by the digest of the bytes now in the slot
+        l1.digested(k, ffi_string(slot.header.sha256, 32))
+        if l1.serve(api, k) then
+            release(slot)
+            state.slot = nil
+            return
+        end
+    end
     local ok, rerr = ring(slot)
     if not ok then
         hang_up(slot, false)
@@ -294,11 +311,15 @@ local function attempt(api, a, body, flags, deadline, state, fp, extra)
         return errors.send(api, 503, "overloaded_error", rerr, RETRY_AFTER)
     end
     local outcome, r = relay.run(slot, state, deadline)
-    if outcome == "done" and state.l1 then
-        local ok, err = pcall(l1.keep, api, state.l1, a:meta(slot.index), r)
-        if not ok then
-            ngx_log(ngx_ERR, "zccp: L1 store failed: ", err)
+    if outcome == "done" and k then
+        local kept, kerr = pcall(l1.keep, api, k, a:meta(slot.index), r)
+        if not kept then
+            ngx_log(ngx_ERR, "zccp: L1 store failed: ", kerr)
         end
+    end
+    if outcome == "retry" and not src.body then
+        -- the streamed body exists only in this slot: keep it for the next attempt
+        src.body = ffi_string(a:payload_ptr(slot.index), src.len)
     end
     hang_up(slot, outcome == "done")
     release(slot)
@@ -353,20 +374,25 @@ function _M.serve(api, kind)
     local state = { aborted = false, request_id = rid }
     ngx.on_abort(function() state.aborted = true end)
 
+    local deadline = ngx_now() + s.request_timeout_ms / 1000
     local body, code, err_kind, msg
+    local src   -- { body = string } or { len = n, deadline = t }: see fill_slot
     if kind == "models" then
         body = ngx_var.zccp_model_id or ""     -- GET /v1/models/{id}: the id is the payload
+    elseif body_mod.streamable(len, fingerprint.DECODE_LIMIT) then
+        src = { len = len, deadline = deadline }   -- read later, straight into the slot
     else
-        body, code, err_kind, msg = read_body(s.max_body)
+        body, code, err_kind, msg = body_mod.read(s.max_body)
         if not body then
             return errors.send(api, code, err_kind, msg)
         end
     end
+    src = src or { body = body }
+    local body_len = body and #body or len
     local flags = kind and 0 or cache_flags()
     if api == "openai" then
         flags = flags + abi.C.ZCCP_FLAG_API_OPENAI
     end
-    local deadline = ngx_now() + s.request_timeout_ms / 1000
     local fp, extra
     if kind then
         extra = { kind = abi.C[kind_name] }
@@ -374,16 +400,21 @@ function _M.serve(api, kind)
             l1.purge()   -- before the engine purges Redis, and again after (below)
         end
     else
-        fp = fingerprint.keys(api, body)
+        -- A streamed body is the engine's to fingerprint; a request that neither reads nor
+        -- writes the cache (no-cache + no-store) needs no keys at all.
+        local bypass = abi.C.ZCCP_FLAG_NO_CACHE + abi.C.ZCCP_FLAG_NO_STORE
+        fp = body and bit.band(flags, bypass) ~= bypass and fingerprint.keys(api, body) or nil
         local t = tenant.digest(fp)
         extra = t and { tenant = t }
-        -- L1 (zccp.l1): an exact hit is answered here; otherwise the engine's answer may be kept.
+        -- L1 (zccp.l1): an exact hit is answered here (a streamed body's once it is in the
+        -- slot, see attempt); otherwise the engine's answer may be kept.
         local k = l1.key(api, body, fp, t, flags)
         if k then
-            if l1.serve(api, k) then
+            if not k.pending and l1.serve(api, k) then
                 return
             end
             state.l1, state.keep = k, l1.max_entry(k)
+            src.digest = k.digest
         end
         if fp then
             fingerprint.complete(fp)   -- the near-duplicate part: only the engine needs it
@@ -395,12 +426,12 @@ function _M.serve(api, kind)
         if not a then
             return errors.send(api, 503, "overloaded_error", err, RETRY_AFTER)
         end
-        if #body > a.payload_cap then
+        if body_len > a.payload_cap then
             a:release()
             return errors.send(api, 413, "request_too_large",
-                "request body of " .. #body .. " bytes exceeds the slot capacity of " .. a.payload_cap .. " bytes")
+                "request body of " .. body_len .. " bytes exceeds the slot capacity of " .. a.payload_cap .. " bytes")
         end
-        local ok, res = pcall(attempt, api, a, body, flags, deadline, state, fp, extra)
+        local ok, res = pcall(attempt, api, a, src, flags, deadline, state, fp, extra)
         if kind == "purge" then
             l1.purge()   -- what was relayed from Redis while it was purged is gone too
         end

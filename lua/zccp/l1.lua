@@ -81,12 +81,21 @@ local function meta_dict()
     return ngx_shared[settings.get().dict]
 end
 
+-- k.shared (meta.cache_scope 0: every tenant's) and k.own (1: this tenant's only).
+local function with_base(k, base)
+    base = k.epoch .. base .. SEP
+    k.shared, k.own = base .. "S", base .. "T" .. k.tenant
+    return k
+end
+
 -- The request's L1 keys, or nil when it must not use L1: Cache-Control no-cache or
 -- no-store (flags), L1 off, or a body nginx could not decode (the engine answers it).
 -- An unmasked request is keyed by its exact key (fingerprint.md §6), and by what the
 -- exact key leaves out but the answer shows (stream, OpenAI's stream_options.include_usage);
 -- a masked one, and a body above the decode limit (no canonical key here), by the
 -- digest of its raw bytes (masked values differ in length, so do their token counts).
+-- body: the body, or nil when it streams into the slot (zccp.body): then the keys are
+-- `pending` until digested() gives them the digest of the slot's bytes.
 -- tenant: the request's tenant digest (zccp.tenant) or nil (anonymous).
 function _M.key(api, body, fp, tenant, flags)
     local cfg, d = config()
@@ -97,26 +106,30 @@ function _M.key(api, body, fp, tenant, flags)
     if band(flags, C.ZCCP_FLAG_NO_CACHE + C.ZCCP_FLAG_NO_STORE) ~= 0 then
         return nil
     end
-    local base, digest
+    local k = { dict = d, cfg = cfg, tenant = tenant or "anon",
+                epoch = tostring(meta_dict():get(EPOCH) or 0) .. SEP .. api }
     if fp and not fp.masked then
-        base = api .. (fp.stream and "S" or "J") .. (fp.include_usage and "U" or "-") .. fp.exact_key
-    elseif fp or #body > fingerprint.DECODE_LIMIT then
-        digest = sha256.digest(body, #body)
+        return with_base(k, (fp.stream and "S" or "J") .. (fp.include_usage and "U" or "-") .. fp.exact_key)
+    end
+    if not body then
+        k.pending = true
+        return k
+    end
+    if fp or #body > fingerprint.DECODE_LIMIT then
+        local digest = sha256.digest(body, #body)
         if not digest then
             return nil
         end
-        base = api .. "R" .. digest
-    else
-        return nil
+        k.digest = digest   -- the slot's too, on a miss
+        return with_base(k, "R" .. digest)
     end
-    base = tostring(meta_dict():get(EPOCH) or 0) .. SEP .. base .. SEP
-    return {
-        dict = d,
-        cfg = cfg,
-        shared = base .. "S",                      -- meta.cache_scope 0: every tenant's
-        own = base .. "T" .. (tenant or "anon"),   -- meta.cache_scope 1: this tenant's only
-        digest = digest,                           -- SHA-256 of the body, when computed
-    }
+    return nil
+end
+
+-- A streamed body's keys, from the SHA-256 of its bytes (32-byte string).
+function _M.digested(k, digest)
+    k.pending = nil
+    return with_base(k, "R" .. digest)
 end
 
 -- The most bytes of an answer L1 keeps.

@@ -26,6 +26,7 @@ local os_rename = os.rename
 local os_remove = os.remove
 local str_format = string.format
 local str_byte = string.byte
+local str_find = string.find
 local concat = table.concat
 local package = package
 
@@ -53,6 +54,35 @@ local function compile_prefilter(list)
         end
     end
     return #out > 0 and out or nil
+end
+
+-- Every entry's first prefilter in one alternation: when it finds nothing in a string
+-- (most strings), no entry can match, and the string costs one scan instead of one per
+-- distinct prefilter. nil when some entry has none, or one refers to a group (its number
+-- would point elsewhere inside the alternation), or the alternation does not compile.
+local function any_prefilter(patterns, n)
+    if n == 0 or not re_find then
+        return nil
+    end
+    local firsts, seen = {}, {}
+    for i = 1, n do
+        local req = patterns[i].requires
+        local rx = req and req[1]
+        if not rx or str_find(rx, "\\[1-9gk]") or str_find(rx, "(?P", 1, true)
+                or str_find(rx, "%(%?[0-9R&+-]") then
+            return nil
+        end
+        if not seen[rx] then
+            seen[rx] = true
+            firsts[#firsts + 1] = "(?:" .. rx .. ")"
+        end
+    end
+    local any = concat(firsts, "|")
+    local ok, _, _, err = pcall(re_find, "", any, "jo")
+    if not ok or err then
+        return nil
+    end
+    return any
 end
 
 local state = {
@@ -265,6 +295,7 @@ function _M.init(opts)
     end
 
     state.patterns, state.n, state.errors = patterns, n, errors
+    state.any = any_prefilter(patterns, n)
     state.digest, state.digest_raw = digest_of(patterns, n)
     state.path, state.last_good_path, state.loaded = path, lg_path, true
 
@@ -293,6 +324,13 @@ function _M.apply(s)
     end
     if not state.loaded then
         ensure()
+    end
+    local any = state.any
+    if any then
+        local from, _, err = re_find(s, any, "jo")
+        if not from and not err then
+            return s, false
+        end
     end
     local orig = s
     local patterns = state.patterns

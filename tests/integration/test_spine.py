@@ -141,3 +141,23 @@ def test_metrics_show_both_sides(null_stack):
     eng = 'zccp_engine_requests_total{api="anthropic",status="200"}'
     assert value(text, eng) == value(before, eng) + 1
     assert value(text, "zccp_engine_rings_total") >= 2
+
+
+def test_a_request_that_bypasses_the_cache_is_not_fingerprinted(null_stack):
+    # no-cache + no-store: neither lookup nor store, so nginx computes no keys (less work);
+    # either header alone still needs them.
+    from zccp.abi import Flag
+
+    def flags_for(body: bytes, cc: str | None) -> int:
+        headers = {"content-type": "application/json"} | ({"cache-control": cc} if cc else {})
+        r = null_stack.client().post("/v1/messages", content=body, headers=headers)
+        assert r.status_code == 200, r.text
+        reader = null_stack.arena()
+        try:
+            return _find_slot(reader, r.headers["x-zccp-context-id"]).flags
+        finally:
+            reader.close()
+
+    assert not flags_for(dumps(anthropic_body("bypass a")), "no-cache, no-store") & Flag.FP_VALID
+    assert flags_for(dumps(anthropic_body("bypass b")), "no-cache") & Flag.FP_VALID
+    assert flags_for(dumps(anthropic_body("bypass c")), None) & Flag.FP_VALID

@@ -157,3 +157,29 @@ def test_tiny_through_loop():
     assert r.input_tokens == len(ids) and 1 <= r.output_tokens <= 20
     assert "".join(i.text for i in items[:-1]) == r.text
     assert r.text.encode() == bytes(m.generate(ids, SamplingParams(max_tokens=20, temperature=0), lambda: False))
+
+
+class _TokenByToken(NullBackend):
+    """The null backend without its whole-answer shortcut: the token loop's reference."""
+
+    def fixed_reply(self, params):
+        return None
+
+
+def test_a_fixed_reply_gives_what_the_token_loop_gives():
+    reply = "héllo wörld, 中文 ok"          # multi-byte characters, cut by small max_tokens
+    for max_tokens in (1, 2, 3, 7, len(reply.encode()) - 1, len(reply.encode()), len(reply.encode()) + 5):
+        p = SamplingParams(max_tokens=max_tokens)
+        fast = list(generate_text(NullBackend(reply=reply), PROMPT, p, lambda: False))
+        slow = list(generate_text(_TokenByToken(reply=reply), PROMPT, p, lambda: False))
+        assert fast[-1] == slow[-1], max_tokens
+        assert "".join(e.text for e in fast[:-1]) == "".join(e.text for e in slow[:-1])
+
+
+def test_stops_tools_and_delays_take_the_token_loop():
+    b = NullBackend(reply="abc STOP def")
+    assert b.fixed_reply(SamplingParams(max_tokens=50)) is not None
+    _, r = result_of(b, max_tokens=50, stop=["STOP"])
+    assert r.stop_sequence == "STOP" and r.text == "abc "
+    assert NullBackend(token_delay_ms=1).fixed_reply(SamplingParams(max_tokens=5)) is None
+    assert NullBackend(fail_after=2).fixed_reply(SamplingParams(max_tokens=5)) is None

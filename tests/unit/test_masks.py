@@ -255,3 +255,14 @@ def test_prefilters_are_necessary_conditions(defaults):
 def test_reader_long_strings_in_lists():
     assert parse_lua_data("return { [[a]], [==[b]]==], x = { [[c]] }, [1 + 0 == 1 and 3 or 3] = nil }"
                           .split(", [1")[0] + " }") == {"x": [b"c"], 1: b"a", 2: b"b]"}
+
+
+def test_the_combined_prefilter_only_when_every_entry_has_one(defaults):
+    assert defaults._any is not None
+    bare = MaskSet.from_patterns([("a", rb"\d{3}", b"<n>", [rb"\d"]), ("b", rb"x+", b"<x>")])
+    assert bare._any is None and bare.apply(b"xx 123") == b"<x> <n>"
+    refers = MaskSet.from_patterns([("a", rb"(\w)\1", b"<d>", [rb"(\w)\1"])])
+    assert refers._any is None and refers.apply(b"abba") == b"a<d>a"
+    both = MaskSet.from_patterns([("a", rb"\d{3}", b"<n>", [rb"\d"]), ("b", rb"x+", b"<x>", [rb"x"])])
+    assert both._any is not None
+    assert both.apply(b"nothing here") == b"nothing here" and both.apply(b"xx 123") == b"<x> <n>"

@@ -14,6 +14,7 @@ nginx loads as Lua and this module reads with the literal-only reader
 from __future__ import annotations
 
 import hashlib
+import re
 import logging
 import os
 import time
@@ -62,6 +63,10 @@ class MaskSet:
     errors: tuple[tuple[str, str], ...] = ()
     source: str = ""
     _compiled: tuple[_Compiled, ...] = field(default=(), repr=False, compare=False)
+    # Every entry's first prefilter in one alternation: when it finds nothing in a string
+    # (most strings), no entry can match and the string costs one scan instead of one per
+    # distinct prefilter. None when some entry has no prefilter (or one is not combinable).
+    _any: Regex | None = field(default=None, repr=False, compare=False)
 
     @classmethod
     def build(cls, patterns: Iterable[MaskPattern], errors: Iterable[tuple[str, str]] = (),
@@ -81,7 +86,7 @@ class MaskSet:
 
         comp = tuple(_Compiled(Regex(p.pattern, p.replacement),
                                tuple(r for r in map(pre, p.prefilter) if r is not None)) for p in pats)
-        return cls(pats, tuple(errors), source, comp)
+        return cls(pats, tuple(errors), source, comp, _any_of(pats, shared))
 
     @classmethod
     def from_patterns(cls, entries: Iterable[Any], strict: bool = True) -> "MaskSet":
@@ -121,6 +126,8 @@ class MaskSet:
     def apply(self, data: bytes, literals: list[bytes] | None = None) -> bytes:
         """Every pattern in order; returns `data` itself (same object) when nothing matched.
         literals: a list that receives the text each match replaced (`$0`, as the pattern saw it)."""
+        if self._any is not None and not self._any.search(data):
+            return data
         found: dict[int, bool] = {}   # prefilter results for the current `data`
         for c in self._compiled:
             skip = False
@@ -149,6 +156,25 @@ class MaskSet:
 
 
 EMPTY_MASKS = MaskSet()
+
+# A group reference would point elsewhere once the prefilters share one pattern.
+_REFERS = re.compile(rb"\\[1-9gk]|\(\?P[=>]|\(\?[0-9R&+-]")
+
+
+def _any_of(pats: tuple[MaskPattern, ...], shared: dict[bytes, Regex | None]) -> Regex | None:
+    firsts: list[bytes] = []
+    for p in pats:
+        usable = [rx for rx in p.prefilter if shared.get(rx) is not None]
+        if not usable or _REFERS.search(usable[0]):
+            return None
+        if usable[0] not in firsts:
+            firsts.append(usable[0])
+    if not firsts:
+        return None
+    try:
+        return Regex(b"|".join(b"(?:" + rx + b")" for rx in firsts), b"")
+    except MaskError:
+        return None
 
 
 class _DocMasker:

@@ -63,6 +63,13 @@ class NullBackend(ModelBackend):
         # max_tokens may cut a multi-byte character (then U+FFFD), like any byte model.
         return self._replay(self._ids[: max(params.max_tokens, 0)], cancelled)
 
+    def fixed_reply(self, params: SamplingParams) -> tuple[int, ...] | None:
+        """Every token of the answer at once, when nothing can happen between them (no
+        per-token delay, no injected failure): generate_text then skips the token loop."""
+        if self.token_delay_s or self.fail_after >= 0:
+            return None
+        return self._ids[: max(params.max_tokens, 0)]
+
     def _replay(self, ids: tuple[int, ...], cancelled: Callable[[], bool]) -> Iterator[int]:
         for n, tok in enumerate(ids):
             if n == self.fail_after:
