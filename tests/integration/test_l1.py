@@ -230,6 +230,11 @@ def test_bodies_above_the_decode_limit_are_kept_by_their_bytes(lstack):
     assert layer(post(s, "anthropic", raw)) == "HIT/L1"
     # and the same bytes from another tenant: shared (unmasked) as the engine shares it
     assert layer(post(s, "anthropic", raw, x_api_key="someone-else")) == "HIT/L1"
+    # those bytes streamed into the slot (Content-Length); chunked, they are read whole: one key
+    r = s.client().post(PATHS["anthropic"], content=iter([raw[:1000], raw[1000:]]),
+                        headers={"content-type": "application/json"})
+    assert r.status_code == 200 and layer(r) == "HIT/L1"
+    s.assert_no_leaks()   # a streamed body's L1 hit gave its slot back unrung
 
 
 def test_l1_switched_off_and_its_entry_cap(make_stack):
