@@ -252,3 +252,14 @@ def test_l1_switched_off_and_its_entry_cap(make_stack):
     assert eventually(capped, "anthropic", third) == "HIT"
     for _ in range(3):
         assert layer(post(capped, "anthropic", third)) == "HIT/L2"
+
+
+def test_an_nginx_reload_empties_l1(lstack):
+    from zccp.stack import reload_masks   # the masks may have changed: every key with them
+
+    s = lstack
+    body = req("openai", [{"role": "user", "content": "Reload me"}])
+    to_l1(s, "openai", body)
+    reload_masks(s.cfg, s.run_dir)
+    assert layer(post(s, "openai", body)) == "HIT/L2"
+    assert layer(post(s, "openai", body)) == "HIT/L1"
