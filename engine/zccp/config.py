@@ -46,7 +46,7 @@ class L1Config:
     """nginx's own copy of exact hits (cache.l1, docs/cache.md "L1 in nginx")."""
     enabled: bool = True
     size_mb: int = 64                        # the lua_shared_dict (least recently used entries go first)
-    max_entries: int = 10000
+    max_entries: int = 10000                 # dict entries: one per key of an answer (bytes, exact key)
     max_entry_kb: int = 256                  # a larger answer is not kept
     ttl_s: int = 300                         # at most this long, whatever the engine allows
 

@@ -297,7 +297,7 @@ local function attempt(api, a, src, flags, deadline, state, fp, extra)
     local k = state.l1
     if k and k.pending then   -- a streamed body: L1 by the digest of the bytes now in the slot
         l1.digested(k, ffi_string(slot.header.sha256, 32))
-        if l1.serve(api, k) then
+        if l1.serve(api, k, true) then
             release(slot)
             state.slot = nil
             return
@@ -400,17 +400,22 @@ function _M.serve(api, kind)
             l1.purge()   -- before the engine purges Redis, and again after (below)
         end
     else
+        -- L1 (zccp.l1): the very same bytes are answered before any fingerprint (a streamed
+        -- body's once it is in the slot, see attempt), the same request after its keys;
+        -- otherwise the engine's answer may be kept.
+        local k = l1.begin(api, body, flags, tenant.digest(nil))
+        if k and not k.pending and l1.serve(api, k) then
+            return
+        end
         -- A streamed body is the engine's to fingerprint; a request that neither reads nor
         -- writes the cache (no-cache + no-store) needs no keys at all.
         local bypass = abi.C.ZCCP_FLAG_NO_CACHE + abi.C.ZCCP_FLAG_NO_STORE
         fp = body and bit.band(flags, bypass) ~= bypass and fingerprint.keys(api, body) or nil
         local t = tenant.digest(fp)
         extra = t and { tenant = t }
-        -- L1 (zccp.l1): an exact hit is answered here (a streamed body's once it is in the
-        -- slot, see attempt); otherwise the engine's answer may be kept.
-        local k = l1.key(api, body, fp, t, flags)
         if k then
-            if not k.pending and l1.serve(api, k) then
+            l1.exact(k, fp, t)
+            if not k.pending and l1.serve(api, k, true) then
                 return
             end
             state.l1, state.keep = k, l1.max_entry(k)

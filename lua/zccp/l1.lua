@@ -2,10 +2,15 @@
 -- exact HIT and marked keepable (meta.cache_ttl_s > 0, meta.cache_scope) live in a
 -- lua_shared_dict, so that the next identical request is answered here, in the handler
 -- that computed its key: no slot, no doorbell, no engine, no Redis. Redis stays the L2.
+-- An answer is kept under the digest of the request's raw bytes (found before any
+-- fingerprint) and, for a request nginx fingerprinted and did not mask, its exact key.
 --
 --   local l1 = require "zccp.l1"
---   local k = l1.key(api, body, fp, tenant, flags)  -- nil: this request skips L1
---   if k and l1.serve(api, k) then return end        -- answered from L1
+--   local k = l1.begin(api, body, flags, tenant)     -- nil: this request skips L1
+--   if k and l1.serve(api, k) then return end        -- the very same bytes: answered, no fingerprint
+--   ... fp = fingerprint.keys(api, body) ...
+--   l1.exact(k, fp, tenant)                           -- the same request, other bytes
+--   if l1.serve(api, k, true) then return end         -- (true: the last try, a miss is counted)
 --   state.keep = k and l1.max_entry(k)                -- relay: keep an SSE answer's bytes
 --   l1.keep(api, k, meta, r)                          -- after a complete answer (relay record r)
 --   l1.purge()                                        -- every worker's L1 (one shared dict)
@@ -22,7 +27,6 @@ local abi = require "zccp.abi"
 local settings = require "zccp.settings"
 local sha256 = require "zccp.sha256"
 local metrics = require "zccp.metrics"
-local fingerprint = require "zccp.fingerprint"
 
 local ngx = ngx
 local ngx_shared = ngx.shared
@@ -81,23 +85,23 @@ local function meta_dict()
     return ngx_shared[settings.get().dict]
 end
 
--- k.shared (meta.cache_scope 0: every tenant's) and k.own (1: this tenant's only).
-local function with_base(k, base)
+-- The keys of one request (k.keys: shared, own, the next pair after it), from `base`:
+-- under the shared one when the engine says meta.cache_scope 0 (every tenant's), else
+-- under the tenant's (`tenant`: a digest, or nil for anonymous).
+local function add_keys(k, base, tenant)
     base = k.epoch .. base .. SEP
-    k.shared, k.own = base .. "S", base .. "T" .. k.tenant
+    local keys = k.keys
+    keys[#keys + 1] = base .. "S"
+    keys[#keys + 1] = base .. "T" .. (tenant or "anon")
     return k
 end
 
--- The request's L1 keys, or nil when it must not use L1: Cache-Control no-cache or
--- no-store (flags), L1 off, or a body nginx could not decode (the engine answers it).
--- An unmasked request is keyed by its exact key (fingerprint.md §6), and by what the
--- exact key leaves out but the answer shows (stream, OpenAI's stream_options.include_usage);
--- a masked one, and a body above the decode limit (no canonical key here), by the
--- digest of its raw bytes (masked values differ in length, so do their token counts).
--- body: the body, or nil when it streams into the slot (zccp.body): then the keys are
--- `pending` until digested() gives them the digest of the slot's bytes.
--- tenant: the request's tenant digest (zccp.tenant) or nil (anonymous).
-function _M.key(api, body, fp, tenant, flags)
+-- A request's L1 record, or nil when it must not use L1: Cache-Control no-cache or
+-- no-store (flags), or L1 off. It first holds the keys of the raw bytes: the SHA-256 of
+-- `body` (also the slot's, on a miss), or, when body is nil (it streams into the slot,
+-- zccp.body), `pending` until digested() gives it the slot's. tenant: the tenant known
+-- without the body (zccp.tenant.digest(nil)); identical bytes name the same end user.
+function _M.begin(api, body, flags, tenant)
     local cfg, d = config()
     if not cfg then
         return nil
@@ -106,30 +110,37 @@ function _M.key(api, body, fp, tenant, flags)
     if band(flags, C.ZCCP_FLAG_NO_CACHE + C.ZCCP_FLAG_NO_STORE) ~= 0 then
         return nil
     end
-    local k = { dict = d, cfg = cfg, tenant = tenant or "anon",
+    local k = { dict = d, cfg = cfg, keys = {}, tried = 0, raw_tenant = tenant,
                 epoch = tostring(meta_dict():get(EPOCH) or 0) .. SEP .. api }
-    if fp and not fp.masked then
-        return with_base(k, (fp.stream and "S" or "J") .. (fp.include_usage and "U" or "-") .. fp.exact_key)
-    end
     if not body then
         k.pending = true
         return k
     end
-    if fp or #body > fingerprint.DECODE_LIMIT then
-        local digest = sha256.digest(body, #body)
-        if not digest then
-            return nil
-        end
-        k.digest = digest   -- the slot's too, on a miss
-        return with_base(k, "R" .. digest)
+    local digest = sha256.digest(body, #body)
+    if not digest then
+        return nil
     end
-    return nil
+    k.digest = digest
+    return add_keys(k, "R" .. digest, tenant)
 end
 
--- A streamed body's keys, from the SHA-256 of its bytes (32-byte string).
+-- A streamed body's keys, from the SHA-256 of its bytes in the slot (32-byte string).
 function _M.digested(k, digest)
     k.pending = nil
-    return with_base(k, "R" .. digest)
+    return add_keys(k, "R" .. digest, k.raw_tenant)
+end
+
+-- Adds the exact keys of a request nginx fingerprinted (fingerprint.keys) and did not
+-- mask: its exact key (fingerprint.md §6), and what the exact key leaves out but the answer
+-- shows (stream, OpenAI's stream_options.include_usage). Masked requests keep their raw
+-- keys only: masked values of other lengths give other prompt token counts (usage).
+-- tenant: the request's tenant (zccp.tenant.digest(fp)). True when it added them.
+function _M.exact(k, fp, tenant)
+    if not fp or fp.masked then
+        return false
+    end
+    add_keys(k, "X" .. (fp.stream and "S" or "J") .. (fp.include_usage and "U" or "-") .. fp.exact_key, tenant)
+    return true
 end
 
 -- The most bytes of an answer L1 keeps.
@@ -149,15 +160,22 @@ local function fresh_id(a)
     return a.prefix .. ffi_string(OUT, n)
 end
 
--- Answers the request from L1 when its entry is there: true; false on a miss.
-function _M.serve(api, k)
-    local d = k.dict
-    local v = d:get(k.shared)
-    if not v then
-        v = d:get(k.own)
+-- Answers the request from L1 when an entry under one of its keys not yet tried is
+-- there: true; false on a miss (counted once final: no more keys will come).
+function _M.serve(api, k, final)
+    local d, keys = k.dict, k.keys
+    local v
+    for i = k.tried + 1, #keys do
+        v = d:get(keys[i])
+        if v then
+            break
+        end
     end
+    k.tried = #keys
     if not v then
-        metrics.l1(api, "miss")
+        if final then
+            metrics.l1(api, "miss")
+        end
         return false
     end
     -- entry: "S" (SSE) or "J", the time the answer was born (Age), ":", the template
@@ -250,21 +268,25 @@ function _M.keep(api, k, meta, r)
         ngx_log(ngx_WARN, "zccp: an answer the engine marked keepable has no response id; not kept in L1")
         return
     end
-    local d, md = k.dict, meta_dict()
+    local d, md, keys = k.dict, meta_dict(), k.keys
     local n = md:get(COUNT) or 0
-    if n >= cfg.max_entries then
+    if n + #keys / 2 > cfg.max_entries then
         n = recount(d, md, n)
-        if n >= cfg.max_entries then
+        if n + #keys / 2 > cfg.max_entries then
             return
         end
     end
-    local ok, err = d:set(scope == 0 and k.shared or k.own,
-                          (r.sse and "S" or "J") .. (ngx_time() - age) .. ":" .. tpl, ttl)
-    if not ok then
-        ngx_log(ngx_WARN, "zccp: L1 store failed: ", err)
-        return
+    -- under each of its keys (the raw bytes', the exact request's): the pair's shared
+    -- key or its tenant's, as the engine said
+    local v = (r.sse and "S" or "J") .. (ngx_time() - age) .. ":" .. tpl
+    for i = scope == 0 and 1 or 2, #keys, 2 do
+        local ok, err = d:set(keys[i], v, ttl)
+        if not ok then
+            ngx_log(ngx_WARN, "zccp: L1 store failed: ", err)
+            return
+        end
+        md:incr(COUNT, 1, 0)
     end
-    md:incr(COUNT, 1, 0)
     metrics.l1(api, "store")
 end
 

@@ -109,6 +109,22 @@ def test_an_l1_hit_is_the_engines_replay_with_a_fresh_id_and_created(lstack, api
         assert layer(post(lstack, api, other)) == "HIT/L2"
 
 
+def test_other_bytes_of_the_same_request_hit_by_the_exact_key_masked_ones_do_not(lstack):
+    s = lstack
+    body = req("openai", [{"role": "user", "content": "Same request, other spacing"}])
+    to_l1(s, "openai", body)
+    spaced = json.dumps(body, indent=2).encode()        # other bytes, the same exact key
+    assert layer(post(s, "openai", spaced)) == "HIT/L1"
+    # a masked request: other values are one exact key for the engine (a HIT), but their
+    # prompt counts differ (usage): L1 keeps it by its bytes only
+    a = req("anthropic", [{"role": "user", "content": "Order #123456789 status?"}])
+    b = req("anthropic", [{"role": "user", "content": "Order #98765432100 status?"}])
+    to_l1(s, "anthropic", a)
+    r = post(s, "anthropic", b)
+    assert layer(r) == "HIT/L2"
+    assert r.json()["usage"]["input_tokens"] != post(s, "anthropic", a).json()["usage"]["input_tokens"]
+
+
 def test_an_l1_hit_never_reaches_the_engine(lstack):
     s = lstack
     body = req("anthropic", [{"role": "user", "content": "Name three rivers"}])
@@ -244,7 +260,8 @@ def test_l1_switched_off_and_its_entry_cap(make_stack):
     assert eventually(off, "anthropic", body) == "HIT"
     for _ in range(3):
         assert layer(post(off, "anthropic", body)) == "HIT/L2"
-    capped = make_stack({"model": NULL, "cache": {"l1": {"max_entries": 2}}}, with_redis=True)
+    # an unmasked answer nginx fingerprinted takes two entries: its bytes', its exact key's
+    capped = make_stack({"model": NULL, "cache": {"l1": {"max_entries": 4}}}, with_redis=True)
     for q in ("one", "two"):
         to_l1(capped, "anthropic", req("anthropic", [{"role": "user", "content": q}]))
     third = req("anthropic", [{"role": "user", "content": "three"}])
