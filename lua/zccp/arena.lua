@@ -180,23 +180,25 @@ function _M.release(self)
     end
 end
 
+-- A pointer of type ptr_t at `offset` into slot i.
+local function slot_at(self, i, offset, ptr_t)
+    return ffi_cast(ptr_t, self.base + abi.C.ZCCP_PAGE_SIZE + i * self.slot_size + offset)
+end
+
 function _M.header(self, i)
-    return ffi_cast(abi.header_ptr_t, self.base + abi.C.ZCCP_PAGE_SIZE + i * self.slot_size)
+    return slot_at(self, i, 0, abi.header_ptr_t)
 end
 
 function _M.meta(self, i)
-    return ffi_cast(abi.meta_ptr_t,
-        self.base + abi.C.ZCCP_PAGE_SIZE + i * self.slot_size + abi.C.ZCCP_SLOT_META_OFFSET)
+    return slot_at(self, i, abi.C.ZCCP_SLOT_META_OFFSET, abi.meta_ptr_t)
 end
 
 function _M.signature(self, i)
-    return ffi_cast(abi.signature_ptr_t,
-        self.base + abi.C.ZCCP_PAGE_SIZE + i * self.slot_size + abi.C.ZCCP_SLOT_SIG_OFFSET)
+    return slot_at(self, i, abi.C.ZCCP_SLOT_SIG_OFFSET, abi.signature_ptr_t)
 end
 
 function _M.request(self, i)
-    return ffi_cast(abi.request_ptr_t,
-        self.base + abi.C.ZCCP_PAGE_SIZE + i * self.slot_size + abi.C.ZCCP_SLOT_REQ_OFFSET)
+    return slot_at(self, i, abi.C.ZCCP_SLOT_REQ_OFFSET, abi.request_ptr_t)
 end
 
 function _M.payload_ptr(self, i)

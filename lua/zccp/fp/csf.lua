@@ -150,6 +150,16 @@ local function fnv2(hc, hs, b)
     return tobit(lshift(hc, 24) + hc * 403), tobit(lshift(hs, 24) + hs * 403)
 end
 
+-- A token ends: the shingle it closes with the previous token (hs) goes to X[nx], once
+-- there is a previous token. Returns the next free index.
+local function token_end(X, nx, hs, ntok)
+    if ntok > 1 then
+        X[nx] = hs % 4294967296
+        return nx + 1
+    end
+    return nx
+end
+
 -- Tokenizes p[0 .. n-1] and hashes the shingles in the same pass: each token's FNV-1a 32
 -- (hc) and, from the previous token's hash followed by 0x20, the shingle's (hs) are
 -- carried along byte by byte (bytes lowercased through LOWER). Returns the number of
@@ -202,12 +212,8 @@ local function scan(p, n)
             end
         end
         if cls ~= 0 and inword then
-            -- the word ends: its shingle with the previous token
             inword = false
-            if ntok > 1 then
-                X[nx] = hs % 4294967296
-                nx = nx + 1
-            end
+            nx = token_end(X, nx, hs, ntok)
             prev = hc
         end
         if cls ~= 1 then
@@ -233,10 +239,7 @@ local function scan(p, n)
                 end
                 if cls == 2 then
                     inword = false   -- a CJK token ends where it starts: again below
-                    if ntok > 1 then
-                        X[nx] = hs % 4294967296
-                        nx = nx + 1
-                    end
+                    nx = token_end(X, nx, hs, ntok)
                     prev = hc
                 end
             end
@@ -244,8 +247,7 @@ local function scan(p, n)
         i = i + len
     end
     if inword and ntok > 1 then
-        X[nx] = hs % 4294967296
-        nx = nx + 1
+        nx = token_end(X, nx, hs, ntok)
     elseif ntok == 1 then
         -- one token: one 1-shingle, the token's own hash
         X[0] = (inword and hc or prev) % 4294967296
