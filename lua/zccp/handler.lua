@@ -403,7 +403,7 @@ function _M.serve(api, kind)
         -- L1 (zccp.l1): the very same bytes are answered before any fingerprint (a streamed
         -- body's once it is in the slot, see attempt), the same request after its keys;
         -- otherwise the engine's answer may be kept.
-        local k = l1.begin(api, body, flags, tenant.digest(nil))
+        local k = l1.begin(api, body, flags)
         if k and not k.pending and l1.serve(api, k) then
             return
         end

@@ -6,7 +6,7 @@
 -- fingerprint) and, for a request nginx fingerprinted and did not mask, its exact key.
 --
 --   local l1 = require "zccp.l1"
---   local k = l1.begin(api, body, flags, tenant)     -- nil: this request skips L1
+--   local k = l1.begin(api, body, flags)             -- nil: this request skips L1
 --   if k and l1.serve(api, k) then return end        -- the very same bytes: answered, no fingerprint
 --   ... fp = fingerprint.keys(api, body) ...
 --   l1.exact(k, fp, tenant)                           -- the same request, other bytes
@@ -27,6 +27,7 @@ local abi = require "zccp.abi"
 local settings = require "zccp.settings"
 local sha256 = require "zccp.sha256"
 local metrics = require "zccp.metrics"
+local tenant_mod = require "zccp.tenant"
 
 local ngx = ngx
 local ngx_shared = ngx.shared
@@ -99,9 +100,9 @@ end
 -- A request's L1 record, or nil when it must not use L1: Cache-Control no-cache or
 -- no-store (flags), or L1 off. It first holds the keys of the raw bytes: the SHA-256 of
 -- `body` (also the slot's, on a miss), or, when body is nil (it streams into the slot,
--- zccp.body), `pending` until digested() gives it the slot's. tenant: the tenant known
--- without the body (zccp.tenant.digest(nil)); identical bytes name the same end user.
-function _M.begin(api, body, flags, tenant)
+-- zccp.body), `pending` until digested() gives it the slot's. Their tenant is the one
+-- known without the body (the headers'): identical bytes name the same end user.
+function _M.begin(api, body, flags)
     local cfg, d = config()
     if not cfg then
         return nil
@@ -110,6 +111,7 @@ function _M.begin(api, body, flags, tenant)
     if band(flags, C.ZCCP_FLAG_NO_CACHE + C.ZCCP_FLAG_NO_STORE) ~= 0 then
         return nil
     end
+    local tenant = tenant_mod.digest(nil)
     local k = { dict = d, cfg = cfg, keys = {}, tried = 0, raw_tenant = tenant,
                 epoch = tostring(meta_dict():get(EPOCH) or 0) .. SEP .. api }
     if not body then
