@@ -7,6 +7,8 @@ import math
 import statistics
 from pathlib import Path
 
+from zccp.cache.near import VERIFY_MARGIN
+
 from bench.cache_eval.pairs import CATEGORIES, EXPECT, WHAT
 
 THRESHOLD = 0.85
@@ -67,13 +69,18 @@ def predicted(p: dict) -> str:
     """What the engine should answer by the design (docs/fingerprint.md, docs/cache.md, scope
     `tenant`), from the fingerprints computed here in Python: exact key equal, and the same
     tenant unless nothing was masked -> HIT; else the same prefix key and tenant, both final
-    turns near-able, >= 1 shared LSH band and MinHash estimate >= threshold -> NEAR."""
+    turns near-able, >= 1 shared LSH band, a MinHash estimate >= threshold - VERIFY_MARGIN
+    and an exact Jaccard of the shingle-hash sets >= threshold -> NEAR (results from before
+    the exact check, without `verified_j`: estimate >= threshold)."""
     tenant_ok = p.get("same_tenant", True)
     if p["same_exact_key"] and (tenant_ok or not p.get("masked")):
         return "HIT"
-    if p["same_scope"] and tenant_ok and p["complete"] and p["shared_band"] and p["est"] >= THRESHOLD - 1e-9:
-        return "NEAR"
-    return "MISS"
+    if not (p["same_scope"] and tenant_ok and p["complete"] and p["shared_band"]):
+        return "MISS"
+    if "verified_j" not in p:
+        return "NEAR" if p["est"] >= THRESHOLD - 1e-9 else "MISS"
+    ok = p["est"] >= THRESHOLD - VERIFY_MARGIN - 1e-9 and p["verified_j"] >= THRESHOLD - 1e-9
+    return "NEAR" if ok else "MISS"
 
 
 def _pct(k: int, n: int, digits: int = 1) -> str:
@@ -391,13 +398,15 @@ def render(res: dict, out_dir: Path) -> None:
     # ---------------------------------------------------------------- consistency
     mism = [p for p in pairs if p["var_cache"] != predicted(p)]
     near = [p for p in pairs if p["var_cache"] == "NEAR" and p["similarity"] is not None]
-    err = [abs(p["similarity"] - p["est"]) for p in near]
+    exact_sim = bool(near) and all("verified_j" in p for p in near)
+    err = [abs(p["similarity"] - (p["verified_j"] if exact_sim else p["est"])) for p in near]
     base_not_miss = [p for p in pairs if p["base_cache"] != "MISS"]
     first_miss = [p for p in pairs if p["confirm_first"] != "HIT"]
     L += ["## Checks", "",
           f"* Live answer vs the local model of the decision: {len(pairs) - len(mism)}/{len(pairs)} agree"
           + (f"; {len(mism)} differ (listed in results.json under `mismatches`)." if mism else "."),
-          "* `X-ZCCP-Similarity` on NEAR answers vs the MinHash estimate computed here: "
+          "* `X-ZCCP-Similarity` on NEAR answers vs the "
+          + ("exact Jaccard of the shingle-hash sets" if exact_sim else "MinHash estimate") + " computed here: "
           + (f"max |difference| {max(err):.4f} over {len(err)} NEAR answers." if err else "no NEAR answers."),
           f"* Bases that did not answer MISS the first time: {len(base_not_miss)}.",
           f"* Store race: the first immediate repeat of a just-answered base was not yet a HIT in "
@@ -458,6 +467,26 @@ def render(res: dict, out_dir: Path) -> None:
             worst = max(w["p50_us"] for w in hits) / 1000
             L += ["", "Target: cache hit p50 ≤ 1 ms at 16 concurrent clients — "
                   + ("**met**" if worst <= 1.0 else f"**missed**: p50 up to {worst:.3f} ms") + "."]
+        L += [""]
+
+    # ---------------------------------------------------------------- the exact check's cost
+    vc = res.get("verify_cost")
+    if vc:
+        L += ["## What the exact check of a near candidate costs (in-process)", "",
+              "`bench/cache_eval/verify_cost.py`, in this run's process (no Redis, no network): per edit base, each "
+              "step run 25 times, the median kept, then the median over the stratum's bases. *own set*: the "
+              "request's shingle set (mask a copy of the final turn, tokenize, hash, sort), computed once per "
+              "lookup that has a candidate to check (estimate within "
+              f"{VERIFY_MARGIN:.2f} of the threshold) and once per store; a lookup without one does not compute "
+              "it. *decode* + *exact J*: per checked candidate. *estimate*: the MinHash estimate, all a "
+              "candidate cost before. *record*: the near record in Redis (545 bytes before for every prompt).", ""]
+        rows = [[r["stratum"], str(r["bases"]), f"{r['tokens']:.0f}", f"{r['own_set_us']:.1f}",
+                 f"{r['decode_us']:.1f}", f"{r['exact_us']:.1f}",
+                 f"{r['own_set_us'] + r['decode_us'] + r['exact_us']:.1f}", f"{r['estimate_us']:.1f}",
+                 f"{r['encode_us']:.1f}", f"{r['record_bytes']:,.0f}"] for r in vc]
+        L += _table(["tokens", "bases", "median tokens", "own set µs", "decode µs / cand.", "exact J µs / cand.",
+                     "one checked candidate µs", "estimate µs / cand. (before)", "encode µs (store)",
+                     "record bytes"], rows)
         L += [""]
 
     # ---------------------------------------------------------------- analysis
