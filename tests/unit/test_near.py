@@ -15,7 +15,9 @@ import pytest
 
 from zccp.abi import MINHASH_COUNT
 from zccp.cache.fingerprint import compute
-from zccp.cache.fp.csf import shingle_hashes, tokenize
+import zlib
+
+from zccp.cache.fp.csf import tokenize
 from zccp.cache.masks import MaskSet
 from zccp.cache.near import (MAX_SHINGLES, RECORD_VERSION, VERIFY_MARGIN, NearRecord, TurnShingles, choose,
                              exact_jaccard, shingle_set, turn_shingles)
@@ -48,6 +50,12 @@ def record_for(text, shared=False, signature=None) -> NearRecord:
     return NearRecord(fp.prefix_key, shared, signature or fp.signature, sh)
 
 
+def shingles_of(text: bytes) -> set[bytes]:
+    """The word 2-shingles of fingerprint.md §4 (one token: the token), spelled out."""
+    toks = tokenize(text)[0]
+    return set(toks) if len(toks) == 1 else {a + b" " + b for a, b in zip(toks, toks[1:])}
+
+
 def own(text) -> TurnShingles:
     return TurnShingles(orjson.loads(body(text)), None)
 
@@ -72,8 +80,7 @@ def test_a_near_duplicate_is_served_with_its_exact_similarity():
     rec = record_for(LONG)
     v = choose([b"k1", rec.encode()], q.prefix_key, q.signature, THRESHOLD, own(edited))
     assert v.key == b"k1" and v.reason == "near" and v.record is not None
-    toks_a, toks_b = tokenize(LONG.encode())[0], tokenize(edited.encode())[0]
-    a, b = set(shingle_hashes(toks_a)), set(shingle_hashes(toks_b))
+    a, b = shingles_of(LONG.encode()), shingles_of(edited.encode())
     assert v.similarity == pytest.approx(len(a & b) / len(a | b)) and THRESHOLD <= v.similarity < 1.0
 
 
@@ -123,7 +130,8 @@ def test_the_set_is_what_the_minhash_read_after_masking():
     sh = turn_shingles(doc, masks)
     assert doc["messages"][0]["content"] == text             # the request itself is not changed
     masked = text.replace("ann@north.com", "<email>").encode()
-    assert sh.tolist() == sorted(set(shingle_hashes(tokenize(masked)[0])))
+    assert sh.tolist() == sorted({zlib.crc32(s) for s in shingles_of(masked)})
+    assert len(sh) == len(shingles_of(masked))          # no two shingles share a hash here
     fp = compute("anthropic", body(text), masks)
     assert fp.masked and fp.jaccard(compute("anthropic", body(masked.decode()))) == 1.0
     # a doc the engine already masked (compute() masks in place) is read as it is
@@ -148,9 +156,18 @@ def test_exact_jaccard_matches_python_sets():
         a = {rnd.randrange(1 << 32) for _ in range(rnd.randrange(1, 300))}
         b = set(rnd.sample(sorted(a), rnd.randrange(0, len(a) + 1))) | {rnd.randrange(1 << 32) for _ in range(rnd.randrange(0, 50))}
         want = len(a & b) / len(a | b) if b else 0.0
-        assert exact_jaccard(shingle_set(list(a)), shingle_set(list(b))) == pytest.approx(want)
-    assert exact_jaccard(shingle_set([1, 2]), shingle_set([1, 2])) == 1.0
-    assert exact_jaccard(shingle_set([0xFFFFFFFF]), shingle_set([0])) == 0.0
+        sa = np.array(sorted(a), dtype=np.uint32)
+        sb = np.array(sorted(b), dtype=np.uint32)
+        assert exact_jaccard(sa, sb) == pytest.approx(want)
+    assert exact_jaccard(np.array([1, 2], dtype=np.uint32), np.array([1, 2], dtype=np.uint32)) == 1.0
+    assert exact_jaccard(np.array([0xFFFFFFFF], dtype=np.uint32), np.array([0], dtype=np.uint32)) == 0.0
+
+
+def test_the_shingle_set_of_tokens():
+    assert shingle_set([b"hello"]).tolist() == [zlib.crc32(b"hello")]
+    got = shingle_set([b"a", b"b", b"a", b"b", b"c"])           # "a b" twice: one member
+    assert got.tolist() == sorted({zlib.crc32(b"a b"), zlib.crc32(b"b a"), zlib.crc32(b"b c")})
+    assert got.dtype == np.uint32
 
 
 # ------------------------------------------------------------------------------ records

@@ -4,16 +4,18 @@ final user turn allows near hits, and the exact check a candidate must pass.
 The LSH bands only find candidates, and the MinHash estimate from 128 values has a
 standard error of about 0.03 around the 0.85 threshold: unrelated prompts with a true
 Jaccard of 0.81-0.84 were served. So the record also keeps the candidate's set of word
-2-shingle hashes (the FNV-1a 32 values the MinHash read: fingerprint.md §4, at most 1024
-tokens, sorted and unique), and a candidate is served only when the *exact* Jaccard of
-its set and the request's is at least `cache.similarity_threshold`. The request's own set
+2-shingles, the ones its MinHash read (fingerprint.md §3-§4: the masked final turn, at
+most 1024 tokens), each as its CRC-32 (zlib's, in C: twice as fast here as the spec's
+FNV-1a, and any fixed 32-bit hash will do, since both sets are made by the engine),
+sorted and unique; a candidate is served only when the *exact* Jaccard of its set and
+the request's is at least `cache.similarity_threshold`. The request's own set
 is computed only when there is a candidate to check (TurnShingles, once per request), so
 a miss costs nothing more; a store computes it to write the record.
 
 Record, version 2 (little-endian):
 
     version u8 = 2 | prefix key 32 | entry in `shared` u8 (1) or the near owner (0)
-    | signature 128 x u32 | n u16 | n x u32 shingle hashes, strictly increasing
+    | signature 128 x u32 | n u16 | n x u32 shingle CRC-32s, strictly increasing
 
 A record read back from Redis is input: anything else (version 1 records, which had no
 version byte and no shingles, a wrong length, unsorted or too many hashes) is None,
@@ -24,13 +26,14 @@ from __future__ import annotations
 
 import copy
 import struct
+import zlib
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
 from zccp.abi import MINHASH_COUNT
-from zccp.cache.fp.csf import estimate_jaccard, shingle_hashes, tokenize_prefixes
+from zccp.cache.fp.csf import estimate_jaccard, tokenize_prefixes
 from zccp.cache.fp.prompt import final_turn, prefix_of
 from zccp.cache.fp.tables import MAX_TOKENS
 from zccp.cache.masks import MaskError, MaskSet, mask_doc
@@ -43,7 +46,7 @@ MAX_SHINGLES = MAX_TOKENS                                # a near turn has 1..MA
 # estimate fell just short is then served; the exact check decides either way).
 VERIFY_MARGIN = 0.10
 
-Shingles = np.ndarray    # sorted, unique uint32 shingle hashes
+Shingles = np.ndarray    # sorted, unique uint32 shingle hashes (CRC-32)
 
 
 @dataclass(frozen=True)
@@ -72,8 +75,13 @@ class NearRecord:
         return cls(prefix, where == 1, head[3:-1], sh)
 
 
-def shingle_set(hashes: list[int]) -> Shingles:
-    return np.unique(np.asarray(hashes, dtype=np.uint32))
+def shingle_set(tokens: list[bytes]) -> Shingles:
+    """The CRC-32 of each word 2-shingle ("t1 t2"; one token: the token), sorted and unique:
+    the shingles of fingerprint.md §4, hashed with zlib's CRC-32."""
+    sh = tokens if len(tokens) == 1 else [a + b" " + b for a, b in zip(tokens, tokens[1:])]
+    a = np.fromiter(map(zlib.crc32, sh), dtype=np.uint32, count=len(sh))
+    a.sort()
+    return a[np.concatenate(([True], a[1:] != a[:-1]))] if a.size > 1 else a
 
 
 def exact_jaccard(a: Shingles, b: Shingles) -> float:
@@ -111,7 +119,7 @@ def turn_shingles(doc: dict, masks: MaskSet | None) -> Shingles | None:
     toks, complete = tokenize_prefixes(prefix_of(turn))
     if not complete or not toks:
         return None
-    return shingle_set(shingle_hashes(toks))
+    return shingle_set(toks)
 
 
 @dataclass
