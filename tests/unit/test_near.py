@@ -17,7 +17,7 @@ from zccp.abi import MINHASH_COUNT
 from zccp.cache.fingerprint import compute
 import zlib
 
-from zccp.cache.fp.csf import tokenize
+from zccp.cache.fp.csf import mix64, tokenize
 from zccp.cache.masks import MaskSet
 from zccp.cache.near import (MAX_SHINGLES, RECORD_VERSION, VERIFY_MARGIN, NearRecord, TurnShingles, choose,
                              exact_jaccard, shingle_set, turn_shingles)
@@ -50,10 +50,20 @@ def record_for(text, shared=False, signature=None) -> NearRecord:
     return NearRecord(fp.prefix_key, shared, signature or fp.signature, sh)
 
 
-def shingles_of(text: bytes) -> set[bytes]:
-    """The word 2-shingles of fingerprint.md §4 (one token: the token), spelled out."""
+def shingles_of(text: bytes) -> set[tuple[bytes, ...]]:
+    """The word 2-shingles of fingerprint.md §4 (one token: its 1-shingle), spelled out."""
     toks = tokenize(text)[0]
-    return set(toks) if len(toks) == 1 else {a + b" " + b for a, b in zip(toks, toks[1:])}
+    return {(toks[0],)} if len(toks) == 1 else set(zip(toks, toks[1:]))
+
+
+def hashes_of(text: bytes) -> list[int]:
+    """What the engine's set should hold, in plain Python: per shingle, the CRC-32 of its
+    tokens joined into 64 bits (one token: its CRC-32 with the top bit set), splitmix64's
+    finalizer, the high 32 bits; sorted, unique."""
+    def h(s):
+        z = (zlib.crc32(s[0]) | 1 << 63) if len(s) == 1 else (zlib.crc32(s[0]) << 32 | zlib.crc32(s[1]))
+        return mix64(z) >> 32
+    return sorted({h(s) for s in shingles_of(text)})
 
 
 def own(text) -> TurnShingles:
@@ -130,7 +140,7 @@ def test_the_set_is_what_the_minhash_read_after_masking():
     sh = turn_shingles(doc, masks)
     assert doc["messages"][0]["content"] == text             # the request itself is not changed
     masked = text.replace("ann@north.com", "<email>").encode()
-    assert sh.tolist() == sorted({zlib.crc32(s) for s in shingles_of(masked)})
+    assert sh.tolist() == hashes_of(masked)
     assert len(sh) == len(shingles_of(masked))          # no two shingles share a hash here
     fp = compute("anthropic", body(text), masks)
     assert fp.masked and fp.jaccard(compute("anthropic", body(masked.decode()))) == 1.0
@@ -163,11 +173,28 @@ def test_exact_jaccard_matches_python_sets():
     assert exact_jaccard(np.array([0xFFFFFFFF], dtype=np.uint32), np.array([0], dtype=np.uint32)) == 0.0
 
 
-def test_the_shingle_set_of_tokens():
-    assert shingle_set([b"hello"]).tolist() == [zlib.crc32(b"hello")]
-    got = shingle_set([b"a", b"b", b"a", b"b", b"c"])           # "a b" twice: one member
-    assert got.tolist() == sorted({zlib.crc32(b"a b"), zlib.crc32(b"b a"), zlib.crc32(b"b c")})
-    assert got.dtype == np.uint32
+def test_the_shingle_set_of_a_text():
+    assert turn_shingles({"messages": [{"role": "user", "content": "Hello!"}]}, None).tolist() == hashes_of(b"hello")
+    got = turn_shingles({"messages": [{"role": "user", "content": "a b, A B c"}]}, None)   # "a b" twice: one member
+    assert got.tolist() == hashes_of(b"a b a b c") and len(got) == 3
+    assert got.dtype == np.uint32 and shingle_set([]).size == 0
+    assert shingle_set([b"a"]).tolist() != shingle_set([b"a", b"a"]).tolist()   # "a" is not "a a"
+
+
+@pytest.mark.parametrize("text", [
+    FALSE_HIT_STORED, FALSE_HIT_QUERY, LONG, "Ünïcödé wörds, ÉTÉ été — 東京タワー and ASCII", "x",
+    "Straße İstanbul ΣΊΣΥΦΟΣ café", "bad \udcff\udcfe bytes in words\udc80x",
+    "a" * 5000 + " " + "word " * 1020,
+])
+def test_the_set_is_the_fingerprints_own_tokenization(text):
+    # the shingles of tokenize() (the MinHash's input) spelled out, against the engine's fast path
+    raw = text.encode("utf-8", "surrogateescape")
+    toks, complete = tokenize(raw)
+    sh = turn_shingles({"messages": [{"role": "user", "content": text}]}, None)
+    if not complete:
+        assert sh is None
+        return
+    assert sh.tolist() == hashes_of(raw)
 
 
 # ------------------------------------------------------------------------------ records
