@@ -231,3 +231,12 @@ def test_malformed_records_are_misses(raw):
 def test_valid_edges_decode():
     assert NearRecord.decode(_raw(hashes=(7,))) is not None
     assert NearRecord.decode(_raw(hashes=range(MAX_SHINGLES))) is not None
+
+
+def test_a_failure_making_the_set_costs_the_near_hit_not_the_request():
+    class Broken(dict):
+        def get(self, *a):
+            raise RuntimeError("boom")
+    t = TurnShingles(Broken(), None)
+    assert t.get() is None and t.get() is None             # computed once, None thereafter
+    assert TurnShingles(None, None).get() is None           # no decoded body: nothing to check

@@ -29,6 +29,7 @@ which the lookup treats as a miss.
 from __future__ import annotations
 
 import copy
+import logging
 import struct
 import zlib
 from dataclasses import dataclass, field
@@ -42,6 +43,8 @@ from zccp.cache.fp.csf import estimate_jaccard, tokens_of_text
 from zccp.cache.fp.prompt import final_turn
 from zccp.cache.fp.tables import MAX_TOKENS
 from zccp.cache.masks import MaskError, MaskSet, mask_doc
+
+log = logging.getLogger("zccp.cache.near")
 
 RECORD_VERSION = 2
 _HEAD = struct.Struct(f"<B32sB{MINHASH_COUNT}IH")       # version .. n
@@ -145,9 +148,13 @@ class TurnShingles:
     _done: bool = field(default=False, init=False, repr=False)
 
     def get(self) -> Shingles | None:
+        """The set, or None (no near hits for this request: nothing to check, nothing to store)."""
         if not self._done:
-            self._value = turn_shingles(self.doc, self.masks) if self.doc is not None else None
             self._done = True
+            try:
+                self._value = turn_shingles(self.doc, self.masks) if self.doc is not None else None
+            except Exception:   # a bug here must cost a near hit, not the lookup or the store
+                log.exception("the final turn's shingle set failed; no near hit for this request")
         return self._value
 
 
