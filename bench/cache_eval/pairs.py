@@ -7,7 +7,8 @@ import random
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from zccp.cache.fingerprint import MAX_TOKENS, compute, estimate_jaccard
+from zccp.cache.fingerprint import MAX_TOKENS, compute, decode_request, estimate_jaccard
+from zccp.cache.near import exact_jaccard, turn_shingles
 from zccp.cache.fp.csf import _TOKEN_RE
 
 from bench.cache_eval import conversations as C
@@ -81,6 +82,7 @@ class Pair:
     # local model of the engine's decision (zccp.cache.fingerprint in Python)
     same_exact_key: bool = False
     est: float = 0.0                  # MinHash estimate between the two final turns
+    verified_j: float = 0.0           # the engine's exact check: Jaccard of the two turns' shingle-hash sets
     shared_band: bool = False
     complete: bool = True             # both fingerprints allow near hits
     same_csf: bool = False
@@ -135,7 +137,16 @@ def _mk(category: str, kind: str, api_b: str, body_b: dict, api_v: str, body_v: 
             p.est = estimate_jaccard(fb.signature, fv.signature)
             p.shared_band = any(x == y for x, y in zip(fb.bands, fv.bands))
             p.same_csf = fb.csf_key == fv.csf_key
+            p.verified_j = verified_jaccard(api_b, p.base, api_v, p.variant)
     return p
+
+
+def verified_jaccard(api_a: str, raw_a: bytes, api_b: str, raw_b: bytes) -> float:
+    """The exact Jaccard the engine checks a near candidate with (zccp.cache.near)."""
+    da, db = decode_request(api_a, raw_a), decode_request(api_b, raw_b)
+    sa = turn_shingles(da, masks()) if da is not None else None
+    sb = turn_shingles(db, masks()) if db is not None else None
+    return 0.0 if sa is None or sb is None else exact_jaccard(sa, sb)
 
 
 def _text_pairs(category: str, gen: Callable, bases: list[Base], mt: int, rng: random.Random) -> list[Pair]:

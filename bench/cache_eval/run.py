@@ -33,7 +33,7 @@ from bench.cache_eval.client import Client  # noqa: E402
 from bench.cache_eval.jaccard import jaccard, signature, text_tokens  # noqa: E402
 from bench.cache_eval.pairs import Pair, anth, build_pairs, dumps, max_tokens_for  # noqa: E402
 from bench.cache_eval.prompts import DEDUP_BANDS, DEDUP_ROWS, build_pool  # noqa: E402
-from bench.cache_eval import report  # noqa: E402
+from bench.cache_eval import report, verify_cost  # noqa: E402
 
 OVERRIDES = {
     "model": {"backend": "null", "max_context": 200000},
@@ -77,6 +77,7 @@ def run_pair(c: Client, p: Pair) -> Pair:
 
 def unrelated(c: Client, pool, threads: int) -> dict:
     from zccp.cache.fp.csf import band_keys, estimate_jaccard
+    from zccp.cache.near import VERIFY_MARGIN
 
     mt = max_tokens_for("unrelated")
     stored = [dumps(anth(b.text, mt)) for b in pool.stored]
@@ -115,14 +116,21 @@ def unrelated(c: Client, pool, threads: int) -> dict:
         cands = {i for k in range(DEDUP_BANDS) for i in idx.get((k, sig[k * DEDUP_ROWS:(k + 1) * DEDUP_ROWS]), ())}
         nn = max((jaccard(qb.shingles, kept[i].shingles) for i in cands), default=0.0)
         ecands = {i for k, band in enumerate(band_keys(sig)) for i in eng.get((k, band), ())}
-        best_est, best_i = max(((estimate_jaccard(sig, sigs[i]), i) for i in ecands), default=(0.0, -1))
+        ests = [(estimate_jaccard(sig, sigs[i]), i) for i in ecands]
+        best_est = max((e for e, _ in ests), default=0.0)
+        # the engine checks the candidates whose estimate is within VERIFY_MARGIN of the
+        # threshold exactly and serves the best one whose exact Jaccard reaches it
+        best_j, best_i = max(((jaccard(qb.shingles, kept[i].shingles), i) for e, i in ests
+                              if e >= report.THRESHOLD - VERIFY_MARGIN - 1e-9), default=(0.0, -1))
         row = {"nn_jaccard": round(nn, 5), "engine_candidates": len(ecands), "best_estimate": round(best_est, 5),
+               "checked": sum(1 for e, _ in ests if e >= report.THRESHOLD - VERIFY_MARGIN - 1e-9),
+               "best_checked_jaccard": round(best_j, 5),
                "cache": r.cache, "status": r.status, "similarity": r.similarity, "ntok": qb.ntok}
-        if r.cache in ("HIT", "NEAR") and nn < 0.85:      # a false hit: keep the reproducer
+        if r.cache in ("HIT", "NEAR") and nn < report.THRESHOLD:      # a false hit: keep the reproducer
             row["query"] = qb.text
-            if best_i >= 0:   # the candidate the engine would serve: the highest estimate
+            if best_i >= 0:   # the candidate the engine would serve: the best exact Jaccard
                 row["served_candidate"] = kept[best_i].text
-                row["served_candidate_jaccard"] = round(jaccard(qb.shingles, kept[best_i].shingles), 5)
+                row["served_candidate_jaccard"] = round(best_j, 5)
         rows.append(row)
     return {
         "stored": len(kept), "sent_to_store": len(stored), "queries": len(queries), "elapsed_s": round(elapsed, 2),
@@ -331,6 +339,8 @@ def main(argv: list[str] | None = None) -> int:
     pool = build_pool(a.pairs, a.pairs, a.unrelated, a.seed, n_chats=small)
     pairs = build_pairs(pool, a.pairs, small, a.seed)
     log(f"{len(pairs)} pairs in {time.perf_counter() - t_start:.1f} s; long bases {len(pool.long)}")
+    log("cost of the exact check of a near candidate (in-process)")
+    cost = verify_cost.measure(pool.edit)
 
     workdir = Path(tempfile.mkdtemp(prefix="zccp-cache-eval-"))
     before = None
@@ -341,7 +351,7 @@ def main(argv: list[str] | None = None) -> int:
     results: dict = {"machine": _machine(), "args": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(a).items()},
                      "overrides": OVERRIDES, "started": time.strftime("%Y-%m-%d %H:%M:%S %Z"), "before": before,
                      "pool": {"conversations": pool.conversations, "first_turns": pool.first_turns,
-                              "edit_bases": len(pool.edit), "long_bases": len(pool.long)}}
+                              "edit_bases": len(pool.edit), "long_bases": len(pool.long)}, "verify_cost": cost}
     try:
         m0 = c.metrics()
         log(f"unrelated: storing {len(pool.stored)} prompts, then querying {len(pool.queries)} others")

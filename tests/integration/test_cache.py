@@ -190,3 +190,68 @@ def test_no_cache_no_store_touches_nothing(cstack):
     r = post(cstack, body, **{"cache-control": "no-cache, no-store"})
     assert r.headers["x-zccp-cache"] == "BYPASS"
     assert post(cstack, body).headers["x-zccp-cache"] == "MISS"   # nothing was stored
+
+
+# ------------------------------------------------------------------- near candidates are checked exactly
+
+# One of bench/cache_eval's false hits (two unrelated ShareGPT first turns): all 128 MinHash
+# values agree (estimate 1.0) but the true Jaccard of the shingle sets is 5/6 < 0.85.
+FALSE_STORED = "continue\n \n \n \n 지금 번역하기"
+FALSE_QUERY = "&지금 번역하기"
+
+
+def _stored(s, body):
+    assert post(s, body).headers["x-zccp-cache"] == "MISS"
+    for _ in range(100):           # the store lands just after the answer
+        if post(s, body).headers["x-zccp-cache"] == "HIT":
+            return
+        time.sleep(0.02)
+    raise AssertionError("the answer was never stored")
+
+
+def _not_similar(s) -> float:
+    for line in s.client().get("/metrics").text.splitlines():
+        if line.startswith("zccp_engine_cache_total{") and 'reason="not_similar"' in line and 'result="MISS"' in line:
+            return float(line.rsplit(" ", 1)[1])
+    return 0.0
+
+
+def test_a_candidate_only_the_estimate_calls_similar_is_not_served(cstack):
+    _stored(cstack, anthropic_body(FALSE_STORED, max_tokens=20, temperature=0))
+    before = _not_similar(cstack)
+    assert post(cstack, anthropic_body(FALSE_QUERY, max_tokens=20, temperature=0)).headers["x-zccp-cache"] == "MISS"
+    assert _not_similar(cstack) == before + 1
+    # a true near-duplicate of the stored prompt (the same tokens, other spacing) is served
+    r = post(cstack, anthropic_body("continue 지금  번역하기 ", max_tokens=20, temperature=0))
+    assert r.headers["x-zccp-cache"] == "NEAR" and float(r.headers["x-zccp-similarity"]) == 1.0
+
+
+def test_near_candidates_of_bodies_nginx_does_not_decode_are_checked_too(make_stack):
+    # a system prompt past nginx's decode limit: the engine fingerprints the body itself
+    from zccp.cache.fingerprint import DECODE_LIMIT
+    s = make_stack({"model": {"backend": "null", "max_context": 200000},
+                    "shared_memory": {"segment_size_kb": 1536, "tokens_kb": 768}}, with_redis=True)
+    system = "Context: " + "background " * (DECODE_LIMIT // 11 + 100)
+    _stored(s, anthropic_body(LONG, max_tokens=20, system=system))
+    r = post(s, anthropic_body(LONG.replace("northern", "southern", 1), max_tokens=20, system=system))
+    assert r.headers["x-zccp-cache"] == "NEAR" and 0.85 <= float(r.headers["x-zccp-similarity"]) < 1.0
+    _stored(s, anthropic_body(FALSE_STORED, max_tokens=20, system=system))
+    assert post(s, anthropic_body(FALSE_QUERY, max_tokens=20, system=system)).headers["x-zccp-cache"] == "MISS"
+
+
+@pytest.mark.parametrize("record", [
+    b"p" * 32 + b"\x00" + b"\x01" * 512,          # the format before shingle sets (no version byte)
+    b"\x02" + b"\xff" * 600,                      # version 2, garbage
+    b"",
+])
+def test_a_malformed_near_record_is_a_miss(cstack, record):
+    import redis
+    _stored(cstack, anthropic_body(LONG, max_tokens=20))
+    edited = anthropic_body(LONG.replace("northern", "southern", 1), max_tokens=20)
+    with redis.Redis.from_url(cstack.cfg.cache.redis_url) as r:
+        keys = list(r.scan_iter(match="zccp:v2:*:s:*"))
+        assert keys
+        for k in keys:
+            r.set(k, record)
+    assert post(cstack, edited).headers["x-zccp-cache"] == "MISS"
+    assert post(cstack, anthropic_body(LONG, max_tokens=20)).headers["x-zccp-cache"] == "HIT"   # the entry itself

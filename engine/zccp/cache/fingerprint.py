@@ -118,7 +118,9 @@ def _end_user(api: str, doc: dict) -> str | None:
     return u if isinstance(u, str) else None
 
 
-def _parse(api: str, body: bytes | bytearray | memoryview | str) -> dict | None:
+def decode_request(api: str, body: bytes | bytearray | memoryview | str) -> dict | None:
+    """The request as nginx's decoder reads it (§1), or None where that would fail (not a
+    JSON object, nested deeper than MAX_DEPTH, ...): what compute() decodes, for its `doc`."""
     if api not in ("anthropic", "openai"):
         raise ValueError(f"api must be 'anthropic' or 'openai', not {api!r}")
     if isinstance(body, str):
@@ -137,14 +139,13 @@ def compute(api: str, body: bytes | bytearray | memoryview | str | None, masks: 
     """The fingerprint nginx computes for `body` (at any size), or None where nginx's
     decoder would fail (not a JSON object, nested deeper than MAX_DEPTH, ...).
 
-    doc: the body already decoded by `orjson.loads(body)` (it must be exactly that: the
-    result of a successful orjson parse of these bytes, not a fallback decoder's). It is
-    used instead of decoding again, and it is changed in place (masked strings). body may
-    then be None.
+    doc: the body already decoded by `orjson.loads(body)` or by decode_request(api, body)
+    (not by another decoder). It is used instead of decoding again, and it is changed in
+    place (masked strings). body may then be None.
 
     literals: a list that receives every value a mask replaced (the `$0` of each match)."""
     if doc is None:
-        doc = _parse(api, body)
+        doc = decode_request(api, body)
         if doc is None:
             return None
     else:

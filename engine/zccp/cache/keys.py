@@ -8,13 +8,14 @@ patterns.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from zccp.abi import CSF_BANDS, MINHASH_COUNT, Flag, ffi
 from zccp.arena import SlotView
-from zccp.cache.fingerprint import compute
+from zccp.cache.fingerprint import compute, decode_request
 from zccp.cache.masks import MaskSet, MaskSource, collect_literals
+from zccp.cache.near import TurnShingles
 from zccp.cache.scope import Placement, place, tenant_of
 from zccp.config import CacheConfig
 from zccp.request import GenerationRequest
@@ -31,6 +32,9 @@ class CacheKeys:
     placement: Placement
     # the values the masks replaced, when the engine masked the body itself (None: not collected)
     literals: tuple[bytes, ...] | None = None
+    # the final user turn's shingle set, computed when first needed (zccp.cache.near);
+    # None: near candidates cannot be checked, so they are never served
+    turn: TurnShingles | None = field(default=None, compare=False)
 
     @property
     def near_ok(self) -> bool:
@@ -57,7 +61,8 @@ def keys_for(view: SlotView, payload: memoryview, req: GenerationRequest, masks:
     """None when the body cannot be fingerprinted (then the request is served uncached).
 
     doc: the body as orjson parsed it (the engine's one parse), reused and masked in place
-    when the engine fingerprints the body itself."""
+    when the engine fingerprints the body itself. The keys keep it (`turn`): a near
+    candidate is checked against its final user turn."""
     h, meta = view.header, view.meta
     mask_set = slot_masks(view, masks)
     if mask_set is None:
@@ -70,12 +75,21 @@ def keys_for(view: SlotView, payload: memoryview, req: GenerationRequest, masks:
         near = bool(h.flags & Flag.FP_COMPLETE)
         bands = tuple(ffi.unpack(meta.csf_bands, CSF_BANDS)) if near else ()
         sig = tuple(ffi.unpack(view.signature.minhash, MINHASH_COUNT)) if near else ()
-        return CacheKeys(exact, prefix, bands, sig, masked, tenant, place(prefix, tenant, masked, cfg.scope))
+        if near and doc is None:
+            doc = decode_request(req.api, payload)    # nginx decoded it: so can we
+        turn = TurnShingles(doc, mask_set) if near else None     # doc unmasked: the turn is masked on demand
+        return CacheKeys(exact, prefix, bands, sig, masked, tenant, place(prefix, tenant, masked, cfg.scope),
+                         turn=turn)
     literals: list[bytes] = []
-    fp = compute(req.api, payload, mask_set, doc=doc, literals=literals)
+    if doc is None:
+        doc = decode_request(req.api, payload)
+        if doc is None:
+            return None
+    fp = compute(req.api, None, mask_set, doc=doc, literals=literals)
     if fp is None:
         return None
     if fp.near and len(fp.signature) != MINHASH_COUNT:
         raise ValueError("fingerprint signature length does not match the ABI")  # programmer error
     return CacheKeys(fp.exact_key, fp.prefix_key, fp.bands, fp.signature, fp.masked, tenant,
-                     place(fp.prefix_key, tenant, fp.masked, cfg.scope), tuple(literals))
+                     place(fp.prefix_key, tenant, fp.masked, cfg.scope), tuple(literals),
+                     TurnShingles(doc, None) if fp.near else None)     # compute() masked doc in place

@@ -17,7 +17,8 @@ tenant source is absent: they are one tenant). `cache.scope` decides (docs/cache
 
 Keys (all with the configured TTL):
     zccp:v2:{<tag>}:<owner>:e:<exact hex>             the entry (zccp.cache.answer)
-    zccp:v2:{<tag>}:<owner>:s:<exact hex>             near record: prefix key, where the entry is, signature
+    zccp:v2:{<tag>}:<owner>:s:<exact hex>             near record (zccp.cache.near): prefix key, where the
+                                                      entry is, signature, shingle hashes
     zccp:v2:{<tag>}:<owner>:b:<band>:<band key hex>   set of exact keys (hex) with this band
 """
 

@@ -7,7 +7,9 @@ candidates by shared bands and returns the best MAX_CANDIDATES with their near r
 a near hit costs one more round trip for the winner's entry. Every key one script
 touches carries the same hash tag (one Redis Cluster slot). A candidate only counts
 when its prefix key equals the request's: the same system prompt, tools, parameters
-and earlier turns, so similarity is judged on the final user turn alone.
+and earlier turns, so similarity is judged on the final user turn alone, and only when
+the exact Jaccard of the two turns' shingle sets (kept in the near record) reaches the
+threshold: the MinHash estimate only picks the candidates (zccp.cache.near).
 
 A hit is served only if it passes the masked-literal guard (CachedAnswer.leaks_to):
 otherwise it is a MISS with the reason `masked_literal`, and the fresh answer is
@@ -28,16 +30,14 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import struct
 import time
 from collections.abc import Awaitable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from zccp.abi import MINHASH_COUNT
 from zccp.cache.answer import CachedAnswer
-from zccp.cache.fp.csf import estimate_jaccard
 from zccp.cache.keys import CacheKeys
+from zccp.cache.near import NearRecord, choose
 from zccp.cache.redis_target import RedisConnection, connect, parse_redis_url
 from zccp.cache.scope import SHARED, Placement
 from zccp.config import CacheConfig
@@ -81,7 +81,6 @@ end
 return out
 """
 RETRY_AFTER_FAILURE_S = 1.0
-_REC_SIZE = 32 + 1 + 4 * MINHASH_COUNT   # prefix key, entry in `shared` (1) or the near owner (0), signature
 
 
 @dataclass(frozen=True)
@@ -94,16 +93,14 @@ class Lookup:
     shared: bool = False              # the answer came from the `shared` owner
 
 
-def _near_record(keys: CacheKeys) -> bytes:
-    p = keys.placement
-    where = b"\x01" if p.store_owner == SHARED and p.near_owner != SHARED else b"\x00"
-    return keys.prefix + where + struct.pack(f"<{MINHASH_COUNT}I", *keys.signature)
-
-
-def _parse_record(raw: bytes | None) -> tuple[bytes, bool, tuple[int, ...]] | None:
-    if raw is None or len(raw) != _REC_SIZE:
+def _near_record(keys: CacheKeys) -> bytes | None:
+    """The record that makes this request a near candidate; None when its turn has no shingle set."""
+    shingles = keys.turn.get() if keys.turn is not None else None
+    if shingles is None:
         return None
-    return raw[:32], raw[32] == 1, struct.unpack(f"<{MINHASH_COUNT}I", raw[33:])
+    p = keys.placement
+    shared_entry = p.store_owner == SHARED and p.near_owner != SHARED
+    return NearRecord(keys.prefix, shared_entry, keys.signature, shingles).encode()
 
 
 @dataclass
@@ -167,24 +164,16 @@ class ResponseCache:
             return self._failed("lookup", exc)
 
     async def _near(self, keys: CacheKeys, p: Placement, flat: list[bytes], body: memoryview) -> Lookup:
-        best, best_sim, best_shared = None, 0.0, False
-        for cand, raw in zip(flat[0::2], flat[1::2]):
-            rec = _parse_record(raw)
-            if rec is None or rec[0] != keys.prefix:
-                continue
-            sim = estimate_jaccard(rec[2], keys.signature)
-            if sim > best_sim:
-                best, best_sim, best_shared = cand, sim, rec[1]
-        if best is None:
-            return Lookup("MISS", "not_found")
-        if best_sim < self.cfg.similarity_threshold:
-            return Lookup("MISS", "not_similar")
-        owner = SHARED if best_shared else p.near_owner
-        raw = await self._call(self._redis.get(p.key(owner, "e", best.decode())))
+        v = choose(flat, keys.prefix, keys.signature, self.cfg.similarity_threshold, keys.turn)
+        if v.key is None or v.record is None:
+            return Lookup("MISS", v.reason)
+        shared = v.record.shared_entry
+        owner = SHARED if shared else p.near_owner
+        raw = await self._call(self._redis.get(p.key(owner, "e", v.key.decode("ascii", "replace"))))
         ans = CachedAnswer.from_json(raw) if raw is not None else None
         if ans is None:
             return Lookup("MISS", "not_found")
-        return self._guarded(Lookup("NEAR", "near", ans, best_sim, self._age(ans), best_shared), keys, body)
+        return self._guarded(Lookup("NEAR", "near", ans, v.similarity, self._age(ans), shared), keys, body)
 
     @staticmethod
     def _guarded(hit: Lookup, keys: CacheKeys, body: memoryview) -> Lookup:
@@ -215,8 +204,9 @@ class ResponseCache:
         try:
             pipe = self._redis.pipeline(transaction=False)
             pipe.set(p.key(p.store_owner, "e", exact), answer.to_json(), ex=ttl)
-            if keys.near_ok:
-                pipe.set(p.key(p.near_owner, "s", exact), _near_record(keys), ex=ttl)
+            record = _near_record(keys) if keys.near_ok else None
+            if record is not None:
+                pipe.set(p.key(p.near_owner, "s", exact), record, ex=ttl)
                 for k in p.band_keys(keys.bands):
                     pipe.sadd(k, exact)
                     pipe.expire(k, ttl)

@@ -140,6 +140,20 @@ def tokenize(text: bytes, limit: int = MAX_TOKENS) -> tuple[list[bytes], bool]:
     return tokenize_prefixes(lambda n: (text[:n], n >= len(text)), limit)
 
 
+def tokens_of_text(text: bytes) -> list[bytes]:
+    """Every token of the whole text, by the tokenizer above (what tokenize() returns for a
+    text of at most MAX_TOKENS tokens), in one findall and, for non-ASCII text, one encode:
+    no limit, no per-token objects (the exact check of a near candidate, zccp.cache.near)."""
+    low = text.lower()
+    if low.isascii():
+        return _ASCII_TOKEN_RE.findall(low)
+    words = _TOKEN_RE.findall(low.decode("utf-8", "surrogateescape"))
+    if not words:
+        return []
+    # a token never holds "\n" (not a word character): encode them all at once, then split
+    return "\n".join(words).encode("utf-8", "surrogateescape").split(b"\n")
+
+
 def shingle_hashes(tokens: Sequence[bytes]) -> list[int]:
     """FNV-1a 32 of each word 2-shingle ("t1 t2"); a single token is one 1-shingle; none: none."""
     if len(tokens) == 1:
