@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from zccp.abi import NOTICE_SIZE, RING_SIZE, Op, ffi
+from zccp.paths import make_dirs
 
 log = logging.getLogger("zccp.doorbell")
 
@@ -111,7 +112,7 @@ CloseHandler = Callable[[Connection], None]
 async def start_private_unix_server(path: str, handler, group: str | None) -> asyncio.AbstractServer:
     """A unix socket only its owner (or, with a group, that group) can connect to."""
     sock_path = Path(path)
-    sock_path.parent.mkdir(parents=True, exist_ok=True)
+    make_dirs(sock_path.parent)
     with contextlib.suppress(FileNotFoundError):
         if sock_path.is_socket():
             sock_path.unlink()  # a stale socket from a crashed engine
