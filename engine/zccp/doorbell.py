@@ -39,10 +39,14 @@ def decode_ring(frame: bytes) -> Ring:
 
 
 def decode_notice(frame: bytes):
-    """A notice frame as `struct zccp_notice *` (for tools and tests that play nginx's part)."""
+    """A notice frame as `struct zccp_notice *` (for tools and tests that play nginx's part).
+    A copy: a pointer into `frame` would outlive a temporary frame (decode_notice(buf[:32]))
+    and read freed memory (the fuzzer met exactly that)."""
     if len(frame) != NOTICE_SIZE:
         raise ValueError(f"notice frame of {len(frame)} bytes, expected {NOTICE_SIZE}")
-    return ffi.cast("struct zccp_notice *", ffi.from_buffer(frame))
+    p = ffi.new("struct zccp_notice *")
+    ffi.memmove(p, frame, NOTICE_SIZE)
+    return p
 
 
 def encode_notice(op: int, slot: int, generation: int, response_len: int = 0, final: int = 0, status: int = 0) -> bytes:
