@@ -45,6 +45,8 @@ def test_shipped_config_loads():
         ({"cache": {"tenant_source": "header"}}, "cache.tenant_header: required"),
         ({"cache": {"tenant_header": "X-Team"}}, "cache.tenant_header: set, but cache.tenant_source is 'api_key'"),
         ({"cache": {"tenant_source": "header", "tenant_header": "X Team"}}, "cache.tenant_header: 'X Team' is not"),
+        ({"server": {"metrics_allow": "127.0.0.1; deny all"}}, "server.metrics_allow: '127.0.0.1;' is not"),
+        ({"server": {"metrics_allow": "localhost"}}, "server.metrics_allow: 'localhost' is not"),
         ([1, 2], "top level must be a mapping"),
     ],
 )
