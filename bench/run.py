@@ -90,6 +90,7 @@ def measured_run(v: Variant, body_file: Path, conc: int, seconds: float, nocache
         "p50_ms": res["p50_us"] / 1000, "p90_ms": res["p90_us"] / 1000, "p99_ms": res["p99_us"] / 1000,
         "p999_ms": res["p999_us"] / 1000, "mean_ms": res["lat_mean_us"] / 1000, "max_ms": res["lat_max_us"] / 1000,
         "errors": errors, "non2xx": res["err_status"], "socket_errors": errors - res["err_status"],
+        "statuses": res.get("statuses", {}),      # every non-2xx answer, by status (post.lua)
         "wall_s": wall, "procs": per, "other_cores": other_cores, "wrk_tail": raw[-600:],
     }
 
@@ -147,13 +148,16 @@ def run_matrix(args: argparse.Namespace, run_dir: Path, files: dict[str, Path], 
                     for conc in args.conc:
                         # warm-up (not measured), then the measured runs back to back
                         if args.warmup > 0:
+                            v.wait_drained()
                             wrk(v.url, f, conc, args.warmup, nocache)
                         for rep in range(args.repeats):
+                            drained = v.wait_drained()   # the previous run's requests are not this run's load
                             r = measured_run(v, f, conc, args.duration, nocache)
-                            r.update(variant=label, workload=wl, conc=conc, rep=rep + 1)
+                            r.update(variant=label, workload=wl, conc=conc, rep=rep + 1, drain_s=drained)
                             results["rows"].append(r)
                             log(f"{label:10s} {wl:8s} c={conc:<3d} run {rep + 1}: {r['rps']:9.1f} req/s  "
-                                f"p50 {r['p50_ms']:8.2f} ms  p99 {r['p99_ms']:8.2f} ms  errors {r['errors']}")
+                                f"p50 {r['p50_ms']:8.2f} ms  p99 {r['p99_ms']:8.2f} ms  errors {r['errors']} {r['statuses'] or ''}"
+                                f"  (waited {drained * 1000:.0f} ms for the last run to drain)")
                             save()
             if key == "D" and args.profile:
                 results["profile"] = profile_engine(v, files, args)

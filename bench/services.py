@@ -8,6 +8,7 @@ a Python app; all use the same body limits and the same worker count as D.
 from __future__ import annotations
 
 import getpass
+import json
 import os
 import shutil
 import signal
@@ -43,6 +44,22 @@ class Variant:
 
     def pids(self) -> dict[str, int]:
         return {role: svc.proc.pid for role, svc in self.services.items() if svc.proc is not None}
+
+    def wait_drained(self, timeout: float = 30.0) -> float:
+        """Until ZCCP holds no request of a previous run (no slot claimed or busy in /health),
+        so that one wrk run never meets the last one's requests; the seconds waited. The
+        other variants have no such state to wait for."""
+        if self.key != "D":
+            return 0.0
+        start = time.monotonic()
+        while True:
+            status, body = http_get(self.url + "/health", 2)
+            h = json.loads(body) if status == 200 else {}
+            if h.get("slots_claimed") == 0 and h.get("slots_busy") == 0:
+                return time.monotonic() - start
+            if time.monotonic() - start > timeout:
+                raise RuntimeError(f"ZCCP did not drain within {timeout} s: {status} {body[:300]!r}")
+            time.sleep(0.01)
 
 
 def _wait_http(url: str, svc: Service, what: str, timeout: float = 60) -> None:

@@ -2,10 +2,17 @@
 -- POSTs application/json bodies. BODIES_FILE holds one JSON body per line; each
 -- wrk thread cycles through them (one line = the same body every time).
 -- "no-cache" adds Cache-Control: no-cache, no-store (ZCCP's cache-bypass run).
--- done() prints one line "WRKJSON {...}" with exact counts and percentiles.
+-- done() prints one line "WRKJSON {...}" with exact counts and percentiles, and
+-- "statuses": every non-2xx answer by HTTP status (wrk itself only counts them).
 
 local reqs = {}
 local n, i = 0, 0
+local threads = {}     -- main state: each thread, to collect its counts in done()
+statuses = {}          -- per thread (global, so that thread:get() can read it): status -> count
+
+function setup(thread)
+    threads[#threads + 1] = thread
+end
 
 function init(args)
     local path = args[1]
@@ -30,13 +37,29 @@ function request()
     return reqs[i]
 end
 
+function response(status)
+    if status < 200 or status > 299 then
+        statuses[status] = (statuses[status] or 0) + 1
+    end
+end
+
 function done(summary, latency, requests)
     local e = summary.errors
+    local total = {}
+    for _, t in ipairs(threads) do
+        for status, count in pairs(t:get("statuses") or {}) do
+            total[status] = (total[status] or 0) + count
+        end
+    end
+    local parts = {}
+    for status, count in pairs(total) do
+        parts[#parts + 1] = string.format('"%d":%d', status, count)
+    end
     io.write(string.format(
         'WRKJSON {"requests":%d,"duration_us":%d,"bytes":%d,"err_connect":%d,"err_read":%d,' ..
         '"err_write":%d,"err_status":%d,"err_timeout":%d,"lat_mean_us":%.1f,"lat_max_us":%d,' ..
-        '"p50_us":%d,"p90_us":%d,"p99_us":%d,"p999_us":%d}\n',
+        '"p50_us":%d,"p90_us":%d,"p99_us":%d,"p999_us":%d,"statuses":{%s}}\n',
         summary.requests, summary.duration, summary.bytes, e.connect, e.read, e.write, e.status,
         e.timeout, latency.mean, latency.max, latency:percentile(50), latency:percentile(90),
-        latency:percentile(99), latency:percentile(99.9)))
+        latency:percentile(99), latency:percentile(99.9), table.concat(parts, ",")))
 end

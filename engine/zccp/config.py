@@ -32,6 +32,9 @@ class ServerConfig:
     connect_timeout_ms: int = 500            # nginx -> engine doorbell connect
     doorbell_pool_size: int = 64             # keepalive cosockets per nginx worker
     user: str | None = None                  # nginx workers' user when started as root (None: www-data)
+    # Who may GET /metrics: nginx `allow` arguments (addresses, CIDRs, "unix:", "all"), space
+    # separated; everyone else gets 403. Loopback and unix-socket clients by default.
+    metrics_allow: str = "127.0.0.1 ::1 unix:"
 
 
 @dataclass(frozen=True)
@@ -266,6 +269,10 @@ def _check_consistency(cfg: Config, given: frozenset[str] = frozenset()) -> None
         raise ConfigError(f"{where}.name: {shm.name!r} must look like /name (one leading slash)")
     if cfg.server.socket_path is not None and len(cfg.server.socket_path.encode()) >= 108:
         raise ConfigError(f"{cfg.path}: server.socket_path: longer than 107 bytes")
+    for token in cfg.server.metrics_allow.split():
+        if not re.fullmatch(r"all|unix:|[0-9A-Fa-f.:]+(/[0-9]{1,3})?", token):
+            raise ConfigError(f"{cfg.path}: server.metrics_allow: {token!r} is not an address, a CIDR, "
+                              "'unix:' or 'all'")
     if cfg.limits.default_max_tokens > cfg.limits.max_tokens_cap:
         raise ConfigError(f"{cfg.path}: limits.default_max_tokens: exceeds limits.max_tokens_cap")
     cache = cfg.cache

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import NamedTuple
 
 from zccp.abi import NOTICE_SIZE, RING_SIZE, Op, ffi, packer
+from zccp.paths import make_dirs
 
 log = logging.getLogger("zccp.doorbell")
 
@@ -39,10 +40,14 @@ def decode_ring(frame: bytes) -> Ring:
 
 
 def decode_notice(frame: bytes):
-    """A notice frame as `struct zccp_notice *` (for tools and tests that play nginx's part)."""
+    """A notice frame as `struct zccp_notice *` (for tools and tests that play nginx's part).
+    A copy: a pointer into `frame` would outlive a temporary frame (decode_notice(buf[:32]))
+    and read freed memory (the fuzzer met exactly that)."""
     if len(frame) != NOTICE_SIZE:
         raise ValueError(f"notice frame of {len(frame)} bytes, expected {NOTICE_SIZE}")
-    return ffi.cast("struct zccp_notice *", ffi.from_buffer(frame))
+    p = ffi.new("struct zccp_notice *")
+    ffi.memmove(p, frame, NOTICE_SIZE)
+    return p
 
 
 def encode_notice(op: int, slot: int, generation: int, response_len: int = 0, final: int = 0, status: int = 0) -> bytes:
@@ -109,7 +114,7 @@ async def start_private_unix_server(path: str, group: str | None,
     """A unix socket only its owner (or, with a group, that group) can connect to;
     create(path) makes the server (asyncio's stream or protocol flavour)."""
     sock_path = Path(path)
-    sock_path.parent.mkdir(parents=True, exist_ok=True)
+    make_dirs(sock_path.parent)
     with contextlib.suppress(FileNotFoundError):
         if sock_path.is_socket():
             sock_path.unlink()  # a stale socket from a crashed engine

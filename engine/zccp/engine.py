@@ -194,7 +194,9 @@ class Engine:
             generation=job.generation,
             payload=self.arena.payload(view),
             tokens=self._tokens[view.index],
-            writer=ResponseWriter(self.arena, view, job.generation, notify, job.cancelled),
+            writer=ResponseWriter(self.arena, view, job.generation, notify, job.cancelled,
+                                  later=self._later if self._loop is not None else None,
+                                  give_up_s=self.cfg.limits.request_timeout_ms / 1000),
             cancelled=job.cancelled,
             context_id=bytes(view.header.context_id).hex(),
             request_id=_request_id(view),
@@ -206,6 +208,14 @@ class Engine:
         if kind == Kind.GENERATE:
             return RequestFlow(ctx, self.deps, lambda: self._finish_job(job)).start()
         EndpointFlow(ctx, self.deps, lambda: self._finish_job(job), kind, self.models).start()
+
+    def _later(self, delay: float, fn: Callable[[], None]) -> None:
+        """fn on the loop after delay seconds, from any thread (a writer may finish on the model thread)."""
+        assert self._loop is not None
+        if threading.get_ident() == self._loop_thread:
+            self._loop.call_later(delay, fn)
+        else:
+            self._loop.call_soon_threadsafe(self._loop.call_later, delay, fn)
 
     def _spawn(self, coro: Awaitable[None]) -> None:
         task = asyncio.ensure_future(coro)

@@ -8,7 +8,7 @@ from pathlib import Path
 
 from zccp.abi import HEADER_PATH
 from zccp.config import Config, mask_state_path
-from zccp.paths import lua_dir, lua_file, nginx_template
+from zccp.paths import lua_dir, lua_file, make_dirs, nginx_template
 from zccp.runtime import worker_user
 
 _PLACEHOLDER = re.compile(r"\{\{(\w+)\}\}")
@@ -70,8 +70,9 @@ def render(cfg: Config, out: Path, standalone: bool = False, prefix: Path | None
         "l1_max_entry": str(cfg.cache.l1.max_entry_kb * 1024),
         "l1_ttl_s": str(cfg.cache.l1.ttl_s),
         "out": str(out),
+        "metrics_allow": " ".join(f"allow {a};" for a in cfg.server.metrics_allow.split()),
     }
-    mask_state_path(cfg).parent.mkdir(parents=True, exist_ok=True)
+    make_dirs(mask_state_path(cfg).parent)
     http_conf = out / "zccp_http.conf"
     server_conf = out / "zccp_server.conf"
     http_conf.write_text(_fill(nginx_template("zccp_http.conf").read_text(), values, "zccp_http.conf"))
@@ -88,7 +89,7 @@ def render(cfg: Config, out: Path, standalone: bool = False, prefix: Path | None
         user = worker_user(cfg)
         temp = Path(cfg.server.socket_path or "").parent / "nginx-tmp" if user else prefix / "tmp"
         for sub in ("body", "proxy", "fastcgi", "uwsgi", "scgi"):
-            (temp / sub).mkdir(parents=True, exist_ok=True)
+            make_dirs(temp / sub)
         values.update(
             prefix=str(prefix),
             temp_dir=_safe(str(temp), "nginx temp directory"),

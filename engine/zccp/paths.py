@@ -62,3 +62,13 @@ def nginx_template(name: str) -> Path:
 def abi_header() -> Path:
     env = os.environ.get("ZCCP_ABI_HEADER")
     return Path(env) if env else data_root() / "shm_abi" / "zccp_abi.h"
+
+
+def make_dirs(path: Path) -> None:
+    """mkdir -p with 0755 directories whatever the process's umask: nginx's workers must
+    traverse them, nobody else may write in them (and so replace a socket or a file)."""
+    old = os.umask(0o022)
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    finally:
+        os.umask(old)

@@ -11,6 +11,7 @@ parks that sequence until nginx has acked room).
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Callable
 
@@ -24,13 +25,26 @@ class SlotAbandoned(Exception):
 
 # notify(response_len, final, status)
 Notify = Callable[[int, bool, int], None]
+# later(delay_s, fn): fn on the event loop after delay_s
+Later = Callable[[float, Callable[[], None]], object]
+
+log = logging.getLogger("zccp.response")
 
 
 class ResponseWriter:
     ACK_POLL_S = 0.0002
     ACK_POLL_MAX_S = 0.005
 
-    def __init__(self, arena: Arena, view: SlotView, generation: int, notify: Notify, cancelled: Callable[[], bool]) -> None:
+    def __init__(self, arena: Arena, view: SlotView, generation: int, notify: Notify, cancelled: Callable[[], bool],
+                 later: Later | None = None, give_up_s: float = 60.0) -> None:
+        """later(delay_s, fn): run fn after delay_s on the caller's event loop. With it,
+        write() and finish() never wait: what the ring cannot take now is written as
+        nginx acks room, from timers (the event loop must never sleep for a slow client
+        or a writer that stopped acking), and finish() follows the last byte; the
+        writer gives up after give_up_s without room, or once the slot is not ours."""
+        self._later = later
+        self._give_up_s = give_up_s
+        self._final: int | None = None       # a deferred finish(): the state to end in
         self._view = view
         self._gen = generation
         self._notify = notify
@@ -91,9 +105,12 @@ class ResponseWriter:
         return n
 
     def write(self, data: bytes) -> None:
-        """Write all of data, waiting for nginx's acks while the ring is full."""
+        """Write all of data, waiting for nginx's acks while the ring is full (with
+        `later`: without waiting, the rest follows as room comes)."""
         if not self.started:
             raise RuntimeError("begin() first")  # programmer error
+        if self._later is not None:
+            return self.write_nowait(data)
         view = memoryview(data)
         while view:
             view = view[self._put(view, self._wait_for_room(len(view))):]
@@ -137,5 +154,30 @@ class ResponseWriter:
 
     def finish(self, failed: bool = False) -> None:
         self._check_owner()
-        self._view.header.state = State.FAILED if failed else State.DONE
+        final = State.FAILED if failed else State.DONE
+        if self._pending and self._later is not None:
+            self._final = final
+            deadline = time.monotonic() + self._give_up_s
+            self._later(self.ACK_POLL_S, lambda: self._drain(self.ACK_POLL_S, deadline))
+            return
+        self._end(final)
+
+    def _end(self, final: int) -> None:
+        self._view.header.state = final
         self._notify(self._total, True, self.status)
+
+    def _drain(self, delay: float, deadline: float) -> None:
+        """A deferred finish: the held-back bytes as room comes, then the final notice."""
+        try:
+            if self.flush_pending():
+                self._check_owner()
+                self._end(self._final if self._final is not None else State.DONE)
+                return
+            if time.monotonic() > deadline or time.time_ns() > self._view.header.deadline_ns:
+                raise SlotAbandoned(f"slot {self._view.index}: no room in the response ring "
+                                    f"for {self.pending} bytes before the deadline")
+        except SlotAbandoned as exc:
+            log.info("response abandoned: %s", exc)
+            return
+        nxt = min(delay * 2, self.ACK_POLL_MAX_S)
+        self._later(nxt, lambda: self._drain(nxt, deadline))

@@ -334,6 +334,14 @@ function _M.too_large(api)
         "request body exceeds the limit of " .. settings.get().max_body .. " bytes")
 end
 
+-- nginx refused the request's header lines (large_client_header_buffers: error 494),
+-- answered 431 in the shape of the API the path names, and the connection is closed.
+function _M.header_too_large()
+    local api = ngx_var.uri == "/v1/chat/completions" and "openai" or "anthropic"
+    return errors.send(api, 431, "invalid_request_error",
+        "request header fields too large: each header line must fit in nginx's large_client_header_buffers")
+end
+
 -- Admin requests (kinds "purge": POST /v1/zccp/purge, "warmup": POST /v1/zccp/warmup)
 -- answer clients on the loopback interface or a unix socket only, whatever the listener:
 -- realip_remote_addr is the connection's own address even when the realip module

@@ -5,6 +5,9 @@ local _M = { _VERSION = "0.1.0" }
 
 ffi.cdef [[
 int shm_open(const char *name, int oflag, unsigned int mode);
+int open(const char *path, int oflag, unsigned int mode);
+int fchmod(int fd, unsigned int mode);
+long write(int fd, const void *buf, size_t n);
 int close(int fd);
 long lseek(int fd, long offset, int whence);
 void *mmap(void *addr, size_t length, int prot, int flags, int fd, long offset);
@@ -18,6 +21,10 @@ int clock_gettime(int clk_id, struct zccp_timespec *tp);
 
 -- POSIX/Linux values (these are the OS's constants, not ZCCP's ABI).
 _M.O_RDWR = 2
+_M.O_WRONLY = 1
+_M.O_CREAT = 0x40
+_M.O_TRUNC = 0x200
+_M.O_CLOEXEC = 0x80000
 _M.ENOENT = 2
 _M.PROT_READ_WRITE = 3
 _M.MAP_SHARED = 1
@@ -31,6 +38,35 @@ local ts = ffi.new("struct zccp_timespec")
 local tonumber = tonumber
 
 _M.C = C
+
+-- Writes `data` to a new file at `path` with exactly `mode` (whatever the umask: the
+-- file is created owner-only, then fchmod'ed). true, or nil and the error.
+function _M.write_file(path, data, mode)
+    local fd = C.open(path, _M.O_WRONLY + _M.O_CREAT + _M.O_TRUNC + _M.O_CLOEXEC, 384)   -- 0600
+    if fd < 0 then
+        return nil, "open " .. path .. ": " .. _M.errstr()
+    end
+    local err
+    if C.fchmod(fd, mode) ~= 0 then
+        err = "fchmod " .. path .. ": " .. _M.errstr()
+    end
+    local off, n = 0, #data
+    while not err and off < n do
+        local w = tonumber(C.write(fd, ffi.cast("const char *", data) + off, n - off))
+        if w < 0 then
+            if ffi.errno() ~= 4 then       -- EINTR: again
+                err = "write " .. path .. ": " .. _M.errstr()
+            end
+        else
+            off = off + w
+        end
+    end
+    C.close(fd)
+    if err then
+        return nil, err
+    end
+    return true
+end
 
 function _M.errstr()
     return ffi.string(C.strerror(ffi.errno()))

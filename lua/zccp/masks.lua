@@ -11,6 +11,7 @@
 -- down the patterns already in force, even though reload recreates the Lua VM.
 -- engine/zccp/masks.py (load_masks) resolves the same files the same way.
 local sha256 = require "zccp.sha256"
+local libc = require "zccp.libc"
 
 local ngx = ngx
 local type = type
@@ -31,6 +32,8 @@ local concat = table.concat
 local package = package
 
 local _M = { _VERSION = "0.1.0" }
+
+local LAST_GOOD_MODE = 416   -- 0640 (owner rw, group r: the engine reads it)
 
 local re_gsub = ngx and ngx.re and ngx.re.gsub
 local re_find = ngx and ngx.re and ngx.re.find
@@ -189,12 +192,8 @@ local function write_last_good(path, patterns, n)
     end
     out[#out + 1] = "}\n"
     local tmp = path .. ".tmp"
-    local f, err = io_open(tmp, "wb")
-    if not f then
-        return nil, err
-    end
-    local ok, werr = f:write(concat(out))
-    f:close()
+    -- 0640 whatever the umask: the operator's patterns are nobody else's to read
+    local ok, werr = libc.write_file(tmp, concat(out), LAST_GOOD_MODE)
     if not ok then
         os_remove(tmp)
         return nil, werr

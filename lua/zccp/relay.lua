@@ -113,7 +113,9 @@ local function on_notice(slot, r, n)
         h.response_acked = committed
         if r.sse then
             ngx_print(chunk)
-            if not ngx_flush(true) then
+            -- "buffering": an HTTP/1.0 client under lua_http10_buffering, not a lost client
+            local ok, ferr = ngx_flush(true)
+            if not ok and ferr ~= "buffering" then
                 r.state.aborted = true
             end
             if r.keep then   -- zccp.l1 may keep this answer: its bytes, up to r.keep of them

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import json
+import socket
+
 import pytest
 
 from harness import anthropic_body, dumps
@@ -105,4 +108,145 @@ def test_openai_route_answers_in_openai_shape(null_stack):
     assert r.status_code == 400
     err = r.json()["error"]
     assert err["type"] == "invalid_request_error" and err["message"]
+    null_stack.assert_no_leaks()
+
+
+# --- input the real APIs refuse (issue 13, point 5) ---------------------------------------
+
+_TOOL_USE = {"type": "tool_use", "id": "toolu_1", "name": "f", "input": {}}
+REFUSED_ANTHROPIC = [
+    pytest.param([{"role": "user", "content": [{"type": "nonsense"}]}], "Input tag 'nonsense'", id="unknown-block-type"),
+    pytest.param([{"role": "user", "content": [{"type": "tool_result", "tool_use_id": "toolu_1", "content": "4"}]}],
+                 "unexpected `tool_use_id`", id="tool-result-without-tool-use"),
+    pytest.param([{"role": "user", "content": "x"}, {"role": "assistant", "content": [_TOOL_USE]},
+                  {"role": "user", "content": "y"}], "without `tool_result`", id="tool-use-unanswered"),
+    pytest.param([{"role": "user", "content": [{"type": "text", "text": {"t": 1}}]}], "valid string",
+                 id="text-not-string"),
+    pytest.param([{"role": "system", "content": "x"}], "'user' or 'assistant'", id="role-system"),
+]
+
+
+@pytest.mark.parametrize("messages,mentions", REFUSED_ANTHROPIC)
+def test_anthropic_refuses_what_the_real_api_refuses(null_stack, messages, mentions):
+    body = dumps({"model": "zccp-tiny", "max_tokens": 5, "messages": messages})
+    r = null_stack.client().post("/v1/messages", content=body, headers=JSON)
+    _assert_anthropic_error(r, 400, "invalid_request_error", mentions)
+    null_stack.assert_no_leaks()
+
+
+def test_anthropic_merges_consecutive_turns_and_accepts_a_first_assistant_turn(null_stack):
+    """The real API merges consecutive same-role turns and no longer requires a user turn first."""
+    body = dumps({"model": "zccp-tiny", "max_tokens": 5, "messages": [
+        {"role": "assistant", "content": "a"}, {"role": "user", "content": "b"}, {"role": "user", "content": "c"}]})
+    r = null_stack.client().post("/v1/messages", content=body, headers=JSON)
+    assert r.status_code == 200, r.text
+    assert r.json()["type"] == "message"
+
+
+_CALL = {"id": "call_1", "type": "function", "function": {"name": "f", "arguments": "{}"}}
+REFUSED_OPENAI = [
+    pytest.param([{"role": "user", "content": [{"type": "nonsense"}]}], "Invalid value: 'nonsense'", id="unknown-part"),
+    pytest.param([{"role": "wizard", "content": "x"}], "Invalid value: 'wizard'", id="unknown-role"),
+    pytest.param([{"role": "user", "content": "x"}, {"role": "tool", "tool_call_id": "call_1", "content": "4"}],
+                 "must be a response to a preceeding message", id="tool-without-tool-calls"),
+    pytest.param([{"role": "user", "content": "x"}, {"role": "assistant", "tool_calls": [_CALL]},
+                  {"role": "user", "content": "y"}], "did not have response messages", id="tool-call-unanswered"),
+    pytest.param([{"role": "user", "content": [{"type": "text", "text": 5}]}], "expected a string",
+                 id="text-not-string"),
+]
+
+
+@pytest.mark.parametrize("messages,mentions", REFUSED_OPENAI)
+def test_openai_refuses_what_the_real_api_refuses(null_stack, messages, mentions):
+    body = dumps({"model": "zccp-tiny", "max_tokens": 5, "messages": messages})
+    r = null_stack.client().post("/v1/chat/completions", content=body, headers=JSON)
+    assert r.status_code == 400, r.text
+    err = r.json()["error"]
+    assert err["type"] == "invalid_request_error" and mentions in err["message"], err
+    null_stack.assert_no_leaks()
+
+
+# --- HTTP framing: header limits, HTTP/1.0, pipelining -----------------------------------
+
+def _raw(stack, data: bytes, timeout: float = 20) -> bytes:
+    """Send `data` on one connection and read until the server closes it."""
+    host, port = stack.cfg.server.listen.rsplit(":", 1)
+    with socket.create_connection((host, int(port)), timeout=timeout) as s:
+        s.sendall(data)
+        chunks = []
+        while chunk := s.recv(65536):
+            chunks.append(chunk)
+    return b"".join(chunks)
+
+
+def _request(path: str, body: bytes, version: str = "1.1", close: bool = False, extra: str = "") -> bytes:
+    head = (f"POST {path} HTTP/{version}\r\nHost: x\r\nContent-Type: application/json\r\n"
+            f"Content-Length: {len(body)}\r\n{extra}" + ("Connection: close\r\n" if close else "") + "\r\n")
+    return head.encode() + body
+
+
+def _responses(raw: bytes) -> list[tuple[int, dict[str, str], bytes]]:
+    """Split a byte stream of HTTP/1.x responses (Content-Length, chunked or to-close)."""
+    out = []
+    while raw:
+        head, _, rest = raw.partition(b"\r\n\r\n")
+        lines = head.decode("latin-1").split("\r\n")
+        status = int(lines[0].split()[1])
+        headers = {k.lower(): v.strip() for k, _, v in (ln.partition(":") for ln in lines[1:])}
+        if "content-length" in headers:
+            n = int(headers["content-length"])
+            body, raw = rest[:n], rest[n:]
+        elif headers.get("transfer-encoding") == "chunked":
+            body = b""
+            while True:
+                size_line, _, rest = rest.partition(b"\r\n")
+                size = int(size_line.split(b";")[0], 16)
+                if size == 0:
+                    rest = rest[2:]                     # the CRLF after the last chunk (no trailers)
+                    break
+                body, rest = body + rest[:size], rest[size + 2:]
+            raw = rest
+        else:
+            body, raw = rest, b""
+        out.append((status, headers, body))
+    return out
+
+
+@pytest.mark.parametrize("path,openai", [("/v1/messages", False), ("/v1/chat/completions", True)])
+def test_oversized_header_line_is_431_api_shaped(null_stack, path, openai):
+    body = dumps(anthropic_body("hi"))
+    raw = _raw(null_stack, _request(path, body, extra=f"X-Big: {'b' * 64 * 1024}\r\n"))
+    [(status, headers, payload)] = _responses(raw)
+    assert status == 431
+    err = json.loads(payload)
+    if openai:
+        assert err["error"]["type"] == "invalid_request_error" and "header" in err["error"]["message"]
+    else:
+        assert err["type"] == "error" and err["error"]["type"] == "invalid_request_error"
+    null_stack.assert_no_leaks()
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_http_1_0_request_is_answered_and_closed(null_stack, stream):
+    body = dumps(anthropic_body("hello", stream=stream))
+    [(status, headers, payload)] = _responses(_raw(null_stack, _request("/v1/messages", body, version="1.0")))
+    assert status == 200
+    if stream:
+        assert b"event: message_stop" in payload
+    else:
+        assert json.loads(payload)["type"] == "message"
+    null_stack.assert_no_leaks()
+
+
+def test_pipelined_requests_are_answered_in_order(null_stack):
+    a = dumps(anthropic_body("first"))
+    bad = b"{oops"
+    c = dumps(anthropic_body("third", stream=True))
+    data = (_request("/v1/messages", a) + _request("/v1/chat/completions", bad)
+            + _request("/v1/messages", c, close=True))
+    got = _responses(_raw(null_stack, data))
+    assert [g[0] for g in got] == [200, 400, 200]
+    assert json.loads(got[0][2])["type"] == "message"
+    assert "error" in json.loads(got[1][2])
+    assert b"event: message_stop" in got[2][2]
     null_stack.assert_no_leaks()

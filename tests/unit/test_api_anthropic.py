@@ -90,15 +90,15 @@ def test_top_k_zero_means_unset() -> None:
 def test_consecutive_turns_are_combined_and_any_first_role_allowed() -> None:
     req = parse(body(messages=[
         {"role": "assistant", "content": "A1"},
+        {"role": "assistant", "content": [{"type": "tool_use", "id": "x", "name": "f", "input": {}}]},
         {"role": "user", "content": "U1"},
         {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "x", "content": "42"}]},
-        {"role": "assistant", "content": [{"type": "tool_use", "id": "x", "name": "f", "input": {}}]},
         {"role": "assistant", "content": "The answer is"},
     ]))
     assert req.messages == (
-        ChatMessage("assistant", "A1"),
+        ChatMessage("assistant", "A1\n\n[tool_use]"),
         ChatMessage("user", "U1\n\n[tool_result]"),
-        ChatMessage("assistant", "[tool_use]\n\nThe answer is"),
+        ChatMessage("assistant", "The answer is"),
     )
 
 
@@ -183,6 +183,23 @@ BAD_CASES: list[tuple[str, bytes, int, str, str | None, str]] = [
     ("tool-choice-no-type", body(tool_choice={}), 400, "invalid_request_error", "tool_choice.type", "Field required"),
     ("thinking-string", body(thinking="on"), 400, "invalid_request_error", "thinking", "valid dictionary"),
     ("service-tier-bad", body(service_tier="fast"), 400, "invalid_request_error", "service_tier", "'auto' or 'standard_only'"),
+    ("block-type-unknown", body(messages=[{"role": "user", "content": [{"type": "nonsense"}]}]), 400,
+     "invalid_request_error", "messages.0.content.0", "Input tag 'nonsense' found using 'type'"),
+    ("tool-result-without-tool-use", body(messages=[
+        {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "toolu_1", "content": "4"}]}]), 400,
+     "invalid_request_error", "messages.0.content.0", "unexpected `tool_use_id` found in `tool_result` blocks: toolu_1"),
+    ("tool-result-wrong-id", body(messages=[
+        USER, {"role": "assistant", "content": [{"type": "tool_use", "id": "toolu_1", "name": "f", "input": {}}]},
+        {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "toolu_2"}]}]), 400,
+     "invalid_request_error", "messages.2.content.0", "toolu_2"),
+    ("tool-use-unanswered", body(messages=[
+        USER, {"role": "assistant", "content": [{"type": "tool_use", "id": "toolu_1", "name": "f", "input": {}}]},
+        USER]), 400, "invalid_request_error", "messages.2", "`tool_use` ids were found without `tool_result`"),
+    ("tool-use-no-id", body(messages=[
+        USER, {"role": "assistant", "content": [{"type": "tool_use", "name": "f", "input": {}}]}]), 400,
+     "invalid_request_error", "messages.1.content.0.id", "Field required"),
+    ("tool-result-id-number", body(messages=[{"role": "user", "content": [{"type": "tool_result", "tool_use_id": 3}]}]),
+     400, "invalid_request_error", "messages.0.content.0.tool_use_id", "valid string"),
 ]
 
 

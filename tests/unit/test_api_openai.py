@@ -107,6 +107,13 @@ def test_consecutive_turns_merge() -> None:
     assert req.messages == (ChatMessage("user", "Hello\n\nagain"),)
 
 
+def test_answered_tool_calls_are_accepted() -> None:
+    call = {"id": "call_1", "type": "function", "function": {"name": "f", "arguments": "{}"}}
+    req = parse(body(messages=[USER, {"role": "assistant", "tool_calls": [call]},
+                               {"role": "tool", "tool_call_id": "call_1", "content": "4"}, USER]))
+    assert len(req.messages) == 3
+
+
 def test_codec_for() -> None:
     assert codec_for("openai") is api.CODEC
 
@@ -203,6 +210,15 @@ BAD_CASES: list[tuple[str, bytes, int, str | None, str | None, str]] = [
     ("parallel-tool-calls-int", body(parallel_tool_calls=1), 400, "parallel_tool_calls", "invalid_type", "boolean"),
     ("tools-object", body(tools={}), 400, "tools", "invalid_type", "expected an array"),
     ("tool-choice-bad", body(tool_choice="always"), 400, "tool_choice", "invalid_value", "Invalid value: 'always'"),
+    ("tool-without-tool-calls", body(messages=[USER, {"role": "tool", "tool_call_id": "call_1", "content": "4"}]),
+     400, "messages.[1].role", None, "messages with role 'tool' must be a response to a preceeding message"),
+    ("tool-call-id-unknown", body(messages=[USER, {"role": "assistant", "tool_calls": [{"id": "call_1", "type": "function", "function": {"name": "f", "arguments": "{}"}}]},
+                                            {"role": "tool", "tool_call_id": "call_9", "content": "4"}]),
+     400, "messages.[2].tool_call_id", None, "'tool_call_id' of 'call_9' not found"),
+    ("tool-call-unanswered", body(messages=[USER, {"role": "assistant", "tool_calls": [{"id": "call_1", "type": "function", "function": {"name": "f", "arguments": "{}"}}]}, USER]),
+     400, "messages.[1].role", None, "did not have response messages: call_1"),
+    ("part-type-unknown", body(messages=[{"role": "user", "content": [{"type": "nonsense"}]}]),
+     400, "messages[0].content[0].type", "invalid_value", "Invalid value: 'nonsense'"),
 ]
 
 

@@ -51,6 +51,8 @@ def test_shipped_config_loads():
         ({"cache": {"l1": {"max_entries": "many"}}}, "cache.l1.max_entries: expected an integer"),
         ({"cache": {"l1": {"enabled": "yes"}}}, "cache.l1.enabled: expected true or false"),
         ({"cache": {"l1": 64}}, "cache.l1: expected a mapping"),
+        ({"server": {"metrics_allow": "127.0.0.1; deny all"}}, "server.metrics_allow: '127.0.0.1;' is not"),
+        ({"server": {"metrics_allow": "localhost"}}, "server.metrics_allow: 'localhost' is not"),
         ([1, 2], "top level must be a mapping"),
     ],
 )

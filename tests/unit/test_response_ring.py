@@ -89,3 +89,52 @@ def test_cancel_while_waiting_for_room(arena):
     threading.Timer(0.05, lambda: flag.update(c=True)).start()
     with pytest.raises(SlotAbandoned):
         w.write(b"more")             # no ack ever comes; the cancel ends the wait
+
+
+def test_with_later_write_never_waits_and_finish_follows_the_acks(arena):
+    """The engine's loop never sleeps for room (a fuzzer found it blocked forever on a
+    writer that never acked): the rest goes out from timers, then the final notice."""
+    notices: list = []
+    timers: list = []
+    view = arena.slot(0)
+    view.header.generation = 5
+    view.header.deadline_ns = time.time_ns() + 10**10
+    w = ResponseWriter(arena, view, 5, lambda total, final, status: notices.append((total, final, status)),
+                       lambda: False, later=lambda delay, fn: timers.append(fn), give_up_s=5)
+    w.begin(200, sse=False)
+    data = bytes(range(256)) * 100          # 25,600 bytes through an 8 KiB ring
+    w.write(data)                           # returns at once: 8 KiB committed, the rest held
+    w.finish()
+    assert w.pending == len(data) - 8192 and not any(final for _, final, _ in notices)
+    region, out = arena.response_region(view), bytearray()
+
+    def consume() -> None:                  # play nginx: copy what is committed, ack it
+        acked = view.header.response_acked
+        committed = view.header.response_len
+        while acked < committed:
+            pos = acked % 8192
+            n = min(committed - acked, 8192 - pos)
+            out.extend(region[pos : pos + n])
+            acked += n
+        view.header.response_acked = acked
+
+    while timers:
+        consume()
+        timers.pop(0)()
+    consume()
+    assert bytes(out) == data and notices[-1] == (len(data), True, 200)
+    assert view.header.state == State.DONE
+
+
+def test_with_later_a_writer_nobody_acks_gives_up(arena):
+    timers: list = []
+    view = arena.slot(0)
+    view.header.generation = 5
+    view.header.deadline_ns = 1             # nginx gave up
+    w = ResponseWriter(arena, view, 5, lambda *a: None, lambda: False,
+                       later=lambda delay, fn: timers.append(fn), give_up_s=5)
+    w.begin(200, sse=False)
+    w.write(b"q" * 20000)
+    w.finish()
+    timers.pop(0)()
+    assert not timers and view.header.state != State.DONE

@@ -7,6 +7,7 @@ Validation errors follow the real API's style: "<dotted.path>: <message>", e.g.
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass, field
 from typing import Any, Final
 
 from orjson import Fragment
@@ -108,10 +109,31 @@ def _unit(v: Any, path: str) -> float:
     return float(v)
 
 
-def _block_text(block: Any, path: str) -> str:
+# The content block types the Messages API accepts in a request (its discriminated union);
+# any other "type" is refused with the real API's message.
+_BLOCK_TYPES: Final = (
+    "bash_code_execution_tool_result", "code_execution_tool_result", "container_upload", "document",
+    "image", "mcp_tool_result", "mcp_tool_use", "redacted_thinking", "search_result", "server_tool_use",
+    "text", "text_editor_code_execution_tool_result", "thinking", "tool_result", "tool_use",
+    "web_fetch_tool_result", "web_search_tool_result",
+)
+_BLOCK_TYPE_SET: Final = frozenset(_BLOCK_TYPES)
+_EXPECTED_TAGS: Final = ", ".join(f"'{t}'" for t in _BLOCK_TYPES)
+
+
+def _block_text(block: Any, path: str, tools: "_ToolIds") -> str:
     """Text a content block contributes: its text, or "[type]" for other kinds."""
     block = _dict(block, path)
     btype = _str(_required(block, "type", path + ".type"), path + ".type")
+    if btype not in _BLOCK_TYPE_SET:
+        raise _bad(path, f"Input tag '{btype}' found using 'type' does not match any of the expected tags: "
+                         f"{_EXPECTED_TAGS}")
+    if btype == "tool_use":
+        tools.uses.append(_str(_required(block, "id", path + ".id"), path + ".id"))
+        _str(_required(block, "name", path + ".name"), path + ".name")
+        _dict(_required(block, "input", path + ".input"), path + ".input")
+    elif btype == "tool_result":
+        tools.results.append(_str(_required(block, "tool_use_id", path + ".tool_use_id"), path + ".tool_use_id"))
     if btype != "text":
         return marker(btype)
     text = _str(_required(block, "text", path + ".text"), path + ".text")
@@ -139,11 +161,46 @@ def _system(v: Any) -> str:
     return JOIN.join(parts)
 
 
+@dataclass
+class _ToolIds:
+    """The tool_use ids and tool_result references of one turn (consecutive messages of one
+    role are one turn: the API merges them)."""
+
+    first: int                                        # index of the turn's first message
+    role: str
+    uses: list[str] = field(default_factory=list)
+    results: list[str] = field(default_factory=list)
+
+
+def _check_tool_pairs(turns: list[_ToolIds]) -> None:
+    """As the real API: every tool_result answers a tool_use of the turn just before it, and
+    every tool_use of an assistant turn that is followed by another turn is answered there."""
+    for k, turn in enumerate(turns):
+        prev = set(turns[k - 1].uses) if k and turns[k - 1].role == "assistant" else set()
+        if unexpected := [i for i in turn.results if i not in prev]:
+            raise _bad(f"messages.{turn.first}.content.0",
+                       f"unexpected `tool_use_id` found in `tool_result` blocks: {', '.join(unexpected)}. "
+                       "Each `tool_result` block must have a corresponding `tool_use` block in the previous message.")
+    for k, turn in enumerate(turns):
+        if turn.role == "assistant" and turn.uses and k + 1 < len(turns):
+            answered = set(turns[k + 1].results)
+            if missing := [i for i in turn.uses if i not in answered]:
+                raise _bad(f"messages.{turns[k + 1].first}",
+                           f"`tool_use` ids were found without `tool_result` blocks immediately after: "
+                           f"{', '.join(missing)}. Each `tool_use` block must have a corresponding "
+                           "`tool_result` block in the next message.")
+
+
 def _messages(v: Any, allow_empty: bool = False) -> list[tuple[Role, str]]:
+    """The conversation's turns. Consecutive messages of one role are accepted and merged
+    (the real API has done so since 2024), and the first message may be an assistant's: the
+    API refuses neither. Unknown block types and tool_result blocks that answer no tool_use
+    are refused, as there."""
     items = _list(v, "messages")
     if not items and not allow_empty:
         raise _bad("messages", "at least one message is required")
     turns: list[tuple[Role, str]] = []
+    tool_turns: list[_ToolIds] = []
     last = len(items) - 1
     for i, msg in enumerate(items):
         path = f"messages.{i}"
@@ -153,10 +210,12 @@ def _messages(v: Any, allow_empty: bool = False) -> list[tuple[Role, str]]:
         if not isinstance(role, str) or role not in _ROLES:
             raise _bad(path + ".role", "Input should be 'user' or 'assistant'")
         content = _required(msg, "content", path + ".content")
+        if not tool_turns or tool_turns[-1].role != role:
+            tool_turns.append(_ToolIds(i, role))
         if isinstance(content, str):
             text = content
         elif isinstance(content, list):
-            pieces = [_block_text(b, f"{path}.content.{j}") for j, b in enumerate(content)]
+            pieces = [_block_text(b, f"{path}.content.{j}", tool_turns[-1]) for j, b in enumerate(content)]
             text = pieces[0] if len(pieces) == 1 else JOIN.join(pieces)
         else:
             raise _bad(path + ".content", "Input should be a valid string or a list of content blocks")
@@ -166,6 +225,7 @@ def _messages(v: Any, allow_empty: bool = False) -> list[tuple[Role, str]]:
         if is_prefill and text and text[-1].isspace():
             raise _bad(path + ".content", "final assistant content cannot end with trailing whitespace")
         turns.append((role, text))
+    _check_tool_pairs(tool_turns)
     return turns
 
 

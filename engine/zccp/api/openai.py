@@ -229,6 +229,7 @@ def _messages(v: Any) -> tuple[list[str], list[tuple[Role, str]]]:
         raise _empty_array("messages")
     system: list[str] = []
     turns: list[tuple[Role, str]] = []
+    calls = _ToolCalls()
     for i, msg in enumerate(items):
         path = f"messages[{i}]"
         msg = _obj(msg, path)
@@ -237,6 +238,8 @@ def _messages(v: Any) -> tuple[list[str], list[tuple[Role, str]]]:
         role = _str(msg["role"], path + ".role")
         if role not in _MESSAGE_FIELDS:
             raise _invalid_value(path + ".role", role, _ROLES)
+        if role != "tool":
+            calls.close()
         allowed = _MESSAGE_FIELDS[role]
         for key in msg:
             if key not in allowed:
@@ -248,6 +251,7 @@ def _messages(v: Any) -> tuple[list[str], list[tuple[Role, str]]]:
             tool_calls = msg.get("tool_calls")
             if tool_calls is not None and _arr(tool_calls, path + ".tool_calls"):
                 _check_tool_calls(tool_calls, path + ".tool_calls")
+                calls.open(i, [c["id"] for c in tool_calls])
                 text = text + JOIN + marker("tool_calls") if text else marker("tool_calls")
             turns.append(("assistant", text))
             continue
@@ -259,11 +263,41 @@ def _messages(v: Any) -> tuple[list[str], list[tuple[Role, str]]]:
         elif role == "tool":
             if "tool_call_id" not in msg:
                 raise _missing(path + ".tool_call_id")
-            _str(msg["tool_call_id"], path + ".tool_call_id")
+            calls.answer(i, _str(msg["tool_call_id"], path + ".tool_call_id"))
             turns.append(("user", text))
         else:
             turns.append(("user", text))
     return system, turns
+
+
+class _ToolCalls:
+    """As the real API: tool messages answer the tool_calls of the assistant message just
+    before them, and every call is answered before the next other message."""
+
+    def __init__(self) -> None:
+        self._at: int | None = None           # index of the assistant message whose calls are open
+        self._pending: list[str] = []
+        self._ids: frozenset[str] = frozenset()
+
+    def open(self, i: int, ids: list[str]) -> None:
+        self._at, self._pending, self._ids = i, list(ids), frozenset(ids)
+
+    def answer(self, i: int, call_id: str) -> None:
+        if self._at is None:
+            raise _err("Invalid parameter: messages with role 'tool' must be a response to a preceeding "
+                       "message with 'tool_calls'.", f"messages.[{i}].role", None)
+        if call_id not in self._ids:
+            raise _err(f"Invalid parameter: 'tool_call_id' of '{call_id}' not found in 'tool_calls' of "
+                       "previous message.", f"messages.[{i}].tool_call_id", None)
+        if call_id in self._pending:
+            self._pending.remove(call_id)
+
+    def close(self) -> None:
+        if self._at is not None and self._pending:
+            raise _err("An assistant message with 'tool_calls' must be followed by tool messages responding "
+                       "to each 'tool_call_id'. The following tool_call_ids did not have response messages: "
+                       + ", ".join(self._pending), f"messages.[{self._at}].role", None)
+        self._at = None
 
 
 def _stop(v: Any) -> tuple[str, ...]:
