@@ -211,6 +211,32 @@ def cache_main(argv: list[str] | None = None) -> None:
         print(f"zccp-cache: purge failed at {target.describe()}: {exc}", file=sys.stderr)
         sys.exit(1)
     print(f"purged {n} keys")
+    _purge_l1(cfg)
+
+
+def _purge_l1(cfg: Config) -> None:
+    """After Redis: this host's nginx L1 (POST /v1/zccp/l1/purge at server.listen, loopback
+    only). nginx not running is no error (nothing to empty); another answer is said, as is
+    the L1 of other hosts, which keeps its entries up to cache.l1.ttl_s (docs/cache.md)."""
+    if not (cfg.cache.enabled and cfg.cache.l1.enabled):
+        return
+    import urllib.error
+    import urllib.request
+
+    from zccp.stack import base_url
+
+    url = base_url(cfg) + "/v1/zccp/l1/purge"
+    try:
+        with urllib.request.urlopen(urllib.request.Request(url, data=b"", method="POST"), timeout=5) as r:
+            ok = r.status == 200
+    except urllib.error.HTTPError as exc:
+        print(f"zccp-cache: nginx's L1 at {url} not emptied: HTTP {exc.code}", file=sys.stderr)
+        return
+    except OSError as exc:   # no nginx there: say so (its L1, if any, empties itself within cache.l1.ttl_s)
+        print(f"zccp-cache: nginx's L1 at {url} not emptied: {getattr(exc, 'reason', exc)}", file=sys.stderr)
+        return
+    if ok:
+        print("emptied nginx's L1")
 
 
 def main() -> None:

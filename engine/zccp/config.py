@@ -45,6 +45,16 @@ class GpuConfig:
 
 
 @dataclass(frozen=True)
+class L1Config:
+    """nginx's own copy of exact hits (cache.l1, docs/cache.md "L1 in nginx")."""
+    enabled: bool = True
+    size_mb: int = 64                        # the lua_shared_dict (least recently used entries go first)
+    max_entries: int = 10000                 # dict entries: one per key of an answer (bytes, exact key)
+    max_entry_kb: int = 256                  # a larger answer is not kept
+    ttl_s: int = 300                         # at most this long, whatever the engine allows
+
+
+@dataclass(frozen=True)
 class CacheConfig:
     enabled: bool = True
     # redis://host:port/db (one server), redis+cluster://h1:p1,h2:p2 (a Redis Cluster) or
@@ -65,6 +75,7 @@ class CacheConfig:
     tenant_source: Literal["api_key", "user", "header"] = "api_key"
     tenant_header: str | None = None
     mask_patterns: str | None = None        # the operator's mask file (None: lua/zccp/mask_patterns.lua)
+    l1: L1Config = field(default_factory=L1Config)
 
 
 @dataclass(frozen=True)
@@ -139,6 +150,10 @@ _RANGES: dict[tuple[str, str], tuple[float, float]] = {
     ("cache", "similarity_threshold"): (0.01, 1.0),
     ("cache", "timeout_ms"): (1, 60_000),
     ("cache", "coalesce_wait_ms"): (0, 3_600_000),
+    ("cache.l1", "size_mb"): (1, 1 << 16),
+    ("cache.l1", "max_entries"): (1, 1 << 24),
+    ("cache.l1", "max_entry_kb"): (1, 1 << 20),
+    ("cache.l1", "ttl_s"): (1, 30 * 86400),
     ("shared_memory", "segment_count"): (1, 65_536),
     ("shared_memory", "segment_size_kb"): (16, 1 << 20),
     ("shared_memory", "tokens_kb"): (4, 1 << 20),
@@ -194,6 +209,9 @@ def _check_value(where: str, hint: Any, value: Any) -> Any:
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             raise ConfigError(f"{where}: expected a number, got {value!r}")
         return float(value)
+    if dataclasses.is_dataclass(hint):   # a subsection (cache.l1): `where` ends with its dotted name
+        path, _, name = where.rpartition(": ")
+        return _build_section(path, name, hint, value)
     if hint is str:
         if not isinstance(value, str) or not value:
             raise ConfigError(f"{where}: expected a non-empty string, got {value!r}")

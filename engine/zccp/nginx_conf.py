@@ -63,6 +63,12 @@ def render(cfg: Config, out: Path, standalone: bool = False, prefix: Path | None
         "tenant_header": cfg.cache.tenant_header or "",
         "dict": "zccp_slots",
         "dict_size": "1m",
+        "l1_enabled": "true" if cfg.cache.enabled and cfg.cache.l1.enabled else "false",
+        "l1_dict": "zccp_l1",
+        "l1_dict_size": f"{cfg.cache.l1.size_mb}m" if cfg.cache.enabled and cfg.cache.l1.enabled else "64k",
+        "l1_max_entries": str(cfg.cache.l1.max_entries),
+        "l1_max_entry": str(cfg.cache.l1.max_entry_kb * 1024),
+        "l1_ttl_s": str(cfg.cache.l1.ttl_s),
         "out": str(out),
         "metrics_allow": " ".join(f"allow {a};" for a in cfg.server.metrics_allow.split()),
     }

@@ -5,7 +5,7 @@
 -- checked byte for byte by the golden vectors and the identity test.
 --
 --   local fp = require "zccp.fingerprint"
---   local r, err = fp.compute("anthropic" | "openai", body)
+--   local r, err = fp.compute("anthropic" | "openai", body)   -- or fp.keys(...), then fp.complete(r)
 --   r.exact_key  32-byte string   SHA-256: the prefix key and the final message
 --   r.prefix_key 32-byte string   SHA-256 of the canonical masked request without its final message
 --   r.near       true when near-duplicate hits are allowed (a text-only final user turn
@@ -17,6 +17,8 @@
 --   r.masked     true when a mask pattern changed some text
 --   r.end_user   metadata.user_id (anthropic) / user (openai) when a string: not part of
 --                the fingerprint, a tenant source (zccp.tenant)
+--   r.stream, r.include_usage   "stream": true, and OpenAI's stream_options.include_usage:
+--                not part of the fingerprint, but the answer shows them (zccp.l1)
 --
 -- Bounded work: bodies above decode_limit (64 KiB) are not decoded here
 -- (nil, "body too large to fingerprint": the engine computes the same fingerprint),
@@ -99,10 +101,34 @@ local function end_user(api, doc)
     return type(u) == "string" and u or nil
 end
 
--- debug: also return r.canonical (CJ of the request) and r.prompt (the final user turn's
--- text, when text only); limit: overrides the decode limit
--- (tests; the engine covers larger bodies).
-function _M.compute(api, body, debug, limit)
+-- §3-§5 for a result of keys(): r.near, r.tokens, r.signature, r.csf_key, r.bands.
+-- (r.doc, the decoded and masked body keys() kept, is dropped here.)
+local function complete(r, debug)
+    local doc = r.doc
+    r.doc = nil
+    if not doc then
+        return r
+    end
+    local tp, tlen = prompt.final_turn(PBUF, doc)
+    if tp then
+        local sig, ntok, complete_ = csf.signature(tp, tlen)
+        if complete_ and ntok > 0 then
+            r.near, r.tokens, r.signature = true, ntok, sig
+            r.csf_key, r.bands = csf.keys_of(sig)
+        end
+    end
+    if debug then
+        r.prompt = tp and (type(tp) == "string" and tp or ffi.string(tp, tlen)) or nil
+    end
+    if tlen and tlen > KEEP then
+        PBUF:free()
+    end
+    return r
+end
+
+-- The keys only (§1, §2, §6): what an L1 lookup needs (zccp.l1); complete(r) adds the
+-- rest before the request goes to the engine. Same results and errors as compute().
+function _M.keys(api, body, debug, limit)
     if api ~= "anthropic" and api ~= "openai" then
         error("zccp.fingerprint.compute: api must be \"anthropic\" or \"openai\"", 2)
     end
@@ -113,6 +139,8 @@ function _M.compute(api, body, debug, limit)
     if not doc then
         return nil, err
     end
+    local opts = doc.stream_options
+    local stream, include_usage = doc.stream == true, type(opts) == "table" and opts.include_usage == true
     if not masks then
         masks = require "zccp.masks"
     end
@@ -149,27 +177,32 @@ function _M.compute(api, body, debug, limit)
         tokens = 0,
         masked = masked,
         end_user = end_user(api, doc),
+        stream = stream,
+        include_usage = include_usage,
     }
-    -- §3-§5: the CSF of a text-only final user turn
-    local tp, tlen = prompt.final_turn(PBUF, doc)
-    if tp then
-        local sig, ntok, complete = csf.signature(tp, tlen)
-        if complete and ntok > 0 then
-            r.near, r.tokens, r.signature = true, ntok, sig
-            r.csf_key, r.bands = csf.keys_of(sig)
-        end
-    end
     if debug then
         r.canonical = CBUF:tostring()
-        r.prompt = tp and (type(tp) == "string" and tp or ffi.string(tp, tlen)) or nil
     end
     if clen > KEEP then
         CBUF:free()
     end
-    if tlen and tlen > KEEP then
-        PBUF:free()
-    end
+    r.doc = doc   -- for complete()
     return r
+end
+
+function _M.complete(r)
+    return complete(r)
+end
+
+-- debug: also return r.canonical (CJ of the request) and r.prompt (the final user turn's
+-- text, when text only); limit: overrides the decode limit
+-- (tests; the engine covers larger bodies).
+function _M.compute(api, body, debug, limit)
+    local r, err = _M.keys(api, body, debug, limit)
+    if not r then
+        return nil, err
+    end
+    return complete(r, debug)
 end
 
 -- 16 hex digits of a uint64_t cdata (for logs and tests)

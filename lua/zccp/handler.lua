@@ -16,6 +16,7 @@ local settings = require "zccp.settings"
 local tenant = require "zccp.tenant"
 local masks = require "zccp.masks"
 local body_mod = require "zccp.body"
+local l1 = require "zccp.l1"
 
 local ngx = ngx
 local ngx_var = ngx.var
@@ -121,7 +122,8 @@ end
 
 -- Fill the claimed slot and mark it READY. Returns the generation rung with, or nil,
 -- message[, status, kind] (a status when the client's body failed, not the arena).
--- src: { body = string } or { len = n, deadline = t } (streamed from the client socket);
+-- src: { body = string[, digest = its SHA-256 (zccp.l1)] } or { len = n, deadline = t }
+-- (streamed from the client socket);
 -- extra: nil, or { kind = enum zccp_request_kind, tenant = 32-byte digest }; rid: X-Request-ID.
 local function fill_slot(a, i, src, flags, timeout_ms, fp, extra, rid)
     local C = abi.C
@@ -149,9 +151,13 @@ local function fill_slot(a, i, src, flags, timeout_ms, fp, extra, rid)
         end
     end
     h.payload_len = n
-    local ok, err = sha256.digest_into(dst, n, h.sha256)
-    if not ok then
-        return nil, err
+    if src.digest then
+        ffi_copy(h.sha256, src.digest, 32)
+    else
+        local ok, err = sha256.digest_into(dst, n, h.sha256)
+        if not ok then
+            return nil, err
+        end
     end
     ffi_copy(h.context_id, h.sha256, 8)
     h.status, h.response_len, h.response_acked, h.tokens_len, h.csf_key = 0, 0, 0, 0, 0
@@ -288,6 +294,15 @@ local function attempt(api, a, src, flags, deadline, state, fp, extra)
         return errors.send(api, code, kind, msg, code == 429 and RETRY_AFTER or nil)
     end
     state.slot = slot
+    local k = state.l1
+    if k and k.pending then   -- a streamed body: L1 by the digest of the bytes now in the slot
+        l1.digested(k, ffi_string(slot.header.sha256, 32))
+        if l1.serve(api, k, true) then
+            release(slot)
+            state.slot = nil
+            return
+        end
+    end
     local ok, rerr = ring(slot)
     if not ok then
         hang_up(slot, false)
@@ -296,6 +311,12 @@ local function attempt(api, a, src, flags, deadline, state, fp, extra)
         return errors.send(api, 503, "overloaded_error", rerr, RETRY_AFTER)
     end
     local outcome, r = relay.run(slot, state, deadline)
+    if outcome == "done" and k then
+        local kept, kerr = pcall(l1.keep, api, k, a:meta(slot.index), r)
+        if not kept then
+            ngx_log(ngx_ERR, "zccp: L1 store failed: ", kerr)
+        end
+    end
     if outcome == "retry" and not src.body then
         -- the streamed body exists only in this slot: keep it for the next attempt
         src.body = ffi_string(a:payload_ptr(slot.index), src.len)
@@ -383,13 +404,34 @@ function _M.serve(api, kind)
     local fp, extra
     if kind then
         extra = { kind = abi.C[kind_name] }
+        if kind == "purge" then
+            l1.purge()   -- before the engine purges Redis, and again after (below)
+        end
     else
+        -- L1 (zccp.l1): the very same bytes are answered before any fingerprint (a streamed
+        -- body's once it is in the slot, see attempt), the same request after its keys;
+        -- otherwise the engine's answer may be kept.
+        local k = l1.begin(api, body, flags)
+        if k and not k.pending and l1.serve(api, k) then
+            return
+        end
         -- A streamed body is the engine's to fingerprint; a request that neither reads nor
         -- writes the cache (no-cache + no-store) needs no keys at all.
         local bypass = abi.C.ZCCP_FLAG_NO_CACHE + abi.C.ZCCP_FLAG_NO_STORE
-        fp = body and bit.band(flags, bypass) ~= bypass and fingerprint.compute(api, body) or nil
+        fp = body and bit.band(flags, bypass) ~= bypass and fingerprint.keys(api, body) or nil
         local t = tenant.digest(fp)
         extra = t and { tenant = t }
+        if k then
+            l1.exact(k, fp, t)
+            if not k.pending and l1.serve(api, k, true) then
+                return
+            end
+            state.l1, state.keep = k, l1.max_entry(k)
+            src.digest = k.digest
+        end
+        if fp then
+            fingerprint.complete(fp)   -- the near-duplicate part: only the engine needs it
+        end
     end
 
     for _ = 1, MAX_ATTEMPTS do
@@ -403,6 +445,9 @@ function _M.serve(api, kind)
                 "request body of " .. body_len .. " bytes exceeds the slot capacity of " .. a.payload_cap .. " bytes")
         end
         local ok, res = pcall(attempt, api, a, src, flags, deadline, state, fp, extra)
+        if kind == "purge" then
+            l1.purge()   -- what was relayed from Redis while it was purged is gone too
+        end
         if not ok then
             -- A bug must not leak a slot or a doorbell connection.
             ngx_log(ngx_ERR, "zccp: request failed: ", res)
@@ -424,6 +469,23 @@ function _M.serve(api, kind)
         arena_mod.refresh()
     end
     return errors.send(api, 503, "overloaded_error", "engine restarted; retry", RETRY_AFTER)
+end
+
+-- POST /v1/zccp/l1/purge (loopback only, like the purge): empties this nginx's L1 and
+-- nothing else; `zccp-cache purge` calls it after purging Redis (docs/cache.md).
+function _M.purge_l1()
+    ngx_header["X-Request-ID"] = ngx_var.zccp_request_id
+    if not LOOPBACK[ngx_var.realip_remote_addr or ngx_var.remote_addr] then
+        return errors.send("anthropic", 403, "permission_error", "this endpoint answers loopback clients only")
+    end
+    local method = ngx.req.get_method()
+    if method ~= "POST" then
+        return errors.send("anthropic", 405, "invalid_request_error", "method " .. method .. " not allowed; use POST",
+            { Allow = "POST" })
+    end
+    l1.purge()
+    ngx_header["Content-Type"] = "application/json"
+    ngx_print('{"purged_l1":true}')
 end
 
 -- GET /v1/models (and /v1/models/{id}): Anthropic's shape when the client says

@@ -20,6 +20,8 @@ function _M.init(opts)
     -- nginx): the workers inherit them, so a worker user (www-data) needs no read access
     -- to the Lua files, only to the arena and the socket (docs/existing-nginx.md).
     require("zccp.handler")
+    -- L1 outlives a reload (the dict is kept): the masks or cache.scope may have changed.
+    require("zccp.l1").purge()
     require("zccp.health")
     require("zccp.metrics")
 end

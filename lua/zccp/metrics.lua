@@ -20,7 +20,10 @@ local SEP = "\1"
 local HELP = {
     zccp_nginx_requests_total = "Responses sent by ZCCP's nginx locations, by API and status",
     zccp_nginx_bytes_in_total = "Request bytes received on ZCCP's locations",
+    zccp_nginx_l1_total = "nginx's L1 cache (cache.l1), by API and result: hit, miss, store",
 }
+-- The second label of a series (the first is api): status unless named here.
+local LABEL = { zccp_nginx_l1_total = "result" }
 
 local function dict()
     return ngx.shared[DICT]
@@ -36,6 +39,14 @@ function _M.log(api)
     d:incr("zccp_nginx_bytes_in_total" .. SEP .. api, tonumber(ngx.var.request_length) or 0, 0)
 end
 
+-- zccp.l1: one lookup's or one store's result ("hit", "miss", "store").
+function _M.l1(api, result)
+    local d = dict()
+    if d then
+        d:incr("zccp_nginx_l1_total" .. SEP .. api .. SEP .. result, 1, 0)
+    end
+end
+
 -- Series that exist from the start, at 0, so that a rate over them misses nothing.
 local SEEDS = {
     "zccp_nginx_requests_total" .. SEP .. "anthropic" .. SEP .. "200",
@@ -43,6 +54,11 @@ local SEEDS = {
     "zccp_nginx_bytes_in_total" .. SEP .. "anthropic",
     "zccp_nginx_bytes_in_total" .. SEP .. "openai",
 }
+for _, api in ipairs { "anthropic", "openai" } do
+    for _, result in ipairs { "hit", "miss", "store" } do
+        SEEDS[#SEEDS + 1] = "zccp_nginx_l1_total" .. SEP .. api .. SEP .. result
+    end
+end
 
 local function render_own()
     local d = dict()
@@ -71,7 +87,7 @@ local function render_own()
             end
             local labels = 'api="' .. api .. '"'
             if status ~= "" then
-                labels = labels .. ',status="' .. status .. '"'
+                labels = labels .. ',' .. (LABEL[name] or "status") .. '="' .. status .. '"'
             end
             n = n + 1
             out[n] = str_format("%s{%s} %d", name, labels, d:get(key) or 0)

@@ -45,6 +45,7 @@ local function send_headers(slot, status, sse)
         end
         if cache == "HIT" or cache == "NEAR" then
             ngx_header["Age"] = tonumber(meta.age_s)
+            ngx_header["X-ZCCP-Cache-Layer"] = "L2"   -- the engine's (Redis); L1 hits never get here (zccp.l1)
         end
         local reason = (REASON_NAMES or reason_names())[tonumber(meta.cache_reason)]
         if reason then
@@ -97,6 +98,7 @@ local function on_notice(slot, r, n)
             return "engine sent an invalid status " .. status
         end
         r.sse = bit.band(h.flags, C.ZCCP_FLAG_RESPONSE_SSE) ~= 0
+        r.status = status
         send_headers(slot, status, r.sse)
         r.started = true
     end
@@ -116,6 +118,14 @@ local function on_notice(slot, r, n)
             if not ok and ferr ~= "buffering" then
                 r.state.aborted = true
             end
+            if r.keep then   -- zccp.l1 may keep this answer: its bytes, up to r.keep of them
+                if committed > r.keep then
+                    r.keep, r.parts, r.np = nil, {}, 0
+                else
+                    r.np = r.np + 1
+                    r.parts[r.np] = chunk
+                end
+            end
         else
             r.np = r.np + 1
             r.parts[r.np] = chunk
@@ -130,11 +140,12 @@ end
 -- goes away, the deadline passes or the engine fails. state.aborted is set by the
 -- request's on_abort handler. Returns the outcome ("done", "retry", "timeout",
 -- "client closed the connection" or an error description) and the relay record
--- { started, sse, acked, parts, np }: a complete non-SSE body is in parts, for the
--- caller to send with its Content-Length.
+-- { started, status, sse, acked, parts, np, keep }: a complete non-SSE body is in parts,
+-- for the caller to send with its Content-Length; an SSE one too while state.keep (a
+-- byte count) asks for it and it is no longer (zccp.l1), else keep is nil.
 function _M.run(slot, state, deadline)
     local bell = slot.bell
-    local r = { started = false, sse = false, acked = 0, parts = {}, np = 0, state = state }
+    local r = { started = false, sse = false, acked = 0, parts = {}, np = 0, state = state, keep = state.keep }
     while true do
         local n, err = bell:read_notice()
         local outcome

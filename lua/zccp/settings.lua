@@ -20,6 +20,15 @@ local REQUIRED = {
     tenant_source = "string",   -- cache.tenant_source (zccp.tenant)
 }
 
+-- l1 (optional; absent: no L1): config.yaml's cache.l1, as zccp.l1 reads it.
+local L1 = {
+    enabled = "boolean",      -- cache.enabled and cache.l1.enabled
+    dict = "string",          -- the lua_shared_dict (cache.l1.size_mb)
+    max_entries = "number",   -- cache.l1.max_entries
+    max_entry = "number",     -- cache.l1.max_entry_kb, in bytes
+    ttl_s = "number",         -- cache.l1.ttl_s
+}
+
 function _M.set(t)
     if type(t) ~= "table" then
         error("zccp.settings.set: expected a table", 2)
@@ -27,6 +36,17 @@ function _M.set(t)
     for k, ty in pairs(REQUIRED) do
         if type(t[k]) ~= ty then
             error("zccp.settings.set: '" .. k .. "' must be a " .. ty, 2)
+        end
+    end
+    local l1 = t.l1
+    if l1 ~= nil then
+        if type(l1) ~= "table" then
+            error("zccp.settings.set: 'l1' (cache.l1) must be a table", 2)
+        end
+        for k, ty in pairs(L1) do
+            if type(l1[k]) ~= ty then
+                error("zccp.settings.set: 'l1." .. k .. "' (cache.l1." .. k .. ") must be a " .. ty, 2)
+            end
         end
     end
     current = t

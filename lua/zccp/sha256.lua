@@ -1,4 +1,5 @@
--- SHA-256 over memory ranges through libcrypto (C speed, no Lua string needed).
+-- SHA-256 over memory ranges through libcrypto (C speed, no Lua string needed), and
+-- the same library's random bytes (response ids: zccp.l1).
 local ffi = require "ffi"
 
 local pcall = pcall
@@ -11,6 +12,7 @@ unsigned char *SHA256(const unsigned char *d, size_t n, unsigned char *md);
 int SHA256_Init(void *c);
 int SHA256_Update(void *c, const void *data, size_t len);
 int SHA256_Final(unsigned char *md, void *c);
+int RAND_bytes(unsigned char *buf, int num);
 ]]
 
 local function load_crypto()
@@ -59,6 +61,17 @@ function _M.digest_parts(p1, n1, p2, n2, p3, n3)
     if p3 and n3 > 0 then crypto.SHA256_Update(ctx, p3, n3) end
     crypto.SHA256_Final(md, ctx)
     return ffi_string(md, 32)
+end
+
+-- `n` random bytes from libcrypto's CSPRNG (the library loaded here) into `out`: true, or nil, err.
+function _M.random_into(out, n)
+    if not crypto then
+        return nil, "libcrypto not found"
+    end
+    if crypto.RAND_bytes(out, n) ~= 1 then
+        return nil, "RAND_bytes failed"
+    end
+    return true
 end
 
 return _M

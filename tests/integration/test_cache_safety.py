@@ -278,9 +278,10 @@ def test_purge_endpoint_and_cli(nstack):
     assert purge.status_code == 200 and purge.json()["purged"] >= 1
     assert cache_of(s, "anthropic", kb, x_api_key="tenant-b") == "MISS"
     assert cache_of(s, "anthropic", ka) == "HIT" and cache_of(s, "anthropic", kc) == "HIT"
-    # one exact key (the slot tells which)
+    # one exact key (the slot tells which; no-store: past nginx's L1, and nothing stored again)
     raw = json.dumps(kc).encode()
-    s.client().post("/v1/messages", content=raw, headers={"content-type": "application/json"})
+    s.client().post("/v1/messages", content=raw, headers={"content-type": "application/json",
+                                                          "cache-control": "no-store"})
     reader = s.arena()
     try:
         slot = next(x for x in reader.slots() if x.sha256 == hashlib.sha256(raw).digest())
@@ -298,6 +299,7 @@ def test_purge_endpoint_and_cli(nstack):
                           str(s.config_path)], capture_output=True, text=True, timeout=60)
     assert out.returncode == 0 and out.stdout.startswith("purged "), out.stderr
     assert int(out.stdout.split()[1]) >= 2
+    assert "emptied nginx's L1" in out.stdout   # ka was in L1 (served twice from Redis): gone too
     assert cache_of(s, "anthropic", ka) == "MISS"
     s.assert_no_leaks()
 

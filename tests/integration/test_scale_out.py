@@ -28,8 +28,11 @@ TIMEOUT_MS = 1000
 
 
 def host(run_dir: Path, name: str, redis_url: str) -> Stack:
+    # These tests are about the engines and the Redis they share: nginx's L1 (each host's
+    # own, tests/integration/test_l1.py) would answer a repeat before Redis is asked.
     return Stack(run_dir / name, {"model": dict(NULL, null_reply=f"answered by host {name}"),
-                                  "cache": {"enabled": True, "redis_url": redis_url, "timeout_ms": TIMEOUT_MS}})
+                                  "cache": {"enabled": True, "redis_url": redis_url, "timeout_ms": TIMEOUT_MS,
+                                            "l1": {"enabled": False}}})
 
 
 def text_of(api: str, r) -> str:

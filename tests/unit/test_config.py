@@ -21,6 +21,7 @@ def test_shipped_config_loads():
     assert cfg.shared_memory.segment_size_kb == 1024
     assert cfg.shared_memory.cleanup_interval_ms == 30000
     assert (cfg.cache.scope, cfg.cache.tenant_source, cfg.cache.tenant_header) == ("tenant", "api_key", None)
+    assert cfg.cache.l1.enabled and cfg.cache.l1.size_mb == 64 and cfg.cache.l1.max_entries == 10000
 
 
 @pytest.mark.parametrize(
@@ -45,6 +46,11 @@ def test_shipped_config_loads():
         ({"cache": {"tenant_source": "header"}}, "cache.tenant_header: required"),
         ({"cache": {"tenant_header": "X-Team"}}, "cache.tenant_header: set, but cache.tenant_source is 'api_key'"),
         ({"cache": {"tenant_source": "header", "tenant_header": "X Team"}}, "cache.tenant_header: 'X Team' is not"),
+        ({"cache": {"l1": {"size": 8}}}, "cache.l1.size: unknown key"),
+        ({"cache": {"l1": {"ttl_s": 0}}}, "cache.l1.ttl_s: 0 is outside"),
+        ({"cache": {"l1": {"max_entries": "many"}}}, "cache.l1.max_entries: expected an integer"),
+        ({"cache": {"l1": {"enabled": "yes"}}}, "cache.l1.enabled: expected true or false"),
+        ({"cache": {"l1": 64}}, "cache.l1: expected a mapping"),
         ({"server": {"metrics_allow": "127.0.0.1; deny all"}}, "server.metrics_allow: '127.0.0.1;' is not"),
         ({"server": {"metrics_allow": "localhost"}}, "server.metrics_allow: 'localhost' is not"),
         ([1, 2], "top level must be a mapping"),

@@ -1,0 +1,311 @@
+-- nginx's L1 cache (docs/cache.md, "L1 in nginx"): the answers the engine replayed as an
+-- exact HIT and marked keepable (meta.cache_ttl_s > 0, meta.cache_scope) live in a
+-- lua_shared_dict, so that the next identical request is answered here, in the handler
+-- that computed its key: no slot, no doorbell, no engine, no Redis. Redis stays the L2.
+-- An answer is kept under the digest of the request's raw bytes (found before any
+-- fingerprint) and, for a request nginx fingerprinted and did not mask, its exact key.
+--
+--   local l1 = require "zccp.l1"
+--   local k = l1.begin(api, body, flags)             -- nil: this request skips L1
+--   if k and l1.serve(api, k) then return end        -- the very same bytes: answered, no fingerprint
+--   ... fp = fingerprint.keys(api, body) ...
+--   l1.exact(k, fp, tenant)                           -- the same request, other bytes
+--   if l1.serve(api, k, true) then return end         -- (true: the last try, a miss is counted)
+--   state.keep = k and l1.max_entry(k)                -- relay: keep an SSE answer's bytes
+--   l1.keep(api, k, meta, r)                          -- after a complete answer (relay record r)
+--   l1.purge()                                        -- every worker's L1 (one shared dict)
+--
+-- What is kept is the engine's own replay with its response id and `created` cut out;
+-- each replay puts in a fresh id (same prefix, length and alphabet as the engine's
+-- random_id) and the current time, as the engine does (engine/zccp/cache/answer.py,
+-- flow._replay). Only exact HIT replays are kept, never a model's answer: a replay's
+-- bytes are what the engine would send again, a model's carry per-run numbers
+-- (usage's cached prompt tokens).
+local ffi = require "ffi"
+local bit = require "bit"
+local abi = require "zccp.abi"
+local settings = require "zccp.settings"
+local sha256 = require "zccp.sha256"
+local metrics = require "zccp.metrics"
+local tenant_mod = require "zccp.tenant"
+
+local ngx = ngx
+local ngx_shared = ngx.shared
+local ngx_header = ngx.header
+local ngx_print = ngx.print
+local ngx_time = ngx.time
+local ngx_log = ngx.log
+local ngx_WARN = ngx.WARN
+local ffi_string = ffi.string
+local band = bit.band
+local str_find = string.find
+local str_sub = string.sub
+local str_gsub = string.gsub
+local str_match = string.match
+local str_byte = string.byte
+local concat = table.concat
+local tonumber = tonumber
+local tostring = tostring
+
+local _M = { _VERSION = "0.1.0" }
+
+local SEP = "\0"
+local ID, CREATED = "\1", "\2"   -- placeholders in a kept answer (JSON and SSE never hold raw control bytes)
+-- Kept in the slots' dict (settings.dict), which does not evict: the purge epoch (part of
+-- every key, so an answer relayed across a purge is never found again), the approximate
+-- entry count, and the once-a-second recount lock.
+local EPOCH, COUNT, RECOUNT = "l1:epoch", "l1:count", "l1:recount"
+
+-- Per API: the response id's prefix and random length (engine/zccp/api/*.new_response_id),
+-- where the id stands in an answer, and whether it has a `created` field.
+local APIS = {
+    anthropic = { prefix = "msg_", n = 24, find = '"id":"(msg_%w+)"', created = false },
+    openai = { prefix = "chatcmpl-", n = 29, find = '"id":"(chatcmpl%-%w+)"', created = true },
+}
+
+local B62 = "0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz"
+local B62_OF = ffi.new("uint8_t[256]")   -- byte -> base62 character, as common._B62_TABLE (b % 62)
+for b = 0, 255 do
+    B62_OF[b] = str_byte(B62, b % 62 + 1)
+end
+local RAND = ffi.new("uint8_t[64]")
+local OUT = ffi.new("uint8_t[64]")
+local REPL = {}   -- gsub's table for one replay (serve() never yields while it is in use)
+
+-- The cache.l1 settings and the dict, or nil when L1 is off.
+local function config()
+    local l1 = settings.get().l1
+    if not l1 or not l1.enabled then
+        return nil
+    end
+    local d = ngx_shared[l1.dict]
+    return d and l1, d
+end
+
+local function meta_dict()
+    return ngx_shared[settings.get().dict]
+end
+
+-- The keys of one request (k.keys: shared, own, the next pair after it), from `base`:
+-- under the shared one when the engine says meta.cache_scope 0 (every tenant's), else
+-- under the tenant's (`tenant`: a digest, or nil for anonymous).
+local function add_keys(k, base, tenant)
+    base = k.epoch .. base .. SEP
+    local keys = k.keys
+    keys[#keys + 1] = base .. "S"
+    keys[#keys + 1] = base .. "T" .. (tenant or "anon")
+    return k
+end
+
+-- A request's L1 record, or nil when it must not use L1: Cache-Control no-cache or
+-- no-store (flags), or L1 off. It first holds the keys of the raw bytes: the SHA-256 of
+-- `body` (also the slot's, on a miss), or, when body is nil (it streams into the slot,
+-- zccp.body), `pending` until digested() gives it the slot's. Their tenant is the one
+-- known without the body (the headers'): identical bytes name the same end user.
+function _M.begin(api, body, flags)
+    local cfg, d = config()
+    if not cfg then
+        return nil
+    end
+    local C = abi.C
+    if band(flags, C.ZCCP_FLAG_NO_CACHE + C.ZCCP_FLAG_NO_STORE) ~= 0 then
+        return nil
+    end
+    local tenant = tenant_mod.digest(nil)
+    local k = { dict = d, cfg = cfg, keys = {}, tried = 0, raw_tenant = tenant,
+                epoch = tostring(meta_dict():get(EPOCH) or 0) .. SEP .. api }
+    if not body then
+        k.pending = true
+        return k
+    end
+    local digest = sha256.digest(body, #body)
+    if not digest then
+        return nil
+    end
+    k.digest = digest
+    return add_keys(k, "R" .. digest, tenant)
+end
+
+-- A streamed body's keys, from the SHA-256 of its bytes in the slot (32-byte string).
+function _M.digested(k, digest)
+    k.pending = nil
+    return add_keys(k, "R" .. digest, k.raw_tenant)
+end
+
+-- Adds the exact keys of a request nginx fingerprinted (fingerprint.keys) and did not
+-- mask: its exact key (fingerprint.md §6), and what the exact key leaves out but the answer
+-- shows (stream, OpenAI's stream_options.include_usage). Masked requests keep their raw
+-- keys only: masked values of other lengths give other prompt token counts (usage).
+-- tenant: the request's tenant (zccp.tenant.digest(fp)). True when it added them.
+function _M.exact(k, fp, tenant)
+    if not fp or fp.masked then
+        return false
+    end
+    add_keys(k, "X" .. (fp.stream and "S" or "J") .. (fp.include_usage and "U" or "-") .. fp.exact_key, tenant)
+    return true
+end
+
+-- The most bytes of an answer L1 keeps.
+function _M.max_entry(k)
+    return k.cfg.max_entry
+end
+
+local function fresh_id(a)
+    local n = a.n
+    local ok = sha256.random_into(RAND, n)
+    if not ok then
+        return nil
+    end
+    for i = 0, n - 1 do
+        OUT[i] = B62_OF[RAND[i]]
+    end
+    return a.prefix .. ffi_string(OUT, n)
+end
+
+-- Answers the request from L1 when an entry under one of its keys not yet tried is
+-- there: true; false on a miss (counted once final: no more keys will come).
+function _M.serve(api, k, final)
+    local d, keys = k.dict, k.keys
+    local v
+    for i = k.tried + 1, #keys do
+        v = d:get(keys[i])
+        if v then
+            break
+        end
+    end
+    k.tried = #keys
+    if not v then
+        if final then
+            metrics.l1(api, "miss")
+        end
+        return false
+    end
+    -- entry: "S" (SSE) or "J", the time the answer was born (Age), ":", the template
+    local colon = str_find(v, ":", 2, true)
+    local born = colon and tonumber(str_sub(v, 2, colon - 1))
+    local a = APIS[api]
+    local id = born and fresh_id(a)
+    if not id then
+        ngx_log(ngx_WARN, "zccp: L1 entry unusable; asking the engine")
+        return false
+    end
+    REPL[ID], REPL[CREATED] = id, tostring(ngx_time())
+    local body = str_gsub(str_sub(v, colon + 1), "[\1\2]", REPL)
+    ngx.status = 200
+    if str_byte(v, 1) == 83 then   -- "S"
+        ngx_header["Content-Type"] = "text/event-stream; charset=utf-8"
+        ngx_header["Cache-Control"] = "no-cache"
+        ngx_header["X-Accel-Buffering"] = "no"
+    else
+        ngx_header["Content-Type"] = "application/json"
+        ngx_header["Content-Length"] = #body
+    end
+    ngx_header["X-ZCCP-Cache"] = "HIT"
+    ngx_header["X-ZCCP-Cache-Layer"] = "L1"
+    local age = ngx_time() - born
+    ngx_header["Age"] = age > 0 and age or 0
+    ngx_print(body)
+    metrics.l1(api, "hit")
+    return true
+end
+
+-- The answer with its id (everywhere it occurs as the response's id) and `created`
+-- replaced by the placeholders, or nil when it does not look like the engine's replay.
+local function template(a, body)
+    if str_find(body, "[\1\2]") then
+        return nil
+    end
+    local id = str_match(body, a.find)
+    if not id then
+        return nil
+    end
+    local n
+    body, n = str_gsub(body, '"id":"' .. str_gsub(id, "%-", "%%-") .. '"', '"id":"\1"')
+    if n == 0 then
+        return nil
+    end
+    if a.created then
+        local c = str_match(body, '"created":(%d+)')
+        if not c then
+            return nil
+        end
+        body = str_gsub(body, '"created":' .. c .. '([,}])', '"created":\2%1')
+    end
+    return body
+end
+
+-- The entries now in the dict (expired ones freed first); at most once a second.
+local function recount(d, md, n)
+    if not md:add(RECOUNT, true, 1) then
+        return n
+    end
+    d:flush_expired()
+    n = #d:get_keys(0)
+    md:set(COUNT, n)
+    return n
+end
+
+-- After a complete answer to the request of keys `k`: keeps it when the engine replayed
+-- it as an exact HIT and allows it (meta.cache_ttl_s > 0) for at most cache.l1.ttl_s, under
+-- the scope the engine names. meta: the slot's meta (shared memory: checked); r: the relay
+-- record (status, sse, parts, np; an SSE answer's parts when state.keep asked for them).
+function _M.keep(api, k, meta, r)
+    local C = abi.C
+    if r.status ~= 200 or tonumber(meta.cache_status) ~= tonumber(C.ZCCP_CACHE_HIT) then
+        return
+    end
+    local ttl, scope, age = tonumber(meta.cache_ttl_s), tonumber(meta.cache_scope), tonumber(meta.age_s)
+    if ttl <= 0 or (scope ~= 0 and scope ~= 1) or (r.sse and not r.keep) then
+        return
+    end
+    local cfg = k.cfg
+    if ttl > cfg.ttl_s then
+        ttl = cfg.ttl_s
+    end
+    if r.acked > cfg.max_entry then
+        return
+    end
+    local tpl = template(APIS[api], concat(r.parts, "", 1, r.np))
+    if not tpl then
+        ngx_log(ngx_WARN, "zccp: an answer the engine marked keepable has no response id; not kept in L1")
+        return
+    end
+    local d, md, keys = k.dict, meta_dict(), k.keys
+    local n = md:get(COUNT) or 0
+    if n + #keys / 2 > cfg.max_entries then
+        n = recount(d, md, n)
+        if n + #keys / 2 > cfg.max_entries then
+            return
+        end
+    end
+    -- under each of its keys (the raw bytes', the exact request's): the pair's shared
+    -- key or its tenant's, as the engine said
+    local v = (r.sse and "S" or "J") .. (ngx_time() - age) .. ":" .. tpl
+    for i = scope == 0 and 1 or 2, #keys, 2 do
+        local ok, err = d:set(keys[i], v, ttl)
+        if not ok then
+            ngx_log(ngx_WARN, "zccp: L1 store failed: ", err)
+            return
+        end
+        md:incr(COUNT, 1, 0)
+    end
+    metrics.l1(api, "store")
+end
+
+-- Empties L1 for every worker (one shared dict): a new epoch first (so an answer relayed
+-- across the purge is stored under keys nobody looks up), then every entry goes.
+function _M.purge()
+    local md = meta_dict()
+    if md then
+        md:incr(EPOCH, 1, 0)
+        md:set(COUNT, 0)
+    end
+    local l1 = settings.get().l1
+    local d = l1 and ngx_shared[l1.dict]
+    if d then
+        d:flush_all()
+        d:flush_expired()
+    end
+end
+
+return _M
