@@ -262,7 +262,8 @@ def profile_section(res: dict) -> str:
         return "(not run)"
     if "skipped" in prof:
         return prof["skipped"]
-    out = []
+    out = [f"Profiled with `Cache-Control: no-cache, no-store` (the engine's own path: hits are answered by "
+           f"nginx's L1){'; ' + res['profile_note'] if res.get('profile_note') else ''}.\n"]
     for wl, p in prof.items():
         if "error" in p:
             out.append(f"- {wl}: py-spy failed: {p['error']}")

@@ -184,7 +184,7 @@ def profile_engine(v: Variant, files: dict[str, Path], args: argparse.Namespace)
                                stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
         time.sleep(0.5)
         try:
-            wrk(v.url, files[wl], conc, secs)
+            wrk(v.url, files[wl], conc, secs, nocache=True)   # the engine's own path: hits never reach it (L1)
         except RuntimeError as exc:
             out[wl] = {"error": str(exc)[:300]}
         try:
