@@ -228,7 +228,10 @@ def test_shared_memory_garbage_is_rejected(make_stack):
 
 
 def test_two_workers_share_the_pool_without_handing_a_slot_out_twice(make_stack):
-    s = make_stack({"server": {"workers": 2}, "shared_memory": {"segment_count": 4}, "model": {"backend": "null"}})
+    # 2 ms per model step: each request holds its slot for ~10 ms, so 32 clients surely
+    # contend for the 4 slots (an instant answer could free them faster than clients come).
+    s = make_stack({"server": {"workers": 2}, "shared_memory": {"segment_count": 4},
+                    "model": {"backend": "null", "null_token_delay_ms": 2}})
     # Every prompt has a different length, so the engine's input_tokens tells
     # whose body it read: a slot handed out twice would show up as a mismatch.
     texts = ["w" * (10 + i) for i in range(240)]
