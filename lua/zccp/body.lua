@@ -59,12 +59,13 @@ function _M.receive_into(dst, n, deadline)
     local off = 0
     while off < n do
         local left_ms = floor((deadline - ngx_now()) * 1000)
-        if left_ms <= 0 then
-            return nil, 408, "invalid_request_error", "request body not received in time (" .. off .. " of "
-                .. n .. " bytes)"
+        local data, rerr
+        if left_ms > 0 then
+            sock:settimeout(left_ms)
+            data, rerr = sock:receiveany(n - off)
+        else
+            rerr = "timeout"
         end
-        sock:settimeout(left_ms)
-        local data, rerr = sock:receiveany(n - off)
         if not data then
             if rerr == "timeout" then
                 return nil, 408, "invalid_request_error", "request body not received in time (" .. off

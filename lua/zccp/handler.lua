@@ -30,10 +30,8 @@ local ngx_WARN = ngx.WARN
 local ffi_copy = ffi.copy
 local ffi_fill = ffi.fill
 local ffi_string = ffi.string
-local str_format = string.format
 local str_find = string.find
 local str_lower = string.lower
-local concat = table.concat
 local tonumber = tonumber
 local error = error
 local pcall = pcall
@@ -43,19 +41,6 @@ local _M = { _VERSION = "0.1.0" }
 local POLL_MS = 250     -- how often a waiting request checks its deadline and the client
 local MAX_ATTEMPTS = 2  -- a ring rejected as stale after an engine restart is retried once
 local RETRY_AFTER = { ["Retry-After"] = "1" }
-
-local HEX = {}   -- byte -> two hex digits, made once
-for b = 0, 255 do
-    HEX[b] = str_format("%02x", b)
-end
-
-local function hex(ptr, n)
-    local t = {}
-    for k = 0, n - 1 do
-        t[k + 1] = HEX[ptr[k]]
-    end
-    return concat(t)
-end
 
 local function is_json(ct)
     ct = str_lower(ct)   -- media types are case-insensitive
@@ -213,7 +198,7 @@ local function claim_and_fill(a, src, flags, fp, extra, rid)
         return nil, 503, "overloaded_error", "engine arena unusable: " .. ferr
     end
     local h = a:header(i)
-    return { arena = a, index = i, header = h, generation = gen, ctx_hex = hex(h.context_id, 8), request_id = rid }
+    return { arena = a, index = i, header = h, generation = gen, ctx_hex = sha256.hex(h.context_id, 8), request_id = rid }
 end
 
 -- Rings the engine for `slot` (slot.bell is the open doorbell): true, or nil, message.

@@ -26,7 +26,6 @@ local io_open = io.open
 local os_rename = os.rename
 local os_remove = os.remove
 local str_format = string.format
-local str_byte = string.byte
 local str_find = string.find
 local concat = table.concat
 local package = package
@@ -171,11 +170,7 @@ local function digest_of(patterns, n)
     if not d then
         return nil
     end
-    local hex = {}
-    for i = 1, #d do
-        hex[i] = str_format("%02x", str_byte(d, i))
-    end
-    return concat(hex), d
+    return sha256.hex(d, #d), d
 end
 
 local function write_last_good(path, patterns, n)

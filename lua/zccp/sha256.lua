@@ -4,6 +4,10 @@ local ffi = require "ffi"
 
 local pcall = pcall
 local ffi_string = ffi.string
+local ffi_cast = ffi.cast
+local str_format = string.format
+local concat = table.concat
+local type = type
 
 local _M = { _VERSION = "0.2.0" }
 
@@ -29,6 +33,24 @@ local crypto = load_crypto()
 local md = ffi.new("unsigned char[32]")
 -- SHA256_CTX is 112 bytes in every OpenSSL; the room here does not depend on its layout.
 local ctx = ffi.new("uint8_t[256]")
+
+local HEX = {}   -- byte -> two hex digits, made once
+for b = 0, 255 do
+    HEX[b] = str_format("%02x", b)
+end
+local u8p = ffi.typeof("const uint8_t *")
+
+-- Lowercase hex of `n` bytes at `p` (a pointer or a Lua string): digests, context ids.
+function _M.hex(p, n)
+    if type(p) == "string" then
+        p = ffi_cast(u8p, p)
+    end
+    local t = {}
+    for k = 0, n - 1 do
+        t[k + 1] = HEX[p[k]]
+    end
+    return concat(t)
+end
 
 -- Digest of `len` bytes at `ptr` (a pointer or a Lua string) into `out` (32 bytes).
 function _M.digest_into(ptr, len, out)
