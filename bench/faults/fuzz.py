@@ -49,7 +49,7 @@ from zccp.abi import (  # noqa: E402
     State,
     ffi,
 )
-from zccp.doorbell import decode_notice, encode_ring  # noqa: E402
+from zccp.doorbell import decode_notice, encode_ring, engine_ping  # noqa: E402
 
 # (struct, offset of the struct in the slot) for every block of a slot's first page
 _BLOCKS = (("struct zccp_slot_header", 0), ("struct zccp_slot_meta", META_OFFSET),
@@ -233,17 +233,7 @@ class Fuzzer:
 
     def ping(self, timeout: float = 5.0) -> bool:
         """A fresh connection's PING is answered with a PONG (the engine is serving)."""
-        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
-            s.settimeout(timeout)
-            s.connect(self.socket_path)
-            s.sendall(encode_ring(Op.PING, 0, 0))
-            data = b""
-            while len(data) < NOTICE_SIZE:
-                chunk = s.recv(NOTICE_SIZE - len(data))
-                if not chunk:
-                    return False
-                data += chunk
-            return int(decode_notice(data).op) == Op.PONG
+        return engine_ping(self.socket_path, timeout) is not None
 
     # -- one iteration ---------------------------------------------------------------------
 

@@ -7,16 +7,10 @@ import concurrent.futures as cf
 
 import httpx
 
+from cache_requests import metric
 from harness import anthropic_body
 
 N = 24
-
-
-def _metric(stack, prefix: str) -> float:
-    for line in httpx.get(stack.url("/metrics"), timeout=5).text.splitlines():
-        if line.startswith(prefix + " "):
-            return float(line.rsplit(" ", 1)[1])
-    return 0.0
 
 
 def _burst(stack, body: dict, n: int, **headers: str) -> list[httpx.Response]:
@@ -42,7 +36,7 @@ def test_identical_requests_in_flight_share_one_generation(make_stack):
     texts = {r.json()["content"][0]["text"] for r in rs}
     assert len(texts) == 1
     assert len({r.json()["id"] for r in rs}) == N      # each answer its own id
-    assert _metric(s, 'zccp_engine_coalesced_total{outcome="answered"}') == N - 1
+    assert metric(s, "zccp_engine_coalesced_total", outcome="answered") == N - 1
     s.assert_no_leaks()
 
 
@@ -62,7 +56,7 @@ def test_no_cache_requests_never_wait(make_stack):
     body = anthropic_body("do not coalesce me", max_tokens=40, temperature=1)
     rs = _burst(s, body, 6, **{"cache-control": "no-cache"})
     assert [r.status_code for r in rs] == [200] * 6
-    assert _metric(s, 'zccp_engine_coalesced_total{outcome="answered"}') == 0
+    assert metric(s, "zccp_engine_coalesced_total", outcome="answered") == 0
     s.assert_no_leaks()
 
 
