@@ -14,7 +14,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 # systemd: only for `systemd-analyze verify` of deploy/systemd/ in the tests (nothing is started)
-APT_PACKAGES=(nginx libnginx-mod-http-lua lua-resty-core lua-resty-lrucache lua-cjson redis-server luajit2 wrk
+APT_PACKAGES=(nginx libnginx-mod-http-lua lua-resty-core lua-resty-lrucache lua-cjson redis-server luajit2 wrk lua-check
               python3 python3-venv systemd)
 missing=()
 for p in "${APT_PACKAGES[@]}"; do
@@ -40,5 +40,5 @@ if ! "$VENV/bin/python" -c "import torch" 2>/dev/null; then
 fi
 # Editable: the venv runs this checkout's code, and only this checkout's. The hf extra
 # (transformers, tokenizers) is installed because the tests run the hf backend.
-"${PIP[@]}" install -e ".[test,hf]"
+"${PIP[@]}" install -e ".[test,hf,lint]"
 echo "setup: done ($VENV)"
