@@ -120,6 +120,13 @@ class LimitsConfig:
     max_tokens_cap: int = 4096
     default_max_tokens: int = 256
     request_timeout_ms: int = 60000
+    # Streams (SSE) nginx relays: a client that reads nothing for stream_stall_timeout_ms
+    # is ended and its slot freed (nginx's send_timeout on ZCCP's locations); a stream is
+    # also ended after stream_max_duration_ms or stream_max_bytes_kb (0: no such limit;
+    # request_timeout_ms still bounds every request). zccp_nginx_streams_ended_total counts each.
+    stream_stall_timeout_ms: int = 30000
+    stream_max_duration_ms: int = 0
+    stream_max_bytes_kb: int = 0
 
 
 @dataclass(frozen=True)
@@ -177,6 +184,9 @@ _RANGES: dict[tuple[str, str], tuple[float, float]] = {
     ("limits", "max_tokens_cap"): (1, 1 << 20),
     ("limits", "default_max_tokens"): (1, 1 << 20),
     ("limits", "request_timeout_ms"): (100, 3_600_000),
+    ("limits", "stream_stall_timeout_ms"): (100, 3_600_000),
+    ("limits", "stream_max_duration_ms"): (0, 86_400_000),
+    ("limits", "stream_max_bytes_kb"): (0, 1 << 30),
 }
 
 

@@ -99,8 +99,9 @@ class EndpointFlow(RequestFlow):
         if n == 0 or n > deps.backend.max_context:
             raise ApiError(400, "invalid_request_error",
                            f"the prefix is {n} tokens; it must be 1 to {deps.backend.max_context}", "messages")
+        if not ctx.writer.set_meta(prompt_len=n):
+            raise SlotAbandoned(f"slot {ctx.view.index}: claimed again while the warm-up was prepared")
         ctx.view.header.tokens_len = n
-        ctx.view.meta.prompt_len = n
         sink = WarmupReply(prompt.req.model, ctx.view, ctx.writer, n,
                            Endings(self._log_done, self._abandoned, self._fail, lambda result: None), started)
         seq = Sequence(deps.input_view(ctx.tokens[:n]), ctx.tokens[:n].numpy(), _NO_SAMPLING, sink,

@@ -261,14 +261,17 @@ class Engine:
             h = view.header
             if h.state == State.FREE:
                 continue
+            generation = int(h.generation)
             why = self._abandoned_because(view, now_ns, grace)
             if why is None:
                 continue
             job = self._jobs.get(view.index)
             if job is not None:
                 job.cancel()
+            if h.generation != generation:
+                continue   # nginx claimed it again meanwhile: another request's slot now
             log.warning("sweeper: slot in state %d reset: %s", h.state, why,
-                        extra={"slot": view.index, "generation": int(h.generation)})
+                        extra={"slot": view.index, "generation": generation})
             h.state = State.FREE
             self.metrics.sweeps.inc()
             reset += 1

@@ -123,7 +123,7 @@ class RequestFlow:
         if flags & Flag.NO_CACHE and flags & Flag.NO_STORE:
             # Neither lookup nor store: no keys to compute, no Redis round trip.
             deps.metrics.cache.inc(result="BYPASS", reason="no_cache")
-            ctx.view.meta.cache_status = CacheStatus.BYPASS
+            ctx.writer.set_meta(cache_status=CacheStatus.BYPASS)
             return self._run_model(prep, None)
         try:
             keys = keys_for(ctx.view, ctx.payload, prep.req, deps.masks, deps.cache.cfg, prep.doc)
@@ -147,16 +147,16 @@ class RequestFlow:
                 return self._done()   # nginx gave up while Redis (or the first request) answered
             if lookup.answer is not None or waited or not await self._wait_for_twin(keys, lookup):
                 break
-        meta = ctx.view.meta
-        meta.cache_status = getattr(CacheStatus, lookup.status)
+        meta = {"cache_status": getattr(CacheStatus, lookup.status)}
         if lookup.reason == "masked_literal":
-            meta.cache_reason = CacheReason.MASKED_LITERAL
+            meta["cache_reason"] = CacheReason.MASKED_LITERAL
         if lookup.answer is not None:
-            meta.similarity_ppm = int(lookup.similarity * 1_000_000)
-            meta.age_s = lookup.age_s
+            meta.update(similarity_ppm=int(lookup.similarity * 1_000_000), age_s=lookup.age_s)
             if lookup.status == "HIT" and not flags & Flag.NO_STORE:   # what nginx may keep (its L1, by exact key)
-                meta.cache_ttl_s = deps.cache.l1_ttl(lookup.answer, lookup.age_s)
-                meta.cache_scope = 0 if lookup.shared else 1
+                meta.update(cache_ttl_s=deps.cache.l1_ttl(lookup.answer, lookup.age_s),
+                            cache_scope=0 if lookup.shared else 1)
+        ctx.writer.set_meta(**meta)
+        if lookup.answer is not None:
             self._replay(prep, lookup.answer)
             return self._done()
         store = keys if keys is not None and not flags & Flag.NO_STORE and lookup.status != "ERROR" else None
@@ -253,9 +253,8 @@ class RequestFlow:
             masks = deps.masks.get()
         assert masks is not None
         self._literals = literals_in(text, keys.request_literals(prep.doc, masks))
-        meta = self.ctx.view.meta
-        meta.cache_ttl_s = 0 if self._literals else deps.cache.cfg.ttl_s
-        meta.cache_scope = 0 if keys.placement.shared else 1
+        self.ctx.writer.set_meta(cache_ttl_s=0 if self._literals else deps.cache.cfg.ttl_s,
+                                 cache_scope=0 if keys.placement.shared else 1)
 
     def _done(self) -> None:
         self.ctx.payload.release()
@@ -299,11 +298,9 @@ class RequestFlow:
         except PromptTooLong as exc:
             raise ApiError(413, "request_too_large",
                            f"prompt is {exc.needed} tokens; a slot holds at most {exc.capacity}") from None
-        h, meta = ctx.view.header, ctx.view.meta
-        h.tokens_len = n
-        meta.prompt_len = n
-        meta.max_tokens = req.sampling.max_tokens
-        meta.gpu_device_id = deps.device_id
+        if not ctx.writer.set_meta(prompt_len=n, max_tokens=req.sampling.max_tokens, gpu_device_id=deps.device_id):
+            raise SlotAbandoned(f"slot {ctx.view.index}: claimed again while the request was parsed")
+        ctx.view.header.tokens_len = n
         limit = deps.backend.max_context
         if n + req.sampling.max_tokens > limit:
             raise ApiError(400, "invalid_request_error",
@@ -324,7 +321,7 @@ class RequestFlow:
                     result = ev
             if result is None:
                 raise SlotAbandoned("generation stopped without a result")
-            ctx.view.meta.completion_len = result.output_tokens
+            ctx.writer.set_meta(completion_len=result.output_tokens)
             self._verdict(prep, result)
             writer.answer(200, False, codec.render(req, result, codec.new_response_id(), int(time.time())))
             self._log_done(200, prep.started, result)
@@ -356,7 +353,7 @@ class RequestFlow:
                 data, sse = b"".join(parts), True
             else:
                 data, sse = codec.render(req, result, rid, created), False
-            self.ctx.view.meta.completion_len = result.output_tokens
+            self.ctx.writer.set_meta(completion_len=result.output_tokens)
             writer.answer(200, sse, data)
             self._log_done(200, prep.started, result)
         except SlotAbandoned as exc:

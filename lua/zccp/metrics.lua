@@ -21,9 +21,14 @@ local HELP = {
     zccp_nginx_requests_total = "Responses sent by ZCCP's nginx locations, by API and status",
     zccp_nginx_bytes_in_total = "Request bytes received on ZCCP's locations",
     zccp_nginx_l1_total = "nginx's L1 cache (cache.l1), by API and result: hit, miss, store",
+    zccp_nginx_streams_ended_total = "Streams nginx ended before the answer did, by API and reason: "
+        .. "stalled (the client read nothing for limits.stream_stall_timeout_ms), duration "
+        .. "(limits.stream_max_duration_ms), bytes (limits.stream_max_bytes_kb)",
 }
 -- The second label of a series (the first is api): status unless named here.
-local LABEL = { zccp_nginx_l1_total = "result" }
+local LABEL = { zccp_nginx_l1_total = "result", zccp_nginx_streams_ended_total = "reason" }
+-- The reasons zccp_nginx_streams_ended_total counts.
+local STREAM_END_REASONS = { "stalled", "duration", "bytes" }
 
 local function dict()
     return ngx.shared[DICT]
@@ -47,6 +52,14 @@ function _M.l1(api, result)
     end
 end
 
+-- zccp.handler: a stream nginx ended for `reason` (one of STREAM_END_REASONS).
+function _M.stream_ended(api, reason)
+    local d = dict()
+    if d then
+        d:incr("zccp_nginx_streams_ended_total" .. SEP .. api .. SEP .. reason, 1, 0)
+    end
+end
+
 -- Series that exist from the start, at 0, so that a rate over them misses nothing.
 local SEEDS = {
     "zccp_nginx_requests_total" .. SEP .. "anthropic" .. SEP .. "200",
@@ -57,6 +70,9 @@ local SEEDS = {
 for _, api in ipairs { "anthropic", "openai" } do
     for _, result in ipairs { "hit", "miss", "store" } do
         SEEDS[#SEEDS + 1] = "zccp_nginx_l1_total" .. SEP .. api .. SEP .. result
+    end
+    for _, reason in ipairs(STREAM_END_REASONS) do
+        SEEDS[#SEEDS + 1] = "zccp_nginx_streams_ended_total" .. SEP .. api .. SEP .. reason
     end
 end
 

@@ -16,7 +16,7 @@ from harness import anthropic_body, dumps
 REPLY = "x" * 80_000
 STALL_CONFIG = {
     "shared_memory": {"segment_count": 4, "segment_size_kb": 2048, "response_kb": 1024},
-    "limits": {"request_timeout_ms": 5000, "max_tokens_cap": 80_000},
+    "limits": {"request_timeout_ms": 5000, "max_tokens_cap": 80_000, "stream_stall_timeout_ms": 2000},
     "model": {"backend": "null", "null_reply": REPLY, "max_context": 90_000},
 }
 STALLED_ID = "stalled-reader-1"
@@ -107,4 +107,12 @@ def test_stalled_reader_breaks_no_other_request(make_stack):
     assert all(done), f"every ordinary client completed streams meanwhile: {done}"
     assert got.startswith(b"HTTP/1.1 200"), got[:200]
     assert b"message_stop" not in got   # it never read: the server gave up on it
+    assert _streams_ended(s, "stalled") >= 1
     s.assert_no_leaks()
+
+
+def _streams_ended(s, reason: str, api: str = "anthropic") -> int:
+    text = httpx.get(s.url("/metrics"), timeout=10).text
+    series = f'zccp_nginx_streams_ended_total{{api="{api}",reason="{reason}"}} '
+    line = next(ln for ln in text.splitlines() if ln.startswith(series))
+    return int(line.split()[-1])
