@@ -8,6 +8,7 @@ import threading
 import time
 
 import httpx
+import pytest
 
 from harness import anthropic_body, dumps
 
@@ -116,3 +117,31 @@ def _streams_ended(s, reason: str, api: str = "anthropic") -> int:
     series = f'zccp_nginx_streams_ended_total{{api="{api}",reason="{reason}"}} '
     line = next(ln for ln in text.splitlines() if ln.startswith(series))
     return int(line.split()[-1])
+
+
+# 5 ms per token: a 2000-token answer streams for ~10 s, ~180 KB of SSE.
+PACED = {"backend": "null", "null_reply": "y" * 2000, "null_token_delay_ms": 5, "max_context": 8192}
+
+
+@pytest.mark.parametrize("limit, reason, name", [
+    ({"stream_max_bytes_kb": 16}, "bytes", "limits.stream_max_bytes_kb"),
+    ({"stream_max_duration_ms": 1000}, "duration", "limits.stream_max_duration_ms"),
+])
+def test_a_stream_past_its_limit_ends_with_an_error_event(make_stack, limit, reason, name):
+    s = make_stack({"model": PACED, "limits": {"request_timeout_ms": 30000, **limit}})
+    with s.client() as c:
+        with c.stream("POST", "/v1/messages", json=anthropic_body("long", max_tokens=2000, stream=True)) as r:
+            assert r.status_code == 200
+            data = r.read()
+        assert b"message_stop" not in data
+        assert data.rstrip().endswith(b"}")
+        tail = data.rsplit(b"event: ", 1)[-1]
+        assert tail.startswith(b"error"), tail[:200]
+        assert name.encode() in tail
+        if reason == "bytes":
+            assert len(data) <= 16 * 1024 + len(tail) + 8
+        # the pool serves on, and the limit does not touch a short answer
+        r = c.post("/v1/messages", json=anthropic_body("short", max_tokens=8, stream=True))
+        assert r.status_code == 200 and b"message_stop" in r.content
+    assert _streams_ended(s, reason) == 1
+    s.assert_no_leaks()
