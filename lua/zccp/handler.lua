@@ -512,6 +512,14 @@ function _M.purge_l1()
     ngx_print('{"purged_l1":true}')
 end
 
+-- Any path ZCCP does not serve (the standalone server's catch-all): the API's own 404,
+-- OpenAI-shaped under /v1/chat/, Anthropic-shaped elsewhere.
+function _M.not_found()
+    ngx_header["X-Request-ID"] = ngx_var.zccp_request_id
+    local api = str_find(ngx_var.uri, "^/v1/chat/") and "openai" or "anthropic"
+    return errors.send(api, 404, "not_found_error", "no such endpoint: " .. ngx.req.get_method() .. " " .. ngx_var.uri)
+end
+
 -- GET /v1/models (and /v1/models/{id}): Anthropic's shape when the client says
 -- anthropic-version (the Anthropic SDK always does), OpenAI's otherwise.
 function _M.serve_models()
