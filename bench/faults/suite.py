@@ -214,7 +214,8 @@ class FaultStack:
         self.config_path.write_text(yaml.safe_dump(raw))
         self.cfg = resolve(load_config(self.config_path), run)
         self.url = f"http://{self.cfg.server.listen}"
-        self.redis = redis_service(self.cfg.cache.redis_url, run)
+        self.redis = redis_service(self.cfg.cache.redis_url, run, self.cfg.cache.redis_maxmemory_mb,
+                                   self.cfg.cache.redis_maxmemory_policy)
         self.engine = engine_service(self.config_path, self.cfg, run, {"OMP_NUM_THREADS": "1"})
         self.nginx, _ = nginx_service(self.cfg, run)
         self._stopping = threading.Event()
@@ -303,7 +304,8 @@ def f_redis(s: FaultStack, t: Traffic, args) -> FaultResult:
         r.injections.append(time.monotonic())
         s.redis.kill()
         time.sleep(1)
-        s.redis = redis_service(s.cfg.cache.redis_url, s.run)
+        s.redis = redis_service(s.cfg.cache.redis_url, s.run, s.cfg.cache.redis_maxmemory_mb,
+                                s.cfg.cache.redis_maxmemory_policy)
     time.sleep(2)
     return r
 

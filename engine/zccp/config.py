@@ -60,6 +60,13 @@ class CacheConfig:
     # redis://host:port/db (one server), redis+cluster://h1:p1,h2:p2 (a Redis Cluster) or
     # redis+sentinel://h1:p1,h2:p2/<master name>/db (Sentinels): docs/cache.md
     redis_url: str = "redis://127.0.0.1:6379/0"
+    # The Redis zccp-stack starts (cache.redis_url on loopback): its memory bound and what it
+    # evicts at the bound. allkeys-lru: everything in it is a cache entry or an index of them,
+    # rebuilt by a miss, and a key without a TTL can never make writes fail (volatile-* would
+    # refuse them). Your own Redis: set the same (docs/cache.md).
+    redis_maxmemory_mb: int = 256
+    redis_maxmemory_policy: Literal["allkeys-lru", "allkeys-lfu", "volatile-lru", "volatile-lfu",
+                                    "volatile-ttl"] = "allkeys-lru"
     ttl_s: int = 3600
     near_duplicate: bool = True
     similarity_threshold: float = 0.85
@@ -154,6 +161,7 @@ _RANGES: dict[tuple[str, str], tuple[float, float]] = {
     ("server", "doorbell_pool_size"): (1, 4096),
     ("gpu", "device_id"): (0, 64),
     ("cache", "ttl_s"): (1, 30 * 86400),
+    ("cache", "redis_maxmemory_mb"): (1, 1 << 20),
     ("cache", "similarity_threshold"): (0.01, 1.0),
     ("cache", "timeout_ms"): (1, 60_000),
     ("cache", "coalesce_wait_ms"): (0, 3_600_000),
