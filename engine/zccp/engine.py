@@ -21,6 +21,7 @@ from zccp.arena import Arena, SlotError, SlotView
 from zccp.cache.inflight import InFlight
 from zccp.cache.masks import MaskSource
 from zccp.cache.purge import PurgeFlow
+from zccp.cache.purge_epoch import EpochWatcher
 from zccp.cache.store import ResponseCache
 from zccp.config import Config, ConfigError, ModelConfig, mask_state_path
 from zccp.device import select_device
@@ -204,7 +205,8 @@ class Engine:
         kind = view.request.kind
         if kind == Kind.PURGE:   # POST /v1/zccp/purge (nginx: loopback clients only)
             redis = self.cache.redis if self.cache is not None else None
-            return PurgeFlow(ctx.payload, ctx.writer, redis, self._spawn, lambda: self._finish_job(job)).start()
+            return PurgeFlow(ctx.payload, ctx.writer, redis, self._spawn, lambda: self._finish_job(job),
+                             self.arena.set_purge_epoch).start()
         if kind == Kind.GENERATE:
             return RequestFlow(ctx, self.deps, lambda: self._finish_job(job)).start()
         EndpointFlow(ctx, self.deps, lambda: self._finish_job(job), kind, self.models).start()
@@ -297,6 +299,14 @@ class Engine:
             await asyncio.sleep(period)
             self.sweep()
 
+    def _watch_purge_epoch(self) -> asyncio.Task[None] | None:
+        """The cache's purge epoch into the control page, kept current (nginx's L1 keys carry
+        it); without a cache it stays 0 and nginx's L1, which needs the cache, answers nothing."""
+        if self.cache is None:
+            return None
+        watcher = EpochWatcher(self.cache.redis, self.arena.set_purge_epoch, 3 * self.cfg.cache.timeout_ms / 1000)
+        return asyncio.create_task(watcher.run())
+
     # -- life cycle ------------------------------------------------------------------------
 
     async def serve(self, stop: asyncio.Event) -> None:
@@ -307,6 +317,7 @@ class Engine:
         self.arena.publish(self.cfg.server.socket_path)
         self.arena.set_engine_state(EngineState.SERVING)
         sweeper = asyncio.create_task(self._sweeper())
+        epochs = self._watch_purge_epoch()
         log.info("engine serving: arena %s (%d slots x %d KiB), doorbell %s, model %s (%s) on %s",
                  self.cfg.shared_memory.name, self.layout.slot_count, self.layout.slot_size // 1024,
                  self.cfg.server.socket_path, self.cfg.model.name, self.cfg.model.backend, self.device.name)
@@ -314,6 +325,8 @@ class Engine:
             await stop.wait()
         finally:
             sweeper.cancel()
+            if epochs is not None:
+                epochs.cancel()
             self.arena.set_engine_state(EngineState.STOPPING)
             for job in list(self._jobs.values()):
                 job.cancel()

@@ -3,7 +3,8 @@ one exact key. The same code serves `zccp-cache purge` (the CLI, straight to Red
 `POST /v1/zccp/purge` (nginx, loopback only, rings the engine with ZCCP_KIND_PURGE).
 
     parse_purge({"all": true} | {"scope": S} | {"tenant": VALUE} | {"key": HEX}) -> PurgeRequest
-    await purge(redis, request) -> number of keys deleted
+    await purge(redis, request) -> number of keys deleted (then a new purge epoch: every
+                                   host's nginx L1 forgets, zccp.cache.purge_epoch)
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from typing import TYPE_CHECKING, Any, Literal
 import orjson
 
 from zccp.api import codec_for
+from zccp.cache.purge_epoch import bump
 from zccp.cache.scope import purge_patterns, tenant_digest
 from zccp.request import ApiError
 from zccp.response import ResponseWriter, SlotAbandoned
@@ -67,8 +69,10 @@ def parse_purge(obj: Any) -> PurgeRequest:
     return req
 
 
-async def purge(redis: RedisClient, req: PurgeRequest) -> int:
-    """Delete every key matching the request (SCAN + UNLINK in batches); the count.
+async def purge(redis: RedisClient, req: PurgeRequest, on_epoch: Callable[[int], None] | None = None) -> int:
+    """Delete every key matching the request (SCAN + UNLINK in batches); the count. Then
+    a new purge epoch, handed to on_epoch (this engine's control page: this host's nginx
+    sees it before the purge is answered; the others within purge_epoch.POLL_S).
     On a Redis Cluster, redis-py's SCAN visits every primary (each with its own cursor)
     and its UNLINK splits a batch by slot; through Sentinel it runs on the master."""
     n = 0
@@ -81,6 +85,9 @@ async def purge(redis: RedisClient, req: PurgeRequest) -> int:
                 batch.clear()
         if batch:
             n += await redis.unlink(*batch)
+    epoch = await bump(redis)   # after the deletes: an L1 entry stored meanwhile carries the old epoch
+    if on_epoch is not None:
+        on_epoch(epoch)
     return n
 
 
@@ -88,8 +95,10 @@ class PurgeFlow:
     """One POST /v1/zccp/purge through a slot: the JSON body in, {"purged": n} out."""
 
     def __init__(self, payload: memoryview, writer: ResponseWriter, redis: RedisClient | None,
-                 spawn: Callable[[Any], None], on_done: Callable[[], None]) -> None:
+                 spawn: Callable[[Any], None], on_done: Callable[[], None],
+                 on_epoch: Callable[[int], None] | None = None) -> None:
         self._payload = payload
+        self._on_epoch = on_epoch
         self._writer = writer
         self._redis = redis
         self._spawn = spawn
@@ -111,7 +120,7 @@ class PurgeFlow:
                 except ValueError as exc:
                     raise ApiError(400, "invalid_request_error", str(exc)) from None
                 try:
-                    n = await purge(self._redis, req)
+                    n = await purge(self._redis, req, self._on_epoch)
                 except Exception as exc:   # redis down, a timeout: say so, nothing else breaks
                     log.warning("purge failed: %s", exc)
                     raise ApiError(503, "api_error", f"purge failed: {exc}") from None
