@@ -35,6 +35,10 @@ class ServerConfig:
     # Who may GET /metrics: nginx `allow` arguments (addresses, CIDRs, "unix:", "all"), space
     # separated; everyone else gets 403. Loopback and unix-socket clients by default.
     metrics_allow: str = "127.0.0.1 ::1 unix:"
+    # The kernel send buffer of each client connection of the standalone nginx (listen
+    # sndbuf=), in KiB; 0: the kernel's autotuning (on loopback it grows to megabytes). A
+    # fixed one bounds the kernel memory a client that stops reading can pin.
+    send_buffer_kb: int = 0
 
 
 @dataclass(frozen=True)
@@ -159,6 +163,7 @@ _RANGES: dict[tuple[str, str], tuple[float, float]] = {
     ("server", "workers"): (1, 64),
     ("server", "connect_timeout_ms"): (1, 60_000),
     ("server", "doorbell_pool_size"): (1, 4096),
+    ("server", "send_buffer_kb"): (0, 1 << 16),
     ("gpu", "device_id"): (0, 64),
     ("cache", "ttl_s"): (1, 30 * 86400),
     ("cache", "redis_maxmemory_mb"): (1, 1 << 20),

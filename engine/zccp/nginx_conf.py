@@ -99,6 +99,7 @@ def render(cfg: Config, out: Path, standalone: bool = False, prefix: Path | None
             log_dir=_safe(str(logs), "log directory"),
             workers=str(cfg.server.workers),
             listen=_safe(cfg.server.listen, "server.listen"),
+            listen_options=f" sndbuf={cfg.server.send_buffer_kb}k" if cfg.server.send_buffer_kb else "",
             error_log_level=_LEVELS[cfg.logging.level],
             user_line=f"user {_safe(user, 'server.user')} {_safe(cfg.shared_memory.group or user, 'shared_memory.group')};"
             if user else "",
