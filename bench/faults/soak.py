@@ -130,11 +130,13 @@ def main() -> None:
     ap.add_argument("--clients", type=int, default=64)
     ap.add_argument("--cancel", type=float, default=0.1)
     ap.add_argument("--stalled", type=float, default=0.05, help="fraction of requests by readers that stall")
+    ap.add_argument("--redis-mb", type=int, default=32,
+                    help="Redis maxmemory (MiB): small enough that the soak reaches it, to show it holds")
     ap.add_argument("--slots", type=int, default=96, help="slots (at least the clients: no 429 by design)")
     ap.add_argument("--interval", type=float, default=10)
     ap.add_argument("--warmup", type=float, default=60, help="seconds before the memory baseline")
     args = ap.parse_args()
-    s = FaultStack(OUT / "soak", slots=args.slots)
+    s = FaultStack(OUT / "soak", slots=args.slots, redis_mb=args.redis_mb)
     samples: list[dict] = []
     shm = Path("/dev/shm") / s.cfg.shared_memory.name.lstrip("/")
     try:
@@ -180,7 +182,7 @@ def main() -> None:
                             text=True).stdout.strip()
     result = {
         "commit": commit, "argv": sys.argv[1:], "seconds": args.seconds, "clients": args.clients,
-        "cancel": args.cancel, "stalled": args.stalled, "samples": samples, "requests": len(every),
+        "cancel": args.cancel, "stalled": args.stalled, "redis_maxmemory_mb": args.redis_mb, "samples": samples, "requests": len(every),
         "ok": sum(1 for o in every if o.cls == "2xx"), "aborted": sum(1 for o in every if o.cls == "aborted"),
         "stalled_readers": sum(1 for o in every if o.cls == "stalled"), "streams_ended_stalled": ended_stalled,
         "api_errors": dict(Counter(o.status for o in every if o.cls == "api")),
@@ -198,7 +200,11 @@ def main() -> None:
 
 
 def plot(r: dict) -> None:
-    import matplotlib
+    try:
+        import matplotlib
+    except ImportError:
+        print("matplotlib is not installed: no soak.png", file=sys.stderr)
+        return
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
@@ -224,7 +230,8 @@ def report(r: dict) -> None:
 Commit {r['commit']}; `python -m bench.faults.soak {' '.join(r['argv'])}`: **{r['seconds']:.0f} s** at c={r['clients']},
 {r['cancel']:.0%} of the requests streams the client abandons after the first bytes, {r.get('stalled', 0):.0%} readers that
 ask for a long stream and stall (connected, never reading, {STALL_HOLD_S:.0f} s), the rest the suite's mixed traffic;
-sampled every 10 s. Streams nginx ended as stalled: {r.get('streams_ended_stalled', '–')}.
+sampled every 10 s; Redis `maxmemory` {r.get('redis_maxmemory_mb', '–')} MiB (`allkeys-lru`). Streams nginx ended as
+stalled: {r.get('streams_ended_stalled', '–')}.
 
 | requests | 2xx | cancelled by the client | stalled readers | API-shaped errors | anything else (must be 0) | slots claimed after (must be 0) | engine sockets (min–max) | arena bytes | RSS growth after warm-up |
 |---|---|---|---|---|---|---|---|---|---|

@@ -206,7 +206,7 @@ def label_of(exc: Exception) -> str:
 # --- the stack ---------------------------------------------------------------------------------
 
 class FaultStack:
-    def __init__(self, run: Path, slots: int = SLOTS) -> None:
+    def __init__(self, run: Path, slots: int = SLOTS, redis_mb: int | None = None) -> None:
         if run.exists():
             shutil.rmtree(run)
         run.mkdir(parents=True)
@@ -219,6 +219,8 @@ class FaultStack:
                              send_buffer_kb=SNDBUF_KB)
         raw["shared_memory"].update(name=f"/zccp.faults.{tag}", segment_count=slots)
         raw["cache"].update(enabled=True, redis_url=f"redis://127.0.0.1:{free_port()}/0", mask_patterns=str(self.masks))
+        if redis_mb is not None:
+            raw["cache"]["redis_maxmemory_mb"] = redis_mb
         raw["model"].update(backend="null", null_token_delay_ms=5, max_context=131072, null_reply=REPLY)
         raw["limits"].update(request_timeout_ms=DEADLINE_MS, stream_stall_timeout_ms=STALL_MS)
         raw.setdefault("logging", {})["level"] = "warning"
