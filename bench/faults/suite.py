@@ -517,12 +517,12 @@ def f_stalled_2x(s: FaultStack, t: Traffic, args) -> FaultResult:
                     "meanwhile")
     r.injections.append(time.monotonic())
 
-    def kill() -> None:
-        time.sleep(1.5)
+    def kill() -> None:   # once the first stalled readers have been ended (stall limit 1.5 s)
+        time.sleep(4.0)
         r.injections.append(time.monotonic())
         os.kill(s.engine.pid, signal.SIGKILL)
 
-    _stalled(s, r, 2 * SLOTS, 6.5, kill)
+    _stalled(s, r, 2 * SLOTS, 4.0, kill)
     return r
 
 
@@ -633,12 +633,26 @@ def main() -> None:
                             text=True).stdout.strip()
     dirty = subprocess.run(["git", "-C", str(REPO), "status", "--porcelain", "--untracked-files=no"],
                            capture_output=True, text=True).stdout.strip()
+    rows = _with_earlier_rows(rows, commit + ("+dirty" if dirty else ""))
     result = {"commit": commit + ("+dirty" if dirty else ""), "argv": sys.argv[1:], "rows": rows,
               "seconds": round(time.monotonic() - started),
               "machine": f"{platform.node()}, {os.cpu_count()} cores, {platform.platform()}",
               "clients": args.clients, "slots": SLOTS, "deadline_ms": DEADLINE_MS}
     RESULTS_JSON.write_text(json.dumps(result, indent=1, default=str))
     write_report(result)
+
+
+def _with_earlier_rows(rows: list[dict], commit: str) -> list[dict]:
+    """A run of some faults (--only) replaces their rows; the other faults' rows of the last
+    results stay, each marked with the commit it was measured at."""
+    for x in rows:
+        x["commit"] = commit
+    if not RESULTS_JSON.exists():
+        return rows
+    earlier = json.loads(RESULTS_JSON.read_text())
+    mine = {x["fault"] for x in rows}
+    kept = [dict(x, commit=x.get("commit", earlier["commit"])) for x in earlier["rows"] if x["fault"] not in mine]
+    return kept + rows
 
 
 def _fmt(v, nd: int = 0) -> str:
@@ -655,7 +669,7 @@ def write_report(r: dict) -> None:
         st = ", ".join(f"{k}: {v}" for k, v in sorted(x["api_statuses"].items())) or "–"
         oth = f"**{x['other']}**" + (f" ({', '.join(f'{k}: {v}' for k, v in x['other_kinds'].items())})"
                                       if x["other"] else "")
-        rows.append(f"| {x['fault']} | {x['sent']} ({x['sent_fault_clients']} by the fault's clients) | {x['ok']} | "
+        rows.append(f"| {x['fault']} ({x.get('commit', r['commit'])}) | {x['sent']} ({x['sent_fault_clients']} by the fault's clients) | {x['ok']} | "
                     f"{x['api_errors']} ({st}) | {oth} | **{x['slots_claimed_after']}** | {_fmt(x['recovery_s'], 2)} | "
                     f"{_fmt(x['p99_ms_during'])} / {_fmt(x['p99_ms_without'])} |")
     notes = "\n".join(f"- **{x['fault']}**: {x['what']}." + (f" {x['extra']}" if x["extra"] else "")
@@ -664,7 +678,7 @@ def write_report(r: dict) -> None:
                          f"their final answer): {x['retried_before_answer']}." if x.get("retried_before_answer") else "")
                       for x in r["rows"])
     table = f"""<!-- faults -->
-Commit {r['commit']}; `python -m bench.faults.suite {' '.join(r['argv'])}` ({r['seconds']} s); {r['machine']};
+Last run at commit {r['commit']} (each row names the commit it was measured at); `python -m bench.faults.suite {' '.join(r['argv'])}` ({r['seconds']} s); {r['machine']};
 {r['clients']} clients of mixed traffic, {r['slots']} slots, request deadline {r['deadline_ms']} ms, null model
 (a token every 5 ms), cache on.
 
