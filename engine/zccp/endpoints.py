@@ -27,9 +27,9 @@ from zccp.api.codec import ModelInfo
 from zccp.flow import FlowDeps, RequestContext, RequestFlow
 from zccp.model.prompt import Prompt
 from zccp.model.tokenizer import PromptTooLong
-from zccp.reply import Endings, WarmupReply
-from zccp.request import ApiError, GenerationRequest, SamplingParams
-from zccp.response import SlotAbandoned
+from zccp.token_sink import Endings, WarmupReply
+from zccp.shared_types import ApiError, GenerationRequest, SamplingParams
+from zccp.ring_writer import SlotAbandoned
 from zccp.scheduler import Sequence
 
 log = logging.getLogger("zccp.endpoints")

@@ -33,7 +33,7 @@ from zccp.model.base import ModelBackend
 from zccp.model.registry import backend_from_config
 from zccp.planner import Planner
 from zccp.prefix_cache import PrefixCache
-from zccp.response import ResponseWriter
+from zccp.ring_writer import ResponseWriter
 from zccp.scheduler import BatchLimits, BatchScheduler
 
 log = logging.getLogger("zccp.engine")

@@ -8,7 +8,7 @@ a complete answer. Client errors come back through the same slot as API-shaped J
 
 Threads: start() and everything up to the model run on the engine's event loop;
 the model runs on the model thread (zccp.scheduler, which batches every running
-request into one forward per token), writing through this request's zccp.reply.Reply,
+request into one forward per token), writing through this request's zccp.token_sink.Reply,
 and hands the finished answer back to the loop for the store.
 """
 
@@ -33,15 +33,15 @@ from zccp.cache.inflight import InFlight
 from zccp.cache.keys import CacheKeys, keys_for, slot_masks
 from zccp.cache.masks import MaskSource
 from zccp.cache.store import Lookup, ResponseCache
-from zccp.generation import generate_text
+from zccp.text_assembly import generate_text
 from zccp.logs import RequestLog
 from zccp.metrics import EngineMetrics
 from zccp.model.base import ModelBackend
 from zccp.model.prompt import Prompt
 from zccp.model.tokenizer import PromptTooLong
-from zccp.reply import Endings, Reply
-from zccp.request import ApiError, Completed, GenerationRequest, GenerationResult, TextDelta
-from zccp.response import ResponseWriter, SlotAbandoned
+from zccp.token_sink import Endings, Reply
+from zccp.shared_types import ApiError, Completed, GenerationRequest, GenerationResult, TextDelta
+from zccp.ring_writer import ResponseWriter, SlotAbandoned
 from zccp.scheduler import BatchScheduler, Sequence
 
 log = logging.getLogger("zccp.flow")

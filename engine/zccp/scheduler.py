@@ -44,8 +44,8 @@ from zccp.model.kv import room
 from zccp.model.sampling import Sampler, sample_rows
 from zccp.planner import Planner
 from zccp.prefix_cache import PrefixCache
-from zccp.request import SamplingParams, StopReason
-from zccp.response import SlotAbandoned
+from zccp.shared_types import SamplingParams, StopReason
+from zccp.ring_writer import SlotAbandoned
 
 log = logging.getLogger("zccp.scheduler")
 
@@ -53,7 +53,7 @@ IDLE_POLL_S = 0.002        # how often parked or draining sequences are looked a
 
 
 class Sink(Protocol):
-    """The output side of one sequence (zccp.reply): it renders and writes the answer."""
+    """The output side of one sequence (zccp.token_sink): it renders and writes the answer."""
 
     def start(self, cached_tokens: int, plan_chunks: int) -> None:
         """Admitted: the prompt's reused tokens and its prefill plan are known."""

@@ -12,7 +12,7 @@ from typing import Any, Final
 
 from orjson import Fragment
 
-from ..request import (
+from ..shared_types import (
     ApiError,
     ChatInput,
     GenerationRequest,

@@ -9,7 +9,7 @@ from typing import Any, Final
 
 import orjson
 
-from ..request import ChatMessage, Role
+from ..shared_types import ChatMessage, Role
 
 dumps = orjson.dumps
 

@@ -12,7 +12,7 @@ from typing import Any, Final
 
 import orjson
 
-from ..request import (
+from ..shared_types import (
     ApiError,
     ChatInput,
     GenerationRequest,

@@ -17,8 +17,8 @@ import orjson
 
 from zccp.api import codec_for
 from zccp.cache.scope import purge_patterns, tenant_digest
-from zccp.request import ApiError
-from zccp.response import ResponseWriter, SlotAbandoned
+from zccp.shared_types import ApiError
+from zccp.ring_writer import ResponseWriter, SlotAbandoned
 
 if TYPE_CHECKING:
     from zccp.cache.redis_target import RedisClient

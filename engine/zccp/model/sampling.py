@@ -12,7 +12,7 @@ from collections.abc import Sequence
 
 import torch
 
-from zccp.request import SamplingParams
+from zccp.shared_types import SamplingParams
 
 
 def check_sampling(params: SamplingParams) -> None:

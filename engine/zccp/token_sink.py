@@ -1,6 +1,6 @@
 """One answer's output side, fed a token at a time by the batch scheduler.
 
-Generated ids -> zccp.generation.TextAssembler (detokenizer, stop sequences, tool
+Generated ids -> zccp.text_assembly.TextAssembler (detokenizer, stop sequences, tool
 calls) -> the API's stream encoder (SSE) or, at the end, its rendered JSON -> the
 slot's response ring. Writes never wait: what the ring cannot take yet stays in the
 writer (write_nowait) and `blocked` tells the scheduler to park this sequence until
@@ -18,11 +18,11 @@ import orjson
 
 from zccp.api.codec import ApiCodec, StreamEncoder
 from zccp.arena import SlotView
-from zccp.generation import TextAssembler
+from zccp.text_assembly import TextAssembler
 from zccp.model.prompt import Detokenizer
-from zccp.request import Completed, GenerationRequest, GenerationResult, StopReason, TextDelta, ToolCall
-from zccp.response import ResponseWriter, SlotAbandoned
-from zccp.tools import HermesParser
+from zccp.shared_types import Completed, GenerationRequest, GenerationResult, StopReason, TextDelta, ToolCall
+from zccp.ring_writer import ResponseWriter, SlotAbandoned
+from zccp.hermes_tools import HermesParser
 
 
 @dataclass(frozen=True)

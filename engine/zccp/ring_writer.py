@@ -28,7 +28,7 @@ Notify = Callable[[int, bool, int], None]
 # later(delay_s, fn): fn on the event loop after delay_s
 Later = Callable[[float, Callable[[], None]], object]
 
-log = logging.getLogger("zccp.response")
+log = logging.getLogger("zccp.ring_writer")
 
 
 class ResponseWriter:
