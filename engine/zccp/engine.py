@@ -20,17 +20,17 @@ from zccp.api.common import ParseLimits
 from zccp.arena import Arena, SlotError, SlotView
 from zccp.cache.inflight import InFlight
 from zccp.cache.masks import MaskSource
-from zccp.cache.purge import PurgeFlow
 from zccp.cache.store import ResponseCache
 from zccp.config import Config, ConfigError, ModelConfig, mask_state_path
 from zccp.device import select_device
 from zccp.doorbell import Connection, DoorbellServer, Ring, encode_notice
 from zccp.endpoints import EndpointFlow
-from zccp.flow import FlowDeps, RequestContext, RequestFlow
+from zccp.flow import FlowDeps, RequestFlow
 from zccp.logs import RequestLog
 from zccp.metrics import EngineMetrics, MetricsServer
 from zccp.model.base import ModelBackend
 from zccp.model.registry import backend_from_config
+from zccp.outcome import RequestContext
 from zccp.planner import Planner
 from zccp.prefix_cache import PrefixCache
 from zccp.ring_writer import ResponseWriter
@@ -202,12 +202,10 @@ class Engine:
             request_id=_request_id(view),
         )
         kind = view.request.kind
-        if kind == Kind.PURGE:   # POST /v1/zccp/purge (nginx: loopback clients only)
-            redis = self.cache.redis if self.cache is not None else None
-            return PurgeFlow(ctx.payload, ctx.writer, redis, self._spawn, lambda: self._finish_job(job)).start()
         if kind == Kind.GENERATE:
             return RequestFlow(ctx, self.deps, lambda: self._finish_job(job)).start()
-        EndpointFlow(ctx, self.deps, lambda: self._finish_job(job), kind, self.models).start()
+        redis = self.cache.redis if self.cache is not None else None     # PURGE's
+        EndpointFlow(ctx, self.deps, lambda: self._finish_job(job), kind, self.models, redis).start()
 
     def _later(self, delay: float, fn: Callable[[], None]) -> None:
         """fn on the loop after delay seconds, from any thread (a writer may finish on the model thread)."""
