@@ -30,13 +30,12 @@ from .common import (
     ParseLimits,
     decode_object,
     dumps,
-    is_int,
-    is_number,
     marker,
     merge_turns,
     random_id,
     sse,
 )
+from .fields import FieldReader
 
 __all__ = [
     "ParseLimits", "parse_request", "render_response", "render_error",
@@ -66,22 +65,24 @@ def _required(obj: dict[str, Any], key: str, path: str) -> Any:
     return obj[key]
 
 
-def _str(v: Any, path: str) -> str:
-    if not isinstance(v, str):
-        raise _bad(path, "Input should be a valid string")
-    return v
+class _Wording:
+    """Field errors in the Messages API's (pydantic's) words."""
+
+    _TYPE = {"string": "a valid string", "array": "a valid list", "object": "a valid dictionary",
+             "integer": "a valid integer", "number": "a valid number", "boolean": "a valid boolean"}
+
+    def wrong_type(self, path: str, expected: str, value: Any) -> ApiError:
+        return _bad(path, f"Input should be {self._TYPE[expected]}")
+
+    def below(self, path: str, expected: str, lo: float, value: Any) -> ApiError:
+        return _bad(path, f"Input should be greater than or equal to {lo}")
+
+    def above(self, path: str, expected: str, hi: float, value: Any) -> ApiError:
+        return _bad(path, f"Input should be less than or equal to {hi}")
 
 
-def _list(v: Any, path: str) -> list[Any]:
-    if not isinstance(v, list):
-        raise _bad(path, "Input should be a valid list")
-    return v
-
-
-def _dict(v: Any, path: str) -> dict[str, Any]:
-    if not isinstance(v, dict):
-        raise _bad(path, "Input should be a valid dictionary")
-    return v
+_F: Final = FieldReader(_Wording())
+_str, _list, _dict = _F.str, _F.list, _F.dict
 
 
 def _no_extras(obj: dict[str, Any], allowed: frozenset[str], prefix: str) -> None:
@@ -91,22 +92,12 @@ def _no_extras(obj: dict[str, Any], allowed: frozenset[str], prefix: str) -> Non
 
 
 def _int(v: Any, path: str, ge: int) -> int:
-    if not is_int(v):
-        raise _bad(path, "Input should be a valid integer")
-    if v < ge:
-        raise _bad(path, f"Input should be greater than or equal to {ge}")
-    return v
+    return _F.int(v, path, ge)
 
 
 def _unit(v: Any, path: str) -> float:
     """A number in [0, 1] (temperature, top_p)."""
-    if not is_number(v):
-        raise _bad(path, "Input should be a valid number")
-    if v < 0:
-        raise _bad(path, "Input should be greater than or equal to 0")
-    if v > 1:
-        raise _bad(path, "Input should be less than or equal to 1")
-    return float(v)
+    return _F.number(v, path, 0, 1)
 
 
 # The content block types the Messages API accepts in a request (its discriminated union);
