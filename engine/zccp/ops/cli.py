@@ -7,7 +7,8 @@ import signal
 import sys
 from pathlib import Path
 
-from zccp.config import Config, ConfigError, check_model_files, load_config
+from zccp.config import Config, ConfigError, load_config
+from zccp.model.checkpoint import check_model_files
 
 RUN_DIR_HELP = ("the stack's run directory (default .run): logs, nginx's files, and unless "
                 "config.yaml says otherwise the doorbell socket and the masks' last-good file")
