@@ -178,7 +178,8 @@ def _check_value(where: str, hint: Any, value: Any) -> Any:
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             raise ConfigError(f"{where}: expected a number, got {value!r}")
         return float(value)
-    if dataclasses.is_dataclass(hint):   # a subsection (cache.l1): `where` ends with its dotted name
+    if isinstance(hint, type) and dataclasses.is_dataclass(hint):
+        # a subsection (cache.l1): `where` ends with its dotted name
         path, _, name = where.rpartition(": ")
         return _build_section(path, name, hint, value)
     if hint is str:

@@ -36,7 +36,7 @@ from zccp.model.prompt import Prompt
 from zccp.model.tokenizer import PromptTooLong
 from zccp.outcome import Outcome, RequestContext
 from zccp.scheduler import Sequence
-from zccp.shared_types import ApiError, GenerationRequest, SamplingParams
+from zccp.shared_types import ApiError, ApiKind, GenerationRequest, SamplingParams
 from zccp.token_sink import WarmupReply
 
 if TYPE_CHECKING:
@@ -56,7 +56,7 @@ class EndpointFlow:
         self.models = models
         self._redis = redis            # PURGE: None when the cache is disabled
         # A purge always answers in Anthropic's error shape (nginx sets no API flag for it).
-        api = "openai" if ctx.view.header.flags & Flag.API_OPENAI and kind != Kind.PURGE else "anthropic"
+        api: ApiKind = "openai" if ctx.view.header.flags & Flag.API_OPENAI and kind != Kind.PURGE else "anthropic"
         self.codec = codec_for(api)
         self.outcome = Outcome(ctx, self.codec, deps.metrics, deps.request_log, on_done)
 

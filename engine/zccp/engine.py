@@ -93,6 +93,9 @@ def layout_from_config(cfg: Config) -> SlotLayout:
 class Engine:
     def __init__(self, cfg: Config) -> None:
         self.cfg = cfg
+        if cfg.server.socket_path is None:   # programmer error: zccp.runtime.resolve sets it
+            raise ConfigError(f"{cfg.path}: server.socket_path: not resolved for a run directory")
+        self._socket_path = cfg.server.socket_path
         torch.set_num_threads(cfg.model.threads)
         self.layout = layout_from_config(cfg)
         self.arena = Arena(cfg.shared_memory.name, self.layout, cfg.shared_memory.group)
@@ -108,7 +111,7 @@ class Engine:
         self._jobs: dict[int, Job] = {}
         # One model thread, decoding every running request in one batch; the loop stays free for rings.
         self._model = model_thread(cfg.model, self.backend, self.metrics)
-        self.doorbell = DoorbellServer(cfg.server.socket_path, self._on_ring, self._on_close, self._on_ping,
+        self.doorbell = DoorbellServer(self._socket_path, self._on_ring, self._on_close, self._on_ping,
                                        cfg.shared_memory.group)
         self._loop: asyncio.AbstractEventLoop | None = None
         self._loop_thread = 0
@@ -137,13 +140,14 @@ class Engine:
             inflight=InFlight() if cfg.cache.enabled and cfg.cache.coalesce_wait_ms else None,
             coalesce_wait_s=cfg.cache.coalesce_wait_ms / 1000,
         )
-        self.metrics_server = MetricsServer(cfg.server.socket_path + ".metrics", self.metrics, cfg.shared_memory.group)
+        self.metrics_server = MetricsServer(self._socket_path + ".metrics", self.metrics, cfg.shared_memory.group)
 
     # -- doorbell callbacks (event loop thread) -------------------------------------------
 
     def _reject(self, conn: Connection, ring: Ring, status: int, why: str) -> None:
         self.metrics.rejects.inc(status=str(status))
-        log.warning("ring rejected: %s", why, extra={"slot": ring.slot, "generation": ring.generation, "status": status})
+        log.warning("ring rejected: %s", why,
+                    extra={"slot": ring.slot, "generation": ring.generation, "status": status})
         conn.send(encode_notice(Op.REJECT, ring.slot, ring.generation, 0, 1, status))
 
     def _on_ping(self, conn: Connection) -> None:
@@ -299,7 +303,7 @@ class Engine:
         self._loop_thread = threading.get_ident()
         await self.doorbell.start()
         await self.metrics_server.start()
-        self.arena.publish(self.cfg.server.socket_path)
+        self.arena.publish(self._socket_path)
         self.arena.set_engine_state(EngineState.SERVING)
         sweeper = asyncio.create_task(self._sweeper())
         log.info("engine serving: arena %s (%d slots x %d KiB), doorbell %s, model %s (%s) on %s",

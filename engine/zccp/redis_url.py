@@ -159,5 +159,6 @@ def parse_redis_url(url: str) -> RedisTarget:
         service = unquote(parts[0])
         if len(parts) == 2 and parts[1]:
             db = _parse_db(parts[1])
-    return RedisTarget(topology, url, nodes, service, db, base == "rediss", username, password,
+    topo: Topology = "cluster" if topology == "cluster" else "sentinel"
+    return RedisTarget(topo, url, nodes, service, db, base == "rediss", username, password,
                        *(unquote(options[k][0]) if k in options else None for k in _SENTINEL_OPTIONS))

@@ -180,4 +180,5 @@ class ResponseWriter:
             log.info("response abandoned: %s", exc)
             return
         nxt = min(delay * 2, self.ACK_POLL_MAX_S)
+        assert self._later is not None   # _drain is scheduled only through _later
         self._later(nxt, lambda: self._drain(nxt, deadline))

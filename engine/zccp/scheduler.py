@@ -380,7 +380,7 @@ class BatchScheduler:
             return
         self.metrics.decode_steps.inc()
         leaving: set[int] = set()
-        for i, (seq, tok) in enumerate(zip(rows, toks)):
+        for i, (seq, tok) in enumerate(zip(rows, toks, strict=False)):
             outcome = self._emit(seq, tok)
             if outcome == RUN:
                 continue
@@ -395,7 +395,9 @@ class BatchScheduler:
         """Each row's next token: sampled from its logits, or the backend's own choice."""
         if isinstance(out, list):
             return out
-        return sample_rows(self.backend.process_logits(out), samplers)
+        ready = [s for s in samplers if s is not None]
+        assert len(ready) == len(samplers)      # every running sequence got its sampler at admission
+        return sample_rows(self.backend.process_logits(out), ready)
 
     def _leave(self, rows: set[int]) -> None:
         keep = [i for i in range(len(self._rows)) if i not in rows]

@@ -185,7 +185,8 @@ def generate_text(
     )
 
 
-def _whole(backend: Any, ids: Sequence[int], input_tokens: int, max_tokens: int) -> Iterator[TextDelta | GenerationResult]:
+def _whole(backend: Any, ids: Sequence[int], input_tokens: int,
+           max_tokens: int) -> Iterator[TextDelta | GenerationResult]:
     """generate_text for an answer known whole in advance (no stops, no tools): the same
     events and result as the token loop, from one detokenization pass."""
     detok = backend.prompt.detokenizer(())

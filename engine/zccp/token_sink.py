@@ -147,8 +147,8 @@ class WarmupReply(SlotOutput):
     def token(self, token: int) -> bool:
         raise AssertionError("a warm-up generates nothing")   # programmer error
 
-    def end(self, reason: StopReason, output_tokens: int) -> dict[str, int]:
-        body = {"type": "warmup", "model": self._model, "prompt_tokens": self._prompt_tokens,
+    def end(self, reason: StopReason, output_tokens: int) -> dict[str, str | int]:
+        body: dict[str, str | int] = {"type": "warmup", "model": self._model, "prompt_tokens": self._prompt_tokens,
                 "reused_tokens": self._reused, "cached_tokens": self._kept}
         self._writer.begin(200, sse=False)
         self._writer.write_nowait(orjson.dumps(body))

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Any, Final
+from typing import Any, Final, cast
 
 from orjson import Fragment
 
@@ -82,7 +82,7 @@ class _Wording:
 
 
 _F: Final = FieldReader(_Wording())
-_str, _list, _dict = _F.str, _F.list, _F.dict
+_str, _list, _dict = _F.string, _F.array, _F.object
 
 
 def _no_extras(obj: dict[str, Any], allowed: frozenset[str], prefix: str) -> None:
@@ -92,7 +92,7 @@ def _no_extras(obj: dict[str, Any], allowed: frozenset[str], prefix: str) -> Non
 
 
 def _int(v: Any, path: str, ge: int) -> int:
-    return _F.int(v, path, ge)
+    return _F.integer(v, path, ge)
 
 
 def _unit(v: Any, path: str) -> float:
@@ -215,7 +215,7 @@ def _messages(v: Any, allow_empty: bool = False) -> list[tuple[Role, str]]:
             raise _bad(path, "all messages must have non-empty content except for the optional final assistant message")
         if is_prefill and text and text[-1].isspace():
             raise _bad(path + ".content", "final assistant content cannot end with trailing whitespace")
-        turns.append((role, text))
+        turns.append((cast(Role, role), text))   # checked above: user or assistant
     _check_tool_pairs(tool_turns)
     return turns
 
@@ -411,7 +411,8 @@ def chat_input(obj: dict[str, Any]) -> ChatInput:
             elif btype not in _SKIPPED_BLOCKS:
                 media.append((bpath, btype))
         if role == "assistant":
-            messages.append({"role": "assistant", "content": JOIN.join(texts), **({"tool_calls": calls} if calls else {})})
+            messages.append({"role": "assistant", "content": JOIN.join(texts),
+                             **({"tool_calls": calls} if calls else {})})
         elif texts:
             messages.append({"role": "user", "content": JOIN.join(texts)})
     tools: list[dict[str, Any]] | None = None
@@ -571,7 +572,8 @@ class StreamEncoder:
             "type": "content_block_start", "index": index,
             "content_block": {"type": "tool_use", "id": _tool_use_id(), "name": call.name, "input": {}}}))
         out += sse(dumps({"type": "content_block_delta", "index": index,
-                          "delta": {"type": "input_json_delta", "partial_json": call.arguments}}), "content_block_delta")
+                          "delta": {"type": "input_json_delta", "partial_json": call.arguments}}),
+                   "content_block_delta")
         return out + sse(_BLOCK_STOP % index, "content_block_stop")
 
     def finish(self, result: GenerationResult) -> bytes:

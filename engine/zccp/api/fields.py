@@ -5,7 +5,7 @@ the same for Anthropic's and OpenAI's parsers; what differs is how each API word
 error, so each passes its Wording to a FieldReader:
 
     F = FieldReader(MyWording())
-    F.str(v, "model"); F.int(v, "max_tokens", 1); F.number(v, "temperature", 0, 2)
+    F.string(v, "model"); F.integer(v, "max_tokens", 1); F.number(v, "temperature", 0, 2)
 """
 
 from __future__ import annotations
@@ -58,32 +58,32 @@ class FieldReader:
 
     wording: Wording
 
-    def str(self, v: Any, path: str) -> str:
+    def string(self, v: Any, path: str) -> str:
         if not isinstance(v, str):
             raise self.wording.wrong_type(path, "string", v)
         return v
 
-    def bool(self, v: Any, path: str) -> bool:
+    def boolean(self, v: Any, path: str) -> bool:
         if not isinstance(v, bool):
             raise self.wording.wrong_type(path, "boolean", v)
         return v
 
-    def list(self, v: Any, path: str) -> list[Any]:
+    def array(self, v: Any, path: str) -> list[Any]:
         if not isinstance(v, list):
             raise self.wording.wrong_type(path, "array", v)
         return v
 
-    def dict(self, v: Any, path: str) -> dict[str, Any]:
+    def object(self, v: Any, path: str) -> dict[str, Any]:
         if not isinstance(v, dict):
             raise self.wording.wrong_type(path, "object", v)
         return v
 
-    def int(self, v: Any, path: str, lo: int | None = None) -> int:
+    def integer(self, v: Any, path: str, lo: int | None = None) -> int:
         if not is_int(v):
             raise self.wording.wrong_type(path, "integer", v)
         if lo is not None and v < lo:
             raise self.wording.below(path, "integer", lo, v)
-        return int(v)
+        return v
 
     def number(self, v: Any, path: str, lo: float, hi: float) -> float:
         if not is_number(v):

@@ -152,7 +152,7 @@ class _Wording:
 
 
 _F: Final = FieldReader(_Wording())
-_number, _int, _bool, _str, _obj, _arr = _F.number, _F.int, _F.bool, _F.str, _F.dict, _F.list
+_number, _int, _bool, _str, _obj, _arr = _F.number, _F.integer, _F.boolean, _F.string, _F.object, _F.array
 
 
 # --- messages ---

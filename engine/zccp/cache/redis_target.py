@@ -6,15 +6,14 @@ topologies").
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import Any
 
 from zccp.redis_url import RedisTarget, parse_redis_url
 
-if TYPE_CHECKING:
-    from redis.asyncio import Redis
-    from redis.asyncio.cluster import RedisCluster
-
-    RedisClient = Redis | RedisCluster
+# redis-py's asyncio Redis or RedisCluster. Any to the type checker: types-redis's stubs
+# shadow redis-py's own (py.typed) and predate its async API (aclose, the cluster's
+# commands), so they would refuse calls that work.
+RedisClient = Any
 
 __all__ = ["RedisConnection", "RedisTarget", "connect", "parse_redis_url"]
 
@@ -25,7 +24,7 @@ class RedisConnection:
 
     target: RedisTarget
     client: RedisClient
-    _also: list[Redis] = field(default_factory=list)
+    _also: list[Any] = field(default_factory=list)      # the Sentinels' clients
 
     async def aclose(self) -> None:
         await self.client.aclose()
@@ -46,11 +45,11 @@ def connect(target: RedisTarget, timeout_s: float) -> RedisConnection:
     from redis.backoff import NoBackoff
 
     # one attempt per command: redis-py's clients otherwise retry with backoff (seconds)
-    sock = {"socket_timeout": timeout_s, "socket_connect_timeout": timeout_s, "health_check_interval": 0,
-            "retry": Retry(NoBackoff(), 0)}
+    sock: dict[str, Any] = {"socket_timeout": timeout_s, "socket_connect_timeout": timeout_s,
+                            "health_check_interval": 0, "retry": Retry(NoBackoff(), 0)}
     if target.topology == "single":
         return RedisConnection(target, Redis.from_url(target.url, **sock))
-    auth = {"username": target.username, "password": target.password, "ssl": target.tls}
+    auth: dict[str, Any] = {"username": target.username, "password": target.password, "ssl": target.tls}
     if target.topology == "cluster":
         nodes = [ClusterNode(h, p) for h, p in target.nodes]
         return RedisConnection(target, RedisCluster(startup_nodes=nodes, **auth, **sock))

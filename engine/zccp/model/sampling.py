@@ -71,7 +71,7 @@ def sample_rows(logits: torch.Tensor, samplers: Sequence[Sampler]) -> list[int]:
         if len(greedy) == len(samplers):
             return torch.argmax(logits, dim=-1).tolist()
         picks = torch.argmax(logits[greedy], dim=-1).tolist()
-        for i, t in zip(greedy, picks):
+        for i, t in zip(greedy, picks, strict=False):
             out[i] = t
     for i, s in enumerate(samplers):
         if not s.greedy:
