@@ -100,7 +100,7 @@ def measured_run(v: Variant, body_file: Path, conc: int, seconds: float, nocache
 def canned_reply(model: str) -> bytes:
     from zccp.api import anthropic
     from zccp.model.null import DEFAULT_REPLY
-    from zccp.request import GenerationRequest, GenerationResult, SamplingParams
+    from zccp.shared_types import GenerationRequest, GenerationResult, SamplingParams
 
     req = GenerationRequest("anthropic", model, "", (), SamplingParams(max_tokens=64))
     res = GenerationResult(DEFAULT_REPLY, "end_turn", None, 0, len(DEFAULT_REPLY.encode()))

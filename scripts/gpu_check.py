@@ -27,7 +27,7 @@ from zccp.config import GpuConfig
 from zccp.device import CudaMappedDevice, select_device
 from zccp.model.tiny import TinyConfig, TinyTransformer
 from zccp.model.tokenizer import encode_chat_into
-from zccp.request import ChatMessage, SamplingParams
+from zccp.shared_types import ChatMessage, SamplingParams
 
 _LIMITS = ParseLimits(served_models=frozenset({"gpu-check"}), max_tokens_cap=4096, default_max_tokens=64)
 

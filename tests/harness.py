@@ -2,7 +2,7 @@
 
 Each Stack gets its own run directory, shm name, doorbell socket and ports, so
 stacks never see each other; the processes are the ones a user runs
-(zccp.stack), nothing is mocked.
+(zccp.ops.stack), nothing is mocked.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ import yaml
 from zccp.arena_reader import ArenaReader
 from zccp.config import Config, load_config
 from zccp.runtime import log_dir, resolve
-from zccp.stack import Service, engine_service, free_port, nginx_service, redis_service
+from zccp.ops.stack import Service, engine_service, free_port, nginx_service, redis_service
 
 
 # Every socket directory a Stack of this process made under /tmp, for the session's
@@ -198,7 +198,7 @@ class StackProcess:
 
         env = dict(os.environ, PYTHONPATH=str(REPO / "engine"))
         with open(self.output, "wb") as out:
-            self.proc = subprocess.Popen([sys.executable, "-m", "zccp.cli", "stack", "up", "--config",
+            self.proc = subprocess.Popen([sys.executable, "-m", "zccp.ops.cli", "stack", "up", "--config",
                                           str(self.stack.config_path), "--run-dir", str(self.stack.run_dir)],
                                          stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
                                          start_new_session=True)

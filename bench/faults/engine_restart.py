@@ -37,7 +37,7 @@ OUT = REPO / "bench" / "out"
 REPORT = REPO / "bench" / "faults" / "engine_restart.md"
 sys.path.insert(0, str(REPO / "engine"))
 
-from zccp.stack import free_port  # noqa: E402
+from zccp.ops.stack import free_port  # noqa: E402
 
 
 @dataclass
@@ -144,7 +144,7 @@ def main() -> None:
     url = f"http://127.0.0.1:{port}"
     env = dict(os.environ, PYTHONPATH=str(REPO / "engine"))
     log = open(run / "zccp-stack.out", "wb")
-    stack = subprocess.Popen([sys.executable, "-m", "zccp.cli", "stack", "up", "--config", str(cfg_path),
+    stack = subprocess.Popen([sys.executable, "-m", "zccp.ops.cli", "stack", "up", "--config", str(cfg_path),
                               "--run-dir", str(run)], stdout=log, stderr=subprocess.STDOUT, env=env,
                              start_new_session=True)
     kills: list[Kill] = []

@@ -52,7 +52,7 @@ sys.path.insert(0, str(REPO / "engine"))
 from zccp.config import load_config  # noqa: E402
 from zccp.paths import lua_file  # noqa: E402
 from zccp.runtime import resolve  # noqa: E402
-from zccp.stack import (  # noqa: E402
+from zccp.ops.stack import (  # noqa: E402
     Backoff,
     Supervisor,
     engine_service,

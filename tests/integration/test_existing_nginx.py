@@ -34,7 +34,7 @@ import pytest
 
 from harness import Stack, anthropic_body
 from zccp.config import mask_state_path
-from zccp.stack import Service, engine_service, free_port, redis_service
+from zccp.ops.stack import Service, engine_service, free_port, redis_service
 
 REPO = Path(__file__).resolve().parents[2]
 NGINX = shutil.which("nginx") or "/usr/sbin/nginx"
@@ -316,7 +316,7 @@ def test_zccp_joins_an_nginx_serving_other_sites_and_reloads_under_load(existing
 
     # zccp-nginx render, the two includes, nginx -t, reload: docs/existing-nginx.md, step by step.
     out = e.prefix / "zccp"
-    r = subprocess.run([sys.executable, "-m", "zccp.cli", "nginx", "render", "--config", str(s.config_path),
+    r = subprocess.run([sys.executable, "-m", "zccp.ops.cli", "nginx", "render", "--config", str(s.config_path),
                         "--out", str(out)], capture_output=True, text=True, timeout=60,
                        env=dict(os.environ, PYTHONPATH=str(REPO / "engine"), **env))
     assert r.returncode == 0, r.stderr

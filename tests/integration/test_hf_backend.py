@@ -15,7 +15,7 @@ import pytest
 from conftest import HF_MODEL
 from transformers import AutoTokenizer
 
-from zccp.stack import free_port
+from zccp.ops.stack import free_port
 
 SYSTEM = "You are a careful assistant for the shared memory pipeline. " * 12   # ~ 130 tokens
 GREEDY = {"temperature": 0}      # the anthropic SDK takes sampling parameters through extra_body

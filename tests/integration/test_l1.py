@@ -272,7 +272,7 @@ def test_l1_switched_off_and_its_entry_cap(make_stack):
 
 
 def test_an_nginx_reload_empties_l1(lstack):
-    from zccp.stack import reload_masks   # the masks may have changed: every key with them
+    from zccp.ops.stack import reload_masks   # the masks may have changed: every key with them
 
     s = lstack
     body = req("openai", [{"role": "user", "content": "Reload me"}])

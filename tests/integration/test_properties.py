@@ -18,7 +18,7 @@ from test_fingerprint_identity import compare, masks, ngx, vectors  # noqa: F401
 
 from zccp.api import anthropic, openai
 from zccp.api.common import ParseLimits
-from zccp.request import ApiError, GenerationRequest
+from zccp.shared_types import ApiError, GenerationRequest
 
 LIMITS = ParseLimits(served_models=frozenset({"zccp-tiny"}), max_tokens_cap=4096, default_max_tokens=256)
 SETTINGS = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture,

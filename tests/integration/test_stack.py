@@ -89,7 +89,7 @@ def test_an_arena_that_does_not_fit_dev_shm_is_named_not_a_bus_error(tmp_path):
         pytest.skip("needs a private mount namespace (root + unshare) to give /dev/shm 64 MiB")
     s = Stack(tmp_path / "s", {"model": {"backend": "null"},
                                "shared_memory": {"segment_count": 128, "segment_size_kb": 1024}})
-    engine = (f"mount -t tmpfs -o size=64m tmpfs /dev/shm && exec {sys.executable} -m zccp.cli engine "
+    engine = (f"mount -t tmpfs -o size=64m tmpfs /dev/shm && exec {sys.executable} -m zccp.ops.cli engine "
               f"--config {s.config_path} --run-dir {s.run_dir}")
     out = subprocess.run(["unshare", "--mount", "--propagation", "private", "sh", "-c", engine],
                          capture_output=True, text=True, timeout=120, env=dict(os.environ, PYTHONPATH=str(REPO / "engine")))
@@ -275,7 +275,7 @@ def test_reload_switches_nginx_and_the_engine_together(make_stack, tmp_path):
     time.sleep(1.5)
     assert pair("2001", "2002", large=False) == "MISS" and pair("2001", "2002", large=True) == "MISS"
 
-    out = subprocess.run([sys.executable, "-m", "zccp.cli", "stack", "reload", "--config", str(s.config_path),
+    out = subprocess.run([sys.executable, "-m", "zccp.ops.cli", "stack", "reload", "--config", str(s.config_path),
                           "--run-dir", str(s.run_dir)], capture_output=True, text=True, timeout=60,
                          env=dict(os.environ, PYTHONPATH=str(REPO / "engine")))
     assert out.returncode == 0, out.stdout + out.stderr
@@ -298,7 +298,7 @@ def test_reload_reports_a_broken_pattern_and_keeps_the_rest(make_stack, tmp_path
     s = make_stack({"model": {"backend": "null"}, "cache": {"mask_patterns": str(masks)}}, with_redis=True)
     digest = health(s)["masks"]["digest"]
     masks.write_text(masks.read_text().replace("return {\n", 'return {\n    { name = "bad", pattern = "([" },\n', 1))
-    out = subprocess.run([sys.executable, "-m", "zccp.cli", "stack", "reload", "--config", str(s.config_path),
+    out = subprocess.run([sys.executable, "-m", "zccp.ops.cli", "stack", "reload", "--config", str(s.config_path),
                           "--run-dir", str(s.run_dir)], capture_output=True, text=True, timeout=60,
                          env=dict(os.environ, PYTHONPATH=str(REPO / "engine")))
     assert out.returncode == 1 and "refused: bad:" in out.stderr, out.stdout + out.stderr
@@ -308,7 +308,7 @@ def test_reload_reports_a_broken_pattern_and_keeps_the_rest(make_stack, tmp_path
 
 def test_reload_without_a_running_stack_says_so(tmp_path):
     s = Stack(tmp_path / "none", NULL)
-    out = subprocess.run([sys.executable, "-m", "zccp.cli", "stack", "reload", "--config", str(s.config_path),
+    out = subprocess.run([sys.executable, "-m", "zccp.ops.cli", "stack", "reload", "--config", str(s.config_path),
                           "--run-dir", str(s.run_dir)], capture_output=True, text=True, timeout=60,
                          env=dict(os.environ, PYTHONPATH=str(REPO / "engine")))
     assert out.returncode == 1 and "no running stack in" in out.stderr

@@ -18,7 +18,7 @@ from pydantic import TypeAdapter
 
 from zccp.api import anthropic as api
 from zccp.api import codec_for
-from zccp.request import ApiError, ChatMessage, GenerationRequest, GenerationResult, TextDelta
+from zccp.shared_types import ApiError, ChatMessage, GenerationRequest, GenerationResult, TextDelta
 
 USER = {"role": "user", "content": "Hello"}
 

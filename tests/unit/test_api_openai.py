@@ -17,7 +17,7 @@ from openai.types.chat import ChatCompletion, ChatCompletionChunk
 from zccp.api import codec_for
 from zccp.api import openai as api
 from zccp.api.common import ParseLimits
-from zccp.request import ApiError, ChatMessage, GenerationRequest, GenerationResult, TextDelta
+from zccp.shared_types import ApiError, ChatMessage, GenerationRequest, GenerationResult, TextDelta
 
 USER = {"role": "user", "content": "Hello"}
 _DROP = object()

@@ -1,11 +1,11 @@
 import torch
 
-from zccp.generation import generate_text
+from zccp.text_assembly import generate_text
 from zccp.model.prompt import BYTE_FORMAT
 from zccp.model.null import DEFAULT_REPLY, NullBackend
 from zccp.model.tiny import TinyTransformer
 from zccp.model.tokenizer import encode_chat
-from zccp.request import ChatMessage, GenerationResult, SamplingParams, TextDelta
+from zccp.shared_types import ChatMessage, GenerationResult, SamplingParams, TextDelta
 
 PROMPT = torch.zeros(7, dtype=torch.int32)
 

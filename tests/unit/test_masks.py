@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from zccp.cache.luadata import LuaDataError, parse_lua_data
+from zccp.lua_data import LuaDataError, parse_lua_data
 from zccp.cache.masks import MaskError, MaskSet, default_patterns_path, load_masks
 
 REPO = Path(__file__).resolve().parents[2]

@@ -14,7 +14,7 @@ from zccp.model.tiny import TinyConfig, TinyTransformer
 from zccp.model.tokenizer import encode_chat
 from zccp.planner import Planner
 from zccp.prefix_cache import PrefixCache
-from zccp.request import ChatMessage, SamplingParams
+from zccp.shared_types import ChatMessage, SamplingParams
 from zccp.scheduler import BatchLimits, BatchScheduler, Sequence
 
 

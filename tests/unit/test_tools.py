@@ -7,10 +7,10 @@ import random
 
 import pytest
 
-from zccp.generation import TextAssembler
+from zccp.text_assembly import TextAssembler
 from zccp.model.prompt import BYTE_FORMAT
-from zccp.request import TextDelta, ToolCall
-from zccp.tools import HermesParser
+from zccp.shared_types import TextDelta, ToolCall
+from zccp.hermes_tools import HermesParser
 
 
 def parse(text: str, pieces: list[str] | None = None) -> tuple[str, list[tuple[str, dict]]]:

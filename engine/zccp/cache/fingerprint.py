@@ -145,6 +145,7 @@ def compute(api: str, body: bytes | bytearray | memoryview | str | None, masks: 
 
     literals: a list that receives every value a mask replaced (the `$0` of each match)."""
     if doc is None:
+        assert body is not None, "fingerprint: give the body or its parsed doc"   # programmer error
         doc = decode_request(api, body)
         if doc is None:
             return None

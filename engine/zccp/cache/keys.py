@@ -18,7 +18,7 @@ from zccp.cache.masks import MaskSet, MaskSource, collect_literals
 from zccp.cache.near import TurnShingles
 from zccp.cache.scope import Placement, place, tenant_of
 from zccp.config import CacheConfig
-from zccp.request import GenerationRequest
+from zccp.shared_types import GenerationRequest
 
 
 @dataclass(frozen=True)

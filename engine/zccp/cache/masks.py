@@ -4,7 +4,7 @@ Masks rewrite volatile values (IDs, UUIDs, timestamps, e-mail addresses) in the
 prompt text before any cache key or fingerprint is computed (never in what the
 model sees). The patterns live in ONE file, lua/zccp/mask_patterns.lua, which
 nginx loads as Lua and this module reads with the literal-only reader
-(zccp.cache.luadata); matching goes through the very PCRE library nginx uses
+(zccp.lua_data); matching goes through the very PCRE library nginx uses
 (zccp.cache.pcre), so both sides mask byte for byte alike.
 
     load_masks(path=None, last_good_path=None) -> MaskSet
@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any, Iterable
 
 from zccp.cache.fp.tables import MASKED_KEYS
-from zccp.cache.luadata import LuaDataError, load_lua_data
+from zccp.lua_data import LuaDataError, load_lua_data
 from zccp.cache.pcre import MaskError, Regex
 from zccp.paths import lua_file
 
