@@ -47,7 +47,7 @@ BENCH_LOCATION = r"""
 location = /_fp/bench_body {
     content_by_lua_block {
         local fp = require "zccp.fingerprint"
-        local masks = require "zccp.masks"
+        local mask_apply = require "zccp.mask_apply"
         local csf = require "zccp.fp.csf"
         local cjson = require "cjson"
         ngx.req.read_body()
@@ -71,7 +71,7 @@ location = /_fp/bench_body {
         local out = {
             compute_us = run(function() assert(fp.compute(api, body)) end),
             decode_us = run(function() cjson.decode(body) end),
-            decode_mask_us = run(function() masks.apply_doc(cjson.decode(body)) end),
+            decode_mask_us = run(function() mask_apply.apply_doc(cjson.decode(body)) end),
             tokens = r.tokens, body_bytes = #body,
         }
         if r.prompt then
@@ -85,7 +85,7 @@ location = /_fp/bench_body {
 PY_BENCH = r"""
 import json, sys, time, statistics
 from zccp.cache.fingerprint import compute
-from zccp.cache.masks import load_masks
+from zccp.cache.mask_store import load_masks
 masks = load_masks()
 out = {}
 for label, path in json.loads(sys.argv[1]).items():

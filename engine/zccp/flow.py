@@ -31,7 +31,7 @@ from zccp.arena import SlotView
 from zccp.cache.answer import CachedAnswer, literals_in
 from zccp.cache.inflight import InFlight
 from zccp.cache.keys import CacheKeys, keys_for, slot_masks
-from zccp.cache.masks import MaskSource
+from zccp.cache.mask_store import MaskSource
 from zccp.cache.store import Lookup, ResponseCache
 from zccp.generation import generate_text
 from zccp.logs import RequestLog

@@ -14,7 +14,7 @@ local libc = require "zccp.libc"
 local relay = require "zccp.relay"
 local settings = require "zccp.settings"
 local tenant = require "zccp.tenant"
-local masks = require "zccp.masks"
+local mask_store = require "zccp.mask_store"
 local body_mod = require "zccp.body"
 local l1 = require "zccp.l1"
 
@@ -97,7 +97,7 @@ local function write_ids(req, rid)
     end
     req.request_id_len = n
     ffi_copy(req.request_id, rid, n)
-    local digest = masks.digest_raw()
+    local digest = mask_store.digest_raw()
     if not digest then
         return 0
     end
@@ -124,7 +124,7 @@ local function fill_slot(a, i, src, flags, timeout_ms, fp, extra, rid)
     h.timestamp_ns = now   -- the sweeper leaves a slot alone until its deadline, upload included
     h.deadline_ns = now + timeout_ms * 1000000ULL
     local dst = a:payload_ptr(i)
-    local body, n = src.body, nil
+    local body, n = src.body
     if body then
         n = #body
         ffi_copy(dst, body, n)
