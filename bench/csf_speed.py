@@ -13,7 +13,7 @@ after the other, so that the shared machine's noise falls on both alike:
 * /_fp/bench (fp_test.conf): the CSF (tokenize, shingles, MinHash, band keys) of a text of
   1024 tokens, n times, CPU time of the worker (os.clock): the median.
 * /_fp/bench_body (defined here): fp.compute() of a whole request body n times, and its
-  stages: cjson decode; decode + masks.apply_doc; the CSF of the text the fingerprint
+  stages: cjson decode; decode + mask_apply.apply_doc; the CSF of the text the fingerprint
   read (r.prompt). Medians in microseconds. Bodies: one user message of English prose of
   1, 16 and 64 KiB; a 64 KiB multi-turn chat ending on a short question; a 64 KiB agent
   loop ending on a tool result.
@@ -292,8 +292,8 @@ def table(res: dict) -> str:
     for name, v in res["python"].items():
         row(f"Python `compute()`, prose {name}", v["before"]["median"], v["after"]["median"], "ms")
     L += ["", "Stages of the nginx `compute()` (after; medians, µs): decode = `cjson.decode`; masks = "
-          "decode + `masks.apply_doc` − decode; CSF = the CSF of the text the fingerprint read (v2: the final user "
-          "turn, when text); rest = compute − decode − masks − CSF (canonical form, SHA-256 of the prefix and exact "
+          "decode + `mask_apply.apply_doc` − decode; CSF = the CSF of the text the fingerprint read (v2: the final "
+          "user turn, when text); rest = compute − decode − masks − CSF (canonical form, SHA-256 of the prefix and exact "
           "keys, the final turn's text).", "",
           "| body | compute | decode | masks | CSF | rest | tokens (near only) |", "|---|---|---|---|---|---|---|"]
     for name, v in res["compute"].items():
