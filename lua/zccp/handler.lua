@@ -124,12 +124,11 @@ local function fill_slot(a, i, src, flags, timeout_ms, fp, extra, rid)
     h.timestamp_ns = now   -- the sweeper leaves a slot alone until its deadline, upload included
     h.deadline_ns = now + timeout_ms * 1000000ULL
     local dst = a:payload_ptr(i)
-    local body, n = src.body
+    local body = src.body
+    local n = body and #body or src.len
     if body then
-        n = #body
         ffi_copy(dst, body, n)
     else
-        n = src.len
         local ok, status, kind, msg = body_mod.receive_into(dst, n, src.deadline)
         if not ok then
             return nil, msg, status or 499, kind
