@@ -13,7 +13,7 @@ after the other, so that the shared machine's noise falls on both alike:
 * /_fp/bench (fp_test.conf): the CSF (tokenize, shingles, MinHash, band keys) of a text of
   1024 tokens, n times, CPU time of the worker (os.clock): the median.
 * /_fp/bench_body (defined here): fp.compute() of a whole request body n times, and its
-  stages: cjson decode; decode + masks.apply_doc; the CSF of the text the fingerprint
+  stages: cjson decode; decode + mask_apply.apply_doc; the CSF of the text the fingerprint
   read (r.prompt). Medians in microseconds. Bodies: one user message of English prose of
   1, 16 and 64 KiB; a 64 KiB multi-turn chat ending on a short question; a 64 KiB agent
   loop ending on a tool result.
@@ -47,7 +47,7 @@ BENCH_LOCATION = r"""
 location = /_fp/bench_body {
     content_by_lua_block {
         local fp = require "zccp.fingerprint"
-        local masks = require "zccp.masks"
+        local mask_apply = require "zccp.mask_apply"
         local csf = require "zccp.fp.csf"
         local cjson = require "cjson"
         ngx.req.read_body()
@@ -71,7 +71,7 @@ location = /_fp/bench_body {
         local out = {
             compute_us = run(function() assert(fp.compute(api, body)) end),
             decode_us = run(function() cjson.decode(body) end),
-            decode_mask_us = run(function() masks.apply_doc(cjson.decode(body)) end),
+            decode_mask_us = run(function() mask_apply.apply_doc(cjson.decode(body)) end),
             tokens = r.tokens, body_bytes = #body,
         }
         if r.prompt then
@@ -85,7 +85,7 @@ location = /_fp/bench_body {
 PY_BENCH = r"""
 import json, sys, time, statistics
 from zccp.cache.fingerprint import compute
-from zccp.cache.masks import load_masks
+from zccp.cache.mask_store import load_masks
 masks = load_masks()
 out = {}
 for label, path in json.loads(sys.argv[1]).items():
@@ -292,8 +292,8 @@ def table(res: dict) -> str:
     for name, v in res["python"].items():
         row(f"Python `compute()`, prose {name}", v["before"]["median"], v["after"]["median"], "ms")
     L += ["", "Stages of the nginx `compute()` (after; medians, µs): decode = `cjson.decode`; masks = "
-          "decode + `masks.apply_doc` − decode; CSF = the CSF of the text the fingerprint read (v2: the final user "
-          "turn, when text); rest = compute − decode − masks − CSF (canonical form, SHA-256 of the prefix and exact "
+          "decode + `mask_apply.apply_doc` − decode; CSF = the CSF of the text the fingerprint read (v2: the final "
+          "user turn, when text); rest = compute − decode − masks − CSF (canonical form, SHA-256 of the prefix and exact "
           "keys, the final turn's text).", "",
           "| body | compute | decode | masks | CSF | rest | tokens (near only) |", "|---|---|---|---|---|---|---|"]
     for name, v in res["compute"].items():

@@ -15,7 +15,8 @@ from functools import lru_cache
 from zccp.cache.fp.canonical import as_bytes
 from zccp.cache.fp.csf import MAX_TOKENS, minhash, shingle_hashes, tokenize
 from zccp.cache.fp.prompt import final_turn
-from zccp.cache.masks import MaskSet, load_masks, mask_doc
+from zccp.cache.mask_apply import MaskSet, mask_doc
+from zccp.cache.mask_store import load_masks
 
 _UNLIMITED = 1 << 30
 

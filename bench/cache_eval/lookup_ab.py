@@ -31,7 +31,7 @@ import orjson
 from zccp.cache.answer import CachedAnswer
 from zccp.cache.fingerprint import compute
 from zccp.cache.keys import CacheKeys
-from zccp.cache.masks import load_masks
+from zccp.cache.mask_store import load_masks
 from zccp.cache.scope import place
 from zccp.cache.store import ResponseCache
 from zccp.config import CacheConfig

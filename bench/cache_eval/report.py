@@ -244,7 +244,8 @@ def render(res: dict, out_dir: Path) -> None:
           "`X-ZCCP-Cache` and `X-ZCCP-Similarity`. Pairs of all categories interleaved, "
           f"{res['args']['threads']} client threads (httpx, keepalive).",
           "* **True Jaccard J**: the exact Jaccard of the word 2-shingle **sets** after masking "
-          "(`zccp.cache.masks`), tokenized by the fingerprint's own tokenizer without the 1024-token limit, of the "
+          "(`zccp.cache.mask_apply`), tokenized by the fingerprint's own tokenizer without the 1024-token limit, "
+          "of the "
           "two **final user turns** (fingerprint version 2, §3) when both requests end on a text-only user turn; "
           "otherwise (marked *conv.*) of the two whole conversations as version 1 read them (`role: text` per "
           "message, non-text blocks as `[type]`): how alike they look to a fingerprint that ignores block content.",

@@ -19,7 +19,7 @@ from zccp.api.codec import ModelInfo
 from zccp.api.common import ParseLimits
 from zccp.arena import Arena, SlotError, SlotView
 from zccp.cache.inflight import InFlight
-from zccp.cache.masks import MaskSource
+from zccp.cache.mask_store import MaskSource
 from zccp.cache.store import ResponseCache
 from zccp.config import Config, ConfigError, ModelConfig, mask_state_path
 from zccp.device import select_device

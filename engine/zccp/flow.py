@@ -29,7 +29,7 @@ from zccp.api.common import ParseLimits
 from zccp.cache.answer import CachedAnswer, literals_in
 from zccp.cache.inflight import InFlight
 from zccp.cache.keys import CacheKeys, keys_for, slot_masks
-from zccp.cache.masks import MaskSource
+from zccp.cache.mask_store import MaskSource
 from zccp.cache.store import Lookup, ResponseCache
 from zccp.logs import RequestLog
 from zccp.metrics import EngineMetrics

@@ -155,7 +155,7 @@ def test_nginx_writes_the_fingerprint_the_engine_would_compute(make_stack):
 
     from zccp.abi import Flag, ffi
     from zccp.cache.fingerprint import DECODE_LIMIT, compute
-    from zccp.cache.masks import load_masks
+    from zccp.cache.mask_store import load_masks
 
     body = json.dumps(anthropic_body("Fingerprint me, user alice@example.com", max_tokens=5)).encode()
     r = cstack.client().post("/v1/messages", content=body, headers={"content-type": "application/json"})

@@ -28,7 +28,8 @@ from fingerprint_vectors import sig_values, vec_body, vec_text
 from zccp.cache import fingerprint as F
 from zccp.cache.fp import csf
 from zccp.cache.fp.canonical import canonical_number
-from zccp.cache.masks import MaskSet, load_masks
+from zccp.cache.mask_apply import MaskSet
+from zccp.cache.mask_store import load_masks
 
 REPO = Path(__file__).resolve().parents[2]
 VECTORS = REPO / "shm_abi" / "vectors" / "fingerprint_vectors.json"
@@ -105,7 +106,7 @@ http {{
     keepalive_requests 100000;
     lua_package_path "{self.lua_root}/lua/?.lua;;";
     init_by_lua_block {{
-        require("zccp.masks").init({{ path = "{self.patterns}", last_good_path = "{self.last_good}" }})
+        require("zccp.mask_store").init({{ path = "{self.patterns}", last_good_path = "{self.last_good}" }})
         require("zccp.fingerprint")
     }}
     server {{

@@ -20,7 +20,7 @@ import httpx
 import pytest
 
 from harness import REPO, Stack, StackProcess, alive, anthropic_body
-from zccp.cache.masks import load_masks
+from zccp.cache.mask_store import load_masks
 from zccp.paths import lua_file
 
 NULL = {"model": {"backend": "null"}}

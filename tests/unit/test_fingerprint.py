@@ -17,7 +17,8 @@ from fingerprint_vectors import sig_values, vec_body, vec_text
 from zccp.cache.fingerprint import Fingerprint, compute, estimate_jaccard
 from zccp.cache.fp import canonical, prompt, tables
 from zccp.cache.fp import csf as F
-from zccp.cache.masks import MaskSet, load_masks
+from zccp.cache.mask_apply import MaskSet
+from zccp.cache.mask_store import load_masks
 
 REPO = Path(__file__).resolve().parents[2]
 VECTORS = REPO / "shm_abi" / "vectors" / "fingerprint_vectors.json"

@@ -18,7 +18,7 @@ from zccp.cache.fingerprint import compute
 import zlib
 
 from zccp.cache.fp.csf import mix64, tokenize
-from zccp.cache.masks import MaskSet
+from zccp.cache.mask_apply import MaskSet
 from zccp.cache.near import (MAX_SHINGLES, RECORD_VERSION, VERIFY_MARGIN, NearRecord, TurnShingles, choose,
                              exact_jaccard, shingle_set, turn_shingles)
 

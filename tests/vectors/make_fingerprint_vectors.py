@@ -24,7 +24,8 @@ from zccp.cache.fingerprint import compute  # noqa: E402
 from zccp.cache.fp import csf as F  # noqa: E402
 from zccp.cache.fp.canonical import canonical_number  # noqa: E402
 from zccp.cache.fp.tables import DECODE_LIMIT, VERSION  # noqa: E402
-from zccp.cache.masks import MaskSet, load_masks  # noqa: E402
+from zccp.cache.mask_apply import MaskSet  # noqa: E402
+from zccp.cache.mask_store import load_masks  # noqa: E402
 
 OUT = REPO / "shm_abi" / "vectors" / "fingerprint_vectors.json"
 

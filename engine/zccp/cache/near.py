@@ -42,7 +42,7 @@ from zccp.cache.fp.canonical import as_bytes
 from zccp.cache.fp.csf import estimate_jaccard, tokens_of_text
 from zccp.cache.fp.prompt import final_turn
 from zccp.cache.fp.tables import MAX_TOKENS
-from zccp.cache.masks import MaskError, MaskSet, mask_doc
+from zccp.cache.mask_apply import MaskError, MaskSet, mask_doc
 
 log = logging.getLogger("zccp.cache.near")
 

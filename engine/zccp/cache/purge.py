@@ -51,7 +51,7 @@ def parse_purge(obj: Any) -> PurgeRequest:
         raise ValueError(f"{name}: expected a non-empty string")
     if name == "tenant":          # the tenant source's value (an API key, a user id): hashed as nginx does
         return PurgeRequest("scope", tenant_digest(v).hex())
-    req = PurgeRequest(name, v.lower() if name == "key" else v)   # type: ignore[arg-type]
+    req = PurgeRequest(name, v.lower() if name == "key" else v) 
     try:
         purge_patterns(req.what, req.value)      # a key of the wrong form is refused here
     except ValueError as exc:
