@@ -14,18 +14,14 @@ import concurrent.futures as cf
 import json
 import statistics
 import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
 
 import httpx
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO / "tests"))
-sys.path.insert(0, str(REPO / "engine"))
-
-from harness import Stack, remove_socket_dirs  # noqa: E402
+from tests.support.checkout import REPO, require_this_checkout
+from tests.support.harness import Stack, remove_socket_dirs
 
 
 def _post(c: httpx.Client, body: dict, headers: dict | None = None) -> tuple[float, int, str]:
@@ -94,6 +90,7 @@ def main() -> None:
     ap.add_argument("--n", type=int, default=64)
     ap.add_argument("--max-tokens", type=int, default=256)
     args = ap.parse_args()
+    require_this_checkout()
     with tempfile.TemporaryDirectory() as tmp:
         try:
             rows = [measure(None, args.n, args.max_tokens, Path(tmp)), measure(0, args.n, args.max_tokens, Path(tmp))]

@@ -52,8 +52,7 @@ def hf_limits(path: Path, threads: int, **extra: object) -> dict:
 
 
 def build_hf(out: Path) -> Path:
-    sys.path.insert(0, str(REPO / "tests"))
-    from hf_checkpoint import build_checkpoint
+    from tests.support.hf_checkpoint import build_checkpoint
 
     return build_checkpoint(out, **HF_SHAPE)
 

@@ -116,7 +116,7 @@ def ratios(res: dict) -> tuple[str, list[str]]:
             b = _rows(res, "B", wl, c)
             p99r = _mean(d, "p99_ms") / _mean(b, "p99_ms") if b else None
             if p99_max is not None and p99r is not None:
-                checks.append(f"p99 ≤ B/3: " + ("met" if p99r <= p99_max else f"MISSED ({p99r:.2f} of B's)"))
+                checks.append("p99 ≤ B/3: " + ("met" if p99r <= p99_max else f"MISSED ({p99r:.2f} of B's)"))
             if dv == "D-nocache" and wl == "1k":
                 us = [r["procs"]["nginx"]["cpu_s_per_req"] * 1e6 for r in d if "nginx" in r.get("procs", {})]
                 if us:

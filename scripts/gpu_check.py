@@ -40,8 +40,7 @@ def check_hf(d: CudaMappedDevice, tokens: torch.Tensor, path: str | None) -> Non
     from zccp.planner import Planner
 
     if path is None:
-        sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
-        from hf_checkpoint import build_checkpoint
+        from tests.support.hf_checkpoint import build_checkpoint
 
         path = str(build_checkpoint(Path(tempfile.mkdtemp()) / "ckpt", hidden=256, layers=4, heads=4, kv_heads=2))
     torch.backends.cuda.matmul.allow_tf32 = False

@@ -19,7 +19,7 @@ ROOT = Path(__file__).resolve().parents[2]
 _CHILD = r"""
 import json, sys
 from pathlib import Path
-from harness import Stack
+from tests.support.harness import Stack
 s = Stack(Path(sys.argv[2]), json.loads(sys.argv[1]), with_redis=True).start()
 print("URL " + s.base_url, flush=True)
 try:

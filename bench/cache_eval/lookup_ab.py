@@ -22,6 +22,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from tests.support.checkout import require_this_checkout
+
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[1]
 
@@ -73,7 +75,7 @@ asyncio.run(main())
 
 
 def main(argv: list[str] | None = None) -> int:
-    sys.path.insert(0, str(ROOT / "engine"))
+    require_this_checkout()
     from bench.cache_eval.prompts import build_pool
 
     ap = argparse.ArgumentParser(prog="python -m bench.cache_eval.lookup_ab", description=__doc__,

@@ -1,6 +1,6 @@
 """python -m bench.cache_eval [--quick] [--pairs N] [--unrelated N] ...
 
-Brings up a real stack (redis + engine with the null model + nginx, tests/harness.py),
+Brings up a real stack (redis + engine with the null model + nginx, tests/support/harness.py),
 sends labelled prompt pairs through it and records X-ZCCP-Cache / X-ZCCP-Similarity,
 then measures the latency of a cache hit with wrk. Writes bench/cache_eval/results.json,
 RESULTS.md and hit_rate.png.
@@ -16,24 +16,21 @@ import platform
 import random
 import re
 import subprocess
-import sys
 import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+from bench.cache_eval import report, verify_cost
+from bench.cache_eval.baseline import BaselineStack
+from bench.cache_eval.client import Client
+from bench.cache_eval.jaccard import jaccard, signature, text_tokens
+from bench.cache_eval.pairs import Pair, anth, build_pairs, dumps, max_tokens_for
+from bench.cache_eval.prompts import DEDUP_BANDS, DEDUP_ROWS, build_pool
+from tests.support.harness import Stack
+
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[1]
-sys.path.insert(0, str(ROOT / "tests"))
-
-from harness import Stack  # noqa: E402
-
-from bench.cache_eval.baseline import BaselineStack  # noqa: E402
-from bench.cache_eval.client import Client  # noqa: E402
-from bench.cache_eval.jaccard import jaccard, signature, text_tokens  # noqa: E402
-from bench.cache_eval.pairs import Pair, anth, build_pairs, dumps, max_tokens_for  # noqa: E402
-from bench.cache_eval.prompts import DEDUP_BANDS, DEDUP_ROWS, build_pool  # noqa: E402
-from bench.cache_eval import report, verify_cost  # noqa: E402
 
 OVERRIDES = {
     "model": {"backend": "null", "max_context": 200000},

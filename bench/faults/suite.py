@@ -43,16 +43,11 @@ from pathlib import Path
 import httpx
 import yaml
 
-REPO = Path(__file__).resolve().parents[2]
-OUT = REPO / "bench" / "out" / "faults"
-RESULTS_JSON = REPO / "bench" / "faults" / "results.json"
-REPORT = REPO / "bench" / "faults" / "RESULTS.md"
-sys.path.insert(0, str(REPO / "engine"))
-
-from zccp.config import load_config  # noqa: E402
-from zccp.paths import lua_file  # noqa: E402
-from zccp.runtime import resolve  # noqa: E402
-from zccp.stack import (  # noqa: E402
+from tests.support.checkout import REPO, require_this_checkout
+from zccp.config import load_config
+from zccp.paths import lua_file
+from zccp.runtime import resolve
+from zccp.stack import (
     Backoff,
     Supervisor,
     engine_service,
@@ -62,6 +57,9 @@ from zccp.stack import (  # noqa: E402
     reload_masks,
 )
 
+OUT = REPO / "bench" / "out" / "faults"
+RESULTS_JSON = REPO / "bench" / "faults" / "results.json"
+REPORT = REPO / "bench" / "faults" / "RESULTS.md"
 SLOTS = 48
 DEADLINE_MS = 3000
 HIT_PROMPTS = 8
@@ -492,6 +490,7 @@ def main() -> None:
     ap.add_argument("--clients", type=int, default=32)
     ap.add_argument("--report", action="store_true", help="only re-render RESULTS.md from results.json")
     args = ap.parse_args()
+    require_this_checkout()
     if args.report:
         write_report(json.loads(RESULTS_JSON.read_text()))
         return

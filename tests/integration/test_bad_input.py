@@ -7,7 +7,7 @@ import socket
 
 import pytest
 
-from harness import anthropic_body, dumps
+from tests.support.harness import anthropic_body, dumps
 
 JSON = {"content-type": "application/json"}
 

@@ -6,7 +6,7 @@ import time
 
 import pytest
 
-from harness import anthropic_body
+from tests.support.harness import anthropic_body
 
 LONG = ("The quarterly report covers revenue growth in the northern region, staffing changes in "
         "the support organisation, the migration of billing to the new platform, and a review "

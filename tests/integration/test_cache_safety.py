@@ -17,7 +17,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from cache_requests import CHAT, NULL, Q, REWORDED, cache_of, eventually, metric, post, req, reworded, stored
+from tests.support.cache_requests import CHAT, NULL, Q, REWORDED, cache_of, eventually, metric, post, req, reworded, stored
 from zccp.abi import CacheReason, ffi
 
 

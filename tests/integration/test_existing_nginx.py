@@ -32,7 +32,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from harness import Stack, anthropic_body
+from tests.support.harness import Stack, anthropic_body
 from zccp.config import mask_state_path
 from zccp.stack import Service, engine_service, free_port, redis_service
 

@@ -13,7 +13,7 @@ import time
 from pathlib import Path
 
 import httpx
-from harness import Stack, anthropic_body
+from tests.support.harness import Stack, anthropic_body
 
 REPO = Path(__file__).resolve().parents[2]
 SOURCES = ("pyproject.toml", "README.md", "engine", "lua", "nginx", "shm_abi")

@@ -18,7 +18,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from cache_requests import NULL, PATHS, metric, req
+from tests.support.cache_requests import NULL, PATHS, metric, req
 
 ID = {"anthropic": re.compile(r'"id":"msg_[0-9A-Za-z]{24}"'),
       "openai": re.compile(r'"id":"chatcmpl-[0-9A-Za-z]{29}"')}

@@ -18,9 +18,9 @@ import pytest
 import redis
 from redis.cluster import RedisCluster
 
-from cache_requests import CHAT, NULL, Q, REWORDED, cache_of, eventually, metric, post, req, reworded, stored
-from harness import Stack
-from redis_topologies import LocalCluster, LocalSentinel, Node, wait_for
+from tests.support.cache_requests import CHAT, NULL, Q, REWORDED, cache_of, eventually, metric, post, req, reworded, stored
+from tests.support.harness import Stack
+from tests.support.redis_topologies import LocalCluster, LocalSentinel, Node, wait_for
 
 # A second per Redis call leaves room for a busy shared test machine; a hung node still
 # answers ERROR within it.

@@ -19,7 +19,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from harness import REPO, Stack, StackProcess, alive, anthropic_body
+from tests.support.harness import REPO, Stack, StackProcess, alive, anthropic_body
 from zccp.cache.masks import load_masks
 from zccp.paths import lua_file
 

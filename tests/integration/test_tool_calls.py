@@ -8,8 +8,6 @@ from __future__ import annotations
 
 import json
 
-import anthropic
-import openai
 import pytest
 import redis
 
@@ -27,7 +25,7 @@ USER = [{"role": "user", "content": "Weather in Paris?"}]
 # No delay: plain answers take the inline path; with one, every answer goes through the batch scheduler.
 @pytest.fixture(scope="module", params=[0, 0.5], ids=["inline", "batched"])
 def tool_stack(tmp_path_factory, request):
-    from harness import Stack
+    from tests.support.harness import Stack
 
     s = Stack(tmp_path_factory.mktemp("tools"), {"model": {"backend": "null", "name": "zccp-tiny",
                                                            "null_reply": REPLY, "null_token_delay_ms": request.param}})

@@ -12,7 +12,7 @@ from typing import Any
 import anthropic
 import orjson
 import pytest
-from fake_api import LIMITS, MODEL, FakeServer, sdk_client
+from tests.support.fake_api import LIMITS, MODEL, FakeServer, sdk_client
 from anthropic.types import Message, RawMessageStreamEvent
 from pydantic import TypeAdapter
 

@@ -11,7 +11,7 @@ from typing import Any
 import openai
 import orjson
 import pytest
-from fake_api import LIMITS, MODEL, FakeServer, sdk_client
+from tests.support.fake_api import LIMITS, MODEL, FakeServer, sdk_client
 from openai.types.chat import ChatCompletion, ChatCompletionChunk
 
 from zccp.api import codec_for
