@@ -101,7 +101,7 @@ def round_robin(body: bytes, concs: list[int], duration: float, run_dir: Path, r
     env = dict(os.environ, PYTHONPATH=f"{src}{os.pathsep}{src / 'engine'}")
     out = subprocess.run([sys.executable, "-c", _RR_CHILD, body.decode(), json.dumps(concs), str(duration),
                           str(run_dir), str(repeats)], cwd=src, env=env, capture_output=True, text=True, timeout=3000)
-    line = next((l for l in out.stdout.splitlines() if l.startswith("RRJSON ")), None)
+    line = next((ln for ln in out.stdout.splitlines() if ln.startswith("RRJSON ")), None)
     if line is None:
         raise RuntimeError(f"round-robin run failed:\n{out.stdout[-2000:]}\n{out.stderr[-4000:]}")
     rows = json.loads(line[7:])

@@ -166,7 +166,7 @@ def io_table(res: dict) -> str:
             rows = _rows(res, v, wl, c)
             if not rows:
                 continue
-            def g(role: str, k: str) -> str:
+            def g(role: str, k: str, rows: list = rows) -> str:
                 vals = [r["procs"][role][k] for r in rows if role in r["procs"] and k in r["procs"][role]]
                 return f"{statistics.fmean(vals):,.0f}" if vals else "–"
             app = "engine" if v.startswith("D") else "backend"
@@ -216,7 +216,7 @@ def copies_section(res: dict) -> str:
     sizes = res.get("body_bytes") or {}
     rlen = None
     for p in (res.get("probes") or {}).values():
-        for wl, x in p.items():
+        for x in p.values():
             if x.get("status") == 200 and x.get("bytes"):
                 rlen = x["bytes"]
                 break
@@ -247,7 +247,7 @@ def tiny_table(res: dict) -> str:
     for v, s, c in keys:
         rows = [r for r in tiny if (r["variant"], r["stream"], r["conc"]) == (v, s, c)]
 
-        def m(k: str, nd: int = 1) -> str:
+        def m(k: str, nd: int = 1, rows: list = rows) -> str:
             vals = [r[k] for r in rows if r.get(k) is not None]
             return _fmt(statistics.fmean(vals), nd) if vals else "–"
         out.append(f"| {NAMES.get(v, v)} | {'yes' if s else 'no'} | {c} | {m('req_per_s')} | {m('tokens_per_s', 0)} | "

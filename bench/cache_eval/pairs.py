@@ -135,7 +135,7 @@ def _mk(category: str, kind: str, api_b: str, body_b: dict, api_v: str, body_v: 
         p.complete = fb.near and fv.near
         if p.complete:
             p.est = estimate_jaccard(fb.signature, fv.signature)
-            p.shared_band = any(x == y for x, y in zip(fb.bands, fv.bands))
+            p.shared_band = any(x == y for x, y in zip(fb.bands, fv.bands, strict=True))
             p.same_csf = fb.csf_key == fv.csf_key
             p.verified_j = verified_jaccard(api_b, p.base, api_v, p.variant)
     return p

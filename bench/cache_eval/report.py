@@ -44,7 +44,7 @@ def load_results(path: Path) -> dict:
 
     def rows(t):
         if isinstance(t, dict) and "columns" in t:
-            return [{k: v for k, v in zip(t["columns"], r) if v is not None or k == "similarity"} for r in t["rows"]]
+            return [{k: v for k, v in zip(t["columns"], r, strict=True) if v is not None or k == "similarity"} for r in t["rows"]]
         return t
     res["pairs"] = rows(res.get("pairs"))
     if res.get("unrelated"):
@@ -284,7 +284,7 @@ def render(res: dict, out_dir: Path) -> None:
                f"{nn[0]:.3f} / {statistics.median(nn):.3f} (max {nn[-1]:.3f}; J to the nearest stored prompt)"]
         if bf:
             bc = bf["unrelated_cache"]
-            bfh = sum(is_hit(c) for c, r in zip(bc, qs) if r["nn_jaccard"] < THRESHOLD)
+            bfh = sum(is_hit(c) for c, r in zip(bc, qs, strict=True) if r["nn_jaccard"] < THRESHOLD)
             row += [_counts([{"c": c} for c in bc], "c"), f"false hits {_pct(bfh, len(far_q), 2)}"]
         row += [_counts([{"var_cache": r["cache"]} for r in qs]),
                 _pct(sum(is_hit(r["cache"]) for r in near_q), len(near_q)) + " (natural near-duplicates)",
@@ -512,7 +512,7 @@ def _plot(rows: list[tuple[str, int, float, float, float]], agg: list[dict], pat
     fig, ax = plt.subplots(figsize=(8, 4.2), dpi=110)
     xs = list(range(len(rows)))
     ax.bar(xs, [100 * r[2] for r in rows], color=["#c44" if r[3] < THRESHOLD else "#4a8" for r in rows], width=0.7)
-    for x, r in zip(xs, rows):
+    for x, r in zip(xs, rows, strict=True):
         ax.text(x, 100 * r[2] + 1.5, f"{100 * r[2]:.0f}%\nn={r[1]}", ha="center", va="bottom", fontsize=7.5)
     ax.plot(xs, [100 * r[4] for r in rows], "k--", marker="o", ms=3, lw=1,
             label="the estimate alone (before the exact check): P(estimate ≥ 0.85), binomial over 128 slots")

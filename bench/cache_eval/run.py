@@ -99,7 +99,7 @@ def unrelated(c: Client, pool, threads: int) -> dict:
     eng: dict = {}
     sigs = []
     # Only prompts that were stored count (a store answered NEAR is not stored).
-    kept = [b for b, r in zip(pool.stored, store_res) if r.cache == "MISS"]
+    kept = [b for b, r in zip(pool.stored, store_res, strict=True) if r.cache == "MISS"]
     for i, b in enumerate(kept):
         sig = signature(list(_tokens(b)))
         sigs.append(sig)
@@ -108,7 +108,7 @@ def unrelated(c: Client, pool, threads: int) -> dict:
         for k, band in enumerate(band_keys(sig)):
             eng.setdefault((k, band), []).append(i)
     rows = []
-    for qb, r in zip(pool.queries, q_res):
+    for qb, r in zip(pool.queries, q_res, strict=True):
         sig = signature(list(_tokens(qb)))
         cands = {i for k in range(DEDUP_BANDS) for i in idx.get((k, sig[k * DEDUP_ROWS:(k + 1) * DEDUP_ROWS]), ())}
         nn = max((jaccard(qb.shingles, kept[i].shingles) for i in cands), default=0.0)
@@ -269,7 +269,7 @@ def run_baseline(a, pool, pairs: list[Pair], workdir: Path) -> dict:
         random.Random(a.seed).shuffle(order)
         with ThreadPoolExecutor(a.threads) as ex:
             list(ex.map(lambda i: run_pair(c, copies[i]), order))
-        for p, q in zip(pairs, copies):
+        for p, q in zip(pairs, copies, strict=True):
             p.before_cache = q.var_cache if q.var_status == 200 else f"status {q.var_status}"
             p.before_similarity = q.similarity
         fh = sum(1 for r in u["rows"] if r["cache"] in ("HIT", "NEAR"))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import time
 
 import pytest
@@ -109,12 +110,12 @@ def test_streamed_and_plain_share_entries(cstack):
     replayed = cstack.client().post("/v1/messages", json=dict(body, stream=True))
     assert replayed.headers["x-zccp-cache"] == "HIT"
     assert _sse_events(replayed.text) == _sse_events(streamed.text)
-    assert [l for l in replayed.text.splitlines() if "text_delta" in l] == \
-           [l for l in streamed.text.splitlines() if "text_delta" in l]
+    assert [ln for ln in replayed.text.splitlines() if "text_delta" in ln] == \
+           [ln for ln in streamed.text.splitlines() if "text_delta" in ln]
     plain = post(cstack, body)
     assert plain.headers["x-zccp-cache"] == "HIT"
-    text = "".join(__import__("json").loads(l[6:])["delta"]["text"]
-                   for l in streamed.text.splitlines() if "text_delta" in l)
+    text = "".join(json.loads(ln[6:])["delta"]["text"]
+                   for ln in streamed.text.splitlines() if "text_delta" in ln)
     assert plain.json()["content"][0]["text"] == text
 
 
@@ -133,7 +134,7 @@ def test_redis_down_serves_uncached_and_recovers(cstack):
     assert r.headers["x-zccp-cache"] == "ERROR"
     assert r.json()["type"] == "message"
     metrics = cstack.client().get("/metrics").text
-    errors = [l for l in metrics.splitlines() if l.startswith("zccp_engine_cache_errors_total")]
+    errors = [ln for ln in metrics.splitlines() if ln.startswith("zccp_engine_cache_errors_total")]
     assert errors and float(errors[0].split()[-1]) >= 1
     cstack.redis.start()
     deadline = time.monotonic() + 20

@@ -52,7 +52,7 @@ def agent(api, results: list[str], args: list[dict] | None = None, then: str | N
     """An agent loop: a task, then one tool round per result (call, result)."""
     args = args or [{"path": f"src/m{i}.py"} for i in range(len(results))]
     msgs: list = [{"role": "user", "content": "Fix the failing test in tests/test_app.py"}]
-    for i, (res, arg) in enumerate(zip(results, args)):
+    for i, (res, arg) in enumerate(zip(results, args, strict=True)):
         if api == "anthropic":
             msgs.append({"role": "assistant", "content": [
                 {"type": "text", "text": "Let me read the file."},
