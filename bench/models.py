@@ -8,7 +8,7 @@
    - tiny (the built-in model): D = ZCCP with the batch scheduler (this tree); D-rr = ZCCP at
      ROUND_ROBIN_REF, the last commit with the round-robin model thread (exported with
      `git archive` and run from a temporary directory); B = nginx -> FastAPI/uvicorn.
-   - hf: a checkpoint built with tests/hf_checkpoint.py (Llama, hidden 512, 4 layers, random
+   - hf: a checkpoint built with tests/support/hf_checkpoint.py (Llama, hidden 512, 4 layers, random
      weights, byte-level BPE); D at model.threads 1 and 2, and at 1 without the prefix cache
      (every request repeats one body, so with it D prefills only the last block); B the
      same backend behind FastAPI,

@@ -568,7 +568,7 @@ sessions (load average up to ~6 on 2 cores during these runs): treat differences
 - **B** nginx -> FastAPI/uvicorn, 2 workers x 1 torch thread, one `generate()` per request in the thread
   pool (`bench/apps/common.py`: same parsing, prompt format and model code, no batching).
 - The 1 KiB body is a 567-token prompt for the hf checkpoint's tokenizer and template.
-- hf checkpoint: `tests/hf_checkpoint.py` with hidden {shape['hidden']}, {shape['layers']} layers,
+- hf checkpoint: `tests/support/hf_checkpoint.py` with hidden {shape['hidden']}, {shape['layers']} layers,
   {shape['heads']} heads ({shape['kv_heads']} KV heads), intermediate {shape['intermediate']}, random weights,
   float32 on the CPU.
 

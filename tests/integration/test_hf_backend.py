@@ -1,6 +1,6 @@
 """model.backend: hf through the real nginx + engine, with both official SDKs unmodified:
 create, stream, count_tokens, the models list, prefix reuse and warm-up, content the
-model cannot take. The checkpoint is made on the fly (tests/hf_checkpoint.py)."""
+model cannot take. The checkpoint is made on the fly (tests/support/hf_checkpoint.py)."""
 
 from __future__ import annotations
 
