@@ -141,7 +141,8 @@ def fit(req: dict, nbytes: int, shrink) -> bytes:
 
 
 def prose_body(nbytes: int, seed: int = 2) -> bytes:
-    req = {"model": "claude-x", "max_tokens": 1024, "messages": [{"role": "user", "content": prose(random.Random(seed), nbytes)}]}
+    req = {"model": "claude-x", "max_tokens": 1024,
+           "messages": [{"role": "user", "content": prose(random.Random(seed), nbytes)}]}
 
     def shrink(q, excess):
         q["messages"][0]["content"] = q["messages"][0]["content"][:-(excess + 1)]
@@ -175,8 +176,10 @@ def agent_body(nbytes: int) -> bytes:
         msgs.append({"role": "assistant", "content": [
             {"type": "text", "text": "Reading the next file."},
             {"type": "tool_use", "id": f"toolu_{i}", "name": "read_file", "input": {"path": f"src/mod{i}.py"}}]})
-        code = "\n".join(f"def f{j}(x):\n    return x * {r.randint(1, 99)}  # {prose(r, 40).strip()}" for j in range(20))
-        msgs.append({"role": "user", "content": [{"type": "tool_result", "tool_use_id": f"toolu_{i}", "content": code}]})
+        code = "\n".join(f"def f{j}(x):\n    return x * {r.randint(1, 99)}  # {prose(r, 40).strip()}"
+                         for j in range(20))
+        msgs.append({"role": "user",
+                     "content": [{"type": "tool_result", "tool_use_id": f"toolu_{i}", "content": code}]})
         i += 1
     req = {"model": "claude-x", "max_tokens": 1024, "tools": [
         {"name": "read_file", "input_schema": {"type": "object", "properties": {"path": {"type": "string"}}}}],

@@ -88,7 +88,8 @@ def main(argv: list[str] | None = None) -> int:
     work = Path(tempfile.mkdtemp(prefix="zccp-lookup-ab-"))
     commit = subprocess.run(["git", "rev-parse", a.baseline], cwd=ROOT, capture_output=True, text=True,
                             check=True).stdout.strip()
-    archive = subprocess.run(["git", "archive", commit, "engine", "lua", "nginx", "shm_abi"], cwd=ROOT, capture_output=True,
+    archive = subprocess.run(["git", "archive", commit, "engine", "lua", "nginx", "shm_abi"], cwd=ROOT,
+                             capture_output=True,
                              check=True).stdout
     (work / "before").mkdir()
     subprocess.run(["tar", "-x", "-C", str(work / "before")], input=archive, check=True)

@@ -44,7 +44,8 @@ def load_results(path: Path) -> dict:
 
     def rows(t):
         if isinstance(t, dict) and "columns" in t:
-            return [{k: v for k, v in zip(t["columns"], r, strict=True) if v is not None or k == "similarity"} for r in t["rows"]]
+            return [{k: v for k, v in zip(t["columns"], r, strict=True) if v is not None or k == "similarity"}
+                    for r in t["rows"]]
         return t
     res["pairs"] = rows(res.get("pairs"))
     if res.get("unrelated"):
@@ -334,7 +335,8 @@ def render(res: dict, out_dir: Path) -> None:
                  + ("**met**" if rate >= 0.95 else f"**missed** by {100 * (0.95 - rate):.1f} points"))
     never = [p for c, e, _ in CATEGORIES if e == "never" for p in by_cat.get(c, [])]
     prev = f"{sum(is_hit(p['before_cache']) for p in never)} before, " if bf else ""
-    L.append(f"* must-never-hit pairs ({', '.join(f'`{c}`' for c, e, _ in CATEGORIES if e == 'never' and c in by_cat)}): "
+    never_cats = ", ".join(f"`{c}`" for c, e, _ in CATEGORIES if e == "never" and c in by_cat)
+    L.append(f"* must-never-hit pairs ({never_cats}): "
              f"{prev}{sum(is_hit(p['var_cache']) for p in never)} hits in {len(never)}")
     L += [""]
     if bf:
@@ -369,7 +371,8 @@ def render(res: dict, out_dir: Path) -> None:
 
     # ---------------------------------------------------------------- by length
     L += ["## By prompt length (near-duplicate categories)", "",
-          "Tokens of the base request's final user turn (the whole prompt for one message; the role word is not counted since version 2).", ""]
+          "Tokens of the base request's final user turn (the whole prompt for one message; the role word is not "
+          "counted since version 2).", ""]
     lrows = []
     for s in STRATA:
         ps = [p for p in agg if _stratum(p["ntok_base"]) == s]
@@ -380,7 +383,8 @@ def render(res: dict, out_dir: Path) -> None:
         lrows.append([s, str(len(ps)), f"{statistics.median(p['jaccard'] for p in ps):.3f}",
                       _pct(len(hi), len(ps), 0), _pct(sum(is_hit(p['var_cache']) for p in hi), len(hi)),
                       _pct(sum(is_hit(p['var_cache']) for p in lo), len(lo))])
-    L += _table(["tokens", "pairs", "median J", "pairs with J ≥ 0.85", "hit rate, J ≥ 0.85", "hit rate, J < 0.85"], lrows)
+    L += _table(["tokens", "pairs", "median J", "pairs with J ≥ 0.85", "hit rate, J ≥ 0.85", "hit rate, J < 0.85"],
+                lrows)
     L += [""]
 
     # ---------------------------------------------------------------- per kind

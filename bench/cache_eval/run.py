@@ -246,7 +246,8 @@ def exact_only_latency(pool, duration: int, workdir: Path) -> list[dict]:
                      cache_delta=delta, near_duplicate=False,
                      all_as_expected=set(delta) == {"HIT"} and delta["HIT"] >= w["requests"])
             out.append(w)
-            log(f"  short     c={conns:<2d} HIT (near_duplicate off) {w['rps']:7.0f} req/s  p50 {w['p50_us'] / 1000:.3f} ms"
+            log(f"  short     c={conns:<2d} HIT (near_duplicate off) {w['rps']:7.0f} req/s  "
+                f"p50 {w['p50_us'] / 1000:.3f} ms"
                 f"  p99 {w['p99_us'] / 1000:.3f} ms  counters {delta}  errors {w['errors']}")
     finally:
         c.close()
@@ -332,7 +333,8 @@ def main(argv: list[str] | None = None) -> int:
     small = a.small if a.small is not None else max(10, a.pairs // 3)
     t_start = time.perf_counter()
 
-    log(f"loading ShareGPT and building the prompt pool ({a.pairs} edit bases, {a.pairs} long, {a.unrelated}x2 unrelated)")
+    log(f"loading ShareGPT and building the prompt pool ({a.pairs} edit bases, {a.pairs} long, "
+        f"{a.unrelated}x2 unrelated)")
     pool = build_pool(a.pairs, a.pairs, a.unrelated, a.seed, n_chats=small)
     pairs = build_pairs(pool, a.pairs, small, a.seed)
     log(f"{len(pairs)} pairs in {time.perf_counter() - t_start:.1f} s; long bases {len(pool.long)}")
@@ -345,7 +347,8 @@ def main(argv: list[str] | None = None) -> int:
         before = run_baseline(a, pool, pairs, workdir)
     stack = Stack(workdir / "stack", OVERRIDES, with_redis=True).start()
     c = Client(stack.base_url)
-    results: dict = {"machine": _machine(), "args": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(a).items()},
+    results: dict = {"machine": _machine(),
+                     "args": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(a).items()},
                      "overrides": OVERRIDES, "started": time.strftime("%Y-%m-%d %H:%M:%S %Z"), "before": before,
                      "pool": {"conversations": pool.conversations, "first_turns": pool.first_turns,
                               "edit_bases": len(pool.edit), "long_bases": len(pool.long)}, "verify_cost": cost}

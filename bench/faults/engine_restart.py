@@ -231,7 +231,8 @@ def write_report(r: dict) -> None:
 Run: {r['machine']}; backend `{r['backend']}`; {r['clients']} clients; {len(r['kills'])} kills,
 {r['settle_s']:.0f} s of service between them; load average {r.get('loadavg', '?')} (start, end).
 
-| kill | first 200 after the kill (s) | /health back (s) | engine exit → serving, by zccp-stack (s) | answers to requests sent until the first 200 (status: count) |
+| kill | first 200 after the kill (s) | /health back (s) | engine exit → serving, by zccp-stack (s) | \
+answers to requests sent until the first 200 (status: count) |
 |---|---|---|---|---|
 {rows}
 

@@ -537,21 +537,25 @@ def write_report(r: dict) -> None:
                     f"{_fmt(x['p99_ms_during'])} / {_fmt(x['p99_ms_without'])} |")
     notes = "\n".join(f"- **{x['fault']}**: {x['what']}." + (f" {x['extra']}" if x["extra"] else "")
                       + (f" Client aborts (by design): {x['client_aborts']}." if x["client_aborts"] else "")
-                      + (f" Connections closed before any answer, retried once as the SDKs do (then counted by "
-                         f"their final answer): {x['retried_before_answer']}." if x.get("retried_before_answer") else "")
+                      + (f" Connections closed before any answer, retried once as the SDKs do (then counted "
+                         f"by their final answer): {x['retried_before_answer']}."
+                         if x.get("retried_before_answer") else "")
                       for x in r["rows"])
     table = f"""<!-- faults -->
 Commit {r['commit']}; `python -m bench.faults.suite {' '.join(r['argv'])}` ({r['seconds']} s); {r['machine']};
 {r['clients']} clients of mixed traffic, {r['slots']} slots, request deadline {r['deadline_ms']} ms, null model
 (a token every 5 ms), cache on.
 
-| fault | requests sent | 2xx | API-shaped errors (statuses) | anything else (must be 0) | slots claimed after settling (must be 0) | time until served again (s) | p99 of normal 2xx during / without the fault (ms) |
+| fault | requests sent | 2xx | API-shaped errors (statuses) | anything else (must be 0) | \
+slots claimed after settling (must be 0) | time until served again (s) | \
+p99 of normal 2xx during / without the fault (ms) |
 |---|---|---|---|---|---|---|---|
 {chr(10).join(rows)}
 
 {notes}
 <!-- /faults -->"""
-    text = REPORT.read_text() if REPORT.exists() else "# Faults, soak and hostile input\n\n<!-- faults -->\n<!-- /faults -->\n"
+    empty = "# Faults, soak and hostile input\n\n<!-- faults -->\n<!-- /faults -->\n"
+    text = REPORT.read_text() if REPORT.exists() else empty
     a, b = "<!-- faults -->", "<!-- /faults -->"
     REPORT.write_text(text[: text.index(a)] + table + text[text.index(b) + len(b):])
 

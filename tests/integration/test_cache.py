@@ -57,12 +57,14 @@ def test_other_model_name_never_hits(make_stack):
     a = make_stack({"model": {"name": "zccp-tiny-a"}}, with_redis=True)
     b = make_stack({"model": {"name": "zccp-tiny-b"}, "cache": {"enabled": True, "redis_url": a.cfg.cache.redis_url}})
     post(a, anthropic_body("hello", max_tokens=8, temperature=0, model="zccp-tiny-a"))
-    assert post(a, anthropic_body("hello", max_tokens=8, temperature=0, model="zccp-tiny-a")).headers["x-zccp-cache"] == "HIT"
+    r = post(a, anthropic_body("hello", max_tokens=8, temperature=0, model="zccp-tiny-a"))
+    assert r.headers["x-zccp-cache"] == "HIT"
     other = post(b, anthropic_body("hello", max_tokens=8, temperature=0, model="zccp-tiny-b"))
     assert other.headers["x-zccp-cache"] == "MISS"
     assert other.json()["model"] == "zccp-tiny-b"
     # b stored its own answer under its own model: now b hits, and a still hits its own.
-    assert post(b, anthropic_body("hello", max_tokens=8, temperature=0, model="zccp-tiny-b")).headers["x-zccp-cache"] == "HIT"
+    r = post(b, anthropic_body("hello", max_tokens=8, temperature=0, model="zccp-tiny-b"))
+    assert r.headers["x-zccp-cache"] == "HIT"
 
 
 def test_near_duplicate_is_served_with_its_similarity(cstack):

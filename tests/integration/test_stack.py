@@ -92,7 +92,8 @@ def test_an_arena_that_does_not_fit_dev_shm_is_named_not_a_bus_error(tmp_path):
     engine = (f"mount -t tmpfs -o size=64m tmpfs /dev/shm && exec {sys.executable} -m zccp.cli engine "
               f"--config {s.config_path} --run-dir {s.run_dir}")
     out = subprocess.run(["unshare", "--mount", "--propagation", "private", "sh", "-c", engine],
-                         capture_output=True, text=True, timeout=120, env=dict(os.environ, PYTHONPATH=str(REPO / "engine")))
+                         capture_output=True, text=True, timeout=120,
+                         env=dict(os.environ, PYTHONPATH=str(REPO / "engine")))
     assert out.returncode == 1, out.stderr       # not 135 (SIGBUS)
     assert "needs 128.0 MiB" in out.stderr and "64.0 MiB" in out.stderr, out.stderr
     assert "shared_memory.segment_count" in out.stderr and "shm_size" in out.stderr

@@ -118,7 +118,8 @@ def test_tool_turn_history_is_accepted(claude, oai):
     assert msg.usage.output_tokens == 5
     r = oai.chat.completions.create(model="zccp-tiny", max_tokens=5, tools=OAI_TOOLS, messages=[
         *USER, {"role": "assistant", "content": None, "tool_calls": [
-            {"id": "call_1", "type": "function", "function": {"name": "get_weather", "arguments": '{"city":"Paris"}'}}]},
+            {"id": "call_1", "type": "function",
+             "function": {"name": "get_weather", "arguments": '{"city":"Paris"}'}}]},
         {"role": "tool", "tool_call_id": "call_1", "content": "sunny"}])
     assert r.usage.completion_tokens == 5
 

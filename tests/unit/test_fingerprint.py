@@ -246,7 +246,8 @@ def _turn(content, **extra):
 
 def test_final_turn_rule():
     assert _turn("plain") == ["plain"]
-    assert _turn([{"type": "text", "text": "a"}, {"type": "text", "text": "b", "cache_control": {"type": "ephemeral"}}]) \
+    assert _turn([{"type": "text", "text": "a"},
+                  {"type": "text", "text": "b", "cache_control": {"type": "ephemeral"}}]) \
         == ["a", b"\n", "b"]
     for content in ([{"type": "text", "text": "a"}, {"type": "image", "source": {"type": "base64", "data": "AA"}}],
                     [{"type": "tool_result", "tool_use_id": "t", "content": "42"}],

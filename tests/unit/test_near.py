@@ -164,7 +164,9 @@ def test_exact_jaccard_matches_python_sets():
     rnd = random.Random(7)
     for _ in range(200):
         a = {rnd.randrange(1 << 32) for _ in range(rnd.randrange(1, 300))}
-        b = set(rnd.sample(sorted(a), rnd.randrange(0, len(a) + 1))) | {rnd.randrange(1 << 32) for _ in range(rnd.randrange(0, 50))}
+        b = set(rnd.sample(sorted(a),
+                           rnd.randrange(0,
+                                         len(a) + 1))) | {rnd.randrange(1 << 32) for _ in range(rnd.randrange(0, 50))}
         want = len(a & b) / len(a | b) if b else 0.0
         sa = np.array(sorted(a), dtype=np.uint32)
         sb = np.array(sorted(b), dtype=np.uint32)

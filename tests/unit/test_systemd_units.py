@@ -52,7 +52,8 @@ def test_sysusers_creates_zccp_and_puts_www_data_in_its_group(tmp_path: Path) ->
     sysusers = shutil.which("systemd-sysusers")
     assert sysusers, "systemd-sysusers not installed: run scripts/setup.sh (systemd)"
     (tmp_path / "etc").mkdir()
-    (tmp_path / "etc/passwd").write_text("root:x:0:0:root:/root:/bin/sh\nwww-data:x:33:33::/var/www:/usr/sbin/nologin\n")
+    (tmp_path / "etc/passwd").write_text("root:x:0:0:root:/root:/bin/sh\n"
+                                         "www-data:x:33:33::/var/www:/usr/sbin/nologin\n")
     (tmp_path / "etc/group").write_text("root:x:0:\nwww-data:x:33:\n")
     conf = ROOT / "deploy/systemd/zccp.sysusers.conf"
     r = subprocess.run([sysusers, f"--root={tmp_path}", str(conf)],

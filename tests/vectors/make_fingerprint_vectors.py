@@ -109,7 +109,8 @@ def requests() -> list[tuple[str, str, bytes]]:
         ("cjk", "anthropic", j({"model": "m", "max_tokens": 8, "messages": [
             {"role": "user", "content": "東京の天気はどうですか？今日は晴れ。서울 날씨는 어때요? 北京天气怎么样"}]})),
         ("mixed_scripts_emoji", "openai", j({"model": "m", "messages": [
-            {"role": "user", "content": "Привет, naïve café! Ω≈ç √ 😀👍🏽 👨‍👩‍👧 🇯🇵 ｆｕｌｌ　ｗｉｄｔｈ “quotes” — dash…"}]})),
+            {"role": "user", "content": "Привет, naïve café! Ω≈ç √ 😀👍🏽 👨‍👩‍👧 🇯🇵 "
+                                        "ｆｕｌｌ　ｗｉｄｔｈ “quotes” — dash…"}]})),
         ("escaped_unicode", "openai", json.dumps({"model": "m", "messages": [
             {"role": "user", "content": "Привет 😀 東京 \"quoted\" back\\slash\ttab\u0001ctl"}]}).encode()),
         ("raw_unicode_same", "openai", json.dumps({"model": "m", "messages": [
