@@ -14,6 +14,7 @@ from pathlib import Path
 
 import httpx
 
+from tests.support.checkout import require_this_checkout
 from tests.support.harness import Stack, anthropic_body
 from tests.support.hostile_writer import Fuzzer
 
@@ -23,6 +24,7 @@ def main() -> None:
     ap.add_argument("--seconds", type=float, default=300)
     ap.add_argument("--seed", type=int, default=int(time.time()))
     args = ap.parse_args()
+    require_this_checkout()
     with tempfile.TemporaryDirectory(prefix="zccp-fuzz-") as tmp:
         stack = Stack(Path(tmp), {"model": {"backend": "null"}}, with_redis=True).start()
         try:
