@@ -9,6 +9,7 @@ import pytest
 
 from tests.support.checkout import require_this_checkout
 from tests.support.harness import Stack, remove_socket_dirs
+from tests.support.hf_checkpoint import HF_MODEL, build_checkpoint
 
 # The tests test this checkout, whatever `pip install -e` last pointed at: pyproject's
 # [tool.pytest.ini_options] pythonpath puts this checkout's root and engine/ first.
@@ -59,14 +60,9 @@ def make_stack(tmp_path: Path) -> Iterator:
             s.stop()
 
 
-HF_MODEL = "zccp-hf-test"
-
-
 @pytest.fixture(scope="session")
 def hf_checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A small Llama checkpoint + byte-level BPE tokenizer, made on the fly (tests/support/hf_checkpoint.py)."""
-    from tests.support.hf_checkpoint import build_checkpoint
-
     return build_checkpoint(tmp_path_factory.mktemp("hf") / "checkpoint")
 
 

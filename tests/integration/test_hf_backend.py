@@ -12,9 +12,9 @@ import anthropic
 import httpx
 import openai
 import pytest
-from conftest import HF_MODEL
 from transformers import AutoTokenizer
 
+from tests.support.hf_checkpoint import HF_MODEL
 from zccp.stack import free_port
 
 SYSTEM = "You are a careful assistant for the shared memory pipeline. " * 12   # ~ 130 tokens

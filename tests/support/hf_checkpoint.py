@@ -16,6 +16,7 @@ import random
 from pathlib import Path
 
 CORPUS = Path(__file__).resolve().parent / "data" / "hf_corpus.txt"
+HF_MODEL = "zccp-hf-test"                  # the name the tests' hf stacks serve the checkpoint under
 SPECIAL = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<tool_call>", "</tool_call>"]
 
 CHAT_TEMPLATE = (
