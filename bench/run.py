@@ -156,7 +156,8 @@ def run_matrix(args: argparse.Namespace, run_dir: Path, files: dict[str, Path], 
                             r.update(variant=label, workload=wl, conc=conc, rep=rep + 1, drain_s=drained)
                             results["rows"].append(r)
                             log(f"{label:10s} {wl:8s} c={conc:<3d} run {rep + 1}: {r['rps']:9.1f} req/s  "
-                                f"p50 {r['p50_ms']:8.2f} ms  p99 {r['p99_ms']:8.2f} ms  errors {r['errors']} {r['statuses'] or ''}"
+                                f"p50 {r['p50_ms']:8.2f} ms  p99 {r['p99_ms']:8.2f} ms  "
+                                f"errors {r['errors']} {r['statuses'] or ''}"
                                 f"  (waited {drained * 1000:.0f} ms for the last run to drain)")
                             save()
             if key == "D" and args.profile:

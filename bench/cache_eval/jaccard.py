@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import copy
 from functools import lru_cache
+from itertools import pairwise
 
 from zccp.cache.fp.canonical import as_bytes
 from zccp.cache.fp.csf import MAX_TOKENS, minhash, shingle_hashes, tokenize
@@ -68,7 +69,7 @@ def shingles(tokens: list[bytes]) -> frozenset:
     """Word 2-shingles as token pairs; one token: its 1-shingle; none: empty."""
     if len(tokens) == 1:
         return frozenset([(tokens[0],)])
-    return frozenset(zip(tokens, tokens[1:]))
+    return frozenset(pairwise(tokens))
 
 
 def jaccard(a: frozenset, b: frozenset) -> float:

@@ -32,7 +32,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from harness import Stack, anthropic_body
+from tests.support.harness import Stack, anthropic_body
 from zccp.config import mask_state_path
 from zccp.ops.stack import Service, engine_service, free_port, redis_service
 
@@ -394,7 +394,7 @@ def test_zccp_joins_an_nginx_serving_other_sites_and_reloads_under_load(existing
             rl = e.ctl("-s", "reload")
             assert rl.returncode == 0, rl.stderr
             # A reload is over when every old worker has finished its requests and exited.
-            _wait(lambda: not (e.workers() & old) and len(e.workers()) == WORKERS, 60, "the old workers' exit")
+            _wait(lambda old=old: not (e.workers() & old) and len(e.workers()) == WORKERS, 60, "the old workers' exit")
             windows.append((t0, time.monotonic()))
             time.sleep(0.5)
     finally:

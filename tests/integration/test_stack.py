@@ -19,7 +19,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from harness import REPO, Stack, StackProcess, alive, anthropic_body
+from tests.support.harness import REPO, Stack, StackProcess, alive, anthropic_body
 from zccp.cache.mask_store import load_masks
 from zccp.paths import lua_file
 
@@ -92,7 +92,8 @@ def test_an_arena_that_does_not_fit_dev_shm_is_named_not_a_bus_error(tmp_path):
     engine = (f"mount -t tmpfs -o size=64m tmpfs /dev/shm && exec {sys.executable} -m zccp.ops.cli engine "
               f"--config {s.config_path} --run-dir {s.run_dir}")
     out = subprocess.run(["unshare", "--mount", "--propagation", "private", "sh", "-c", engine],
-                         capture_output=True, text=True, timeout=120, env=dict(os.environ, PYTHONPATH=str(REPO / "engine")))
+                         capture_output=True, text=True, timeout=120,
+                         env=dict(os.environ, PYTHONPATH=str(REPO / "engine")))
     assert out.returncode == 1, out.stderr       # not 135 (SIGBUS)
     assert "needs 128.0 MiB" in out.stderr and "64.0 MiB" in out.stderr, out.stderr
     assert "shared_memory.segment_count" in out.stderr and "shm_size" in out.stderr
@@ -366,7 +367,7 @@ def test_nginx_own_413_is_counted_and_zero_counters_have_samples(make_stack):
                    "zccp_engine_abandoned_total 0", 'zccp_engine_requests_total{api="openai",status="200"} 0'):
         assert sample in text, sample
     big = b"x" * (s.cfg.limits.max_body_kb * 1024 + 1)
-    for api, path in (("anthropic", "/v1/messages"), ("openai", "/v1/chat/completions")):
+    for path in ("/v1/messages", "/v1/chat/completions"):
         r = httpx.post(s.url(path), content=big, headers={"content-type": "application/json"}, timeout=30)
         assert r.status_code == 413
     text = httpx.get(s.url("/metrics"), timeout=5).text

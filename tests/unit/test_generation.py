@@ -50,7 +50,8 @@ def result_of(backend, **kw):
 def test_plain_end_turn():
     deltas, r = result_of(FakeBackend(b"hello"))
     assert deltas == list("hello")
-    assert (r.text, r.stop_reason, r.stop_sequence, r.input_tokens, r.output_tokens) == ("hello", "end_turn", None, 7, 5)
+    assert (r.text, r.stop_reason, r.stop_sequence, r.input_tokens, r.output_tokens) == ("hello", "end_turn", None, 7,
+                                                                                         5)
 
 
 def test_max_tokens_stops_pulling():

@@ -223,7 +223,7 @@ def test_digest_is_order_and_content_sensitive():
 
 def test_prefilters_cover_the_defaults(defaults):
     assert all(p.prefilter for p in defaults.patterns)
-    assert all(len(c.prefilter) == len(p.prefilter) for c, p in zip(defaults._compiled, defaults.patterns))
+    assert all(len(c.prefilter) == len(p.prefilter) for c, p in zip(defaults._compiled, defaults.patterns, strict=True))
 
 
 def test_prefilters_are_necessary_conditions(defaults):

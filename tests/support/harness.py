@@ -19,6 +19,7 @@ from typing import Any
 import httpx
 import yaml
 
+from tests.support.checkout import REPO
 from zccp.arena_reader import ArenaReader
 from zccp.config import Config, load_config
 from zccp.runtime import log_dir, resolve
@@ -175,8 +176,6 @@ def dumps(obj: Any) -> bytes:
 
 os.environ.setdefault("NO_PROXY", "127.0.0.1,localhost")
 
-
-REPO = Path(__file__).resolve().parents[1]
 
 
 @dataclass
