@@ -182,7 +182,8 @@ def main() -> None:
                             text=True).stdout.strip()
     result = {
         "commit": commit, "argv": sys.argv[1:], "seconds": args.seconds, "clients": args.clients,
-        "cancel": args.cancel, "stalled": args.stalled, "redis_maxmemory_mb": args.redis_mb, "samples": samples, "requests": len(every),
+        "cancel": args.cancel, "stalled": args.stalled, "redis_maxmemory_mb": args.redis_mb,
+        "samples": samples, "requests": len(every),
         "ok": sum(1 for o in every if o.cls == "2xx"), "aborted": sum(1 for o in every if o.cls == "aborted"),
         "stalled_readers": sum(1 for o in every if o.cls == "stalled"), "streams_ended_stalled": ended_stalled,
         "api_errors": dict(Counter(o.status for o in every if o.cls == "api")),
@@ -228,14 +229,19 @@ def report(r: dict) -> None:
     other = sum(r["other"].values())
     text = f"""<!-- soak -->
 Commit {r['commit']}; `python -m bench.faults.soak {' '.join(r['argv'])}`: **{r['seconds']:.0f} s** at c={r['clients']},
-{r['cancel']:.0%} of the requests streams the client abandons after the first bytes, {r.get('stalled', 0):.0%} readers that
-ask for a long stream and stall (connected, never reading, {STALL_HOLD_S:.0f} s), the rest the suite's mixed traffic;
-sampled every 10 s; Redis `maxmemory` {r.get('redis_maxmemory_mb', '–')} MiB (`allkeys-lru`). Streams nginx ended as
-stalled: {r.get('streams_ended_stalled', '–')}.
+{r['cancel']:.0%} of the requests streams the client abandons after the first bytes, \
+{r.get('stalled', 0):.0%} readers that ask for a long stream and stall (connected, never reading, \
+{STALL_HOLD_S:.0f} s), the rest the suite's mixed traffic; sampled every 10 s; Redis `maxmemory` \
+{r.get('redis_maxmemory_mb', '–')} MiB (`allkeys-lru`). Streams nginx ended as stalled: \
+{r.get('streams_ended_stalled', '–')}.
 
-| requests | 2xx | cancelled by the client | stalled readers | API-shaped errors | anything else (must be 0) | slots claimed after (must be 0) | engine sockets (min–max) | arena bytes | RSS growth after warm-up |
+| requests | 2xx | cancelled by the client | stalled readers | API-shaped errors | anything else (must be 0) | \
+slots claimed after (must be 0) | engine sockets (min–max) | arena bytes | RSS growth after warm-up |
 |---|---|---|---|---|---|---|---|---|---|
-| {r['requests']} | {r['ok']} | {r['aborted']} | {r.get('stalled_readers', 0)} | {sum(r['api_errors'].values())} {r['api_errors'] or ''} | **{other}** {r['other'] or ''} | **{r['slots_claimed_after']}** | {r['engine_sockets'][0]}–{r['engine_sockets'][-1]} | {', '.join(str(a) for a in r['arena_bytes'])} | {growth} |
+| {r['requests']} | {r['ok']} | {r['aborted']} | {r.get('stalled_readers', 0)} | \
+{sum(r['api_errors'].values())} {r['api_errors'] or ''} | **{other}** {r['other'] or ''} | \
+**{r['slots_claimed_after']}** | \
+{r['engine_sockets'][0]}–{r['engine_sockets'][-1]} | {', '.join(str(a) for a in r['arena_bytes'])} | {growth} |
 
 ![soak](soak.png)
 <!-- /soak -->"""

@@ -10,7 +10,7 @@ import time
 import httpx
 import redis
 
-from cache_requests import NULL, PATHS, req
+from tests.support.cache_requests import NULL, PATHS, req
 
 TTL = {"ttl_s": 600, "l1": {"ttl_s": 600}}
 

@@ -10,7 +10,7 @@ import time
 import httpx
 import pytest
 
-from harness import anthropic_body, dumps
+from tests.support.harness import anthropic_body, dumps
 
 # A small pool, a short request timeout, a long instant reply: the stalled reader's relay
 # blocks on its client long before the reply is out of the slot.
