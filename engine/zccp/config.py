@@ -167,13 +167,6 @@ class Config:
     path: str = "<defaults>"                 # where it was loaded from (not a YAML key)
 
 
-    # The Redis zccp-stack starts (cache.redis_url on loopback): its memory bound and what it
-    # evicts at the bound. allkeys-lru: everything in it is a cache entry or an index of them,
-    # rebuilt by a miss, and a key without a TTL can never make writes fail (volatile-* would
-    # refuse them). Your own Redis: set the same (docs/cache.md).
-    redis_maxmemory_mb: int = bounded(256, 1, 1 << 20)
-    redis_maxmemory_policy: Literal["allkeys-lru", "allkeys-lfu", "volatile-lru", "volatile-lfu",
-                                    "volatile-ttl"] = "allkeys-lru"
 def _check_value(where: str, hint: Any, value: Any) -> Any:
     origin = typing.get_origin(hint)
     if origin is Literal:
