@@ -195,17 +195,19 @@ def main() -> None:
         "engine_restarted": len({x["engine_pid"] for x in samples}) > 1,
     }
     SOAK_JSON.write_text(json.dumps(result, indent=1))
-    plot(result)
+    if not plot(result):
+        SOAK_PNG.unlink(missing_ok=True)   # an older run's plot would pass for this one's
     report(result)
     print(json.dumps({k: v for k, v in result.items() if k != "samples"}, indent=1))
 
 
-def plot(r: dict) -> None:
+def plot(r: dict) -> bool:
+    """soak.png; False (and no plot) without matplotlib."""
     try:
         import matplotlib
     except ImportError:
         print("matplotlib is not installed: no soak.png", file=sys.stderr)
-        return
+        return False
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
@@ -222,6 +224,7 @@ def plot(r: dict) -> None:
     a2.set_ylim(bottom=0)
     fig.tight_layout()
     fig.savefig(SOAK_PNG, dpi=90)
+    return True
 
 
 def report(r: dict) -> None:
@@ -243,7 +246,7 @@ slots claimed after (must be 0) | engine sockets (min–max) | arena bytes | RSS
 **{r['slots_claimed_after']}** | \
 {r['engine_sockets'][0]}–{r['engine_sockets'][-1]} | {', '.join(str(a) for a in r['arena_bytes'])} | {growth} |
 
-![soak](soak.png)
+{"![soak](soak.png)" if SOAK_PNG.exists() else "(no plot: matplotlib was not installed; the samples are in soak.json)"}
 <!-- /soak -->"""
     body = REPORT.read_text()
     a, b = "<!-- soak -->", "<!-- /soak -->"
