@@ -42,6 +42,7 @@ from bench.faults.suite import (
     one_request,
     streams_ended,
 )
+from tests.support.checkout import require_this_checkout
 
 SOAK_JSON = REPO / "bench" / "faults" / "soak.json"
 SOAK_PNG = REPO / "bench" / "faults" / "soak.png"
@@ -136,6 +137,7 @@ def main() -> None:
     ap.add_argument("--interval", type=float, default=10)
     ap.add_argument("--warmup", type=float, default=60, help="seconds before the memory baseline")
     args = ap.parse_args()
+    require_this_checkout()
     s = FaultStack(OUT / "soak", slots=args.slots, redis_mb=args.redis_mb)
     samples: list[dict] = []
     shm = Path("/dev/shm") / s.cfg.shared_memory.name.lstrip("/")
