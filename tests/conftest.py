@@ -23,8 +23,8 @@ def _no_socket_dirs_left() -> Iterator[None]:
 
 
 @pytest.fixture(scope="session")
-def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
-    """The built-in tiny model behind nginx, shared by read-only tests."""
+def stack_http1(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
+    """The built-in tiny model behind nginx, shared by read-only tests (HTTP/1.1)."""
     s = Stack(tmp_path_factory.mktemp("stack"))
     try:
         yield s.start()
@@ -33,8 +33,8 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
 
 
 @pytest.fixture(scope="session")
-def null_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
-    """The null backend: measures the pipeline, answers instantly."""
+def null_stack_http1(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
+    """The null backend: measures the pipeline, answers instantly (HTTP/1.1)."""
     s = Stack(tmp_path_factory.mktemp("null"), {"model": {"backend": "null"}})
     try:
         yield s.start()
@@ -42,13 +42,69 @@ def null_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
         s.stop()
 
 
+@pytest.fixture(scope="session")
+def stack_h2(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
+    """`stack` over TLS, speaking HTTP/2 (server.tls + http2)."""
+    s = Stack(tmp_path_factory.mktemp("stack_h2"), tls=True)
+    try:
+        yield s.start()
+    finally:
+        s.stop()
+
+
+@pytest.fixture(scope="session")
+def null_stack_h2(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
+    """`null_stack` over TLS, speaking HTTP/2."""
+    s = Stack(tmp_path_factory.mktemp("null_h2"), {"model": {"backend": "null"}}, tls=True)
+    try:
+        yield s.start()
+    finally:
+        s.stop()
+
+
+# The two ways a client reaches ZCCP: plain HTTP/1.1, and HTTP/2 over TLS (ALPN h2).
+PROTOCOLS = ["http1", "h2tls"]
+
+
+@pytest.fixture(params=PROTOCOLS)
+def protocol(request: pytest.FixtureRequest) -> str:
+    """For a module to run its tests over both protocols: a module overrides `stack`
+    or `null_stack` with `both_protocols("null_stack")` (below)."""
+    return request.param
+
+
+def both_protocols(name: str):
+    """A fixture named `name` (a session stack) that is the HTTP/1.1 one or its HTTP/2 +
+    TLS twin `<name>_h2`, by the `protocol` parameter. In a test module:
+    `null_stack = both_protocols("null_stack")`."""
+
+    @pytest.fixture(name=name)
+    def over(protocol: str, request: pytest.FixtureRequest) -> Stack:
+        return request.getfixturevalue(name + "_h2" if protocol == "h2tls" else name + "_http1")
+
+    return over
+
+
+@pytest.fixture(scope="session")
+def stack(stack_http1: Stack) -> Stack:
+    """The tiny-model stack over HTTP/1.1 (a module may run over both: both_protocols)."""
+    return stack_http1
+
+
+@pytest.fixture(scope="session")
+def null_stack(null_stack_http1: Stack) -> Stack:
+    """The null-backend stack over HTTP/1.1 (a module may run over both: both_protocols)."""
+    return null_stack_http1
+
+
 @pytest.fixture
 def make_stack(tmp_path: Path) -> Iterator:
-    """A private stack for tests that break things (restarts, tiny pools)."""
+    """A private stack for tests that break things (restarts, tiny pools); tls=True: HTTPS
+    and HTTP/2 on its listener."""
     made: list[Stack] = []
 
-    def make(overrides: dict | None = None, with_redis: bool = False) -> Stack:
-        s = Stack(tmp_path / f"stack{len(made)}", overrides or {}, with_redis)
+    def make(overrides: dict | None = None, with_redis: bool = False, tls: bool = False) -> Stack:
+        s = Stack(tmp_path / f"stack{len(made)}", overrides or {}, with_redis, tls)
         made.append(s)
         return s.start()
 

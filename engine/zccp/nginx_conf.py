@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from zccp.abi import HEADER_PATH
-from zccp.config import Config, mask_state_path
+from zccp.config import Config, check_tls_files, mask_state_path
 from zccp.paths import lua_dir, lua_file, make_dirs, nginx_template
 from zccp.runtime import worker_user
 
@@ -40,6 +40,30 @@ def _safe(value: str, what: str) -> str:
     if _UNSAFE & set(value):
         raise ValueError(f"{what}: {value!r} contains characters not allowed here")
     return value
+
+
+def listen_flags(cfg: Config) -> str:
+    """What follows the address on the standalone server's `listen` line (server.tls, http2)."""
+    if cfg.server.tls is None:
+        return ""
+    return " ssl http2" if cfg.server.speaks_http2 else " ssl"
+
+
+def tls_lines(cfg: Config, indent: str = "        ") -> str:
+    """The standalone server's TLS directives (none without server.tls); the files are
+    checked first (config.check_tls_files), so nginx -t never meets a missing one."""
+    tls = cfg.server.tls
+    if tls is None:
+        return ""
+    check_tls_files(cfg)
+    lines = [
+        f'ssl_certificate "{_safe(tls.certificate, "server.tls.certificate")}";',
+        f'ssl_certificate_key "{_safe(tls.key, "server.tls.key")}";',
+        "ssl_protocols TLSv1.2 TLSv1.3;",
+        "ssl_session_cache shared:zccp_tls:10m;   # resumed handshakes skip the key exchange",
+        "ssl_session_timeout 1h;",
+    ]
+    return "\n".join(indent + ln for ln in lines)
 
 
 def render(cfg: Config, out: Path, standalone: bool = False, prefix: Path | None = None,
@@ -96,6 +120,8 @@ def render(cfg: Config, out: Path, standalone: bool = False, prefix: Path | None
             log_dir=_safe(str(logs), "log directory"),
             workers=str(cfg.server.workers),
             listen=_safe(cfg.server.listen, "server.listen"),
+            listen_flags=listen_flags(cfg),
+            tls_lines=tls_lines(cfg),
             error_log_level=_LEVELS[cfg.logging.level],
             user_line=f"user {_safe(user, 'server.user')} {_safe(cfg.shared_memory.group or user, 'shared_memory.group')};"
             if user else "",

@@ -375,9 +375,13 @@ function _M.serve(api, kind)
     elseif body_mod.streamable(len, fingerprint.DECODE_LIMIT) then
         src = { len = len, deadline = deadline }   -- read later, straight into the slot
     else
-        body, code, err_kind, msg = body_mod.read(s.max_body)
+        body, code, err_kind, msg = body_mod.read(s.max_body, deadline)
         if not body then
-            return errors.send(api, code, err_kind, msg)
+            errors.send(api, code, err_kind, msg)
+            if code == 408 then
+                return ngx.exit(ngx.HTTP_OK)   -- the answer is out; stops the pending body read (body.read)
+            end
+            return
         end
     end
     src = src or { body = body }
