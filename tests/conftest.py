@@ -73,16 +73,21 @@ def protocol(request: pytest.FixtureRequest) -> str:
     return request.param
 
 
-def both_protocols(name: str):
-    """A fixture named `name` (a session stack) that is the HTTP/1.1 one or its HTTP/2 +
-    TLS twin `<name>_h2`, by the `protocol` parameter. In a test module:
-    `null_stack = both_protocols("null_stack")`."""
+def both_protocols(name: str, alias: str | None = None):
+    """A fixture named `alias` (default `name`, overriding it) that is the session stack
+    `<name>_http1` or its HTTP/2 + TLS twin `<name>_h2`, by the `protocol` parameter.
+    In a test module: `null_stack = both_protocols("null_stack")`."""
 
-    @pytest.fixture(name=name)
+    @pytest.fixture(name=alias or name)
     def over(protocol: str, request: pytest.FixtureRequest) -> Stack:
-        return request.getfixturevalue(name + "_h2" if protocol == "h2tls" else name + "_http1")
+        return request.getfixturevalue(name + ("_h2" if protocol == "h2tls" else "_http1"))
 
     return over
+
+
+# For single tests: `def test_x(null_stack_any)` runs over HTTP/1.1 and over HTTP/2 + TLS.
+stack_any = both_protocols("stack", "stack_any")
+null_stack_any = both_protocols("null_stack", "null_stack_any")
 
 
 @pytest.fixture(scope="session")

@@ -33,6 +33,12 @@ def lstack(make_stack):
     return make_stack({"model": NULL, "cache": {"ttl_s": 600}}, with_redis=True)
 
 
+@pytest.fixture
+def lstack_any(make_stack, protocol):
+    """lstack over HTTP/1.1, and over HTTP/2 + TLS."""
+    return make_stack({"model": NULL, "cache": {"ttl_s": 600}}, with_redis=True, tls=protocol == "h2tls")
+
+
 def post(s, api, body: dict | bytes, **headers) -> httpx.Response:
     """body: a request (sent as json.dumps writes it: ASCII, escapes) or its raw bytes."""
     raw = body if isinstance(body, bytes) else json.dumps(body).encode()
@@ -81,7 +87,8 @@ def unique(api: str, text: str) -> tuple[str, list[str]]:
     ("anthropic", {}), ("anthropic", {"stream": True}),
     ("openai", {}), ("openai", {"stream": True}), ("openai", {"stream": True, "stream_options": {"include_usage": True}}),
 ])
-def test_an_l1_hit_is_the_engines_replay_with_a_fresh_id_and_created(lstack, api, extra):
+def test_an_l1_hit_is_the_engines_replay_with_a_fresh_id_and_created(lstack_any, api, extra):
+    lstack = lstack_any
     body = req(api, [{"role": "user", "content": "What is the capital of France?"}], **extra)
     l2, l1 = to_l1(lstack, api, body)
     t0 = int(time.time())
@@ -234,8 +241,8 @@ def test_an_answer_carrying_a_masked_value_never_enters_l1(make_stack):
     assert metric(s, "zccp_nginx_l1_total", api="anthropic", result="store") == 0
 
 
-def test_bodies_above_the_decode_limit_are_kept_by_their_bytes(lstack):
-    s = lstack
+def test_bodies_above_the_decode_limit_are_kept_by_their_bytes(lstack_any):
+    s = lstack_any
     body = req("anthropic", [{"role": "user", "content": BIG}])
     assert len(json.dumps(body)) > 64 * 1024 > len(BIG.encode())
     l2, l1 = to_l1(s, "anthropic", body)

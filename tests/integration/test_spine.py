@@ -10,7 +10,8 @@ from zccp.abi import NOTICE_SIZE, SLOT_MAGIC, ABI_VERSION, Op, State
 from zccp.doorbell import decode_notice, encode_ring
 
 
-def test_round_trip_returns_an_anthropic_message(stack):
+def test_round_trip_returns_an_anthropic_message(stack_any):
+    stack = stack_any
     # Greedy: sampled, the model may legitimately answer with EOS at once (0 tokens).
     r = stack.client().post("/v1/messages", json=anthropic_body("Hello there", max_tokens=12, temperature=0))
     assert r.status_code == 200, r.text
@@ -32,10 +33,12 @@ def _find_slot(reader, context_id: str):
     return matches[0]
 
 
-def test_slot_holds_exactly_the_bytes_sent(null_stack):
+def test_slot_holds_exactly_the_bytes_sent(null_stack_any):
+    null_stack = null_stack_any
     body = dumps(anthropic_body("bytes check \u00e9\u4e2d", max_tokens=5)) + b"   "
     r = null_stack.client().post("/v1/messages", content=body, headers={"content-type": "application/json"})
     assert r.status_code == 200, r.text
+    assert r.http_version == null_stack.protocol
     digest = hashlib.sha256(body).digest()
     assert r.headers["x-zccp-context-id"] == digest[:8].hex()
     reader = null_stack.arena()
