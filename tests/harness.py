@@ -40,7 +40,7 @@ def remove_socket_dirs() -> None:
 _CERT: tuple[Path, Path] | None = None
 
 
-def test_certificate() -> tuple[Path, Path]:
+def self_signed_certificate() -> tuple[Path, Path]:
     """A self-signed certificate for 127.0.0.1 and localhost (EC P-256, made once per test
     session with openssl): (certificate, key). Its directory goes with the socket dirs."""
     global _CERT
@@ -57,8 +57,8 @@ def test_certificate() -> tuple[Path, Path]:
 
 
 def tls_client_context() -> ssl.SSLContext:
-    """A client context that trusts test_certificate() and nothing else (names checked)."""
-    return ssl.create_default_context(cafile=str(test_certificate()[0]))
+    """A client context that trusts self_signed_certificate() and nothing else (names checked)."""
+    return ssl.create_default_context(cafile=str(self_signed_certificate()[0]))
 
 
 def _merge(base: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any]:
@@ -73,7 +73,7 @@ class Stack:
     run_dir: Path
     overrides: dict[str, Any] = field(default_factory=dict)
     with_redis: bool = False
-    tls: bool = False            # HTTPS + HTTP/2 on the listener (server.tls, test_certificate)
+    tls: bool = False            # HTTPS + HTTP/2 on the listener (server.tls, self_signed_certificate)
     cfg: Config = field(init=False)
     config_path: Path = field(init=False)
     engine: Service | None = field(default=None, init=False)
@@ -97,7 +97,7 @@ class Stack:
             "logging": {"level": "info"},
         }
         if self.tls:
-            cert, key = test_certificate()
+            cert, key = self_signed_certificate()
             raw["server"]["tls"] = {"certificate": str(cert), "key": str(key)}
         raw = _merge(raw, self.overrides)
         self.config_path = self.run_dir / "config.yaml"
