@@ -253,6 +253,11 @@ def _build_section(path: str, name: str, cls: type, raw: Any) -> Any:
         if bounds is not None and checked is not None and not bounds[0] <= checked <= bounds[1]:
             raise ConfigError(f"{where}: {checked!r} is outside [{bounds[0]}, {bounds[1]}]")
         values[key] = checked
+    required = [f.name for f in dataclasses.fields(cls)
+                if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING]
+    for key in required:
+        if key not in values:
+            raise ConfigError(f"{path}: {name}.{key}: required")
     return cls(**values)
 
 
