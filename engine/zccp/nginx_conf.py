@@ -66,6 +66,26 @@ def tls_lines(cfg: Config, indent: str = "        ") -> str:
     return "\n".join(indent + ln for ln in lines)
 
 
+_MODEL_ID = re.compile(r"[A-Za-z0-9._:-]+")
+
+
+def _model_path(cfg: Config) -> str | None:
+    name = cfg.model.name
+    return f"/v1/models/{name}" if _MODEL_ID.fullmatch(name) else None
+
+
+def model_location(cfg: Config) -> str:
+    """`location = /v1/models/<model.name>` (GET one model), or a comment when the name is
+    not a single path segment of letters, digits and ._:- (then only /v1/models lists it)."""
+    name = cfg.model.name
+    if not _MODEL_ID.fullmatch(name):
+        return f"# (none: model.name {name!r} is not a path segment of letters, digits and ._:-)"
+    return (f"location = /v1/models/{name} {{\n"
+            "    lua_socket_log_errors off;\n"
+            '    content_by_lua_block { require("zccp.handler").serve_models() }\n'
+            "}")
+
+
 def render(cfg: Config, out: Path, standalone: bool = False, prefix: Path | None = None,
            log_dir: Path | None = None) -> RenderedNginx:
     """cfg must be resolved for its run directory (zccp.runtime.resolve). log_dir: where the
@@ -94,6 +114,8 @@ def render(cfg: Config, out: Path, standalone: bool = False, prefix: Path | None
         "l1_max_entry": str(cfg.cache.l1.max_entry_kb * 1024),
         "l1_ttl_s": str(cfg.cache.l1.ttl_s),
         "out": str(out),
+        "model_location": model_location(cfg),
+        "model_log_path": f"{_model_path(cfg)} 1;" if _model_path(cfg) else "# (no /v1/models/{id} location)",
         "metrics_allow": " ".join(f"allow {a};" for a in cfg.server.metrics_allow.split()),
     }
     make_dirs(mask_state_path(cfg).parent)

@@ -32,6 +32,7 @@ local ffi_fill = ffi.fill
 local ffi_string = ffi.string
 local str_find = string.find
 local str_lower = string.lower
+local str_match = string.match
 local tonumber = tonumber
 local error = error
 local pcall = pcall
@@ -371,7 +372,7 @@ function _M.serve(api, kind)
     local body, code, err_kind, msg
     local src   -- { body = string } or { len = n, deadline = t }: see fill_slot
     if kind == "models" then
-        body = ngx_var.zccp_model_id or ""     -- GET /v1/models/{id}: the id is the payload
+        body = _M.model_id(ngx_var.uri) or ""  -- GET /v1/models/{id}: the id is the payload
     elseif body_mod.streamable(len, fingerprint.DECODE_LIMIT) then
         src = { len = len, deadline = deadline }   -- read later, straight into the slot
     else
@@ -475,6 +476,11 @@ function _M.purge_l1()
     l1.purge()
     ngx_header["Content-Type"] = "application/json"
     ngx_print('{"purged_l1":true}')
+end
+
+-- The {id} of /v1/models/{id} (letters, digits and ._:-), or nil.
+function _M.model_id(uri)
+    return str_match(uri, "^/v1/models/([A-Za-z0-9._:-]+)$")
 end
 
 -- GET /v1/models (and /v1/models/{id}): Anthropic's shape when the client says

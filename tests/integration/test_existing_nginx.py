@@ -93,6 +93,10 @@ server {{
     location /app/ {{
         proxy_pass http://127.0.0.1:{upstream};
     }}
+    # The operator's own API prefix: ZCCP's exact locations must leave the rest of it alone.
+    location /v1/ {{
+        proxy_pass http://127.0.0.1:{upstream};
+    }}
 }}
 """
 
@@ -102,7 +106,7 @@ server {{
 ZCCP_IN_SERVER = """\
     include {out}/zccp_server.conf;
     access_log {p}/logs/access.log;
-    access_log {p}/logs/zccp.log zccp_json if=$sent_http_x_zccp_context_id;
+    access_log {p}/logs/zccp.log zccp_json if=$zccp_log;
 }}
 """
 
@@ -199,6 +203,9 @@ def existing(tmp_path: Path, zccp: Stack) -> Iterator[Existing]:
     upstream_dir = tmp_path / "upstream"
     (upstream_dir / "app").mkdir(parents=True)
     (upstream_dir / "app" / "hello.txt").write_text(UPSTREAM_TEXT)
+    (upstream_dir / "v1" / "models").mkdir(parents=True)
+    (upstream_dir / "v1" / "own.txt").write_text(UPSTREAM_TEXT)
+    (upstream_dir / "v1" / "models" / "theirs").write_text(UPSTREAM_TEXT)
     up_port = free_port()
     upstream = Service("upstream", [sys.executable, "-m", "http.server", str(up_port), "--bind", "127.0.0.1",
                                     "--directory", str(upstream_dir)], tmp_path / "upstream.log")
@@ -401,10 +408,30 @@ def test_zccp_joins_an_nginx_serving_other_sites_and_reloads_under_load(existing
                      headers={"content-type": "application/json"})
         assert big.status_code == 200 and big.json()["type"] == "message", big.text
         assert len(big.request.content) == 512 * 1024
-    # ZCCP's requests in its JSON log, each with its context id; every request in access.log.
+        # nginx's L1 answers the next repeat by itself (no engine): logged all the same
+        l1 = c.post("/v1/messages", json=anthropic_body("Hello from an existing nginx", temperature=1))
+        assert l1.headers.get("x-zccp-cache-layer") == "L1", l1.headers
+        models = c.get("/v1/models/zccp-tiny")
+        assert models.status_code == 200 and models.json()["id"] == "zccp-tiny", models.text
+        zccp_answers = [m, *again, o, bad, big, l1, models]
+        # The operator's own /v1/ prefix keeps every other path, /v1/models/* included.
+        for path in ("/v1/own.txt", "/v1/models/theirs"):
+            r = c.get(path)
+            assert r.status_code == 200 and r.text == UPSTREAM_TEXT and "x-zccp-cache" not in r.headers, path
+    # ZCCP's includes add no server-wide setting: an oversized header line to the static
+    # site is nginx's own answer (400 over HTTP/1.1), not ZCCP's API-shaped 431.
+    r = httpx.get(e.url + "/", headers={"x-big": "b" * 64 * 1024}, verify=tls_client_context(), timeout=10)
+    assert r.status_code == 400 and "application/json" not in r.headers.get("content-type", ""), r.headers
+    # Every answer ZCCP gave, L1's included, is a line of its JSON log (if=$zccp_log), with
+    # its context id; the operator's requests are not.
     zlog = [json.loads(ln) for ln in (e.prefix / "logs" / "zccp.log").read_text().splitlines()]
-    assert zlog and all(x["uri"] in ("/v1/messages", "/v1/chat/completions") for x in zlog), zlog
-    assert all(re.fullmatch("[0-9a-f]{16}", x["context_id"]) for x in zlog), zlog
+    assert {x["uri"] for x in zlog} == {"/v1/messages", "/v1/chat/completions", "/v1/models/zccp-tiny"}, zlog
+    by_id = {x["request_id"]: x for x in zlog}
+    for a in zccp_answers:
+        line = by_id.get(a.headers["x-request-id"])
+        assert line is not None and line["status"] == a.status_code, (a.headers, line)
+        assert line["context_id"] == a.headers["x-zccp-context-id"] and re.fullmatch("[0-9a-f]{16}", line["context_id"])
+    assert by_id[l1.headers["x-request-id"]]["cache"] == "HIT"
     access = (e.prefix / "logs" / "access.log").read_text()
     assert '"GET /app/hello.txt HTTP/1.1" 200' in access and '"POST /v1/messages HTTP/2.0" 200' in access
     # nginx's master wrote the masks' last-good copy beside the socket (the engine reads it).
