@@ -370,9 +370,11 @@ class H2Conn:
         self.conn.reset_stream(sid)
         self.flush()
 
-    def pump(self, ack: bool = True) -> bool:
+    def pump(self, ack: bool = True, stalled: frozenset[int] = frozenset()) -> bool:
         """Reads once and records the events; ack: give the read bytes' flow-control credit
-        back (False: a client that stops reading). False when the connection closed."""
+        back (False: a client that stops reading); stalled: streams whose own window is never
+        given back (the connection's is: the other streams keep flowing). False when the
+        connection closed."""
         import h2.events as ev
 
         data = self.sock.recv(65536)
@@ -386,7 +388,9 @@ class H2Conn:
                 st["status"], st["headers"] = int(hdrs[":status"]), hdrs
             elif isinstance(e, ev.DataReceived) and st is not None:
                 st["body"] += e.data
-                if ack:
+                if e.stream_id in stalled and e.flow_controlled_length:
+                    self.conn.increment_flow_control_window(e.flow_controlled_length)   # connection only
+                elif ack:
                     self.conn.acknowledge_received_data(e.flow_controlled_length, e.stream_id)
             elif isinstance(e, ev.StreamEnded) and st is not None:
                 st["ended"] = True
