@@ -52,7 +52,8 @@ def h2load(url: str, body: Path, conc: int, seconds: float, extra: list[str]) ->
     p = subprocess.run(cmd, capture_output=True, text=True, timeout=seconds + 120)
     out = p.stdout + p.stderr
     m = re.search(r"finished in ([\d.]+)s, ([\d.]+) req/s", out)
-    req = re.search(r"requests: (\d+) total, \d+ started, (\d+) done, (\d+) succeeded, (\d+) failed, (\d+) errored", out)
+    req = re.search(r"requests: (\d+) total, \d+ started, (\d+) done, (\d+) succeeded, (\d+) failed, (\d+) errored",
+                    out)
     codes = re.search(r"status codes: (\d+) 2xx, (\d+) 3xx, (\d+) 4xx, (\d+) 5xx", out)
     lat = re.search(r"time for request:\s+([\d.]+)(us|ms|s)\s+([\d.]+)(us|ms|s)\s+([\d.]+)(us|ms|s)", out)
     proto = re.search(r"Application protocol: (\S+)", out)
@@ -63,7 +64,8 @@ def h2load(url: str, body: Path, conc: int, seconds: float, extra: list[str]) ->
         return float(v) * {"us": 0.001, "ms": 1.0, "s": 1000.0}[unit]
 
     return {"rps": float(m.group(2)), "done": int(req.group(2)), "succeeded": int(req.group(3)),
-            "failed": int(req.group(4)), "errored": int(req.group(5)), "non2xx": sum(int(codes.group(i)) for i in (2, 3, 4)),
+            "failed": int(req.group(4)), "errored": int(req.group(5)),
+            "non2xx": sum(int(codes.group(i)) for i in (2, 3, 4)),
             "mean_ms": ms(lat.group(5), lat.group(6)), "max_ms": ms(lat.group(3), lat.group(4)),
             "protocol": proto.group(1) if proto else "?", "tail": out[-800:]}
 
