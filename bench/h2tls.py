@@ -3,7 +3,8 @@
 for all three (h2load, Debian's nghttp2-client: `bash bench/setup.sh`).
 
     .venv/bin/python -m bench.h2tls [--duration 4] [--conc 16] [--variants A B D]
-        -> bench/h2tls.json, and the table for bench/RESULTS.md ("HTTP/2 and TLS") on stdout
+        -> bench/h2tls.json and bench/h2tls.md (RESULTS.md's "HTTP/2 and TLS" section)
+    .venv/bin/python -m bench.h2tls --report   # h2tls.md again from h2tls.json
 
 Short runs (the default: 1 s warm-up + 4 s measured per row, c=16, one stream per
 connection so HTTP/1.1 and HTTP/2 carry the same concurrency); every variant is started
@@ -90,11 +91,17 @@ def main(argv: list[str] | None = None) -> None:
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--duration", type=float, default=4.0)
     ap.add_argument("--conc", type=int, default=16)
+    ap.add_argument("--repeats", type=int, default=2, help="measured runs per row, back to back")
     ap.add_argument("--variants", nargs="+", default=["A", "B", "D"])
     ap.add_argument("--b-workers", type=int, default=2)
     ap.add_argument("--slots", type=int, default=96)
     ap.add_argument("--out", type=Path, default=BENCH / "h2tls.json")
+    ap.add_argument("--report", action="store_true", help="only write h2tls.md from --out")
     args = ap.parse_args(argv)
+    md = args.out.with_suffix(".md")
+    if args.report:
+        md.write_text(report(json.loads(args.out.read_text())))
+        return
 
     run_dir = Path(tempfile.mkdtemp(prefix="zccp-bench-h2tls-"))
     tls = certificate(run_dir)
@@ -105,7 +112,7 @@ def main(argv: list[str] | None = None) -> None:
         files[wl] = f
     reply = canned_reply(NULL["model_name"])
     results: dict = {"machine": machine_info(), "commit": commit_info(), "conc": args.conc,
-                     "duration_s": args.duration, "rows": []}
+                     "duration_s": args.duration, "repeats": args.repeats, "rows": []}
     starters = {
         "A": lambda d, t: start_a(d, NULL, reply, t),
         "B": lambda d, t: start_b(d, NULL, args.b_workers, t),
@@ -125,27 +132,83 @@ def main(argv: list[str] | None = None) -> None:
                         for proto, (needs_tls, h2args) in PROTOCOLS.items():
                             if needs_tls != secure:
                                 continue
-                            v.wait_drained()
-                            r = measured(v, f, args.conc, args.duration, h2args + extra)
-                            r.update(variant=label, workload=wl, proto=proto)
-                            results["rows"].append(r)
-                            log(f"{label:10s} {wl:5s} {proto:13s} {r['rps']:9.1f} req/s  mean {r['mean_ms']:8.2f} ms  "
-                                f"server CPU {r['server_cpu_ms_per_req']:.3f} ms/req  failed {r['failed']} "
-                                f"non-2xx {r['non2xx']}  ({r['protocol']})")
-                            args.out.write_text(json.dumps(results, indent=1))
+                            for n in range(args.repeats):
+                                v.wait_drained()
+                                r = measured(v, f, args.conc, args.duration, h2args + extra)
+                                r.update(variant=label, workload=wl, proto=proto, rep=n + 1)
+                                results["rows"].append(r)
+                                log(f"{label:10s} {wl:5s} {proto:13s} {r['rps']:9.1f} req/s  "
+                                    f"mean {r['mean_ms']:8.2f} ms  server CPU {r['server_cpu_ms_per_req']:.3f} ms/req"
+                                    f"  failed {r['failed']} non-2xx {r['non2xx']}  ({r['protocol']})")
+                                args.out.write_text(json.dumps(results, indent=1))
             finally:
                 v.stop()
-    print(table(results))
+    md.write_text(report(results))
+    print(md.read_text())
 
 
-def table(results: dict) -> str:
-    rows = results["rows"]
-    out = ["| variant | body | protocol | req/s | mean ms | server CPU ms/req | failed + non-2xx |",
-           "|---|---|---|---:|---:|---:|---:|"]
+ORDER = {p: i for i, p in enumerate(PROTOCOLS)}
+WL_ORDER = {w: i for i, w in enumerate(SIZES)}
+
+
+def _mean(rows: list[dict], k: str) -> float:
+    return sum(r[k] for r in rows) / len(rows)
+
+
+def report(results: dict) -> str:
+    """bench/h2tls.md: method, the rows, and what TLS and HTTP/2 cost per row."""
+    rows = sorted(results["rows"], key=lambda r: (r["variant"], WL_ORDER[r["workload"]], ORDER[r["proto"]],
+                                                  r.get("rep", 1)))
+    m, c = results["machine"], results["commit"]
+    out = [
+        "Method: `.venv/bin/python -m bench.h2tls` (bench/h2tls.py): h2load "
+        f"(nghttp2 1.52), c={results['conc']} connections, one stream each (`-m 1`), 1 s warm-up, "
+        f"{results['duration_s']:g} s measured per run, {results.get('repeats', 1)} run(s) per row back to back; "
+        "the same limits as the tables "
+        "above (null model, 600 KiB bodies in memory, 3 MiB slots). Each variant runs twice: in clear "
+        "(HTTP/1.1 rows) and with an HTTPS + HTTP/2 listener (`listen … ssl http2`, a self-signed EC "
+        "P-256 certificate, TLS 1.3 chosen by both ends, session cache; HTTP/1.1 over TLS with `--h1`). "
+        "D answers a repeated body from nginx's L1 (the hit path), D-nocache sends `Cache-Control: "
+        "no-cache, no-store` (the engine on every request: the miss path). Over HTTP/2, D's 512 KiB "
+        "bodies go through nginx's in-memory body buffer and one copy into the slot (zccp.body); over "
+        "HTTP/1.1 they stream from the socket into the slot. Server CPU = utime+stime of every process "
+        "of the variant (nginx, engine, redis, uvicorn) per request, from /proc; h2load itself runs on "
+        "the same 2 cores.",
+        "",
+        f"Machine: {m['cpu']}, {m['cores']} cores, shared with other sessions' test runs (load average at "
+        f"start {' '.join(m['loadavg_start'])}; the busy-cores column is the whole machine's, others "
+        f"included): short single runs, so differences under ~20 % are within the noise. Code: "
+        f"tree digest {c.get('tree_digest', '?')} (bench.run's digest of engine/, lua/, nginx/, shm_abi/).",
+        "",
+        "| variant | body | protocol | run | req/s | mean ms | server CPU ms/req | failed + non-2xx "
+        "| machine busy cores |",
+        "|---|---|---|---:|---:|---:|---:|---:|---:|",
+    ]
     for r in rows:
-        out.append(f"| {r['variant']} | {r['workload']} | {r['proto']} | {r['rps']:,.0f} | {r['mean_ms']:.2f} | "
-                   f"{r['server_cpu_ms_per_req']:.3f} | {r['failed'] + r['non2xx']} |")
-    return "\n".join(out)
+        out.append(f"| {r['variant']} | {r['workload']} | {r['proto']} | {r.get('rep', 1)} | {r['rps']:,.0f} | "
+                   f"{r['mean_ms']:.2f} | "
+                   f"{r['server_cpu_ms_per_req']:.3f} | {r['failed'] + r['non2xx']} | "
+                   f"{r['machine_busy_cores']:.2f} |")
+    out += ["", "What each step costs (ratios of the rows' means: TLS = HTTP/1.1+TLS vs clear HTTP/1.1; "
+            "HTTP/2 = h2+TLS vs HTTP/1.1+TLS):", "",
+            "| variant | body | TLS: req/s | TLS: server CPU/req | HTTP/2: req/s | HTTP/2: server CPU/req |",
+            "|---|---|---:|---:|---:|---:|"]
+    groups: dict[tuple[str, str, str], list[dict]] = {}
+    for r in rows:
+        groups.setdefault((r["variant"], r["workload"], r["proto"]), []).append(r)
+    by = {k: {"rps": _mean(g, "rps"), "server_cpu_ms_per_req": _mean(g, "server_cpu_ms_per_req")}
+          for k, g in groups.items()}
+    for v, wl in dict.fromkeys((r["variant"], r["workload"]) for r in rows):
+        h1, t1, h2 = (by.get((v, wl, p)) for p in PROTOCOLS)
+        if not (h1 and t1 and h2):
+            continue
+
+        def ratio(a: dict, b: dict, k: str) -> str:
+            return f"{a[k] / b[k]:.2f}×" if b[k] else "-"
+
+        out.append(f"| {v} | {wl} | {ratio(t1, h1, 'rps')} | {ratio(t1, h1, 'server_cpu_ms_per_req')} | "
+                   f"{ratio(h2, t1, 'rps')} | {ratio(h2, t1, 'server_cpu_ms_per_req')} |")
+    return "\n".join(out) + "\n"
 
 
 if __name__ == "__main__":
