@@ -2,17 +2,19 @@
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-# The tests test this checkout, whatever `pip install -e` last pointed at.
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "engine"))
+from tests.support.checkout import require_this_checkout
+from tests.support.harness import Stack, remove_socket_dirs
+from tests.support.protocols import PROTOCOLS, both_protocols
+from tests.support.hf_checkpoint import HF_MODEL, build_checkpoint
 
-from harness import Stack, remove_socket_dirs  # noqa: E402
+# The tests test this checkout, whatever `pip install -e` last pointed at: pyproject's
+# [tool.pytest.ini_options] pythonpath puts this checkout's root and engine/ first.
+require_this_checkout()
 
 
 @pytest.fixture(scope="session", autouse=True)
@@ -62,27 +64,10 @@ def null_stack_h2(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
         s.stop()
 
 
-# The two ways a client reaches ZCCP: plain HTTP/1.1, and HTTP/2 over TLS (ALPN h2).
-PROTOCOLS = ["http1", "h2tls"]
-
-
 @pytest.fixture(params=PROTOCOLS)
 def protocol(request: pytest.FixtureRequest) -> str:
-    """For a module to run its tests over both protocols: a module overrides `stack`
-    or `null_stack` with `both_protocols("null_stack")` (below)."""
+    """"http1" or "h2tls" (tests/support/protocols.py): a test that takes it runs over both."""
     return request.param
-
-
-def both_protocols(name: str, alias: str | None = None):
-    """A fixture named `alias` (default `name`, overriding it) that is the session stack
-    `<name>_http1` or its HTTP/2 + TLS twin `<name>_h2`, by the `protocol` parameter.
-    In a test module: `null_stack = both_protocols("null_stack")`."""
-
-    @pytest.fixture(name=alias or name)
-    def over(protocol: str, request: pytest.FixtureRequest) -> Stack:
-        return request.getfixturevalue(name + ("_h2" if protocol == "h2tls" else "_http1"))
-
-    return over
 
 
 # For single tests: `def test_x(null_stack_any)` runs over HTTP/1.1 and over HTTP/2 + TLS.
@@ -120,14 +105,9 @@ def make_stack(tmp_path: Path) -> Iterator:
             s.stop()
 
 
-HF_MODEL = "zccp-hf-test"
-
-
 @pytest.fixture(scope="session")
 def hf_checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A small Llama checkpoint + byte-level BPE tokenizer, made on the fly (tests/hf_checkpoint.py)."""
-    from hf_checkpoint import build_checkpoint
-
+    """A small Llama checkpoint + byte-level BPE tokenizer, made on the fly (tests/support/hf_checkpoint.py)."""
     return build_checkpoint(tmp_path_factory.mktemp("hf") / "checkpoint")
 
 
@@ -145,7 +125,7 @@ def hf_stack(tmp_path_factory: pytest.TempPathFactory, hf_checkpoint: Path) -> I
 @pytest.fixture(scope="module")
 def claude(sdk_stack: Stack):
     """The anthropic SDK pointed at the module's `sdk_stack` fixture."""
-    from harness import sdk_clients
+    from tests.support.harness import sdk_clients
 
     return sdk_clients(sdk_stack)[0]
 
@@ -153,6 +133,6 @@ def claude(sdk_stack: Stack):
 @pytest.fixture(scope="module")
 def oai(sdk_stack: Stack):
     """The openai SDK pointed at the module's `sdk_stack` fixture."""
-    from harness import sdk_clients
+    from tests.support.harness import sdk_clients
 
     return sdk_clients(sdk_stack)[1]

@@ -9,7 +9,7 @@ import sys
 import urllib.error
 
 from zccp.config import load_config
-from zccp.stack import engine_ping, local_urlopen
+from zccp.ops.stack import engine_ping, local_urlopen
 
 cfg = load_config(os.environ.get("ZCCP_CONFIG", "/etc/zccp/config.yaml"))
 what = sys.argv[1] if len(sys.argv) > 1 else ""

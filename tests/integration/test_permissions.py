@@ -17,10 +17,10 @@ from pathlib import Path
 import httpx
 import pytest
 
-from harness import REPO, Stack, anthropic_body
+from tests.support.harness import REPO, Stack, anthropic_body
+from zccp.ops.stack import Service, nginx_service, redis_service, reload_masks, wait_for_engine
 from zccp.paths import lua_file
 from zccp.runtime import log_dir
-from zccp.stack import Service, nginx_service, redis_service, reload_masks, wait_for_engine
 
 
 def _mode(path: Path) -> int:
@@ -101,7 +101,7 @@ def test_an_engine_of_its_own_user_keeps_its_hits_after_a_mask_reload(mode):
     try:
         s.redis = redis_service(s.cfg.cache.redis_url, s.run_dir)
         env = dict(os.environ, HOME=str(base), PYTHONPATH=str(REPO / "engine"))
-        s.engine = Service("engine", [*as_user, sys.executable, "-m", "zccp.cli", "engine",
+        s.engine = Service("engine", [*as_user, sys.executable, "-m", "zccp.ops.cli", "engine",
                                       "--config", str(s.config_path), "--run-dir", str(s.run_dir)],
                            log_dir(s.run_dir) / "engine.log", env=env)
         s.engine.start()

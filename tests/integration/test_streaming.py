@@ -7,8 +7,8 @@ import json
 import httpx
 import pytest
 
-from conftest import both_protocols
-from harness import anthropic_body
+from tests.support.harness import anthropic_body
+from tests.support.protocols import both_protocols
 
 # SSE over HTTP/1.1 (chunked) and over HTTP/2 + TLS (DATA frames): the same events.
 null_stack = both_protocols("null_stack")
