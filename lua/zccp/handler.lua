@@ -544,7 +544,13 @@ end
 -- GET /v1/models (and /v1/models/{id}): Anthropic's shape when the client says
 -- anthropic-version (the Anthropic SDK always does), OpenAI's otherwise.
 function _M.serve_models()
-    return _M.serve(ngx_var.http_anthropic_version and "anthropic" or "openai", "models")
+    local api = ngx_var.http_anthropic_version and "anthropic" or "openai"
+    local uri = ngx_var.uri
+    if uri ~= "/v1/models" and not _M.model_id(uri) then   -- the standalone's prefix location
+        ngx_header["X-Request-ID"] = ngx_var.zccp_request_id
+        return errors.send(api, 404, "not_found_error", "no model path " .. uri .. "; use /v1/models/{id}")
+    end
+    return _M.serve(api, "models")
 end
 
 return _M

@@ -164,3 +164,18 @@ def test_a_request_that_bypasses_the_cache_is_not_fingerprinted(null_stack):
     assert not flags_for(dumps(anthropic_body("bypass a")), "no-cache, no-store") & Flag.FP_VALID
     assert flags_for(dumps(anthropic_body("bypass b")), "no-cache") & Flag.FP_VALID
     assert flags_for(dumps(anthropic_body("bypass c")), None) & Flag.FP_VALID
+
+
+def test_the_models_endpoints(null_stack_any):
+    s = null_stack_any
+    c = s.client()
+    name = s.cfg.model.name
+    listed = c.get("/v1/models")
+    assert listed.status_code == 200 and [m["id"] for m in listed.json()["data"]] == [name], listed.text
+    one = c.get(f"/v1/models/{name}")        # the includes' exact location
+    assert one.status_code == 200 and one.json()["id"] == name, one.text
+    for other in ("/v1/models/no-such-model", "/v1/models/bad!id"):   # the standalone's prefix location
+        r = c.get(other)
+        err = r.json()["error"]
+        assert r.status_code == 404 and err["type"] in ("not_found_error", "invalid_request_error"), r.text
+    s.assert_no_leaks()
