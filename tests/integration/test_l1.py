@@ -88,8 +88,7 @@ def unique(api: str, text: str) -> tuple[str, list[str]]:
     ("openai", {}), ("openai", {"stream": True}),
     ("openai", {"stream": True, "stream_options": {"include_usage": True}}),
 ])
-def test_an_l1_hit_is_the_engines_replay_with_a_fresh_id_and_created(lstack_any, api, extra):
-    lstack = lstack_any
+def test_an_l1_hit_is_the_engines_replay_with_a_fresh_id_and_created(lstack, api, extra):
     body = req(api, [{"role": "user", "content": "What is the capital of France?"}], **extra)
     l2, l1 = to_l1(lstack, api, body)
     t0 = int(time.time())
@@ -115,6 +114,19 @@ def test_an_l1_hit_is_the_engines_replay_with_a_fresh_id_and_created(lstack_any,
         else:
             other["stream_options"] = {"include_usage": True}
         assert layer(post(lstack, api, other)) == "HIT/L2"
+
+
+def test_l1_answers_over_http2_like_over_http1(make_stack):
+    """The same L1 path over HTTP/2 + TLS (one stack for both APIs, streamed and not; the
+    other L1 tests run over HTTP/1.1, and the large-body one over both)."""
+    s = make_stack({"model": NULL, "cache": {"ttl_s": 600}}, with_redis=True, tls=True)
+    for api, extra in (("anthropic", {"stream": True}), ("openai", {})):
+        body = req(api, [{"role": "user", "content": f"Over HTTP/2, {api}"}], **extra)
+        l2, l1 = to_l1(s, api, body)
+        assert l1.http_version == "HTTP/2"
+        assert unique(api, l2.text)[0] == unique(api, l1.text)[0]
+        assert l1.headers["x-zccp-context-id"] == l2.headers["x-zccp-context-id"]
+    s.assert_no_leaks()
 
 
 def test_other_bytes_of_the_same_request_hit_by_the_exact_key_masked_ones_do_not(lstack):
