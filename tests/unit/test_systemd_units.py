@@ -65,10 +65,11 @@ def test_sysusers_creates_zccp_and_puts_www_data_in_its_group(tmp_path: Path) ->
     assert "www-data" in groups["zccp"][3].split(",")       # nginx's workers may open the arena
 
 
-@pytest.mark.skipif(not shutil.which("systemd-sysusers"), reason="systemd-sysusers not installed")
 def test_the_documented_sysusers_step_works_where_etc_sysusers_d_is_missing(tmp_path: Path) -> None:
     """docs/existing-nginx.md step 3 on a root like Debian 12's (no /etc/sysusers.d): the
     `install -D` there creates the directory, and a plain `systemd-sysusers` reads it."""
+    sysusers = shutil.which("systemd-sysusers")
+    assert sysusers, "systemd-sysusers not installed: run scripts/setup.sh (systemd)"
     (tmp_path / "etc").mkdir()
     (tmp_path / "etc/passwd").write_text("root:x:0:0:root:/root:/bin/sh\n"
                                          "www-data:x:33:33::/var/www:/usr/sbin/nologin\n")
@@ -80,8 +81,7 @@ def test_the_documented_sysusers_step_works_where_etc_sysusers_d_is_missing(tmp_
     assert args[:2] == ["install", "-D"] and args[-1] == "/etc/sysusers.d/zccp.conf", step
     subprocess.run([*args[:-2], str(ROOT / "deploy/systemd/zccp.sysusers.conf"), str(tmp_path) + args[-1]],
                    check=True, timeout=60)
-    r = subprocess.run([shutil.which("systemd-sysusers"), f"--root={tmp_path}"], capture_output=True, text=True,
-                       timeout=60)
+    r = subprocess.run([sysusers, f"--root={tmp_path}"], capture_output=True, text=True, timeout=60)
     assert r.returncode == 0, r.stderr
     assert any(ln.startswith("zccp:") for ln in (tmp_path / "etc/passwd").read_text().splitlines())
     zccp = next(ln for ln in (tmp_path / "etc/group").read_text().splitlines() if ln.startswith("zccp:"))
