@@ -31,3 +31,21 @@ def test_a_stream_that_stops_reading_does_not_hold_up_its_connection(make_stack)
     finally:
         conn.close()
     s.assert_no_leaks(timeout=30)   # the stalled stream's slot comes back once its connection is gone
+
+
+def test_a_stream_reset_mid_answer_frees_its_slot_and_spares_the_connection(make_stack):
+    slow = {"backend": "null", "null_token_delay_ms": 20, "null_reply": "tick " * 200}
+    s = make_stack({"model": slow}, tls=True)
+    conn = H2Conn(s)
+    try:
+        sid = conn.request("/v1/messages", dumps(anthropic_body("long", max_tokens=1000, stream=True)))
+        while b"content_block_delta" not in conn.streams[sid]["body"]:
+            assert conn.pump()
+        assert int(s.health()["slots_claimed"]) == 1
+        conn.reset(sid)                                     # the client aborts this answer only
+        s.assert_no_leaks(timeout=10)
+        other = conn.request("/v1/messages", dumps(anthropic_body("after the reset", max_tokens=4)))
+        st = conn.response(other)
+        assert st["status"] == 200 and json.loads(st["body"])["type"] == "message", st
+    finally:
+        conn.close()
