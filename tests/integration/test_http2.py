@@ -13,7 +13,7 @@ REPLY = "".join(f"{i:05d} " for i in range(20000))   # 120 KB: more than a strea
 
 def test_a_stream_that_stops_reading_does_not_hold_up_its_connection(make_stack):
     s = make_stack({"model": {"backend": "null", "null_reply": REPLY, "max_context": 200000},
-                    "limits": {"max_tokens_cap": 200000}}, tls=True)
+                    "limits": {"max_tokens_cap": 200000, "request_timeout_ms": 5000}}, tls=True)
     conn = H2Conn(s)
     try:
         stalled = conn.request("/v1/messages", dumps(anthropic_body("big", max_tokens=len(REPLY), stream=True)))
@@ -30,7 +30,10 @@ def test_a_stream_that_stops_reading_does_not_hold_up_its_connection(make_stack)
         assert len(conn.streams[stalled]["body"]) < len(REPLY)
     finally:
         conn.close()
-    s.assert_no_leaks(timeout=30)   # the stalled stream's slot comes back once its connection is gone
+    # The stalled stream's slot comes back by its request deadline at the latest: today nginx
+    # does not wake the relay blocked on that stream's window when the connection goes (it
+    # waits out request_timeout_ms; measured: 22 s at 20 s), the stalled-reader issue's to shorten.
+    s.assert_no_leaks(timeout=15)
 
 
 def test_a_stream_reset_mid_answer_frees_its_slot_and_spares_the_connection(make_stack):
