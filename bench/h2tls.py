@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import json
 import re
+import shutil
 import subprocess
 import tempfile
 import time
@@ -104,6 +105,13 @@ def main(argv: list[str] | None = None) -> None:
         return
 
     run_dir = Path(tempfile.mkdtemp(prefix="zccp-bench-h2tls-"))
+    try:
+        run(args, run_dir, md)
+    finally:
+        shutil.rmtree(run_dir, ignore_errors=True)
+
+
+def run(args: argparse.Namespace, run_dir: Path, md: Path) -> None:
     tls = certificate(run_dir)
     files = {}
     for wl, size in SIZES.items():
