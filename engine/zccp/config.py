@@ -67,9 +67,9 @@ class CacheConfig:
     # An identical request (same exact key) arriving while the first is generated waits
     # for it up to this long, then runs on its own; 0: never wait (zccp.cache.inflight).
     coalesce_wait_ms: int = 30000
-    # Who may be served whose answers: "tenant" (exact unmasked hits shared, masked and
-    # near hits only within the tenant), "isolated" (nothing crosses tenants) or "global".
-    scope: Literal["tenant", "isolated", "global"] = "tenant"
+    # Who may be served whose answers: "tenant" (nothing crosses tenants; "isolated" is the
+    # same), opt-in sharing: "shared_exact" (exact unmasked hits shared) or "global" (all).
+    scope: Literal["tenant", "isolated", "shared_exact", "global"] = "tenant"
     # Where the tenant comes from: the API key (x-api-key or Authorization: Bearer), the
     # end user the body names (metadata.user_id / user), or the header tenant_header.
     tenant_source: Literal["api_key", "user", "header"] = "api_key"

@@ -118,8 +118,8 @@ def test_masked_values_never_cross_tenants(nstack, api):
     assert cache_of(s, api, bob, authorization="Bearer key-ann") == "HIT"   # the same key, as a bearer token
 
 
-def test_near_hits_never_cross_tenants_but_exact_unmasked_ones_do(nstack):
-    s = nstack
+def test_near_hits_never_cross_tenants_but_exact_unmasked_ones_may(make_stack):
+    s = make_stack({"model": NULL, "cache": {"scope": "shared_exact"}}, with_redis=True)   # opt-in
     stored(s, "anthropic", req("anthropic", CHAT), x_api_key="key-a")
     assert cache_of(s, "anthropic", req("anthropic", CHAT), x_api_key="key-b") == "HIT"     # exact, unmasked
     # whitespace variants of the final turn: the same shingles, a certain near-duplicate
@@ -194,6 +194,7 @@ BOB = "Write a short reminder to bob@south.org about the unpaid invoice 98765432
 
 
 def test_masked_literal_guard_refuses_an_answer_carrying_the_other_users_address(make_stack):
+    # within one tenant (the anonymous one here): the guard is what keeps ann's values from bob
     s = make_stack({"model": dict(NULL, null_reply="Dear ann@north.com, invoice 123456789 is still unpaid.")},
                    with_redis=True)
     ann, bob = req("anthropic", [{"role": "user", "content": ANN}]), req("anthropic", [{"role": "user", "content": BOB}])
@@ -250,10 +251,10 @@ def test_what_nginx_may_keep(make_stack):
         return _meta_of(s, body)
 
     plain = req("anthropic", [{"role": "user", "content": "A plain question with nothing masked"}])
-    assert send(plain)[1:3] == (600, 0)                  # MISS stored unmasked: any caller, full TTL
+    assert send(plain)[1:3] == (600, 1)                  # MISS stored: the tenant's (the default scope), full TTL
     time.sleep(0.2)
     status, ttl, scope, _ = send(plain)
-    assert status == 1 and 590 <= ttl <= 600 and scope == 0
+    assert status == 1 and 590 <= ttl <= 600 and scope == 1
     masked = req("anthropic", [{"role": "user", "content": "Order #123456789 status?"}])
     assert send(masked, **{"x-api-key": "k"})[1:3] == (600, 1)   # masked, no masked value in the text: tenant
     carrying = req("anthropic", [{"role": "user", "content": "Mail ann@north.com now"}])

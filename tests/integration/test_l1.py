@@ -152,9 +152,18 @@ def test_l1_never_serves_across_tenants(lstack):
     assert layer(post(s, "anthropic", masked, x_api_key="tenant-b")) == "MISS/-"
     assert layer(post(s, "anthropic", masked)) == "MISS/-"                        # anonymous
     assert layer(post(s, "anthropic", masked, x_api_key="tenant-a")) == "HIT/L1"
-    # unmasked: shared by every tenant in the engine (cache_scope 0), so in L1 too
+    # unmasked: the tenant's too under the default scope
     plain = req("anthropic", [{"role": "user", "content": "A plain question"}])
     to_l1(s, "anthropic", plain, x_api_key="tenant-a")
+    assert layer(post(s, "anthropic", plain, x_api_key="tenant-b")) == "MISS/-"
+
+
+def test_l1_shares_what_the_engine_shares(make_stack):
+    # shared_exact (opt-in): an unmasked answer is every tenant's (cache_scope 0), in L1 too
+    s = make_stack({"model": NULL, "cache": {"scope": "shared_exact"}}, with_redis=True)
+    plain = req("anthropic", [{"role": "user", "content": "A plain question"}])
+    assert layer(post(s, "anthropic", plain, x_api_key="tenant-a")) == "MISS/-"
+    assert eventually(s, "anthropic", plain, x_api_key="tenant-a") == "HIT"    # the replay nginx keeps
     assert layer(post(s, "anthropic", plain, x_api_key="tenant-b")) == "HIT/L1"
 
 
