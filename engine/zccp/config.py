@@ -129,6 +129,22 @@ class LoggingConfig:
 
 
 @dataclass(frozen=True)
+class AuthConfig:
+    """API keys, checked by nginx (lua/zccp/auth.lua; docs/keys.md)."""
+    # off: every caller is served and the tenant comes from cache.tenant_source (anyone who
+    # can reach the listener is served); keys (or on): a key `zccp-keys` made is required
+    mode: Literal["off", "on", "keys"] = "off"
+    redis_url: str | None = None             # where the key records live; None: cache.redis_url
+    cache_ttl_s: int = 5                     # a verified key is re-read after this: the revocation bound
+    negative_ttl_s: int = 2                  # an unknown key is asked again after this
+    timeout_ms: int = 200                    # nginx's Redis calls for keys
+
+    @property
+    def on(self) -> bool:
+        return self.mode != "off"
+
+
+@dataclass(frozen=True)
 class Config:
     server: ServerConfig = field(default_factory=ServerConfig)
     gpu: GpuConfig = field(default_factory=GpuConfig)
@@ -137,6 +153,7 @@ class Config:
     model: ModelConfig = field(default_factory=ModelConfig)
     limits: LimitsConfig = field(default_factory=LimitsConfig)
     logging: LoggingConfig = field(default_factory=LoggingConfig)
+    auth: AuthConfig = field(default_factory=AuthConfig)
     path: str = "<defaults>"                 # where it was loaded from (not a YAML key)
 
 
@@ -177,6 +194,9 @@ _RANGES: dict[tuple[str, str], tuple[float, float]] = {
     ("limits", "max_tokens_cap"): (1, 1 << 20),
     ("limits", "default_max_tokens"): (1, 1 << 20),
     ("limits", "request_timeout_ms"): (100, 3_600_000),
+    ("auth", "cache_ttl_s"): (1, 3600),
+    ("auth", "negative_ttl_s"): (1, 3600),
+    ("auth", "timeout_ms"): (1, 60_000),
 }
 
 
@@ -289,11 +309,24 @@ def _check_consistency(cfg: Config, given: frozenset[str] = frozenset()) -> None
         if not re.fullmatch(r"[A-Za-z0-9-]{1,64}", cache.tenant_header):
             raise ConfigError(f"{cfg.path}: cache.tenant_header: {cache.tenant_header!r} is not a header name "
                               f"(letters, digits and '-')")
+    if cfg.auth.on:
+        try:
+            t = parse_redis_url(auth_redis_url(cfg))
+        except ValueError as exc:
+            raise ConfigError(f"{cfg.path}: auth.redis_url: {exc}") from None
+        if t.tls or t.topology == "sentinel":
+            raise ConfigError(f"{cfg.path}: auth.redis_url: nginx reads keys over redis://, unix:// or "
+                              "redis+cluster:// only (no TLS, no Sentinel): name one in auth.redis_url")
     if cfg.model.d_model % cfg.model.n_heads or (cfg.model.d_model // cfg.model.n_heads) % 2:
         raise ConfigError(f"{cfg.path}: model.d_model: must split into n_heads heads of even size")
     if cfg.model.backend == "hf" and cfg.model.path is None:
         raise ConfigError(f"{cfg.path}: model.path: required when model.backend is 'hf' "
                           "(a local checkpoint directory)")
+
+
+def auth_redis_url(cfg: Config) -> str:
+    """The Redis the key records and the limits' counters live in."""
+    return cfg.auth.redis_url or cfg.cache.redis_url
 
 
 def check_model_files(cfg: Config) -> None:

@@ -7,7 +7,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from zccp.abi import HEADER_PATH
-from zccp.config import Config, mask_state_path
+from zccp.cache.redis_target import parse_redis_url
+from zccp.config import Config, auth_redis_url, mask_state_path
 from zccp.paths import lua_dir, lua_file, make_dirs, nginx_template
 from zccp.runtime import worker_user
 
@@ -42,6 +43,39 @@ def _safe(value: str, what: str) -> str:
     return value
 
 
+def _lua_str(value: str, what: str) -> str:
+    return '"' + _safe(value, what) + '"'
+
+
+def _auth_settings(cfg: Config) -> str:
+    """auth = {...} for init_by_lua (zccp.auth, zccp.redis): where the keys live."""
+    a = cfg.auth
+    if not a.on:
+        return '{ mode = "off" }'
+    from urllib.parse import unquote, urlsplit
+
+    t = parse_redis_url(auth_redis_url(cfg))
+    parts = [f"timeout_ms = {a.timeout_ms}", f"db = {t.db}"]
+    if t.topology == "cluster":
+        host, port = t.nodes[0]
+        parts += [f"host = {_lua_str(host, 'auth redis host')}", f"port = {port}", "cluster = true"]
+        user, password = t.username, t.password
+    else:
+        u = urlsplit(t.url)
+        if u.scheme == "unix":
+            parts.append(f"path = {_lua_str(u.path, 'auth redis socket')}")
+        else:
+            parts += [f"host = {_lua_str(u.hostname or '127.0.0.1', 'auth redis host')}", f"port = {u.port or 6379}"]
+        user = unquote(u.username) if u.username else None
+        password = unquote(u.password) if u.password else None
+    if password:
+        parts.append(f"password = {_lua_str(password, 'auth redis password')}")
+        if user:
+            parts.append(f"username = {_lua_str(user, 'auth redis user')}")
+    return (f'{{ mode = "keys", cache_ttl_s = {a.cache_ttl_s}, negative_ttl_s = {a.negative_ttl_s}, '
+            f'redis = {{ {", ".join(parts)} }} }}')
+
+
 def render(cfg: Config, out: Path, standalone: bool = False, prefix: Path | None = None,
            log_dir: Path | None = None) -> RenderedNginx:
     """cfg must be resolved for its run directory (zccp.runtime.resolve). log_dir: where the
@@ -70,6 +104,7 @@ def render(cfg: Config, out: Path, standalone: bool = False, prefix: Path | None
         "l1_max_entry": str(cfg.cache.l1.max_entry_kb * 1024),
         "l1_ttl_s": str(cfg.cache.l1.ttl_s),
         "out": str(out),
+        "auth": _auth_settings(cfg),
         "metrics_allow": " ".join(f"allow {a};" for a in cfg.server.metrics_allow.split()),
     }
     make_dirs(mask_state_path(cfg).parent)

@@ -17,6 +17,7 @@ local tenant = require "zccp.tenant"
 local masks = require "zccp.masks"
 local body_mod = require "zccp.body"
 local l1 = require "zccp.l1"
+local auth = require "zccp.auth"
 
 local ngx = ngx
 local ngx_var = ngx.var
@@ -364,6 +365,11 @@ function _M.serve(api, kind)
             "request body of " .. len .. " bytes exceeds the limit of " .. s.max_body .. " bytes")
     end
 
+    local who = admin and auth.OFF or auth.admit(api)   -- the API key (zccp.auth): 401 before the body
+    if not who then
+        return
+    end
+
     local state = { aborted = false, request_id = rid }
     ngx.on_abort(function() state.aborted = true end)
 
@@ -372,7 +378,7 @@ function _M.serve(api, kind)
     local src   -- { body = string } or { len = n, deadline = t }: see fill_slot
     if kind == "models" then
         body = ngx_var.zccp_model_id or ""     -- GET /v1/models/{id}: the id is the payload
-    elseif body_mod.streamable(len, fingerprint.DECODE_LIMIT) then
+    elseif body_mod.streamable(len, fingerprint.DECODE_LIMIT) and not auth.wants_body(who) then
         src = { len = len, deadline = deadline }   -- read later, straight into the slot
     else
         body, code, err_kind, msg = body_mod.read(s.max_body)
@@ -381,6 +387,9 @@ function _M.serve(api, kind)
         end
     end
     src = src or { body = body }
+    if kind ~= "models" and not auth.allow_model(who, api, body) then   -- before L1: a 404 is a 404
+        return
+    end
     local body_len = body and #body or len
     local flags = kind and 0 or cache_flags()
     if api == "openai" then

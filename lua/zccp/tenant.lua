@@ -42,8 +42,13 @@ function _M.api_key()
     return auth and str_match(auth, "^[Bb][Ee][Aa][Rr][Ee][Rr]%s+(%S+)%s*$")
 end
 
--- fp: the request's fingerprint (zccp.fingerprint.compute), or nil.
+-- fp: the request's fingerprint (zccp.fingerprint.compute), or nil. With keys on
+-- (zccp.auth) the tenant is the verified key's, whatever cache.tenant_source says.
 function _M.digest(fp)
+    local verified = ngx.ctx.zccp_tenant
+    if verified then
+        return verified
+    end
     local v = source_value(settings.get(), fp)
     if not v or v == "" then
         return nil
