@@ -3,7 +3,12 @@ shared by the cache tests; and the conversations they send."""
 
 from __future__ import annotations
 
+import os
 import time
+from pathlib import Path
+
+# For a subprocess of this worktree's tools (python -m zccp.cli ...): its engine/, not the venv's install.
+ENGINE_ENV = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1] / "engine")}
 
 PATHS = {"anthropic": "/v1/messages", "openai": "/v1/chat/completions"}
 MODEL = "zccp-tiny"
@@ -38,7 +43,7 @@ def eventually(s, api, body, **headers) -> str:
 
 def metric(s, name: str, **labels) -> float:
     want = ",".join(f'{k}="{v}"' for k, v in sorted(labels.items()))
-    for line in s.client().get("/metrics").text.splitlines():
+    for line in s.admin_client().get("/metrics").text.splitlines():
         if line.startswith(f"{name}{{{want}}} "):
             return float(line.rsplit(" ", 1)[1])
     return 0.0

@@ -32,9 +32,16 @@ class ServerConfig:
     connect_timeout_ms: int = 500            # nginx -> engine doorbell connect
     doorbell_pool_size: int = 64             # keepalive cosockets per nginx worker
     user: str | None = None                  # nginx workers' user when started as root (None: www-data)
-    # Who may GET /metrics: nginx `allow` arguments (addresses, CIDRs, "unix:", "all"), space
-    # separated; everyone else gets 403. Loopback and unix-socket clients by default.
+    # Who may GET /metrics on the admin listener: nginx `allow` arguments (addresses, CIDRs,
+    # "unix:", "all"), space separated; everyone else gets 403.
     metrics_allow: str = "127.0.0.1 ::1 unix:"
+    # The admin listener (purge, warmup, L1 purge, keys, /metrics; docs/keys.md): a unix
+    # socket ("unix:/path") or an address; None: unix:<socket dir>/admin.sock. The public
+    # listener never serves those paths.
+    admin_listen: str | None = None
+    # A file holding the admin token (Authorization: Bearer <token> on the admin listener).
+    # Required when admin_listen is an address; optional on a unix socket (its file mode guards it).
+    admin_token_file: str | None = None
 
 
 @dataclass(frozen=True)
@@ -293,6 +300,14 @@ def _check_consistency(cfg: Config, given: frozenset[str] = frozenset()) -> None
         if not re.fullmatch(r"all|unix:|[0-9A-Fa-f.:]+(/[0-9]{1,3})?", token):
             raise ConfigError(f"{cfg.path}: server.metrics_allow: {token!r} is not an address, a CIDR, "
                               "'unix:' or 'all'")
+    admin = cfg.server.admin_listen
+    if admin is not None:
+        if admin == cfg.server.listen:
+            raise ConfigError(f"{cfg.path}: server.admin_listen: the same as server.listen; the admin "
+                              "surface needs a listener of its own")
+        if not admin.startswith("unix:") and cfg.server.admin_token_file is None:
+            raise ConfigError(f"{cfg.path}: server.admin_token_file: required when server.admin_listen is an "
+                              "address (a unix socket may go without)")
     if cfg.limits.default_max_tokens > cfg.limits.max_tokens_cap:
         raise ConfigError(f"{cfg.path}: limits.default_max_tokens: exceeds limits.max_tokens_cap")
     cache = cfg.cache

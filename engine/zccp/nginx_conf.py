@@ -23,6 +23,7 @@ class RenderedNginx:
     out: Path
     http_conf: Path
     server_conf: Path
+    admin_conf: Path                 # the admin surface's server {} include (server.admin_listen)
     nginx_conf: Path | None
     prefix: Path | None
 
@@ -76,6 +77,23 @@ def _auth_settings(cfg: Config) -> str:
             f'redis = {{ {", ".join(parts)} }} }}')
 
 
+def _admin_token_digest(cfg: Config) -> str:
+    """SHA-256 (hex) of the admin token (server.admin_token_file), "" when there is none: nginx
+    keeps only the digest."""
+    import hashlib
+
+    path = cfg.server.admin_token_file
+    if path is None:
+        return ""
+    try:
+        token = Path(path).read_text(encoding="utf-8").strip()
+    except OSError as exc:
+        raise ValueError(f"server.admin_token_file: cannot read {path}: {exc.strerror}") from None
+    if len(token) < 16:
+        raise ValueError(f"server.admin_token_file: {path} holds fewer than 16 characters")
+    return hashlib.sha256(token.encode()).hexdigest()
+
+
 def render(cfg: Config, out: Path, standalone: bool = False, prefix: Path | None = None,
            log_dir: Path | None = None) -> RenderedNginx:
     """cfg must be resolved for its run directory (zccp.runtime.resolve). log_dir: where the
@@ -105,6 +123,7 @@ def render(cfg: Config, out: Path, standalone: bool = False, prefix: Path | None
         "l1_ttl_s": str(cfg.cache.l1.ttl_s),
         "out": str(out),
         "auth": _auth_settings(cfg),
+        "admin_token_sha256": _admin_token_digest(cfg),
         "metrics_allow": " ".join(f"allow {a};" for a in cfg.server.metrics_allow.split()),
     }
     make_dirs(mask_state_path(cfg).parent)
@@ -112,6 +131,8 @@ def render(cfg: Config, out: Path, standalone: bool = False, prefix: Path | None
     server_conf = out / "zccp_server.conf"
     http_conf.write_text(_fill(nginx_template("zccp_http.conf").read_text(), values, "zccp_http.conf"))
     server_conf.write_text(_fill(nginx_template("zccp_server.conf").read_text(), values, "zccp_server.conf"))
+    admin_conf = out / "zccp_admin.conf"
+    admin_conf.write_text(_fill(nginx_template("zccp_admin.conf").read_text(), values, "zccp_admin.conf"))
     nginx_conf = None
     if standalone:
         prefix = (prefix or out).resolve()
@@ -131,10 +152,11 @@ def render(cfg: Config, out: Path, standalone: bool = False, prefix: Path | None
             log_dir=_safe(str(logs), "log directory"),
             workers=str(cfg.server.workers),
             listen=_safe(cfg.server.listen, "server.listen"),
+            admin_listen=_safe(cfg.server.admin_listen or "", "server.admin_listen"),
             error_log_level=_LEVELS[cfg.logging.level],
             user_line=f"user {_safe(user, 'server.user')} {_safe(cfg.shared_memory.group or user, 'shared_memory.group')};"
             if user else "",
         )
         nginx_conf = out / "nginx.conf"
         nginx_conf.write_text(_fill(nginx_template("nginx.conf").read_text(), values, "nginx.conf"))
-    return RenderedNginx(out, http_conf, server_conf, nginx_conf, prefix)
+    return RenderedNginx(out, http_conf, server_conf, admin_conf, nginx_conf, prefix)

@@ -18,6 +18,7 @@ local masks = require "zccp.masks"
 local body_mod = require "zccp.body"
 local l1 = require "zccp.l1"
 local auth = require "zccp.auth"
+local admin_gate = require "zccp.admin"
 
 local ngx = ngx
 local ngx_var = ngx.var
@@ -329,10 +330,7 @@ function _M.header_too_large()
 end
 
 -- Admin requests (kinds "purge": POST /v1/zccp/purge, "warmup": POST /v1/zccp/warmup)
--- answer clients on the loopback interface or a unix socket only, whatever the listener:
--- realip_remote_addr is the connection's own address even when the realip module
--- rewrote remote_addr.
-local LOOPBACK = { ["127.0.0.1"] = true, ["::1"] = true, ["unix:"] = true }
+-- answer on the admin listener only, with its token (zccp.admin).
 local ADMIN_KINDS = { purge = "ZCCP_KIND_PURGE", warmup = "ZCCP_KIND_WARMUP" }
 -- The model endpoints anyone may call: POST /v1/messages/count_tokens, GET /v1/models.
 local MODEL_KINDS = { count_tokens = "ZCCP_KIND_COUNT_TOKENS", models = "ZCCP_KIND_MODELS" }
@@ -345,8 +343,8 @@ function _M.serve(api, kind)
     ngx_header["X-Request-ID"] = rid
     local admin = kind and ADMIN_KINDS[kind]
     local kind_name = kind and (admin or MODEL_KINDS[kind] or error("zccp.handler.serve: unknown kind " .. kind, 2))
-    if admin and not LOOPBACK[ngx_var.realip_remote_addr or ngx_var.remote_addr] then
-        return errors.send(api, 403, "permission_error", "this endpoint answers loopback clients only")
+    if admin and not admin_gate.allowed(api) then
+        return
     end
     local method = ngx.req.get_method()
     local want = kind == "models" and "GET" or "POST"
@@ -465,12 +463,12 @@ function _M.serve(api, kind)
     return errors.send(api, 503, "overloaded_error", "engine restarted; retry", RETRY_AFTER)
 end
 
--- POST /v1/zccp/l1/purge (loopback only, like the purge): empties this nginx's L1 and
+-- POST /v1/zccp/l1/purge (the admin listener, like the purge): empties this nginx's L1 and
 -- nothing else; `zccp-cache purge` calls it after purging Redis (docs/cache.md).
 function _M.purge_l1()
     ngx_header["X-Request-ID"] = ngx_var.zccp_request_id
-    if not LOOPBACK[ngx_var.realip_remote_addr or ngx_var.remote_addr] then
-        return errors.send("anthropic", 403, "permission_error", "this endpoint answers loopback clients only")
+    if not admin_gate.allowed("anthropic") then
+        return
     end
     local method = ngx.req.get_method()
     if method ~= "POST" then

@@ -113,6 +113,9 @@ local function engine_text()
 end
 
 function _M.serve()
+    if not require("zccp.admin").allowed("anthropic") then   -- the admin listener only
+        return
+    end
     ngx.header["Content-Type"] = "text/plain; version=0.0.4"
     local text, err = engine_text()
     local up = text and 1 or 0

@@ -12,13 +12,14 @@ import json
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import httpx
 import pytest
 
-from cache_requests import CHAT, NULL, Q, REWORDED, cache_of, eventually, metric, post, req, reworded, stored
+from cache_requests import (ENGINE_ENV, CHAT, NULL, Q, REWORDED, cache_of, eventually, metric, post, req, reworded,
+                            stored)
 from zccp.abi import CacheReason, ffi
+from zccp.stack import free_port
 
 
 def b64(data: bytes) -> str:
@@ -275,7 +276,7 @@ def test_purge_endpoint_and_cli(nstack):
     stored(s, "anthropic", ka)
     stored(s, "anthropic", kb, x_api_key="tenant-b")
     stored(s, "anthropic", kc)
-    purge = s.client().post("/v1/zccp/purge", json={"tenant": "tenant-b"})
+    purge = s.admin_client().post("/v1/zccp/purge", json={"tenant": "tenant-b"})
     assert purge.status_code == 200 and purge.json()["purged"] >= 1
     assert cache_of(s, "anthropic", kb, x_api_key="tenant-b") == "MISS"
     assert cache_of(s, "anthropic", ka) == "HIT" and cache_of(s, "anthropic", kc) == "HIT"
@@ -289,15 +290,15 @@ def test_purge_endpoint_and_cli(nstack):
         exact = bytes(ffi.buffer(reader.meta(slot.index).exact_key, 32)).hex()
     finally:
         reader.close()
-    assert s.client().post("/v1/zccp/purge", json={"key": exact}).json()["purged"] == 2   # entry + near record
+    assert s.admin_client().post("/v1/zccp/purge", json={"key": exact}).json()["purged"] == 2   # entry + near record
     assert cache_of(s, "anthropic", kc) == "MISS" and cache_of(s, "anthropic", ka) == "HIT"
     # bad requests name the field; the method and the content type are checked as for the APIs
-    bad = s.client().post("/v1/zccp/purge", json={"scope": "mine"})
+    bad = s.admin_client().post("/v1/zccp/purge", json={"scope": "mine"})
     assert bad.status_code == 400 and bad.json()["error"]["message"].startswith("scope:")
-    assert s.client().get("/v1/zccp/purge").status_code == 405
+    assert s.admin_client().get("/v1/zccp/purge").status_code == 405
     # the CLI, straight to Redis
-    out = subprocess.run([str(Path(sys.executable).parent / "zccp-cache"), "purge", "--all", "--config",
-                          str(s.config_path)], capture_output=True, text=True, timeout=60)
+    out = subprocess.run([sys.executable, "-m", "zccp.cli", "cache", "purge", "--all", "--config",
+                          str(s.config_path)], capture_output=True, text=True, timeout=60, env=ENGINE_ENV)
     assert out.returncode == 0 and out.stdout.startswith("purged "), out.stderr
     assert int(out.stdout.split()[1]) >= 2
     assert "emptied nginx's L1" in out.stdout   # ka was in L1 (served twice from Redis): gone too
@@ -305,14 +306,40 @@ def test_purge_endpoint_and_cli(nstack):
     s.assert_no_leaks()
 
 
-def test_purge_refuses_clients_that_are_not_on_loopback(nstack):
-    """Only 127.0.0.1, ::1 and unix sockets: a client from another address (here 127.0.0.2,
-    which Linux routes to the same listener) gets an API-shaped 403 and nothing is purged."""
-    s = nstack
+def test_the_public_listener_never_serves_the_admin_surface(make_stack, tmp_path):
+    """Purge, warm-up, L1 purge, keys and /metrics answer on the admin listener only: the
+    public one says 404 whatever address the connection comes from (behind a TLS terminator
+    or a sidecar on this host every client is 127.0.0.1). On an admin address the token is
+    required (issue 18)."""
+    token = tmp_path / "admin.token"
+    token.write_text("admin-token-for-the-test-0123456789\n")
+    s = make_stack({"model": NULL, "server": {"admin_listen": f"127.0.0.1:{free_port()}",
+                                              "admin_token_file": str(token)}}, with_redis=True)
     stored(s, "anthropic", req("anthropic", CHAT))
-    with httpx.Client(base_url=s.base_url, transport=httpx.HTTPTransport(local_address="127.0.0.2")) as c:
-        r = c.post("/v1/zccp/purge", json={"all": True})
-        assert r.status_code == 403 and r.json()["error"]["type"] == "permission_error"
-        # the same client is served the APIs as usual
-        assert c.post("/v1/messages", json=req("anthropic", CHAT)).headers["x-zccp-cache"] == "HIT"
-    assert cache_of(s, "anthropic", req("anthropic", CHAT)) == "HIT"
+    for local in ("127.0.0.1", "127.0.0.2"):
+        with httpx.Client(base_url=s.base_url, transport=httpx.HTTPTransport(local_address=local)) as c:
+            for path in ("/v1/zccp/purge", "/v1/zccp/l1/purge", "/v1/zccp/warmup", "/v1/zccp/keys"):
+                r = c.post(path, json={"all": True})
+                assert r.status_code == 404, (local, path, r.text)
+            m = c.get("/metrics")
+            assert m.status_code != 200 and "zccp_" not in m.text      # nginx's own 404 (no such location)
+            # the same client is served the APIs as usual
+            assert c.post("/v1/messages", json=req("anthropic", CHAT)).headers["x-zccp-cache"] == "HIT"
+    with httpx.Client(base_url=f"http://{s.cfg.server.admin_listen}") as c:
+        assert c.post("/v1/zccp/purge", json={"all": True}).status_code == 401         # no token
+        r = c.post("/v1/zccp/purge", json={"all": True}, headers={"authorization": "Bearer wrong-token-xxxxxxxx"})
+        assert r.status_code == 401 and r.json()["error"]["type"] == "authentication_error"
+        assert c.get("/metrics").status_code == 401
+    assert cache_of(s, "anthropic", req("anthropic", CHAT)) == "HIT"                     # nothing was purged
+    assert s.admin_client().post("/v1/zccp/purge", json={"all": True}).json()["purged"] >= 1   # with the token
+    assert "zccp_engine_up 1" in s.admin_client().get("/metrics").text
+
+
+def test_the_admin_listener_needs_a_token_on_an_address(tmp_path):
+    from zccp.config import ConfigError, parse_config
+
+    with pytest.raises(ConfigError, match="admin_token_file: required"):
+        parse_config({"server": {"admin_listen": "127.0.0.1:9901"}})
+    with pytest.raises(ConfigError, match="the same as server.listen"):
+        parse_config({"server": {"listen": "127.0.0.1:9901", "admin_listen": "127.0.0.1:9901",
+                                 "admin_token_file": "t"}})

@@ -20,7 +20,7 @@ from harness import anthropic_body  # noqa: E402
 
 
 def _rejects(stack) -> dict[str, int]:
-    text = httpx.get(stack.url("/metrics"), timeout=5).text
+    text = stack.admin_client().get("/metrics").text
     return {m.group(1): int(m.group(2))
             for m in re.finditer(r'^zccp_engine_rejects_total\{status="(\d+)"\} (\d+)', text, re.M)}
 

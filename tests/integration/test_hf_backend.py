@@ -157,7 +157,7 @@ def test_prefix_reuse_is_reported_and_changes_nothing(claude, oai, hf_stack):
 
 def test_warmup_preloads_a_prefix(hf_stack, claude):
     system = "Warm-up system prompt for the pipeline tests. " * 10
-    r = hf_stack.client().post("/v1/zccp/warmup", json={"model": HF_MODEL, "system": system, "messages": []})
+    r = hf_stack.admin_client().post("/v1/zccp/warmup", json={"model": HF_MODEL, "system": system, "messages": []})
     assert r.status_code == 200, r.text
     body = r.json()
     assert body["type"] == "warmup" and body["reused_tokens"] == 0
@@ -165,9 +165,9 @@ def test_warmup_preloads_a_prefix(hf_stack, claude):
     msg = claude.messages.create(model=HF_MODEL, max_tokens=4, system=system,
                                  messages=[{"role": "user", "content": "hi"}])
     assert msg.usage.cache_read_input_tokens == body["cached_tokens"]
-    again = hf_stack.client().post("/v1/zccp/warmup", json={"model": HF_MODEL, "system": system, "messages": []})
+    again = hf_stack.admin_client().post("/v1/zccp/warmup", json={"model": HF_MODEL, "system": system, "messages": []})
     assert again.json()["reused_tokens"] == (body["prompt_tokens"] - 1) // 16 * 16
-    bad = hf_stack.client().post("/v1/zccp/warmup", json={"model": "nope", "messages": []})
+    bad = hf_stack.admin_client().post("/v1/zccp/warmup", json={"model": "nope", "messages": []})
     assert bad.status_code == 404 and bad.json()["type"] == "error"
     hf_stack.assert_no_leaks()
 

@@ -133,3 +133,31 @@ def test_expiry_revocation_and_rotation_on_two_stacks_sharing_redis(make_stack):
         assert status(s, "anthropic", body, x_api_key=new["key"]).status_code == 200
     a.assert_no_leaks()
     b.assert_no_leaks()
+
+
+def test_the_admin_api_manages_the_same_keys(kstack):
+    s = kstack
+    adm = s.admin_client()
+    r = adm.post("/v1/zccp/keys", json={"tenant": "initech", "models": ["zccp-tiny"], "limits": {"rpm": 5}})
+    assert r.status_code == 201, r.text
+    made = r.json()
+    assert made["key"].startswith("zk_") and made["id"].startswith("key_")
+    body = req("anthropic", [{"role": "user", "content": "hi"}])
+    assert status(s, "anthropic", body, x_api_key=made["key"]).status_code == 200
+    # the CLI sees it (and never its secret); the API lists what the CLI made
+    listed = {e["id"]: e for e in keys_cli(s, "list")}
+    assert listed[made["id"]]["tenant"] == "initech" and listed[made["id"]]["limits"] == {"rpm": 5}
+    cli = keys_cli(s, "create", "--tenant", "initech")
+    api_list = {e["id"]: e for e in adm.get("/v1/zccp/keys", params={"tenant": "initech"}).json()}
+    assert set(api_list) == {made["id"], cli["id"]} and all("key" not in e for e in api_list.values())
+    assert adm.post("/v1/zccp/keys", json={"tenant": "bad tenant!"}).status_code == 400
+    # rotate and revoke through the API
+    rot = adm.post(f"/v1/zccp/keys/{made['id']}/rotate").json()
+    assert rot["id"] == made["id"] and rot["key"] != made["key"]
+    assert adm.post(f"/v1/zccp/keys/{cli['id']}/revoke").json()["status"] == "revoked"
+    time.sleep(TTL + 0.2)
+    assert status(s, "anthropic", body, x_api_key=made["key"]).status_code == 401
+    assert status(s, "anthropic", body, x_api_key=rot["key"]).status_code == 200
+    assert status(s, "anthropic", body, x_api_key=cli["key"]).status_code == 401
+    # never on the public listener
+    assert s.client().post("/v1/zccp/keys", json={"tenant": "x"}).status_code == 404

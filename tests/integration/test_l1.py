@@ -13,12 +13,11 @@ import signal
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import httpx
 import pytest
 
-from cache_requests import NULL, PATHS, metric, req
+from cache_requests import ENGINE_ENV, NULL, PATHS, metric, req
 
 ID = {"anthropic": re.compile(r'"id":"msg_[0-9A-Za-z]{24}"'),
       "openai": re.compile(r'"id":"chatcmpl-[0-9A-Za-z]{29}"')}
@@ -191,24 +190,24 @@ def test_a_purge_empties_l1(lstack):
     to_l1(s, "anthropic", a)
     to_l1(s, "openai", b)
     # a purge of some other key leaves Redis's entries, and empties L1 all the same
-    r = s.client().post("/v1/zccp/purge", json={"key": "ab" * 32})
+    r = s.admin_client().post("/v1/zccp/purge", json={"key": "ab" * 32})
     assert r.status_code == 200 and r.json()["purged"] == 0
     assert layer(post(s, "anthropic", a)) == "HIT/L2"
     assert layer(post(s, "anthropic", a)) == "HIT/L1"
-    assert s.client().post("/v1/zccp/purge", json={"all": True}).status_code == 200
+    assert s.admin_client().post("/v1/zccp/purge", json={"all": True}).status_code == 200
     assert layer(post(s, "anthropic", a)) == "MISS/-" and layer(post(s, "openai", b)) == "MISS/-"
-    # L1 alone (what `zccp-cache purge` calls after purging Redis); loopback clients only
+    # L1 alone (what `zccp-cache purge` calls after purging Redis); the admin listener only
     to_l1(s, "openai", b, missed=True)
-    with httpx.Client(base_url=s.base_url, transport=httpx.HTTPTransport(local_address="127.0.0.2")) as c:
-        assert c.post("/v1/zccp/l1/purge").status_code == 403
+    assert s.client().post("/v1/zccp/l1/purge").status_code == 404
     assert layer(post(s, "openai", b)) == "HIT/L1"
-    assert s.client().get("/v1/zccp/l1/purge").status_code == 405
-    assert s.client().post("/v1/zccp/l1/purge").json() == {"purged_l1": True}
+    assert s.admin_client().get("/v1/zccp/l1/purge").status_code == 405
+    assert s.admin_client().post("/v1/zccp/l1/purge").json() == {"purged_l1": True}
     assert layer(post(s, "openai", b)) == "HIT/L2"
     # the CLI: Redis, then this host's L1
     to_l1(s, "openai", b, missed=True)
-    out = subprocess.run([str(Path(sys.executable).parent / "zccp-cache"), "purge", "--scope", "shared",
-                          "--config", str(s.config_path)], capture_output=True, text=True, timeout=60)
+    out = subprocess.run([sys.executable, "-m", "zccp.cli", "cache", "purge", "--scope", "anonymous",
+                          "--config", str(s.config_path)], capture_output=True, text=True, timeout=60,
+                         env=ENGINE_ENV)
     assert out.returncode == 0 and "emptied nginx's L1" in out.stdout, out.stderr
     assert layer(post(s, "openai", b)) == "MISS/-"
 

@@ -108,7 +108,7 @@ def test_prefix_kv_cache_is_salted_per_tenant_but_a_warmed_prefix_is_shared(make
     assert send("sk-alice", "When do you open?") >= 64                # her own system prompt: reused
     assert send("sk-mallory", "When do you close?") == 0               # never alice's blocks
     # an operator-declared shared prefix (a warm-up, on the admin side) is every tenant's
-    w = s.client().post("/v1/zccp/warmup", json={"model": "zccp-tiny", "system": SYSTEM, "messages": []})
+    w = s.admin_client().post("/v1/zccp/warmup", json={"model": "zccp-tiny", "system": SYSTEM, "messages": []})
     assert w.status_code == 200, w.text
     assert send("sk-eve", "Do you ship abroad?") >= 64
     s.assert_no_leaks()
