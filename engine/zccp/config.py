@@ -144,7 +144,10 @@ class AuthConfig:
     redis_url: str | None = None             # where the key records live; None: cache.redis_url
     cache_ttl_s: int = 5                     # a verified key is re-read after this: the revocation bound
     negative_ttl_s: int = 2                  # an unknown key is asked again after this
-    timeout_ms: int = 200                    # nginx's Redis calls for keys
+    timeout_ms: int = 200                    # nginx's Redis calls for keys and limits
+    # One JSON line per request answered with a key (billing); None: usage.jsonl beside the
+    # doorbell socket (a directory nginx's workers can write), "" : none
+    usage_log: str | None = None
 
     @property
     def on(self) -> bool:

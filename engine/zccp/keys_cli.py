@@ -2,6 +2,8 @@
 
     zccp-keys create --config C --tenant T [--name N] [--model M ...] [--expires-in 30d]
                      [--rpm N] [--itpm N] [--otpm N] [--concurrency N] [--daily-tokens N] [--monthly-tokens N]
+    zccp-keys tenant --config C --tenant T [--rpm N] ... (the tenant's own limits)
+    zccp-keys usage  --config C --tenant T [--days N]   (requests, tokens, cache hits, tokens saved)
     zccp-keys list   --config C [--tenant T]
     zccp-keys revoke --config C KEY_ID
     zccp-keys rotate --config C KEY_ID [--grace 300]
@@ -16,13 +18,14 @@ import asyncio
 import re
 import sys
 import time
+from dataclasses import asdict
 from collections.abc import Awaitable, Callable
 from typing import Any
 
 import orjson
 
 from zccp.config import ConfigError, auth_redis_url, load_config
-from zccp.keystore import LIMIT_NAMES, IndexEntry, KeyRecord, KeyStore, Limits
+from zccp.keystore import LIMIT_NAMES, IndexEntry, KeyRecord, KeyStore, Limits, usage
 
 _DURATION = re.compile(r"(\d+)([smhdw]?)")
 _UNIT = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
@@ -96,6 +99,10 @@ def main(argv: list[str] | None = None) -> None:
     c.add_argument("--expires-in", type=parse_duration, help="e.g. 90m, 12h, 30d (default: never)")
     for name in LIMIT_NAMES:
         c.add_argument("--" + name.replace("_", "-"), type=int, default=0, help=f"limit {name} (0: none)")
+    tl = sub.add_parser("tenant", help="set a tenant's own limits (over all its keys; 0: none)")
+    tl.add_argument("--tenant", required=True)
+    for name in LIMIT_NAMES:
+        tl.add_argument("--" + name.replace("_", "-"), type=int, default=0, help=f"limit {name} (0: none)")
     ls = sub.add_parser("list", help="every key (never a secret)")
     ls.add_argument("--tenant")
     rv = sub.add_parser("revoke", help="refuse a key on every host (within auth.cache_ttl_s)")
@@ -103,7 +110,10 @@ def main(argv: list[str] | None = None) -> None:
     rt = sub.add_parser("rotate", help="a new secret for a key; the old one works --grace seconds more")
     rt.add_argument("key_id")
     rt.add_argument("--grace", type=int, default=0)
-    for sp in (c, ls, rv, rt):
+    us = sub.add_parser("usage", help="a tenant's metered usage and its keys' (UTC days)")
+    us.add_argument("--tenant", required=True)
+    us.add_argument("--days", type=int, default=1, help="today and the days before it (default 1: today)")
+    for sp in (c, tl, ls, rv, rt, us):
         sp.add_argument("--config", required=True)
         sp.add_argument("--json", action="store_true", help="print JSON")
     args = p.parse_args(argv)
@@ -114,6 +124,30 @@ def main(argv: list[str] | None = None) -> None:
         secret, rec = _run(args.config, lambda ks: ks.create(args.tenant, args.name, tuple(args.model), expires,
                                                             limits))
         _print({"key": secret, **_record_view(rec)}, args.json)
+    elif args.command == "tenant":
+        limits = Limits(**{n: getattr(args, n) for n in LIMIT_NAMES})
+
+        async def set_limits(ks: KeyStore) -> Limits:
+            await ks.set_tenant_limits(args.tenant, limits)
+            return await ks.tenant_limits(args.tenant)
+
+        got = _run(args.config, set_limits)
+        _print({"tenant": args.tenant, "limits": {k: v for k, v in asdict(got).items() if v}}, args.json)
+    elif args.command == "usage":
+        now = time.time()
+        days = [time.strftime("%Y%m%d", time.gmtime(now - 86400 * i)) for i in range(max(1, args.days))]
+
+        async def read_usage(ks: KeyStore) -> dict[str, Any]:
+            ids = [e.record.id for e in await ks.list(args.tenant)]
+            return await usage(ks.redis, args.tenant, ids, days)
+
+        got = _run(args.config, read_usage)
+        if args.json:
+            print(orjson.dumps({"days": days, **got}).decode())
+        else:
+            print(f"tenant {args.tenant} ({days[-1]}..{days[0]}): {got['tenant']}")
+            for kid, u in got["keys"].items():
+                print(f"  {kid}: {u}")
     elif args.command == "list":
         entries = _run(args.config, lambda ks: ks.list(args.tenant))
         if args.json:

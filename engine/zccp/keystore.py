@@ -6,6 +6,7 @@ A key is shown once, when it is made; only its SHA-256 is stored:
     zccp:auth:k:<sha256 hex>   the key's record (JSON): id, tenant, models, expires_at, limits;
                                nginx GETs it (a missing key is an unknown one)
     zccp:auth:index            hash: key id -> the record, its hash, revoked_at (list, revoke)
+    zccp:auth:t:<tenant>       the tenant's own limits (over all its keys), JSON {"limits": {...}}
 
 Revoking deletes the record: every nginx stops accepting the key once its cached copy
 expires (auth.cache_ttl_s). Rotating makes a new secret for the same id, tenant and limits;
@@ -25,6 +26,7 @@ import orjson
 
 RECORD = "zccp:auth:k:"
 INDEX = "zccp:auth:index"
+TENANT = "zccp:auth:t:"          # a tenant's limits (JSON {"limits": {...}}), read with its keys
 KEY_PREFIX = "zk_"
 _TENANT = re.compile(r"[A-Za-z0-9._:@-]{1,128}")
 LIMIT_NAMES = ("rpm", "itpm", "otpm", "concurrency", "daily_tokens", "monthly_tokens")
@@ -141,6 +143,15 @@ class KeyStore:
         await self.redis.hset(INDEX, kid, revoked.to_json())
         return revoked
 
+    async def set_tenant_limits(self, tenant: str, limits: Limits) -> None:
+        check_tenant(tenant)
+        await self.redis.set(TENANT + tenant, orjson.dumps({"limits": {k: v for k, v in asdict(limits).items() if v}}))
+
+    async def tenant_limits(self, tenant: str) -> Limits:
+        raw = await self.redis.get(TENANT + check_tenant(tenant))
+        d = orjson.loads(raw).get("limits", {}) if raw else {}
+        return Limits(**{k: int(v) for k, v in d.items() if k in LIMIT_NAMES})
+
     async def rotate(self, kid: str, grace_s: int = 0) -> tuple[str, KeyRecord]:
         """A new secret for key `kid` (same id, tenant, models, limits); the old one works
         for grace_s more seconds (0: refused at once, within auth.cache_ttl_s)."""
@@ -158,3 +169,28 @@ class KeyStore:
             await self.redis.delete(RECORD + e.hash)
         await self._write(rec, secret, old)
         return secret, rec
+
+
+USAGE_FIELDS = ("requests", "input_tokens", "output_tokens", "cache_hits", "saved_tokens")
+
+
+def usage_key(tenant: str, scope: str, day: str) -> str:
+    """The day's usage hash nginx's zccp.limits meters into (scope: "t" or "k:<key id>")."""
+    return f"zccp:use:{{{tenant}}}:{scope}:{day}"
+
+
+async def usage(redis: Any, tenant: str, key_ids: list[str], days: list[str]) -> dict[str, Any]:
+    """Summed over `days` (YYYYMMDD, UTC): the tenant's usage and each key's; fields
+    USAGE_FIELDS and status_<code> counts."""
+    def add(into: dict[str, int], raw: dict[bytes, bytes]) -> None:
+        for k, v in raw.items():
+            name = k.decode()
+            into[name] = into.get(name, 0) + int(v)
+
+    out: dict[str, Any] = {"tenant": {f: 0 for f in USAGE_FIELDS}, "keys": {}}
+    for day in days:
+        add(out["tenant"], await redis.hgetall(usage_key(tenant, "t", day)))
+        for kid in key_ids:
+            add(out["keys"].setdefault(kid, {f: 0 for f in USAGE_FIELDS}),
+                await redis.hgetall(usage_key(tenant, "k:" + kid, day)))
+    return out

@@ -73,8 +73,9 @@ def _auth_settings(cfg: Config) -> str:
         parts.append(f"password = {_lua_str(password, 'auth redis password')}")
         if user:
             parts.append(f"username = {_lua_str(user, 'auth redis user')}")
+    usage = _lua_str(a.usage_log, "auth.usage_log") if a.usage_log else '""'
     return (f'{{ mode = "keys", cache_ttl_s = {a.cache_ttl_s}, negative_ttl_s = {a.negative_ttl_s}, '
-            f'redis = {{ {", ".join(parts)} }} }}')
+            f'usage_log = {usage}, redis = {{ {", ".join(parts)} }} }}')
 
 
 def _admin_token_digest(cfg: Config) -> str:
@@ -123,6 +124,8 @@ def render(cfg: Config, out: Path, standalone: bool = False, prefix: Path | None
         "l1_ttl_s": str(cfg.cache.l1.ttl_s),
         "out": str(out),
         "auth": _auth_settings(cfg),
+        "default_max_tokens": str(cfg.limits.default_max_tokens),
+        "max_tokens_cap": str(cfg.limits.max_tokens_cap),
         "admin_token_sha256": _admin_token_digest(cfg),
         "metrics_allow": " ".join(f"allow {a};" for a in cfg.server.metrics_allow.split()),
     }

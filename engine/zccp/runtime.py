@@ -115,6 +115,8 @@ def resolve(cfg: Config, run_dir: Path) -> Config:
     return dataclasses.replace(
         cfg,
         server=dataclasses.replace(cfg.server, socket_path=socket, admin_listen=admin, admin_token_file=token_file),
+        auth=dataclasses.replace(cfg.auth, usage_log=str(Path(socket).parent / "usage.jsonl")
+                                 if cfg.auth.usage_log is None else cfg.auth.usage_log),
         shared_memory=dataclasses.replace(cfg.shared_memory, group=group),
         cache=dataclasses.replace(cfg.cache, mask_patterns=masks),
     )

@@ -30,6 +30,7 @@ local _M = { _VERSION = "0.1.0" }
 _M.OFF = { off = true }   -- the caller when auth is off: every check passes
 
 local KEY_PREFIX = "zccp:auth:k:"
+local TENANT_PREFIX = "zccp:auth:t:"   -- a tenant's limits (zccp-keys tenant), JSON
 local CACHE_ITEMS = 10000
 local MAX_KEY_LEN = 256
 
@@ -95,6 +96,14 @@ local function lookup(hex)
         return nil, err
     end
     local rec = raw and parse(raw) or false
+    if rec then
+        local traw, terr = redis_target():call("GET", TENANT_PREFIX .. rec.tenant)
+        if terr then
+            return nil, terr
+        end
+        local t = traw and decode(traw)
+        rec.tenant_limits = type(t) == "table" and type(t.limits) == "table" and t.limits or {}
+    end
     cache:set(hex, rec, rec and c.cache_ttl_s or c.negative_ttl_s)
     return rec
 end
@@ -136,10 +145,10 @@ function _M.admit(api)
     return rec
 end
 
--- Whether this caller's key must see the body's model before it is sent on (so the body is
--- read whole, not streamed into the slot).
+-- Whether this caller's body must be read whole before it is sent on (not streamed into the
+-- slot): its key names models, or it has limits (max_tokens is reserved).
 function _M.wants_body(who)
-    return who.models ~= nil
+    return who.models ~= nil or require("zccp.limits").limited(who)
 end
 
 local function model_of(body)

@@ -19,6 +19,7 @@ local body_mod = require "zccp.body"
 local l1 = require "zccp.l1"
 local auth = require "zccp.auth"
 local admin_gate = require "zccp.admin"
+local limits = require "zccp.limits"
 
 local ngx = ngx
 local ngx_var = ngx.var
@@ -298,6 +299,7 @@ local function attempt(api, a, src, flags, deadline, state, fp, extra)
         return errors.send(api, 503, "overloaded_error", rerr, RETRY_AFTER)
     end
     local outcome, r = relay.run(slot, state, deadline)
+    limits.observe(a:meta(slot.index))   -- the engine's exact counts, settled in the log phase
     if outcome == "done" and k then
         local kept, kerr = pcall(l1.keep, api, k, a:meta(slot.index), r)
         if not kept then
@@ -386,6 +388,9 @@ function _M.serve(api, kind)
     end
     src = src or { body = body }
     if kind ~= "models" and not auth.allow_model(who, api, body) then   -- before L1: a 404 is a 404
+        return
+    end
+    if not kind and not limits.admit(who, api, body) then   -- zccp.limits: reserve, or 429
         return
     end
     local body_len = body and #body or len

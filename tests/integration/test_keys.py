@@ -5,40 +5,23 @@ enforced, and revocation holds on two stacks sharing one Redis within auth.cache
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
 import time
-from pathlib import Path
 
 import anthropic
-import httpx
 import openai
 import pytest
 import redis
 
-from cache_requests import NULL, PATHS, eventually, req
+from cache_requests import NULL, eventually, req
+from keys_helpers import keys_cli, status
 
-ENGINE = str(Path(__file__).resolve().parents[2] / "engine")
 TTL = 1          # auth.cache_ttl_s in these stacks: the revocation bound
 AUTH = {"mode": "keys", "cache_ttl_s": TTL, "negative_ttl_s": 1}
-
-
-def keys_cli(s, *args: str) -> dict | list:
-    out = subprocess.run([sys.executable, "-m", "zccp.keys_cli", *args, "--config", str(s.config_path), "--json"],
-                         capture_output=True, text=True, timeout=60, env={**os.environ, "PYTHONPATH": ENGINE})
-    assert out.returncode == 0, out.stderr
-    return json.loads(out.stdout)
 
 
 @pytest.fixture
 def kstack(make_stack):
     return make_stack({"model": NULL, "auth": AUTH}, with_redis=True)
-
-
-def status(s, api, body, **headers) -> httpx.Response:
-    return s.client().post(PATHS[api], json=body, headers={k.replace("_", "-"): v for k, v in headers.items()})
 
 
 def test_keys_are_required_and_refused_in_each_apis_shape(kstack):
