@@ -108,7 +108,12 @@ local function lookup(hex)
     return rec
 end
 
+local function count(api, result)
+    require("zccp.metrics").count("zccp_nginx_auth_total", api, result)
+end
+
 local function refuse(api, msg)
+    count(api, "unauthenticated")
     return errors.send(api, 401, "authentication_error", msg)
 end
 
@@ -131,6 +136,7 @@ function _M.admit(api)
     local rec, err = lookup(hex)
     if rec == nil then
         ngx.log(ngx.ERR, "zccp: key store unreachable: ", err)
+        count(api, "store_error")
         return errors.send(api, 503, "overloaded_error", "the key store is unreachable; retry shortly",
             { ["Retry-After"] = "1" })
     end
@@ -142,6 +148,7 @@ function _M.admit(api)
             or "invalid x-api-key: the key has expired")
     end
     ngx.ctx.zccp_tenant = rec.tenant_digest
+    count(api, "ok")
     return rec
 end
 
@@ -167,6 +174,7 @@ function _M.allow_model(who, api, body)
         return true
     end
     m = m or ""
+    count(api, "model_refused")
     if api == "openai" then
         ngx.status = 404
         ngx.header["Content-Type"] = "application/json"

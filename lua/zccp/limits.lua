@@ -19,6 +19,7 @@ local sha256 = require "zccp.sha256"
 local redis = require "zccp.redis"
 local errors = require "zccp.errors"
 local usage_log = require "zccp.usage_log"
+local metrics = require "zccp.metrics"
 
 local ngx = ngx
 local ngx_now = ngx.now
@@ -240,6 +241,7 @@ local WHAT = { "requests per minute", "input tokens per minute", "output tokens 
                "concurrent requests", "tokens per day", "tokens per month" }
 
 local function refuse(api, scope_name, j, limit, retry)
+    metrics.count("zccp_nginx_limited_total", api, NAMES[j])
     retry = math_max(1, math_ceil(retry))
     local msg = str_format("rate limit reached for %s: %s %d; retry in %d s", scope_name, WHAT[j], limit, retry)
     local h = { ["Retry-After"] = tostring(retry) }
@@ -280,23 +282,12 @@ function _M.admit(who, api, body)
     local lims = { who.limits or {}, who.tenant_limits or {} }
     local ids = { "k:" .. who.id, "t" }
     local names = { "key " .. who.id, "tenant " .. who.tenant }
-    if not deny then
-        deny = lrucache.new(10000)
-    end
-    for s = 1, 2 do
-        local d = deny:get(who.tenant .. "/" .. ids[s])
-        if d and d[1] > now then
-            return refuse(api, names[s], d[2], d[3], d[1] - now)
-        end
-    end
-    local est_in = body and math_ceil(#body / BYTES_PER_TOKEN) or 0
-    local doc = body and cjson.decode(body)
-    local est_out = max_tokens_of(doc)
     local minute = math_floor(now / 60)
     local day, month = os_date("!%Y%m%d", now), os_date("!%Y%m", now)
-    local keys, args = {}, { est_in, est_out, 2, 120, 2 * 86400, 32 * 86400,
-                             math_ceil(settings.get().request_timeout_ms / 1000) * 2 + 60 }
-    local flags = {}
+    local keys, flags = {}, {}
+    local est_in = body and math_ceil(#body / BYTES_PER_TOKEN) or 0
+    local args = { est_in, 0, 2, 120, 2 * 86400, 32 * 86400,
+                   math_ceil(settings.get().request_timeout_ms / 1000) * 2 + 60 }
     for s = 1, 2 do
         for _, k in ipairs(scope_keys(who.tenant, ids[s], minute, day, month)) do
             keys[#keys + 1] = k
@@ -307,11 +298,23 @@ function _M.admit(who, api, body)
             flags[#flags + 1] = v > 0 and "1" or "0"
         end
     end
-    ctx.zccp_limits = { who = who, keys = keys, flags = flags, est_in = est_in, est_out = est_out, admitted = false,
-                        api = api, day = day, request_id = ngx.var.zccp_request_id }
+    local ticket = { who = who, keys = keys, flags = flags, est_in = est_in, est_out = 0, admitted = false,
+                     api = api, day = day, request_id = ngx.var.zccp_request_id }
+    ctx.zccp_limits = ticket   -- metered when the answer ends (zccp.limits.settle), refused or not
     if not _M.limited(who) then
-        return true   -- nothing to reserve: only metered when the answer ends
+        return true   -- nothing to reserve
     end
+    if not deny then
+        deny = lrucache.new(10000)
+    end
+    for s = 1, 2 do
+        local d = deny:get(who.tenant .. "/" .. ids[s])
+        if d and d[1] > now then
+            return refuse(api, names[s], d[2], d[3], d[1] - now)
+        end
+    end
+    ticket.est_out = max_tokens_of(body and cjson.decode(body))
+    args[2] = ticket.est_out
     local res, err = eval(ADMIT_SHA, ADMIT, #keys, keys, args)
     if not res then
         ngx.log(ngx.ERR, "zccp: limits: redis: ", err)
@@ -325,7 +328,7 @@ function _M.admit(who, api, body)
         deny:set(who.tenant .. "/" .. ids[s], { now + retry, j, limit }, j == 1 and retry or DENY_CACHE_S)
         return refuse(api, names[s], j, limit, retry)
     end
-    ctx.zccp_limits.admitted = true
+    ticket.admitted = true
     local counts = {}
     for j = 1, N do
         counts[j] = tonumber(res[1 + j]) or 0
@@ -376,6 +379,9 @@ local function settle_now(premature, t, status, cache)
     if err then
         ngx.log(ngx.ERR, "zccp: limits settle: ", err)
     end
+    metrics.count("zccp_nginx_metered_tokens_total", t.api, "input", used_in)
+    metrics.count("zccp_nginx_metered_tokens_total", t.api, "output", used_out)
+    metrics.count("zccp_nginx_metered_tokens_total", t.api, "saved", hit and ((t.input or 0) + (t.output or 0)) or 0)
     usage_log.write(t, status, used_in, used_out, hit and ((t.input or 0) + (t.output or 0)) or 0, cache)
 end
 

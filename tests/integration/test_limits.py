@@ -15,7 +15,7 @@ import anthropic
 import openai
 import pytest
 
-from cache_requests import NULL, req
+from cache_requests import NULL, metric, req
 from keys_helpers import keys_cli, status
 
 AUTH = {"mode": "keys", "cache_ttl_s": 1, "negative_ttl_s": 1}
@@ -152,3 +152,10 @@ def test_a_token_limit_holds_across_two_stacks_and_hits_cost_no_tokens(make_stac
     mine = [x for x in lines if x["tenant"] == "hits"]
     assert len(mine) >= 7 and {x["cache"] for x in mine} >= {"MISS", "HIT"}
     assert all(x["output_tokens"] == 0 for x in mine if x["cache"] == "HIT")
+    # Prometheus: bounded series (labels from fixed sets, never a key or a tenant)
+    assert metric(a, "zccp_nginx_limited_total", api="anthropic", limit="otpm") \
+        + metric(b, "zccp_nginx_limited_total", api="anthropic", limit="otpm") == refused
+    assert metric(a, "zccp_nginx_metered_tokens_total", api="anthropic", kind="saved") >= 8
+    assert metric(a, "zccp_nginx_auth_total", api="anthropic", result="ok") >= 7
+    text = a.admin_client().get("/metrics").text
+    assert "acme" not in text and "key_" not in text
