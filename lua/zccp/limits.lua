@@ -11,7 +11,7 @@
 --
 --   local ok = limits.admit(who, api, body)   -- false: answered 429/503; headers set
 --   limits.observe(meta)                      -- after the relay: the engine's counts
---   limits.settle()                           -- log_by_lua: settle and meter (a timer)
+--   limits.settle()                           -- log_by_lua: queue the settlement (sent every 50 ms)
 local cjson = require "cjson.safe"
 local lrucache = require "resty.lrucache"
 local settings = require "zccp.settings"
@@ -346,56 +346,87 @@ function _M.observe(meta)
     t.input, t.output = tonumber(meta.prompt_len), tonumber(meta.completion_len)
 end
 
-local function settle_now(premature, t, status, cache)
-    if premature then
-        return
-    end
+-- Settlements wait in this worker's queue and go to Redis together, every FLUSH_S (one
+-- pipelined write on one server): a request costs no timer and no round trip of its own.
+-- A concurrency slot is therefore given back up to FLUSH_S after its answer ends.
+local FLUSH_S = 0.05
+local MAX_QUEUE = 10000
+local queue, lines, flusher = {}, {}, false
+
+local function settle_cmd(t, status, cache)
     local hit = cache == "HIT" or cache == "NEAR"     -- the engine's or L1's: zero model tokens
     local used_in = (not hit and t.input) or 0
     local used_out = (not hit and t.output) or 0
+    local saved = hit and ((t.input or 0) + (t.output or 0)) or 0
     local d_in, d_out = 0, 0
     if t.admitted then
         d_in, d_out = used_in - t.est_in, used_out - t.est_out
     end
-    local keys = {}
-    for i = 1, #t.keys do
-        keys[i] = t.keys[i]
-    end
     local who = t.who
+    local cmd = { t.keys[1], "EVALSHA", SETTLE_SHA, #t.keys + 2 }
+    for i = 1, #t.keys do
+        cmd[#cmd + 1] = t.keys[i]
+    end
     for _, s in ipairs({ "k:" .. who.id, "t" }) do
-        keys[#keys + 1] = "zccp:use:{" .. who.tenant .. "}:" .. s .. ":" .. t.day
+        cmd[#cmd + 1] = "zccp:use:{" .. who.tenant .. "}:" .. s .. ":" .. t.day
     end
-    local args = { d_in, d_out, 2 }
+    cmd[#cmd + 1] = d_in
+    cmd[#cmd + 1] = d_out
+    cmd[#cmd + 1] = 2
     for i = 1, #t.flags do
-        args[#args + 1] = t.admitted and t.flags[i] or "0"
+        cmd[#cmd + 1] = t.admitted and t.flags[i] or "0"
     end
-    args[#args + 1] = used_in
-    args[#args + 1] = used_out
-    args[#args + 1] = hit and 1 or 0
-    args[#args + 1] = hit and ((t.input or 0) + (t.output or 0)) or 0
-    args[#args + 1] = status
-    args[#args + 1] = 40 * 86400
-    local _, err = eval(SETTLE_SHA, SETTLE, #keys, keys, args)
-    if err then
-        ngx.log(ngx.ERR, "zccp: limits settle: ", err)
+    for _, v in ipairs({ used_in, used_out, hit and 1 or 0, saved, status, 40 * 86400 }) do
+        cmd[#cmd + 1] = v
     end
     metrics.count("zccp_nginx_metered_tokens_total", t.api, "input", used_in)
     metrics.count("zccp_nginx_metered_tokens_total", t.api, "output", used_out)
-    metrics.count("zccp_nginx_metered_tokens_total", t.api, "saved", hit and ((t.input or 0) + (t.output or 0)) or 0)
-    usage_log.write(t, status, used_in, used_out, hit and ((t.input or 0) + (t.output or 0)) or 0, cache)
+    metrics.count("zccp_nginx_metered_tokens_total", t.api, "saved", saved)
+    lines[#lines + 1] = usage_log.line(t, status, used_in, used_out, saved, cache)
+    return cmd
 end
 
--- log_by_lua: settle the reservation and meter the request (cosockets need a timer here).
+local function flush(premature)
+    if #queue == 0 then
+        return
+    end
+    local batch, out = queue, lines
+    queue, lines = {}, {}
+    usage_log.write_lines(out)
+    local failed, err = redis_target():pipeline(batch)
+    if failed > 0 and err and err:find("NOSCRIPT", 1, true) then
+        redis_target():call_key(batch[1][1], "SCRIPT", "LOAD", SETTLE)
+        for i = 1, #batch do
+            batch[i][3] = SETTLE_SHA
+        end
+        failed, err = redis_target():pipeline(batch)
+    end
+    if failed > 0 then
+        ngx.log(ngx.ERR, "zccp: limits: ", failed, " settlement(s) failed: ", err,
+                premature and " (worker exiting)" or "")
+    end
+end
+
+-- log_by_lua: queue the settlement of the reservation and the metering of this request.
 function _M.settle()
     local t = ngx.ctx.zccp_limits
     if not t then
         return
     end
     ngx.ctx.zccp_limits = nil
-    local ok, err = ngx.timer.at(0, settle_now, t, ngx.status, ngx.var.sent_http_x_zccp_cache or "")
-    if not ok then
-        ngx.log(ngx.ERR, "zccp: limits settle timer: ", err)
+    if not flusher then
+        local ok, err = ngx.timer.every(FLUSH_S, flush)
+        if not ok then
+            ngx.log(ngx.ERR, "zccp: limits flush timer: ", err)
+            return
+        end
+        flusher = true
     end
+    if #queue >= MAX_QUEUE then
+        ngx.log(ngx.ERR, "zccp: limits: settlement queue full; one request not metered")
+        return
+    end
+    queue[#queue + 1] = settle_cmd(t, ngx.status, ngx.var.sent_http_x_zccp_cache or "")
 end
 
 _M.NAMES = NAMES

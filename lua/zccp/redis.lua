@@ -17,6 +17,8 @@ local str_match = string.match
 local str_byte = string.byte
 local setmetatable = setmetatable
 local select = select
+local ipairs = ipairs
+local unpack = unpack
 
 local _M = { _VERSION = "0.1.0" }
 
@@ -189,6 +191,47 @@ end
 
 function Target:call(cmd, key, ...)
     return self:call_key(key, cmd, key, ...)
+end
+
+-- Several commands, each { key, arg1, arg2, ... }: one write and one read on one server;
+-- on a Cluster, one by one (each to its node). Returns the number that failed, and the
+-- last error.
+function Target:pipeline(cmds)
+    local failed, last = 0, nil
+    if self.opts.cluster then
+        for _, c in ipairs(cmds) do
+            local _, err = self:call_key(c[1], unpack(c, 2))
+            if err then
+                failed, last = failed + 1, err
+            end
+        end
+        return failed, last
+    end
+    local sock, err = connect(self, self.opts.host, self.opts.port)
+    if not sock then
+        return #cmds, err
+    end
+    local out = {}
+    for i, c in ipairs(cmds) do
+        out[i] = encode(#c - 1, unpack(c, 2))
+    end
+    local _, serr = sock:send(out)
+    if serr then
+        sock:close()
+        return #cmds, serr
+    end
+    for _ = 1, #cmds do
+        local _, rerr, is_err = read_reply(sock, 0)
+        if rerr then
+            if not is_err then
+                sock:close()
+                return #cmds, rerr
+            end
+            failed, last = failed + 1, rerr
+        end
+    end
+    sock:setkeepalive(POOL_IDLE_MS, POOL_SIZE)
+    return failed, last
 end
 
 return _M
