@@ -3,7 +3,7 @@ on the hit path (the same 1 KiB body again and again: L1) and the miss path (no-
 no-store: every request goes to the engine's null model). Real nginx + engine + Redis (the
 tests' Stack launcher), loopback, wrk (bench/wrk/post.lua).
 
-    python -m bench.keys [--seconds 3] [--conc 16]
+    PYTHONPATH=engine python -m bench.keys [--seconds 3] [--conc 16]
 
 Rows: auth off | keys (a key without limits: verified from the worker's cache, metered
 after the answer) | keys+limits (a key with every limit set, high enough never to refuse:
@@ -21,13 +21,10 @@ import tempfile
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO / "tests"))
-sys.path.insert(0, str(REPO / "engine"))
-
-from bench import procs  # noqa: E402
-from cache_requests import ENGINE_ENV  # noqa: E402
-from harness import Stack, remove_socket_dirs  # noqa: E402
+from bench import procs
+from tests.support.cache_requests import ENGINE_ENV
+from tests.support.checkout import REPO, require_this_checkout
+from tests.support.harness import Stack, remove_socket_dirs
 
 NULL = {"backend": "null", "name": "zccp-tiny", "max_context": 200000}
 LIMITS = ["--rpm", "10000000", "--itpm", "1000000000", "--otpm", "1000000000", "--concurrency", "100000",
@@ -46,7 +43,7 @@ def body_1k() -> str:
 
 
 def make_key(s: Stack, limits: bool) -> str:
-    out = subprocess.run([sys.executable, "-m", "zccp.keys_cli", "create", "--tenant", "bench",
+    out = subprocess.run([sys.executable, "-m", "zccp.ops.keys_cli", "create", "--tenant", "bench",
                           *(LIMITS if limits else []),
                           "--config", str(s.config_path), "--json"], capture_output=True, text=True,
                          timeout=60, env=ENGINE_ENV, check=True)
@@ -85,6 +82,7 @@ def main() -> None:
     ap.add_argument("--seconds", type=float, default=3.0)
     ap.add_argument("--conc", type=int, default=16)
     args = ap.parse_args()
+    require_this_checkout()
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         body_file = Path(tmp) / "body.jsonl"

@@ -12,8 +12,8 @@ import openai
 import pytest
 import redis
 
-from cache_requests import NULL, eventually, req
-from keys_helpers import keys_cli, status
+from tests.support.cache_requests import NULL, eventually, req
+from tests.support.keys_helpers import keys_cli, status
 
 TTL = 1          # auth.cache_ttl_s in these stacks: the revocation bound
 AUTH = {"mode": "keys", "cache_ttl_s": TTL, "negative_ttl_s": 1}

@@ -10,10 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from cache_requests import NULL, req
-from harness import Stack
-from keys_helpers import keys_cli, status
-from redis_topologies import LocalCluster
+from tests.support.cache_requests import NULL, req
+from tests.support.harness import Stack
+from tests.support.keys_helpers import keys_cli, status
+from tests.support.redis_topologies import LocalCluster
 
 
 @pytest.fixture(scope="module")

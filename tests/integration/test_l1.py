@@ -17,7 +17,7 @@ import time
 import httpx
 import pytest
 
-from cache_requests import ENGINE_ENV, NULL, PATHS, metric, req
+from tests.support.cache_requests import ENGINE_ENV, NULL, PATHS, metric, req
 
 ID = {"anthropic": re.compile(r'"id":"msg_[0-9A-Za-z]{24}"'),
       "openai": re.compile(r'"id":"chatcmpl-[0-9A-Za-z]{29}"')}
@@ -78,7 +78,8 @@ def unique(api: str, text: str) -> tuple[str, list[str]]:
 
 @pytest.mark.parametrize("api,extra", [
     ("anthropic", {}), ("anthropic", {"stream": True}),
-    ("openai", {}), ("openai", {"stream": True}), ("openai", {"stream": True, "stream_options": {"include_usage": True}}),
+    ("openai", {}), ("openai", {"stream": True}),
+    ("openai", {"stream": True, "stream_options": {"include_usage": True}}),
 ])
 def test_an_l1_hit_is_the_engines_replay_with_a_fresh_id_and_created(lstack, api, extra):
     body = req(api, [{"role": "user", "content": "What is the capital of France?"}], **extra)
@@ -205,7 +206,7 @@ def test_a_purge_empties_l1(lstack):
     assert layer(post(s, "openai", b)) == "HIT/L2"
     # the CLI: Redis, then this host's L1
     to_l1(s, "openai", b, missed=True)
-    out = subprocess.run([sys.executable, "-m", "zccp.cli", "cache", "purge", "--scope", "anonymous",
+    out = subprocess.run([sys.executable, "-m", "zccp.ops.cli", "cache", "purge", "--scope", "anonymous",
                           "--config", str(s.config_path)], capture_output=True, text=True, timeout=60,
                          env=ENGINE_ENV)
     assert out.returncode == 0 and "emptied nginx's L1" in out.stdout, out.stderr
@@ -280,7 +281,7 @@ def test_l1_switched_off_and_its_entry_cap(make_stack):
 
 
 def test_an_nginx_reload_empties_l1(lstack):
-    from zccp.stack import reload_masks   # the masks may have changed: every key with them
+    from zccp.ops.stack import reload_masks   # the masks may have changed: every key with them
 
     s = lstack
     body = req("openai", [{"role": "user", "content": "Reload me"}])

@@ -15,8 +15,8 @@ import anthropic
 import openai
 import pytest
 
-from cache_requests import NULL, metric, req
-from keys_helpers import keys_cli, status
+from tests.support.cache_requests import NULL, metric, req
+from tests.support.keys_helpers import keys_cli, status
 
 AUTH = {"mode": "keys", "cache_ttl_s": 1, "negative_ttl_s": 1}
 

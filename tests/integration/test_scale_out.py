@@ -18,10 +18,22 @@ import pytest
 import redis
 from redis.cluster import RedisCluster
 
-from cache_requests import (ENGINE_ENV, CHAT, NULL, Q, REWORDED, cache_of, eventually, metric, post, req, reworded,
-                            stored)
-from harness import Stack
-from redis_topologies import LocalCluster, LocalSentinel, Node, wait_for
+from tests.support.cache_requests import (
+    ENGINE_ENV,
+    CHAT,
+    NULL,
+    Q,
+    REWORDED,
+    cache_of,
+    eventually,
+    metric,
+    post,
+    req,
+    reworded,
+    stored,
+)
+from tests.support.harness import Stack
+from tests.support.redis_topologies import LocalCluster, LocalSentinel, Node, wait_for
 
 # A second per Redis call leaves room for a busy shared test machine; a hung node still
 # answers ERROR within it.
@@ -180,7 +192,8 @@ def test_a_hung_master_is_served_uncached_and_the_cache_comes_back(shared, clust
     cluster.wait_ok()
     # the entry is still there once the node answers again: the hosts find it by themselves
     for s in (a, b):
-        wait_for("a HIT after the node came back", lambda: cache_of(s, "anthropic", req("anthropic", CHAT)) == "HIT",
+        wait_for("a HIT after the node came back",
+                 lambda s=s: cache_of(s, "anthropic", req("anthropic", CHAT)) == "HIT",
                  timeout=30, every=0.3)
         s.assert_no_leaks()
 
@@ -209,7 +222,7 @@ def test_purge_through_one_host_empties_the_cache_for_both(shared, cluster):
     for i in range(6):
         stored(a, "anthropic", req("anthropic", history(100 + i)))
     total = sum(map(len, zccp_keys(cluster).values()))
-    out = subprocess.run([sys.executable, "-m", "zccp.cli", "cache", "purge", "--all", "--config",
+    out = subprocess.run([sys.executable, "-m", "zccp.ops.cli", "cache", "purge", "--all", "--config",
                           str(a.config_path)], capture_output=True, text=True, timeout=60, env=ENGINE_ENV)
     assert out.returncode == 0, out.stderr
     assert out.stdout.split() == ["purged", str(total), "keys"]

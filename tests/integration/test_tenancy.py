@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 
-from cache_requests import NULL, PATHS, cache_of, eventually, post, req, stored
+from tests.support.cache_requests import NULL, PATHS, cache_of, eventually, post, req, stored
 
 SAMPLED = "Generate a fresh 16-character password for my new database account, please."
 

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import random
 import struct
+import zlib
+from itertools import pairwise
 
 import numpy as np
 import orjson
@@ -15,10 +17,8 @@ import pytest
 
 from zccp.abi import MINHASH_COUNT
 from zccp.cache.fingerprint import compute
-import zlib
-
 from zccp.cache.fp.csf import mix64, tokenize
-from zccp.cache.masks import MaskSet
+from zccp.cache.mask_apply import MaskSet
 from zccp.cache.near import (MAX_SHINGLES, RECORD_VERSION, VERIFY_MARGIN, NearRecord, TurnShingles, choose,
                              exact_jaccard, shingle_set, turn_shingles)
 
@@ -53,7 +53,7 @@ def record_for(text, shared=False, signature=None) -> NearRecord:
 def shingles_of(text: bytes) -> set[tuple[bytes, ...]]:
     """The word 2-shingles of fingerprint.md §4 (one token: its 1-shingle), spelled out."""
     toks = tokenize(text)[0]
-    return {(toks[0],)} if len(toks) == 1 else set(zip(toks, toks[1:]))
+    return {(toks[0],)} if len(toks) == 1 else set(pairwise(toks))
 
 
 def hashes_of(text: bytes) -> list[int]:
@@ -106,7 +106,7 @@ def test_the_best_exact_candidate_wins_and_an_estimate_just_short_is_still_check
     for i in changed:
         sig[i] ^= 0x5A5A5A5A
     short = NearRecord(good.prefix, False, tuple(sig), good.shingles)
-    est = sum(a == b for a, b in zip(short.signature, q.signature)) / MINHASH_COUNT
+    est = sum(a == b for a, b in zip(short.signature, q.signature, strict=True)) / MINHASH_COUNT
     assert THRESHOLD - VERIFY_MARGIN <= est < THRESHOLD
     v = choose([b"short", short.encode()], q.prefix_key, q.signature, THRESHOLD, own(edited))
     assert v.key == b"short" and v.similarity >= THRESHOLD
@@ -164,7 +164,9 @@ def test_exact_jaccard_matches_python_sets():
     rnd = random.Random(7)
     for _ in range(200):
         a = {rnd.randrange(1 << 32) for _ in range(rnd.randrange(1, 300))}
-        b = set(rnd.sample(sorted(a), rnd.randrange(0, len(a) + 1))) | {rnd.randrange(1 << 32) for _ in range(rnd.randrange(0, 50))}
+        b = set(rnd.sample(sorted(a),
+                           rnd.randrange(0,
+                                         len(a) + 1))) | {rnd.randrange(1 << 32) for _ in range(rnd.randrange(0, 50))}
         want = len(a & b) / len(a | b) if b else 0.0
         sa = np.array(sorted(a), dtype=np.uint32)
         sb = np.array(sorted(b), dtype=np.uint32)

@@ -5,8 +5,8 @@ The LSH bands only find candidates, and the MinHash estimate from 128 values has
 standard error of about 0.03 around the 0.85 threshold: unrelated prompts with a true
 Jaccard of 0.81-0.84 were served. So the record also keeps the candidate's set of word
 2-shingles, the ones its MinHash read (fingerprint.md §3-§4: the masked final turn, at
-most 1024 tokens), each as a 32-bit hash, sorted and unique; a candidate is served only when the *exact* Jaccard of its set and
-the request's is at least `cache.similarity_threshold`. The request's own set
+most 1024 tokens), each as a 32-bit hash, sorted and unique; a candidate is served only
+when the *exact* Jaccard of its set and the request's is at least `cache.similarity_threshold`. The request's own set
 is computed only when there is a candidate to check (TurnShingles, once per request), so
 a miss costs nothing more; a store computes it to write the record.
 
@@ -42,7 +42,7 @@ from zccp.cache.fp.canonical import as_bytes
 from zccp.cache.fp.csf import estimate_jaccard, tokens_of_text
 from zccp.cache.fp.prompt import final_turn
 from zccp.cache.fp.tables import MAX_TOKENS
-from zccp.cache.masks import MaskError, MaskSet, mask_doc
+from zccp.cache.mask_apply import MaskError, MaskSet, mask_doc
 
 log = logging.getLogger("zccp.cache.near")
 
@@ -175,7 +175,7 @@ def choose(flat: list[Any], prefix: bytes, signature: tuple[int, ...], threshold
     which must reach the threshold. `own` is asked for the request's set only when some
     candidate gets that far."""
     cands: list[tuple[float, bytes, NearRecord]] = []
-    for key, raw in zip(flat[0::2], flat[1::2]):
+    for key, raw in zip(flat[0::2], flat[1::2], strict=False):
         rec = NearRecord.decode(raw)
         if rec is None or rec.prefix != prefix or not isinstance(key, bytes):
             continue

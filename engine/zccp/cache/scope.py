@@ -37,7 +37,7 @@ from typing import Literal
 from zccp.abi import Flag, ffi
 from zccp.arena import SlotView
 from zccp.config import CacheConfig
-from zccp.request import GenerationRequest
+from zccp.shared_types import GenerationRequest
 
 PREFIX = "zccp:v2:"          # fingerprint spec version 2: version-1 entries are never read
 SHARED = "shared"

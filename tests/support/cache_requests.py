@@ -5,10 +5,11 @@ from __future__ import annotations
 
 import os
 import time
-from pathlib import Path
 
-# For a subprocess of this worktree's tools (python -m zccp.cli ...): its engine/, not the venv's install.
-ENGINE_ENV = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1] / "engine")}
+from tests.support.checkout import REPO
+
+# For a subprocess of this checkout's tools (python -m zccp.ops.cli ...): its engine/, not the venv's install.
+ENGINE_ENV = {**os.environ, "PYTHONPATH": str(REPO / "engine")}
 
 PATHS = {"anthropic": "/v1/messages", "openai": "/v1/chat/completions"}
 MODEL = "zccp-tiny"

@@ -8,12 +8,12 @@ import sys
 
 import httpx
 
-from cache_requests import ENGINE_ENV, PATHS
+from tests.support.cache_requests import ENGINE_ENV, PATHS
 
 
 def keys_cli(s, *args: str) -> dict | list:
     """`zccp-keys ARGS --config <the stack's> --json` (this worktree's code), parsed."""
-    out = subprocess.run([sys.executable, "-m", "zccp.keys_cli", *args, "--config", str(s.config_path), "--json"],
+    out = subprocess.run([sys.executable, "-m", "zccp.ops.keys_cli", *args, "--config", str(s.config_path), "--json"],
                          capture_output=True, text=True, timeout=60, env=ENGINE_ENV)
     assert out.returncode == 0, out.stderr
     return json.loads(out.stdout)
