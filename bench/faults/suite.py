@@ -49,6 +49,7 @@ import yaml
 
 from tests.support.checkout import REPO, require_this_checkout
 from zccp.config import load_config
+from zccp.ops.admin_client import admin_request
 from zccp.paths import lua_file
 from zccp.runtime import resolve
 from zccp.ops.stack import (
@@ -473,9 +474,10 @@ def _closed_by_server(socks: list[socket.socket], guard_s: float = 10.0) -> int:
 def streams_ended(s: FaultStack, reason: str) -> int:
     """nginx's zccp_nginx_streams_ended_total for `reason`, both APIs."""
     try:
-        text = httpx.get(s.url + "/metrics", timeout=5).text
-    except httpx.HTTPError:
+        status, raw = admin_request(s.cfg, "GET", "/metrics")   # the admin listener's
+    except OSError:
         return -1
+    text = raw.decode("utf-8", "replace") if status == 200 else ""
     return sum(int(float(line.split()[-1])) for line in text.splitlines()
                if line.startswith("zccp_nginx_streams_ended_total{") and f'reason="{reason}"' in line)
 

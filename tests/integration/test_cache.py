@@ -143,7 +143,7 @@ def test_redis_down_serves_uncached_and_recovers(cstack):
     r = post(cstack, body)
     assert r.headers["x-zccp-cache"] == "ERROR"
     assert r.json()["type"] == "message"
-    metrics = cstack.client().get("/metrics").text
+    metrics = cstack.admin_client().get("/metrics").text
     errors = [ln for ln in metrics.splitlines() if ln.startswith("zccp_engine_cache_errors_total")]
     assert errors and float(errors[0].split()[-1]) >= 1
     cstack.redis.start()
@@ -221,7 +221,7 @@ def _stored(s, body):
 
 
 def _not_similar(s) -> float:
-    for line in s.client().get("/metrics").text.splitlines():
+    for line in s.admin_client().get("/metrics").text.splitlines():
         if line.startswith("zccp_engine_cache_total{") and 'reason="not_similar"' in line and 'result="MISS"' in line:
             return float(line.rsplit(" ", 1)[1])
     return 0.0

@@ -113,7 +113,8 @@ def test_stalled_reader_breaks_no_other_request(make_stack):
 
 
 def _streams_ended(s, reason: str, api: str = "anthropic") -> int:
-    text = httpx.get(s.url("/metrics"), timeout=10).text
+    with s.admin_client() as c:
+        text = c.get("/metrics").text
     series = f'zccp_nginx_streams_ended_total{{api="{api}",reason="{reason}"}} '
     line = next(ln for ln in text.splitlines() if ln.startswith(series))
     return int(line.split()[-1])
