@@ -131,7 +131,7 @@ def test_keys_spread_over_every_master_one_request_in_one_slot(shared, cluster):
         stored(a if i % 2 else b, "anthropic", req("anthropic", history(i)))
     by_node = zccp_keys(cluster)
     assert all(by_node.values()), {k: len(v) for k, v in by_node.items()}   # every master holds some
-    # every key of one request (entry, near record, 16 band sets) carries one hash tag: one slot
+    # every key of one request (entry, near record, near index) carries one hash tag: one slot
     tags: dict[str, set[str]] = {}
     for node, keys in by_node.items():
         for k in keys:
@@ -139,7 +139,7 @@ def test_keys_spread_over_every_master_one_request_in_one_slot(shared, cluster):
             assert tag is not None, k
             tags.setdefault(tag.group(1).decode(), set()).add(node)
     assert len(tags) == 24 and all(len(nodes) == 1 for nodes in tags.values())
-    assert sum(map(len, by_node.values())) == 24 * 18
+    assert sum(map(len, by_node.values())) == 24 * 3
 
 
 def test_the_lookup_scripts_undeclared_keys_run_in_their_slot_and_nowhere_else(cluster):
