@@ -157,7 +157,10 @@ class RequestFlow:
             if lookup.status == "HIT" and not flags & Flag.NO_STORE:   # what nginx may keep (its L1, by exact key)
                 meta.cache_ttl_s = deps.cache.l1_ttl(lookup.answer, lookup.age_s)
                 meta.cache_scope = 0 if lookup.shared else 1
-            self._replay(prep, lookup.answer)
+            # an exact HIT of an unmasked request is the stored request: its usage, as nginx's
+            # L1 replays it (docs/cache.md); a masked HIT and a NEAR count their own prompt
+            own = lookup.status == "HIT" and keys is not None and not keys.masked
+            self._replay(prep, lookup.answer, lookup.answer.input_tokens if own else 0)
             return self._done()
         store = keys if keys is not None and not flags & Flag.NO_STORE and lookup.status != "ERROR" else None
         self._run_model(prep, store)
@@ -226,7 +229,7 @@ class RequestFlow:
         if keys is None or completed is None or cache is None or completed.result.tool_calls:
             self._release_owned()   # an entry keeps text only (CachedAnswer): a tool-call turn is not stored
             return
-        entry = CachedAnswer.of(completed, time.time(), self._literals)
+        entry = CachedAnswer.of(completed, time.time(), self._literals, unmasked=not keys.masked)
 
         async def store_then_release() -> None:
             try:
@@ -336,15 +339,16 @@ class RequestFlow:
             self._fail(None)
         return None
 
-    def _replay(self, prep: Prepared, answer: CachedAnswer) -> None:
+    def _replay(self, prep: Prepared, answer: CachedAnswer, input_tokens: int = 0) -> None:
         """Answer from the cache: the same bytes a fresh answer would have, minus the model.
 
         A stream is replayed as the same event sequence, with the deltas cut where they
         were first streamed, and written with one write() so that it never floods the
-        doorbell with notices (this runs on the event loop)."""
+        doorbell with notices (this runs on the event loop). input_tokens: the usage's prompt
+        tokens (0: this request's own)."""
         codec, req, writer = prep.codec, prep.req, self.ctx.writer
         try:
-            result = answer.result(int(prep.input_ids.numel()))
+            result = answer.result(input_tokens or int(prep.input_ids.numel()))
             rid, created = codec.new_response_id(), int(time.time())
             if req.stream:
                 enc = codec.stream(req, rid, created, result.input_tokens)

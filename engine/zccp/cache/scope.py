@@ -34,7 +34,7 @@ from zccp.arena import SlotView
 from zccp.config import CacheConfig
 from zccp.request import GenerationRequest
 
-PREFIX = "zccp:v2:"          # fingerprint spec version 2: version-1 entries are never read
+PREFIX = "zccp:v2:"          # since fingerprint version 2 (version 3 changed the hashes only): v1 is never read
 SHARED = "shared"
 ANON = "anon"
 ScopeMode = Literal["tenant", "isolated", "global"]
