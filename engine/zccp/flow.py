@@ -32,6 +32,7 @@ from zccp.cache.answer import CachedAnswer, literals_in
 from zccp.cache.inflight import InFlight
 from zccp.cache.keys import CacheKeys, keys_for, slot_masks
 from zccp.cache.masks import MaskSource
+from zccp.cache.sampled import SampledUse, sampled_use
 from zccp.cache.store import Lookup, ResponseCache
 from zccp.generation import generate_text
 from zccp.logs import RequestLog
@@ -108,6 +109,7 @@ class RequestFlow:
         self._store_keys: CacheKeys | None = None    # set when the answer will be stored
         self._literals: tuple[str, ...] = ()         # the request's masked values the answer carries
         self._owned: bytes | None = None             # the in-flight key this request owns (coalescing)
+        self._use = SampledUse(False, True, True, True)   # what the cache may do with it (cache.sampled)
 
     # -- the sequence ----------------------------------------------------------------------
 
@@ -120,10 +122,14 @@ class RequestFlow:
         if deps.cache is None or deps.masks is None:
             return self._run_model(prep, None)
         flags = ctx.view.header.flags
-        if flags & Flag.NO_CACHE and flags & Flag.NO_STORE:
+        self._use = use = sampled_use(prep.req.sampling, deps.cache.cfg.sampled, flags)
+        if flags & Flag.NO_CACHE and flags & Flag.NO_STORE or not (use.lookup or use.store):
             # Neither lookup nor store: no keys to compute, no Redis round trip.
-            deps.metrics.cache.inc(result="BYPASS", reason="no_cache")
+            sampled = not (use.lookup or use.store)
+            deps.metrics.cache.inc(result="BYPASS", reason="sampled" if sampled else "no_cache")
             ctx.view.meta.cache_status = CacheStatus.BYPASS
+            if sampled:
+                ctx.view.meta.cache_reason = CacheReason.SAMPLED
             return self._run_model(prep, None)
         try:
             keys = keys_for(ctx.view, ctx.payload, prep.req, deps.masks, deps.cache.cfg, prep.doc)
@@ -139,6 +145,8 @@ class RequestFlow:
         for waited in (False, True):
             if keys is None or flags & Flag.NO_CACHE:
                 lookup = Lookup("BYPASS", "unfingerprintable" if keys is None else "no_cache")
+            elif not self._use.lookup:
+                lookup = Lookup("BYPASS", "sampled")       # stored, not served (cache.sampled: store)
             else:
                 lookup = await deps.cache.lookup(keys, ctx.payload)
             deps.metrics.cache.inc(result=lookup.status, reason=lookup.reason)
@@ -151,10 +159,14 @@ class RequestFlow:
         meta.cache_status = getattr(CacheStatus, lookup.status)
         if lookup.reason == "masked_literal":
             meta.cache_reason = CacheReason.MASKED_LITERAL
+        elif lookup.reason == "sampled":
+            meta.cache_reason = CacheReason.SAMPLED
         if lookup.answer is not None:
             meta.similarity_ppm = int(lookup.similarity * 1_000_000)
             meta.age_s = lookup.age_s
-            if lookup.status == "HIT" and not flags & Flag.NO_STORE:   # what nginx may keep (its L1, by exact key)
+            # what nginx may keep (its L1, by exact key): not a sampled answer that only the
+            # requests asking for it may be served (cache.sampled)
+            if lookup.status == "HIT" and not flags & Flag.NO_STORE and self._use.l1:
                 meta.cache_ttl_s = deps.cache.l1_ttl(lookup.answer, lookup.age_s)
                 meta.cache_scope = 0 if lookup.shared else 1
             # an exact HIT of an unmasked request is the stored request: its usage, as nginx's
@@ -162,7 +174,8 @@ class RequestFlow:
             own = lookup.status == "HIT" and keys is not None and not keys.masked
             self._replay(prep, lookup.answer, lookup.answer.input_tokens if own else 0)
             return self._done()
-        store = keys if keys is not None and not flags & Flag.NO_STORE and lookup.status != "ERROR" else None
+        storable = keys is not None and not flags & Flag.NO_STORE and lookup.status != "ERROR" and self._use.store
+        store = keys if storable else None
         self._run_model(prep, store)
 
     async def _wait_for_twin(self, keys: CacheKeys | None, lookup: Lookup) -> bool:
@@ -257,7 +270,7 @@ class RequestFlow:
         assert masks is not None
         self._literals = literals_in(text, keys.request_literals(prep.doc, masks))
         meta = self.ctx.view.meta
-        meta.cache_ttl_s = 0 if self._literals else deps.cache.cfg.ttl_s
+        meta.cache_ttl_s = 0 if self._literals or not self._use.l1 else deps.cache.cfg.ttl_s
         meta.cache_scope = 0 if keys.placement.shared else 1
 
     def _done(self) -> None:
