@@ -248,8 +248,8 @@ def cost(texts: list[str]) -> list[dict]:
             return statistics.median(ts) * 1e6
 
         rows.append({"words": len(pick.split()), "units": len(units), "record_bytes": len(raw),
-                     "request_units_us": med(lambda: TurnUnits(doc, masks).index(b"p" * 32)),
-                     "candidate_check_us": med(lambda: same_meaning(core, NearRecord.decode(raw), words))})
+                     "request_units_us": med(lambda d=doc: TurnUnits(d, masks).index(b"p" * 32)),
+                     "candidate_check_us": med(lambda c=core, r=raw: same_meaning(c, NearRecord.decode(r), words))})
     return rows
 
 
@@ -257,7 +257,7 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m bench.cache_eval.meaning", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--per-kind", type=int, default=60)
-    ap.add_argument("--replay", type=int, default=1500)
+    ap.add_argument("--replay", type=int, default=1000)
     ap.add_argument("--baseline", default="main")
     ap.add_argument("--seconds", type=int, default=4)
     ap.add_argument("--rounds", type=int, default=2)
@@ -267,24 +267,26 @@ def main(argv: list[str] | None = None) -> int:
     a = ap.parse_args(argv)
     t0 = time.time()
     convs = _load()
-    texts = list(dict.fromkeys(first_human_turns(convs)))
+    natural = first_human_turns(convs)            # in dataset order, ShareGPT's own repeats kept
+    texts = list(dict.fromkeys(natural))
     pairs = labelled_set(texts, a.per_kind, a.seed)
     log(f"{len(texts)} first turns; {len(pairs)} labelled pairs")
     workdir = Path(tempfile.mkdtemp(prefix="zccp-meaning-"))
     before = BaselineStack(a.baseline, workdir, OVERRIDES).start()
     after = Stack(workdir / "stack", OVERRIDES, with_redis=True).start()
     res: dict = {"baseline": a.baseline, "baseline_commit": before.commit, "per_kind": a.per_kind,
+                 "replay_n": a.replay, "seconds_wrk": a.seconds, "rounds": a.rounds,
                  "started": time.strftime("%Y-%m-%d %H:%M:%S %Z"), "threads": a.threads}
     try:
         for which, url in (("before", before.base_url), ("after", after.base_url)):
             c = Client(url)
             with ThreadPoolExecutor(a.threads) as ex:
-                got = list(ex.map(lambda p: run_pair(c, p), pairs))
+                got = list(ex.map(lambda p, c=c: run_pair(c, p), pairs))
             for p, g in zip(pairs, got, strict=True):
                 p[which] = g
             c.close()
             log(f"{which}: pairs done")
-        rep = [t for t in texts[:a.replay]]
+        rep = natural[:a.replay]
         res["replay"] = {}
         for which, url in (("before", before.base_url), ("after", after.base_url)):
             c = Client(url)
@@ -383,8 +385,8 @@ def section(res: dict) -> str:
         n = sum(c.values())
         s = c.get("HIT", 0) + c.get("NEAR", 0)
         return f"{s} of {n} ({100 * s / n:.2f}%: HIT {c.get('HIT', 0)}, NEAR {c.get('NEAR', 0)})"
-    lines += ["", "**ShareGPT replay** (natural first turns in dataset order, each sent once, both APIs "
-              "alternately): served from the cache",
+    lines += ["", f"**ShareGPT replay** (the first {res['replay_n']} first human turns in dataset order, "
+              "ShareGPT's own repeats kept, each sent once, both APIs alternately): served from the cache",
               "", f"* before, temperature 0: {fmt(rp['before'])}",
               f"* after, temperature 0: {fmt(rp['after'])}",
               f"* after, the APIs' default temperature (1), `cache.sampled: off` (the default): "
@@ -404,9 +406,10 @@ def section(res: dict) -> str:
               "(the index name is part of the one lookup); each candidate costs the decode of its record and "
               "one list comparison. The version-2 check cost 8–12 µs per candidate plus 17–150 µs for the "
               "request's shingle set (the section below).", "",
-              f"**NEAR path** (wrk, 2 threads, 16 connections, {res.get('seconds_wrk', '')} one NEAR body: a "
-              "stored prompt plus a trailing newline; medians of alternating runs):", "",
-              "| body | words | before req/s | after req/s | before p50 ms | after p50 ms |", "|---|---|---|---|---|---|"]
+              f"**NEAR path** (wrk, 2 threads, 16 connections, {res['seconds_wrk']} s per run, {res['rounds']} "
+              "runs per gateway alternating; one NEAR body: a stored prompt plus a trailing newline; medians):", "",
+              "| body | words | before req/s | after req/s | before p50 ms | after p50 ms |",
+              "|---|---|---|---|---|---|"]
     by = {(r["body"], r["stack"]): r for r in res["near_path"]}
     for name in ("short", "long"):
         b, af = by.get((name, "before")), by.get((name, "after"))

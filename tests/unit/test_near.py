@@ -189,3 +189,14 @@ def test_a_failure_while_reading_the_turn_costs_the_near_hit_only():
 def test_a_body_parsed_by_orjson_gives_the_same_units():
     text = "Ünïcödé wörds, ÉTÉ été — 東京タワー and ASCII"
     assert turn_units(orjson.loads(orjson.dumps(doc(text))), None, W) == W.units(text)
+
+
+@pytest.mark.parametrize("text", [
+    BASE, "x = -5 and y >= 3.5, f(!done) foo_bar well-known 5' 1,000 .5 €5 ≤ 😀 你好 번역하기 Café",
+    "a\u00a0b\u3000c\td\ne -x- --y 3-4 a-b- -c", "endswith. 5.\n(5) [a] {b} 'q' \"r\" ok!done !=", "",
+])
+def test_the_chunked_reader_is_the_regex_over_the_whole_text(text):
+    import unicodedata
+
+    from zccp.cache.meaning import _FORMAT
+    assert W.units(text) == W.unit_re.findall(unicodedata.normalize("NFC", text.translate(_FORMAT)).casefold())
