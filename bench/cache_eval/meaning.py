@@ -264,7 +264,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--threads", type=int, default=4)
     ap.add_argument("--seed", type=int, default=22)
     ap.add_argument("--out", type=Path, default=HERE / "meaning.json")
+    ap.add_argument("--report-only", action="store_true", help="re-render RESULTS.md's section from --out")
     a = ap.parse_args(argv)
+    if a.report_only:
+        write_results(json.loads(a.out.read_text()))
+        return 0
     t0 = time.time()
     convs = _load()
     natural = first_human_turns(convs)            # in dataset order, ShareGPT's own repeats kept
@@ -402,8 +406,8 @@ def section(res: dict) -> str:
     for r in res["cost"]:
         lines.append(f"| {r['words']} | {r['units']} | {r['record_bytes']} | {r['request_units_us']:.0f} | "
                      f"{r['candidate_check_us']:.0f} |")
-    lines += ["", "The request's units are computed for every near-able request that misses its exact key "
-              "(the index name is part of the one lookup); each candidate costs the decode of its record and "
+    lines += ["", "The request's units are computed for every near-able request the engine looks up (the "
+              "index name travels with the exact keys in the one lookup); each candidate costs the decode of its record and "
               "one list comparison. The version-2 check cost 8–12 µs per candidate plus 17–150 µs for the "
               "request's shingle set (the section below).", "",
               f"**NEAR path** (wrk, 2 threads, 16 connections, {res['seconds_wrk']} s per run, {res['rounds']} "

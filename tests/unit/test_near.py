@@ -182,8 +182,32 @@ def test_a_malformed_record_is_none(raw):
 
 def test_a_failure_while_reading_the_turn_costs_the_near_hit_only():
     t = TurnUnits({"messages": [{"role": "user", "content": "x"}]}, None)
-    object.__setattr__(t, "words", None)       # a bug in the reader
+    t.words = None                             # the word list could not be read
     assert t.get() is None and t.index(b"p" * 32) is None
+
+    class Broken:
+        def units(self, text):
+            raise RuntimeError("a bug in the reader")
+    t = TurnUnits({"messages": [{"role": "user", "content": "x"}]}, None, Broken())  # type: ignore[arg-type]
+    assert t.get() is None and t.index(b"p" * 32) is None
+    assert choose([b"k", record(BASE).encode()], b"p" * 32, t).key is None
+
+
+def test_a_broken_word_list_turns_near_hits_off_not_the_engine(tmp_path, caplog):
+    from zccp.cache import meaning
+    p = tmp_path / "w.lua"
+    p.write_text("return { filler_anywhere = ")
+    with pytest.raises(Exception):
+        load_near_words(p)
+    meaning.near_words_or_none.cache_clear()
+    real = meaning.near_words
+    try:
+        meaning.near_words = lambda: load_near_words(p)     # type: ignore[assignment]
+        assert meaning.near_words_or_none() is None
+    finally:
+        meaning.near_words = real                           # type: ignore[assignment]
+        meaning.near_words_or_none.cache_clear()
+    assert meaning.near_words_or_none() is W
 
 
 def test_a_body_parsed_by_orjson_gives_the_same_units():

@@ -156,3 +156,14 @@ def load_near_words(path: str | Path) -> NearWords:
 def near_words() -> NearWords:
     """The list in force: lua/zccp/near_words.lua, read once per process."""
     return load_near_words(lua_file("near_words.lua"))
+
+
+@lru_cache(maxsize=1)
+def near_words_or_none() -> NearWords | None:
+    """near_words(), or None when the file cannot be read (logged once): then no request
+    has near hits, and exact hits go on."""
+    try:
+        return near_words()
+    except Exception as exc:
+        log.error("lua/zccp/near_words.lua: %s; near hits are off", exc)
+        return None

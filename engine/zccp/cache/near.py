@@ -33,7 +33,7 @@ from typing import Any
 from zccp.cache.fp.canonical import as_bytes
 from zccp.cache.fp.prompt import final_turn
 from zccp.cache.masks import MaskError, MaskSet, mask_doc
-from zccp.cache.meaning import NearWords, Units, near_words
+from zccp.cache.meaning import NearWords, Units, near_words_or_none
 
 log = logging.getLogger("zccp.cache.near")
 
@@ -114,7 +114,7 @@ class TurnUnits:
 
     doc: dict | None
     masks: MaskSet | None          # None: doc is already masked
-    words: NearWords = field(default_factory=near_words)
+    words: NearWords | None = field(default_factory=near_words_or_none)   # None: the list is broken
     _units: Units | None = field(default=None, init=False, repr=False)
     _core: Units | None = field(default=None, init=False, repr=False)
     _done: bool = field(default=False, init=False, repr=False)
@@ -123,8 +123,10 @@ class TurnUnits:
         if self._done:
             return
         self._done = True
+        if self.words is None or self.doc is None:
+            return
         try:
-            self._units = turn_units(self.doc, self.masks, self.words) if self.doc is not None else None
+            self._units = turn_units(self.doc, self.masks, self.words)
             self._core = self.words.core(self._units) if self._units is not None else None
         except Exception:   # a bug here must cost a near hit, not the lookup or the store
             self._units = self._core = None
@@ -142,7 +144,7 @@ class TurnUnits:
 
     def index(self, prefix: bytes) -> str | None:
         core = self.core()
-        return None if core is None else index_name(prefix, core, self.words)
+        return None if core is None or self.words is None else index_name(prefix, core, self.words)
 
 
 @dataclass(frozen=True)
@@ -163,14 +165,14 @@ def same_meaning(own_core: Units, record: NearRecord, words: NearWords) -> bool:
 def choose(flat: list[Any], prefix: bytes, own: TurnUnits) -> Verdict:
     """The first candidate among the lookup script's (key, record) pairs whose record has
     this prefix key and whose turn means the same as this one's."""
-    mine, core = own.get(), own.core()
+    mine, core, words = own.get(), own.core(), own.words
     found = False
     for key, raw in zip(flat[0::2], flat[1::2], strict=False):   # an odd tail (malformed reply) is dropped
         rec = NearRecord.decode(raw)
         if rec is None or rec.prefix != prefix or not isinstance(key, bytes):
             continue
         found = True
-        if mine is not None and core is not None and same_meaning(core, rec, own.words):
+        if mine is not None and core is not None and words is not None and same_meaning(core, rec, words):
             a, b = set(mine), set(rec.units)
             return Verdict(key, rec, len(a & b) / len(a | b), "near")
     return Verdict(None, None, 0.0, "meaning_differs" if found else "not_found")

@@ -37,6 +37,7 @@ from typing import TYPE_CHECKING, Any
 
 from zccp.cache.answer import CachedAnswer
 from zccp.cache.keys import CacheKeys
+from zccp.cache.meaning import near_words_or_none
 from zccp.cache.near import NearRecord, choose
 from zccp.cache.redis_target import RedisConnection, connect, parse_redis_url
 from zccp.cache.scope import SHARED, Placement
@@ -124,6 +125,8 @@ class ResponseCache:
         self._conn = connect(parse_redis_url(self.cfg.redis_url), self._timeout)
         self._redis = self._conn.client
         self._lookup = self._redis.register_script(LOOKUP_SCRIPT)
+        if self.cfg.near_duplicate:
+            near_words_or_none()     # read the word list now, not on the first request (an error is logged)
 
     @property
     def redis(self) -> RedisClient:
