@@ -197,7 +197,7 @@ def test_a_broken_word_list_turns_near_hits_off_not_the_engine(tmp_path, caplog)
     from zccp.cache import meaning
     p = tmp_path / "w.lua"
     p.write_text("return { filler_anywhere = ")
-    with pytest.raises(Exception):
+    with pytest.raises(ValueError):           # LuaDataError
         load_near_words(p)
     meaning.near_words_or_none.cache_clear()
     real = meaning.near_words
