@@ -408,8 +408,8 @@ def section(res: dict) -> str:
                      f"{r['candidate_check_us']:.0f} |")
     lines += ["", "The request's units are computed for every near-able request the engine looks up (the "
               "index name travels with the exact keys in the one lookup); each candidate costs the decode of "
-              "its record and one list comparison. The version-2 check cost 8–12 µs per candidate plus 17–150 µs for the "
-              "request's shingle set (the section below).", "",
+              "its record and one list comparison. The version-2 check cost 8–12 µs per candidate plus "
+              "17–150 µs for the request's shingle set (an earlier run, on a quieter machine).", "",
               f"**NEAR path** (wrk, 2 threads, 16 connections, {res['seconds_wrk']} s per run, {res['rounds']} "
               "runs per gateway alternating; one NEAR body: a stored prompt plus a trailing newline; medians):", "",
               "| body | words | before req/s | after req/s | before p50 ms | after p50 ms |",

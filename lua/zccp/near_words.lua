@@ -31,7 +31,8 @@ return {
     },
 
     -- Prose punctuation besides ASCII . , ; : ! ? ' " ( ) - : not units, except next to a
-    -- digit (1.5, 10:30, 5'), and a hyphen that does not join two letters (-5, --flag, a - b)
+    -- digit (1.5, 10:30, 5'), a hyphen that does not join two letters (-5, --flag, 3-4; but
+    -- hyphens standing alone between words are a dash, "a - b", unless between numbers, "5 - 3")
     -- or an ! before a word or = (!done, !=).
     prose_punctuation = "“”‘’«»„‚‹›—–‐‑‒…、。，．：；！？¡¿（）「」『』【】《》〈〉·",
 

@@ -75,11 +75,13 @@ class NearWords:
         lookarounds see the same neighbours: whitespace is no word, digit or letter)."""
         out: Units = []
         find = self.unit_re.findall
-        for chunk in unicodedata.normalize("NFC", text.translate(_FORMAT)).casefold().split():
+        chunks = unicodedata.normalize("NFC", text.translate(_FORMAT)).casefold().split()
+        for i, chunk in enumerate(chunks):
             if chunk.isascii() and chunk.isalnum():
                 out.append(chunk)
-            else:
+            elif chunk.strip("-") or _between_numbers(chunks, i):
                 out += find(chunk)
+            # else: hyphens standing alone between words are a dash ("a - b", "---"): punctuation
         return out
 
     def core(self, units: Units) -> Units:
@@ -98,6 +100,11 @@ class NearWords:
                 break
             j -= m
         return u[i:j]
+
+
+def _between_numbers(chunks: list[str], i: int) -> bool:
+    """A chunk between one ending and one starting with a digit ("5 - 3": a minus)."""
+    return 0 < i < len(chunks) - 1 and chunks[i - 1][-1].isdigit() and chunks[i + 1][0].isdigit()
 
 
 def _match(u: Units, i: int, j: int, phrases: tuple[tuple[str, ...], ...], at_start: bool) -> int:
