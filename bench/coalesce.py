@@ -14,18 +14,14 @@ import concurrent.futures as cf
 import json
 import statistics
 import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
 
 import httpx
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO / "tests"))
-sys.path.insert(0, str(REPO / "engine"))
-
-from harness import Stack, remove_socket_dirs  # noqa: E402
+from tests.support.checkout import REPO, require_this_checkout
+from tests.support.harness import Stack, remove_socket_dirs
 
 
 def _post(c: httpx.Client, body: dict, headers: dict | None = None) -> tuple[float, int, str]:
@@ -94,6 +90,7 @@ def main() -> None:
     ap.add_argument("--n", type=int, default=64)
     ap.add_argument("--max-tokens", type=int, default=256)
     args = ap.parse_args()
+    require_this_checkout()
     with tempfile.TemporaryDirectory() as tmp:
         try:
             rows = [measure(None, args.n, args.max_tokens, Path(tmp)), measure(0, args.n, args.max_tokens, Path(tmp))]
@@ -106,14 +103,17 @@ def main() -> None:
         "# Identical requests in flight (coalescing)", "",
         f"`python -m bench.coalesce --n {args.n} --max-tokens {args.max_tokens}` at {commit}: {args.n} concurrent "
         "copies of one new prompt (Anthropic, not streamed, temperature 0, the tiny model on the CPU, "
-        "2 cores), real nginx + engine + Redis; `single` = median of 5 requests of the same body alone (`Cache-Control: no-cache, no-store`). Generations = answers "
+        "2 cores), real nginx + engine + Redis; `single` = median of 5 requests of the same body alone "
+        "(`Cache-Control: no-cache, no-store`). Generations = answers "
         "with `X-ZCCP-Cache: MISS`. Target (issue 11): 1 generation, p99 <= 1.2x single.", "",
-        "| coalesce_wait_ms | generations | decode steps | tokens per answer | single ms | p50 ms | p99 ms | p99 / single "
+        "| coalesce_wait_ms | generations | decode steps | tokens per answer | single ms | p50 ms | p99 ms "
+        "| p99 / single "
         "| nginx p50 ms | nginx p99 ms | statuses |",
         "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
-        lines.append(f"| {r['coalesce_wait_ms']} | {r['generations']} | {r['decode_steps']:.0f} | {r['single_tokens']} | "
+        lines.append(f"| {r['coalesce_wait_ms']} | {r['generations']} | {r['decode_steps']:.0f} | "
+                     f"{r['single_tokens']} | "
                      f"{r['single_ms']:.0f} | "
                      f"{r['p50_ms']:.0f} | {r['p99_ms']:.0f} | {r['p99_ms'] / r['single_ms']:.2f} | "
                      f"{r['nginx_p50_ms']:.0f} | {r['nginx_p99_ms']:.0f} | {r['statuses']} |")

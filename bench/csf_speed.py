@@ -3,9 +3,10 @@
 (docs/fingerprint.md §8): nginx's fp.compute() and its stages inside one nginx worker,
 and the Python compute() the engine runs for bodies above DECODE_LIMIT.
 
-    .venv/bin/python bench/csf_speed.py [-n 1000] [--baseline main] [--out bench]
+    .venv/bin/python -m bench.csf_speed [-n 1000] [--baseline main] [--out bench]
 
-The baseline's lua/, nginx/, shm_abi/, engine/ and tests/nginx/ are taken with
+The baseline's lua/, nginx/, shm_abi/, engine/ and test nginx snippet (tests/support/nginx/,
+tests/nginx/ before it moved) are taken with
 `git archive <ref>` into a temporary tree. Two throw-away nginx (Debian nginx +
 libnginx-mod-http-lua), one per tree, run side by side; every body is timed on both, one
 after the other, so that the shared machine's noise falls on both alike:
@@ -13,7 +14,7 @@ after the other, so that the shared machine's noise falls on both alike:
 * /_fp/bench (fp_test.conf): the CSF (tokenize, shingles, MinHash, band keys) of a text of
   1024 tokens, n times, CPU time of the worker (os.clock): the median.
 * /_fp/bench_body (defined here): fp.compute() of a whole request body n times, and its
-  stages: cjson decode; decode + masks.apply_doc; the CSF of the text the fingerprint
+  stages: cjson decode; decode + mask_apply.apply_doc; the CSF of the text the fingerprint
   read (r.prompt). Medians in microseconds. Bodies: one user message of English prose of
   1, 16 and 64 KiB; a 64 KiB multi-turn chat ending on a short question; a 64 KiB agent
   loop ending on a tool result.
@@ -34,11 +35,10 @@ import tempfile
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO / "tests" / "integration"))
-sys.path.insert(0, str(REPO / "tests"))
+from tests.support.fp_nginx import REPO, WORDS, FpNginx
 
-from test_fingerprint_identity import WORDS, FpNginx  # noqa: E402
+# where a tree keeps fp_test.conf: this checkout's place first, then older commits'
+SNIPPET_DIRS = ("tests/support/nginx", "tests/nginx")
 
 DECODE_LIMIT = 65536
 BENCH_LOCATION = r"""
@@ -47,7 +47,7 @@ BENCH_LOCATION = r"""
 location = /_fp/bench_body {
     content_by_lua_block {
         local fp = require "zccp.fingerprint"
-        local masks = require "zccp.masks"
+        local mask_apply = require "zccp.mask_apply"
         local csf = require "zccp.fp.csf"
         local cjson = require "cjson"
         ngx.req.read_body()
@@ -71,7 +71,7 @@ location = /_fp/bench_body {
         local out = {
             compute_us = run(function() assert(fp.compute(api, body)) end),
             decode_us = run(function() cjson.decode(body) end),
-            decode_mask_us = run(function() masks.apply_doc(cjson.decode(body)) end),
+            decode_mask_us = run(function() mask_apply.apply_doc(cjson.decode(body)) end),
             tokens = r.tokens, body_bytes = #body,
         }
         if r.prompt then
@@ -85,7 +85,7 @@ location = /_fp/bench_body {
 PY_BENCH = r"""
 import json, sys, time, statistics
 from zccp.cache.fingerprint import compute
-from zccp.cache.masks import load_masks
+from zccp.cache.mask_store import load_masks
 masks = load_masks()
 out = {}
 for label, path in json.loads(sys.argv[1]).items():
@@ -141,7 +141,8 @@ def fit(req: dict, nbytes: int, shrink) -> bytes:
 
 
 def prose_body(nbytes: int, seed: int = 2) -> bytes:
-    req = {"model": "claude-x", "max_tokens": 1024, "messages": [{"role": "user", "content": prose(random.Random(seed), nbytes)}]}
+    req = {"model": "claude-x", "max_tokens": 1024,
+           "messages": [{"role": "user", "content": prose(random.Random(seed), nbytes)}]}
 
     def shrink(q, excess):
         q["messages"][0]["content"] = q["messages"][0]["content"][:-(excess + 1)]
@@ -175,8 +176,10 @@ def agent_body(nbytes: int) -> bytes:
         msgs.append({"role": "assistant", "content": [
             {"type": "text", "text": "Reading the next file."},
             {"type": "tool_use", "id": f"toolu_{i}", "name": "read_file", "input": {"path": f"src/mod{i}.py"}}]})
-        code = "\n".join(f"def f{j}(x):\n    return x * {r.randint(1, 99)}  # {prose(r, 40).strip()}" for j in range(20))
-        msgs.append({"role": "user", "content": [{"type": "tool_result", "tool_use_id": f"toolu_{i}", "content": code}]})
+        code = "\n".join(f"def f{j}(x):\n    return x * {r.randint(1, 99)}  # {prose(r, 40).strip()}"
+                         for j in range(20))
+        msgs.append({"role": "user",
+                     "content": [{"type": "tool_result", "tool_use_id": f"toolu_{i}", "content": code}]})
         i += 1
     req = {"model": "claude-x", "max_tokens": 1024, "tools": [
         {"name": "read_file", "input_schema": {"type": "object", "properties": {"path": {"type": "string"}}}}],
@@ -196,8 +199,10 @@ def bodies() -> dict[str, bytes]:
 # --------------------------------------------------------------------------- trees
 
 def baseline_tree(ref: str, into: Path) -> Path:
-    """lua/, nginx/, shm_abi/, engine/ and tests/nginx/ of `ref`, from git."""
-    archive = subprocess.run(["git", "archive", ref, "lua", "nginx", "shm_abi", "engine", "tests/nginx"], cwd=REPO,
+    """lua/, nginx/, shm_abi/, engine/ and the test nginx snippet's folder of `ref`, from git."""
+    listed = subprocess.run(["git", "ls-tree", "--name-only", ref, *SNIPPET_DIRS], cwd=REPO, capture_output=True,
+                            text=True, check=True).stdout.split()
+    archive = subprocess.run(["git", "archive", ref, "lua", "nginx", "shm_abi", "engine", listed[0]], cwd=REPO,
                              capture_output=True, check=True).stdout
     into.mkdir(parents=True)
     subprocess.run(["tar", "-x", "-C", str(into)], input=archive, check=True)
@@ -207,7 +212,8 @@ def baseline_tree(ref: str, into: Path) -> Path:
 def start_nginx(tree: Path, work: Path) -> FpNginx:
     work.mkdir(parents=True, exist_ok=True)
     snippet = work / "fp_bench.conf"
-    snippet.write_text((tree / "tests" / "nginx" / "fp_test.conf").read_text() + BENCH_LOCATION)
+    conf = next(tree / d / "fp_test.conf" for d in SNIPPET_DIRS if (tree / d / "fp_test.conf").exists())
+    snippet.write_text(conf.read_text() + BENCH_LOCATION)
     srv = FpNginx(work, tree / "lua" / "zccp" / "mask_patterns.lua", work / "last_good.lua", lua_root=tree,
                   snippet=snippet)
     srv.start()
@@ -292,9 +298,9 @@ def table(res: dict) -> str:
     for name, v in res["python"].items():
         row(f"Python `compute()`, prose {name}", v["before"]["median"], v["after"]["median"], "ms")
     L += ["", "Stages of the nginx `compute()` (after; medians, µs): decode = `cjson.decode`; masks = "
-          "decode + `masks.apply_doc` − decode; CSF = the CSF of the text the fingerprint read (v2: the final user "
-          "turn, when text); rest = compute − decode − masks − CSF (canonical form, SHA-256 of the prefix and exact "
-          "keys, the final turn's text).", "",
+          "decode + `mask_apply.apply_doc` − decode; CSF = the CSF of the text the fingerprint read (v2: the final "
+          "user turn, when text); rest = compute − decode − masks − CSF (canonical form, SHA-256 of the prefix "
+          "and exact keys, the final turn's text).", "",
           "| body | compute | decode | masks | CSF | rest | tokens (near only) |", "|---|---|---|---|---|---|---|"]
     for name, v in res["compute"].items():
         a = v["after"]

@@ -8,7 +8,7 @@
    - tiny (the built-in model): D = ZCCP with the batch scheduler (this tree); D-rr = ZCCP at
      ROUND_ROBIN_REF, the last commit with the round-robin model thread (exported with
      `git archive` and run from a temporary directory); B = nginx -> FastAPI/uvicorn.
-   - hf: a checkpoint built with tests/hf_checkpoint.py (Llama, hidden 512, 4 layers, random
+   - hf: a checkpoint built with tests/support/hf_checkpoint.py (Llama, hidden 512, 4 layers, random
      weights, byte-level BPE); D at model.threads 1 and 2, and at 1 without the prefix cache
      (every request repeats one body, so with it D prefills only the last block); B the
      same backend behind FastAPI,
@@ -52,8 +52,7 @@ def hf_limits(path: Path, threads: int, **extra: object) -> dict:
 
 
 def build_hf(out: Path) -> Path:
-    sys.path.insert(0, str(REPO / "tests"))
-    from hf_checkpoint import build_checkpoint
+    from tests.support.hf_checkpoint import build_checkpoint
 
     return build_checkpoint(out, **HF_SHAPE)
 
@@ -102,7 +101,7 @@ def round_robin(body: bytes, concs: list[int], duration: float, run_dir: Path, r
     env = dict(os.environ, PYTHONPATH=f"{src}{os.pathsep}{src / 'engine'}")
     out = subprocess.run([sys.executable, "-c", _RR_CHILD, body.decode(), json.dumps(concs), str(duration),
                           str(run_dir), str(repeats)], cwd=src, env=env, capture_output=True, text=True, timeout=3000)
-    line = next((l for l in out.stdout.splitlines() if l.startswith("RRJSON ")), None)
+    line = next((ln for ln in out.stdout.splitlines() if ln.startswith("RRJSON ")), None)
     if line is None:
         raise RuntimeError(f"round-robin run failed:\n{out.stdout[-2000:]}\n{out.stderr[-4000:]}")
     rows = json.loads(line[7:])

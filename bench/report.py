@@ -116,16 +116,17 @@ def ratios(res: dict) -> tuple[str, list[str]]:
             b = _rows(res, "B", wl, c)
             p99r = _mean(d, "p99_ms") / _mean(b, "p99_ms") if b else None
             if p99_max is not None and p99r is not None:
-                checks.append(f"p99 ≤ B/3: " + ("met" if p99r <= p99_max else f"MISSED ({p99r:.2f} of B's)"))
+                checks.append("p99 ≤ B/3: " + ("met" if p99r <= p99_max else f"MISSED ({p99r:.2f} of B's)"))
             if dv == "D-nocache" and wl == "1k":
                 us = [r["procs"]["nginx"]["cpu_s_per_req"] * 1e6 for r in d if "nginx" in r.get("procs", {})]
                 if us:
                     m = statistics.fmean(us)
                     cells.append(f"nginx CPU {m:.0f} µs/req (≤ {NGINX_MISS_US:g})")
-                    checks.append(f"nginx ≤ {NGINX_MISS_US:g} µs: " + ("met" if m <= NGINX_MISS_US else f"MISSED ({m:.0f} µs)"))
+                    checks.append(f"nginx ≤ {NGINX_MISS_US:g} µs: "
+                                  + ("met" if m <= NGINX_MISS_US else f"MISSED ({m:.0f} µs)"))
             verdicts.extend(f"{label}, c={c}: {x}" for x in checks)
-            out.append(f"| {label} | {c} | {_fmt(dr)} | {'; '.join(cells)} | {_fmt(p99r, 2)} | "
-                       f"{'all met' if checks and all(x.endswith('met') for x in checks) else 'missed' if checks else '–'} |")
+            verdict = "all met" if checks and all(x.endswith("met") for x in checks) else "missed" if checks else "–"
+            out.append(f"| {label} | {c} | {_fmt(dr)} | {'; '.join(cells)} | {_fmt(p99r, 2)} | {verdict} |")
     return "\n".join(out), verdicts
 
 
@@ -166,7 +167,7 @@ def io_table(res: dict) -> str:
             rows = _rows(res, v, wl, c)
             if not rows:
                 continue
-            def g(role: str, k: str) -> str:
+            def g(role: str, k: str, rows: list = rows) -> str:
                 vals = [r["procs"][role][k] for r in rows if role in r["procs"] and k in r["procs"][role]]
                 return f"{statistics.fmean(vals):,.0f}" if vals else "–"
             app = "engine" if v.startswith("D") else "backend"
@@ -216,7 +217,7 @@ def copies_section(res: dict) -> str:
     sizes = res.get("body_bytes") or {}
     rlen = None
     for p in (res.get("probes") or {}).values():
-        for wl, x in p.items():
+        for x in p.values():
             if x.get("status") == 200 and x.get("bytes"):
                 rlen = x["bytes"]
                 break
@@ -242,16 +243,18 @@ def tiny_table(res: dict) -> str:
     if not tiny:
         return "(not run)"
     out = ["| variant | stream | c | req/s | tokens/s | tokens/req | TTFT p50 ms | TTFT p99 ms | latency p50 ms | "
-           "latency p99 ms | decode tok/s per stream (p50) | errors |", "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+           "latency p99 ms | decode tok/s per stream (p50) | errors |",
+           "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     keys = sorted({(r["variant"], r["stream"], r["conc"]) for r in tiny}, key=lambda k: (k[1], k[2], k[0]))
     for v, s, c in keys:
         rows = [r for r in tiny if (r["variant"], r["stream"], r["conc"]) == (v, s, c)]
 
-        def m(k: str, nd: int = 1) -> str:
+        def m(k: str, nd: int = 1, rows: list = rows) -> str:
             vals = [r[k] for r in rows if r.get(k) is not None]
             return _fmt(statistics.fmean(vals), nd) if vals else "–"
         out.append(f"| {NAMES.get(v, v)} | {'yes' if s else 'no'} | {c} | {m('req_per_s')} | {m('tokens_per_s', 0)} | "
-                   f"{m('tokens_per_req')} | {m('ttft_p50_ms', 2)} | {m('ttft_p99_ms', 2)} | {m('latency_p50_ms', 2)} | "
+                   f"{m('tokens_per_req')} | {m('ttft_p50_ms', 2)} | {m('ttft_p99_ms', 2)} | "
+                   f"{m('latency_p50_ms', 2)} | "
                    f"{m('latency_p99_ms', 2)} | {m('decode_tps_p50', 0)} | {sum(r['errors'] for r in rows)} |")
     return "\n".join(out)
 
@@ -285,7 +288,8 @@ def plot(res: dict, path: Path) -> None:
 
     wls, concs, vs = _workloads(res), _concs(res), _variants(res)
     fig, axes = plt.subplots(2, len(concs), figsize=(6.5 * len(concs), 8), squeeze=False)
-    colors = {"A": "#999999", "B": "#4c72b0", "B-cache": "#8da0cb", "C": "#dd8452", "D": "#55a868", "D-nocache": "#8fd19e"}
+    colors = {"A": "#999999", "B": "#4c72b0", "B-cache": "#8da0cb", "C": "#dd8452", "D": "#55a868",
+              "D-nocache": "#8fd19e"}
     width = 0.8 / max(len(vs), 1)
     for j, c in enumerate(concs):
         for i, (key, label) in enumerate((("rps", "requests/s"), ("p99_ms", "p99 latency (ms)"))):
@@ -323,6 +327,8 @@ def write(res: dict, out_dir: Path) -> None:
     sg = res.get("sharegpt") or {}
     analysis = out_dir / "analysis.md"
     feats = ", ".join(f"{k}: {'present' if v else 'absent'}" for k, v in (code.get("features") or {}).items())
+    digests = ", ".join(f"{k} {v.get('started', '?')} `{v.get('tree_digest', '?')}`"
+                        for k, v in res["variants"].items())
     text = f"""# ZCCP benchmark results
 
 {"**This is a --quick smoke run; numbers are not meaningful.**" if res.get("quick") else ""}
@@ -340,7 +346,7 @@ Generated by `python -m bench.run {' '.join(res.get('argv') or [])}` (started {r
   the working tree may hold uncommitted changes by other engineers, so the measured code is identified by
   the digest of engine/zccp/*.py, lua/*.lua, nginx/*.conf, shm_abi/*.h: `{code.get('tree_digest')}`
 - ZCCP features in the measured tree: {feats}
-- code digest when each variant started: {', '.join(f"{k} {v.get('started', '?')} `{v.get('tree_digest', '?')}`" for k, v in res['variants'].items())}
+- code digest when each variant started: {digests}
 
 ## Method
 
@@ -362,11 +368,12 @@ Generated by `python -m bench.run {' '.join(res.get('argv') or [])}` (started {r
 - Model: the **null** backend (fixed {rlen}-byte reply) for the pipeline tables; the built-in **tiny**
   transformer for time to first token and tokens/s. B, C and D run the same code per request:
   `zccp.api.anthropic.parse_request` → `zccp.model.tokenizer.encode_chat_into` (into a preallocated int32
-  token array; the engine's is the slot's) → `zccp.generation.generate_text` over the same backend →
+  token array; the engine's is the slot's) → `zccp.text_assembly.generate_text` over the same backend →
   `anthropic.render_response` (or `StreamEncoder`). Only the response id differs (checked below).
 - Limits, the same everywhere: nginx {lim['workers']} workers, body limit {lim['max_body_kb']} KiB with
   `client_body_buffer_size` = limit (bodies stay in memory), model `max_context` {lim['max_context']:,}.
-  D: {st['slots']} slots of {lim['segment_size_kb']} KiB (tokens {lim['tokens_kb']} KiB = {lim['tokens_kb'] * 256:,} ids,
+  D: {st['slots']} slots of {lim['segment_size_kb']} KiB (tokens {lim['tokens_kb']} KiB = \
+{lim['tokens_kb'] * 256:,} ids,
   response {lim['response_kb']} KiB), cache enabled with a redis-server, engine log level warning.
   B: uvicorn {st['b_workers']} workers (uvloop + httptools), access log off. C: gunicorn {st['c_workers']} sync
   workers. nginx access logs are on in all four (ZCCP's template always logs). torch 1 thread everywhere.
@@ -536,7 +543,8 @@ def _prefix_table(mres: dict) -> str:
     if "reuse" in p50 and "no-reuse" in p50:
         x = p50["no-reuse"] / max(p50["reuse"], 1e-9)
         lines.append("")
-        lines.append(f"Third-turn TTFT with reuse is **{x:.1f}x** faster (target >= 3x: {'met' if x >= 3 else 'missed'}).")
+        lines.append(f"Third-turn TTFT with reuse is **{x:.1f}x** faster "
+                     f"(target >= 3x: {'met' if x >= 3 else 'missed'}).")
     return "\n".join(lines)
 
 
@@ -568,7 +576,7 @@ sessions (load average up to ~6 on 2 cores during these runs): treat differences
 - **B** nginx -> FastAPI/uvicorn, 2 workers x 1 torch thread, one `generate()` per request in the thread
   pool (`bench/apps/common.py`: same parsing, prompt format and model code, no batching).
 - The 1 KiB body is a 567-token prompt for the hf checkpoint's tokenizer and template.
-- hf checkpoint: `tests/hf_checkpoint.py` with hidden {shape['hidden']}, {shape['layers']} layers,
+- hf checkpoint: `tests/support/hf_checkpoint.py` with hidden {shape['hidden']}, {shape['layers']} layers,
   {shape['heads']} heads ({shape['kv_heads']} KV heads), intermediate {shape['intermediate']}, random weights,
   float32 on the CPU.
 

@@ -100,7 +100,7 @@ def measured_run(v: Variant, body_file: Path, conc: int, seconds: float, nocache
 def canned_reply(model: str) -> bytes:
     from zccp.api import anthropic
     from zccp.model.null import DEFAULT_REPLY
-    from zccp.request import GenerationRequest, GenerationResult, SamplingParams
+    from zccp.shared_types import GenerationRequest, GenerationResult, SamplingParams
 
     req = GenerationRequest("anthropic", model, "", (), SamplingParams(max_tokens=64))
     res = GenerationResult(DEFAULT_REPLY, "end_turn", None, 0, len(DEFAULT_REPLY.encode()))
@@ -156,7 +156,8 @@ def run_matrix(args: argparse.Namespace, run_dir: Path, files: dict[str, Path], 
                             r.update(variant=label, workload=wl, conc=conc, rep=rep + 1, drain_s=drained)
                             results["rows"].append(r)
                             log(f"{label:10s} {wl:8s} c={conc:<3d} run {rep + 1}: {r['rps']:9.1f} req/s  "
-                                f"p50 {r['p50_ms']:8.2f} ms  p99 {r['p99_ms']:8.2f} ms  errors {r['errors']} {r['statuses'] or ''}"
+                                f"p50 {r['p50_ms']:8.2f} ms  p99 {r['p99_ms']:8.2f} ms  "
+                                f"errors {r['errors']} {r['statuses'] or ''}"
                                 f"  (waited {drained * 1000:.0f} ms for the last run to drain)")
                             save()
             if key == "D" and args.profile:

@@ -1,6 +1,6 @@
 """Bringing up each variant's processes on free loopback ports.
 
-D is the real ZCCP stack (zccp.stack: redis-server, the engine, nginx rendered
+D is the real ZCCP stack (zccp.ops.stack: redis-server, the engine, nginx rendered
 from config). A, B and C are nginx from bench/nginx/*.conf.in plus, for B and C,
 a Python app; all use the same body limits and the same worker count as D.
 """
@@ -23,7 +23,7 @@ import yaml
 
 from zccp.config import load_config
 from zccp.runtime import resolve
-from zccp.stack import Service, engine_service, free_port, http_get, nginx_service, redis_service
+from zccp.ops.stack import Service, engine_service, free_port, http_get, nginx_service, redis_service
 
 BENCH = Path(__file__).resolve().parent
 REPO = BENCH.parent

@@ -27,7 +27,7 @@ from zccp.config import GpuConfig
 from zccp.device import CudaMappedDevice, select_device
 from zccp.model.tiny import TinyConfig, TinyTransformer
 from zccp.model.tokenizer import encode_chat_into
-from zccp.request import ChatMessage, SamplingParams
+from zccp.shared_types import ChatMessage, SamplingParams
 
 _LIMITS = ParseLimits(served_models=frozenset({"gpu-check"}), max_tokens_cap=4096, default_max_tokens=64)
 
@@ -40,8 +40,7 @@ def check_hf(d: CudaMappedDevice, tokens: torch.Tensor, path: str | None) -> Non
     from zccp.planner import Planner
 
     if path is None:
-        sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
-        from hf_checkpoint import build_checkpoint
+        from tests.support.hf_checkpoint import build_checkpoint
 
         path = str(build_checkpoint(Path(tempfile.mkdtemp()) / "ckpt", hidden=256, layers=4, heads=4, kv_heads=2))
     torch.backends.cuda.matmul.allow_tf32 = False
@@ -73,9 +72,9 @@ def check_hf(d: CudaMappedDevice, tokens: torch.Tensor, path: str | None) -> Non
         got = [[t] for t in last]
         for _ in range(23):
             last = batch.decode(last).argmax(-1).tolist()
-            for g, t in zip(got, last):
+            for g, t in zip(got, last, strict=True):
                 g.append(t)
-    for g, al in zip(got, alone):
+    for g, al in zip(got, alone, strict=True):
         assert g[: len(al)] == al, "batched decoding on the GPU differs from decoding alone"
     print("ok: 4 sequences decoded in one batch on cuda equal each decoded alone")
     plan = Planner(gpu.device, 512 << 20, gpu.activation_bytes_per_token + gpu.kv_bytes_per_token, 0, 16)

@@ -2,17 +2,18 @@
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-# The tests test this checkout, whatever `pip install -e` last pointed at.
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "engine"))
+from tests.support.checkout import require_this_checkout
+from tests.support.harness import Stack, remove_socket_dirs
+from tests.support.hf_checkpoint import HF_MODEL, build_checkpoint
 
-from harness import Stack, remove_socket_dirs  # noqa: E402
+# The tests test this checkout, whatever `pip install -e` last pointed at: pyproject's
+# [tool.pytest.ini_options] pythonpath puts this checkout's root and engine/ first.
+require_this_checkout()
 
 
 @pytest.fixture(scope="session", autouse=True)
@@ -59,14 +60,9 @@ def make_stack(tmp_path: Path) -> Iterator:
             s.stop()
 
 
-HF_MODEL = "zccp-hf-test"
-
-
 @pytest.fixture(scope="session")
 def hf_checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A small Llama checkpoint + byte-level BPE tokenizer, made on the fly (tests/hf_checkpoint.py)."""
-    from hf_checkpoint import build_checkpoint
-
+    """A small Llama checkpoint + byte-level BPE tokenizer, made on the fly (tests/support/hf_checkpoint.py)."""
     return build_checkpoint(tmp_path_factory.mktemp("hf") / "checkpoint")
 
 
@@ -84,7 +80,7 @@ def hf_stack(tmp_path_factory: pytest.TempPathFactory, hf_checkpoint: Path) -> I
 @pytest.fixture(scope="module")
 def claude(sdk_stack: Stack):
     """The anthropic SDK pointed at the module's `sdk_stack` fixture."""
-    from harness import sdk_clients
+    from tests.support.harness import sdk_clients
 
     return sdk_clients(sdk_stack)[0]
 
@@ -92,6 +88,6 @@ def claude(sdk_stack: Stack):
 @pytest.fixture(scope="module")
 def oai(sdk_stack: Stack):
     """The openai SDK pointed at the module's `sdk_stack` fixture."""
-    from harness import sdk_clients
+    from tests.support.harness import sdk_clients
 
     return sdk_clients(sdk_stack)[1]

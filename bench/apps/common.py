@@ -3,7 +3,7 @@
 parse_request (orjson, same validation) -> the backend's prompt format (the byte
 tokenizer, or the hf checkpoint's chat template) into a preallocated int32 token
 array (the engine tokenizes into the slot's array) -> the same model backend through
-zccp.generation.generate_text, one request at a time per thread (no batching: what a
+zccp.text_assembly.generate_text, one request at a time per thread (no batching: what a
 FastAPI app around a model's generate() does) -> anthropic.render_response /
 StreamEncoder. Only the response id differs from what the engine would answer.
 
@@ -27,11 +27,11 @@ import torch
 
 from zccp.api import anthropic
 from zccp.api.common import ParseLimits
-from zccp.generation import generate_text
+from zccp.text_assembly import generate_text
 from zccp.model.prompt import Prompt
 from zccp.model.registry import build_backend
 from zccp.model.tokenizer import PromptTooLong
-from zccp.request import ApiError, GenerationResult, TextDelta
+from zccp.shared_types import ApiError, GenerationResult, TextDelta
 
 torch.set_num_threads(1)   # the engine's model.threads default
 

@@ -25,8 +25,9 @@ from bench.apps.fastapi_app import messages as uncached
 from zccp.api import anthropic
 from zccp.cache.answer import CachedAnswer
 from zccp.cache.fp.canonical import exact_key
-from zccp.cache.masks import load_masks, mask_doc
-from zccp.request import ApiError, Completed
+from zccp.cache.mask_apply import mask_doc
+from zccp.cache.mask_store import load_masks
+from zccp.shared_types import ApiError, Completed
 
 PREFIX = "bench:bcache:e:"
 TTL_S = 3600

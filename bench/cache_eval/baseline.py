@@ -1,7 +1,8 @@
-"""The gateway of another commit (the "before" rows), run the way tests/harness.py runs it.
+"""The gateway of another commit (the "before" rows), run the way the tests' harness runs it.
 
 `git archive <ref>` of engine/, lua/, nginx/, shm_abi/ and tests/ into a temporary tree; a
-child process with PYTHONPATH=<tree>/engine:<tree>/tests starts that tree's own Stack
+child process in that tree (PYTHONPATH=<tree>/engine:<tree>:<tree>/tests) starts that tree's
+own Stack (tests/support/harness.py, or tests/harness.py in commits before tests/support)
 (redis, engine, nginx on loopback) and prints its URL; closing its stdin stops it.
 The same client then sends the same request bodies to it as to this checkout's stack.
 """
@@ -19,7 +20,10 @@ ROOT = Path(__file__).resolve().parents[2]
 _CHILD = r"""
 import json, sys
 from pathlib import Path
-from harness import Stack
+try:
+    from tests.support.harness import Stack
+except ImportError:  # a commit before tests/support
+    from harness import Stack
 s = Stack(Path(sys.argv[2]), json.loads(sys.argv[1]), with_redis=True).start()
 print("URL " + s.base_url, flush=True)
 try:
@@ -45,7 +49,8 @@ class BaselineStack:
                                  cwd=ROOT, capture_output=True, check=True).stdout
         self.tree.mkdir(parents=True)
         subprocess.run(["tar", "-x", "-C", str(self.tree)], input=archive, check=True)
-        env = dict(os.environ, PYTHONPATH=f"{self.tree / 'engine'}{os.pathsep}{self.tree / 'tests'}")
+        env = dict(os.environ, PYTHONPATH=os.pathsep.join(str(p) for p in (self.tree / "engine", self.tree,
+                                                                          self.tree / "tests")))
         self._proc = subprocess.Popen([sys.executable, "-c", _CHILD, json.dumps(self.overrides), str(self.run_dir)],
                                       cwd=self.tree, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                       text=True)

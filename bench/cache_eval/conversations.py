@@ -33,7 +33,7 @@ def agent(api: str, task: str, calls: list[dict], outputs: list[str], max_tokens
     request ends on the last tool output (Anthropic: a user turn of one tool_result block;
     OpenAI: a tool message)."""
     msgs: list = [{"role": "user", "content": task}]
-    for i, (arg, out) in enumerate(zip(calls, outputs)):
+    for i, (arg, out) in enumerate(zip(calls, outputs, strict=True)):
         if api == "anthropic":
             msgs.append({"role": "assistant", "content": [
                 {"type": "text", "text": "Let me look at that file."},

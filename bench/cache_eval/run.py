@@ -1,6 +1,6 @@
 """python -m bench.cache_eval [--quick] [--pairs N] [--unrelated N] ...
 
-Brings up a real stack (redis + engine with the null model + nginx, tests/harness.py),
+Brings up a real stack (redis + engine with the null model + nginx, tests/support/harness.py),
 sends labelled prompt pairs through it and records X-ZCCP-Cache / X-ZCCP-Similarity,
 then measures the latency of a cache hit with wrk. Writes bench/cache_eval/results.json,
 RESULTS.md and hit_rate.png.
@@ -16,24 +16,21 @@ import platform
 import random
 import re
 import subprocess
-import sys
 import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+from bench.cache_eval import report
+from bench.cache_eval.baseline import BaselineStack
+from bench.cache_eval.client import Client
+from bench.cache_eval.jaccard import jaccard, signature, text_tokens
+from bench.cache_eval.pairs import Pair, anth, build_pairs, dumps, max_tokens_for
+from bench.cache_eval.prompts import DEDUP_BANDS, DEDUP_ROWS, build_pool
+from tests.support.harness import Stack
+
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[1]
-sys.path.insert(0, str(ROOT / "tests"))
-
-from harness import Stack  # noqa: E402
-
-from bench.cache_eval.baseline import BaselineStack  # noqa: E402
-from bench.cache_eval.client import Client  # noqa: E402
-from bench.cache_eval.jaccard import jaccard, signature, text_tokens  # noqa: E402
-from bench.cache_eval.pairs import Pair, anth, build_pairs, dumps, max_tokens_for  # noqa: E402
-from bench.cache_eval.prompts import DEDUP_BANDS, DEDUP_ROWS, build_pool  # noqa: E402
-from bench.cache_eval import report  # noqa: E402
 
 OVERRIDES = {
     "model": {"backend": "null", "max_context": 200000},
@@ -102,7 +99,7 @@ def unrelated(c: Client, pool, threads: int) -> dict:
     eng: dict = {}
     sigs = []
     # Only prompts that were stored count (a store answered NEAR is not stored).
-    kept = [b for b, r in zip(pool.stored, store_res) if r.cache == "MISS"]
+    kept = [b for b, r in zip(pool.stored, store_res, strict=True) if r.cache == "MISS"]
     for i, b in enumerate(kept):
         sig = signature(list(_tokens(b)))
         sigs.append(sig)
@@ -111,7 +108,7 @@ def unrelated(c: Client, pool, threads: int) -> dict:
         for k, band in enumerate(band_keys(sig)):
             eng.setdefault((k, band), []).append(i)
     rows = []
-    for qb, r in zip(pool.queries, q_res):
+    for qb, r in zip(pool.queries, q_res, strict=True):
         sig = signature(list(_tokens(qb)))
         cands = {i for k in range(DEDUP_BANDS) for i in idx.get((k, sig[k * DEDUP_ROWS:(k + 1) * DEDUP_ROWS]), ())}
         nn = max((jaccard(qb.shingles, kept[i].shingles) for i in cands), default=0.0)
@@ -249,7 +246,8 @@ def exact_only_latency(pool, duration: int, workdir: Path) -> list[dict]:
                      cache_delta=delta, near_duplicate=False,
                      all_as_expected=set(delta) == {"HIT"} and delta["HIT"] >= w["requests"])
             out.append(w)
-            log(f"  short     c={conns:<2d} HIT (near_duplicate off) {w['rps']:7.0f} req/s  p50 {w['p50_us'] / 1000:.3f} ms"
+            log(f"  short     c={conns:<2d} HIT (near_duplicate off) {w['rps']:7.0f} req/s  "
+                f"p50 {w['p50_us'] / 1000:.3f} ms"
                 f"  p99 {w['p99_us'] / 1000:.3f} ms  counters {delta}  errors {w['errors']}")
     finally:
         c.close()
@@ -272,7 +270,7 @@ def run_baseline(a, pool, pairs: list[Pair], workdir: Path) -> dict:
         random.Random(a.seed).shuffle(order)
         with ThreadPoolExecutor(a.threads) as ex:
             list(ex.map(lambda i: run_pair(c, copies[i]), order))
-        for p, q in zip(pairs, copies):
+        for p, q in zip(pairs, copies, strict=True):
             p.before_cache = q.var_cache if q.var_status == 200 else f"status {q.var_status}"
             p.before_similarity = q.similarity
         fh = sum(1 for r in u["rows"] if r["cache"] in ("HIT", "NEAR"))
@@ -335,7 +333,8 @@ def main(argv: list[str] | None = None) -> int:
     small = a.small if a.small is not None else max(10, a.pairs // 3)
     t_start = time.perf_counter()
 
-    log(f"loading ShareGPT and building the prompt pool ({a.pairs} edit bases, {a.pairs} long, {a.unrelated}x2 unrelated)")
+    log(f"loading ShareGPT and building the prompt pool ({a.pairs} edit bases, {a.pairs} long, "
+        f"{a.unrelated}x2 unrelated)")
     pool = build_pool(a.pairs, a.pairs, a.unrelated, a.seed, n_chats=small)
     pairs = build_pairs(pool, a.pairs, small, a.seed)
     log(f"{len(pairs)} pairs in {time.perf_counter() - t_start:.1f} s; long bases {len(pool.long)}")
@@ -347,7 +346,8 @@ def main(argv: list[str] | None = None) -> int:
         before = run_baseline(a, pool, pairs, workdir)
     stack = Stack(workdir / "stack", OVERRIDES, with_redis=True).start()
     c = Client(stack.base_url)
-    results: dict = {"machine": _machine(), "args": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(a).items()},
+    results: dict = {"machine": _machine(),
+                     "args": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(a).items()},
                      "overrides": OVERRIDES, "started": time.strftime("%Y-%m-%d %H:%M:%S %Z"), "before": before,
                      "pool": {"conversations": pool.conversations, "first_turns": pool.first_turns,
                               "edit_bases": len(pool.edit), "long_bases": len(pool.long)}, "verify_cost": cost}

@@ -57,7 +57,8 @@ def _epoch_ms(rng: random.Random) -> str:
 
 _NAMES = ["alice", "bob", "carol", "dave", "erin", "frank", "grace", "heidi", "ivan", "judy", "mallory", "oscar",
           "peggy", "rupert", "sybil", "trent", "victor", "walter", "yuki", "zoe"]
-_DOMAINS = ["example.com", "mail.example.org", "corp.example.co.uk", "uni.example.edu", "example.io", "dept.example.net"]
+_DOMAINS = ["example.com", "mail.example.org", "corp.example.co.uk", "uni.example.edu", "example.io",
+            "dept.example.net"]
 
 
 def _email(rng: random.Random) -> str:
@@ -144,7 +145,8 @@ def whitespace(rng, text):
     if kind == "leading":
         return kind, text, rng.choice(["\n", "  ", "\t"]) + text
     if kind == "tabs":
-        return kind, text, re.sub(r" {1,4}", "\t", text, count=max(1, text.count(" ") // 3)) if " " in text else text + "\t"
+        return kind, text, re.sub(r" {1,4}", "\t", text,
+                                  count=max(1, text.count(" ") // 3)) if " " in text else text + "\t"
     if kind == "crlf":
         return kind, text, text.replace("\n", "\r\n") if "\n" in text else text + "\r\n"
     return kind, text, "\n".join("    " + line for line in text.split("\n"))

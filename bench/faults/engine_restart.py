@@ -32,12 +32,11 @@ from pathlib import Path
 import httpx
 import yaml
 
-REPO = Path(__file__).resolve().parents[2]
+from tests.support.checkout import REPO, require_this_checkout
+from zccp.ops.stack import free_port
+
 OUT = REPO / "bench" / "out"
 REPORT = REPO / "bench" / "faults" / "engine_restart.md"
-sys.path.insert(0, str(REPO / "engine"))
-
-from zccp.stack import free_port  # noqa: E402
 
 
 @dataclass
@@ -126,6 +125,7 @@ def main() -> None:
                     help="seconds the engine serves before the next kill (the stack's backoff resets after 10 s)")
     ap.add_argument("--report", action="store_true", help="only re-render the report from the last run")
     args = ap.parse_args()
+    require_this_checkout()
 
     run = OUT / "engine_restart"
     if args.report:
@@ -144,7 +144,7 @@ def main() -> None:
     url = f"http://127.0.0.1:{port}"
     env = dict(os.environ, PYTHONPATH=str(REPO / "engine"))
     log = open(run / "zccp-stack.out", "wb")
-    stack = subprocess.Popen([sys.executable, "-m", "zccp.cli", "stack", "up", "--config", str(cfg_path),
+    stack = subprocess.Popen([sys.executable, "-m", "zccp.ops.cli", "stack", "up", "--config", str(cfg_path),
                               "--run-dir", str(run)], stdout=log, stderr=subprocess.STDOUT, env=env,
                              start_new_session=True)
     kills: list[Kill] = []
@@ -231,7 +231,8 @@ def write_report(r: dict) -> None:
 Run: {r['machine']}; backend `{r['backend']}`; {r['clients']} clients; {len(r['kills'])} kills,
 {r['settle_s']:.0f} s of service between them; load average {r.get('loadavg', '?')} (start, end).
 
-| kill | first 200 after the kill (s) | /health back (s) | engine exit → serving, by zccp-stack (s) | answers to requests sent until the first 200 (status: count) |
+| kill | first 200 after the kill (s) | /health back (s) | engine exit → serving, by zccp-stack (s) | \
+answers to requests sent until the first 200 (status: count) |
 |---|---|---|---|---|
 {rows}
 

@@ -178,9 +178,12 @@ Commit {r['commit']}; `python -m bench.faults.soak {' '.join(r['argv'])}`: **{r[
 {r['cancel']:.0%} of the requests streams the client abandons after the first bytes, the rest the suite's mixed
 traffic; sampled every 10 s.
 
-| requests | 2xx | cancelled by the client | API-shaped errors | anything else (must be 0) | slots claimed after (must be 0) | engine sockets (min–max) | arena bytes | RSS growth after warm-up |
+| requests | 2xx | cancelled by the client | API-shaped errors | anything else (must be 0) | \
+slots claimed after (must be 0) | engine sockets (min–max) | arena bytes | RSS growth after warm-up |
 |---|---|---|---|---|---|---|---|---|
-| {r['requests']} | {r['ok']} | {r['aborted']} | {sum(r['api_errors'].values())} {r['api_errors'] or ''} | **{other}** {r['other'] or ''} | **{r['slots_claimed_after']}** | {r['engine_sockets'][0]}–{r['engine_sockets'][-1]} | {', '.join(str(a) for a in r['arena_bytes'])} | {growth} |
+| {r['requests']} | {r['ok']} | {r['aborted']} | {sum(r['api_errors'].values())} {r['api_errors'] or ''} | \
+**{other}** {r['other'] or ''} | **{r['slots_claimed_after']}** | \
+{r['engine_sockets'][0]}–{r['engine_sockets'][-1]} | {', '.join(str(a) for a in r['arena_bytes'])} | {growth} |
 
 ![soak](soak.png)
 <!-- /soak -->"""

@@ -43,16 +43,11 @@ from pathlib import Path
 import httpx
 import yaml
 
-REPO = Path(__file__).resolve().parents[2]
-OUT = REPO / "bench" / "out" / "faults"
-RESULTS_JSON = REPO / "bench" / "faults" / "results.json"
-REPORT = REPO / "bench" / "faults" / "RESULTS.md"
-sys.path.insert(0, str(REPO / "engine"))
-
-from zccp.config import load_config  # noqa: E402
-from zccp.paths import lua_file  # noqa: E402
-from zccp.runtime import resolve  # noqa: E402
-from zccp.stack import (  # noqa: E402
+from tests.support.checkout import REPO, require_this_checkout
+from zccp.config import load_config
+from zccp.paths import lua_file
+from zccp.runtime import resolve
+from zccp.ops.stack import (
     Backoff,
     Supervisor,
     engine_service,
@@ -62,6 +57,9 @@ from zccp.stack import (  # noqa: E402
     reload_masks,
 )
 
+OUT = REPO / "bench" / "out" / "faults"
+RESULTS_JSON = REPO / "bench" / "faults" / "results.json"
+REPORT = REPO / "bench" / "faults" / "RESULTS.md"
 SLOTS = 48
 DEADLINE_MS = 3000
 HIT_PROMPTS = 8
@@ -492,6 +490,7 @@ def main() -> None:
     ap.add_argument("--clients", type=int, default=32)
     ap.add_argument("--report", action="store_true", help="only re-render RESULTS.md from results.json")
     args = ap.parse_args()
+    require_this_checkout()
     if args.report:
         write_report(json.loads(RESULTS_JSON.read_text()))
         return
@@ -538,21 +537,25 @@ def write_report(r: dict) -> None:
                     f"{_fmt(x['p99_ms_during'])} / {_fmt(x['p99_ms_without'])} |")
     notes = "\n".join(f"- **{x['fault']}**: {x['what']}." + (f" {x['extra']}" if x["extra"] else "")
                       + (f" Client aborts (by design): {x['client_aborts']}." if x["client_aborts"] else "")
-                      + (f" Connections closed before any answer, retried once as the SDKs do (then counted by "
-                         f"their final answer): {x['retried_before_answer']}." if x.get("retried_before_answer") else "")
+                      + (f" Connections closed before any answer, retried once as the SDKs do (then counted "
+                         f"by their final answer): {x['retried_before_answer']}."
+                         if x.get("retried_before_answer") else "")
                       for x in r["rows"])
     table = f"""<!-- faults -->
 Commit {r['commit']}; `python -m bench.faults.suite {' '.join(r['argv'])}` ({r['seconds']} s); {r['machine']};
 {r['clients']} clients of mixed traffic, {r['slots']} slots, request deadline {r['deadline_ms']} ms, null model
 (a token every 5 ms), cache on.
 
-| fault | requests sent | 2xx | API-shaped errors (statuses) | anything else (must be 0) | slots claimed after settling (must be 0) | time until served again (s) | p99 of normal 2xx during / without the fault (ms) |
+| fault | requests sent | 2xx | API-shaped errors (statuses) | anything else (must be 0) | \
+slots claimed after settling (must be 0) | time until served again (s) | \
+p99 of normal 2xx during / without the fault (ms) |
 |---|---|---|---|---|---|---|---|
 {chr(10).join(rows)}
 
 {notes}
 <!-- /faults -->"""
-    text = REPORT.read_text() if REPORT.exists() else "# Faults, soak and hostile input\n\n<!-- faults -->\n<!-- /faults -->\n"
+    empty = "# Faults, soak and hostile input\n\n<!-- faults -->\n<!-- /faults -->\n"
+    text = REPORT.read_text() if REPORT.exists() else empty
     a, b = "<!-- faults -->", "<!-- /faults -->"
     REPORT.write_text(text[: text.index(a)] + table + text[text.index(b) + len(b):])
 

@@ -10,7 +10,7 @@ import urllib.error
 import urllib.request
 
 from zccp.config import load_config
-from zccp.stack import engine_ping
+from zccp.ops.stack import engine_ping
 
 cfg = load_config(os.environ.get("ZCCP_CONFIG", "/etc/zccp/config.yaml"))
 what = sys.argv[1] if len(sys.argv) > 1 else ""

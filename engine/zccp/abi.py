@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import struct
 from dataclasses import dataclass
+from typing import Any
 
 import cffi
 
@@ -16,6 +17,9 @@ from zccp.paths import abi_header
 
 HEADER_PATH = abi_header()
 ffi = cffi.FFI()
+# A pointer to one of the header's structs (ffi.cast): its fields exist only at run time,
+# read from zccp_abi.h, so to the type checker it is Any.
+CData = Any
 ffi.cdef(HEADER_PATH.read_text(encoding="utf-8"))
 _lib = ffi.dlopen(None)  # only for reading enum constants
 
@@ -71,7 +75,7 @@ def packer(name: str) -> struct.Struct:
     """A struct.Struct for `struct <name>` (scalar fields only: the doorbell frames), derived
     from the header's layout as cffi computed it, padding included: packing a frame costs a
     fraction of building it through cffi, and nothing restates the layout."""
-    t = ffi.typeof(f"struct {name}")
+    t: Any = ffi.typeof(f"struct {name}")
     fmt, pos = "=", 0
     for _, f in t.fields:
         if f.offset > pos:
@@ -86,7 +90,7 @@ def packer(name: str) -> struct.Struct:
     return out
 
 
-def _enum(name: str, prefix: str) -> type:
+def _enum(name: str, prefix: str) -> Any:
     """The header's `enum <name>` as a class of int constants, named without `prefix`:
     _enum("zccp_slot_state", "ZCCP_STATE_").FREE == ZCCP_STATE_FREE. Names and values
     come from the header alone."""

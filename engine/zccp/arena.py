@@ -20,6 +20,7 @@ import posix_ipc
 import torch
 
 from zccp.abi import (
+    CData,
     ABI_VERSION,
     CONTROL_MAGIC,
     META_OFFSET,
@@ -55,9 +56,9 @@ def _refuse_if_served(name: str) -> None:
         page = mmap.mmap(shm.fd, ffi.sizeof("struct zccp_control"), prot=mmap.PROT_READ)
     finally:
         shm.close_fd()
-    c = ffi.cast("struct zccp_control *", ffi.from_buffer(page))
+    c: CData = ffi.cast("struct zccp_control *", ffi.from_buffer(page))
     magic, epoch, pid = int(c.magic), int(c.epoch), int(c.engine_pid)
-    sock = ffi.string(c.socket_path, 108).decode("utf-8", "replace")
+    sock = bytes(ffi.buffer(c.socket_path)).split(b"\0", 1)[0].decode("utf-8", "replace")
     del c
     page.close()
     if magic == CONTROL_MAGIC and sock and engine_ping(sock) == epoch:
@@ -88,10 +89,10 @@ class SlotView:
     """Typed pointers into one slot. Cheap to create; holds no copies."""
 
     index: int
-    header: object      # struct zccp_slot_header *
-    meta: object        # struct zccp_slot_meta *
-    signature: object   # struct zccp_slot_signature *
-    request: object     # struct zccp_slot_request *
+    header: CData       # struct zccp_slot_header *
+    meta: CData         # struct zccp_slot_meta *
+    signature: CData    # struct zccp_slot_signature *
+    request: CData      # struct zccp_slot_request *
     base: int           # offset of the slot in the arena
 
 
@@ -125,7 +126,7 @@ class Arena:
         self._mmap = mmap.mmap(self._shm.fd, layout.arena_size, flags=mmap.MAP_SHARED | mmap.MAP_POPULATE)
         self._shm.close_fd()
         self._buf = ffi.from_buffer(self._mmap)
-        self.control = ffi.cast("struct zccp_control *", self._buf)
+        self.control: CData = ffi.cast("struct zccp_control *", self._buf)
         self._slots = [self._make_view(i) for i in range(layout.slot_count)]
         self._closed = False
 

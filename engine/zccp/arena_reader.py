@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 import posix_ipc
 
-from zccp.abi import CONTROL_MAGIC, META_OFFSET, PAGE_SIZE, ffi
+from zccp.abi import CONTROL_MAGIC, META_OFFSET, PAGE_SIZE, CData, ffi
 
 
 @dataclass(frozen=True)
@@ -35,7 +35,8 @@ class ArenaReader:
         finally:
             shm.close_fd()
         self._buf = ffi.from_buffer(self._map)
-        self.control = ffi.cast("struct zccp_control *", self._buf)
+        control: CData = ffi.cast("struct zccp_control *", self._buf)
+        self.control = control
         if self.control.magic != CONTROL_MAGIC:
             raise ValueError(f"{name}: control page not published")
         self.slot_count = int(self.control.slot_count)
@@ -53,7 +54,7 @@ class ArenaReader:
         return PAGE_SIZE + i * self.slot_size
 
     def slot(self, i: int) -> SlotSnapshot:
-        h = ffi.cast("struct zccp_slot_header *", self._buf + self._base(i))
+        h: CData = ffi.cast("struct zccp_slot_header *", self._buf + self._base(i))
         return SlotSnapshot(
             index=i, state=int(h.state), generation=int(h.generation),
             context_id=bytes(ffi.buffer(h.context_id, 8)).hex(), payload_len=int(h.payload_len),
@@ -65,7 +66,7 @@ class ArenaReader:
     def slots(self) -> list[SlotSnapshot]:
         return [self.slot(i) for i in range(self.slot_count)]
 
-    def meta(self, i: int):
+    def meta(self, i: int) -> CData:
         return ffi.cast("struct zccp_slot_meta *", self._buf + self._base(i) + META_OFFSET)
 
     def payload(self, i: int) -> bytes:

@@ -1,6 +1,7 @@
 """config.yaml: one file for both sides, validated strictly at start-up.
 
-Every section is a dataclass; unknown keys and ill-typed or out-of-range values
+Every section is a dataclass; a number's bounds sit beside its field
+(`bounded(default, lo, hi)`). Unknown keys and ill-typed or out-of-range values
 are refused with the file name and the dotted key in the message, so a typo
 never silently falls back to a default.
 """
@@ -13,24 +14,31 @@ import types
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
 import yaml
 
-from zccp.cache.redis_target import parse_redis_url
+from zccp.redis_url import parse_redis_url
+
+_N = TypeVar("_N", int, float)
 
 
 class ConfigError(ValueError):
     """A config file that cannot be used; the message names the file and key."""
 
 
+def bounded(default: _N, lo: float, hi: float) -> _N:
+    """A number field's default and its inclusive bounds [lo, hi], checked at load."""
+    return field(default=default, metadata={"bounds": (lo, hi)})
+
+
 @dataclass(frozen=True)
 class ServerConfig:
     listen: str = "127.0.0.1:8080"          # nginx listen address (loopback by default)
-    workers: int = 2                         # nginx worker processes
+    workers: int = bounded(2, 1, 64)   # nginx worker processes
     socket_path: str | None = None           # None: derived from the run directory (zccp.runtime)
-    connect_timeout_ms: int = 500            # nginx -> engine doorbell connect
-    doorbell_pool_size: int = 64             # keepalive cosockets per nginx worker
+    connect_timeout_ms: int = bounded(500, 1, 60_000)   # nginx -> engine doorbell connect
+    doorbell_pool_size: int = bounded(64, 1, 4096)   # keepalive cosockets per nginx worker
     user: str | None = None                  # nginx workers' user when started as root (None: www-data)
     # Who may GET /metrics: nginx `allow` arguments (addresses, CIDRs, "unix:", "all"), space
     # separated; everyone else gets 403. Loopback and unix-socket clients by default.
@@ -40,7 +48,7 @@ class ServerConfig:
 @dataclass(frozen=True)
 class GpuConfig:
     enabled: Literal["auto", "on", "off"] = "auto"
-    device_id: int = 0
+    device_id: int = bounded(0, 0, 64)
     register_host_memory: bool = True        # pin the arena once and read tokens in place
 
 
@@ -48,10 +56,10 @@ class GpuConfig:
 class L1Config:
     """nginx's own copy of exact hits (cache.l1, docs/cache.md "L1 in nginx")."""
     enabled: bool = True
-    size_mb: int = 64                        # the lua_shared_dict (least recently used entries go first)
-    max_entries: int = 10000                 # dict entries: one per key of an answer (bytes, exact key)
-    max_entry_kb: int = 256                  # a larger answer is not kept
-    ttl_s: int = 300                         # at most this long, whatever the engine allows
+    size_mb: int = bounded(64, 1, 1 << 16)   # the lua_shared_dict (least recently used entries go first)
+    max_entries: int = bounded(10000, 1, 1 << 24)   # dict entries: one per key of an answer (bytes, exact key)
+    max_entry_kb: int = bounded(256, 1, 1 << 20)   # a larger answer is not kept
+    ttl_s: int = bounded(300, 1, 30 * 86400)   # at most this long, whatever the engine allows
 
 
 @dataclass(frozen=True)
@@ -60,13 +68,13 @@ class CacheConfig:
     # redis://host:port/db (one server), redis+cluster://h1:p1,h2:p2 (a Redis Cluster) or
     # redis+sentinel://h1:p1,h2:p2/<master name>/db (Sentinels): docs/cache.md
     redis_url: str = "redis://127.0.0.1:6379/0"
-    ttl_s: int = 3600
+    ttl_s: int = bounded(3600, 1, 30 * 86400)
     near_duplicate: bool = True
-    similarity_threshold: float = 0.85
-    timeout_ms: int = 100                   # per Redis call; includes the engine's own queueing
+    similarity_threshold: float = bounded(0.85, 0.01, 1.0)
+    timeout_ms: int = bounded(100, 1, 60_000)   # per Redis call; includes the engine's own queueing
     # An identical request (same exact key) arriving while the first is generated waits
     # for it up to this long, then runs on its own; 0: never wait (zccp.cache.inflight).
-    coalesce_wait_ms: int = 30000
+    coalesce_wait_ms: int = bounded(30000, 0, 3_600_000)
     # Who may be served whose answers: "tenant" (exact unmasked hits shared, masked and
     # near hits only within the tenant), "isolated" (nothing crosses tenants) or "global".
     scope: Literal["tenant", "isolated", "global"] = "tenant"
@@ -85,11 +93,12 @@ class CacheConfig:
 @dataclass(frozen=True)
 class SharedMemoryConfig:
     name: str = "/zccp.default"
-    segment_count: int = 128
-    segment_size_kb: int = 1024
-    tokens_kb: int = 256                     # token array region per slot
-    response_kb: int = 64                    # response ring per slot
-    cleanup_interval_ms: int = 30000         # sweeper period; a slot with no job is checked after this long
+    segment_count: int = bounded(128, 1, 65_536)
+    segment_size_kb: int = bounded(1024, 16, 1 << 20)
+    tokens_kb: int = bounded(256, 4, 1 << 20)   # token array region per slot
+    response_kb: int = bounded(64, 4, 1 << 20)   # response ring per slot
+    # sweeper period; a slot with no job is checked after this long
+    cleanup_interval_ms: int = bounded(30000, 100, 86_400_000)
     group: str | None = None                 # arena + socket become 0660 with this group
 
 
@@ -100,30 +109,30 @@ class ModelConfig:
     path: str | None = None                  # hf: the local checkpoint directory
     dtype: Literal["auto", "bfloat16", "float16", "float32"] = "auto"   # hf; auto: checkpoint's on GPU, fp32 on CPU
     seed: int = 0
-    d_model: int = 128
-    n_layers: int = 2
-    n_heads: int = 4
-    d_ff: int = 512
-    max_context: int = 8192
-    prefill_chunk: int = 0                   # cap on prompt tokens per prefill forward; 0: planned from memory
-    threads: int = 1                         # torch intra-op threads
-    kv_cache_mb: int = 512                   # KV memory of the running batch (admission bound)
-    prefix_cache_mb: int = 256               # KV memory kept for prompt-prefix reuse; 0: off
-    prefix_block: int = 16                   # tokens per prefix block
-    max_batch: int = 32                      # sequences decoded together
-    max_queue: int = 64                      # sequences waiting for the model; beyond: 429
+    d_model: int = bounded(128, 8, 8192)
+    n_layers: int = bounded(2, 1, 128)
+    n_heads: int = bounded(4, 1, 128)
+    d_ff: int = bounded(512, 8, 65_536)
+    max_context: int = bounded(8192, 16, 1 << 22)
+    prefill_chunk: int = bounded(0, 0, 1 << 22)   # cap on prompt tokens per prefill forward; 0: planned from memory
+    threads: int = bounded(1, 1, 256)   # torch intra-op threads
+    kv_cache_mb: int = bounded(512, 1, 1 << 22)   # KV memory of the running batch (admission bound)
+    prefix_cache_mb: int = bounded(256, 0, 1 << 22)   # KV memory kept for prompt-prefix reuse; 0: off
+    prefix_block: int = bounded(16, 1, 4096)   # tokens per prefix block
+    max_batch: int = bounded(32, 1, 4096)   # sequences decoded together
+    max_queue: int = bounded(64, 1, 1 << 20)   # sequences waiting for the model; beyond: 429
     tool_parser: Literal["hermes", "none"] = "hermes"   # <tool_call> JSON in the output -> tool calls
     null_reply: str = "Hello from the ZCCP null backend."
-    null_token_delay_ms: float = 0.0         # null backend: simulated time per token
-    null_fail_after: int = -1                # null backend: raise after this many tokens (-1: never; tests)
+    null_token_delay_ms: float = bounded(0.0, 0, 10_000)   # null backend: simulated time per token
+    null_fail_after: int = bounded(-1, -1, 1 << 20)   # null backend: raise after this many tokens (-1: never; tests)
 
 
 @dataclass(frozen=True)
 class LimitsConfig:
-    max_body_kb: int = 512
-    max_tokens_cap: int = 4096
-    default_max_tokens: int = 256
-    request_timeout_ms: int = 60000
+    max_body_kb: int = bounded(512, 1, 1 << 20)
+    max_tokens_cap: int = bounded(4096, 1, 1 << 20)
+    default_max_tokens: int = bounded(256, 1, 1 << 20)
+    request_timeout_ms: int = bounded(60000, 100, 3_600_000)
 
 
 @dataclass(frozen=True)
@@ -142,46 +151,6 @@ class Config:
     limits: LimitsConfig = field(default_factory=LimitsConfig)
     logging: LoggingConfig = field(default_factory=LoggingConfig)
     path: str = "<defaults>"                 # where it was loaded from (not a YAML key)
-
-
-# (section, key) -> (min, max) for integers and floats; checked after typing.
-_RANGES: dict[tuple[str, str], tuple[float, float]] = {
-    ("server", "workers"): (1, 64),
-    ("server", "connect_timeout_ms"): (1, 60_000),
-    ("server", "doorbell_pool_size"): (1, 4096),
-    ("gpu", "device_id"): (0, 64),
-    ("cache", "ttl_s"): (1, 30 * 86400),
-    ("cache", "similarity_threshold"): (0.01, 1.0),
-    ("cache", "timeout_ms"): (1, 60_000),
-    ("cache", "coalesce_wait_ms"): (0, 3_600_000),
-    ("cache.l1", "size_mb"): (1, 1 << 16),
-    ("cache.l1", "max_entries"): (1, 1 << 24),
-    ("cache.l1", "max_entry_kb"): (1, 1 << 20),
-    ("cache.l1", "ttl_s"): (1, 30 * 86400),
-    ("shared_memory", "segment_count"): (1, 65_536),
-    ("shared_memory", "segment_size_kb"): (16, 1 << 20),
-    ("shared_memory", "tokens_kb"): (4, 1 << 20),
-    ("shared_memory", "response_kb"): (4, 1 << 20),
-    ("shared_memory", "cleanup_interval_ms"): (100, 86_400_000),
-    ("model", "d_model"): (8, 8192),
-    ("model", "n_layers"): (1, 128),
-    ("model", "n_heads"): (1, 128),
-    ("model", "d_ff"): (8, 65_536),
-    ("model", "max_context"): (16, 1 << 22),
-    ("model", "prefill_chunk"): (0, 1 << 22),
-    ("model", "threads"): (1, 256),
-    ("model", "kv_cache_mb"): (1, 1 << 22),
-    ("model", "prefix_cache_mb"): (0, 1 << 22),
-    ("model", "prefix_block"): (1, 4096),
-    ("model", "max_batch"): (1, 4096),
-    ("model", "max_queue"): (1, 1 << 20),
-    ("model", "null_token_delay_ms"): (0, 10_000),
-    ("model", "null_fail_after"): (-1, 1 << 20),
-    ("limits", "max_body_kb"): (1, 1 << 20),
-    ("limits", "max_tokens_cap"): (1, 1 << 20),
-    ("limits", "default_max_tokens"): (1, 1 << 20),
-    ("limits", "request_timeout_ms"): (100, 3_600_000),
-}
 
 
 def _check_value(where: str, hint: Any, value: Any) -> Any:
@@ -213,7 +182,8 @@ def _check_value(where: str, hint: Any, value: Any) -> Any:
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             raise ConfigError(f"{where}: expected a number, got {value!r}")
         return float(value)
-    if dataclasses.is_dataclass(hint):   # a subsection (cache.l1): `where` ends with its dotted name
+    if isinstance(hint, type) and dataclasses.is_dataclass(hint):
+        # a subsection (cache.l1): `where` ends with its dotted name
         path, _, name = where.rpartition(": ")
         return _build_section(path, name, hint, value)
     if hint is str:
@@ -229,7 +199,8 @@ def _build_section(path: str, name: str, cls: type, raw: Any) -> Any:
     if not isinstance(raw, dict):
         raise ConfigError(f"{path}: {name}: expected a mapping, got {type(raw).__name__}")
     hints = typing.get_type_hints(cls)
-    known = {f.name for f in dataclasses.fields(cls)}
+    bounds_of = {f.name: f.metadata.get("bounds") for f in dataclasses.fields(cls)}
+    known = set(bounds_of)
     for key in raw:
         if key not in known:
             raise ConfigError(f"{path}: {name}.{key}: unknown key (known: {', '.join(sorted(known))})")
@@ -237,7 +208,7 @@ def _build_section(path: str, name: str, cls: type, raw: Any) -> Any:
     for key, value in raw.items():
         where = f"{path}: {name}.{key}"
         checked = _check_value(where, hints[key], value)
-        bounds = _RANGES.get((name, key))
+        bounds = bounds_of[key]
         if bounds is not None and checked is not None and not bounds[0] <= checked <= bounds[1]:
             raise ConfigError(f"{where}: {checked!r} is outside [{bounds[0]}, {bounds[1]}]")
         values[key] = checked
@@ -298,18 +269,6 @@ def _check_consistency(cfg: Config, given: frozenset[str] = frozenset()) -> None
     if cfg.model.backend == "hf" and cfg.model.path is None:
         raise ConfigError(f"{cfg.path}: model.path: required when model.backend is 'hf' "
                           "(a local checkpoint directory)")
-
-
-def check_model_files(cfg: Config) -> None:
-    """The engine's own start-up check (not nginx's: its host need not see the model):
-    the hf checkpoint directory holds what loading needs, else a ConfigError naming it."""
-    if cfg.model.backend != "hf" or cfg.model.path is None:
-        return
-    from zccp.model.checkpoint import checkpoint_problems
-
-    problems = checkpoint_problems(cfg.model.path)
-    if problems:
-        raise ConfigError(f"{cfg.path}: model.path: " + "; ".join(problems))
 
 
 _SECTIONS = {f.name: f.type for f in dataclasses.fields(Config) if f.name != "path"}

@@ -69,7 +69,8 @@ class CudaMappedDevice:
         if offset < 0 or offset + nbytes > self._size:
             raise ValueError("token view lies outside the registered arena")
         mem = self._cupy.cuda.UnownedMemory(self._dev_base + offset, nbytes, owner=self)
-        arr = self._cupy.ndarray((tokens.numel(),), dtype=self._cupy.int32, memptr=self._cupy.cuda.MemoryPointer(mem, 0))
+        arr = self._cupy.ndarray((tokens.numel(),), dtype=self._cupy.int32,
+                                 memptr=self._cupy.cuda.MemoryPointer(mem, 0))
         return torch.from_dlpack(arr)
 
     def close(self) -> None:

@@ -16,7 +16,7 @@ import socket
 import threading
 from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import NamedTuple
+from typing import NamedTuple, Protocol
 
 from zccp.abi import NOTICE_SIZE, RING_SIZE, Op, ffi, packer
 from zccp.paths import make_dirs
@@ -78,6 +78,12 @@ def engine_ping(socket_path: str, timeout: float = 1.0) -> int | None:
     return int(n.generation) if n.op == Op.PONG else None
 
 
+class Cancellable(Protocol):
+    """A job rung on a connection (zccp.engine.Job): cancelled when the connection closes."""
+
+    def cancel(self) -> None: ...
+
+
 class Connection:
     """One nginx cosocket. Notices may be sent from worker threads (thread-safe)."""
 
@@ -86,7 +92,7 @@ class Connection:
         self._loop = loop
         self._loop_thread = threading.get_ident()
         self.closed = False
-        self.jobs: set[object] = set()   # jobs rung on this connection, cancelled on EOF
+        self.jobs: set[Cancellable] = set()   # jobs rung on this connection, cancelled on EOF
 
     def send(self, frame: bytes) -> None:
         if self.closed:
@@ -109,8 +115,9 @@ RingHandler = Callable[[Connection, Ring], None]
 CloseHandler = Callable[[Connection], None]
 
 
-async def start_private_unix_server(path: str, group: str | None,
-                                    create: Callable[[str], Awaitable[asyncio.AbstractServer]]) -> asyncio.AbstractServer:
+async def start_private_unix_server(
+        path: str, group: str | None,
+        create: Callable[[str], Awaitable[asyncio.AbstractServer]]) -> asyncio.AbstractServer:
     """A unix socket only its owner (or, with a group, that group) can connect to;
     create(path) makes the server (asyncio's stream or protocol flavour)."""
     sock_path = Path(path)
@@ -181,7 +188,8 @@ class _RingProtocol(asyncio.BufferedProtocol):
 
 
 class DoorbellServer:
-    def __init__(self, path: str, on_ring: RingHandler, on_close: CloseHandler, on_ping: Callable[[Connection], None], group: str | None = None) -> None:
+    def __init__(self, path: str, on_ring: RingHandler, on_close: CloseHandler,
+                 on_ping: Callable[[Connection], None], group: str | None = None) -> None:
         self.path = path
         self._on_ring = on_ring
         self._on_close = on_close

@@ -11,68 +11,77 @@
                 be empty) whose prompt, without the generation prompt, is prefilled
                 and kept in the prefix cache, so later requests that start the same
                 way prefill only the rest.
+  PURGE         POST /v1/zccp/purge (nginx: loopback clients only): a purge request
+                (zccp.cache.purge) in, {"purged": n, ...} out; on the event loop,
+                since Redis answers asynchronously.
 
-Each reuses RequestFlow's endings (errors through the slot, logs, metrics).
+Each ends through its zccp.outcome.Outcome (errors through the slot, the log line,
+the request metric), as a generation does.
 """
 
 from __future__ import annotations
 
 import logging
-import time
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
-from zccp.abi import Kind
-from zccp.api import anthropic
+import orjson
+
+from zccp.abi import Flag, Kind
+from zccp.api import anthropic, codec_for
 from zccp.api.codec import ModelInfo
-from zccp.flow import FlowDeps, RequestContext, RequestFlow
+from zccp.cache.purge import parse_purge, purge
+from zccp.flow import FlowDeps
 from zccp.model.prompt import Prompt
 from zccp.model.tokenizer import PromptTooLong
-from zccp.reply import Endings, WarmupReply
-from zccp.request import ApiError, GenerationRequest, SamplingParams
-from zccp.response import SlotAbandoned
+from zccp.outcome import Outcome, RequestContext
 from zccp.scheduler import Sequence
+from zccp.shared_types import ApiError, ApiKind, GenerationRequest, SamplingParams
+from zccp.token_sink import WarmupReply
+
+if TYPE_CHECKING:
+    from zccp.cache.redis_target import RedisClient
 
 log = logging.getLogger("zccp.endpoints")
 
 _NO_SAMPLING = SamplingParams(max_tokens=0, temperature=0.0)
 
 
-class EndpointFlow(RequestFlow):
+class EndpointFlow:
     def __init__(self, ctx: RequestContext, deps: FlowDeps, on_done: Callable[[], None], kind: int,
-                 models: list[ModelInfo]) -> None:
-        super().__init__(ctx, deps, on_done)
+                 models: list[ModelInfo], redis: RedisClient | None) -> None:
+        self.ctx = ctx
+        self.deps = deps
         self.kind = kind
         self.models = models
+        self._redis = redis            # PURGE: None when the cache is disabled
+        # A purge always answers in Anthropic's error shape (nginx sets no API flag for it).
+        api: ApiKind = "openai" if ctx.view.header.flags & Flag.API_OPENAI and kind != Kind.PURGE else "anthropic"
+        self.codec = codec_for(api)
+        self.outcome = Outcome(ctx, self.codec, deps.metrics, deps.request_log, on_done)
 
     def start(self) -> None:
-        started = time.perf_counter()
-        try:
-            try:
-                if self.kind == Kind.MODELS:
-                    self._answer(self._models(), started)
-                elif self.kind == Kind.COUNT_TOKENS:
-                    self._answer(anthropic.render_count(self.deps.backend.prompt.count(self._prompt(
-                        anthropic.parse_count_tokens))), started)
-                elif self.kind == Kind.WARMUP:
-                    if self._warmup(started):
-                        return                                   # answered from the model thread
-                else:
-                    raise ApiError(400, "invalid_request_error", f"request kind {self.kind} is not served here")
-            except ApiError as err:
-                self._answer_error(err, started)
-        except SlotAbandoned as exc:
-            self._abandoned(exc)
-        except Exception:
-            log.exception("request failed", extra=self.ctx.ids())
-            self._fail(None)
-        self._done()
+        if self.kind == Kind.PURGE:
+            return self.deps.spawn(self._purge())
+        with self.outcome.guard():
+            if self.kind == Kind.MODELS:
+                self._answer(self._models())
+            elif self.kind == Kind.COUNT_TOKENS:
+                self._answer(anthropic.render_count(self.deps.backend.prompt.count(self._prompt(
+                    anthropic.parse_count_tokens))))
+            elif self.kind == Kind.WARMUP:
+                self._warmup()
+                return                                   # answered from the model thread
+            else:
+                raise ApiError(400, "invalid_request_error", f"request kind {self.kind} is not served here")
+        self.outcome.done()
 
-    def _answer(self, body: bytes, started: float) -> None:
+    def _answer(self, body: bytes) -> None:
         w = self.ctx.writer
         w.begin(200, sse=False)
         w.write(body)
         w.finish()
-        self._log_done(200, started)
+        self.outcome.answered(200)
 
     def _models(self) -> bytes:
         wanted = bytes(self.ctx.payload).decode("utf-8", "replace")
@@ -87,8 +96,9 @@ class EndpointFlow(RequestFlow):
         doc = anthropic.decode_body(self.ctx.payload)
         return Prompt(parse(doc, self.deps.limits), lambda: anthropic.chat_input(doc))
 
-    def _warmup(self, started: float) -> bool:
-        """Submit the prefix to the model; False when it was answered here (an error)."""
+    def _warmup(self) -> None:
+        """Submit the prefix to the model (it answers, and ends the request); an ApiError
+        when it cannot."""
         ctx, deps = self.ctx, self.deps
         prompt = self._prompt(anthropic.parse_warmup)
         try:
@@ -101,11 +111,31 @@ class EndpointFlow(RequestFlow):
                            f"the prefix is {n} tokens; it must be 1 to {deps.backend.max_context}", "messages")
         ctx.view.header.tokens_len = n
         ctx.view.meta.prompt_len = n
-        sink = WarmupReply(prompt.req.model, ctx.view, ctx.writer, n,
-                           Endings(self._log_done, self._abandoned, self._fail, lambda result: None), started)
+        sink = WarmupReply(prompt.req.model, ctx.view, ctx.writer, n, self.outcome)
         seq = Sequence(deps.input_view(ctx.tokens[:n]), ctx.tokens[:n].numpy(), _NO_SAMPLING, sink,
-                       ctx.cancelled, lambda _: self._done(), prefill_only=True)
+                       ctx.cancelled, lambda _: self.outcome.done(), prefill_only=True)
         if not deps.model.submit(seq):
             deps.metrics.queue_full.inc()
             raise ApiError(429, "rate_limit_error", "the model's queue is full; retry shortly")
-        return True
+
+    async def _purge(self) -> None:
+        """POST /v1/zccp/purge: the JSON body in, {"purged": n, ...} out (on the loop)."""
+        try:
+            with self.outcome.guard():
+                if self._redis is None:
+                    raise ApiError(409, "invalid_request_error", "the cache is disabled (cache.enabled: false)")
+                try:
+                    req = parse_purge(orjson.loads(bytes(self.ctx.payload)))
+                except orjson.JSONDecodeError as exc:
+                    raise ApiError(400, "invalid_request_error", f"body: not valid JSON: {exc}") from None
+                except ValueError as exc:
+                    raise ApiError(400, "invalid_request_error", str(exc)) from None
+                try:
+                    n = await purge(self._redis, req)
+                except Exception as exc:   # redis down, a timeout: say so, nothing else breaks
+                    log.warning("purge failed: %s", exc, extra=self.ctx.ids())
+                    raise ApiError(503, "api_error", f"purge failed: {exc}") from None
+                log.info("cache purged: %s, %d keys", req.describe(), n, extra=self.ctx.ids())
+                self._answer(orjson.dumps({"purged": n, **req.describe()}))
+        finally:
+            self.outcome.done()

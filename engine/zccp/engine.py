@@ -19,21 +19,21 @@ from zccp.api.codec import ModelInfo
 from zccp.api.common import ParseLimits
 from zccp.arena import Arena, SlotError, SlotView
 from zccp.cache.inflight import InFlight
-from zccp.cache.masks import MaskSource
-from zccp.cache.purge import PurgeFlow
+from zccp.cache.mask_store import MaskSource
 from zccp.cache.store import ResponseCache
 from zccp.config import Config, ConfigError, ModelConfig, mask_state_path
 from zccp.device import select_device
 from zccp.doorbell import Connection, DoorbellServer, Ring, encode_notice
 from zccp.endpoints import EndpointFlow
-from zccp.flow import FlowDeps, RequestContext, RequestFlow
+from zccp.flow import FlowDeps, RequestFlow
 from zccp.logs import RequestLog
 from zccp.metrics import EngineMetrics, MetricsServer
 from zccp.model.base import ModelBackend
 from zccp.model.registry import backend_from_config
+from zccp.outcome import RequestContext
 from zccp.planner import Planner
 from zccp.prefix_cache import PrefixCache
-from zccp.response import ResponseWriter
+from zccp.ring_writer import ResponseWriter
 from zccp.scheduler import BatchLimits, BatchScheduler
 
 log = logging.getLogger("zccp.engine")
@@ -93,6 +93,9 @@ def layout_from_config(cfg: Config) -> SlotLayout:
 class Engine:
     def __init__(self, cfg: Config) -> None:
         self.cfg = cfg
+        if cfg.server.socket_path is None:   # programmer error: zccp.runtime.resolve sets it
+            raise ConfigError(f"{cfg.path}: server.socket_path: not resolved for a run directory")
+        self._socket_path = cfg.server.socket_path
         torch.set_num_threads(cfg.model.threads)
         self.layout = layout_from_config(cfg)
         self.arena = Arena(cfg.shared_memory.name, self.layout, cfg.shared_memory.group)
@@ -108,7 +111,7 @@ class Engine:
         self._jobs: dict[int, Job] = {}
         # One model thread, decoding every running request in one batch; the loop stays free for rings.
         self._model = model_thread(cfg.model, self.backend, self.metrics)
-        self.doorbell = DoorbellServer(cfg.server.socket_path, self._on_ring, self._on_close, self._on_ping,
+        self.doorbell = DoorbellServer(self._socket_path, self._on_ring, self._on_close, self._on_ping,
                                        cfg.shared_memory.group)
         self._loop: asyncio.AbstractEventLoop | None = None
         self._loop_thread = 0
@@ -137,13 +140,14 @@ class Engine:
             inflight=InFlight() if cfg.cache.enabled and cfg.cache.coalesce_wait_ms else None,
             coalesce_wait_s=cfg.cache.coalesce_wait_ms / 1000,
         )
-        self.metrics_server = MetricsServer(cfg.server.socket_path + ".metrics", self.metrics, cfg.shared_memory.group)
+        self.metrics_server = MetricsServer(self._socket_path + ".metrics", self.metrics, cfg.shared_memory.group)
 
     # -- doorbell callbacks (event loop thread) -------------------------------------------
 
     def _reject(self, conn: Connection, ring: Ring, status: int, why: str) -> None:
         self.metrics.rejects.inc(status=str(status))
-        log.warning("ring rejected: %s", why, extra={"slot": ring.slot, "generation": ring.generation, "status": status})
+        log.warning("ring rejected: %s", why,
+                    extra={"slot": ring.slot, "generation": ring.generation, "status": status})
         conn.send(encode_notice(Op.REJECT, ring.slot, ring.generation, 0, 1, status))
 
     def _on_ping(self, conn: Connection) -> None:
@@ -202,12 +206,10 @@ class Engine:
             request_id=_request_id(view),
         )
         kind = view.request.kind
-        if kind == Kind.PURGE:   # POST /v1/zccp/purge (nginx: loopback clients only)
-            redis = self.cache.redis if self.cache is not None else None
-            return PurgeFlow(ctx.payload, ctx.writer, redis, self._spawn, lambda: self._finish_job(job)).start()
         if kind == Kind.GENERATE:
             return RequestFlow(ctx, self.deps, lambda: self._finish_job(job)).start()
-        EndpointFlow(ctx, self.deps, lambda: self._finish_job(job), kind, self.models).start()
+        redis = self.cache.redis if self.cache is not None else None     # PURGE's
+        EndpointFlow(ctx, self.deps, lambda: self._finish_job(job), kind, self.models, redis).start()
 
     def _later(self, delay: float, fn: Callable[[], None]) -> None:
         """fn on the loop after delay seconds, from any thread (a writer may finish on the model thread)."""
@@ -301,7 +303,7 @@ class Engine:
         self._loop_thread = threading.get_ident()
         await self.doorbell.start()
         await self.metrics_server.start()
-        self.arena.publish(self.cfg.server.socket_path)
+        self.arena.publish(self._socket_path)
         self.arena.set_engine_state(EngineState.SERVING)
         sweeper = asyncio.create_task(self._sweeper())
         log.info("engine serving: arena %s (%d slots x %d KiB), doorbell %s, model %s (%s) on %s",

@@ -8,7 +8,7 @@ a complete answer. Client errors come back through the same slot as API-shaped J
 
 Threads: start() and everything up to the model run on the engine's event loop;
 the model runs on the model thread (zccp.scheduler, which batches every running
-request into one forward per token), writing through this request's zccp.reply.Reply,
+request into one forward per token), writing through this request's zccp.token_sink.Reply,
 and hands the finished answer back to the loop for the store.
 """
 
@@ -23,47 +23,28 @@ from typing import Any
 import numpy as np
 import torch
 
-from zccp.abi import CACHE_NAMES, CacheReason, CacheStatus, Flag
+from zccp.abi import CacheReason, CacheStatus, Flag
 from zccp.api import ApiCodec, codec_for
-from zccp.api.codec import StreamEncoder
 from zccp.api.common import ParseLimits
-from zccp.arena import SlotView
 from zccp.cache.answer import CachedAnswer, literals_in
 from zccp.cache.inflight import InFlight
 from zccp.cache.keys import CacheKeys, keys_for, slot_masks
-from zccp.cache.masks import MaskSource
+from zccp.cache.mask_store import MaskSource
 from zccp.cache.sampled import SampledUse, sampled_use
 from zccp.cache.store import Lookup, ResponseCache
-from zccp.generation import generate_text
 from zccp.logs import RequestLog
 from zccp.metrics import EngineMetrics
 from zccp.model.base import ModelBackend
 from zccp.model.prompt import Prompt
 from zccp.model.tokenizer import PromptTooLong
-from zccp.reply import Endings, Reply
-from zccp.request import ApiError, Completed, GenerationRequest, GenerationResult, TextDelta
-from zccp.response import ResponseWriter, SlotAbandoned
+from zccp.outcome import Outcome, RequestContext
+from zccp.ring_writer import SlotAbandoned
 from zccp.scheduler import BatchScheduler, Sequence
+from zccp.shared_types import ApiError, Completed, GenerationRequest, GenerationResult, TextDelta
+from zccp.text_assembly import generate_text
+from zccp.token_sink import Reply
 
 log = logging.getLogger("zccp.flow")
-
-
-@dataclass
-class RequestContext:
-    """The slot side of one request."""
-
-    view: SlotView
-    generation: int
-    payload: memoryview            # the body in shared memory, validated length
-    tokens: torch.Tensor           # the slot's whole token array (int32 view of the mmap)
-    writer: ResponseWriter
-    cancelled: Callable[[], bool]
-    context_id: str
-    request_id: str                # X-Request-ID, from the slot's request block ("" when none)
-
-    def ids(self) -> dict[str, str]:
-        """The fields that tie a log line to one request."""
-        return {"context_id": self.context_id, "request_id": self.request_id}
 
 
 @dataclass(frozen=True)
@@ -94,7 +75,6 @@ class Prepared:
     codec: ApiCodec
     req: GenerationRequest
     input_ids: torch.Tensor
-    started: float
     doc: dict[str, Any]              # the parsed body (the fingerprint may reuse it, and mask it)
     host_ids: np.ndarray             # the prompt ids on the CPU (a view of the slot's array)
 
@@ -103,9 +83,8 @@ class RequestFlow:
     def __init__(self, ctx: RequestContext, deps: FlowDeps, on_done: Callable[[], None]) -> None:
         self.ctx = ctx
         self.deps = deps
-        self._on_done = on_done
-        self._started = time.perf_counter()
         self.codec = codec_for("openai" if ctx.view.header.flags & Flag.API_OPENAI else "anthropic")
+        self.outcome = Outcome(ctx, self.codec, deps.metrics, deps.request_log, on_done)
         self._store_keys: CacheKeys | None = None    # set when the answer will be stored
         self._literals: tuple[str, ...] = ()         # the request's masked values the answer carries
         self._owned: bytes | None = None             # the in-flight key this request owns (coalescing)
@@ -117,7 +96,7 @@ class RequestFlow:
         """Parse and tokenize, then answer from the cache or the model (on the loop)."""
         prep = self._prepare()
         if prep is None:
-            return self._done()
+            return self.outcome.done()
         deps, ctx = self.deps, self.ctx
         if deps.cache is None or deps.masks is None:
             return self._run_model(prep, None)
@@ -152,7 +131,7 @@ class RequestFlow:
             deps.metrics.cache.inc(result=lookup.status, reason=lookup.reason)
             if ctx.view.header.generation != ctx.generation or ctx.cancelled():
                 deps.metrics.abandoned.inc()
-                return self._done()   # nginx gave up while Redis (or the first request) answered
+                return self.outcome.done()   # nginx gave up while Redis (or the first request) answered
             if lookup.answer is not None or waited or not await self._wait_for_twin(keys, lookup):
                 break
         meta = ctx.view.meta
@@ -173,7 +152,7 @@ class RequestFlow:
             # L1 replays it (docs/cache.md); a masked HIT and a NEAR count their own prompt
             own = lookup.status == "HIT" and keys is not None and not keys.masked
             self._replay(prep, lookup.answer, lookup.answer.input_tokens if own else 0)
-            return self._done()
+            return self.outcome.done()
         storable = keys is not None and not flags & Flag.NO_STORE and lookup.status != "ERROR" and self._use.store
         store = keys if storable else None
         self._run_model(prep, store)
@@ -207,29 +186,25 @@ class RequestFlow:
         # nginx's ack, and the loop must stay free to deliver the notices nginx waits for.
         if self.deps.inline and not prep.req.stream:
             self._store(store, self._execute(prep))
-            return self._done()
+            return self.outcome.done()
 
         def finished(completed: Completed | None) -> None:   # on the model thread
             if store is not None:
                 self.deps.call_soon(self._store, store, completed)
-            self._done()
+            self.outcome.done()
 
         ctx, n = self.ctx, int(prep.input_ids.numel())
         reply = Reply(prep.codec, prep.req, ctx.view, ctx.writer, n,
                       self.deps.backend.prompt.detokenizer(prep.host_ids[-8:].tolist()),
-                      self._tool_calls(prep.req), Endings(self._log_done, self._abandoned, self._fail,
-                                                          lambda result: self._verdict(prep, result)),
-                      prep.started)
+                      self._tool_calls(prep.req), self.outcome, lambda result: self._verdict(prep, result))
         seq = Sequence(prep.input_ids, prep.host_ids, prep.req.sampling, reply, ctx.cancelled, finished)
         if not self.deps.model.submit(seq):
             self.deps.metrics.queue_full.inc()
-            try:
-                self._answer_error(ApiError(429, "rate_limit_error", "the model's queue is full "
-                                            "(model.max_queue requests wait already); retry shortly"), prep.started)
-            except SlotAbandoned as exc:
-                self._abandoned(exc)
+            with self.outcome.guard():
+                self.outcome.client_error(ApiError(429, "rate_limit_error", "the model's queue is full "
+                                                   "(model.max_queue requests wait already); retry shortly"))
             self._release_owned()
-            self._done()
+            self.outcome.done()
 
     def _tool_calls(self, req: GenerationRequest) -> bool:
         """Parse tool calls out of this answer: tools were offered, and the parser is on."""
@@ -273,37 +248,16 @@ class RequestFlow:
         meta.cache_ttl_s = 0 if self._literals or not self._use.l1 else deps.cache.cfg.ttl_s
         meta.cache_scope = 0 if keys.placement.shared else 1
 
-    def _done(self) -> None:
-        self.ctx.payload.release()
-        self._on_done()
-
     # -- the steps -------------------------------------------------------------------------
 
     def _prepare(self) -> Prepared | None:
         """Parse and tokenize. Client errors are answered here, through the slot: None."""
-        ctx, codec = self.ctx, self.codec
-        started = time.perf_counter()
-        try:
-            try:
-                req, input_ids, doc = self._parse_and_tokenize()
-            except ApiError as err:
-                self._answer_error(err, started)
-                return None
-        except SlotAbandoned as exc:
-            self._abandoned(exc)
-            return None
-        except Exception:
-            log.exception("request failed", extra=ctx.ids())
-            self._fail(None)
-            return None
-        n = int(input_ids.numel())
-        return Prepared(codec, req, input_ids, started, doc, ctx.tokens[:n].numpy())
-
-    def _answer_error(self, err: ApiError, started: float) -> None:
-        """A client error, API-shaped, through the slot (raises SlotAbandoned)."""
-        codec = self.codec
-        self.ctx.writer.answer(codec.http_status(err), False, codec.render_error(err))
-        self._log_done(codec.http_status(err), started)
+        prep: Prepared | None = None
+        with self.outcome.guard():
+            req, input_ids, doc = self._parse_and_tokenize()
+            n = int(input_ids.numel())
+            prep = Prepared(self.codec, req, input_ids, doc, self.ctx.tokens[:n].numpy())
+        return prep
 
     def _parse_and_tokenize(self) -> tuple[GenerationRequest, torch.Tensor, dict[str, Any]]:
         ctx, deps = self.ctx, self.deps
@@ -332,7 +286,8 @@ class RequestFlow:
         model and write the answer, start to finish; never raises; None unless the answer
         is complete and successful."""
         ctx, codec, req, writer = self.ctx, prep.codec, prep.req, self.ctx.writer
-        try:
+        completed: Completed | None = None
+        with self.outcome.guard():
             result: GenerationResult | None = None
             for ev in generate_text(self.deps.backend, prep.input_ids, req.sampling, ctx.cancelled,
                                     self._tool_calls(req)):
@@ -343,14 +298,9 @@ class RequestFlow:
             ctx.view.meta.completion_len = result.output_tokens
             self._verdict(prep, result)
             writer.answer(200, False, codec.render(req, result, codec.new_response_id(), int(time.time())))
-            self._log_done(200, prep.started, result)
-            return Completed(result, (len(result.text),) if result.text else ())
-        except SlotAbandoned as exc:
-            self._abandoned(exc)
-        except Exception:
-            log.exception("request failed", extra=ctx.ids())
-            self._fail(None)
-        return None
+            self.outcome.answered(200, result)
+            completed = Completed(result, (len(result.text),) if result.text else ())
+        return completed
 
     def _replay(self, prep: Prepared, answer: CachedAnswer, input_tokens: int = 0) -> None:
         """Answer from the cache: the same bytes a fresh answer would have, minus the model.
@@ -360,7 +310,7 @@ class RequestFlow:
         doorbell with notices (this runs on the event loop). input_tokens: the usage's prompt
         tokens (0: this request's own)."""
         codec, req, writer = prep.codec, prep.req, self.ctx.writer
-        try:
+        with self.outcome.guard("cache replay failed"):
             result = answer.result(input_tokens or int(prep.input_ids.numel()))
             rid, created = codec.new_response_id(), int(time.time())
             if req.stream:
@@ -375,54 +325,4 @@ class RequestFlow:
                 data, sse = codec.render(req, result, rid, created), False
             self.ctx.view.meta.completion_len = result.output_tokens
             writer.answer(200, sse, data)
-            self._log_done(200, prep.started, result)
-        except SlotAbandoned as exc:
-            self._abandoned(exc)
-        except Exception:
-            log.exception("cache replay failed", extra=self.ctx.ids())
-            self._fail(None)
-
-    # -- endings ---------------------------------------------------------------------------
-
-    def _abandoned(self, exc: SlotAbandoned) -> None:
-        self.deps.metrics.abandoned.inc()
-        log.info("request abandoned: %s", exc, extra=self.ctx.ids())
-
-    def _fail(self, encoder: StreamEncoder | None) -> None:
-        self._log_done(500, self._started)
-        err = ApiError(500, "api_error", "the engine failed while serving this request")
-        writer = self.ctx.writer
-        try:
-            if not writer.started:
-                writer.begin(500, sse=False)
-                writer.write(self.codec.render_error(err))
-            elif encoder is not None:
-                writer.write(encoder.error(err))
-            writer.finish(failed=True)
-        except SlotAbandoned:
-            pass
-
-    def _log_done(self, status: int, started: float, result: GenerationResult | None = None) -> None:
-        elapsed = time.perf_counter() - started
-        m = self.deps.metrics
-        m.requests.inc(api=self.codec.name, status=str(status))
-        m.seconds.inc(elapsed)
-        if result is not None:
-            m.tokens_in.inc(result.input_tokens)
-            m.tokens_out.inc(result.output_tokens)
-        rlog = self.deps.request_log
-        if not rlog.enabled:
-            return
-        ctx = self.ctx
-        rlog.write("request done", {
-            "context_id": ctx.context_id,
-            "request_id": ctx.request_id,
-            "slot": ctx.view.index,
-            "generation": ctx.generation,
-            "status": status,
-            "api": self.codec.name,
-            "cache": CACHE_NAMES.get(ctx.view.meta.cache_status),
-            "duration_ms": round(elapsed * 1000, 3),
-            "tokens_in": result.input_tokens if result else None,
-            "tokens_out": result.output_tokens if result else None,
-        })
+            self.outcome.answered(200, result)

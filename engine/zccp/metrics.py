@@ -94,11 +94,13 @@ class EngineMetrics:
         self.batch_rows = r.gauge("zccp_engine_batch_rows", "Sequences in the decode batch")
         self.queue_waiting = r.gauge("zccp_engine_queue_waiting", "Sequences waiting for admission to the model")
         self.parked = r.gauge("zccp_engine_parked", "Sequences out of the batch until nginx acks room in their ring")
-        self.queue_full = r.counter("zccp_engine_queue_full_total", "Requests refused (429) because the model queue was full")
+        self.queue_full = r.counter("zccp_engine_queue_full_total",
+                                    "Requests refused (429) because the model queue was full")
         self.kv_bytes = r.gauge("zccp_engine_kv_bytes", "KV cache bytes held by the decode batch")
         self.decode_steps = r.counter("zccp_engine_decode_steps_total", "Batched decode forwards")
         self.prefilled = r.counter("zccp_engine_prefill_tokens_total", "Prompt tokens computed by prefill")
-        self.prefix_reused = r.counter("zccp_engine_prefix_reused_tokens_total", "Prompt tokens whose KV state came from the prefix cache")
+        self.prefix_reused = r.counter("zccp_engine_prefix_reused_tokens_total",
+                                       "Prompt tokens whose KV state came from the prefix cache")
 
     def render(self) -> str:
         return self.registry.render()

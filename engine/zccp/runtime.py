@@ -85,7 +85,8 @@ def _check_names(cfg: Config) -> None:
         try:
             grp.getgrnam(cfg.shared_memory.group)
         except KeyError:
-            raise ConfigError(f"{cfg.path}: shared_memory.group: no group {cfg.shared_memory.group!r} on this host") from None
+            raise ConfigError(f"{cfg.path}: shared_memory.group: no group {cfg.shared_memory.group!r} "
+                              "on this host") from None
     if cfg.server.user is not None:
         try:
             pwd.getpwnam(cfg.server.user)

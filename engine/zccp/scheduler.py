@@ -44,8 +44,8 @@ from zccp.model.kv import room
 from zccp.model.sampling import Sampler, sample_rows
 from zccp.planner import Planner
 from zccp.prefix_cache import PrefixCache
-from zccp.request import SamplingParams, StopReason
-from zccp.response import SlotAbandoned
+from zccp.shared_types import SamplingParams, StopReason
+from zccp.ring_writer import SlotAbandoned
 
 log = logging.getLogger("zccp.scheduler")
 
@@ -53,7 +53,7 @@ IDLE_POLL_S = 0.002        # how often parked or draining sequences are looked a
 
 
 class Sink(Protocol):
-    """The output side of one sequence (zccp.reply): it renders and writes the answer."""
+    """The output side of one sequence (zccp.token_sink): it renders and writes the answer."""
 
     def start(self, cached_tokens: int, plan_chunks: int) -> None:
         """Admitted: the prompt's reused tokens and its prefill plan are known."""
@@ -380,7 +380,7 @@ class BatchScheduler:
             return
         self.metrics.decode_steps.inc()
         leaving: set[int] = set()
-        for i, (seq, tok) in enumerate(zip(rows, toks)):
+        for i, (seq, tok) in enumerate(zip(rows, toks, strict=False)):
             outcome = self._emit(seq, tok)
             if outcome == RUN:
                 continue
@@ -395,7 +395,9 @@ class BatchScheduler:
         """Each row's next token: sampled from its logits, or the backend's own choice."""
         if isinstance(out, list):
             return out
-        return sample_rows(self.backend.process_logits(out), samplers)
+        ready = [s for s in samplers if s is not None]
+        assert len(ready) == len(samplers)      # every running sequence got its sampler at admission
+        return sample_rows(self.backend.process_logits(out), ready)
 
     def _leave(self, rows: set[int]) -> None:
         keep = [i for i in range(len(self._rows)) if i not in rows]

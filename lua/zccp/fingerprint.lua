@@ -1,5 +1,5 @@
 -- Fingerprints and cache keys (docs/fingerprint.md, version 3): decode the body (§1),
--- mask it (§2, zccp.masks), then the prefix and exact keys (§6, zccp.fp.canonical), the
+-- mask it (§2, zccp.mask_apply), then the prefix and exact keys (§6, zccp.fp.canonical), the
 -- final user turn (§3, zccp.fp.prompt) and, when it is text only, its CSF (§4-§5,
 -- zccp.fp.csf). engine/zccp/cache/fingerprint.py is the same algorithm in Python,
 -- checked byte for byte by the golden vectors and the identity test.
@@ -55,7 +55,7 @@ cjson.decode_invalid_numbers(false)
 cjson.decode_max_depth(T.max_depth)
 local cjson_decode = cjson.decode
 
-local masks -- required lazily (needs ngx.re)
+local mask_apply -- required lazily (needs ngx.re)
 
 -- Reused for every body (compute() never yields). Buffers that grew past KEEP bytes
 -- (a test's raised limit) are freed after use.
@@ -141,10 +141,10 @@ function _M.keys(api, body, debug, limit)
     end
     local opts = doc.stream_options
     local stream, include_usage = doc.stream == true, type(opts) == "table" and opts.include_usage == true
-    if not masks then
-        masks = require "zccp.masks"
+    if not mask_apply then
+        mask_apply = require "zccp.mask_apply"
     end
-    local masked, merr = masks.apply_doc(doc)
+    local masked, merr = mask_apply.apply_doc(doc)
     if masked == nil then
         return nil, merr
     end

@@ -14,7 +14,7 @@ local libc = require "zccp.libc"
 local relay = require "zccp.relay"
 local settings = require "zccp.settings"
 local tenant = require "zccp.tenant"
-local masks = require "zccp.masks"
+local mask_store = require "zccp.mask_store"
 local body_mod = require "zccp.body"
 local l1 = require "zccp.l1"
 
@@ -112,7 +112,7 @@ local function write_ids(req, rid)
     end
     req.request_id_len = n
     ffi_copy(req.request_id, rid, n)
-    local digest = masks.digest_raw()
+    local digest = mask_store.digest_raw()
     if not digest then
         return 0
     end
@@ -139,12 +139,11 @@ local function fill_slot(a, i, src, flags, timeout_ms, fp, extra, rid)
     h.timestamp_ns = now   -- the sweeper leaves a slot alone until its deadline, upload included
     h.deadline_ns = now + timeout_ms * 1000000ULL
     local dst = a:payload_ptr(i)
-    local body, n = src.body, nil
+    local body = src.body
+    local n = body and #body or src.len
     if body then
-        n = #body
         ffi_copy(dst, body, n)
     else
-        n = src.len
         local ok, status, kind, msg = body_mod.receive_into(dst, n, src.deadline)
         if not ok then
             return nil, msg, status or 499, kind
@@ -281,12 +280,32 @@ local function respond(api, slot, outcome, r)
     end
 end
 
+-- Admin requests (kinds "purge": POST /v1/zccp/purge, "warmup": POST /v1/zccp/warmup)
+-- and POST /v1/zccp/l1/purge answer clients on the loopback interface or a unix socket
+-- only, whatever the listener: realip_remote_addr is the connection's own address even
+-- when the realip module rewrote remote_addr.
+local LOOPBACK = { ["127.0.0.1"] = true, ["::1"] = true, ["unix:"] = true }
+local ADMIN_KINDS = { purge = "ZCCP_KIND_PURGE", warmup = "ZCCP_KIND_WARMUP" }
+-- The model endpoints anyone may call: POST /v1/messages/count_tokens, GET /v1/models.
+local MODEL_KINDS = { count_tokens = "ZCCP_KIND_COUNT_TOKENS", models = "ZCCP_KIND_MODELS" }
+
+-- Answers 403 unless the client is on the loopback interface or a unix socket: true
+-- when it may go on.
+local function loopback_only(api)
+    if LOOPBACK[ngx_var.realip_remote_addr or ngx_var.remote_addr] then
+        return true
+    end
+    errors.send(api, 403, "permission_error", "this endpoint answers loopback clients only")
+    return false
+end
+
 -- One attempt against one arena: claim, fill and ring, relay, respond. Returns
 -- "retry" when the engine behind the arena changed under us (stale ring); otherwise
--- the request is answered. state.slot is set while a slot is held, so that serve()
--- can free it if anything here raises.
-local function attempt(api, a, src, flags, deadline, state, fp, extra)
-    local slot, code, kind, msg = claim_and_fill(a, src, flags, fp, extra, state.request_id)
+-- the request is answered. state.slot is set while a slot is held, so that attempts()
+-- can free it if anything here raises. r: the request prepare() made.
+local function attempt(r, a, state)
+    local api, src = r.api, r.src
+    local slot, code, kind, msg = claim_and_fill(a, src, r.flags, r.fp, r.extra, state.request_id)
     if not slot then
         if code == 499 then
             return   -- the client left during its upload: nobody to answer
@@ -310,9 +329,9 @@ local function attempt(api, a, src, flags, deadline, state, fp, extra)
         state.slot = nil
         return errors.send(api, 503, "overloaded_error", rerr, RETRY_AFTER)
     end
-    local outcome, r = relay.run(slot, state, deadline)
+    local outcome, res = relay.run(slot, state, r.deadline)
     if outcome == "done" and k then
-        local kept, kerr = pcall(l1.keep, api, k, a:meta(slot.index), r)
+        local kept, kerr = pcall(l1.keep, api, k, a:meta(slot.index), res)
         if not kept then
             ngx_log(ngx_ERR, "zccp: L1 store failed: ", kerr)
         end
@@ -324,7 +343,155 @@ local function attempt(api, a, src, flags, deadline, state, fp, extra)
     hang_up(slot, outcome == "done")
     release(slot)
     state.slot = nil
-    return respond(api, slot, outcome, r)
+    return respond(api, slot, outcome, res)
+end
+
+-- Step 1, before any body byte is read: who may call (admin kinds: loopback only), the
+-- method, the content type and the declared size. Returns true and the declared
+-- Content-Length (nil when there is none), or false once the request is answered.
+local function admit(api, kind, s)
+    if kind and ADMIN_KINDS[kind] and not loopback_only(api) then
+        return false
+    end
+    local method = ngx.req.get_method()
+    local want = kind == "models" and "GET" or "POST"
+    if method ~= want then
+        errors.send(api, 405, "invalid_request_error", "method " .. method .. " not allowed; use " .. want,
+            { Allow = want })
+        return false
+    end
+    local ct = ngx_var.content_type
+    if want == "POST" and ct and not is_json(ct) then
+        errors.send(api, 415, "invalid_request_error",
+            "content-type " .. ct .. " is not supported; send application/json")
+        return false
+    end
+    local len = tonumber(ngx_var.content_length)
+    if len and len > s.max_body then
+        errors.send(api, 413, "request_too_large",
+            "request body of " .. len .. " bytes exceeds the limit of " .. s.max_body .. " bytes")
+        return false
+    end
+    return true, len
+end
+
+-- The payload as fill_slot takes it: { body = string }, or { len = n, deadline = t } for a
+-- body streamed later straight into the slot; nil once the request is answered (a body
+-- that could not be read). GET /v1/models/{id}: the id is the payload.
+local function payload(api, kind, len, max_body, deadline)
+    if kind == "models" then
+        return { body = ngx_var.zccp_model_id or "" }
+    end
+    if body_mod.streamable(len, fingerprint.DECODE_LIMIT) then
+        return { len = len, deadline = deadline }
+    end
+    local body, code, err_kind, msg = body_mod.read(max_body)
+    if not body then
+        errors.send(api, code, err_kind, msg)
+        return nil
+    end
+    return { body = body }
+end
+
+-- A generation's cache side in nginx (r.flags set): L1 (zccp.l1) answers the very same
+-- bytes before any fingerprint (a streamed body's once it is in the slot, see attempt),
+-- the same request after its keys; otherwise the engine's answer may be kept. Sets r.fp
+-- and r.extra (the tenant); false once the request is answered from L1.
+local function cache_keys(r, body, state)
+    local api, flags = r.api, r.flags
+    local k = l1.begin(api, body, flags)
+    if k and not k.pending and l1.serve(api, k) then
+        return false
+    end
+    -- A streamed body is the engine's to fingerprint; a request that neither reads nor
+    -- writes the cache (no-cache + no-store) needs no keys at all.
+    local bypass = abi.C.ZCCP_FLAG_NO_CACHE + abi.C.ZCCP_FLAG_NO_STORE
+    local fp = body and bit.band(flags, bypass) ~= bypass and fingerprint.keys(api, body) or nil
+    local t = tenant.digest(fp)
+    r.fp, r.extra = fp, t and { tenant = t }
+    if k then
+        l1.exact(k, fp, t)
+        if not k.pending and l1.serve(api, k, true) then
+            return false
+        end
+        state.l1, state.keep = k, l1.max_entry(k)
+        r.src.digest = k.digest
+    end
+    if fp then
+        fingerprint.complete(fp)   -- the near-duplicate part: only the engine needs it
+    end
+    return true
+end
+
+-- Step 2: the body, the slot flags, and for a generation its keys. Returns the request
+-- r = { api, kind, src, body_len, deadline, flags, fp, extra } for attempts(), or nil
+-- once it is answered (a body that could not be read, an L1 hit).
+local function prepare(api, kind, kind_name, s, len, state)
+    local deadline = ngx_now() + s.request_timeout_ms / 1000
+    local src = payload(api, kind, len, s.max_body, deadline)
+    if not src then
+        return nil
+    end
+    local body = src.body
+    local flags = kind and 0 or cache_flags()
+    if api == "openai" then
+        flags = flags + abi.C.ZCCP_FLAG_API_OPENAI
+    end
+    local r = { api = api, kind = kind, src = src, body_len = body and #body or len, deadline = deadline,
+                flags = flags }
+    if kind then
+        r.extra = { kind = abi.C[kind_name] }
+        if kind == "purge" then
+            l1.purge()   -- before the engine purges Redis, and again after (attempts)
+        end
+    elseif not cache_keys(r, body, state) then
+        return nil
+    end
+    return r
+end
+
+-- A bug in attempt() (it raised `err`) must not leak a slot or a doorbell connection.
+local function abandon(r, a, state, err)
+    ngx_log(ngx_ERR, "zccp: request failed: ", err)
+    if state.slot then
+        hang_up(state.slot, false)
+        release(state.slot)
+        state.slot = nil
+    end
+    a:release()
+    if not ngx.headers_sent then
+        return errors.send(r.api, 500, "api_error", "internal error in the gateway")
+    end
+end
+
+-- Step 3: attempt() against the current arena, once more on a stale ring (the engine
+-- restarted before anything was sent).
+local function attempts(r, state)
+    local api = r.api
+    for _ = 1, MAX_ATTEMPTS do
+        local a, err = arena_mod.acquire()
+        if not a then
+            return errors.send(api, 503, "overloaded_error", err, RETRY_AFTER)
+        end
+        if r.body_len > a.payload_cap then
+            a:release()
+            return errors.send(api, 413, "request_too_large",
+                "request body of " .. r.body_len .. " bytes exceeds the slot capacity of " .. a.payload_cap .. " bytes")
+        end
+        local ok, res = pcall(attempt, r, a, state)
+        if r.kind == "purge" then
+            l1.purge()   -- what was relayed from Redis while it was purged is gone too
+        end
+        if not ok then
+            return abandon(r, a, state, res)
+        end
+        a:release()
+        if res ~= "retry" then
+            return res
+        end
+        arena_mod.refresh()
+    end
+    return errors.send(api, 503, "overloaded_error", "engine restarted; retry", RETRY_AFTER)
 end
 
 -- nginx refused the body itself (client_max_body_size): same answer, API-shaped.
@@ -342,141 +509,33 @@ function _M.header_too_large()
         "request header fields too large: each header line must fit in nginx's large_client_header_buffers")
 end
 
--- Admin requests (kinds "purge": POST /v1/zccp/purge, "warmup": POST /v1/zccp/warmup)
--- answer clients on the loopback interface or a unix socket only, whatever the listener:
--- realip_remote_addr is the connection's own address even when the realip module
--- rewrote remote_addr.
-local LOOPBACK = { ["127.0.0.1"] = true, ["::1"] = true, ["unix:"] = true }
-local ADMIN_KINDS = { purge = "ZCCP_KIND_PURGE", warmup = "ZCCP_KIND_WARMUP" }
--- The model endpoints anyone may call: POST /v1/messages/count_tokens, GET /v1/models.
-local MODEL_KINDS = { count_tokens = "ZCCP_KIND_COUNT_TOKENS", models = "ZCCP_KIND_MODELS" }
-
 -- Content handler for POST /v1/messages ("anthropic") and /v1/chat/completions ("openai");
 -- kind: "purge" or "warmup" (loopback only), "count_tokens" or "models" (GET).
 function _M.serve(api, kind)
     local s = settings.get()
     local rid = ngx_var.zccp_request_id
     ngx_header["X-Request-ID"] = rid
-    local admin = kind and ADMIN_KINDS[kind]
-    local kind_name = kind and (admin or MODEL_KINDS[kind] or error("zccp.handler.serve: unknown kind " .. kind, 2))
-    if admin and not LOOPBACK[ngx_var.realip_remote_addr or ngx_var.remote_addr] then
-        return errors.send(api, 403, "permission_error", "this endpoint answers loopback clients only")
+    local kind_name = kind and (ADMIN_KINDS[kind] or MODEL_KINDS[kind]
+                                or error("zccp.handler.serve: unknown kind " .. kind, 2))
+    local admitted, len = admit(api, kind, s)
+    if not admitted then
+        return
     end
-    local method = ngx.req.get_method()
-    local want = kind == "models" and "GET" or "POST"
-    if method ~= want then
-        return errors.send(api, 405, "invalid_request_error", "method " .. method .. " not allowed; use " .. want,
-            { Allow = want })
-    end
-    local ct = ngx_var.content_type
-    if want == "POST" and ct and not is_json(ct) then
-        return errors.send(api, 415, "invalid_request_error",
-            "content-type " .. ct .. " is not supported; send application/json")
-    end
-    local len = tonumber(ngx_var.content_length)
-    if len and len > s.max_body then
-        return errors.send(api, 413, "request_too_large",
-            "request body of " .. len .. " bytes exceeds the limit of " .. s.max_body .. " bytes")
-    end
-
     local state = { aborted = false, request_id = rid }
     ngx.on_abort(function() state.aborted = true end)
-
-    local deadline = ngx_now() + s.request_timeout_ms / 1000
-    local body, code, err_kind, msg
-    local src   -- { body = string } or { len = n, deadline = t }: see fill_slot
-    if kind == "models" then
-        body = ngx_var.zccp_model_id or ""     -- GET /v1/models/{id}: the id is the payload
-    elseif body_mod.streamable(len, fingerprint.DECODE_LIMIT) then
-        src = { len = len, deadline = deadline }   -- read later, straight into the slot
-    else
-        body, code, err_kind, msg = body_mod.read(s.max_body)
-        if not body then
-            return errors.send(api, code, err_kind, msg)
-        end
+    local r = prepare(api, kind, kind_name, s, len, state)
+    if not r then
+        return
     end
-    src = src or { body = body }
-    local body_len = body and #body or len
-    local flags = kind and 0 or cache_flags()
-    if api == "openai" then
-        flags = flags + abi.C.ZCCP_FLAG_API_OPENAI
-    end
-    local fp, extra
-    if kind then
-        extra = { kind = abi.C[kind_name] }
-        if kind == "purge" then
-            l1.purge()   -- before the engine purges Redis, and again after (below)
-        end
-    else
-        -- L1 (zccp.l1): the very same bytes are answered before any fingerprint (a streamed
-        -- body's once it is in the slot, see attempt), the same request after its keys;
-        -- otherwise the engine's answer may be kept.
-        local k = l1.begin(api, body, flags)
-        if k and not k.pending and l1.serve(api, k) then
-            return
-        end
-        -- A streamed body is the engine's to fingerprint; a request that neither reads nor
-        -- writes the cache (no-cache + no-store) needs no keys at all.
-        local bypass = abi.C.ZCCP_FLAG_NO_CACHE + abi.C.ZCCP_FLAG_NO_STORE
-        fp = body and bit.band(flags, bypass) ~= bypass and fingerprint.keys(api, body) or nil
-        local t = tenant.digest(fp)
-        extra = t and { tenant = t }
-        if k then
-            l1.exact(k, fp, t)
-            if not k.pending and l1.serve(api, k, true) then
-                return
-            end
-            state.l1, state.keep = k, l1.max_entry(k)
-            src.digest = k.digest
-        end
-        if fp then
-            fingerprint.complete(fp)   -- the near-duplicate part: only the engine needs it
-        end
-    end
-
-    for _ = 1, MAX_ATTEMPTS do
-        local a, err = arena_mod.acquire()
-        if not a then
-            return errors.send(api, 503, "overloaded_error", err, RETRY_AFTER)
-        end
-        if body_len > a.payload_cap then
-            a:release()
-            return errors.send(api, 413, "request_too_large",
-                "request body of " .. body_len .. " bytes exceeds the slot capacity of " .. a.payload_cap .. " bytes")
-        end
-        local ok, res = pcall(attempt, api, a, src, flags, deadline, state, fp, extra)
-        if kind == "purge" then
-            l1.purge()   -- what was relayed from Redis while it was purged is gone too
-        end
-        if not ok then
-            -- A bug must not leak a slot or a doorbell connection.
-            ngx_log(ngx_ERR, "zccp: request failed: ", res)
-            if state.slot then
-                hang_up(state.slot, false)
-                release(state.slot)
-                state.slot = nil
-            end
-            a:release()
-            if not ngx.headers_sent then
-                return errors.send(api, 500, "api_error", "internal error in the gateway")
-            end
-            return
-        end
-        a:release()
-        if res ~= "retry" then
-            return res
-        end
-        arena_mod.refresh()
-    end
-    return errors.send(api, 503, "overloaded_error", "engine restarted; retry", RETRY_AFTER)
+    return attempts(r, state)
 end
 
 -- POST /v1/zccp/l1/purge (loopback only, like the purge): empties this nginx's L1 and
 -- nothing else; `zccp-cache purge` calls it after purging Redis (docs/cache.md).
 function _M.purge_l1()
     ngx_header["X-Request-ID"] = ngx_var.zccp_request_id
-    if not LOOPBACK[ngx_var.realip_remote_addr or ngx_var.remote_addr] then
-        return errors.send("anthropic", 403, "permission_error", "this endpoint answers loopback clients only")
+    if not loopback_only("anthropic") then
+        return
     end
     local method = ngx.req.get_method()
     if method ~= "POST" then

@@ -4,7 +4,7 @@ local arena_mod = require "zccp.arena"
 local slots = require "zccp.slots"
 local doorbell = require "zccp.doorbell"
 local settings = require "zccp.settings"
-local masks = require "zccp.masks"
+local mask_store = require "zccp.mask_store"
 local cjson = require "cjson.safe"
 
 local ngx = ngx
@@ -15,7 +15,7 @@ local _M = { _VERSION = "0.1.0" }
 
 -- The mask set this worker applies (zccp-stack reload waits for a new worker's).
 local function masks_in_force()
-    return { digest = masks.digest(), patterns = masks.count(), errors = masks.errors() }
+    return { digest = mask_store.digest(), patterns = mask_store.count(), errors = mask_store.errors() }
 end
 
 local function reply(status, t)

@@ -17,9 +17,10 @@
 --
 -- Write patterns in long brackets [[...]] (Lua "..." strings reject "\d"). This file
 -- must stay a literal table (no variables, no `..`): the engine reads it with a
--- literal parser. After editing: `nginx -s reload`. A pattern that fails to compile
--- is logged by name and the previous good version of that pattern stays in force
--- (docs/fingerprint.md, "Masks").
+-- literal parser. After editing: `zccp-stack reload --config ... --run-dir ...` (README,
+-- "Operating the stack"; an nginx you run yourself: `nginx -s reload`,
+-- docs/existing-nginx.md). A pattern that fails to compile is logged by name and the
+-- previous good version of that pattern stays in force (docs/fingerprint.md, "Masks").
 return {
     {
         name = "uuid",

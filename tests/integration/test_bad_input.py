@@ -7,7 +7,7 @@ import socket
 
 import pytest
 
-from harness import anthropic_body, dumps
+from tests.support.harness import anthropic_body, dumps
 
 JSON = {"content-type": "application/json"}
 
@@ -115,7 +115,8 @@ def test_openai_route_answers_in_openai_shape(null_stack):
 
 _TOOL_USE = {"type": "tool_use", "id": "toolu_1", "name": "f", "input": {}}
 REFUSED_ANTHROPIC = [
-    pytest.param([{"role": "user", "content": [{"type": "nonsense"}]}], "Input tag 'nonsense'", id="unknown-block-type"),
+    pytest.param([{"role": "user", "content": [{"type": "nonsense"}]}], "Input tag 'nonsense'",
+                 id="unknown-block-type"),
     pytest.param([{"role": "user", "content": [{"type": "tool_result", "tool_use_id": "toolu_1", "content": "4"}]}],
                  "unexpected `tool_use_id`", id="tool-result-without-tool-use"),
     pytest.param([{"role": "user", "content": "x"}, {"role": "assistant", "content": [_TOOL_USE]},

@@ -8,7 +8,7 @@ import hashlib
 import socket
 import time
 
-from harness import anthropic_body, dumps
+from tests.support.harness import anthropic_body, dumps
 from zccp.abi import State
 from zccp.cache.fingerprint import DECODE_LIMIT
 

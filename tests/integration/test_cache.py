@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import json
 import time
 
 import pytest
 
-from harness import anthropic_body
+from tests.support.harness import anthropic_body
 
 LONG = ("The quarterly report covers revenue growth in the northern region, staffing changes in "
         "the support organisation, the migration of billing to the new platform, and a review "
@@ -56,12 +57,14 @@ def test_other_model_name_never_hits(make_stack):
     a = make_stack({"model": {"name": "zccp-tiny-a"}}, with_redis=True)
     b = make_stack({"model": {"name": "zccp-tiny-b"}, "cache": {"enabled": True, "redis_url": a.cfg.cache.redis_url}})
     post(a, anthropic_body("hello", max_tokens=8, temperature=0, model="zccp-tiny-a"))
-    assert post(a, anthropic_body("hello", max_tokens=8, temperature=0, model="zccp-tiny-a")).headers["x-zccp-cache"] == "HIT"
+    r = post(a, anthropic_body("hello", max_tokens=8, temperature=0, model="zccp-tiny-a"))
+    assert r.headers["x-zccp-cache"] == "HIT"
     other = post(b, anthropic_body("hello", max_tokens=8, temperature=0, model="zccp-tiny-b"))
     assert other.headers["x-zccp-cache"] == "MISS"
     assert other.json()["model"] == "zccp-tiny-b"
     # b stored its own answer under its own model: now b hits, and a still hits its own.
-    assert post(b, anthropic_body("hello", max_tokens=8, temperature=0, model="zccp-tiny-b")).headers["x-zccp-cache"] == "HIT"
+    r = post(b, anthropic_body("hello", max_tokens=8, temperature=0, model="zccp-tiny-b"))
+    assert r.headers["x-zccp-cache"] == "HIT"
 
 
 def test_a_near_duplicate_is_served_only_when_it_means_the_same(cstack):
@@ -112,12 +115,12 @@ def test_streamed_and_plain_share_entries(cstack):
     replayed = cstack.client().post("/v1/messages", json=dict(body, stream=True))
     assert replayed.headers["x-zccp-cache"] == "HIT"
     assert _sse_events(replayed.text) == _sse_events(streamed.text)
-    assert [l for l in replayed.text.splitlines() if "text_delta" in l] == \
-           [l for l in streamed.text.splitlines() if "text_delta" in l]
+    assert [ln for ln in replayed.text.splitlines() if "text_delta" in ln] == \
+           [ln for ln in streamed.text.splitlines() if "text_delta" in ln]
     plain = post(cstack, body)
     assert plain.headers["x-zccp-cache"] == "HIT"
-    text = "".join(__import__("json").loads(l[6:])["delta"]["text"]
-                   for l in streamed.text.splitlines() if "text_delta" in l)
+    text = "".join(json.loads(ln[6:])["delta"]["text"]
+                   for ln in streamed.text.splitlines() if "text_delta" in ln)
     assert plain.json()["content"][0]["text"] == text
 
 
@@ -136,7 +139,7 @@ def test_redis_down_serves_uncached_and_recovers(cstack):
     assert r.headers["x-zccp-cache"] == "ERROR"
     assert r.json()["type"] == "message"
     metrics = cstack.client().get("/metrics").text
-    errors = [l for l in metrics.splitlines() if l.startswith("zccp_engine_cache_errors_total")]
+    errors = [ln for ln in metrics.splitlines() if ln.startswith("zccp_engine_cache_errors_total")]
     assert errors and float(errors[0].split()[-1]) >= 1
     cstack.redis.start()
     deadline = time.monotonic() + 20
@@ -158,7 +161,7 @@ def test_nginx_writes_the_fingerprint_the_engine_would_compute(make_stack):
 
     from zccp.abi import Flag, ffi
     from zccp.cache.fingerprint import DECODE_LIMIT, compute
-    from zccp.cache.masks import load_masks
+    from zccp.cache.mask_store import load_masks
 
     body = json.dumps(anthropic_body("Fingerprint me, user alice@example.com", max_tokens=5)).encode()
     r = cstack.client().post("/v1/messages", content=body, headers={"content-type": "application/json"})

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import json
 
-from cache_requests import NULL, cache_of, post, stored
-from conftest import HF_MODEL
+from tests.support.cache_requests import NULL, cache_of, post, stored
+from tests.support.hf_checkpoint import HF_MODEL
 
 
 def openai_body(seed: int | None = None, **extra) -> dict:

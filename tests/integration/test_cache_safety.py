@@ -17,7 +17,19 @@ from pathlib import Path
 import httpx
 import pytest
 
-from cache_requests import CHAT, NULL, Q, REWORDED, cache_of, eventually, metric, post, req, reworded, stored
+from tests.support.cache_requests import (
+    CHAT,
+    NULL,
+    Q,
+    REWORDED,
+    cache_of,
+    eventually,
+    metric,
+    post,
+    req,
+    reworded,
+    stored,
+)
 from zccp.abi import CacheReason, ffi
 
 
@@ -52,7 +64,7 @@ def agent(api, results: list[str], args: list[dict] | None = None, then: str | N
     """An agent loop: a task, then one tool round per result (call, result)."""
     args = args or [{"path": f"src/m{i}.py"} for i in range(len(results))]
     msgs: list = [{"role": "user", "content": "Fix the failing test in tests/test_app.py"}]
-    for i, (res, arg) in enumerate(zip(results, args)):
+    for i, (res, arg) in enumerate(zip(results, args, strict=True)):
         if api == "anthropic":
             msgs.append({"role": "assistant", "content": [
                 {"type": "text", "text": "Let me read the file."},
@@ -84,7 +96,8 @@ def test_must_miss_categories(nstack, api):
     s = nstack
     step2 = agent(api, [R1, R2], [{"path": "src/m0.py"}, {"path": "tests/t.py"}])
     cases = [   # (what, stored first, must miss); each case in a scope of its own (max_tokens)
-        ("image bytes", req(api, image_turn(api, b"\x89PNG one picture")), req(api, image_turn(api, b"\x89PNG another"))),
+        ("image bytes", req(api, image_turn(api, b"\x89PNG one picture")),
+         req(api, image_turn(api, b"\x89PNG another"))),
         ("document bytes", req(api, document_turn(api, b"%PDF-1.4 report A")),
          req(api, document_turn(api, b"%PDF-1.4 report B"))),
         ("tool_result content", agent(api, [R1]), agent(api, [R1.replace("a - b", "a + b")])),
@@ -196,7 +209,8 @@ BOB = "Write a short reminder to bob@south.org about the unpaid invoice 98765432
 def test_masked_literal_guard_refuses_an_answer_carrying_the_other_users_address(make_stack):
     s = make_stack({"model": dict(NULL, null_reply="Dear ann@north.com, invoice 123456789 is still unpaid.")},
                    with_redis=True)
-    ann, bob = req("anthropic", [{"role": "user", "content": ANN}]), req("anthropic", [{"role": "user", "content": BOB}])
+    ann = req("anthropic", [{"role": "user", "content": ANN}])
+    bob = req("anthropic", [{"role": "user", "content": BOB}])
     stored(s, "anthropic", ann)                         # ann's own repeat is served: it carries her values
     before = metric(s, "zccp_engine_cache_total", result="MISS", reason="masked_literal")
     # a near-duplicate of ann's request from someone else is refused ...

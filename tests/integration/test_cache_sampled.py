@@ -8,8 +8,8 @@ from typing import Iterator
 
 import pytest
 
-from cache_requests import NULL, cache_of, post, stored
-from harness import Stack
+from tests.support.cache_requests import NULL, cache_of, post, stored
+from tests.support.harness import Stack
 from zccp.config import CacheConfig
 
 PATHS = {"anthropic": "/v1/messages", "openai": "/v1/chat/completions"}

@@ -7,8 +7,8 @@ import concurrent.futures as cf
 
 import httpx
 
-from cache_requests import metric
-from harness import anthropic_body
+from tests.support.cache_requests import metric
+from tests.support.harness import anthropic_body
 
 N = 24
 

@@ -32,9 +32,9 @@ from pathlib import Path
 import httpx
 import pytest
 
-from harness import Stack, anthropic_body
+from tests.support.harness import Stack, anthropic_body
 from zccp.config import mask_state_path
-from zccp.stack import Service, engine_service, free_port, redis_service
+from zccp.ops.stack import Service, engine_service, free_port, redis_service
 
 REPO = Path(__file__).resolve().parents[2]
 NGINX = shutil.which("nginx") or "/usr/sbin/nginx"
@@ -316,7 +316,7 @@ def test_zccp_joins_an_nginx_serving_other_sites_and_reloads_under_load(existing
 
     # zccp-nginx render, the two includes, nginx -t, reload: docs/existing-nginx.md, step by step.
     out = e.prefix / "zccp"
-    r = subprocess.run([sys.executable, "-m", "zccp.cli", "nginx", "render", "--config", str(s.config_path),
+    r = subprocess.run([sys.executable, "-m", "zccp.ops.cli", "nginx", "render", "--config", str(s.config_path),
                         "--out", str(out)], capture_output=True, text=True, timeout=60,
                        env=dict(os.environ, PYTHONPATH=str(REPO / "engine"), **env))
     assert r.returncode == 0, r.stderr
@@ -394,7 +394,7 @@ def test_zccp_joins_an_nginx_serving_other_sites_and_reloads_under_load(existing
             rl = e.ctl("-s", "reload")
             assert rl.returncode == 0, rl.stderr
             # A reload is over when every old worker has finished its requests and exited.
-            _wait(lambda: not (e.workers() & old) and len(e.workers()) == WORKERS, 60, "the old workers' exit")
+            _wait(lambda old=old: not (e.workers() & old) and len(e.workers()) == WORKERS, 60, "the old workers' exit")
             windows.append((t0, time.monotonic()))
             time.sleep(0.5)
     finally:

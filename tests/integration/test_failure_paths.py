@@ -14,7 +14,7 @@ import openai
 import pytest
 import redis
 
-from harness import Stack, anthropic_body
+from tests.support.harness import Stack, anthropic_body
 
 FAIL_AFTER = 5
 # A null backend that fails after FAIL_AFTER tokens: the engine's own 500 and SSE error.

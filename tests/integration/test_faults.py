@@ -14,7 +14,7 @@ import httpx
 import posix_ipc
 import pytest
 
-from harness import anthropic_body, dumps
+from tests.support.harness import anthropic_body, dumps
 from zccp.abi import PAGE_SIZE, State, ffi
 
 

@@ -1,328 +1,43 @@
 """Lua (through a real nginx) vs Python: fingerprints, exact keys, masks, numbers.
 
-Starts its own small nginx (Debian nginx + libnginx-mod-http-lua) with the test-only
-locations of tests/nginx/fp_test.conf, sends a generated corpus of > 1,000 requests
+Starts its own small nginx (Debian nginx + libnginx-mod-http-lua; tests/support/fp_nginx.py) with
+the test-only locations of tests/support/nginx/fp_test.conf, sends a generated corpus of > 1,000 requests
 (batched, keepalive) through lua/zccp/fingerprint.lua and compares every key, band
-and signature with engine/zccp/fingerprint.py. Also checks the golden vectors in Lua,
+and signature with engine/zccp/cache/fingerprint.py. Also checks the golden vectors in Lua,
 and the mask reload behaviour (a broken edit keeps the previous good pattern).
 """
 
 from __future__ import annotations
 
 import base64
-import http.client
 import json
-import os
 import random
-import re
 import shutil
-import signal
-import socket
-import subprocess
-import time
-from pathlib import Path
 
-import pytest
-from fingerprint_vectors import sig_values, vec_body, vec_text
-
+from tests.support.fingerprint_vectors import sig_values, vec_body, vec_text
+from tests.support.fp_nginx import (
+    BIG_NUMBER_NIL,
+    EXACT,
+    MASKED,
+    NEAR,
+    REPO,
+    TOKENS,
+    WORDS,
+    FpNginx,
+    compare,
+    lua_compute,
+    py_line,
+    records,
+    write_patterns,
+)
 from zccp.cache import fingerprint as F
 from zccp.cache.fp import csf
 from zccp.cache.fp.canonical import canonical_number
-from zccp.cache.fp.tables import EXCLUDED_KEYS
-from zccp.cache.masks import MaskSet, load_masks
-
-REPO = Path(__file__).resolve().parents[2]
-VECTORS = REPO / "shm_abi" / "vectors" / "fingerprint_vectors.json"
-SNIPPET = REPO / "tests" / "nginx" / "fp_test.conf"
-MODULES = ("/usr/lib/nginx/modules/ndk_http_module.so", "/usr/lib/nginx/modules/ngx_http_lua_module.so")
-NGINX = shutil.which("nginx") or "/usr/sbin/nginx"
-
-pytestmark = pytest.mark.skipif(
-    not (os.path.exists(NGINX) and all(os.path.exists(m) for m in MODULES)),
-    reason="needs nginx with libnginx-mod-http-lua",
-)
-
-
-# --------------------------------------------------------------------------- nginx
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def lua_long_string(b: bytes) -> bytes:
-    level = 0
-    while b"]" + b"=" * level + b"]" in b + b"]" or b"]" + b"=" * level + b"]" in b"]" + b:
-        level += 1
-    eq = b"=" * level
-    # a leading newline would be swallowed by Lua: start with one of our own
-    return b"[" + eq + b"[\n" + b + b"]" + eq + b"]"
-
-
-def write_patterns(path: Path, entries) -> None:
-    out = [b"return {\n"]
-    for name, pat, repl in entries:
-        out.append(b"    { name = " + lua_long_string(name.encode()) + b", pattern = " + lua_long_string(_b(pat))
-                   + b", replacement = " + lua_long_string(_b(repl)) + b" },\n")
-    out.append(b"}\n")
-    path.write_bytes(b"".join(out))
-
-
-def _b(x) -> bytes:
-    return x if isinstance(x, bytes) else x.encode()
-
-
-class FpNginx:
-    def __init__(self, root: Path, patterns: Path, last_good: Path, lua_root: Path = REPO, snippet: Path | None = None):
-        self.prefix = root
-        self.lua_root = lua_root                 # a checkout (bench/csf_speed.py runs another commit's)
-        self.snippet = snippet or SNIPPET
-        self.patterns = patterns
-        self.last_good = last_good
-        self.port = _free_port()
-        self.conf = root / "nginx.conf"
-        self.proc: subprocess.Popen | None = None
-        self._conn: http.client.HTTPConnection | None = None
-
-    def start(self) -> None:
-        p = self.prefix
-        for d in ("logs", "tmp"):
-            (p / d).mkdir(parents=True, exist_ok=True)
-        user = "user root;\n" if os.geteuid() == 0 else ""
-        self.conf.write_text(f"""{user}worker_processes 1;
-pid {p}/nginx.pid;
-error_log {p}/logs/error.log notice;
-load_module {MODULES[0]};
-load_module {MODULES[1]};
-events {{ worker_connections 256; }}
-http {{
-    access_log off;
-    client_body_temp_path {p}/tmp/body;
-    proxy_temp_path {p}/tmp/proxy;
-    fastcgi_temp_path {p}/tmp/fastcgi;
-    uwsgi_temp_path {p}/tmp/uwsgi;
-    scgi_temp_path {p}/tmp/scgi;
-    keepalive_requests 100000;
-    lua_package_path "{self.lua_root}/lua/?.lua;;";
-    init_by_lua_block {{
-        require("zccp.masks").init({{ path = "{self.patterns}", last_good_path = "{self.last_good}" }})
-        require("zccp.fingerprint")
-    }}
-    server {{
-        listen 127.0.0.1:{self.port};
-        include {self.snippet};
-    }}
-}}
-""")
-        log = open(p / "logs" / "stdout.log", "ab")
-        self.proc = subprocess.Popen([NGINX, "-p", str(p), "-c", str(self.conf), "-g", "daemon off;"],
-                                     stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                     start_new_session=True)
-        log.close()
-        end = time.monotonic() + 15
-        while time.monotonic() < end:
-            if self.proc.poll() is not None:
-                raise RuntimeError("nginx exited:\n" + self.log_tail())
-            try:
-                socket.create_connection(("127.0.0.1", self.port), timeout=0.2).close()
-                return
-            except OSError:
-                time.sleep(0.05)
-        raise RuntimeError("nginx did not start:\n" + self.log_tail())
-
-    def log_tail(self, n: int = 40) -> str:
-        text = ""
-        for f in ("logs/error.log", "logs/stdout.log"):
-            try:
-                text += (self.prefix / f).read_text(errors="replace")
-            except OSError:
-                pass
-        return "\n".join(text.splitlines()[-n:])
-
-    def post(self, path: str, data: bytes) -> bytes:
-        for attempt in (1, 2):
-            if self._conn is None:
-                self._conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=60)
-            try:
-                self._conn.request("POST", path, body=data, headers={"Content-Type": "application/octet-stream"})
-                r = self._conn.getresponse()
-                body = r.read()
-                if r.status != 200:
-                    raise AssertionError(f"{path}: HTTP {r.status}: {body[:500]!r}\n{self.log_tail()}")
-                return body
-            except (http.client.HTTPException, ConnectionError):
-                self._conn.close()
-                self._conn = None
-                if attempt == 2:
-                    raise
-        raise AssertionError("unreachable")
-
-    def get_json(self, path: str) -> dict:
-        c = http.client.HTTPConnection("127.0.0.1", self.port, timeout=10)
-        try:
-            c.request("GET", path)
-            r = c.getresponse()
-            info = json.loads(r.read())
-            for k in ("names", "errors"):  # lua-cjson encodes an empty list as {}
-                if k in info and not info[k]:
-                    info[k] = []
-            return info
-        finally:
-            c.close()
-
-    def _workers(self) -> list[int]:
-        text = (self.prefix / "logs" / "error.log").read_text(errors="replace")
-        return [int(m) for m in re.findall(r"start worker process (\d+)", text)]
-
-    def reload(self) -> None:
-        """nginx -s reload, then wait until the new worker is the one answering."""
-        before = self._workers()
-        subprocess.run([NGINX, "-p", str(self.prefix), "-c", str(self.conf), "-s", "reload"], check=True,
-                       capture_output=True)
-        if self._conn is not None:
-            self._conn.close()
-            self._conn = None
-        end = time.monotonic() + 20
-        while time.monotonic() < end:  # a new worker started and every old one has exited
-            new = self._workers()
-            if len(new) > len(before) and not any(os.path.exists(f"/proc/{pid}") for pid in before):
-                if self.get_json("/_fp/masks").get("pid") == new[-1]:
-                    return
-            time.sleep(0.05)
-        raise AssertionError("the reload did not take effect:\n" + self.log_tail())
-
-    def stop(self) -> None:
-        if self._conn is not None:
-            self._conn.close()
-        if self.proc and self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(10)
-            except subprocess.TimeoutExpired:
-                os.killpg(self.proc.pid, signal.SIGKILL)
-                self.proc.wait(5)
-
-
-def records(items, header) -> bytes:
-    out = []
-    for it in items:
-        h, data = header(it)
-        out.append(f"{h} {len(data)}\n".encode() + data)
-    return b"".join(out)
-
-
-@pytest.fixture(scope="module")
-def vectors() -> dict:
-    return json.loads(VECTORS.read_text())
-
-
-@pytest.fixture(scope="module")
-def ngx(tmp_path_factory, vectors):
-    root = tmp_path_factory.mktemp("fp_nginx")
-    patterns = root / "mask_patterns.lua"
-    write_patterns(patterns, [(m["name"], m["pattern"], m["replacement"]) for m in vectors["masks"]])
-    srv = FpNginx(root, patterns, root / "mask_patterns.last_good.lua")
-    srv.start()
-    yield srv
-    srv.stop()
-
-
-@pytest.fixture(scope="module")
-def masks(ngx) -> MaskSet:
-    return load_masks(ngx.patterns, ngx.last_good)
-
-
-# --------------------------------------------------------------------------- comparing
-
-def lua_compute(ngx: FpNginx, items: list[tuple[str, bytes]], limit: int | None = None) -> list[str]:
-    path = "/_fp/compute" + (f"?limit={limit}" if limit else "")
-    out = ngx.post(path, records(items, lambda it: (it[0], it[1]))).decode().split("\n")
-    assert out[-1] == ""
-    assert len(out) - 1 == len(items)
-    return out[:-1]
-
-
-BIG_NUMBER_NIL = "a number beyond 2^53: the engine fingerprints this body"
-
-
-def holds_big_number(api: str, body: bytes) -> bool:
-    """The canonical form would hold a number of magnitude >= 2^53 (infinities too)."""
-    def big(v) -> bool:
-        if isinstance(v, dict):
-            return any(big(x) for x in v.values())
-        if isinstance(v, list):
-            return any(big(x) for x in v)
-        return isinstance(v, (int, float)) and not isinstance(v, bool) and abs(v) >= 2**53
-    doc = F.decode_request(api, body) or {}
-    return big({k: v for k, v in doc.items() if k not in EXCLUDED_KEYS})
-
-
-def py_line(fp: F.Fingerprint | None) -> str | None:
-    if fp is None:
-        return None
-    near = fp.near
-    return " ".join([
-        "OK", fp.exact_key.hex(), fp.prefix_key.hex(), "1" if fp.masked else "0", "1" if near else "0",
-        str(fp.tokens), "%016x" % fp.csf_key if near else "-",
-        ",".join("%016x" % b for b in fp.bands) if near else "-",
-        ",".join(str(v) for v in fp.signature) if near else "-",
-    ])
-
-
-# fields of an "OK ..." line
-EXACT, PREFIX, MASKED, NEAR, TOKENS = 1, 2, 3, 4, 5
-
-
-def explain(ngx: FpNginx, masks: MaskSet, api: str, body: bytes) -> str:
-    dbg: dict = {}
-    F.compute(api, body, masks, debug=dbg)
-    lua = json.loads(ngx.post("/_fp/debug", f"{api} {len(body)}\n".encode() + body))
-    lines = [f"body: {body[:300]!r}"]
-    for k in ("canonical", "prompt"):
-        lv = bytes.fromhex(lua[k]) if lua.get(k) is not None else None
-        pv = dbg.get(k)
-        if lv != pv:
-            lines.append(f"{k} differs:\n  lua: {lv!r:.600}\n  py:  {pv!r:.600}")
-    if "error" in lua:
-        lines.append(f"lua error: {lua['error']}")
-    return "\n".join(lines)
-
-
-def compare(ngx, masks, items, limit=None):
-    lua = lua_compute(ngx, items, limit)
-    bad = []
-    for (api, body), lline in zip(items, lua):
-        fp = F.compute(api, body, masks)
-        if limit is None and len(body) > F.DECODE_LIMIT:
-            assert lline == "NIL body too large to fingerprint"
-            assert fp is not None or F.compute(api, body, masks) is None
-            continue
-        if lline == "NIL " + BIG_NUMBER_NIL:
-            # nginx cannot keep such a number exact: the engine computes the keys (§6)
-            if fp is None or not holds_big_number(api, body):
-                bad.append(f"lua refused a body without a big number\n{explain(ngx, masks, api, body)}")
-            continue
-        pl = py_line(fp)
-        if pl is None:
-            if not lline.startswith("NIL "):
-                bad.append(f"python None, lua {lline[:120]}\n{explain(ngx, masks, api, body)}")
-        elif pl != lline:
-            bad.append(f"mismatch\n lua {lline[:200]}\n py  {pl[:200]}\n{explain(ngx, masks, api, body)}")
-        if len(bad) >= 5:
-            break
-    assert not bad, "\n\n".join(bad)
-    return lua
-
+from zccp.cache.mask_apply import MaskSet
+from zccp.cache.mask_store import load_masks
 
 # --------------------------------------------------------------------------- corpus
 
-WORDS = ("the of and to in is you that it he was for on are as with his they at be this have from or one "
-         "had by word but not what all were we when your can said there use an each which she do how their "
-         "if will up other about out many then them these so some her would make like him into time has "
-         "look two more write go see number no way could people my than first water been call who oil its "
-         "now find long down day did get come made may part patient report summary translate explain code "
-         "function return error because schema invoice customer order").split()
 CJK_RANGES = ((0x4E00, 0x9FFF), (0x3040, 0x309F), (0x30A0, 0x30FF), (0xAC00, 0xD7A3), (0x3400, 0x4DBF),
               (0x20000, 0x2A6DF), (0xFF66, 0xFF9F), (0x1100, 0x11FF))
 OTHER_SCRIPTS = ("привет мир", "Καλημέρα κόσμε", "مرحبا بالعالم", "שלום עולם", "नमस्ते दुनिया", "สวัสดีชาวโลก",
@@ -350,7 +65,8 @@ def rand_maskable(r: random.Random) -> str:
                                                   r.randint(0, 23), r.randint(0, 59), r.randint(0, 59),
                                                   r.choice(["Z", "+02:00", ".123Z", "", "-0500"]))
     if k == 2:
-        return r.choice(["john.doe", "a", "x_y+z", "Mary.Major"]) + "@" + r.choice(["example.com", "mail.co.uk", "b.io"])
+        return (r.choice(["john.doe", "a", "x_y+z", "Mary.Major"]) + "@"
+                + r.choice(["example.com", "mail.co.uk", "b.io"]))
     if k == 3:
         return str(r.randint(1_000_000_000, 1_999_999_999))
     if k == 4:
@@ -509,7 +225,7 @@ def corpus(seed: int = 20240501) -> list[tuple[str, bytes]]:
         size = "huge" if i % 251 == 0 else "long" if i % 17 == 0 else "tiny" if i % 13 == 0 else "normal"
         items.append((api, encode(r, rand_request(r, api, size, invalid=(i % 5 == 0)))))
     # duplicates in other spellings: must give the same keys
-    for i in range(60):
+    for _ in range(60):
         api = r.choice(["anthropic", "openai"])
         req = rand_request(r, api)
         req["__nums__"] = {}
@@ -547,8 +263,9 @@ def rand_agent_request(r: random.Random, api: str) -> dict:
             msgs.append({"role": "user", "content": q if step == 0 else [
                 {"type": "tool_result", "tool_use_id": "toolu_%d" % step,
                  "content": r.choice([result, [{"type": "text", "text": result}],
-                                      [{"type": "image", "source": {"type": "base64", "media_type": "image/png",
-                                                                    "data": base64.b64encode(r.randbytes(40)).decode()}}]]),
+                                      [{"type": "image", "source": {
+                                          "type": "base64", "media_type": "image/png",
+                                          "data": base64.b64encode(r.randbytes(40)).decode()}}]]),
                  **({"is_error": True} if r.random() < 0.1 else {})}]})
             msgs.append({"role": "assistant", "content": [
                 {"type": "text", "text": rand_text(r, 5)},
@@ -574,7 +291,8 @@ def rand_agent_request(r: random.Random, api: str) -> dict:
                                                          "data": base64.b64encode(r.randbytes(90)).decode()}},
                             {"type": "document", "source": {"type": "base64", "media_type": "application/pdf",
                                                             "data": base64.b64encode(r.randbytes(90)).decode()}},
-                            {"type": "image", "source": {"type": "url", "url": "https://x.test/%d.png" % r.randint(0, 9)}}])
+                            {"type": "image", "source": {"type": "url",
+                                                         "url": "https://x.test/%d.png" % r.randint(0, 9)}}])
         else:
             blk = r.choice([{"type": "image_url", "image_url": {"url": "data:image/png;base64,"
                                                                 + base64.b64encode(r.randbytes(60)).decode()}},
@@ -610,7 +328,7 @@ def test_golden_vectors_in_lua(ngx, vectors):
     """Every request vector through nginx gives exactly the recorded fingerprint."""
     items = [(v["api"], vec_body(v)) for v in vectors["requests"]]
     lua = lua_compute(ngx, items, limit=1 << 24)
-    for v, line in zip(vectors["requests"], lua):
+    for v, line in zip(vectors["requests"], lua, strict=True):
         e = v["fingerprint"]
         if v.get("nginx_nil"):
             assert line == "NIL " + v["nginx_nil"], (v["name"], line)   # the engine's to fingerprint
@@ -626,12 +344,12 @@ def test_golden_vectors_in_lua(ngx, vectors):
     # the CSF of bare texts
     texts = [vec_text(t) for t in vectors["tokenize"]]
     got = ngx.post("/_fp/csf", records(texts, lambda t: ("t", t))).decode().split("\n")[:-1]
-    for t, line in zip(vectors["tokenize"], got):
+    for t, line in zip(vectors["tokenize"], got, strict=True):
         assert line == f'{t["csf_key"]} {t["tokens"]} {1 if t["complete"] else 0}', t["name"]
     # one-permutation MinHash of given shingle hash sets
     ms = vectors["minhash"]
     got = ngx.post("/_fp/minhash", records(ms, lambda m: ("x", ",".join(map(str, m["xs"])).encode())))
-    for m, line in zip(ms, got.decode().split("\n")[:-1]):
+    for m, line in zip(ms, got.decode().split("\n")[:-1], strict=True):
         assert [int(v) for v in line.split(",")] == sig_values(m["signature_hex"]), m["xs"][:4]
     # numbers
     nums = vectors["numbers"]
@@ -640,7 +358,7 @@ def test_golden_vectors_in_lua(ngx, vectors):
     # masks
     mc = vectors["mask_cases"]
     got = ngx.post("/_fp/mask", records(mc, lambda c: ("m", bytes.fromhex(c["text_hex"])))).decode().split("\n")[:-1]
-    for c, line in zip(mc, got):
+    for c, line in zip(mc, got, strict=True):
         assert line == f'{1 if c["changed"] else 0} {c["masked_hex"]}', c["text_hex"]
 
 
@@ -653,9 +371,11 @@ def test_corpus_identity(ngx, masks):
     ok = [line.split(" ") for line in lua if line.startswith("OK ")]
     near = sum(1 for f in ok if f[NEAR] == "1")
     masked = sum(1 for f in ok if f[MASKED] == "1")
+    # both outcomes of every rule are exercised: near and exact-only, masked, long turns cut
     big = sum(1 for line in lua if line == "NIL " + BIG_NUMBER_NIL)     # the engine's to fingerprint
-    # both outcomes of every rule are exercised: near and exact-only, masked, long turns cut, big numbers
-    assert big >= 10 and len(ok) + big >= 1000 and near >= 150 and len(ok) - near >= 500 and masked >= 100, (len(ok), near, masked)
+    # ... and bodies holding a number beyond 2^53
+    assert big >= 10 and len(ok) + big >= 1000, (len(ok), big)
+    assert near >= 150 and len(ok) - near >= 500 and masked >= 100, (len(ok), near, masked)
     agent = [line.split(" ") for line in compare(ngx, masks, agent_corpus()) if line.startswith("OK ")]
     assert len(agent) >= 300 and sum(1 for f in agent if f[NEAR] == "1") >= 50
 
@@ -712,7 +432,7 @@ def test_minhash_random(ngx):
              for _ in range(400)]
     sets += [[7, 7, 7], [5, 9, 5, 9]]
     got = ngx.post("/_fp/minhash", records(sets, lambda s: ("x", ",".join(map(str, s)).encode()))).decode()
-    for s_, line in zip(sets, got.split("\n")):
+    for s_, line in zip(sets, got.split("\n")[:-1], strict=True):
         assert tuple(int(v) for v in line.split(",")) == csf.minhash(s_), s_[:4]
         if csf._np is not None:
             assert csf._bins_np(s_) == csf._bins_py(s_)
@@ -752,7 +472,7 @@ def test_masks_identity_default_patterns(ngx, masks):
     texts += [b"", b"x", b"P123456789", b"patient_id: P123456789.", b"a@b.cd", b"2024-05-01T12:30:00Z",
               b"123e4567-e89b-12d3-a456-426614174000", b"1700000000", b"1700000000123", b"12345678901234567890"]
     got = mask_through(ngx, texts)
-    for t, (changed, out) in zip(texts, got):
+    for t, (changed, out) in zip(texts, got, strict=True):
         pout, pchanged = masks.apply_changed(t)
         assert (pchanged, pout) == (changed, out), t
 
@@ -784,7 +504,7 @@ def test_masks_identity_custom_patterns(tmp_path):
                  b"SeCrEt secret", b"abcdefghijklmn", b"abc", b"caf\xc3\xa9 \xff\xfe ok", b"  padded  ", b"",
                  b"x" * 1000, b"\x00\x01 id=1\n"]
         got = mask_through(srv, texts)
-        for t, g in zip(texts, got):
+        for t, g in zip(texts, got, strict=True):
             pout, pchanged = ms.apply_changed(t)
             assert (pchanged, pout) == g, t
         # the patterns chain (each applies to the previous one's output); the first alone:

@@ -1,4 +1,4 @@
-"""Issue 13, point 3: a hostile local writer (bench/faults/fuzz.py) against the real engine,
+"""Issue 13, point 3: a hostile local writer (tests/support/hostile_writer.py) against the real engine,
 bounded: random and edge values in slot headers, meta, signature and request blocks,
 lengths and offsets, random/truncated/stale/out-of-range doorbell frames. The engine never
 crashes, refuses with a counter, and serves normal traffic afterwards.
@@ -7,16 +7,12 @@ crashes, refuses with a counter, and serves normal traffic afterwards.
 from __future__ import annotations
 
 import re
-import sys
-from pathlib import Path
 
 import httpx
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-
-from bench.faults.fuzz import Fuzzer  # noqa: E402
-from harness import anthropic_body  # noqa: E402
+from tests.support.harness import anthropic_body
+from tests.support.hostile_writer import Fuzzer
 
 
 def _rejects(stack) -> dict[str, int]:

@@ -1,6 +1,6 @@
 """model.backend: hf through the real nginx + engine, with both official SDKs unmodified:
 create, stream, count_tokens, the models list, prefix reuse and warm-up, content the
-model cannot take. The checkpoint is made on the fly (tests/hf_checkpoint.py)."""
+model cannot take. The checkpoint is made on the fly (tests/support/hf_checkpoint.py)."""
 
 from __future__ import annotations
 
@@ -12,10 +12,10 @@ import anthropic
 import httpx
 import openai
 import pytest
-from conftest import HF_MODEL
 from transformers import AutoTokenizer
 
-from zccp.stack import free_port
+from tests.support.hf_checkpoint import HF_MODEL
+from zccp.ops.stack import free_port
 
 SYSTEM = "You are a careful assistant for the shared memory pipeline. " * 12   # ~ 130 tokens
 GREEDY = {"temperature": 0}      # the anthropic SDK takes sampling parameters through extra_body

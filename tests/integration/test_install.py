@@ -13,7 +13,7 @@ import time
 from pathlib import Path
 
 import httpx
-from harness import Stack, anthropic_body
+from tests.support.harness import Stack, anthropic_body
 
 REPO = Path(__file__).resolve().parents[2]
 SOURCES = ("pyproject.toml", "README.md", "engine", "lua", "nginx", "shm_abi")
@@ -31,7 +31,8 @@ def test_installed_package_runs_the_stack_from_anywhere(tmp_path):
     src, prefix, elsewhere = tmp_path / "src", tmp_path / "prefix", tmp_path / "elsewhere"
     _copy_sources(src)
     # --ignore-installed: never touch the environment running the tests (its editable zccp)
-    subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--no-build-isolation", "--ignore-installed",
+    subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--no-build-isolation",
+                    "--ignore-installed",
                     "--prefix", str(prefix), str(src)], check=True, capture_output=True)
     site = prefix / Path(sysconfig.get_path("purelib")).relative_to(sysconfig.get_path("data"))
     env = dict(os.environ, PYTHONPATH=str(site))

@@ -18,7 +18,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from cache_requests import NULL, PATHS, metric, req
+from tests.support.cache_requests import NULL, PATHS, metric, req
 
 ID = {"anthropic": re.compile(r'"id":"msg_[0-9A-Za-z]{24}"'),
       "openai": re.compile(r'"id":"chatcmpl-[0-9A-Za-z]{29}"')}
@@ -79,7 +79,8 @@ def unique(api: str, text: str) -> tuple[str, list[str]]:
 
 @pytest.mark.parametrize("api,extra", [
     ("anthropic", {}), ("anthropic", {"stream": True}),
-    ("openai", {}), ("openai", {"stream": True}), ("openai", {"stream": True, "stream_options": {"include_usage": True}}),
+    ("openai", {}), ("openai", {"stream": True}),
+    ("openai", {"stream": True, "stream_options": {"include_usage": True}}),
 ])
 def test_an_l1_hit_is_the_engines_replay_with_a_fresh_id_and_created(lstack, api, extra):
     body = req(api, [{"role": "user", "content": "What is the capital of France?"}], **extra)
@@ -272,7 +273,7 @@ def test_l1_switched_off_and_its_entry_cap(make_stack):
 
 
 def test_an_nginx_reload_empties_l1(lstack):
-    from zccp.stack import reload_masks   # the masks may have changed: every key with them
+    from zccp.ops.stack import reload_masks   # the masks may have changed: every key with them
 
     s = lstack
     body = req("openai", [{"role": "user", "content": "Reload me"}])

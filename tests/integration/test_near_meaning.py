@@ -8,8 +8,8 @@ from typing import Iterator
 
 import pytest
 
-from cache_requests import NULL, cache_of, metric, post, req, stored
-from harness import Stack
+from tests.support.cache_requests import NULL, cache_of, metric, post, req, stored
+from tests.support.harness import Stack
 
 # A real ShareGPT-style question, long enough that one changed word leaves a word-shingle
 # Jaccard above 0.9 (the old rule served every one of the changes below).

@@ -4,8 +4,26 @@ from __future__ import annotations
 
 import pytest
 
+from tests.support.harness import Stack
+
 MODEL = "zccp-tiny"
 PROMPT = [{"role": "user", "content": "Tell me something about shared memory."}]
+# The paced null backend's answer: known in advance, so where max_tokens and stop sequences
+# cut it is certain (the tiny model's greedy reply may end before the cut a test wants).
+REPLY = "Shared memory lets nginx and the engine read the same bytes, with no copy between them."
+
+
+@pytest.fixture(scope="module")
+def paced(tmp_path_factory):
+    """The null backend with a per-token delay: its tokens go one at a time through the batch
+    scheduler and the output path the tiny model's take (max_tokens, stop sequences), not the
+    instant null backend's inline shortcut."""
+    s = Stack(tmp_path_factory.mktemp("paced"), {"model": {"backend": "null", "name": MODEL, "null_reply": REPLY,
+                                                           "null_token_delay_ms": 1}})
+    try:
+        yield s.start()
+    finally:
+        s.stop()
 
 
 def _ok(stack, path, **kw):
@@ -41,25 +59,28 @@ def test_top_k_one_and_tiny_top_p_are_greedy(stack):
     assert {text(msg(stack, temperature=1, top_p=1e-6)) for _ in range(3)} == {greedy}
 
 
-def test_max_tokens_is_applied(stack):
+def test_max_tokens_is_applied(stack, paced):
     m = msg(stack, max_tokens=3, temperature=0)
     assert m["usage"]["output_tokens"] <= 3
-    long = msg(stack, max_tokens=40, temperature=0)
-    if long["stop_reason"] == "max_tokens":
-        assert long["usage"]["output_tokens"] == 40
     c = chat(stack, max_completion_tokens=2, max_tokens=30, temperature=0)
     assert c["usage"]["completion_tokens"] <= 2
+    # an answer longer than max_tokens: cut at exactly max_tokens, and said so
+    long = msg(paced, max_tokens=40)
+    assert (long["stop_reason"], long["usage"]["output_tokens"], text(long)) == ("max_tokens", 40, REPLY[:40])
+    c = chat(paced, max_completion_tokens=2, max_tokens=30)
+    assert (c["choices"][0]["finish_reason"], c["usage"]["completion_tokens"]) == ("length", 2)
+    whole = msg(paced, max_tokens=len(REPLY) + 8)
+    assert (whole["stop_reason"], text(whole)) == ("end_turn", REPLY)
 
 
-def test_stop_sequences(stack):
-    full = text(msg(stack, temperature=0, max_tokens=40))
-    if len(full) < 6:
-        pytest.skip("greedy reply too short to cut")
+def test_stop_sequences(paced):
+    full = text(msg(paced, temperature=0, max_tokens=40))
+    assert full == REPLY[:40]
     stop = full[3:5]
-    cut = msg(stack, temperature=0, max_tokens=40, stop_sequences=[stop])
+    cut = msg(paced, temperature=0, max_tokens=40, stop_sequences=[stop])
     assert cut["stop_reason"] == "stop_sequence" and cut["stop_sequence"] == stop
     assert text(cut) == full[: full.index(stop)]
-    c = chat(stack, temperature=0, max_tokens=40, stop=stop)
+    c = chat(paced, temperature=0, max_tokens=40, stop=stop)
     assert c["choices"][0]["finish_reason"] == "stop"
     assert c["choices"][0]["message"]["content"] == full[: full.index(stop)]
 

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import httpx
 
-from harness import anthropic_body
+from tests.support.harness import anthropic_body
 
 
 def _mode(path: Path) -> int:

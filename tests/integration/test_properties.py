@@ -1,7 +1,7 @@
 """Issue 13, point 4: property-based tests (Hypothesis), bounded so the suite stays fast.
 
 - Random JSON documents and random near-valid request bodies through the Lua fingerprint
-  (in a real nginx, test_fingerprint_identity's test-only locations) and the Python one:
+  (in a real nginx with the test-only locations, tests/support/fp_nginx.py) and the Python one:
   byte-identical keys, bands and signatures, or both refuse.
 - The same bodies through both APIs' request parsers (and, for what they accept, the
   chat-template conversion): a valid request or an API-shaped error, never another exception.
@@ -14,11 +14,11 @@ import json
 import orjson
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from test_fingerprint_identity import compare, masks, ngx, vectors  # noqa: F401  (module fixtures)
 
+from tests.support.fp_nginx import compare
 from zccp.api import anthropic, openai
 from zccp.api.common import ParseLimits
-from zccp.request import ApiError, GenerationRequest
+from zccp.shared_types import ApiError, GenerationRequest
 
 LIMITS = ParseLimits(served_models=frozenset({"zccp-tiny"}), max_tokens_cap=4096, default_max_tokens=256)
 SETTINGS = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture,
@@ -113,7 +113,7 @@ apis = st.sampled_from(["anthropic", "openai"])
 
 @SETTINGS
 @given(api=apis, body=raw_bodies)
-def test_fingerprint_identical_or_both_refused(ngx, masks, api, body):  # noqa: F811
+def test_fingerprint_identical_or_both_refused(ngx, masks, api, body):
     compare(ngx, masks, [(api, body)])
 
 

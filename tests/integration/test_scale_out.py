@@ -18,9 +18,21 @@ import pytest
 import redis
 from redis.cluster import RedisCluster
 
-from cache_requests import CHAT, NULL, Q, REWORDED, cache_of, eventually, metric, post, req, reworded, stored
-from harness import Stack
-from redis_topologies import LocalCluster, LocalSentinel, Node, wait_for
+from tests.support.cache_requests import (
+    CHAT,
+    NULL,
+    Q,
+    REWORDED,
+    cache_of,
+    eventually,
+    metric,
+    post,
+    req,
+    reworded,
+    stored,
+)
+from tests.support.harness import Stack
+from tests.support.redis_topologies import LocalCluster, LocalSentinel, Node, wait_for
 
 # A second per Redis call leaves room for a busy shared test machine; a hung node still
 # answers ERROR within it.
@@ -179,7 +191,8 @@ def test_a_hung_master_is_served_uncached_and_the_cache_comes_back(shared, clust
     cluster.wait_ok()
     # the entry is still there once the node answers again: the hosts find it by themselves
     for s in (a, b):
-        wait_for("a HIT after the node came back", lambda: cache_of(s, "anthropic", req("anthropic", CHAT)) == "HIT",
+        wait_for("a HIT after the node came back",
+                 lambda s=s: cache_of(s, "anthropic", req("anthropic", CHAT)) == "HIT",
                  timeout=30, every=0.3)
         s.assert_no_leaks()
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import hashlib
 import socket
 
-from harness import anthropic_body, dumps
+from tests.support.harness import anthropic_body, dumps
 from zccp.abi import NOTICE_SIZE, SLOT_MAGIC, ABI_VERSION, Op, State
 from zccp.doorbell import decode_notice, encode_ring
 

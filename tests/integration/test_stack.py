@@ -19,8 +19,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from harness import REPO, Stack, StackProcess, alive, anthropic_body
-from zccp.cache.masks import load_masks
+from tests.support.harness import REPO, Stack, StackProcess, alive, anthropic_body
+from zccp.cache.mask_store import load_masks
 from zccp.paths import lua_file
 
 NULL = {"model": {"backend": "null"}}
@@ -89,10 +89,11 @@ def test_an_arena_that_does_not_fit_dev_shm_is_named_not_a_bus_error(tmp_path):
         pytest.skip("needs a private mount namespace (root + unshare) to give /dev/shm 64 MiB")
     s = Stack(tmp_path / "s", {"model": {"backend": "null"},
                                "shared_memory": {"segment_count": 128, "segment_size_kb": 1024}})
-    engine = (f"mount -t tmpfs -o size=64m tmpfs /dev/shm && exec {sys.executable} -m zccp.cli engine "
+    engine = (f"mount -t tmpfs -o size=64m tmpfs /dev/shm && exec {sys.executable} -m zccp.ops.cli engine "
               f"--config {s.config_path} --run-dir {s.run_dir}")
     out = subprocess.run(["unshare", "--mount", "--propagation", "private", "sh", "-c", engine],
-                         capture_output=True, text=True, timeout=120, env=dict(os.environ, PYTHONPATH=str(REPO / "engine")))
+                         capture_output=True, text=True, timeout=120,
+                         env=dict(os.environ, PYTHONPATH=str(REPO / "engine")))
     assert out.returncode == 1, out.stderr       # not 135 (SIGBUS)
     assert "needs 128.0 MiB" in out.stderr and "64.0 MiB" in out.stderr, out.stderr
     assert "shared_memory.segment_count" in out.stderr and "shm_size" in out.stderr
@@ -275,7 +276,7 @@ def test_reload_switches_nginx_and_the_engine_together(make_stack, tmp_path):
     time.sleep(1.5)
     assert pair("2001", "2002", large=False) == "MISS" and pair("2001", "2002", large=True) == "MISS"
 
-    out = subprocess.run([sys.executable, "-m", "zccp.cli", "stack", "reload", "--config", str(s.config_path),
+    out = subprocess.run([sys.executable, "-m", "zccp.ops.cli", "stack", "reload", "--config", str(s.config_path),
                           "--run-dir", str(s.run_dir)], capture_output=True, text=True, timeout=60,
                          env=dict(os.environ, PYTHONPATH=str(REPO / "engine")))
     assert out.returncode == 0, out.stdout + out.stderr
@@ -298,7 +299,7 @@ def test_reload_reports_a_broken_pattern_and_keeps_the_rest(make_stack, tmp_path
     s = make_stack({"model": {"backend": "null"}, "cache": {"mask_patterns": str(masks)}}, with_redis=True)
     digest = health(s)["masks"]["digest"]
     masks.write_text(masks.read_text().replace("return {\n", 'return {\n    { name = "bad", pattern = "([" },\n', 1))
-    out = subprocess.run([sys.executable, "-m", "zccp.cli", "stack", "reload", "--config", str(s.config_path),
+    out = subprocess.run([sys.executable, "-m", "zccp.ops.cli", "stack", "reload", "--config", str(s.config_path),
                           "--run-dir", str(s.run_dir)], capture_output=True, text=True, timeout=60,
                          env=dict(os.environ, PYTHONPATH=str(REPO / "engine")))
     assert out.returncode == 1 and "refused: bad:" in out.stderr, out.stdout + out.stderr
@@ -308,7 +309,7 @@ def test_reload_reports_a_broken_pattern_and_keeps_the_rest(make_stack, tmp_path
 
 def test_reload_without_a_running_stack_says_so(tmp_path):
     s = Stack(tmp_path / "none", NULL)
-    out = subprocess.run([sys.executable, "-m", "zccp.cli", "stack", "reload", "--config", str(s.config_path),
+    out = subprocess.run([sys.executable, "-m", "zccp.ops.cli", "stack", "reload", "--config", str(s.config_path),
                           "--run-dir", str(s.run_dir)], capture_output=True, text=True, timeout=60,
                          env=dict(os.environ, PYTHONPATH=str(REPO / "engine")))
     assert out.returncode == 1 and "no running stack in" in out.stderr
@@ -366,7 +367,7 @@ def test_nginx_own_413_is_counted_and_zero_counters_have_samples(make_stack):
                    "zccp_engine_abandoned_total 0", 'zccp_engine_requests_total{api="openai",status="200"} 0'):
         assert sample in text, sample
     big = b"x" * (s.cfg.limits.max_body_kb * 1024 + 1)
-    for api, path in (("anthropic", "/v1/messages"), ("openai", "/v1/chat/completions")):
+    for path in ("/v1/messages", "/v1/chat/completions"):
         r = httpx.post(s.url(path), content=big, headers={"content-type": "application/json"}, timeout=30)
         assert r.status_code == 413
     text = httpx.get(s.url("/metrics"), timeout=5).text

@@ -7,7 +7,7 @@ import json
 import httpx
 import pytest
 
-from harness import anthropic_body
+from tests.support.harness import anthropic_body
 
 SLOW = {"backend": "null", "null_token_delay_ms": 15, "null_reply": "tick " * 40}
 

@@ -8,8 +8,6 @@ from __future__ import annotations
 
 import json
 
-import anthropic
-import openai
 import pytest
 import redis
 
@@ -27,7 +25,7 @@ USER = [{"role": "user", "content": "Weather in Paris?"}]
 # No delay: plain answers take the inline path; with one, every answer goes through the batch scheduler.
 @pytest.fixture(scope="module", params=[0, 0.5], ids=["inline", "batched"])
 def tool_stack(tmp_path_factory, request):
-    from harness import Stack
+    from tests.support.harness import Stack
 
     s = Stack(tmp_path_factory.mktemp("tools"), {"model": {"backend": "null", "name": "zccp-tiny",
                                                            "null_reply": REPLY, "null_token_delay_ms": request.param}})
@@ -120,7 +118,8 @@ def test_tool_turn_history_is_accepted(claude, oai):
     assert msg.usage.output_tokens == 5
     r = oai.chat.completions.create(model="zccp-tiny", max_tokens=5, tools=OAI_TOOLS, messages=[
         *USER, {"role": "assistant", "content": None, "tool_calls": [
-            {"id": "call_1", "type": "function", "function": {"name": "get_weather", "arguments": '{"city":"Paris"}'}}]},
+            {"id": "call_1", "type": "function",
+             "function": {"name": "get_weather", "arguments": '{"city":"Paris"}'}}]},
         {"role": "tool", "tool_call_id": "call_1", "content": "sunny"}])
     assert r.usage.completion_tokens == 5
 

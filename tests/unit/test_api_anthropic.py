@@ -12,13 +12,13 @@ from typing import Any
 import anthropic
 import orjson
 import pytest
-from fake_api import LIMITS, MODEL, FakeServer, sdk_client
+from tests.support.fake_api import LIMITS, MODEL, FakeServer, sdk_client
 from anthropic.types import Message, RawMessageStreamEvent
 from pydantic import TypeAdapter
 
 from zccp.api import anthropic as api
 from zccp.api import codec_for
-from zccp.request import ApiError, ChatMessage, GenerationRequest, GenerationResult, TextDelta
+from zccp.shared_types import ApiError, ChatMessage, GenerationRequest, GenerationResult, TextDelta
 
 USER = {"role": "user", "content": "Hello"}
 
@@ -50,7 +50,8 @@ def result(text: str = "Hi there", stop: str = "end_turn", seq: str | None = Non
 
 def test_parse_full_request() -> None:
     req = parse(body(
-        system=[{"type": "text", "text": "Be brief."}, {"type": "text", "text": "Be kind.", "cache_control": {"type": "ephemeral"}}],
+        system=[{"type": "text", "text": "Be brief."},
+                {"type": "text", "text": "Be kind.", "cache_control": {"type": "ephemeral"}}],
         messages=[
             {"role": "user", "content": "Hi"},
             {"role": "assistant", "content": [{"type": "text", "text": "Hello!"}]},
@@ -80,7 +81,8 @@ def test_parse_full_request() -> None:
 def test_parse_defaults_and_nulls() -> None:
     req = parse(body(system=None, temperature=None, metadata={"user_id": None}))
     assert req.system == "" and req.user is None and req.stream is False
-    assert (req.sampling.temperature, req.sampling.top_p, req.sampling.top_k, req.sampling.stop) == (1.0, None, None, ())
+    s = req.sampling
+    assert (s.temperature, s.top_p, s.top_k, s.stop) == (1.0, None, None, ())
 
 
 def test_top_k_zero_means_unset() -> None:
@@ -121,7 +123,8 @@ BAD_CASES: list[tuple[str, bytes, int, str, str | None, str]] = [
     ("missing-model", body(model=_DROP), 400, "invalid_request_error", "model", "model: Field required"),
     ("model-not-string", body(model=5), 400, "invalid_request_error", "model", "model: Input should be a valid string"),
     ("unknown-model", body(model="zccp-x"), 404, "not_found_error", "model", "model: zccp-x"),
-    ("missing-max-tokens", body(max_tokens=_DROP), 400, "invalid_request_error", "max_tokens", "max_tokens: Field required"),
+    ("missing-max-tokens", body(max_tokens=_DROP), 400, "invalid_request_error", "max_tokens",
+     "max_tokens: Field required"),
     ("max-tokens-bool", body(max_tokens=True), 400, "invalid_request_error", "max_tokens", "valid integer"),
     ("max-tokens-float", body(max_tokens=10.0), 400, "invalid_request_error", "max_tokens", "valid integer"),
     ("max-tokens-zero", body(max_tokens=0), 400, "invalid_request_error", "max_tokens", "greater than or equal to 1"),
@@ -130,17 +133,21 @@ BAD_CASES: list[tuple[str, bytes, int, str, str | None, str]] = [
     ("messages-not-list", body(messages={"role": "user"}), 400, "invalid_request_error", "messages", "valid list"),
     ("messages-empty", body(messages=[]), 400, "invalid_request_error", "messages", "at least one message"),
     ("message-not-object", body(messages=["hi"]), 400, "invalid_request_error", "messages.0", "valid dictionary"),
-    ("message-no-role", body(messages=[{"content": "x"}]), 400, "invalid_request_error", "messages.0.role", "messages.0.role: Field required"),
+    ("message-no-role", body(messages=[{"content": "x"}]), 400, "invalid_request_error", "messages.0.role",
+     "messages.0.role: Field required"),
     ("message-bad-role", body(messages=[{"role": "system", "content": "x"}]), 400, "invalid_request_error",
      "messages.0.role", "Input should be 'user' or 'assistant'"),
     ("message-role-list", body(messages=[{"role": ["user"], "content": "x"}]), 400, "invalid_request_error",
      "messages.0.role", "Input should be 'user' or 'assistant'"),
-    ("huge-number", b'{"model":"zccp-test","max_tokens":99999999999999999999,"messages":[]}', 400, "invalid_request_error",
+    ("huge-number", b'{"model":"zccp-test","max_tokens":99999999999999999999,"messages":[]}', 400,
+     "invalid_request_error",
      "max_tokens", "valid integer"),
-    ("message-no-content", body(messages=[{"role": "user"}]), 400, "invalid_request_error", "messages.0.content", "Field required"),
+    ("message-no-content", body(messages=[{"role": "user"}]), 400, "invalid_request_error", "messages.0.content",
+     "Field required"),
     ("message-extra-key", body(messages=[{"role": "user", "content": "x", "name": "bob"}]), 400,
      "invalid_request_error", "messages.0.name", "Extra inputs are not permitted"),
-    ("content-number", body(messages=[{"role": "user", "content": 5}]), 400, "invalid_request_error", "messages.0.content", "valid string"),
+    ("content-number", body(messages=[{"role": "user", "content": 5}]), 400, "invalid_request_error",
+     "messages.0.content", "valid string"),
     ("block-not-object", body(messages=[{"role": "user", "content": ["x"]}]), 400, "invalid_request_error",
      "messages.0.content.0", "valid dictionary"),
     ("block-no-type", body(messages=[{"role": "user", "content": [{"text": "x"}]}]), 400, "invalid_request_error",
@@ -161,33 +168,42 @@ BAD_CASES: list[tuple[str, bytes, int, str, str | None, str]] = [
     ("prefill-trailing-space", body(messages=[USER, {"role": "assistant", "content": "Sure "}]), 400,
      "invalid_request_error", "messages.1.content", "trailing whitespace"),
     ("system-number", body(system=3), 400, "invalid_request_error", "system", "system: Input should be"),
-    ("system-block-not-text", body(system=[{"type": "image"}]), 400, "invalid_request_error", "system.0.type", "'text'"),
-    ("system-block-no-text", body(system=[{"type": "text"}]), 400, "invalid_request_error", "system.0.text", "Field required"),
+    ("system-block-not-text", body(system=[{"type": "image"}]), 400, "invalid_request_error", "system.0.type",
+     "'text'"),
+    ("system-block-no-text", body(system=[{"type": "text"}]), 400, "invalid_request_error", "system.0.text",
+     "Field required"),
     ("stop-not-list", body(stop_sequences="END"), 400, "invalid_request_error", "stop_sequences", "valid list"),
-    ("stop-item-not-string", body(stop_sequences=["a", 2]), 400, "invalid_request_error", "stop_sequences.1", "valid string"),
+    ("stop-item-not-string", body(stop_sequences=["a", 2]), 400, "invalid_request_error", "stop_sequences.1",
+     "valid string"),
     ("stop-item-blank", body(stop_sequences=[" "]), 400, "invalid_request_error", "stop_sequences.0", "non-whitespace"),
     ("temperature-string", body(temperature="0.5"), 400, "invalid_request_error", "temperature", "valid number"),
     ("temperature-bool", body(temperature=True), 400, "invalid_request_error", "temperature", "valid number"),
     ("temperature-high", body(temperature=1.5), 400, "invalid_request_error", "temperature", "less than or equal to 1"),
-    ("temperature-low", body(temperature=-0.1), 400, "invalid_request_error", "temperature", "greater than or equal to 0"),
+    ("temperature-low", body(temperature=-0.1), 400, "invalid_request_error", "temperature",
+     "greater than or equal to 0"),
     ("top-p-high", body(top_p=1.01), 400, "invalid_request_error", "top_p", "less than or equal to 1"),
     ("top-k-negative", body(top_k=-1), 400, "invalid_request_error", "top_k", "greater than or equal to 0"),
     ("top-k-float", body(top_k=1.5), 400, "invalid_request_error", "top_k", "valid integer"),
     ("stream-string", body(stream="yes"), 400, "invalid_request_error", "stream", "valid boolean"),
     ("metadata-list", body(metadata=[]), 400, "invalid_request_error", "metadata", "valid dictionary"),
-    ("metadata-extra", body(metadata={"session": "x"}), 400, "invalid_request_error", "metadata.session", "Extra inputs"),
-    ("metadata-user-number", body(metadata={"user_id": 5}), 400, "invalid_request_error", "metadata.user_id", "valid string"),
-    ("metadata-user-long", body(metadata={"user_id": "x" * 257}), 400, "invalid_request_error", "metadata.user_id", "at most 256"),
+    ("metadata-extra", body(metadata={"session": "x"}), 400, "invalid_request_error", "metadata.session",
+     "Extra inputs"),
+    ("metadata-user-number", body(metadata={"user_id": 5}), 400, "invalid_request_error", "metadata.user_id",
+     "valid string"),
+    ("metadata-user-long", body(metadata={"user_id": "x" * 257}), 400, "invalid_request_error", "metadata.user_id",
+     "at most 256"),
     ("tools-object", body(tools={"name": "t"}), 400, "invalid_request_error", "tools", "valid list"),
     ("tools-item-string", body(tools=["t"]), 400, "invalid_request_error", "tools.0", "valid dictionary"),
     ("tool-choice-no-type", body(tool_choice={}), 400, "invalid_request_error", "tool_choice.type", "Field required"),
     ("thinking-string", body(thinking="on"), 400, "invalid_request_error", "thinking", "valid dictionary"),
-    ("service-tier-bad", body(service_tier="fast"), 400, "invalid_request_error", "service_tier", "'auto' or 'standard_only'"),
+    ("service-tier-bad", body(service_tier="fast"), 400, "invalid_request_error", "service_tier",
+     "'auto' or 'standard_only'"),
     ("block-type-unknown", body(messages=[{"role": "user", "content": [{"type": "nonsense"}]}]), 400,
      "invalid_request_error", "messages.0.content.0", "Input tag 'nonsense' found using 'type'"),
     ("tool-result-without-tool-use", body(messages=[
         {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "toolu_1", "content": "4"}]}]), 400,
-     "invalid_request_error", "messages.0.content.0", "unexpected `tool_use_id` found in `tool_result` blocks: toolu_1"),
+     "invalid_request_error", "messages.0.content.0",
+     "unexpected `tool_use_id` found in `tool_result` blocks: toolu_1"),
     ("tool-result-wrong-id", body(messages=[
         USER, {"role": "assistant", "content": [{"type": "tool_use", "id": "toolu_1", "name": "f", "input": {}}]},
         {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "toolu_2"}]}]), 400,
@@ -278,7 +294,8 @@ def test_stream_error_event() -> None:
 
 def test_render_error_and_status() -> None:
     err = ApiError(429, "rate_limit_error", "slow down")
-    assert orjson.loads(api.render_error(err)) == {"type": "error", "error": {"type": "rate_limit_error", "message": "slow down"}}
+    assert orjson.loads(api.render_error(err)) == {"type": "error",
+                                                   "error": {"type": "rate_limit_error", "message": "slow down"}}
     assert api.http_status(err) == 429
     assert api.STATUS_BY_KIND["overloaded_error"] == 529
     assert api.new_response_id().startswith("msg_") and api.new_response_id() != api.new_response_id()

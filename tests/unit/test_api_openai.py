@@ -11,13 +11,13 @@ from typing import Any
 import openai
 import orjson
 import pytest
-from fake_api import LIMITS, MODEL, FakeServer, sdk_client
+from tests.support.fake_api import LIMITS, MODEL, FakeServer, sdk_client
 from openai.types.chat import ChatCompletion, ChatCompletionChunk
 
 from zccp.api import codec_for
 from zccp.api import openai as api
 from zccp.api.common import ParseLimits
-from zccp.request import ApiError, ChatMessage, GenerationRequest, GenerationResult, TextDelta
+from zccp.shared_types import ApiError, ChatMessage, GenerationRequest, GenerationResult, TextDelta
 
 USER = {"role": "user", "content": "Hello"}
 _DROP = object()
@@ -137,7 +137,8 @@ BAD_CASES: list[tuple[str, bytes, int, str | None, str | None, str]] = [
     ("message-no-role", body(messages=[{"content": "x"}]), 400, "messages[0].role", "missing_required_parameter",
      "Missing required parameter: 'messages[0].role'."),
     ("message-bad-role", body(messages=[USER, {"role": "bot", "content": "x"}]), 400, "messages[1].role",
-     "invalid_value", "Invalid value: 'bot'. Supported values are: 'system', 'assistant', 'user', 'tool', and 'developer'."),
+     "invalid_value",
+     "Invalid value: 'bot'. Supported values are: 'system', 'assistant', 'user', 'tool', and 'developer'."),
     ("message-role-list", body(messages=[{"role": ["user"], "content": "x"}]), 400, "messages[0].role",
      "invalid_type", "expected a string, but got an array"),
     ("message-extra-key", body(messages=[{"role": "user", "content": "x", "tool_call_id": "c"}]), 400,
@@ -156,7 +157,8 @@ BAD_CASES: list[tuple[str, bytes, int, str | None, str | None, str]] = [
      "messages[0].content[0].type", "missing_required_parameter", "'messages[0].content[0].type'"),
     ("part-bad-type", body(messages=[{"role": "user", "content": [{"type": "video"}]}]), 400,
      "messages[0].content[0].type", "invalid_value", "Invalid value: 'video'"),
-    ("system-image-part", body(messages=[{"role": "system", "content": [{"type": "image_url", "image_url": {}}]}, USER]),
+    ("system-image-part",
+     body(messages=[{"role": "system", "content": [{"type": "image_url", "image_url": {}}]}, USER]),
      400, "messages[0].content[0].type", "invalid_value", "Supported values are: 'text'."),
     ("text-part-no-text", body(messages=[{"role": "user", "content": [{"type": "text"}]}]), 400,
      "messages[0].content[0].text", "missing_required_parameter", "'messages[0].content[0].text'"),
@@ -170,7 +172,8 @@ BAD_CASES: list[tuple[str, bytes, int, str | None, str | None, str]] = [
      "Invalid type for 'max_tokens': expected an integer, but got a string instead."),
     ("max-tokens-bool", body(max_tokens=True), 400, "max_tokens", "invalid_type", "but got a boolean instead"),
     ("max-tokens-float", body(max_tokens=5.0), 400, "max_tokens", "invalid_type", "but got a decimal instead"),
-    ("max-tokens-zero", body(max_tokens=0), 400, "max_tokens", "integer_below_min_value", "Expected a value >= 1, but got 0"),
+    ("max-tokens-zero", body(max_tokens=0), 400, "max_tokens", "integer_below_min_value",
+     "Expected a value >= 1, but got 0"),
     ("max-tokens-over-cap", body(max_tokens=5000), 400, "max_tokens", "invalid_value",
      "max_tokens is too large: 5000. This model supports at most 4096 completion tokens"),
     ("max-completion-tokens-over-cap", body(max_tokens=1, max_completion_tokens=5000), 400,
@@ -193,7 +196,8 @@ BAD_CASES: list[tuple[str, bytes, int, str | None, str | None, str]] = [
      "The 'stream_options' parameter is only allowed when 'stream' is enabled."),
     ("stream-options-stream-false", body(stream=False, stream_options={"include_usage": True}), 400,
      "stream_options", None, "only allowed when 'stream' is enabled"),
-    ("stream-options-list", body(stream=True, stream_options=[]), 400, "stream_options", "invalid_type", "expected an object"),
+    ("stream-options-list", body(stream=True, stream_options=[]), 400, "stream_options", "invalid_type",
+     "expected an object"),
     ("include-usage-string", body(stream=True, stream_options={"include_usage": "yes"}), 400,
      "stream_options.include_usage", "invalid_type", "expected a boolean"),
     ("seed-float", body(seed=1.5), 400, "seed", "invalid_type", "expected an integer"),
@@ -204,7 +208,8 @@ BAD_CASES: list[tuple[str, bytes, int, str | None, str | None, str]] = [
     ("logprobs-string", body(logprobs="no"), 400, "logprobs", "invalid_type", "expected a boolean"),
     ("response-format-json", body(response_format={"type": "json_object"}), 400, "response_format.type",
      "unsupported_value", "'json_object'"),
-    ("response-format-no-type", body(response_format={}), 400, "response_format.type", "missing_required_parameter", ""),
+    ("response-format-no-type", body(response_format={}), 400, "response_format.type", "missing_required_parameter",
+     ""),
     ("metadata-list", body(metadata=[]), 400, "metadata", "invalid_type", "expected an object"),
     ("store-string", body(store="yes"), 400, "store", "invalid_type", "expected a boolean"),
     ("parallel-tool-calls-int", body(parallel_tool_calls=1), 400, "parallel_tool_calls", "invalid_type", "boolean"),
@@ -212,10 +217,18 @@ BAD_CASES: list[tuple[str, bytes, int, str | None, str | None, str]] = [
     ("tool-choice-bad", body(tool_choice="always"), 400, "tool_choice", "invalid_value", "Invalid value: 'always'"),
     ("tool-without-tool-calls", body(messages=[USER, {"role": "tool", "tool_call_id": "call_1", "content": "4"}]),
      400, "messages.[1].role", None, "messages with role 'tool' must be a response to a preceeding message"),
-    ("tool-call-id-unknown", body(messages=[USER, {"role": "assistant", "tool_calls": [{"id": "call_1", "type": "function", "function": {"name": "f", "arguments": "{}"}}]},
+    ("tool-call-id-unknown",
+     body(messages=[USER,
+                    {"role": "assistant",
+                     "tool_calls": [{"id": "call_1", "type": "function",
+                                     "function": {"name": "f", "arguments": "{}"}}]},
                                             {"role": "tool", "tool_call_id": "call_9", "content": "4"}]),
      400, "messages.[2].tool_call_id", None, "'tool_call_id' of 'call_9' not found"),
-    ("tool-call-unanswered", body(messages=[USER, {"role": "assistant", "tool_calls": [{"id": "call_1", "type": "function", "function": {"name": "f", "arguments": "{}"}}]}, USER]),
+    ("tool-call-unanswered",
+     body(messages=[USER,
+                    {"role": "assistant",
+                     "tool_calls": [{"id": "call_1", "type": "function",
+                                     "function": {"name": "f", "arguments": "{}"}}]}, USER]),
      400, "messages.[1].role", None, "did not have response messages: call_1"),
     ("part-type-unknown", body(messages=[{"role": "user", "content": [{"type": "nonsense"}]}]),
      400, "messages[0].content[0].type", "invalid_value", "Invalid value: 'nonsense'"),
@@ -233,7 +246,8 @@ def test_bad_requests(raw: bytes, status: int, param: str | None, code: str | No
     assert err.param == param
     assert fragment in err.message
     rendered = orjson.loads(api.render_error(err))
-    assert rendered == {"error": {"message": err.message, "type": "invalid_request_error", "param": param, "code": code}}
+    assert rendered == {"error": {"message": err.message, "type": "invalid_request_error", "param": param,
+                                  "code": code}}
 
 
 @pytest.mark.parametrize(("kind", "status", "etype", "code", "http"), [
@@ -249,7 +263,8 @@ def test_bad_requests(raw: bytes, status: int, param: str | None, code: str | No
 ])
 def test_engine_error_mapping(kind: str, status: int, etype: str, code: str | None, http: int) -> None:
     err = ApiError(status, kind, "msg", None)
-    assert orjson.loads(api.render_error(err)) == {"error": {"message": "msg", "type": etype, "param": None, "code": code}}
+    assert orjson.loads(api.render_error(err)) == {"error": {"message": "msg", "type": etype, "param": None,
+                                                             "code": code}}
     assert api.http_status(err) == http
 
 
@@ -261,7 +276,8 @@ def test_plain_not_found_on_model_gets_model_not_found_code() -> None:
 # --------------------------------------------------------------------------- rendering
 
 
-@pytest.mark.parametrize(("stop", "finish"), [("end_turn", "stop"), ("stop_sequence", "stop"), ("max_tokens", "length")])
+@pytest.mark.parametrize(("stop", "finish"),
+                         [("end_turn", "stop"), ("stop_sequence", "stop"), ("max_tokens", "length")])
 def test_render_response_validates_with_sdk_model(stop: str, finish: str) -> None:
     req = parse(body())
     raw = api.render_response(req, result("Hi \"there\"\n\u4e16", stop), "chatcmpl-abc", 1700000000)
@@ -297,7 +313,8 @@ def test_stream_chunks_exact(include_usage: bool) -> None:
     assert len(chunks) == (5 if include_usage else 4)
     for c in chunks:
         ChatCompletionChunk.model_validate(c)
-        assert (c["id"], c["object"], c["created"], c["model"]) == ("chatcmpl-s", "chat.completion.chunk", 1700000001, MODEL)
+        assert (c["id"], c["object"], c["created"], c["model"]) == ("chatcmpl-s", "chat.completion.chunk", 1700000001,
+                                                                    MODEL)
         assert ("usage" in c) is include_usage
     assert chunks[0]["choices"] == [{"index": 0, "delta": {"role": "assistant", "content": "", "refusal": None},
                                      "logprobs": None, "finish_reason": None}]
@@ -335,7 +352,8 @@ def test_sdk_create_non_streaming() -> None:
     assert comp.usage is not None and comp.usage.total_tokens == 18
     (req,) = server.requests
     assert req.system == "Be nice." and req.messages == (ChatMessage("user", "Hi"),)
-    assert (req.sampling.max_tokens, req.sampling.temperature, req.sampling.seed, req.sampling.stop) == (32, 0.0, 3, ("STOP",))
+    s = req.sampling
+    assert (s.max_tokens, s.temperature, s.seed, s.stop) == (32, 0.0, 3, ("STOP",))
 
 
 def test_sdk_raw_stream_with_usage() -> None:

@@ -73,10 +73,11 @@ def test_missing_and_unparsable_files(tmp_path):
 
 
 def _cli(*args: str) -> subprocess.CompletedProcess[str]:
-    """python -m zccp.cli from this checkout (not whatever zccp the interpreter has installed)."""
+    """python -m zccp.ops.cli from this checkout (not whatever zccp the interpreter has installed)."""
     env = dict(os.environ, PYTHONPATH=str(ROOT / "engine"))
-    out = subprocess.run([sys.executable, "-c", "import sys, zccp, zccp.cli; print(zccp.__file__, file=sys.stderr); "
-                          "sys.argv[0] = 'zccp'; zccp.cli.main()", *args], capture_output=True, text=True, env=env)
+    out = subprocess.run([sys.executable, "-c",
+                          "import sys, zccp, zccp.ops.cli; print(zccp.__file__, file=sys.stderr); "
+                          "sys.argv[0] = 'zccp'; zccp.ops.cli.main()", *args], capture_output=True, text=True, env=env)
     assert out.stderr.splitlines()[0] == str(ROOT / "engine" / "zccp" / "__init__.py"), out.stderr
     return out
 

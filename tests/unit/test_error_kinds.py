@@ -12,7 +12,7 @@ import pytest
 from zccp.api import codec_for
 from zccp.api.errors import KINDS
 from zccp.paths import lua_dir
-from zccp.request import ApiError
+from zccp.shared_types import ApiError
 
 MESSAGE = 'a "quoted" message'
 

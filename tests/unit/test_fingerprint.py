@@ -12,12 +12,13 @@ import random
 from pathlib import Path
 
 import pytest
-from fingerprint_vectors import sig_values, vec_body, vec_text
+from tests.support.fingerprint_vectors import sig_values, vec_body, vec_text
 
 from zccp.cache.fingerprint import Fingerprint, compute, estimate_jaccard
 from zccp.cache.fp import canonical, prompt, tables
 from zccp.cache.fp import csf as F
-from zccp.cache.masks import MaskSet, load_masks
+from zccp.cache.mask_apply import MaskSet
+from zccp.cache.mask_store import load_masks
 
 REPO = Path(__file__).resolve().parents[2]
 VECTORS = REPO / "shm_abi" / "vectors" / "fingerprint_vectors.json"
@@ -117,11 +118,9 @@ def test_vector_masks(vectors, vmasks):
 
 def test_vectors_file_is_current():
     """The checked-in vectors are what the generator writes now (regenerate on purpose)."""
-    import importlib.util
-    spec = importlib.util.spec_from_file_location("mkvec", REPO / "tests" / "vectors" / "make_fingerprint_vectors.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    assert json.dumps(mod.build(), indent=1, ensure_ascii=True) + "\n" == VECTORS.read_text()
+    from tests.vectors.make_fingerprint_vectors import build
+
+    assert json.dumps(build(), indent=1, ensure_ascii=True) + "\n" == VECTORS.read_text()
 
 
 # --------------------------------------------------------------------------- tokenizer
@@ -248,7 +247,8 @@ def _turn(content, **extra):
 
 def test_final_turn_rule():
     assert _turn("plain") == ["plain"]
-    assert _turn([{"type": "text", "text": "a"}, {"type": "text", "text": "b", "cache_control": {"type": "ephemeral"}}]) \
+    assert _turn([{"type": "text", "text": "a"},
+                  {"type": "text", "text": "b", "cache_control": {"type": "ephemeral"}}]) \
         == ["a", b"\n", "b"]
     for content in ([{"type": "text", "text": "a"}, {"type": "image", "source": {"type": "base64", "data": "AA"}}],
                     [{"type": "tool_result", "tool_use_id": "t", "content": "42"}],
@@ -407,13 +407,15 @@ def test_mask_literals(masks):
 
 
 def test_canonical_numbers():
-    cases = {0.7: "0.7", 1: "1", 1.0: "1", 100: "100", -0.0: "0", 0: "0", 1e21: "1e+21", 0.1 + 0.2:
-             "0.30000000000000004", 2**53 + 1: "9007199254740993", 10**400: "inf", float("inf"): "inf",
-             2**53: "9007199254740992", -(2**53) - 1: "-9007199254740993", 2**64 - 1: "18446744073709551615",
-             2**64: "1.8446744073709552e+19", float(2**53 + 2): "9007199254740994",
-             5e-324: "4.94065645841247e-324", 123456789.125: "123456789.125"}
-    for v, want in cases.items():
-        assert canonical.canonical_number(v) == want.encode(), v
+    # (value, spelling) pairs, not a dict: 1 and 1.0, 0 and -0.0 are equal keys and would drop a case
+    cases = [(0.7, "0.7"), (1, "1"), (1.0, "1"), (100, "100"), (-0.0, "0"), (0, "0"), (1e21, "1e+21"),
+             (0.1 + 0.2, "0.30000000000000004"), (2**53 + 1, "9007199254740993"), (10**400, "inf"),
+             (float("inf"), "inf"), (5e-324, "4.94065645841247e-324"), (123456789.125, "123456789.125"),
+             # integers beyond 2^53 keep their digits while they fit 64 bits (fingerprint.md §6)
+             (2**53, "9007199254740992"), (-(2**53) - 1, "-9007199254740993"), (2**64 - 1, "18446744073709551615"),
+             (2**64, "1.8446744073709552e+19"), (float(2**53 + 2), "9007199254740994")]
+    for v, want in cases:
+        assert canonical.canonical_number(v) == want.encode(), repr(v)
 
 
 def test_estimate_jaccard():

@@ -1,11 +1,11 @@
 import torch
 
-from zccp.generation import generate_text
+from zccp.text_assembly import generate_text
 from zccp.model.prompt import BYTE_FORMAT
 from zccp.model.null import DEFAULT_REPLY, NullBackend
 from zccp.model.tiny import TinyTransformer
 from zccp.model.tokenizer import encode_chat
-from zccp.request import ChatMessage, GenerationResult, SamplingParams, TextDelta
+from zccp.shared_types import ChatMessage, GenerationResult, SamplingParams, TextDelta
 
 PROMPT = torch.zeros(7, dtype=torch.int32)
 
@@ -50,7 +50,8 @@ def result_of(backend, **kw):
 def test_plain_end_turn():
     deltas, r = result_of(FakeBackend(b"hello"))
     assert deltas == list("hello")
-    assert (r.text, r.stop_reason, r.stop_sequence, r.input_tokens, r.output_tokens) == ("hello", "end_turn", None, 7, 5)
+    assert (r.text, r.stop_reason, r.stop_sequence, r.input_tokens, r.output_tokens) == ("hello", "end_turn", None, 7,
+                                                                                         5)
 
 
 def test_max_tokens_stops_pulling():

@@ -4,10 +4,12 @@ splits a character, and a missing file is named at start-up."""
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
 import sys
 import threading
+from pathlib import Path
 
 import pytest
 import torch
@@ -18,7 +20,7 @@ from zccp.metrics import EngineMetrics
 from zccp.model.hf import HfBackend
 from zccp.planner import Planner
 from zccp.prefix_cache import PrefixCache
-from zccp.request import SamplingParams
+from zccp.shared_types import SamplingParams
 from zccp.scheduler import BatchLimits, BatchScheduler, Sequence
 
 
@@ -178,22 +180,26 @@ def test_hf_backend_needs_a_path():
         parse_config({"model": {"backend": "hf", "path": "/x", "dtype": "int8"}}, "c.yaml")
 
 
+# python -m zccp.ops.cli from this checkout, not whatever zccp the interpreter has installed.
+_THIS_CHECKOUT = dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parents[2] / "engine"))
+
+
 def test_a_missing_checkpoint_file_is_named(hf_checkpoint, tmp_path):
     broken = tmp_path / "ckpt"
     shutil.copytree(hf_checkpoint, broken)
     (broken / "tokenizer.json").unlink()
     cfg = tmp_path / "config.yaml"
     cfg.write_text(yaml.safe_dump({"model": {"backend": "hf", "path": str(broken)}}))
-    r = subprocess.run([sys.executable, "-m", "zccp.cli", "engine", "--config", str(cfg), "--check"],
-                       capture_output=True, text=True)
+    r = subprocess.run([sys.executable, "-m", "zccp.ops.cli", "engine", "--config", str(cfg), "--check"],
+                       capture_output=True, text=True, env=_THIS_CHECKOUT)
     assert r.returncode == 2
     assert "model.path" in r.stderr and str(broken / "tokenizer.json") in r.stderr
     with pytest.raises(ValueError, match="tokenizer.json: missing"):
         HfBackend(str(broken), "x")
     ok = tmp_path / "ok.yaml"
     ok.write_text(yaml.safe_dump({"model": {"backend": "hf", "path": str(hf_checkpoint)}}))
-    r = subprocess.run([sys.executable, "-m", "zccp.cli", "engine", "--config", str(ok), "--check"],
-                       capture_output=True, text=True)
+    r = subprocess.run([sys.executable, "-m", "zccp.ops.cli", "engine", "--config", str(ok), "--check"],
+                       capture_output=True, text=True, env=_THIS_CHECKOUT)
     assert r.returncode == 0, r.stderr
 
 

@@ -1,4 +1,4 @@
-"""zccp.cache.masks: the Lua data reader, PCRE (ngx.re) semantics, the default patterns,
+"""zccp.cache.mask_store and mask_apply: the Lua data reader, PCRE (ngx.re) semantics, the default patterns,
 ordering, and the broken-pattern / last-good fallback. Python only; the Lua side is
 compared with this in tests/integration/test_fingerprint_identity.py."""
 
@@ -8,8 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from zccp.cache.luadata import LuaDataError, parse_lua_data
-from zccp.cache.masks import MaskError, MaskSet, default_patterns_path, load_masks
+from zccp.cache.mask_apply import MaskError, MaskSet
+from zccp.cache.mask_store import default_patterns_path, load_masks
+from zccp.lua_data import LuaDataError, parse_lua_data
 
 REPO = Path(__file__).resolve().parents[2]
 PATTERNS = REPO / "lua" / "zccp" / "mask_patterns.lua"
@@ -46,7 +47,7 @@ raw \d [x] ]], s4 = [=[a]]b]=],
 
 
 def test_reader_lua_q_format_roundtrip():
-    # what zccp.masks writes with string.format("%q") for the last-good file
+    # what zccp.mask_store writes with string.format("%q") for the last-good file
     assert parse_lua_data(b'return { "a\\\nb\\0c\\13\\"" }') == [b'a\nb\x00c\r"']
 
 
@@ -162,7 +163,7 @@ def write(path: Path, entries) -> None:
 
 
 def write_last_good(path: Path, entries) -> None:
-    # the format zccp.masks writes: string.format("%q")-style strings
+    # the format zccp.mask_store writes: string.format("%q")-style strings
     def q(s: str) -> str:
         return '"' + s.replace("\\", "\\\\").replace('"', '\\"') + '"'
     path.write_text("return {\n" + "".join(
@@ -222,7 +223,7 @@ def test_digest_is_order_and_content_sensitive():
 
 def test_prefilters_cover_the_defaults(defaults):
     assert all(p.prefilter for p in defaults.patterns)
-    assert all(len(c.prefilter) == len(p.prefilter) for c, p in zip(defaults._compiled, defaults.patterns))
+    assert all(len(c.prefilter) == len(p.prefilter) for c, p in zip(defaults._compiled, defaults.patterns, strict=True))
 
 
 def test_prefilters_are_necessary_conditions(defaults):

@@ -10,7 +10,7 @@ import struct
 import orjson
 import pytest
 
-from zccp.cache.masks import MaskSet
+from zccp.cache.mask_apply import MaskSet
 from zccp.cache.meaning import load_near_words, near_words
 from zccp.cache.near import (MAX_UNIT_BYTES, RECORD_VERSION, NearRecord, TurnUnits, choose, index_name,
                              turn_units)

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import yaml
 
-from zccp.cli import nginx_main
+from zccp.ops.cli import nginx_main
 
 
 def test_render_and_its_alias_write_the_same_includes(tmp_path: Path, capsys) -> None:

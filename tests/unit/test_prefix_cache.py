@@ -26,7 +26,7 @@ def test_a_key_names_the_whole_prefix():
     b = a.copy()
     b[1] = 99                                               # differs in block 0 only
     ka, kb = c.chain(a, 3), c.chain(b, 3)
-    assert all(x != y for x, y in zip(ka, kb))              # every later block differs too
+    assert all(x != y for x, y in zip(ka, kb, strict=True))              # every later block differs too
     assert PrefixCache(1 << 20, B, b"model-b").chain(a, 3) != ka
 
 

@@ -10,7 +10,7 @@ import pytest
 
 from zccp.abi import Flag, SlotLayout, State
 from zccp.arena import Arena
-from zccp.response import ResponseWriter, SlotAbandoned
+from zccp.ring_writer import ResponseWriter, SlotAbandoned
 
 
 @pytest.fixture

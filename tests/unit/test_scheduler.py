@@ -14,7 +14,7 @@ from zccp.model.tiny import TinyConfig, TinyTransformer
 from zccp.model.tokenizer import encode_chat
 from zccp.planner import Planner
 from zccp.prefix_cache import PrefixCache
-from zccp.request import ChatMessage, SamplingParams
+from zccp.shared_types import ChatMessage, SamplingParams
 from zccp.scheduler import BatchLimits, BatchScheduler, Sequence
 
 
@@ -63,7 +63,10 @@ def prompt(text: str) -> torch.Tensor:
     return encode_chat("", (ChatMessage("user", text),))
 
 
-def run(backend, prompts, limits=BatchLimits(16, 16, 512 << 20), prefix=None, full_every=0, max_tokens=30,
+LIMITS = BatchLimits(16, 16, 512 << 20)
+
+
+def run(backend, prompts, limits=LIMITS, prefix=None, full_every=0, max_tokens=30,
         temperature=0.0):
     holder: list = []
     sched = BatchScheduler(backend, limits, Planner(torch.device("cpu"), 512 << 20, 1, 0, 16), prefix,

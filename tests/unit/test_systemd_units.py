@@ -48,13 +48,15 @@ def test_unit_verifies_cleanly(unit: Path, tmp_path: Path) -> None:
     assert r.returncode == 0 and not r.stdout.strip() and not r.stderr.strip(), r.stdout + r.stderr
 
 
-@pytest.mark.skipif(not shutil.which("systemd-sysusers"), reason="systemd-sysusers not installed")
 def test_sysusers_creates_zccp_and_puts_www_data_in_its_group(tmp_path: Path) -> None:
+    sysusers = shutil.which("systemd-sysusers")
+    assert sysusers, "systemd-sysusers not installed: run scripts/setup.sh (systemd)"
     (tmp_path / "etc").mkdir()
-    (tmp_path / "etc/passwd").write_text("root:x:0:0:root:/root:/bin/sh\nwww-data:x:33:33::/var/www:/usr/sbin/nologin\n")
+    (tmp_path / "etc/passwd").write_text("root:x:0:0:root:/root:/bin/sh\n"
+                                         "www-data:x:33:33::/var/www:/usr/sbin/nologin\n")
     (tmp_path / "etc/group").write_text("root:x:0:\nwww-data:x:33:\n")
     conf = ROOT / "deploy/systemd/zccp.sysusers.conf"
-    r = subprocess.run([shutil.which("systemd-sysusers"), f"--root={tmp_path}", str(conf)],
+    r = subprocess.run([sysusers, f"--root={tmp_path}", str(conf)],
                        capture_output=True, text=True, timeout=60)
     assert r.returncode == 0, r.stderr
     users = {line.split(":")[0]: line.split(":") for line in (tmp_path / "etc/passwd").read_text().splitlines()}

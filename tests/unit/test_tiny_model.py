@@ -5,7 +5,7 @@ from zccp.model.null import DEFAULT_REPLY, NullBackend
 from zccp.model.registry import build_backend
 from zccp.model.tiny import TinyConfig, TinyTransformer, allowed_token_ids
 from zccp.model.tokenizer import EOS, encode_chat
-from zccp.request import ChatMessage, SamplingParams
+from zccp.shared_types import ChatMessage, SamplingParams
 
 PROMPTS = [
     "Hello",

@@ -14,7 +14,7 @@ from zccp.model.tokenizer import (
     encode_chat,
     encode_chat_into,
 )
-from zccp.request import ChatMessage
+from zccp.shared_types import ChatMessage
 
 MSGS = (
     ChatMessage("user", "Hi"),

@@ -7,10 +7,10 @@ import random
 
 import pytest
 
-from zccp.generation import TextAssembler
+from zccp.text_assembly import TextAssembler
 from zccp.model.prompt import BYTE_FORMAT
-from zccp.request import TextDelta, ToolCall
-from zccp.tools import HermesParser
+from zccp.shared_types import TextDelta, ToolCall
+from zccp.hermes_tools import HermesParser
 
 
 def parse(text: str, pieces: list[str] | None = None) -> tuple[str, list[tuple[str, dict]]]:
@@ -35,13 +35,16 @@ def cuts(text: str, seed: int) -> list[str]:
 
 
 CASES = [
-    ("plain text, no calls", "Hello <b>there</b> a < b and <tool_ is not a tag", "Hello <b>there</b> a < b and <tool_ is not a tag", []),
-    ("text then a call", 'Let me look. <tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris \U0001f600"}}\n</tool_call>',
+    ("plain text, no calls", "Hello <b>there</b> a < b and <tool_ is not a tag",
+     "Hello <b>there</b> a < b and <tool_ is not a tag", []),
+    ("text then a call",
+     'Let me look. <tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris \U0001f600"}}\n</tool_call>',
      "Let me look. ", [("get_weather", {"city": "Paris \U0001f600"})]),
     ("a closing tag inside a string", '<tool_call>{"name": "w", "arguments": {"s": "</tool_call> x"}}</tool_call>'
      '<tool_call>{"name": "t", "arguments": {}}</tool_call> after', " after",
      [("w", {"s": "</tool_call> x"}), ("t", {})]),
-    ("arguments as a JSON string", '<tool_call>{"name": "f", "arguments": "{\\"a\\": 1}"}</tool_call>', "", [("f", {"a": 1})]),
+    ("arguments as a JSON string", '<tool_call>{"name": "f", "arguments": "{\\"a\\": 1}"}</tool_call>', "",
+     [("f", {"a": 1})]),
     ("no name is text", '<tool_call>{"arguments": {}}</tool_call>', '<tool_call>{"arguments": {}}</tool_call>', []),
     ("bad JSON is text", "<tool_call>{not json}</tool_call> ok", "<tool_call>{not json}</tool_call> ok", []),
     ("cut off at the end is text", '<tool_call>{"name": "f", "argu', '<tool_call>{"name": "f", "argu', []),

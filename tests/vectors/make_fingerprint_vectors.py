@@ -1,9 +1,10 @@
 #!/usr/bin/env python3
 """Writes shm_abi/vectors/fingerprint_vectors.json: golden vectors for docs/fingerprint.md.
 
-    .venv/bin/python tests/vectors/make_fingerprint_vectors.py [--check]
+    .venv/bin/python -m tests.vectors.make_fingerprint_vectors [--check]   # from the checkout's root
+    (PYTHONPATH=engine first when the venv's zccp is another checkout's)
 
-The values come from engine/zccp/fingerprint.py; tests/unit/test_fingerprint.py checks
+The values come from engine/zccp/cache/fingerprint.py; tests/unit/test_fingerprint.py checks
 them against Python and tests/integration/test_fingerprint_identity.py against Lua
 through nginx. The mask set used is the one in the file ("masks"), a copy of the
 defaults at generation time, so operator edits of mask_patterns.lua do not break them.
@@ -15,16 +16,14 @@ from __future__ import annotations
 import base64
 import json
 import sys
-from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(REPO / "engine"))
-
-from zccp.cache.fingerprint import compute  # noqa: E402
-from zccp.cache.fp import csf as F  # noqa: E402
-from zccp.cache.fp.canonical import canonical_number  # noqa: E402
-from zccp.cache.fp.tables import DECODE_LIMIT, VERSION  # noqa: E402
-from zccp.cache.masks import MaskSet, load_masks  # noqa: E402
+from tests.support.checkout import REPO, require_this_checkout
+from zccp.cache.fingerprint import compute
+from zccp.cache.fp import csf as F
+from zccp.cache.fp.canonical import canonical_number
+from zccp.cache.fp.tables import DECODE_LIMIT, VERSION
+from zccp.cache.mask_apply import MaskSet
+from zccp.cache.mask_store import load_masks
 
 OUT = REPO / "shm_abi" / "vectors" / "fingerprint_vectors.json"
 
@@ -111,7 +110,8 @@ def requests() -> list[tuple[str, str, bytes]]:
         ("cjk", "anthropic", j({"model": "m", "max_tokens": 8, "messages": [
             {"role": "user", "content": "東京の天気はどうですか？今日は晴れ。서울 날씨는 어때요? 北京天气怎么样"}]})),
         ("mixed_scripts_emoji", "openai", j({"model": "m", "messages": [
-            {"role": "user", "content": "Привет, naïve café! Ω≈ç √ 😀👍🏽 👨‍👩‍👧 🇯🇵 ｆｕｌｌ　ｗｉｄｔｈ “quotes” — dash…"}]})),
+            {"role": "user", "content": "Привет, naïve café! Ω≈ç √ 😀👍🏽 👨‍👩‍👧 🇯🇵 "
+                                        "ｆｕｌｌ　ｗｉｄｔｈ “quotes” — dash…"}]})),
         ("escaped_unicode", "openai", json.dumps({"model": "m", "messages": [
             {"role": "user", "content": "Привет 😀 東京 \"quoted\" back\\slash\ttab\u0001ctl"}]}).encode()),
         ("raw_unicode_same", "openai", json.dumps({"model": "m", "messages": [
@@ -365,6 +365,7 @@ def build() -> dict:
 
 
 def main() -> int:
+    require_this_checkout()        # the vectors are this checkout's engine's values
     data = json.dumps(build(), indent=1, ensure_ascii=True) + "\n"
     if "--check" in sys.argv:
         if OUT.read_text() != data:

@@ -6,7 +6,7 @@ results, errors and SSE streams back into that API's bytes, behind one ApiCodec.
 
 from __future__ import annotations
 
-from ..request import ApiKind
+from ..shared_types import ApiKind
 from . import anthropic, openai
 from .codec import ApiCodec
 from .common import ParseLimits

@@ -8,11 +8,11 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Any, Final
+from typing import Any, Final, cast
 
 from orjson import Fragment
 
-from ..request import (
+from ..shared_types import (
     ApiError,
     ChatInput,
     GenerationRequest,
@@ -30,13 +30,12 @@ from .common import (
     ParseLimits,
     decode_object,
     dumps,
-    is_int,
-    is_number,
     marker,
     merge_turns,
     random_id,
     sse,
 )
+from .fields import FieldReader
 
 __all__ = [
     "ParseLimits", "parse_request", "render_response", "render_error",
@@ -66,22 +65,24 @@ def _required(obj: dict[str, Any], key: str, path: str) -> Any:
     return obj[key]
 
 
-def _str(v: Any, path: str) -> str:
-    if not isinstance(v, str):
-        raise _bad(path, "Input should be a valid string")
-    return v
+class _Wording:
+    """Field errors in the Messages API's (pydantic's) words."""
+
+    _TYPE = {"string": "a valid string", "array": "a valid list", "object": "a valid dictionary",
+             "integer": "a valid integer", "number": "a valid number", "boolean": "a valid boolean"}
+
+    def wrong_type(self, path: str, expected: str, value: Any) -> ApiError:
+        return _bad(path, f"Input should be {self._TYPE[expected]}")
+
+    def below(self, path: str, expected: str, lo: float, value: Any) -> ApiError:
+        return _bad(path, f"Input should be greater than or equal to {lo}")
+
+    def above(self, path: str, expected: str, hi: float, value: Any) -> ApiError:
+        return _bad(path, f"Input should be less than or equal to {hi}")
 
 
-def _list(v: Any, path: str) -> list[Any]:
-    if not isinstance(v, list):
-        raise _bad(path, "Input should be a valid list")
-    return v
-
-
-def _dict(v: Any, path: str) -> dict[str, Any]:
-    if not isinstance(v, dict):
-        raise _bad(path, "Input should be a valid dictionary")
-    return v
+_F: Final = FieldReader(_Wording())
+_str, _list, _dict = _F.string, _F.array, _F.object
 
 
 def _no_extras(obj: dict[str, Any], allowed: frozenset[str], prefix: str) -> None:
@@ -91,22 +92,12 @@ def _no_extras(obj: dict[str, Any], allowed: frozenset[str], prefix: str) -> Non
 
 
 def _int(v: Any, path: str, ge: int) -> int:
-    if not is_int(v):
-        raise _bad(path, "Input should be a valid integer")
-    if v < ge:
-        raise _bad(path, f"Input should be greater than or equal to {ge}")
-    return v
+    return _F.integer(v, path, ge)
 
 
 def _unit(v: Any, path: str) -> float:
     """A number in [0, 1] (temperature, top_p)."""
-    if not is_number(v):
-        raise _bad(path, "Input should be a valid number")
-    if v < 0:
-        raise _bad(path, "Input should be greater than or equal to 0")
-    if v > 1:
-        raise _bad(path, "Input should be less than or equal to 1")
-    return float(v)
+    return _F.number(v, path, 0, 1)
 
 
 # The content block types the Messages API accepts in a request (its discriminated union);
@@ -224,7 +215,7 @@ def _messages(v: Any, allow_empty: bool = False) -> list[tuple[Role, str]]:
             raise _bad(path, "all messages must have non-empty content except for the optional final assistant message")
         if is_prefill and text and text[-1].isspace():
             raise _bad(path + ".content", "final assistant content cannot end with trailing whitespace")
-        turns.append((role, text))
+        turns.append((cast(Role, role), text))   # checked above: user or assistant
     _check_tool_pairs(tool_turns)
     return turns
 
@@ -420,7 +411,8 @@ def chat_input(obj: dict[str, Any]) -> ChatInput:
             elif btype not in _SKIPPED_BLOCKS:
                 media.append((bpath, btype))
         if role == "assistant":
-            messages.append({"role": "assistant", "content": JOIN.join(texts), **({"tool_calls": calls} if calls else {})})
+            messages.append({"role": "assistant", "content": JOIN.join(texts),
+                             **({"tool_calls": calls} if calls else {})})
         elif texts:
             messages.append({"role": "user", "content": JOIN.join(texts)})
     tools: list[dict[str, Any]] | None = None
@@ -580,7 +572,8 @@ class StreamEncoder:
             "type": "content_block_start", "index": index,
             "content_block": {"type": "tool_use", "id": _tool_use_id(), "name": call.name, "input": {}}}))
         out += sse(dumps({"type": "content_block_delta", "index": index,
-                          "delta": {"type": "input_json_delta", "partial_json": call.arguments}}), "content_block_delta")
+                          "delta": {"type": "input_json_delta", "partial_json": call.arguments}}),
+                   "content_block_delta")
         return out + sse(_BLOCK_STOP % index, "content_block_stop")
 
     def finish(self, result: GenerationResult) -> bytes:

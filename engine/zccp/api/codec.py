@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from zccp.api.common import ParseLimits
-from zccp.request import ApiError, ApiKind, ChatInput, GenerationRequest, GenerationResult, TextDelta, ToolCall
+from zccp.shared_types import ApiError, ApiKind, ChatInput, GenerationRequest, GenerationResult, TextDelta, ToolCall
 
 
 class StreamEncoder(Protocol):

@@ -9,7 +9,8 @@ from typing import Any, Final
 
 import orjson
 
-from ..request import ChatMessage, Role
+from ..shared_types import ChatMessage, Role
+from .fields import json_type
 
 dumps = orjson.dumps
 
@@ -48,33 +49,6 @@ def decode_object(body: bytes | memoryview) -> dict[str, Any]:
     if not isinstance(value, dict):
         raise BodyError("not_object", json_type(value))
     return value
-
-
-# --- strict JSON type checks (bool is not a number, float is not an integer) ---
-
-def is_int(v: object) -> bool:
-    return isinstance(v, int) and not isinstance(v, bool)
-
-
-def is_number(v: object) -> bool:
-    return isinstance(v, (int, float)) and not isinstance(v, bool)
-
-
-def json_type(v: object) -> str:
-    """The JSON name of a decoded value's type: string, integer, number, ..."""
-    if v is None:
-        return "null"
-    if isinstance(v, bool):
-        return "boolean"
-    if isinstance(v, int):
-        return "integer"
-    if isinstance(v, float):
-        return "number"
-    if isinstance(v, str):
-        return "string"
-    if isinstance(v, list):
-        return "array"
-    return "object"
 
 
 def fmt_num(v: float) -> str:

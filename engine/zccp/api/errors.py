@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from zccp.cache.luadata import load_lua_data
+from zccp.lua_data import load_lua_data
 from zccp.paths import lua_file
 
 

@@ -12,7 +12,7 @@ from typing import Any, Final
 
 import orjson
 
-from ..request import (
+from ..shared_types import (
     ApiError,
     ChatInput,
     GenerationRequest,
@@ -33,14 +33,12 @@ from .common import (
     decode_object,
     dumps,
     fmt_num,
-    is_int,
-    is_number,
-    json_type,
     marker,
     merge_turns,
     random_id,
     sse,
 )
+from .fields import FieldReader, json_type
 
 __all__ = [
     "ParseLimits", "OpenAIApiError", "parse_request", "render_response", "render_error",
@@ -132,49 +130,29 @@ def _empty_array(param: str) -> OpenAIApiError:
 
 # --- typed field readers ---
 
-def _number(v: Any, param: str, lo: float, hi: float) -> float:
-    if not is_number(v):
-        raise _type_err(param, "a decimal", v)
-    if v < lo:
-        raise _err(f"Invalid '{param}': decimal below minimum value. Expected a value >= {fmt_num(lo)}, "
-                   f"but got {fmt_num(v)} instead.", param, "decimal_below_min_value")
-    if v > hi:
-        raise _err(f"Invalid '{param}': decimal above maximum value. Expected a value <= {fmt_num(hi)}, "
-                   f"but got {fmt_num(v)} instead.", param, "decimal_above_max_value")
-    return float(v)
+class _Wording:
+    """Field errors in OpenAI's words (and codes)."""
+
+    _TYPE = {"string": "a string", "array": "an array", "object": "an object", "integer": "an integer",
+             "number": "a decimal", "boolean": "a boolean"}
+
+    def wrong_type(self, path: str, expected: str, value: Any) -> ApiError:
+        return _type_err(path, self._TYPE[expected], value)
+
+    def below(self, path: str, expected: str, lo: float, value: Any) -> ApiError:
+        if expected == "integer":
+            return _err(f"Invalid '{path}': integer below minimum value. Expected a value >= {lo}, "
+                        f"but got {value} instead.", path, "integer_below_min_value")
+        return _err(f"Invalid '{path}': decimal below minimum value. Expected a value >= {fmt_num(lo)}, "
+                    f"but got {fmt_num(value)} instead.", path, "decimal_below_min_value")
+
+    def above(self, path: str, expected: str, hi: float, value: Any) -> ApiError:
+        return _err(f"Invalid '{path}': decimal above maximum value. Expected a value <= {fmt_num(hi)}, "
+                    f"but got {fmt_num(value)} instead.", path, "decimal_above_max_value")
 
 
-def _int(v: Any, param: str, lo: int | None = None) -> int:
-    if not is_int(v):
-        raise _type_err(param, "an integer", v)
-    if lo is not None and v < lo:
-        raise _err(f"Invalid '{param}': integer below minimum value. Expected a value >= {lo}, "
-                   f"but got {v} instead.", param, "integer_below_min_value")
-    return v
-
-
-def _bool(v: Any, param: str) -> bool:
-    if not isinstance(v, bool):
-        raise _type_err(param, "a boolean", v)
-    return v
-
-
-def _str(v: Any, param: str) -> str:
-    if not isinstance(v, str):
-        raise _type_err(param, "a string", v)
-    return v
-
-
-def _obj(v: Any, param: str) -> dict[str, Any]:
-    if not isinstance(v, dict):
-        raise _type_err(param, "an object", v)
-    return v
-
-
-def _arr(v: Any, param: str) -> list[Any]:
-    if not isinstance(v, list):
-        raise _type_err(param, "an array", v)
-    return v
+_F: Final = FieldReader(_Wording())
+_number, _int, _bool, _str, _obj, _arr = _F.number, _F.integer, _F.boolean, _F.string, _F.object, _F.array
 
 
 # --- messages ---

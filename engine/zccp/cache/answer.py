@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import orjson
 
-from zccp.request import Completed, GenerationResult
+from zccp.shared_types import Completed, GenerationResult
 
 
 @dataclass(frozen=True)

@@ -1,7 +1,7 @@
 """Fingerprints and cache keys (docs/fingerprint.md, version 3): the Python side of
 lua/zccp/fingerprint.lua, byte for byte.
 
-§1 decoding is here; §2 masks in zccp.cache.masks; §3 the final user turn in
+§1 decoding is here; §2 masks in zccp.cache.mask_apply; §3 the final user turn in
 zccp.cache.fp.prompt; §4–§5 the CSF in zccp.cache.fp.csf; §6 the prefix and exact keys
 in zccp.cache.fp.canonical. Golden vectors: shm_abi/vectors/fingerprint_vectors.json;
 tests/integration/test_fingerprint_identity.py compares both languages through a
@@ -25,7 +25,7 @@ from zccp.cache.fp.canonical import as_bytes, canonical_form
 from zccp.cache.fp.csf import band_keys, csf_key_of, csf_of_prefixes, estimate_jaccard
 from zccp.cache.fp.prompt import final_turn, prefix_of
 from zccp.cache.fp.tables import DECODE_LIMIT, MAX_DEPTH, MAX_TOKENS
-from zccp.cache.masks import EMPTY_MASKS, MaskError, MaskSet, mask_doc
+from zccp.cache.mask_apply import EMPTY_MASKS, MaskError, MaskSet, mask_doc
 
 __all__ = ["Fingerprint", "compute", "estimate_jaccard", "DECODE_LIMIT", "MAX_TOKENS"]
 
@@ -145,6 +145,7 @@ def compute(api: str, body: bytes | bytearray | memoryview | str | None, masks: 
 
     literals: a list that receives every value a mask replaced (the `$0` of each match)."""
     if doc is None:
+        assert body is not None, "fingerprint: give the body or its parsed doc"   # programmer error
         doc = decode_request(api, body)
         if doc is None:
             return None

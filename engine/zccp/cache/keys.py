@@ -14,11 +14,12 @@ from typing import Any
 from zccp.abi import CSF_BANDS, MINHASH_COUNT, Flag, ffi
 from zccp.arena import SlotView
 from zccp.cache.fingerprint import compute, decode_request
-from zccp.cache.masks import MaskSet, MaskSource, collect_literals
+from zccp.cache.mask_apply import MaskSet, collect_literals
+from zccp.cache.mask_store import MaskSource
 from zccp.cache.near import TurnUnits
 from zccp.cache.scope import Placement, place, tenant_of
 from zccp.config import CacheConfig
-from zccp.request import GenerationRequest
+from zccp.shared_types import GenerationRequest
 
 
 @dataclass(frozen=True)

@@ -25,7 +25,7 @@ from functools import lru_cache
 from pathlib import Path
 
 from zccp.cache.fp.tables import RANGES
-from zccp.cache.luadata import load_lua_data
+from zccp.lua_data import load_lua_data
 from zccp.paths import lua_file
 
 log = logging.getLogger("zccp.cache.meaning")

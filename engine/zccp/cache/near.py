@@ -32,7 +32,7 @@ from typing import Any
 
 from zccp.cache.fp.canonical import as_bytes
 from zccp.cache.fp.prompt import final_turn
-from zccp.cache.masks import MaskError, MaskSet, mask_doc
+from zccp.cache.mask_apply import MaskError, MaskSet, mask_doc
 from zccp.cache.meaning import NearWords, Units, near_words_or_none
 
 log = logging.getLogger("zccp.cache.near")

@@ -1,6 +1,7 @@
 """Purging cache entries: everything, one scope (a tenant, `anonymous` or `shared`), or
-one exact key. The same code serves `zccp-cache purge` (the CLI, straight to Redis) and
-`POST /v1/zccp/purge` (nginx, loopback only, rings the engine with ZCCP_KIND_PURGE).
+one exact key, in Redis. The same code serves `zccp-cache purge` (the CLI, straight to
+Redis) and `POST /v1/zccp/purge` (nginx, loopback only, rings the engine with
+ZCCP_KIND_PURGE; zccp.endpoints answers it through the slot).
 
     parse_purge({"all": true} | {"scope": S} | {"tenant": VALUE} | {"key": HEX}) -> PurgeRequest
     await purge(redis, request) -> number of keys deleted
@@ -8,22 +9,13 @@ one exact key. The same code serves `zccp-cache purge` (the CLI, straight to Red
 
 from __future__ import annotations
 
-import logging
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
-import orjson
-
-from zccp.api import codec_for
 from zccp.cache.scope import purge_patterns, tenant_digest
-from zccp.request import ApiError
-from zccp.response import ResponseWriter, SlotAbandoned
 
 if TYPE_CHECKING:
     from zccp.cache.redis_target import RedisClient
-
-log = logging.getLogger("zccp.cache.purge")
 
 _BATCH = 500
 
@@ -59,9 +51,9 @@ def parse_purge(obj: Any) -> PurgeRequest:
         raise ValueError(f"{name}: expected a non-empty string")
     if name == "tenant":          # the tenant source's value (an API key, a user id): hashed as nginx does
         return PurgeRequest("scope", tenant_digest(v).hex())
-    req = PurgeRequest(name, v.lower() if name == "key" else v)   # type: ignore[arg-type]
+    req = PurgeRequest(name, v.lower() if name == "key" else v) 
     try:
-        req.patterns
+        purge_patterns(req.what, req.value)      # a key of the wrong form is refused here
     except ValueError as exc:
         raise ValueError(f"{name}: {exc}") from None
     return req
@@ -82,48 +74,3 @@ async def purge(redis: RedisClient, req: PurgeRequest) -> int:
         if batch:
             n += await redis.unlink(*batch)
     return n
-
-
-class PurgeFlow:
-    """One POST /v1/zccp/purge through a slot: the JSON body in, {"purged": n} out."""
-
-    def __init__(self, payload: memoryview, writer: ResponseWriter, redis: RedisClient | None,
-                 spawn: Callable[[Any], None], on_done: Callable[[], None]) -> None:
-        self._payload = payload
-        self._writer = writer
-        self._redis = redis
-        self._spawn = spawn
-        self._on_done = on_done
-
-    def start(self) -> None:
-        self._spawn(self._run())
-
-    async def _run(self) -> None:
-        codec = codec_for("anthropic")
-        try:
-            try:
-                if self._redis is None:
-                    raise ApiError(409, "invalid_request_error", "the cache is disabled (cache.enabled: false)")
-                try:
-                    req = parse_purge(orjson.loads(bytes(self._payload)))
-                except orjson.JSONDecodeError as exc:
-                    raise ApiError(400, "invalid_request_error", f"body: not valid JSON: {exc}") from None
-                except ValueError as exc:
-                    raise ApiError(400, "invalid_request_error", str(exc)) from None
-                try:
-                    n = await purge(self._redis, req)
-                except Exception as exc:   # redis down, a timeout: say so, nothing else breaks
-                    log.warning("purge failed: %s", exc)
-                    raise ApiError(503, "api_error", f"purge failed: {exc}") from None
-                log.info("cache purged: %s, %d keys", req.describe(), n)
-                self._writer.begin(200, sse=False)
-                self._writer.write(orjson.dumps({"purged": n, **req.describe()}))
-            except ApiError as err:
-                self._writer.begin(err.status, sse=False)
-                self._writer.write(codec.render_error(err))
-            self._writer.finish()
-        except SlotAbandoned:
-            pass
-        finally:
-            self._payload.release()
-            self._on_done()

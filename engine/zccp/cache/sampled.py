@@ -21,7 +21,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from zccp.abi import Flag
-from zccp.request import SamplingParams
+from zccp.shared_types import SamplingParams
 
 
 def is_sampled(s: SamplingParams) -> bool:

@@ -32,7 +32,7 @@ from typing import Literal
 from zccp.abi import Flag, ffi
 from zccp.arena import SlotView
 from zccp.config import CacheConfig
-from zccp.request import GenerationRequest
+from zccp.shared_types import GenerationRequest
 
 PREFIX = "zccp:v2:"          # since fingerprint version 2 (version 3 changed the hashes only): v1 is never read
 SHARED = "shared"

@@ -23,7 +23,7 @@ import torch
 from zccp.model.prompt import BYTE_FORMAT, PromptFormat
 from zccp.model.sampling import Sampler, check_sampling
 from zccp.planner import Planner
-from zccp.request import SamplingParams
+from zccp.shared_types import SamplingParams
 
 
 class DecodeBatch(ABC):

@@ -1,11 +1,13 @@
 """What an hf checkpoint directory must hold, checked without loading anything. The
-engine runs it at start-up (config.check_model_files: `zccp-engine --check` names a
+engine runs it at start-up (check_model_files: `zccp-engine --check` names a
 missing file); nginx's host is not asked, it need not see the model."""
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
+
+from zccp.config import Config, ConfigError
 
 _REQUIRED = ("config.json", "tokenizer.json", "tokenizer_config.json")
 
@@ -27,3 +29,13 @@ def checkpoint_problems(path: str) -> list[str]:
         if not has and not (p / "chat_template.json").is_file():
             problems.append(f"{p}: no chat template (tokenizer_config.json 'chat_template' or chat_template.jinja)")
     return problems
+
+
+def check_model_files(cfg: Config) -> None:
+    """The engine's own start-up check (not nginx's: its host need not see the model):
+    the hf checkpoint directory holds what loading needs, else a ConfigError naming it."""
+    if cfg.model.backend != "hf" or cfg.model.path is None:
+        return
+    problems = checkpoint_problems(cfg.model.path)
+    if problems:
+        raise ConfigError(f"{cfg.path}: model.path: " + "; ".join(problems))

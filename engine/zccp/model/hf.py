@@ -51,8 +51,9 @@ class HfBackend(TorchBackend):
         if not getattr(tok, "is_fast", False):
             raise ValueError(f"model.path: {path}: the tokenizer is not a fast (tokenizers) tokenizer")
         torch_dtype: Any = self._dtype(dtype)
-        self.model = AutoModelForCausalLM.from_pretrained(
-            path, local_files_only=True, dtype=torch_dtype, attn_implementation="sdpa").to(self._device).eval()
+        loaded: Any = AutoModelForCausalLM.from_pretrained(
+            path, local_files_only=True, dtype=torch_dtype, attn_implementation="sdpa")
+        self.model = loaded.to(self._device).eval()
         self.config = self.model.config
         params = inspect.signature(self.model.forward).parameters
         self._cache_kw = "cache" if "cache" in params else "past_key_values"
@@ -82,7 +83,7 @@ class HfBackend(TorchBackend):
         ids: set[int] = set()
         gen = getattr(self.model, "generation_config", None)
         eos = getattr(gen, "eos_token_id", None) if gen is not None else None
-        for e in (eos if isinstance(eos, (list, tuple)) else [eos]) + [tok.eos_token_id]:
+        for e in [*(eos if isinstance(eos, (list, tuple)) else [eos]), tok.eos_token_id]:   # eos may be a tuple
             if isinstance(e, int):
                 ids.add(e)
         return frozenset(ids)
@@ -100,8 +101,8 @@ class HfBackend(TorchBackend):
     def _measure_kv_bytes(self) -> int:
         state = self.new_state()
         self.prefill(state, torch.zeros(1, dtype=torch.long, device=self._device))
-        return sum(l.keys.numel() * l.keys.element_size() + l.values.numel() * l.values.element_size()
-                   for l in state.layers)
+        return sum(lay.keys.numel() * lay.keys.element_size() + lay.values.numel() * lay.values.element_size()
+                   for lay in state.layers)
 
     # -- the backend interface ---------------------------------------------------------------
 
@@ -131,9 +132,10 @@ class HfBackend(TorchBackend):
         from transformers import DynamicCache
 
         cache = DynamicCache(config=self.config)
-        cache.layers = [self._layer_cls() for _ in cache.layers]      # full attention only (checked at load)
-        for layer, (k, v) in zip(cache.layers, layers):
+        ours: list[Any] = [self._layer_cls() for _ in cache.layers]     # full attention only (checked at load)
+        for layer, (k, v) in zip(ours, layers, strict=False):
             layer.update(k, v)
+        cache.layers = ours
         return cache
 
     def state_length(self, state: Any) -> int:

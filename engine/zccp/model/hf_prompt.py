@@ -1,6 +1,6 @@
 """The hf backend's prompt format: the checkpoint's own chat template and fast tokenizer.
 
-The conversation (zccp.request.ChatInput, from either API) is rendered with
+The conversation (zccp.shared_types.ChatInput, from either API) is rendered with
 tokenizer.apply_chat_template (system prompt, tools, tool calls and tool results as
 the template lays them out, the generation prompt), then encoded by the Rust
 tokenizer without adding special tokens (the template writes them): exactly what
@@ -24,8 +24,8 @@ import torch
 
 from zccp.model.prompt import Detokenizer, Prompt, PromptFormat
 from zccp.model.tokenizer import PromptTooLong
-from zccp.request import ApiError
-from zccp.tools import END, START
+from zccp.shared_types import ApiError
+from zccp.hermes_tools import END, START
 
 # Prompt ids a detokenizer is primed with (context for tokenizers that merge spaces).
 _PRIME = 8

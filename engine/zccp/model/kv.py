@@ -71,6 +71,7 @@ class GrowingKv:
             kbuf = k.new_empty((k.shape[0], k.shape[1], cap, k.shape[3]))
             vbuf = v.new_empty((v.shape[0], v.shape[1], cap, v.shape[3]))
             if n:
+                assert self._kbuf is not None and self._vbuf is not None   # n > 0: they hold n positions
                 kbuf[:, :, :n] = self._kbuf[:, :, :n]
                 vbuf[:, :, :n] = self._vbuf[:, :, :n]
             self._kbuf, self._vbuf = kbuf, vbuf
@@ -98,7 +99,7 @@ def _lpad(x: torch.Tensor, n: int) -> torch.Tensor:
 
 def take_block(layers: Sequence[Layer], start: int, end: int) -> torch.Tensor:
     """Positions [start, end) of a single sequence's KV state, as one new tensor."""
-    return torch.stack([torch.stack((l.keys[0, :, start:end], l.values[0, :, start:end])) for l in layers])
+    return torch.stack([torch.stack((lay.keys[0, :, start:end], lay.values[0, :, start:end])) for lay in layers])
 
 
 def join_blocks(blocks: Sequence[torch.Tensor]) -> list[tuple[torch.Tensor, torch.Tensor]]:
@@ -130,7 +131,7 @@ class PaddedBatch:
     def nbytes(self) -> int:
         """Bytes its KV tensors hold, spare room included."""
         if self.layers and hasattr(self.layers[0], "capacity_bytes"):
-            return sum(l.capacity_bytes for l in self.layers)
+            return sum(lay.capacity_bytes for lay in self.layers)
         return self.rows * self.width * self.bytes_per_token
 
     @property
@@ -144,7 +145,7 @@ class PaddedBatch:
             self.lengths, self.width = [n], n
             return
         width = max(self.width, n)
-        for bl, nl in zip(self.layers, layers):
+        for bl, nl in zip(self.layers, layers, strict=False):
             k, v = bl.keys, bl.values          # read both before assigning either (GrowingKv)
             bl.keys, bl.values = (torch.cat((_lpad(k, width - self.width), _lpad(nl.keys, width - n)), 0),
                                   torch.cat((_lpad(v, width - self.width), _lpad(nl.values, width - n)), 0))
@@ -158,20 +159,20 @@ class PaddedBatch:
             return
         if list(keep) != list(range(self.rows)):
             idx = torch.tensor(list(keep), device=self.layers[0].keys.device)
-            for l in self.layers:
-                l.keys, l.values = l.keys.index_select(0, idx), l.values.index_select(0, idx)
+            for lay in self.layers:
+                lay.keys, lay.values = lay.keys.index_select(0, idx), lay.values.index_select(0, idx)
             self.lengths = [self.lengths[i] for i in keep]
         lead = self.width - max(self.lengths)
         if lead:
-            for l in self.layers:
-                l.keys, l.values = l.keys[:, :, lead:], l.values[:, :, lead:]
+            for lay in self.layers:
+                lay.keys, lay.values = lay.keys[:, :, lead:], lay.values[:, :, lead:]
             self.width -= lead
 
     def row_state(self, row: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
         """Row `row`'s KV state without its padding, as new tensors (to park it)."""
         start = self.width - self.lengths[row]
-        return [(l.keys[row : row + 1, :, start:].clone(), l.values[row : row + 1, :, start:].clone())
-                for l in self.layers]
+        return [(lay.keys[row : row + 1, :, start:].clone(), lay.values[row : row + 1, :, start:].clone())
+                for lay in self.layers]
 
     def step_inputs(self, device: torch.device) -> tuple[torch.Tensor | None, torch.Tensor]:
         """(attention mask [B, T+1] or None when no row is padded, position ids [B, 1])

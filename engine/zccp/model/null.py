@@ -18,7 +18,7 @@ import torch
 
 from zccp.model.base import DecodeBatch, ModelBackend
 from zccp.model.tokenizer import EOS, VOCAB_SIZE
-from zccp.request import SamplingParams
+from zccp.shared_types import SamplingParams
 
 DEFAULT_REPLY = "Hello from the ZCCP null backend."
 

@@ -18,7 +18,7 @@ from typing import Protocol
 import torch
 
 from zccp.model.tokenizer import count_chat_tokens, encode_chat_into
-from zccp.request import ChatInput, GenerationRequest
+from zccp.shared_types import ChatInput, GenerationRequest
 
 
 @dataclass(frozen=True)

@@ -12,7 +12,7 @@ from collections.abc import Sequence
 
 import torch
 
-from zccp.request import SamplingParams
+from zccp.shared_types import SamplingParams
 
 
 def check_sampling(params: SamplingParams) -> None:
@@ -71,7 +71,7 @@ def sample_rows(logits: torch.Tensor, samplers: Sequence[Sampler]) -> list[int]:
         if len(greedy) == len(samplers):
             return torch.argmax(logits, dim=-1).tolist()
         picks = torch.argmax(logits[greedy], dim=-1).tolist()
-        for i, t in zip(greedy, picks):
+        for i, t in zip(greedy, picks, strict=False):
             out[i] = t
     for i, s in enumerate(samplers):
         if not s.greedy:

@@ -83,6 +83,12 @@ def allowed_token_ids() -> list[int]:
 
 class _Layer:
     __slots__ = ("attn_norm", "wqkv", "wo", "mlp_norm", "w1", "w2")
+    attn_norm: torch.Tensor
+    wqkv: torch.Tensor
+    wo: torch.Tensor
+    mlp_norm: torch.Tensor
+    w1: torch.Tensor
+    w2: torch.Tensor
 
     def __init__(self, **kw: torch.Tensor) -> None:
         for k, v in kw.items():
@@ -205,7 +211,9 @@ class TinyTransformer(TorchBackend):
         return _State([KvLayer(k, v) for k, v in layers])
 
     def state_length(self, state: _State) -> int:
-        return int(state.layers[0].keys.shape[2])
+        keys = state.layers[0].keys
+        assert keys is not None       # a state is made from tensors
+        return int(keys.shape[2])
 
     # ------------------------------------------------------------------ forward
 
@@ -254,7 +262,7 @@ class TinyTransformer(TorchBackend):
         b, t = ids.shape
         H, hd = self._n_heads, self._head_dim
         h = F.embedding(ids, self._embed)                                # (B, T, d)
-        for layer, kv in zip(self._layers, layers):
+        for layer, kv in zip(self._layers, layers, strict=False):
             x = self._rms_norm(h, layer.attn_norm)
             q, k, v = (x @ layer.wqkv).view(b, t, 3, H, hd).permute(2, 0, 3, 1, 4)   # each (B, H, T, hd)
             keys, values = kv.append(self._rope(k, cos, sin), v)

@@ -19,7 +19,7 @@ from collections.abc import Iterable, Sequence
 import numpy as np
 import torch
 
-from zccp.request import ChatMessage
+from zccp.shared_types import ChatMessage
 
 BOS = 256
 EOS = 257

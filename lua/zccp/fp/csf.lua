@@ -152,7 +152,7 @@ end
 
 -- A token ends: the shingle it closes with the previous token (hs) goes to X[nx], once
 -- there is a previous token. Returns the next free index.
-local function token_end(X, nx, hs, ntok)
+local function token_end(nx, hs, ntok)
     if ntok > 1 then
         X[nx] = hs % 4294967296
         return nx + 1
@@ -213,7 +213,7 @@ local function scan(p, n)
         end
         if cls ~= 0 and inword then
             inword = false
-            nx = token_end(X, nx, hs, ntok)
+            nx = token_end(nx, hs, ntok)
             prev = hc
         end
         if cls ~= 1 then
@@ -239,7 +239,7 @@ local function scan(p, n)
                 end
                 if cls == 2 then
                     inword = false   -- a CJK token ends where it starts: again below
-                    nx = token_end(X, nx, hs, ntok)
+                    nx = token_end(nx, hs, ntok)
                     prev = hc
                 end
             end
@@ -247,7 +247,7 @@ local function scan(p, n)
         i = i + len
     end
     if inword and ntok > 1 then
-        nx = token_end(X, nx, hs, ntok)
+        nx = token_end(nx, hs, ntok)
     elseif ntok == 1 then
         -- one token: one 1-shingle, the token's own hash
         X[0] = (inword and hc or prev) % 4294967296

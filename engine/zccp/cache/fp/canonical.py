@@ -16,6 +16,7 @@ from typing import Any, Sequence
 
 from zccp.cache.fp.tables import EXACT_PREFIX, EXCLUDED_KEYS, PREFIX_PREFIX
 
+_np: Any   # numpy, or None where it is missing
 try:  # finds the special bytes of very long strings at once
     import numpy as _np
 except ImportError:  # pragma: no cover

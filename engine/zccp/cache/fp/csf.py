@@ -10,10 +10,11 @@ from __future__ import annotations
 
 import itertools
 import re
-from typing import Sequence
+from typing import Any, Sequence
 
 from zccp.cache.fp.tables import BANDS, BIN_BITS, MAX_TOKENS, NUM_PERM, RANGES, ROWS, SEED
 
+_np: Any   # numpy, or None where it is missing
 try:  # vectorised MinHash; the pure-Python path below gives the same values
     import numpy as _np
 except ImportError:  # pragma: no cover
@@ -170,7 +171,7 @@ _NP_COLS = 48   # shingle bytes hashed column by column; longer shingles finish 
 def _shingle_hashes_np(tokens: Sequence[bytes]) -> list[int]:
     """FNV-1a 32 of every shingle at once: one numpy step per byte position."""
     np = _np
-    sh = [a + b" " + b for a, b in zip(tokens, tokens[1:])]
+    sh = [a + b" " + b for a, b in itertools.pairwise(tokens)]
     n = len(sh)
     lens = np.fromiter(map(len, sh), dtype=np.int64, count=n)
     cols = min(int(lens.max()), _NP_COLS)
@@ -213,7 +214,7 @@ def _bins_np(xs: Sequence[int]) -> dict[int, int]:
     k = np.sort(((z >> np.uint64(_BIN_SHIFT)) << np.uint64(32)) | (z & np.uint64(_M32)))
     b = k >> np.uint64(32)
     first = np.flatnonzero(np.concatenate(([True], b[1:] != b[:-1])))
-    return dict(zip(b[first].tolist(), (k[first] & np.uint64(_M32)).tolist()))
+    return dict(zip(b[first].tolist(), (k[first] & np.uint64(_M32)).tolist(), strict=False))
 
 
 def minhash(xs: Sequence[int]) -> tuple[int, ...]:
@@ -260,4 +261,4 @@ def estimate_jaccard(sig_a: Sequence[int], sig_b: Sequence[int]) -> float:
     """MinHash estimate of the Jaccard similarity of two texts' shingle sets."""
     if len(sig_a) != len(sig_b) or not sig_a:
         raise ValueError("signatures must have the same, non-zero length")
-    return sum(1 for a, b in zip(sig_a, sig_b) if a == b) / len(sig_a)
+    return sum(1 for a, b in zip(sig_a, sig_b, strict=False) if a == b) / len(sig_a)

@@ -5,7 +5,7 @@ header (the slot holds the signature and the band keys)."""
 from __future__ import annotations
 
 from zccp.abi import CSF_BANDS, MINHASH_COUNT
-from zccp.cache.luadata import load_lua_data
+from zccp.lua_data import load_lua_data
 from zccp.paths import lua_file
 
 _T = load_lua_data(lua_file("fp_tables.lua"))

@@ -46,6 +46,8 @@ def render(cfg: Config, out: Path, standalone: bool = False, prefix: Path | None
            log_dir: Path | None = None) -> RenderedNginx:
     """cfg must be resolved for its run directory (zccp.runtime.resolve). log_dir: where the
     standalone nginx.conf puts error and access logs (default <prefix>/logs)."""
+    if cfg.server.socket_path is None:
+        raise ValueError("server.socket_path is not resolved (zccp.runtime.resolve)")  # programmer error
     out = out.resolve()
     out.mkdir(parents=True, exist_ok=True)
     values = {
@@ -97,8 +99,8 @@ def render(cfg: Config, out: Path, standalone: bool = False, prefix: Path | None
             workers=str(cfg.server.workers),
             listen=_safe(cfg.server.listen, "server.listen"),
             error_log_level=_LEVELS[cfg.logging.level],
-            user_line=f"user {_safe(user, 'server.user')} {_safe(cfg.shared_memory.group or user, 'shared_memory.group')};"
-            if user else "",
+            user_line=(f"user {_safe(user, 'server.user')} "
+                       f"{_safe(cfg.shared_memory.group or user, 'shared_memory.group')};") if user else "",
         )
         nginx_conf = out / "nginx.conf"
         nginx_conf.write_text(_fill(nginx_template("nginx.conf").read_text(), values, "nginx.conf"))

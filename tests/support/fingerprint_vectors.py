@@ -7,7 +7,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-VECTORS = Path(__file__).resolve().parents[1] / "shm_abi" / "vectors" / "fingerprint_vectors.json"
+VECTORS = Path(__file__).resolve().parents[2] / "shm_abi" / "vectors" / "fingerprint_vectors.json"
 
 
 def load_vectors() -> Any:

@@ -2,7 +2,7 @@
 
 Debian's redis-server, each node with its own directory and config file, free ports only
 (the cluster bus port is set with `cluster-port`, not left at port + 10000, which may be
-taken). Every process is started through zccp.stack.Service and stopped by `stop()`;
+taken). Every process is started through zccp.ops.stack.Service and stopped by `stop()`;
 every wait is bounded.
 """
 
@@ -19,7 +19,7 @@ from pathlib import Path
 
 import redis
 
-from zccp.stack import Service, StackError, free_port
+from zccp.ops.stack import Service, StackError, free_port
 
 REDIS_SERVER = shutil.which("redis-server") or "/usr/bin/redis-server"
 REDIS_CLI = shutil.which("redis-cli") or "/usr/bin/redis-cli"

@@ -28,7 +28,7 @@ Notify = Callable[[int, bool, int], None]
 # later(delay_s, fn): fn on the event loop after delay_s
 Later = Callable[[float, Callable[[], None]], object]
 
-log = logging.getLogger("zccp.response")
+log = logging.getLogger("zccp.ring_writer")
 
 
 class ResponseWriter:
@@ -180,4 +180,5 @@ class ResponseWriter:
             log.info("response abandoned: %s", exc)
             return
         nxt = min(delay * 2, self.ACK_POLL_MAX_S)
+        assert self._later is not None   # _drain is scheduled only through _later
         self._later(nxt, lambda: self._drain(nxt, deadline))

@@ -279,7 +279,8 @@ class _Parser:
 
     def chunk(self) -> Any:
         self.skip()
-        if self.s.startswith(b"return", self.i) and (self.i + 6 >= len(self.s) or self.s[self.i + 6] not in _NAME_CHARS):
+        end = self.i + 6
+        if self.s.startswith(b"return", self.i) and (end >= len(self.s) or self.s[end] not in _NAME_CHARS):
             self.i += 6
         v = self.value()
         self.skip()

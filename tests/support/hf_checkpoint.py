@@ -1,12 +1,13 @@
 """A small Hugging Face checkpoint made on the fly (no downloads exist here).
 
-A byte-level BPE tokenizer trained with `tokenizers` on tests/data/hf_corpus.txt
+A byte-level BPE tokenizer trained with `tokenizers` on tests/support/data/hf_corpus.txt
 (ChatML special tokens; <tool_call> and </tool_call> are special tokens too, the
 case where skip_special_tokens would lose them), wrapped as a fast tokenizer with a
 Qwen2.5-style chat template (tools, tool calls, tool responses); a Llama-architecture
 model with weights from a fixed seed. Both are written with save_pretrained into one
 directory, which the hf backend then loads through exactly the path a user's
-model.path takes. Used by the tests and by bench/hf_bench.py.
+model.path takes. Used by the tests (conftest's hf_checkpoint), bench/models.py and
+scripts/gpu_check.py.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import random
 from pathlib import Path
 
 CORPUS = Path(__file__).resolve().parent / "data" / "hf_corpus.txt"
+HF_MODEL = "zccp-hf-test"                  # the name the tests' hf stacks serve the checkpoint under
 SPECIAL = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<tool_call>", "</tool_call>"]
 
 CHAT_TEMPLATE = (
@@ -37,7 +39,8 @@ CHAT_TEMPLATE = (
     "{%- if (message.role == 'user') or (message.role == 'system' and not loop.first) "
     "or (message.role == 'assistant' and not message.tool_calls) %}"
     "{{- '<|im_start|>' + message.role + '\\n' + message.content }}"
-    "{%- if not (loop.last and message.role == 'assistant') or add_generation_prompt %}{{- '<|im_end|>\\n' }}{%- endif %}"
+    "{%- if not (loop.last and message.role == 'assistant') or add_generation_prompt %}"
+    "{{- '<|im_end|>\\n' }}{%- endif %}"
     "{%- elif message.role == 'assistant' %}"
     "{{- '<|im_start|>' + message.role }}"
     "{%- if message.content %}{{- '\\n' + message.content }}{%- endif %}"

@@ -2,7 +2,7 @@
 
 Each Stack gets its own run directory, shm name, doorbell socket and ports, so
 stacks never see each other; the processes are the ones a user runs
-(zccp.stack), nothing is mocked.
+(zccp.ops.stack), nothing is mocked.
 """
 
 from __future__ import annotations
@@ -19,10 +19,11 @@ from typing import Any
 import httpx
 import yaml
 
+from tests.support.checkout import REPO
 from zccp.arena_reader import ArenaReader
 from zccp.config import Config, load_config
 from zccp.runtime import log_dir, resolve
-from zccp.stack import Service, engine_service, free_port, nginx_service, redis_service
+from zccp.ops.stack import Service, engine_service, free_port, nginx_service, redis_service
 
 
 # Every socket directory a Stack of this process made under /tmp, for the session's
@@ -179,8 +180,6 @@ def dumps(obj: Any) -> bytes:
 os.environ.setdefault("NO_PROXY", "127.0.0.1,localhost")
 
 
-REPO = Path(__file__).resolve().parents[1]
-
 
 @dataclass
 class StackProcess:
@@ -201,7 +200,7 @@ class StackProcess:
 
         env = dict(os.environ, PYTHONPATH=str(REPO / "engine"))
         with open(self.output, "wb") as out:
-            self.proc = subprocess.Popen([sys.executable, "-m", "zccp.cli", "stack", "up", "--config",
+            self.proc = subprocess.Popen([sys.executable, "-m", "zccp.ops.cli", "stack", "up", "--config",
                                           str(self.stack.config_path), "--run-dir", str(self.stack.run_dir)],
                                          stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
                                          start_new_session=True)

@@ -1,48 +1,40 @@
 """One answer's output side, fed a token at a time by the batch scheduler.
 
-Generated ids -> zccp.generation.TextAssembler (detokenizer, stop sequences, tool
+Generated ids -> zccp.text_assembly.TextAssembler (detokenizer, stop sequences, tool
 calls) -> the API's stream encoder (SSE) or, at the end, its rendered JSON -> the
 slot's response ring. Writes never wait: what the ring cannot take yet stays in the
 writer (write_nowait) and `blocked` tells the scheduler to park this sequence until
-flush() has written it. The flow that made the reply keeps the endings: the log line
-and metrics of a finished answer, an abandoned slot, a failure.
+flush() has written it. The request ends through its zccp.outcome.Outcome: the log
+line and metrics of a finished answer, an abandoned slot, a failure.
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 
 import orjson
 
 from zccp.api.codec import ApiCodec, StreamEncoder
 from zccp.arena import SlotView
-from zccp.generation import TextAssembler
+from zccp.hermes_tools import HermesParser
 from zccp.model.prompt import Detokenizer
-from zccp.request import Completed, GenerationRequest, GenerationResult, StopReason, TextDelta, ToolCall
-from zccp.response import ResponseWriter, SlotAbandoned
-from zccp.tools import HermesParser
-
-
-@dataclass(frozen=True)
-class Endings:
-    """How the owning flow ends a request: logged and counted, abandoned, or failed."""
-
-    log_done: Callable[[int, float, GenerationResult], None]
-    abandoned: Callable[[SlotAbandoned], None]
-    fail: Callable[[StreamEncoder | None], None]
-    verdict: Callable[[GenerationResult], None]      # the cache's say, before the final notice
+from zccp.outcome import Outcome
+from zccp.ring_writer import ResponseWriter, SlotAbandoned
+from zccp.shared_types import Completed, GenerationRequest, GenerationResult, StopReason, TextDelta, ToolCall
+from zccp.text_assembly import TextAssembler
 
 
 class SlotOutput:
     """What every model answer does with its slot: write without waiting, finish once
-    everything is written, and end through the owning flow."""
+    everything is written, and end through the request's Outcome. `verdict` is the
+    cache's say on a finished answer, before the final notice."""
 
-    def __init__(self, writer: ResponseWriter, endings: Endings, started: float) -> None:
+    def __init__(self, writer: ResponseWriter, outcome: Outcome,
+                 verdict: Callable[[GenerationResult], None] | None = None) -> None:
         self._writer = writer
-        self._endings = endings
-        self._started = started
+        self._outcome = outcome
+        self._verdict = verdict
         self._result: GenerationResult | None = None      # set by end(): finish once flushed
         self._finished = False
 
@@ -54,9 +46,10 @@ class SlotOutput:
             return False
         if self._result is not None and not self._finished:
             self._finished = True
-            self._endings.verdict(self._result)
+            if self._verdict is not None:
+                self._verdict(self._result)
             self._writer.finish()
-            self._endings.log_done(200, self._started, self._result)
+            self._outcome.answered(200, self._result)
         return True
 
     @property
@@ -64,19 +57,19 @@ class SlotOutput:
         return self._writer.pending > 0
 
     def fail(self) -> None:
-        self._endings.fail(None)
+        self._outcome.failed(None)
 
     def abandoned(self, exc: SlotAbandoned) -> None:
-        self._endings.abandoned(exc)
+        self._outcome.abandoned(exc)
 
 
 class Reply(SlotOutput):
     """A generation's answer: tokens in, the API's bytes out."""
 
     def __init__(self, codec: ApiCodec, req: GenerationRequest, view: SlotView, writer: ResponseWriter,
-                 prompt_tokens: int, detok: Detokenizer, tool_calls: bool, endings: Endings,
-                 started: float) -> None:
-        super().__init__(writer, endings, started)
+                 prompt_tokens: int, detok: Detokenizer, tool_calls: bool, outcome: Outcome,
+                 verdict: Callable[[GenerationResult], None]) -> None:
+        super().__init__(writer, outcome, verdict)
         self._codec = codec
         self._req = req
         self._view = view
@@ -117,7 +110,7 @@ class Reply(SlotOutput):
         return Completed(result, tuple(self._deltas))
 
     def fail(self) -> None:
-        self._endings.fail(self._encoder)
+        self._outcome.failed(self._encoder)
 
     def _send(self, events: list[TextDelta | ToolCall]) -> None:
         enc = self._encoder
@@ -136,8 +129,8 @@ class WarmupReply(SlotOutput):
     """POST /v1/zccp/warmup's answer: the prefix is prefilled and its blocks kept."""
 
     def __init__(self, model: str, view: SlotView, writer: ResponseWriter, prompt_tokens: int,
-                 endings: Endings, started: float) -> None:
-        super().__init__(writer, endings, started)
+                 outcome: Outcome) -> None:
+        super().__init__(writer, outcome)
         self._model = model
         self._view = view
         self._prompt_tokens = prompt_tokens
@@ -154,8 +147,8 @@ class WarmupReply(SlotOutput):
     def token(self, token: int) -> bool:
         raise AssertionError("a warm-up generates nothing")   # programmer error
 
-    def end(self, reason: StopReason, output_tokens: int) -> dict[str, int]:
-        body = {"type": "warmup", "model": self._model, "prompt_tokens": self._prompt_tokens,
+    def end(self, reason: StopReason, output_tokens: int) -> dict[str, str | int]:
+        body: dict[str, str | int] = {"type": "warmup", "model": self._model, "prompt_tokens": self._prompt_tokens,
                 "reused_tokens": self._reused, "cached_tokens": self._kept}
         self._writer.begin(200, sse=False)
         self._writer.write_nowait(orjson.dumps(body))

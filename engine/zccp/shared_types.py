@@ -63,7 +63,7 @@ class TextDelta:
 
 @dataclass(frozen=True)
 class ToolCall:
-    """One tool call the model made (parsed from its output by zccp.tools)."""
+    """One tool call the model made (parsed from its output by zccp.hermes_tools)."""
 
     name: str
     arguments: str                    # the arguments object as JSON text

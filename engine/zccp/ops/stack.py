@@ -25,7 +25,7 @@ from urllib.parse import urlparse
 
 from zccp.config import Config
 from zccp.doorbell import engine_ping
-from zccp.nginx_conf import RenderedNginx, render
+from zccp.ops.nginx_conf import RenderedNginx, render
 from zccp.runtime import log_dir
 
 
@@ -180,11 +180,11 @@ def engine_service(config_path: Path, cfg: Config, run_dir: Path, extra_env: dic
                    wait: bool = True) -> Service:
     """The engine for `cfg` (resolved for run_dir: the engine resolves the same)."""
     env = dict(os.environ)
-    # The engine runs the same zccp package as the caller (this checkout).
-    pkg_root = str(Path(__file__).resolve().parents[1])
+    # The engine runs the same zccp package as the caller (this checkout: engine/, above zccp/ops/).
+    pkg_root = str(Path(__file__).resolve().parents[2])
     env["PYTHONPATH"] = os.pathsep.join(p for p in (pkg_root, env.get("PYTHONPATH", "")) if p)
     env.update(extra_env or {})
-    svc = Service("engine", [sys.executable, "-m", "zccp.cli", "engine", "--config", str(config_path),
+    svc = Service("engine", [sys.executable, "-m", "zccp.ops.cli", "engine", "--config", str(config_path),
                              "--run-dir", str(run_dir)], log_dir(run_dir) / "engine.log", env=env)
     svc.start()
     if wait:

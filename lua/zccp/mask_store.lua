@@ -1,21 +1,21 @@
--- Mask patterns (docs/fingerprint.md, "Masks"): an ordered list of PCRE patterns
--- and replacements, read from lua/zccp/mask_patterns.lua, applied with
--- ngx.re.gsub(s, pattern, replacement, "jo") to the prompt text before any cache
--- key or fingerprint is computed (never to what the model sees).
+-- The mask set in force (docs/fingerprint.md, "Masks"): loads the ordered list of PCRE
+-- patterns and replacements from lua/zccp/mask_patterns.lua, compiles it, keeps the
+-- last-good set and names the set by its digest. zccp.mask_apply applies it (with
+-- ngx.re.gsub(s, pattern, replacement, "jo")) to the prompt text before any cache key
+-- or fingerprint is computed (never to what the model sees).
 --
 -- init(opts) runs in init_by_lua (the master, before the workers fork, so they
 -- inherit the compiled patterns). A pattern that does not compile is logged by
 -- name and listed by errors(); the pattern of the same name from the last-good
 -- file (the set in force before, written here after every load) takes its place,
--- else it is dropped. So a broken edit followed by `nginx -s reload` never takes
+-- else it is dropped. So a broken edit followed by `zccp-stack reload` never takes
 -- down the patterns already in force, even though reload recreates the Lua VM.
--- engine/zccp/masks.py (load_masks) resolves the same files the same way.
+-- engine/zccp/cache/mask_store.py (load_masks) resolves the same files the same way.
 local sha256 = require "zccp.sha256"
 local libc = require "zccp.libc"
 
 local ngx = ngx
 local type = type
-local next = next
 local ipairs = ipairs
 local pcall = pcall
 local error = error
@@ -89,8 +89,9 @@ end
 
 local state = {
     loaded = false,
-    patterns = {},   -- { name, pattern, replacement } in force, in order
+    patterns = {},   -- { name, pattern, replacement, requires } in force, in order
     n = 0,
+    any = nil,       -- every entry's first prefilter in one alternation (any_prefilter)
     errors = {},     -- { name = ..., message = ... }
     digest = nil,
     digest_raw = nil,
@@ -147,7 +148,7 @@ end
 -- Compiles pattern and replacement template (into ngx.re's "o" cache): true or nil, err.
 local function try_compile(pattern, replacement)
     if not re_gsub then
-        return nil, "ngx.re is not available (zccp.masks runs inside nginx)"
+        return nil, "ngx.re is not available (zccp.mask_store runs inside nginx)"
     end
     local ok, res, _, err = pcall(re_gsub, "", pattern, replacement, "jo")
     if not ok then
@@ -174,7 +175,7 @@ local function digest_of(patterns, n)
 end
 
 local function write_last_good(path, patterns, n)
-    local out = { "-- Written by zccp.masks: the mask patterns last in force. Do not edit;\n",
+    local out = { "-- Written by zccp.mask_store: the mask patterns last in force. Do not edit;\n",
                   "-- edit mask_patterns.lua instead.\nreturn {\n" }
     for i = 1, n do
         local p = patterns[i]
@@ -206,12 +207,12 @@ end
 -- the init phase). Returns the number of patterns in force and the list of errors.
 function _M.init(opts)
     if opts ~= nil and type(opts) ~= "table" then
-        error("zccp.masks.init: opts must be a table", 2)
+        error("zccp.mask_store.init: opts must be a table", 2)
     end
     opts = opts or {}
     local path = opts.path or default_path()
     if not path then
-        error("zccp.masks.init: zccp/mask_patterns.lua not found on package.path", 2)
+        error("zccp.mask_store.init: zccp/mask_patterns.lua not found on package.path", 2)
     end
     local lg_path = opts.last_good_path or default_last_good(path)
     local write = opts.write_last_good
@@ -310,119 +311,13 @@ local function ensure()
     end
 end
 
--- Applies every pattern in order. Returns the masked string and whether it differs
--- from `s`, or nil, err (a PCRE runtime failure such as the match limit).
-function _M.apply(s)
-    if type(s) ~= "string" then
-        error("zccp.masks.apply: string expected", 2)
-    end
-    if not state.loaded then
-        ensure()
-    end
-    local any = state.any
-    if any then
-        local from, _, err = re_find(s, any, "jo")
-        if not from and not err then
-            return s, false
-        end
-    end
-    local orig = s
-    local patterns = state.patterns
-    local found, found_in     -- prefilter results (regex -> found) for the string found_in
-    for i = 1, state.n do
-        local p = patterns[i]
-        local req = p.requires
-        local run = true
-        if req then
-            if found_in ~= s then
-                found, found_in = {}, s
-            end
-            for j = 1, #req do
-                local rx = req[j]
-                local f = found[rx]
-                if f == nil then
-                    local from, _, err = re_find(s, rx, "jo")
-                    f = from ~= nil or err ~= nil   -- a failed search skips nothing
-                    found[rx] = f
-                end
-                if not f then
-                    run = false
-                    break
-                end
-            end
-        end
-        if run then
-            local r, cnt, err = re_gsub(s, p.pattern, p.replacement, "jo")
-            if not r then
-                return nil, "mask \"" .. p.name .. "\": " .. tostring(err)
-            end
-            if cnt > 0 then
-                s = r
-            end
-        end
-    end
-    return s, s ~= orig
-end
-
--- What gets masked in a decoded request (§2): the top-level `system` string, and inside
--- `system` and `messages` every string that is the value of a member named in
--- fp_tables.masked_keys. Replaced in place.
-local MASKED = {}
-for _, k in ipairs(require("zccp.fp_tables").masked_keys) do
-    MASKED[k] = true
-end
-
-local function mask_string(ctx, s)
-    local out, changed_or_err = _M.apply(s)
-    if not out then
-        ctx.err = changed_or_err
-        return s
-    end
-    if changed_or_err then
-        ctx.changed = true
-    end
-    return out
-end
-
-local function mask_walk(ctx, t)
-    if t[1] ~= nil then
-        for i = 1, #t do
-            local v = t[i]
-            if type(v) == "table" then
-                mask_walk(ctx, v)
-            end
-        end
-    else
-        for k, v in next, t do
-            local tv = type(v)
-            if tv == "string" then
-                if MASKED[k] then
-                    t[k] = mask_string(ctx, v)
-                end
-            elseif tv == "table" then
-                mask_walk(ctx, v)
-            end
-        end
-    end
-end
-
--- Masks a decoded request in place. Returns whether a mask changed some text, or
--- nil, err (a PCRE runtime failure).
-function _M.apply_doc(doc)
-    local ctx = { changed = false, err = nil }
-    local system = doc.system
-    if type(system) == "string" then
-        doc.system = mask_string(ctx, system)
-    elseif type(system) == "table" then
-        mask_walk(ctx, system)
-    end
-    if type(doc.messages) == "table" then
-        mask_walk(ctx, doc.messages)
-    end
-    if ctx.err then
-        return nil, ctx.err
-    end
-    return ctx.changed
+-- The compiled set in force, for zccp.mask_apply (read-only): patterns[1..n] =
+-- { name, pattern, replacement, requires = prefilters or nil }, any = the combined
+-- prefilter or nil. Loads the files (without writing the last-good one) if init() has
+-- not run.
+function _M.current()
+    ensure()
+    return state
 end
 
 -- The patterns in force: a copy, { { name, pattern, replacement }, ... }.
@@ -446,7 +341,7 @@ function _M.errors()
     return out
 end
 
--- Hex SHA-256 of the set in force (zccp.masks.MaskSet.digest in Python gives the same).
+-- Hex SHA-256 of the set in force (zccp.cache.mask_apply.MaskSet.digest in Python gives the same).
 function _M.digest()
     ensure()
     return state.digest

@@ -7,7 +7,8 @@ import signal
 import sys
 from pathlib import Path
 
-from zccp.config import Config, ConfigError, check_model_files, load_config
+from zccp.config import Config, ConfigError, load_config
+from zccp.model.checkpoint import check_model_files
 
 RUN_DIR_HELP = ("the stack's run directory (default .run): logs, nginx's files, and unless "
                 "config.yaml says otherwise the doorbell socket and the masks' last-good file")
@@ -72,7 +73,7 @@ def nginx_main(argv: list[str] | None = None) -> None:
     p.add_argument("--standalone", action="store_true", help="also render a complete nginx.conf")
     p.add_argument("--prefix", help="nginx prefix for --standalone (temp files; logs go to <prefix>/logs)")
     args = p.parse_args(args_in)
-    from zccp.nginx_conf import render
+    from zccp.ops.nginx_conf import render
 
     r = render(_load(args.config, args.run_dir), Path(args.out), args.standalone,
                Path(args.prefix) if args.prefix else None)
@@ -86,7 +87,7 @@ def _stack_up(cfg: Config, config_path: Path, run_dir: Path) -> int:
 
     from zccp.cache.redis_target import parse_redis_url
     from zccp.runtime import log_dir
-    from zccp.stack import (
+    from zccp.ops.stack import (
         Service,
         StackError,
         Supervisor,
@@ -144,7 +145,7 @@ def _stack_up(cfg: Config, config_path: Path, run_dir: Path) -> int:
 
 def _stack_reload(cfg: Config, run_dir: Path) -> int:
     from zccp.config import mask_state_path
-    from zccp.stack import StackError, reload_masks
+    from zccp.ops.stack import StackError, reload_masks
 
     try:
         m = reload_masks(cfg, run_dir)
@@ -223,7 +224,7 @@ def _purge_l1(cfg: Config) -> None:
     import urllib.error
     import urllib.request
 
-    from zccp.stack import base_url
+    from zccp.ops.stack import base_url
 
     url = base_url(cfg) + "/v1/zccp/l1/purge"
     try:
@@ -242,7 +243,7 @@ def _purge_l1(cfg: Config) -> None:
 def main() -> None:
     cmds = {"engine": engine_main, "nginx": nginx_main, "stack": stack_main, "cache": cache_main}
     if len(sys.argv) < 2 or sys.argv[1] not in cmds:
-        print(f"usage: python -m zccp.cli {{{','.join(cmds)}}} ...", file=sys.stderr)
+        print(f"usage: python -m zccp.ops.cli {{{','.join(cmds)}}} ...", file=sys.stderr)
         sys.exit(2)
     cmds[sys.argv[1]](sys.argv[2:])
 

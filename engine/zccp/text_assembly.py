@@ -4,7 +4,7 @@ TextAssembler turns one sequence's generated token ids into what the client sees
 the backend's incremental detokenizer (never half a character; invalid bytes become
 U+FFFD), stop sequences applied to the generated text (text that might be the start
 of one is held back until it can no longer be, or until generation ends), then the
-tool-call parser when the request offered tools (zccp.tools). The batch scheduler
+tool-call parser when the request offered tools (zccp.hermes_tools). The batch scheduler
 feeds it one token per step; generate_text() drives it from a backend's generate()
 for a single sequence (the inline path, the bench's FastAPI variant, tests).
 
@@ -21,8 +21,8 @@ from typing import Any
 import torch
 
 from zccp.model.prompt import Detokenizer
-from zccp.request import GenerationResult, SamplingParams, StopReason, TextDelta, ToolCall
-from zccp.tools import HermesParser
+from zccp.shared_types import GenerationResult, SamplingParams, StopReason, TextDelta, ToolCall
+from zccp.hermes_tools import HermesParser
 
 
 class StopMatcher:
@@ -185,7 +185,8 @@ def generate_text(
     )
 
 
-def _whole(backend: Any, ids: Sequence[int], input_tokens: int, max_tokens: int) -> Iterator[TextDelta | GenerationResult]:
+def _whole(backend: Any, ids: Sequence[int], input_tokens: int,
+           max_tokens: int) -> Iterator[TextDelta | GenerationResult]:
     """generate_text for an answer known whole in advance (no stops, no tools): the same
     events and result as the token loop, from one detokenization pass."""
     detok = backend.prompt.detokenizer(())

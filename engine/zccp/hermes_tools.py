@@ -17,7 +17,7 @@ from __future__ import annotations
 import json
 from typing import Final
 
-from zccp.request import TextDelta, ToolCall
+from zccp.shared_types import TextDelta, ToolCall
 
 START: Final = "<tool_call>"
 END: Final = "</tool_call>"

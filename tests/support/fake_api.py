@@ -9,7 +9,7 @@ import openai
 
 from zccp.api import ApiCodec
 from zccp.api.common import ParseLimits
-from zccp.request import ApiError, GenerationRequest, GenerationResult, TextDelta
+from zccp.shared_types import ApiError, GenerationRequest, GenerationResult, TextDelta
 
 MODEL = "zccp-test"
 LIMITS = ParseLimits(served_models=frozenset({MODEL}), max_tokens_cap=4096, default_max_tokens=512)

@@ -1,0 +1,133 @@
+"""How one slot request ends, whatever served it (a generation, a cache replay, an
+endpoint, a purge): every flow ends through its Outcome, once.
+
+  answered(status, result)  the answer is written: the request metric and the log line
+  client_error(err)         an ApiError, API-shaped through the slot, then answered(...)
+  abandoned(exc)            nginx gave up on the slot (SlotAbandoned): counted, logged
+  failed(encoder)           anything else: a 500 (or the stream's error event), logged
+  done()                    the slot's payload released, the engine told the job is over
+
+`guard()` wraps a step and maps what it raises onto those endings, so no flow repeats
+the try/except ladder.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+
+import torch
+
+from zccp.abi import CACHE_NAMES
+from zccp.api.codec import ApiCodec, StreamEncoder
+from zccp.arena import SlotView
+from zccp.logs import RequestLog
+from zccp.metrics import EngineMetrics
+from zccp.ring_writer import ResponseWriter, SlotAbandoned
+from zccp.shared_types import ApiError, GenerationResult
+
+log = logging.getLogger("zccp.outcome")
+
+
+@dataclass
+class RequestContext:
+    """The slot side of one request."""
+
+    view: SlotView
+    generation: int
+    payload: memoryview            # the body in shared memory, validated length
+    tokens: torch.Tensor           # the slot's whole token array (int32 view of the mmap)
+    writer: ResponseWriter
+    cancelled: Callable[[], bool]
+    context_id: str
+    request_id: str                # X-Request-ID, from the slot's request block ("" when none)
+
+    def ids(self) -> dict[str, str]:
+        """The fields that tie a log line to one request."""
+        return {"context_id": self.context_id, "request_id": self.request_id}
+
+
+class Outcome:
+    """The endings of one request; `started` is when the engine took it."""
+
+    def __init__(self, ctx: RequestContext, codec: ApiCodec, metrics: EngineMetrics, request_log: RequestLog,
+                 on_done: Callable[[], None]) -> None:
+        self.ctx = ctx
+        self.codec = codec
+        self._metrics = metrics
+        self._request_log = request_log
+        self._on_done = on_done
+        self.started = time.perf_counter()
+
+    @contextmanager
+    def guard(self, what: str = "request failed") -> Iterator[None]:
+        """Run a step: an ApiError is answered through the slot, an abandoned slot is
+        counted, anything else is logged (as `what`) and failed. Nothing propagates."""
+        try:
+            try:
+                yield
+            except ApiError as err:
+                self.client_error(err)
+        except SlotAbandoned as exc:
+            self.abandoned(exc)
+        except Exception:
+            log.exception(what, extra=self.ctx.ids())
+            self.failed(None)
+
+    def client_error(self, err: ApiError) -> None:
+        """A client error, API-shaped, through the slot (raises SlotAbandoned)."""
+        status = self.codec.http_status(err)
+        self.ctx.writer.answer(status, False, self.codec.render_error(err))
+        self.answered(status)
+
+    def abandoned(self, exc: SlotAbandoned) -> None:
+        self._metrics.abandoned.inc()
+        log.info("request abandoned: %s", exc, extra=self.ctx.ids())
+
+    def failed(self, encoder: StreamEncoder | None) -> None:
+        self.answered(500)
+        err = ApiError(500, "api_error", "the engine failed while serving this request")
+        writer = self.ctx.writer
+        try:
+            if not writer.started:
+                writer.begin(500, sse=False)
+                writer.write(self.codec.render_error(err))
+            elif encoder is not None:
+                writer.write(encoder.error(err))
+            writer.finish(failed=True)
+        except SlotAbandoned:
+            pass
+
+    def answered(self, status: int, result: GenerationResult | None = None) -> None:
+        """The request metric and the log line of an answered request."""
+        elapsed = time.perf_counter() - self.started
+        m = self._metrics
+        m.requests.inc(api=self.codec.name, status=str(status))
+        m.seconds.inc(elapsed)
+        if result is not None:
+            m.tokens_in.inc(result.input_tokens)
+            m.tokens_out.inc(result.output_tokens)
+        rlog = self._request_log
+        if not rlog.enabled:
+            return
+        ctx = self.ctx
+        rlog.write("request done", {
+            "context_id": ctx.context_id,
+            "request_id": ctx.request_id,
+            "slot": ctx.view.index,
+            "generation": ctx.generation,
+            "status": status,
+            "api": self.codec.name,
+            "cache": CACHE_NAMES.get(ctx.view.meta.cache_status),
+            "duration_ms": round(elapsed * 1000, 3),
+            "tokens_in": result.input_tokens if result else None,
+            "tokens_out": result.output_tokens if result else None,
+        })
+
+    def done(self) -> None:
+        """The job is over: the payload view released, the slot handed back to the engine."""
+        self.ctx.payload.release()
+        self._on_done()
