@@ -103,7 +103,8 @@ def test_masked_values_are_served_and_a_meaning_change_beside_them_is_not(nstack
     assert cache_of(nstack, "anthropic", body("anthropic", other.replace("is due", "is not due"), 42)) == "MISS"
 
 
-def test_a_refused_candidate_is_counted(nstack, bases):
+def test_a_meaning_change_finds_no_candidate(nstack, bases):
+    # its index name differs: MISS/not_found, no record is even read
     before = metric(nstack, "zccp_engine_cache_total", result="MISS", reason="not_found")
     variant = BASE.replace("PostgreSQL", "SQLite")
     got = cache_of(nstack, "anthropic", body("anthropic", variant, bases["anthropic"]), cache_control="no-store")
