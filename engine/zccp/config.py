@@ -33,6 +33,13 @@ def bounded(default: _N, lo: float, hi: float) -> _N:
 
 
 @dataclass(frozen=True)
+class TlsConfig:
+    """server.tls: ZCCP's own listener speaks HTTPS (PEM files, read by nginx's master)."""
+    certificate: str                         # the certificate chain, leaf first
+    key: str                                 # its private key
+
+
+@dataclass(frozen=True)
 class ServerConfig:
     listen: str = "127.0.0.1:8080"          # nginx listen address (loopback by default)
     workers: int = bounded(2, 1, 64)   # nginx worker processes
@@ -43,6 +50,15 @@ class ServerConfig:
     # Who may GET /metrics: nginx `allow` arguments (addresses, CIDRs, "unix:", "all"), space
     # separated; everyone else gets 403. Loopback and unix-socket clients by default.
     metrics_allow: str = "127.0.0.1 ::1 unix:"
+    tls: TlsConfig | None = None             # None: plain HTTP on `listen`
+    # HTTP/2 on the TLS listener (ALPN h2, HTTP/1.1 still offered). None: on with tls. Needs
+    # tls: nginx 1.22 speaks cleartext HTTP/2 only to prior-knowledge clients, and then no
+    # HTTP/1.1 on that port.
+    http2: bool | None = None
+
+    @property
+    def speaks_http2(self) -> bool:
+        return self.tls is not None and self.http2 is not False
 
 
 @dataclass(frozen=True)
@@ -212,6 +228,11 @@ def _build_section(path: str, name: str, cls: type, raw: Any) -> Any:
         if bounds is not None and checked is not None and not bounds[0] <= checked <= bounds[1]:
             raise ConfigError(f"{where}: {checked!r} is outside [{bounds[0]}, {bounds[1]}]")
         values[key] = checked
+    required = [f.name for f in dataclasses.fields(cls)
+                if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING]
+    for key in required:
+        if key not in values:
+            raise ConfigError(f"{path}: {name}.{key}: required")
     return cls(**values)
 
 
@@ -248,6 +269,9 @@ def _check_consistency(cfg: Config, given: frozenset[str] = frozenset()) -> None
         if not re.fullmatch(r"all|unix:|[0-9A-Fa-f.:]+(/[0-9]{1,3})?", token):
             raise ConfigError(f"{cfg.path}: server.metrics_allow: {token!r} is not an address, a CIDR, "
                               "'unix:' or 'all'")
+    if cfg.server.http2 and cfg.server.tls is None:
+        raise ConfigError(f"{cfg.path}: server.http2: true needs server.tls (certificate and key): nginx "
+                          "speaks cleartext HTTP/2 only to prior-knowledge clients, and no HTTP/1.1 beside it")
     if cfg.limits.default_max_tokens > cfg.limits.max_tokens_cap:
         raise ConfigError(f"{cfg.path}: limits.default_max_tokens: exceeds limits.max_tokens_cap")
     cache = cfg.cache
@@ -269,6 +293,29 @@ def _check_consistency(cfg: Config, given: frozenset[str] = frozenset()) -> None
     if cfg.model.backend == "hf" and cfg.model.path is None:
         raise ConfigError(f"{cfg.path}: model.path: required when model.backend is 'hf' "
                           "(a local checkpoint directory)")
+
+
+def check_tls_files(cfg: Config) -> None:
+    """nginx's start-up check (the engine never reads them): server.tls's files are regular,
+    readable PEM files, else a ConfigError naming the key. Relative paths are refused: nginx
+    would read them against its own prefix, not against the config file."""
+    tls = cfg.server.tls
+    if tls is None:
+        return
+    for key, marker in (("certificate", "CERTIFICATE"), ("key", "PRIVATE KEY")):
+        path = Path(getattr(tls, key))
+        where = f"{cfg.path}: server.tls.{key}: {path}"
+        if not path.is_absolute():
+            raise ConfigError(f"{where}: must be an absolute path")
+        try:
+            with path.open("rb") as f:
+                head = f.read(1 << 16)
+        except OSError as exc:
+            raise ConfigError(f"{where}: cannot read: {exc.strerror}") from None
+        if not path.is_file():
+            raise ConfigError(f"{where}: not a regular file")
+        if b"-----BEGIN " not in head or marker.encode() not in head:
+            raise ConfigError(f"{where}: not a PEM file holding a {marker.lower()} (-----BEGIN ...{marker}-----)")
 
 
 _SECTIONS = {f.name: f.type for f in dataclasses.fields(Config) if f.name != "path"}

@@ -32,6 +32,7 @@ local ffi_fill = ffi.fill
 local ffi_string = ffi.string
 local str_find = string.find
 local str_lower = string.lower
+local str_match = string.match
 local tonumber = tonumber
 local error = error
 local pcall = pcall
@@ -380,14 +381,17 @@ end
 -- that could not be read). GET /v1/models/{id}: the id is the payload.
 local function payload(api, kind, len, max_body, deadline)
     if kind == "models" then
-        return { body = ngx_var.zccp_model_id or "" }
+        return { body = _M.model_id(ngx_var.uri) or "" }
     end
     if body_mod.streamable(len, fingerprint.DECODE_LIMIT) then
         return { len = len, deadline = deadline }
     end
-    local body, code, err_kind, msg = body_mod.read(max_body)
+    local body, code, err_kind, msg = body_mod.read(max_body, deadline)
     if not body then
         errors.send(api, code, err_kind, msg)
+        if code == 408 then
+            return ngx.exit(ngx.HTTP_OK)   -- the answer is out; stops the pending body read (body.read)
+        end
         return nil
     end
     return { body = body }
@@ -547,10 +551,21 @@ function _M.purge_l1()
     ngx_print('{"purged_l1":true}')
 end
 
+-- The {id} of /v1/models/{id} (letters, digits and ._:-), or nil.
+function _M.model_id(uri)
+    return str_match(uri, "^/v1/models/([A-Za-z0-9._:-]+)$")
+end
+
 -- GET /v1/models (and /v1/models/{id}): Anthropic's shape when the client says
 -- anthropic-version (the Anthropic SDK always does), OpenAI's otherwise.
 function _M.serve_models()
-    return _M.serve(ngx_var.http_anthropic_version and "anthropic" or "openai", "models")
+    local api = ngx_var.http_anthropic_version and "anthropic" or "openai"
+    local uri = ngx_var.uri
+    if uri ~= "/v1/models" and not _M.model_id(uri) then   -- the standalone's prefix location
+        ngx_header["X-Request-ID"] = ngx_var.zccp_request_id
+        return errors.send(api, 404, "not_found_error", "no model path " .. uri .. "; use /v1/models/{id}")
+    end
+    return _M.serve(api, "models")
 end
 
 return _M

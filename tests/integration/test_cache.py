@@ -19,13 +19,20 @@ def cstack(make_stack):
     return make_stack({"cache": {"ttl_s": 600}}, with_redis=True)
 
 
+@pytest.fixture
+def cstack_any(make_stack, protocol):
+    """cstack over HTTP/1.1, and over HTTP/2 + TLS."""
+    return make_stack({"cache": {"ttl_s": 600}}, with_redis=True, tls=protocol == "h2tls")
+
+
 def post(s, body, **headers):
     r = s.client().post("/v1/messages", json=body, headers=headers)
     assert r.status_code == 200, r.text
     return r
 
 
-def test_exact_hit_replays_the_same_answer(cstack):
+def test_exact_hit_replays_the_same_answer(cstack_any):
+    cstack = cstack_any
     body = anthropic_body("Tell me a story", max_tokens=30, temperature=1)
     first = post(cstack, body)
     assert first.headers["x-zccp-cache"] == "MISS"
@@ -108,7 +115,8 @@ def _sse_events(text: str) -> list[str]:
     return [line[len("event: "):] for line in text.splitlines() if line.startswith("event: ")]
 
 
-def test_streamed_and_plain_share_entries(cstack):
+def test_streamed_and_plain_share_entries(cstack_any):
+    cstack = cstack_any
     body = anthropic_body("stream then plain", max_tokens=25, temperature=1)
     streamed = cstack.client().post("/v1/messages", json=dict(body, stream=True))
     assert streamed.headers["x-zccp-cache"] == "MISS"

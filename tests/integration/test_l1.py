@@ -33,6 +33,12 @@ def lstack(make_stack):
     return make_stack({"model": NULL, "cache": {"ttl_s": 600}}, with_redis=True)
 
 
+@pytest.fixture
+def lstack_any(make_stack, protocol):
+    """lstack over HTTP/1.1, and over HTTP/2 + TLS."""
+    return make_stack({"model": NULL, "cache": {"ttl_s": 600}}, with_redis=True, tls=protocol == "h2tls")
+
+
 def post(s, api, body: dict | bytes, **headers) -> httpx.Response:
     """body: a request (sent as json.dumps writes it: ASCII, escapes) or its raw bytes."""
     raw = body if isinstance(body, bytes) else json.dumps(body).encode()
@@ -108,6 +114,19 @@ def test_an_l1_hit_is_the_engines_replay_with_a_fresh_id_and_created(lstack, api
         else:
             other["stream_options"] = {"include_usage": True}
         assert layer(post(lstack, api, other)) == "HIT/L2"
+
+
+def test_l1_answers_over_http2_like_over_http1(make_stack):
+    """The same L1 path over HTTP/2 + TLS (one stack for both APIs, streamed and not; the
+    other L1 tests run over HTTP/1.1, and the large-body one over both)."""
+    s = make_stack({"model": NULL, "cache": {"ttl_s": 600}}, with_redis=True, tls=True)
+    for api, extra in (("anthropic", {"stream": True}), ("openai", {})):
+        body = req(api, [{"role": "user", "content": f"Over HTTP/2, {api}"}], **extra)
+        l2, l1 = to_l1(s, api, body)
+        assert l1.http_version == "HTTP/2"
+        assert unique(api, l2.text)[0] == unique(api, l1.text)[0]
+        assert l1.headers["x-zccp-context-id"] == l2.headers["x-zccp-context-id"]
+    s.assert_no_leaks()
 
 
 def test_other_bytes_of_the_same_request_hit_by_the_exact_key_masked_ones_do_not(lstack):
@@ -235,8 +254,8 @@ def test_an_answer_carrying_a_masked_value_never_enters_l1(make_stack):
     assert metric(s, "zccp_nginx_l1_total", api="anthropic", result="store") == 0
 
 
-def test_bodies_above_the_decode_limit_are_kept_by_their_bytes(lstack):
-    s = lstack
+def test_bodies_above_the_decode_limit_are_kept_by_their_bytes(lstack_any):
+    s = lstack_any
     body = req("anthropic", [{"role": "user", "content": BIG}])
     assert len(json.dumps(body)) > 64 * 1024 > len(BIG.encode())
     l2, l1 = to_l1(s, "anthropic", body)

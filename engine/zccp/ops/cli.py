@@ -224,11 +224,11 @@ def _purge_l1(cfg: Config) -> None:
     import urllib.error
     import urllib.request
 
-    from zccp.ops.stack import base_url
+    from zccp.ops.stack import base_url, local_urlopen
 
     url = base_url(cfg) + "/v1/zccp/l1/purge"
     try:
-        with urllib.request.urlopen(urllib.request.Request(url, data=b"", method="POST"), timeout=5) as r:
+        with local_urlopen(urllib.request.Request(url, data=b"", method="POST"), timeout=5) as r:
             ok = r.status == 200
     except urllib.error.HTTPError as exc:
         print(f"zccp-cache: nginx's L1 at {url} not emptied: HTTP {exc.code}", file=sys.stderr)

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from zccp.abi import HEADER_PATH
-from zccp.config import Config, mask_state_path
+from zccp.config import Config, check_tls_files, mask_state_path
 from zccp.paths import lua_dir, lua_file, make_dirs, nginx_template
 from zccp.runtime import worker_user
 
@@ -42,6 +42,50 @@ def _safe(value: str, what: str) -> str:
     return value
 
 
+def listen_flags(cfg: Config) -> str:
+    """What follows the address on the standalone server's `listen` line (server.tls, http2)."""
+    if cfg.server.tls is None:
+        return ""
+    return " ssl http2" if cfg.server.speaks_http2 else " ssl"
+
+
+def tls_lines(cfg: Config, indent: str = "        ") -> str:
+    """The standalone server's TLS directives (none without server.tls); the files are
+    checked first (config.check_tls_files), so nginx -t never meets a missing one."""
+    tls = cfg.server.tls
+    if tls is None:
+        return ""
+    check_tls_files(cfg)
+    lines = [
+        f'ssl_certificate "{_safe(tls.certificate, "server.tls.certificate")}";',
+        f'ssl_certificate_key "{_safe(tls.key, "server.tls.key")}";',
+        "ssl_protocols TLSv1.2 TLSv1.3;",
+        "ssl_session_cache shared:zccp_tls:10m;   # resumed handshakes skip the key exchange",
+        "ssl_session_timeout 1h;",
+    ]
+    return "\n".join(indent + ln for ln in lines)
+
+
+_MODEL_ID = re.compile(r"[A-Za-z0-9._:-]+")
+
+
+def _model_path(cfg: Config) -> str | None:
+    name = cfg.model.name
+    return f"/v1/models/{name}" if _MODEL_ID.fullmatch(name) else None
+
+
+def model_location(cfg: Config) -> str:
+    """`location = /v1/models/<model.name>` (GET one model), or a comment when the name is
+    not a single path segment of letters, digits and ._:- (then only /v1/models lists it)."""
+    name = cfg.model.name
+    if not _MODEL_ID.fullmatch(name):
+        return f"# (none: model.name {name!r} is not a path segment of letters, digits and ._:-)"
+    return (f"location = /v1/models/{name} {{\n"
+            "    lua_socket_log_errors off;\n"
+            '    content_by_lua_block { require("zccp.handler").serve_models() }\n'
+            "}")
+
+
 def render(cfg: Config, out: Path, standalone: bool = False, prefix: Path | None = None,
            log_dir: Path | None = None) -> RenderedNginx:
     """cfg must be resolved for its run directory (zccp.runtime.resolve). log_dir: where the
@@ -72,6 +116,8 @@ def render(cfg: Config, out: Path, standalone: bool = False, prefix: Path | None
         "l1_max_entry": str(cfg.cache.l1.max_entry_kb * 1024),
         "l1_ttl_s": str(cfg.cache.l1.ttl_s),
         "out": str(out),
+        "model_location": model_location(cfg),
+        "model_log_path": f"{_model_path(cfg)} 1;" if _model_path(cfg) else "# (no /v1/models/{id} location)",
         "metrics_allow": " ".join(f"allow {a};" for a in cfg.server.metrics_allow.split()),
     }
     make_dirs(mask_state_path(cfg).parent)
@@ -98,6 +144,8 @@ def render(cfg: Config, out: Path, standalone: bool = False, prefix: Path | None
             log_dir=_safe(str(logs), "log directory"),
             workers=str(cfg.server.workers),
             listen=_safe(cfg.server.listen, "server.listen"),
+            listen_flags=listen_flags(cfg),
+            tls_lines=tls_lines(cfg),
             error_log_level=_LEVELS[cfg.logging.level],
             user_line=(f"user {_safe(user, 'server.user')} "
                        f"{_safe(cfg.shared_memory.group or user, 'shared_memory.group')};") if user else "",
