@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from zccp.abi import CacheReason, CacheStatus, Flag
+from zccp.abi import CacheReason, CacheStatus, Flag, ffi
 from zccp.api import ApiCodec, codec_for
 from zccp.api.common import ParseLimits
 from zccp.cache.answer import CachedAnswer, literals_in
@@ -31,6 +31,7 @@ from zccp.cache.inflight import InFlight
 from zccp.cache.keys import CacheKeys, keys_for, slot_masks
 from zccp.cache.mask_store import MaskSource
 from zccp.cache.sampled import SampledUse, sampled_use
+from zccp.cache.scope import tenant_digest
 from zccp.cache.store import Lookup, ResponseCache
 from zccp.logs import RequestLog
 from zccp.metrics import EngineMetrics
@@ -127,7 +128,7 @@ class RequestFlow:
             elif not self._use.lookup:
                 lookup = Lookup("BYPASS", "sampled")       # stored, not served (cache.sampled: store)
             else:
-                lookup = await deps.cache.lookup(keys, ctx.payload)
+                lookup = await deps.cache.lookup(keys, lambda: self._masked_values(prep, keys))
             deps.metrics.cache.inc(result=lookup.status, reason=lookup.reason)
             if ctx.view.header.generation != ctx.generation or ctx.cancelled():
                 deps.metrics.abandoned.inc()
@@ -156,6 +157,12 @@ class RequestFlow:
         storable = keys is not None and not flags & Flag.NO_STORE and lookup.status != "ERROR" and self._use.store
         store = keys if storable else None
         self._run_model(prep, store)
+
+    def _masked_values(self, prep: Prepared, keys: CacheKeys) -> tuple[bytes, ...]:
+        """The values the masks replaced in this request (the masked-literal guard's side)."""
+        assert self.deps.masks is not None
+        masks = slot_masks(self.ctx.view, self.deps.masks) or self.deps.masks.get()
+        return keys.request_literals(prep.doc, masks) if masks is not None else ()
 
     async def _wait_for_twin(self, keys: CacheKeys | None, lookup: Lookup) -> bool:
         """After a MISS: when an identical request is being generated, wait for it (bounded)
@@ -197,7 +204,8 @@ class RequestFlow:
         reply = Reply(prep.codec, prep.req, ctx.view, ctx.writer, n,
                       self.deps.backend.prompt.detokenizer(prep.host_ids[-8:].tolist()),
                       self._tool_calls(prep.req), self.outcome, lambda result: self._verdict(prep, result))
-        seq = Sequence(prep.input_ids, prep.host_ids, prep.req.sampling, reply, ctx.cancelled, finished)
+        seq = Sequence(prep.input_ids, prep.host_ids, prep.req.sampling, reply, ctx.cancelled, finished,
+                       salt=self._salt(prep))
         if not self.deps.model.submit(seq):
             self.deps.metrics.queue_full.inc()
             with self.outcome.guard():
@@ -205,6 +213,17 @@ class RequestFlow:
                                                    "(model.max_queue requests wait already); retry shortly"))
             self._release_owned()
             self.outcome.done()
+
+    def _salt(self, prep: Prepared) -> bytes:
+        """The prefix KV cache's salt: the request's tenant (zccp.prefix_cache), b"" for the
+        anonymous one."""
+        keys = self._store_keys
+        if keys is not None:
+            return keys.tenant or b""
+        view = self.ctx.view
+        if view.header.flags & Flag.TENANT:
+            return bytes(ffi.buffer(view.request.tenant, 32))
+        return tenant_digest(prep.req.user) if prep.req.user else b""
 
     def _tool_calls(self, req: GenerationRequest) -> bool:
         """Parse tool calls out of this answer: tools were offered, and the parser is on."""

@@ -146,7 +146,7 @@ def test_redis_down_serves_uncached_and_recovers(cstack):
     r = post(cstack, body)
     assert r.headers["x-zccp-cache"] == "ERROR"
     assert r.json()["type"] == "message"
-    metrics = cstack.client().get("/metrics").text
+    metrics = cstack.admin_client().get("/metrics").text
     errors = [ln for ln in metrics.splitlines() if ln.startswith("zccp_engine_cache_errors_total")]
     assert errors and float(errors[0].split()[-1]) >= 1
     cstack.redis.start()

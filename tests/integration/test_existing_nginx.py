@@ -365,9 +365,13 @@ def test_zccp_joins_an_nginx_serving_other_sites_and_reloads_under_load(existing
                         "--out", str(out)], capture_output=True, text=True, timeout=60,
                        env=dict(os.environ, PYTHONPATH=str(REPO / "engine"), **env))
     assert r.returncode == 0, r.stderr
-    assert r.stdout.split() == [str(out / "zccp_http.conf"), str(out / "zccp_server.conf")]
+    assert r.stdout.split() == [str(out / "zccp_http.conf"), str(out / "zccp_server.conf"),
+                                str(out / "zccp_admin.conf")]
     assert f'lua_package_path "{zccp_home / "lua"}/?.lua;;";' in (out / "zccp_http.conf").read_text()
-    (e.prefix / "conf.d" / "zccp.conf").write_text(f"include {out}/zccp_http.conf;\n")
+    # the admin surface in a server of its own (docs/existing-nginx.md): a unix socket here
+    (e.prefix / "conf.d" / "zccp.conf").write_text(
+        f"include {out}/zccp_http.conf;\n"
+        f"server {{\n    listen {s.cfg.server.admin_listen};\n    include {out}/zccp_admin.conf;\n}}\n")
     site = e.prefix / "sites-enabled" / "default"
     body = site.read_text().rstrip()
     assert body.endswith("}")
@@ -399,7 +403,8 @@ def test_zccp_joins_an_nginx_serving_other_sites_and_reloads_under_load(existing
         assert o.status_code == 200 and o.json()["choices"][0]["message"]["role"] == "assistant", o.text
         bad = c.post("/v1/chat/completions", json={"model": "zccp-tiny"})
         assert bad.status_code == 400 and "messages" in bad.json()["error"]["message"], bad.text
-        assert "zccp_engine_up 1" in c.get("/metrics").text
+        assert "zccp_engine_up 1" in s.admin_client().get("/metrics").text
+        assert "zccp_" not in c.get("/metrics").text            # never on the public server
         # HTTP/2 all along, and a 512 KiB body (above the decode limit: nginx's body buffer
         # on HTTP/2, zccp.body) answered; JSON whitespace makes it large, the prompt stays small.
         assert m.http_version == "HTTP/2"

@@ -125,10 +125,10 @@ def test_health_reports_the_engine(stack):
 
 def test_metrics_show_both_sides(null_stack):
     c = null_stack.client()
-    before = c.get("/metrics").text
+    before = null_stack.admin_client().get("/metrics").text
     assert c.post("/v1/messages", json=anthropic_body("count me")).status_code == 200
     assert c.post("/v1/messages", content=b"{", headers={"content-type": "application/json"}).status_code == 400
-    text = c.get("/metrics").text
+    text = null_stack.admin_client().get("/metrics").text
     assert "zccp_engine_up 1" in text
 
     def value(body: str, line_prefix: str) -> float:

@@ -166,6 +166,17 @@ class Stack:
         return httpx.Client(base_url=self.base_url, timeout=kw.pop("timeout", 30), http2=self.tls,
                             verify=self.verify, **kw)
 
+    def admin_client(self, **kw: Any) -> httpx.Client:
+        """The admin listener (server.admin_listen: purge, warm-up, keys, /metrics), with the token."""
+        from zccp.ops.admin_client import admin_headers
+
+        listen = self.cfg.server.admin_listen or ""
+        headers = {**admin_headers(self.cfg), **kw.pop("headers", {})}
+        if listen.startswith("unix:"):
+            return httpx.Client(base_url="http://zccp-admin", transport=httpx.HTTPTransport(uds=listen[5:]),
+                                headers=headers, timeout=kw.pop("timeout", 30), **kw)
+        return httpx.Client(base_url=f"http://{listen}", headers=headers, timeout=kw.pop("timeout", 30), **kw)
+
     def arena(self) -> ArenaReader:
         return ArenaReader(self.cfg.shared_memory.name)
 

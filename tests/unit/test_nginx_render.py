@@ -17,8 +17,9 @@ def test_render_and_its_alias_write_the_same_includes(tmp_path: Path, capsys) ->
                                    "shared_memory": {"group": "www-data"}}))
     nginx_main(["render", "--config", str(cfg), "--out", str(tmp_path / "a")])
     nginx_main(["--config", str(cfg), "--out", str(tmp_path / "b")])
-    names = ["zccp_http.conf", "zccp_server.conf"]
-    assert capsys.readouterr().out.split() == [str(tmp_path / d / n) for d in "ab" for n in names]
+    names = ["zccp_admin.conf", "zccp_http.conf", "zccp_server.conf"]
+    printed = ["zccp_http.conf", "zccp_server.conf", "zccp_admin.conf"]
+    assert capsys.readouterr().out.split() == [str(tmp_path / d / n) for d in "ab" for n in printed]
     for d in "ab":
         assert sorted(p.name for p in (tmp_path / d).iterdir()) == names
     for n in names:
