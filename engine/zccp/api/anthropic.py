@@ -266,10 +266,33 @@ def _tools(body: dict[str, Any]) -> bool:
     return bool(tools) and choice != "none"
 
 
-def _ignored(body: dict[str, Any]) -> None:
+_THINKING_MIN_BUDGET: Final = 1024       # Anthropic's floor for thinking.budget_tokens
+
+
+def _thinking(val: Any, max_tokens: int | None) -> None:
+    """thinking is accepted (these models do not think) but refused where Anthropic refuses
+    it: a budget under 1024, or one not below max_tokens (a generation request)."""
+    val = _dict(val, "thinking")
+    kind = _str(_required(val, "type", "thinking.type"), "thinking.type")
+    if kind != "enabled":
+        return
+    budget = _required(val, "budget_tokens", "thinking.enabled.budget_tokens")
+    if not isinstance(budget, int) or isinstance(budget, bool):
+        raise _bad("thinking.enabled.budget_tokens", "Input should be a valid integer")
+    if budget < _THINKING_MIN_BUDGET:
+        raise _bad("thinking.enabled.budget_tokens",
+                   f"Input should be greater than or equal to {_THINKING_MIN_BUDGET}")
+    if max_tokens is not None and budget >= max_tokens:
+        raise ApiError(400, "invalid_request_error",
+                       "`max_tokens` must be greater than `thinking.budget_tokens`. Please consult our "
+                       "documentation at https://docs.claude.com/en/docs/build-with-claude/"
+                       "extended-thinking#max-tokens-and-context-window-size")
+
+
+def _ignored(body: dict[str, Any], max_tokens: int | None) -> None:
     """Fields accepted for compatibility but not acted on; check their outer shape only."""
     if (val := body.get("thinking")) is not None:
-        _str(_required(_dict(val, "thinking"), "type", "thinking.type"), "thinking.type")
+        _thinking(val, max_tokens)
     if (tier := body.get("service_tier")) is not None and tier not in ("auto", "standard_only"):
         raise _bad("service_tier", "Input should be 'auto' or 'standard_only'")
 
@@ -331,7 +354,7 @@ def _parse(obj: dict[str, Any], limits: ParseLimits, fields: frozenset[str], for
         raise _bad("stream", "Input should be a valid boolean")
     user = _metadata(v) if (v := get("metadata")) is not None else None
     tool_use = _tools(obj)
-    _ignored(obj)
+    _ignored(obj, max_tokens if for_generation else None)
 
     if model not in limits.served_models:
         raise ApiError(404, "not_found_error", f"model: {model}", "model")
@@ -583,7 +606,8 @@ class StreamEncoder:
         message_delta = dumps({
             "type": "message_delta",
             "delta": {"stop_reason": result.stop_reason, "stop_sequence": result.stop_sequence},
-            "usage": {"output_tokens": result.output_tokens},
+            # cumulative, as Anthropic sends it: the input and cache fields, not only output_tokens
+            "usage": {**_usage(result.input_tokens, result.cached_tokens), "output_tokens": result.output_tokens},
         })
         return out + sse(message_delta, "message_delta") + _MESSAGE_STOP
 
