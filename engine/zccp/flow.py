@@ -247,6 +247,8 @@ class RequestFlow:
         ctx, deps = self.ctx, self.deps
         doc = self.codec.decode(ctx.payload)
         req = self.codec.parse(doc, deps.limits)
+        if req.sampling.constraint is not None:
+            self._check_constrainable(req)
         codec = self.codec
         try:
             n = deps.backend.prompt.encode_into(Prompt(req, lambda: codec.chat_input(doc)), ctx.tokens)
@@ -264,6 +266,18 @@ class RequestFlow:
                            f"prompt is too long: {n} tokens + max_tokens {req.sampling.max_tokens} > {limit} maximum",
                            param="max_tokens" if n < limit else "messages")
         return req, deps.input_view(ctx.tokens[:n]), doc
+
+    def _check_constrainable(self, req: GenerationRequest) -> None:
+        """A grammar needs logits to mask, and a forced tool call the parser that reads it."""
+        c = req.sampling.constraint
+        assert c is not None
+        what = "a forced tool call" if c.kind == "tool_call" else "structured output"
+        if not self.deps.backend.has_logits:
+            raise ApiError(400, "invalid_request_error",
+                           f"{what} needs a model with logits; {req.model} has none (model.backend: null)")
+        if c.kind == "tool_call" and self.deps.tool_parser != "hermes":
+            raise ApiError(400, "invalid_request_error",
+                           f"{what} needs model.tool_parser: hermes", param="tool_choice")
 
     def _execute(self, prep: Prepared) -> Completed | None:
         """The inline path (the instant null backend, not streamed, on the loop): run the

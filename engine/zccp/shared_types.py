@@ -17,6 +17,16 @@ StopReason = Literal["end_turn", "max_tokens", "stop_sequence", "tool_use"]
 
 
 @dataclass(frozen=True)
+class OutputConstraint:
+    """What a grammar holds the answer to (zccp.model.grammar): JSON (any object, or one
+    valid against a JSON schema), or one tool call in the hermes form."""
+
+    kind: Literal["json", "tool_call"]
+    schema: str | None = None                        # json: the JSON schema as JSON text (None: any object)
+    tools: tuple[tuple[str, str | None], ...] = ()   # tool_call: (name, parameters schema JSON) it may call
+
+
+@dataclass(frozen=True)
 class SamplingParams:
     max_tokens: int
     temperature: float = 1.0          # 0 means greedy (deterministic)
@@ -24,6 +34,7 @@ class SamplingParams:
     top_k: int | None = None          # keep the k most likely tokens, >= 1
     seed: int | None = None           # fixes the sampler's RNG when given
     stop: tuple[str, ...] = ()        # stop sequences, matched on generated text
+    constraint: OutputConstraint | None = None   # a grammar the answer must follow
 
 
 @dataclass(frozen=True)

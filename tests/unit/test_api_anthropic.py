@@ -378,3 +378,21 @@ def test_thinking_budget_refused_where_anthropic_refuses_it() -> None:
     obj = orjson.loads(body(thinking={"type": "enabled", "budget_tokens": 5000}))
     del obj["max_tokens"]
     api.parse_count_tokens(obj, LIMITS)
+
+
+def test_forced_tools_and_output_config_become_grammar_constraints() -> None:
+    schema = {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}
+    tools = [{"name": "w", "input_schema": schema}, {"name": "t", "input_schema": {"type": "object"}}]
+    c = parse(body(tools=tools, tool_choice={"type": "any"})).sampling.constraint
+    assert c is not None and c.kind == "tool_call" and [n for n, _ in c.tools] == ["w", "t"]
+    c = parse(body(tools=tools, tool_choice={"type": "tool", "name": "w"})).sampling.constraint
+    assert c is not None and [n for n, _ in c.tools] == ["w"] and orjson.loads(c.tools[0][1] or "") == schema
+    assert parse(body(tools=tools)).sampling.constraint is None
+    c = parse(body(output_config={"format": {"type": "json_schema", "schema": schema}})).sampling.constraint
+    assert c is not None and c.kind == "json" and orjson.loads(c.schema or "") == schema
+    for bad, param in ((body(output_config={"format": {"type": "json_schema"}}), "output_config.format.schema"),
+                       (body(output_config={"fmt": {}}), "output_config.fmt"),
+                       (body(tools=tools, tool_choice={"type": "tool", "name": "x"}), "tool_choice.name")):
+        with pytest.raises(ApiError) as info:
+            parse(bad)
+        assert (info.value.status, info.value.param) == (400, param)

@@ -17,6 +17,7 @@ from ..shared_types import (
     ChatInput,
     GenerationRequest,
     GenerationResult,
+    OutputConstraint,
     Role,
     SamplingParams,
     StopReason,
@@ -24,6 +25,7 @@ from ..shared_types import (
     ToolCall,
 )
 from .codec import ApiCodec, ModelInfo
+from .constraints import json_output, tool_call
 from .errors import KINDS
 from .errors import kind as error_kind
 from .common import (
@@ -298,14 +300,6 @@ def _ignored(obj: dict[str, Any]) -> None:
             _number(v, key, -2.0, 2.0)
     if (v := obj.get("logprobs")) is not None and _bool(v, "logprobs"):
         raise _unsupported("logprobs", "true", "false")
-    if (v := obj.get("response_format")) is not None:
-        rf = _obj(v, "response_format")
-        if "type" not in rf:
-            raise _missing("response_format.type")
-        if rf["type"] != "text":
-            raise _err(f"Unsupported value: 'response_format.type' does not support "
-                       f"'{rf['type']}' with this model. Only 'text' is supported.",
-                       "response_format.type", "unsupported_value")
     if (v := obj.get("metadata")) is not None:
         _obj(v, "metadata")
     for key in ("store", "parallel_tool_calls"):
@@ -314,6 +308,45 @@ def _ignored(obj: dict[str, Any]) -> None:
     for key in ("prompt_cache_key", "safety_identifier"):
         if (v := obj.get(key)) is not None:
             _str(v, key)
+
+
+def _response_format(v: Any) -> OutputConstraint | None:
+    """response_format: text (None), json_object, or json_schema (strict or not: the
+    schema is enforced either way)."""
+    rf = _obj(v, "response_format")
+    if "type" not in rf:
+        raise _missing("response_format.type")
+    kind = rf["type"]
+    if kind == "text":
+        return None
+    if kind == "json_object":
+        return json_output(None, "response_format")
+    if kind != "json_schema":
+        raise _invalid_value("response_format.type", kind, ("text", "json_object", "json_schema"))
+    if "json_schema" not in rf:
+        raise _missing("response_format.json_schema")
+    js = _obj(rf["json_schema"], "response_format.json_schema")
+    if "name" not in js:
+        raise _missing("response_format.json_schema.name")
+    _str(js["name"], "response_format.json_schema.name")
+    if (s := js.get("strict")) is not None:
+        _bool(s, "response_format.json_schema.strict")
+    schema = _obj(v, "response_format.json_schema.schema") if (v := js.get("schema")) is not None else None
+    return json_output(schema if schema is not None else {}, "response_format.json_schema.schema")
+
+
+def _forced_tool(obj: dict[str, Any]) -> OutputConstraint | None:
+    """tool_choice "required" or a named function: the turn is one call, its arguments
+    valid against the tool's parameters."""
+    choice, tools = obj.get("tool_choice"), obj.get("tools")
+    if not tools or choice is None or choice in ("none", "auto"):
+        return None
+    defs = [(t["function"]["name"], t["function"].get("parameters")) for t in tools]
+    only = None if choice == "required" else choice["function"]["name"]
+    if only is not None and only not in {n for n, _ in defs}:
+        raise _err(f"Invalid value for 'tool_choice': tool choice name '{only}' not found in 'tools'.",
+                   "tool_choice", "invalid_value")
+    return tool_call(defs, only, "tools")
 
 
 def _tools(obj: dict[str, Any]) -> bool:
@@ -406,6 +439,9 @@ def parse_document(obj: dict[str, Any], limits: ParseLimits) -> GenerationReques
     user = _str(v, "user") if (v := get("user")) is not None else None
     tool_use = _tools(obj)
     _ignored(obj)
+    constraint = _forced_tool(obj) if tool_use else None
+    if constraint is None and (v := get("response_format")) is not None:
+        constraint = _response_format(v)
 
     if model not in limits.served_models:
         raise OpenAIApiError(404, "not_found_error",
@@ -425,6 +461,7 @@ def parse_document(obj: dict[str, Any], limits: ParseLimits) -> GenerationReques
         messages=merge_turns(turns),
         sampling=SamplingParams(
             max_tokens=max_tokens, temperature=temperature, top_p=top_p, seed=seed, stop=stop,
+            constraint=constraint,
         ),
         stream=stream,
         include_usage=include_usage,

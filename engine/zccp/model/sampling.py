@@ -9,10 +9,14 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 import torch
 
 from zccp.shared_types import SamplingParams
+
+if TYPE_CHECKING:
+    from zccp.model.grammar import GrammarMatcher
 
 
 def check_sampling(params: SamplingParams) -> None:
@@ -30,9 +34,10 @@ def check_sampling(params: SamplingParams) -> None:
 class Sampler:
     """temperature -> top_k -> top_p -> multinomial; argmax when temperature == 0."""
 
-    __slots__ = ("greedy", "temperature", "top_k", "top_p", "gen")
+    __slots__ = ("greedy", "temperature", "top_k", "top_p", "gen", "grammar")
 
-    def __init__(self, params: SamplingParams, device: torch.device) -> None:
+    def __init__(self, params: SamplingParams, device: torch.device, grammar: GrammarMatcher | None = None) -> None:
+        self.grammar = grammar               # masks what it does not allow, consumes each token drawn
         self.greedy = params.temperature == 0
         self.temperature = params.temperature
         self.top_k = params.top_k
@@ -47,6 +52,13 @@ class Sampler:
 
     def __call__(self, logits: torch.Tensor) -> int:
         """The next token from one row of logits (1-D)."""
+        if self.grammar is None:
+            return self._draw(logits)
+        tok = self._draw(self.grammar.mask(logits))
+        self.grammar.accept(tok)
+        return tok
+
+    def _draw(self, logits: torch.Tensor) -> int:
         if self.greedy:
             return int(torch.argmax(logits))
         logits = logits.float() / self.temperature
@@ -65,7 +77,7 @@ class Sampler:
 
 def sample_rows(logits: torch.Tensor, samplers: Sequence[Sampler]) -> list[int]:
     """The next token of every row of `logits` ([B, V]), row i by samplers[i]."""
-    greedy = [i for i, s in enumerate(samplers) if s.greedy]
+    greedy = [i for i, s in enumerate(samplers) if s.greedy and s.grammar is None]
     out = [0] * len(samplers)
     if greedy:
         if len(greedy) == len(samplers):
@@ -74,6 +86,6 @@ def sample_rows(logits: torch.Tensor, samplers: Sequence[Sampler]) -> list[int]:
         for i, t in zip(greedy, picks, strict=False):
             out[i] = t
     for i, s in enumerate(samplers):
-        if not s.greedy:
+        if not s.greedy or s.grammar is not None:
             out[i] = s(logits[i])
     return out
