@@ -35,6 +35,9 @@ class SamplingParams:
     seed: int | None = None           # fixes the sampler's RNG when given
     stop: tuple[str, ...] = ()        # stop sequences, matched on generated text
     constraint: OutputConstraint | None = None   # a grammar the answer must follow
+    logit_bias: tuple[tuple[int, float], ...] = ()  # (token id, bias added to its logit), OpenAI's
+    presence_penalty: float = 0.0     # subtracted once from a token already generated
+    frequency_penalty: float = 0.0    # subtracted per time a token was generated
 
 
 @dataclass(frozen=True)

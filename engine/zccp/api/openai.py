@@ -64,9 +64,10 @@ FINISH_REASON: Final[dict[StopReason, str]] = {
 
 _FIELDS: Final = frozenset({
     "model", "messages", "max_tokens", "max_completion_tokens", "temperature", "top_p",
-    "stop", "n", "stream", "stream_options", "seed", "user",
+    "stop", "n", "stream", "stream_options", "seed", "user", "frequency_penalty", "presence_penalty",
+    "logit_bias", "response_format",
     # accepted and ignored
-    "frequency_penalty", "presence_penalty", "logprobs", "response_format", "metadata",
+    "logprobs", "metadata",
     "store", "parallel_tool_calls", "tools", "tool_choice", "prompt_cache_key",
     "safety_identifier",
 })
@@ -293,11 +294,18 @@ def _stop(v: Any) -> tuple[str, ...]:
     return tuple(s for s in v if s)   # an empty stop string would match everywhere
 
 
+def _logit_bias(v: Any) -> tuple[tuple[int, float], ...]:
+    """logit_bias: {"<token id>": bias in [-100, 100]}."""
+    out = []
+    for key, bias in _obj(v, "logit_bias").items():
+        if not key.isdigit():
+            raise _err(f"Invalid key in 'logit_bias': {key}.", "logit_bias", "invalid_value")
+        out.append((int(key), _number(bias, f"logit_bias.{key}", -100.0, 100.0)))
+    return tuple(out)
+
+
 def _ignored(obj: dict[str, Any]) -> None:
     """Check the shape of fields that are accepted but have no effect here."""
-    for key in ("frequency_penalty", "presence_penalty"):
-        if (v := obj.get(key)) is not None:
-            _number(v, key, -2.0, 2.0)
     if (v := obj.get("logprobs")) is not None and _bool(v, "logprobs"):
         raise _unsupported("logprobs", "true", "false")
     if (v := obj.get("metadata")) is not None:
@@ -439,6 +447,9 @@ def parse_document(obj: dict[str, Any], limits: ParseLimits) -> GenerationReques
     user = _str(v, "user") if (v := get("user")) is not None else None
     tool_use = _tools(obj)
     _ignored(obj)
+    logit_bias = _logit_bias(v) if (v := get("logit_bias")) is not None else ()
+    presence = _number(v, "presence_penalty", -2.0, 2.0) if (v := get("presence_penalty")) is not None else 0.0
+    frequency = _number(v, "frequency_penalty", -2.0, 2.0) if (v := get("frequency_penalty")) is not None else 0.0
     constraint = _forced_tool(obj) if tool_use else None
     if constraint is None and (v := get("response_format")) is not None:
         constraint = _response_format(v)
@@ -461,7 +472,7 @@ def parse_document(obj: dict[str, Any], limits: ParseLimits) -> GenerationReques
         messages=merge_turns(turns),
         sampling=SamplingParams(
             max_tokens=max_tokens, temperature=temperature, top_p=top_p, seed=seed, stop=stop,
-            constraint=constraint,
+            constraint=constraint, logit_bias=logit_bias, presence_penalty=presence, frequency_penalty=frequency,
         ),
         stream=stream,
         include_usage=include_usage,

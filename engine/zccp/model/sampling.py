@@ -34,10 +34,15 @@ def check_sampling(params: SamplingParams) -> None:
 class Sampler:
     """temperature -> top_k -> top_p -> multinomial; argmax when temperature == 0."""
 
-    __slots__ = ("greedy", "temperature", "top_k", "top_p", "gen", "grammar")
+    __slots__ = ("greedy", "temperature", "top_k", "top_p", "gen", "grammar", "bias", "presence", "frequency",
+                 "counts", "plain")
 
     def __init__(self, params: SamplingParams, device: torch.device, grammar: GrammarMatcher | None = None) -> None:
         self.grammar = grammar               # masks what it does not allow, consumes each token drawn
+        self.bias = params.logit_bias
+        self.presence = params.presence_penalty
+        self.frequency = params.frequency_penalty
+        self.counts: dict[int, int] = {}     # how often each token was drawn (the penalties)
         self.greedy = params.temperature == 0
         self.temperature = params.temperature
         self.top_k = params.top_k
@@ -49,14 +54,33 @@ class Sampler:
                 self.gen.manual_seed(params.seed)
             else:
                 self.gen.seed()
+        # nothing but an argmax: sample_rows does these rows together
+        self.plain = self.greedy and grammar is None and not self.bias and not self.presence and not self.frequency
 
     def __call__(self, logits: torch.Tensor) -> int:
         """The next token from one row of logits (1-D)."""
+        if self.bias or self.presence or self.frequency:
+            logits = self._adjusted(logits)
         if self.grammar is None:
-            return self._draw(logits)
-        tok = self._draw(self.grammar.mask(logits))
-        self.grammar.accept(tok)
+            tok = self._draw(logits)
+        else:
+            tok = self._draw(self.grammar.mask(logits))
+            self.grammar.accept(tok)
+        if self.presence or self.frequency:
+            self.counts[tok] = self.counts.get(tok, 0) + 1
         return tok
+
+    def _adjusted(self, logits: torch.Tensor) -> torch.Tensor:
+        """logit_bias added, presence and frequency penalties subtracted (OpenAI's
+        definition, over the tokens generated so far); ids outside the vocabulary ignored."""
+        logits = logits.float().clone()
+        n = logits.shape[-1]
+        for tok, b in self.bias:
+            if 0 <= tok < n:
+                logits[tok] += b
+        for tok, c in self.counts.items():
+            logits[tok] -= self.frequency * c + self.presence
+        return logits
 
     def _draw(self, logits: torch.Tensor) -> int:
         if self.greedy:
@@ -77,7 +101,7 @@ class Sampler:
 
 def sample_rows(logits: torch.Tensor, samplers: Sequence[Sampler]) -> list[int]:
     """The next token of every row of `logits` ([B, V]), row i by samplers[i]."""
-    greedy = [i for i, s in enumerate(samplers) if s.greedy and s.grammar is None]
+    greedy = [i for i, s in enumerate(samplers) if s.plain]
     out = [0] * len(samplers)
     if greedy:
         if len(greedy) == len(samplers):
@@ -86,6 +110,6 @@ def sample_rows(logits: torch.Tensor, samplers: Sequence[Sampler]) -> list[int]:
         for i, t in zip(greedy, picks, strict=False):
             out[i] = t
     for i, s in enumerate(samplers):
-        if not s.greedy or s.grammar is not None:
+        if not s.plain:
             out[i] = s(logits[i])
     return out
