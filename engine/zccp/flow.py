@@ -99,9 +99,10 @@ class RequestFlow:
         if deps.cache is None or deps.masks is None:
             return self._run_model(prep, None)
         flags = ctx.view.header.flags
-        if flags & Flag.NO_CACHE and flags & Flag.NO_STORE:
+        uncacheable = prep.req.sampling.logprobs is not None   # an entry holds no logprobs to replay
+        if flags & Flag.NO_CACHE and flags & Flag.NO_STORE or uncacheable:
             # Neither lookup nor store: no keys to compute, no Redis round trip.
-            deps.metrics.cache.inc(result="BYPASS", reason="no_cache")
+            deps.metrics.cache.inc(result="BYPASS", reason="uncacheable" if uncacheable else "no_cache")
             ctx.view.meta.cache_status = CacheStatus.BYPASS
             return self._run_model(prep, None)
         try:
@@ -180,7 +181,8 @@ class RequestFlow:
         ctx, n = self.ctx, int(prep.input_ids.numel())
         reply = Reply(prep.codec, prep.req, ctx.view, ctx.writer, n,
                       self.deps.backend.prompt.detokenizer(prep.host_ids[-8:].tolist()),
-                      self._tool_calls(prep.req), self.outcome, lambda result: self._verdict(prep, result))
+                      self._tool_calls(prep.req), self.outcome, lambda result: self._verdict(prep, result),
+                      self.deps.backend.prompt.token_bytes)
         seq = Sequence(prep.input_ids, prep.host_ids, prep.req.sampling, reply, ctx.cancelled, finished)
         if not self.deps.model.submit(seq):
             self.deps.metrics.queue_full.inc()
@@ -247,8 +249,8 @@ class RequestFlow:
         ctx, deps = self.ctx, self.deps
         doc = self.codec.decode(ctx.payload)
         req = self.codec.parse(doc, deps.limits)
-        if req.sampling.constraint is not None:
-            self._check_constrainable(req)
+        if req.sampling.constraint is not None or req.sampling.logprobs is not None:
+            self._check_needs_logits(req)
         codec = self.codec
         try:
             n = deps.backend.prompt.encode_into(Prompt(req, lambda: codec.chat_input(doc)), ctx.tokens)
@@ -267,15 +269,14 @@ class RequestFlow:
                            param="max_tokens" if n < limit else "messages")
         return req, deps.input_view(ctx.tokens[:n]), doc
 
-    def _check_constrainable(self, req: GenerationRequest) -> None:
-        """A grammar needs logits to mask, and a forced tool call the parser that reads it."""
+    def _check_needs_logits(self, req: GenerationRequest) -> None:
+        """A grammar and logprobs need logits, and a forced tool call the parser that reads it."""
         c = req.sampling.constraint
-        assert c is not None
-        what = "a forced tool call" if c.kind == "tool_call" else "structured output"
+        what = "logprobs" if c is None else "a forced tool call" if c.kind == "tool_call" else "structured output"
         if not self.deps.backend.has_logits:
             raise ApiError(400, "invalid_request_error",
                            f"{what} needs a model with logits; {req.model} has none (model.backend: null)")
-        if c.kind == "tool_call" and self.deps.tool_parser != "hermes":
+        if c is not None and c.kind == "tool_call" and self.deps.tool_parser != "hermes":
             raise ApiError(400, "invalid_request_error",
                            f"{what} needs model.tool_parser: hermes", param="tool_choice")
 

@@ -38,6 +38,7 @@ class SamplingParams:
     logit_bias: tuple[tuple[int, float], ...] = ()  # (token id, bias added to its logit), OpenAI's
     presence_penalty: float = 0.0     # subtracted once from a token already generated
     frequency_penalty: float = 0.0    # subtracted per time a token was generated
+    logprobs: int | None = None       # report each token's logprob and this many alternatives (None: off)
 
 
 @dataclass(frozen=True)
@@ -71,8 +72,19 @@ class ChatInput:
 
 
 @dataclass(frozen=True)
+class TokenLogprob:
+    """One generated token's log probability (and the most likely alternatives), from the
+    distribution it was drawn from (bias, penalties and grammar applied; before temperature)."""
+
+    token: bytes
+    logprob: float
+    top: tuple[tuple[bytes, float], ...] = ()
+
+
+@dataclass(frozen=True)
 class TextDelta:
     text: str                         # newly released text (never splits a UTF-8 character)
+    logprobs: tuple[TokenLogprob, ...] = ()   # the tokens since the previous delta (when asked for)
 
 
 @dataclass(frozen=True)
@@ -92,6 +104,7 @@ class GenerationResult:
     output_tokens: int
     tool_calls: tuple[ToolCall, ...] = ()
     cached_tokens: int = 0            # prompt tokens whose KV state came from the prefix cache
+    logprobs: tuple[TokenLogprob, ...] | None = None   # every generated token's, when asked for
 
 
 @dataclass(frozen=True)

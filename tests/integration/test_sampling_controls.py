@@ -75,3 +75,28 @@ def test_the_cache_keeps_every_output_control_apart(make_stack):
     assert cache_of(s, "anthropic", {**abase, "output_config": {"format": {"type": "json_schema",
                                                                            "schema": SCHEMA}}}) == "MISS"
     s.assert_no_leaks()
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["plain", "stream"])
+def test_logprobs_and_top_logprobs(oai, stream):
+    import math
+
+    kw = dict(model="zccp-tiny", messages=USER, max_tokens=16, temperature=0, logprobs=True, top_logprobs=3)
+    if stream:
+        chunks = list(oai.chat.completions.create(stream=True, **kw))
+        text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+        items = [i for c in chunks if c.choices and c.choices[0].logprobs for i in c.choices[0].logprobs.content]
+    else:
+        done = oai.chat.completions.create(**kw)
+        text, items = done.choices[0].message.content, done.choices[0].logprobs.content
+    assert "".join(i.token for i in items) == text          # one entry per generated token, in order
+    assert 0 < len(items) <= 16
+    for i in items:
+        assert i.logprob <= 0 and bytes(i.bytes).decode() == i.token
+        assert len(i.top_logprobs) == 3
+        tops = [t.logprob for t in i.top_logprobs]
+        assert tops == sorted(tops, reverse=True)
+        assert math.isclose(i.logprob, tops[0], abs_tol=1e-5)   # greedy: the chosen token is the likeliest
+    # the same request again is generated again (logprobs are never served from a cache entry)
+    assert oai.chat.completions.with_raw_response.create(**{**kw, "stream": False}).headers.get(
+        "x-zccp-cache") in (None, "BYPASS")

@@ -22,6 +22,7 @@ from ..shared_types import (
     SamplingParams,
     StopReason,
     TextDelta,
+    TokenLogprob,
     ToolCall,
 )
 from .codec import ApiCodec, ModelInfo
@@ -65,9 +66,9 @@ FINISH_REASON: Final[dict[StopReason, str]] = {
 _FIELDS: Final = frozenset({
     "model", "messages", "max_tokens", "max_completion_tokens", "temperature", "top_p",
     "stop", "n", "stream", "stream_options", "seed", "user", "frequency_penalty", "presence_penalty",
-    "logit_bias", "response_format",
+    "logit_bias", "response_format", "logprobs", "top_logprobs",
     # accepted and ignored
-    "logprobs", "metadata",
+    "metadata",
     "store", "parallel_tool_calls", "tools", "tool_choice", "prompt_cache_key",
     "safety_identifier",
 })
@@ -304,10 +305,35 @@ def _logit_bias(v: Any) -> tuple[tuple[int, float], ...]:
     return tuple(out)
 
 
+_MAX_TOP_LOGPROBS: Final = 20
+
+
+def _logprobs(obj: dict[str, Any]) -> int | None:
+    """logprobs (bool) and top_logprobs (0..20, only with logprobs): None when off."""
+    on = _bool(v, "logprobs") if (v := obj.get("logprobs")) is not None else False
+    top = obj.get("top_logprobs")
+    if top is None:
+        return 0 if on else None
+    top = _int(top, "top_logprobs", 0)
+    if top > _MAX_TOP_LOGPROBS:
+        raise _err(f"Invalid 'top_logprobs': integer above maximum value. Expected a value <= "
+                   f"{_MAX_TOP_LOGPROBS}, but got {top} instead.", "top_logprobs", "integer_above_max_value")
+    if not on:
+        raise _err("Invalid value for 'top_logprobs': 'logprobs' must be set to true if 'top_logprobs' is "
+                   "provided.", "top_logprobs", "invalid_value")
+    return top
+
+
+def _logprob_items(lps: tuple[TokenLogprob, ...]) -> list[dict[str, Any]]:
+    """OpenAI's logprobs.content entries: token (its text), logprob, bytes, top_logprobs."""
+    def one(token: bytes, lp: float) -> dict[str, Any]:
+        return {"token": token.decode("utf-8", "replace"), "logprob": lp, "bytes": list(token)}
+
+    return [{**one(t.token, t.logprob), "top_logprobs": [one(b, lp) for b, lp in t.top]} for t in lps]
+
+
 def _ignored(obj: dict[str, Any]) -> None:
     """Check the shape of fields that are accepted but have no effect here."""
-    if (v := obj.get("logprobs")) is not None and _bool(v, "logprobs"):
-        raise _unsupported("logprobs", "true", "false")
     if (v := obj.get("metadata")) is not None:
         _obj(v, "metadata")
     for key in ("store", "parallel_tool_calls"):
@@ -450,6 +476,7 @@ def parse_document(obj: dict[str, Any], limits: ParseLimits) -> GenerationReques
     logit_bias = _logit_bias(v) if (v := get("logit_bias")) is not None else ()
     presence = _number(v, "presence_penalty", -2.0, 2.0) if (v := get("presence_penalty")) is not None else 0.0
     frequency = _number(v, "frequency_penalty", -2.0, 2.0) if (v := get("frequency_penalty")) is not None else 0.0
+    logprobs = _logprobs(obj)
     constraint = _forced_tool(obj) if tool_use else None
     if constraint is None and (v := get("response_format")) is not None:
         constraint = _response_format(v)
@@ -473,6 +500,7 @@ def parse_document(obj: dict[str, Any], limits: ParseLimits) -> GenerationReques
         sampling=SamplingParams(
             max_tokens=max_tokens, temperature=temperature, top_p=top_p, seed=seed, stop=stop,
             constraint=constraint, logit_bias=logit_bias, presence_penalty=presence, frequency_penalty=frequency,
+            logprobs=logprobs,
         ),
         stream=stream,
         include_usage=include_usage,
@@ -596,7 +624,8 @@ def render_response(req: GenerationRequest, result: GenerationResult, response_i
         "choices": [{
             "index": 0,
             "message": message,
-            "logprobs": None,
+            "logprobs": None if result.logprobs is None else {"content": _logprob_items(result.logprobs),
+                                                              "refusal": None},
             "finish_reason": FINISH_REASON[result.stop_reason],
         }],
         "usage": _usage(result),
@@ -646,6 +675,10 @@ class StreamEncoder:
         return self._head + _FIRST_CHOICE + self._tail
 
     def delta(self, d: TextDelta) -> bytes:
+        if d.logprobs:
+            choice = {"index": 0, "delta": {"content": d.text},
+                      "logprobs": {"content": _logprob_items(d.logprobs), "refusal": None}, "finish_reason": None}
+            return self._head + dumps(choice) + self._tail
         if not d.text:
             return b""
         return self._head + _DELTA_HEAD + dumps(d.text) + _DELTA_TAIL + self._tail

@@ -201,6 +201,13 @@ class HfChatFormat(PromptFormat):
     def count(self, prompt: Prompt) -> int:
         return len(self.ids(prompt))
 
+    def token_bytes(self, token: int) -> bytes:
+        if token in self._hidden:
+            return b""
+        if self._bytes is not None:
+            return self._bytes[token] if 0 <= token < len(self._bytes) else b""
+        return str(self._rust.decode([token], skip_special_tokens=False)).encode()
+
     def detokenizer(self, prompt_ids: Sequence[int]) -> Detokenizer:
         if self._bytes is not None:
             return ByteLevelDetokenizer(self._bytes, self._hidden)

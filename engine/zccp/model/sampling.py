@@ -31,11 +31,15 @@ def check_sampling(params: SamplingParams) -> None:
         raise ValueError(f"top_p must be in (0, 1], got {params.top_p}")
 
 
+# (token id, its logprob, ((alternative id, logprob), ...)) for one draw
+Drawn = tuple[int, float, tuple[tuple[int, float], ...]]
+
+
 class Sampler:
     """temperature -> top_k -> top_p -> multinomial; argmax when temperature == 0."""
 
     __slots__ = ("greedy", "temperature", "top_k", "top_p", "gen", "grammar", "bias", "presence", "frequency",
-                 "counts", "plain")
+                 "counts", "plain", "top_logprobs", "last")
 
     def __init__(self, params: SamplingParams, device: torch.device, grammar: GrammarMatcher | None = None) -> None:
         self.grammar = grammar               # masks what it does not allow, consumes each token drawn
@@ -43,6 +47,8 @@ class Sampler:
         self.presence = params.presence_penalty
         self.frequency = params.frequency_penalty
         self.counts: dict[int, int] = {}     # how often each token was drawn (the penalties)
+        self.top_logprobs = params.logprobs  # None: no logprobs
+        self.last: Drawn | None = None       # the last token's logprob and alternatives (when asked for)
         self.greedy = params.temperature == 0
         self.temperature = params.temperature
         self.top_k = params.top_k
@@ -55,20 +61,31 @@ class Sampler:
             else:
                 self.gen.seed()
         # nothing but an argmax: sample_rows does these rows together
-        self.plain = self.greedy and grammar is None and not self.bias and not self.presence and not self.frequency
+        self.plain = (self.greedy and grammar is None and not self.bias and not self.presence
+                      and not self.frequency and self.top_logprobs is None)
 
     def __call__(self, logits: torch.Tensor) -> int:
         """The next token from one row of logits (1-D)."""
         if self.bias or self.presence or self.frequency:
             logits = self._adjusted(logits)
-        if self.grammar is None:
-            tok = self._draw(logits)
-        else:
-            tok = self._draw(self.grammar.mask(logits))
+        if self.grammar is not None:
+            logits = self.grammar.mask(logits)
+        tok = self._draw(logits)
+        if self.grammar is not None:
             self.grammar.accept(tok)
+        if self.top_logprobs is not None:
+            self.last = self._logprobs(logits, tok)
         if self.presence or self.frequency:
             self.counts[tok] = self.counts.get(tok, 0) + 1
         return tok
+
+    def _logprobs(self, logits: torch.Tensor, tok: int) -> Drawn:
+        lp = torch.log_softmax(logits.float(), dim=-1)
+        top: tuple[tuple[int, float], ...] = ()
+        if self.top_logprobs:
+            vals, ids = torch.topk(lp, min(self.top_logprobs, lp.numel()))
+            top = tuple(zip(ids.tolist(), vals.tolist(), strict=True))
+        return tok, float(lp[tok]), top
 
     def _adjusted(self, logits: torch.Tensor) -> torch.Tensor:
         """logit_bias added, presence and frequency penalties subtracted (OpenAI's
