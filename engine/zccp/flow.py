@@ -40,6 +40,7 @@ from zccp.outcome import Outcome, RequestContext
 from zccp.ring_writer import SlotAbandoned
 from zccp.scheduler import BatchScheduler, Sequence
 from zccp.shared_types import ApiError, Completed, GenerationRequest, GenerationResult, TextDelta
+from zccp.choices import ChoiceSink, Choices, all_done, choice_params
 from zccp.text_assembly import generate_text
 from zccp.token_sink import Reply
 
@@ -99,7 +100,8 @@ class RequestFlow:
         if deps.cache is None or deps.masks is None:
             return self._run_model(prep, None)
         flags = ctx.view.header.flags
-        uncacheable = prep.req.sampling.logprobs is not None   # an entry holds no logprobs to replay
+        # an entry holds one choice and no logprobs to replay
+        uncacheable = prep.req.sampling.logprobs is not None or prep.req.n > 1
         if flags & Flag.NO_CACHE and flags & Flag.NO_STORE or uncacheable:
             # Neither lookup nor store: no keys to compute, no Redis round trip.
             deps.metrics.cache.inc(result="BYPASS", reason="uncacheable" if uncacheable else "no_cache")
@@ -169,7 +171,7 @@ class RequestFlow:
         self._store_keys = store
         # Streams always leave the loop: a full response ring makes the writer wait for
         # nginx's ack, and the loop must stay free to deliver the notices nginx waits for.
-        if self.deps.inline and not prep.req.stream:
+        if self.deps.inline and not prep.req.stream and prep.req.n == 1:
             self._store(store, self._execute(prep))
             return self.outcome.done()
 
@@ -178,6 +180,8 @@ class RequestFlow:
                 self.deps.call_soon(self._store, store, completed)
             self.outcome.done()
 
+        if prep.req.n > 1:
+            return self._run_choices(prep)
         ctx, n = self.ctx, int(prep.input_ids.numel())
         reply = Reply(prep.codec, prep.req, ctx.view, ctx.writer, n,
                       self.deps.backend.prompt.detokenizer(prep.host_ids[-8:].tolist()),
@@ -191,6 +195,26 @@ class RequestFlow:
                                                    "(model.max_queue requests wait already); retry shortly"))
             self._release_owned()
             self.outcome.done()
+
+    def _run_choices(self, prep: Prepared) -> None:
+        """n > 1: n sequences, one answer (zccp.choices); not cached."""
+        ctx, req, n = self.ctx, prep.req, int(prep.input_ids.numel())
+        choices = Choices(req, req.n, ctx.view, ctx.writer, n, self.outcome)
+        on_done = all_done(req.n, self.outcome.done)
+        cancelled = lambda: ctx.cancelled() or choices.over   # noqa: E731
+        for i in range(req.n):
+            sink = ChoiceSink(choices, i, req, n, self.deps.backend.prompt.detokenizer(prep.host_ids[-8:].tolist()),
+                              self._tool_calls(req))
+            seq = Sequence(prep.input_ids, prep.host_ids, choice_params(req.sampling, i), sink, cancelled, on_done)
+            if not self.deps.model.submit(seq):
+                self.deps.metrics.queue_full.inc()
+                choices.over = True                 # the ones submitted are cancelled; they end as dropped
+                with self.outcome.guard():
+                    self.outcome.client_error(ApiError(429, "rate_limit_error", "the model's queue is full "
+                                                       "(model.max_queue requests wait already); retry shortly"))
+                for _ in range(req.n - i):
+                    on_done(None)
+                return
 
     def _tool_calls(self, req: GenerationRequest) -> bool:
         """Parse tool calls out of this answer: tools were offered, and the parser is on."""

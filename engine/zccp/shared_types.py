@@ -58,6 +58,7 @@ class GenerationRequest:
     include_usage: bool = False       # OpenAI stream_options.include_usage
     user: str | None = None           # OpenAI `user` / Anthropic metadata.user_id (a cache tenant source)
     tool_use: bool = False            # tools were offered and tool_choice allows calling them
+    n: int = 1                        # OpenAI n: choices to generate (n > 1: not streamed)
 
 
 @dataclass(frozen=True)

@@ -100,3 +100,18 @@ def test_logprobs_and_top_logprobs(oai, stream):
     # the same request again is generated again (logprobs are never served from a cache entry)
     assert oai.chat.completions.with_raw_response.create(**{**kw, "stream": False}).headers.get(
         "x-zccp-cache") in (None, "BYPASS")
+
+
+def test_n_choices(oai):
+    kw = dict(model="zccp-tiny", messages=USER, max_tokens=24, temperature=1.0, seed=11, n=3)
+    done = oai.chat.completions.create(**kw)
+    assert [c.index for c in done.choices] == [0, 1, 2]
+    texts = [c.message.content for c in done.choices]
+    assert len(set(texts)) == 3                          # seed s: choice i draws with s + i
+    # the tiny model's tokens are bytes (EOS is not counted); the prompt counts once
+    assert done.usage.completion_tokens == sum(len(t.encode()) for t in texts)
+    # each choice is the answer of n=1 with seed s + i (reproducible)
+    one = oai.chat.completions.create(**{**kw, "n": 1, "seed": 12})
+    assert one.choices[0].message.content == texts[1]
+    again = oai.chat.completions.create(**kw)
+    assert [c.message.content for c in again.choices] == texts     # generated again, the same

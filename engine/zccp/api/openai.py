@@ -306,6 +306,7 @@ def _logit_bias(v: Any) -> tuple[tuple[int, float], ...]:
 
 
 _MAX_TOP_LOGPROBS: Final = 20
+_MAX_N: Final = 128
 
 
 def _logprobs(obj: dict[str, Any]) -> int | None:
@@ -456,9 +457,13 @@ def parse_document(obj: dict[str, Any], limits: ParseLimits) -> GenerationReques
     temperature = _number(v, "temperature", 0.0, 2.0) if (v := get("temperature")) is not None else 1.0
     top_p = _number(v, "top_p", 0.0, 1.0) if (v := get("top_p")) is not None else None
     stop = _stop(v) if (v := get("stop")) is not None else ()
-    if (v := get("n")) is not None and _int(v, "n", 1) != 1:
-        raise _unsupported("n", str(v), "1")
+    n = _int(v, "n", 1) if (v := get("n")) is not None else 1
     stream = _bool(v, "stream") if (v := get("stream")) is not None else False
+    if n > _MAX_N:
+        raise _err(f"Invalid 'n': integer above maximum value. Expected a value <= {_MAX_N}, but got {n} "
+                   "instead.", "n", "integer_above_max_value")
+    if n > 1 and (stream or get("logprobs")):
+        raise _unsupported("n", str(n), "1")    # n > 1 is served whole, without logprobs
     include_usage = False
     if (v := get("stream_options")) is not None:
         if not stream:
@@ -506,6 +511,7 @@ def parse_document(obj: dict[str, Any], limits: ParseLimits) -> GenerationReques
         include_usage=include_usage,
         user=user,
         tool_use=tool_use,
+        n=n,
     )
 
 
@@ -629,6 +635,26 @@ def render_response(req: GenerationRequest, result: GenerationResult, response_i
             "finish_reason": FINISH_REASON[result.stop_reason],
         }],
         "usage": _usage(result),
+    })
+
+
+def render_choices(req: GenerationRequest, results: list[GenerationResult], prompt_tokens: int,
+                   cached_tokens: int, created: int) -> bytes:
+    """An answer of n choices (n > 1, not streamed): usage counts the prompt once."""
+    choices = []
+    for i, r in enumerate(results):
+        message: dict[str, Any] = {"role": "assistant", "content": r.text, "refusal": None}
+        if r.tool_calls:
+            message["content"] = r.text or None
+            message["tool_calls"] = _tool_calls(r.tool_calls)
+        choices.append({"index": i, "message": message, "logprobs": None,
+                        "finish_reason": FINISH_REASON[r.stop_reason]})
+    out = sum(r.output_tokens for r in results)
+    return dumps({
+        "id": new_response_id(), "object": "chat.completion", "created": created, "model": req.model,
+        "choices": choices,
+        "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": out, "total_tokens": prompt_tokens + out,
+                  "prompt_tokens_details": {"cached_tokens": cached_tokens}},
     })
 
 
