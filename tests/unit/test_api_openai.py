@@ -408,7 +408,7 @@ def test_sdk_error_responses() -> None:
         c.chat.completions.create(model="nope", messages=[USER])
     assert nf.value.code == "model_not_found"
     with pytest.raises(openai.BadRequestError) as bad:
-        c.chat.completions.create(model=MODEL, messages=[USER], n=3)
+        c.chat.completions.create(model=MODEL, messages=[USER], n=3, stream=True)
     assert (bad.value.param, bad.value.code) == ("n", "unsupported_value")
     with pytest.raises(openai.BadRequestError) as extra:
         c.chat.completions.create(model=MODEL, messages=[USER], extra_body={"top_k": 5})
