@@ -37,7 +37,7 @@ def _body(prompt: str, max_tokens: int) -> dict:
 
 def _metric(s: Stack, name: str) -> float:
     total = 0.0
-    for line in httpx.get(s.url("/metrics"), timeout=5).text.splitlines():
+    for line in s.admin_client().get("/metrics").text.splitlines():
         if line.startswith(name):
             total += float(line.rsplit(" ", 1)[1])
     return total

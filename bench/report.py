@@ -318,6 +318,15 @@ def plot(res: dict, path: Path) -> None:
     plt.close(fig)
 
 
+def h2tls_section(out_dir: Path) -> str:
+    """bench/h2tls.md (written by `python -m bench.h2tls`) and its reading (h2tls_notes.md,
+    by hand), or how to make them."""
+    p, notes = out_dir / "h2tls.md", out_dir / "h2tls_notes.md"
+    if not p.exists():
+        return "(not run: `.venv/bin/python -m bench.h2tls`)"
+    return p.read_text().rstrip() + ("\n\n" + notes.read_text().rstrip() if notes.exists() else "")
+
+
 def write(res: dict, out_dir: Path) -> None:
     plot(res, out_dir / "results.png")
     m, code, st = res["machine"], res["code"], res["settings"]
@@ -456,6 +465,10 @@ TTFT = request sent → first `content_block_delta` event.
 ## Real models: batched decoding and prefix reuse
 
 {models_section(out_dir)}
+
+## HTTP/2 and TLS (h2load)
+
+{h2tls_section(out_dir)}
 
 ## Engine profile (py-spy)
 

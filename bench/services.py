@@ -72,7 +72,23 @@ def _wait_http(url: str, svc: Service, what: str, timeout: float = 60) -> None:
     svc.wait_until(ok, timeout, what)
 
 
-def _nginx_from_template(template: str, run_dir: Path, values: dict[str, str], workers: int) -> tuple[Service, str]:
+# (certificate, key): the variant's listener is HTTPS with HTTP/2 (bench/h2tls.py), as
+# ZCCP's own with server.tls.
+Tls = tuple[Path, Path]
+
+
+def _tls_listen(text: str, listen: str, tls: Tls) -> str:
+    """A and B's `listen` line made `ssl http2`, with the directives ZCCP's standalone renders."""
+    line = f"listen {listen};"
+    assert text.count(line) == 1, text
+    cert, key = tls
+    return text.replace(line, f"listen {listen} ssl http2;\n        ssl_certificate {cert};\n"
+                              f"        ssl_certificate_key {key};\n        ssl_protocols TLSv1.2 TLSv1.3;\n"
+                              "        ssl_session_cache shared:bench_tls:10m;")
+
+
+def _nginx_from_template(template: str, run_dir: Path, values: dict[str, str], workers: int,
+                         tls: Tls | None = None) -> tuple[Service, str]:
     prefix = run_dir / "nginx"
     for sub in ("logs", "tmp/body", "tmp/proxy", "tmp/fastcgi", "tmp/uwsgi", "tmp/scgi"):
         (prefix / sub).mkdir(parents=True, exist_ok=True)
@@ -83,23 +99,25 @@ def _nginx_from_template(template: str, run_dir: Path, values: dict[str, str], w
     for k, v in values.items():
         text = text.replace("{{" + k + "}}", v)
     assert "{{" not in text, text
+    if tls:
+        text = _tls_listen(text, values["listen"], tls)
     conf = prefix / "nginx.conf"
     conf.write_text(text)
     exe = shutil.which("nginx") or "/usr/sbin/nginx"
     svc = Service("nginx", [exe, "-p", str(prefix), "-c", str(conf), "-g", "daemon off;"],
                   run_dir / "logs" / "nginx.log", stop_signal=signal.SIGQUIT)
     svc.start()
-    url = f"http://127.0.0.1:{port}"
+    url = f"{'https' if tls else 'http'}://127.0.0.1:{port}"
     _wait_http(url + "/health", svc, "nginx /health")
     return svc, url
 
 
-def start_a(run_dir: Path, lim: dict, reply: bytes) -> Variant:
+def start_a(run_dir: Path, lim: dict, reply: bytes, tls: Tls | None = None) -> Variant:
     run_dir.mkdir(parents=True, exist_ok=True)
     reply_file = run_dir / "reply.json"
     reply_file.write_bytes(reply)
     nginx, url = _nginx_from_template("ceiling.conf.in", run_dir, {
-        "reply_file": str(reply_file), "max_body": str(lim["max_body_kb"] * 1024)}, lim["workers"])
+        "reply_file": str(reply_file), "max_body": str(lim["max_body_kb"] * 1024)}, lim["workers"], tls)
     return Variant("A", url, {"nginx": nginx})
 
 
@@ -119,7 +137,7 @@ def app_env(lim: dict) -> dict[str, str]:
 
 
 def _start_proxied(name: str, label: str, cmd: list[str], log: str, run_dir: Path, lim: dict,
-                   workers: int, env: dict[str, str] | None = None) -> Variant:
+                   workers: int, env: dict[str, str] | None = None, tls: Tls | None = None) -> Variant:
     """A Python app server on a free port, behind nginx proxy_pass (upstream keepalive)."""
     run_dir.mkdir(parents=True, exist_ok=True)
     port = free_port()
@@ -128,7 +146,7 @@ def _start_proxied(name: str, label: str, cmd: list[str], log: str, run_dir: Pat
     app.start()
     _wait_http(f"http://127.0.0.1:{port}/health", app, f"{label} /health", 120)
     nginx, url = _nginx_from_template("proxy.conf.in", run_dir, {
-        "upstream": f"127.0.0.1:{port}", "max_body": str(lim["max_body_kb"] * 1024)}, lim["workers"])
+        "upstream": f"127.0.0.1:{port}", "max_body": str(lim["max_body_kb"] * 1024)}, lim["workers"], tls)
     return Variant(name, url, {"nginx": nginx, "backend": app}, {"app_workers": workers})
 
 
@@ -138,9 +156,9 @@ def _uvicorn(app: str, workers: int) -> list[str]:
             "--workers", str(workers), "--no-access-log", "--log-level", "warning"]
 
 
-def start_b(run_dir: Path, lim: dict, workers: int) -> Variant:
+def start_b(run_dir: Path, lim: dict, workers: int, tls: Tls | None = None) -> Variant:
     return _start_proxied("B", "uvicorn", _uvicorn("bench.apps.fastapi_app:app", workers), "uvicorn.log",
-                          run_dir, lim, workers)
+                          run_dir, lim, workers, tls=tls)
 
 
 def start_b_cache(run_dir: Path, lim: dict, workers: int) -> Variant:
@@ -165,8 +183,9 @@ def start_c(run_dir: Path, lim: dict, workers: int) -> Variant:
     return _start_proxied("C", "gunicorn", cmd, "gunicorn.log", run_dir, lim, workers)
 
 
-def start_d(run_dir: Path, lim: dict, slots: int) -> Variant:
-    """The real ZCCP stack: redis + engine + nginx, everything on (cache enabled)."""
+def start_d(run_dir: Path, lim: dict, slots: int, tls: Tls | None = None) -> Variant:
+    """The real ZCCP stack: redis + engine + nginx, everything on (cache enabled); tls:
+    server.tls (HTTPS + HTTP/2)."""
     run_dir.mkdir(parents=True, exist_ok=True)
     tag = uuid.uuid4().hex[:10]
     raw = {
@@ -181,6 +200,8 @@ def start_d(run_dir: Path, lim: dict, slots: int) -> Variant:
         "limits": {"max_body_kb": lim["max_body_kb"], "request_timeout_ms": 60000},
         "logging": {"level": lim.get("engine_log_level", "warning")},
     }
+    if tls:
+        raw["server"]["tls"] = {"certificate": str(tls[0]), "key": str(tls[1])}
     config_path = run_dir / "config.yaml"
     config_path.write_text(yaml.safe_dump(raw))
     cfg = resolve(load_config(config_path), run_dir)
@@ -194,7 +215,7 @@ def start_d(run_dir: Path, lim: dict, slots: int) -> Variant:
         for svc in reversed(list(services.values())):
             svc.stop()
         raise
-    url = f"http://{cfg.server.listen}"
+    url = f"{'https' if tls else 'http'}://{cfg.server.listen}"
     end = time.monotonic() + 20
     while time.monotonic() < end:
         if http_get(url + "/health", 2)[0] == 200:

@@ -4,6 +4,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 need_apt=()
 command -v wrk >/dev/null 2>&1 || need_apt+=(wrk)
+command -v h2load >/dev/null 2>&1 || need_apt+=(nghttp2-client)   # bench.h2tls: HTTP/2 + TLS rows
 command -v redis-server >/dev/null 2>&1 || need_apt+=(redis-server)
 command -v nginx >/dev/null 2>&1 || need_apt+=(nginx libnginx-mod-http-lua)
 [ -e /usr/lib/x86_64-linux-gnu/lua/5.1/cjson.so ] || need_apt+=(lua-cjson)

@@ -9,6 +9,7 @@ import pytest
 
 from tests.support.checkout import require_this_checkout
 from tests.support.harness import Stack, remove_socket_dirs
+from tests.support.protocols import PROTOCOLS, both_protocols
 from tests.support.hf_checkpoint import HF_MODEL, build_checkpoint
 
 # The tests test this checkout, whatever `pip install -e` last pointed at: pyproject's
@@ -24,8 +25,8 @@ def _no_socket_dirs_left() -> Iterator[None]:
 
 
 @pytest.fixture(scope="session")
-def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
-    """The built-in tiny model behind nginx, shared by read-only tests."""
+def stack_http1(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
+    """The built-in tiny model behind nginx, shared by read-only tests (HTTP/1.1)."""
     s = Stack(tmp_path_factory.mktemp("stack"))
     try:
         yield s.start()
@@ -34,8 +35,8 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
 
 
 @pytest.fixture(scope="session")
-def null_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
-    """The null backend: measures the pipeline, answers instantly."""
+def null_stack_http1(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
+    """The null backend: measures the pipeline, answers instantly (HTTP/1.1)."""
     s = Stack(tmp_path_factory.mktemp("null"), {"model": {"backend": "null"}})
     try:
         yield s.start()
@@ -43,13 +44,57 @@ def null_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
         s.stop()
 
 
+@pytest.fixture(scope="session")
+def stack_h2(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
+    """`stack` over TLS, speaking HTTP/2 (server.tls + http2)."""
+    s = Stack(tmp_path_factory.mktemp("stack_h2"), tls=True)
+    try:
+        yield s.start()
+    finally:
+        s.stop()
+
+
+@pytest.fixture(scope="session")
+def null_stack_h2(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
+    """`null_stack` over TLS, speaking HTTP/2."""
+    s = Stack(tmp_path_factory.mktemp("null_h2"), {"model": {"backend": "null"}}, tls=True)
+    try:
+        yield s.start()
+    finally:
+        s.stop()
+
+
+@pytest.fixture(params=PROTOCOLS)
+def protocol(request: pytest.FixtureRequest) -> str:
+    """"http1" or "h2tls" (tests/support/protocols.py): a test that takes it runs over both."""
+    return request.param
+
+
+# For single tests: `def test_x(null_stack_any)` runs over HTTP/1.1 and over HTTP/2 + TLS.
+stack_any = both_protocols("stack", "stack_any")
+null_stack_any = both_protocols("null_stack", "null_stack_any")
+
+
+@pytest.fixture(scope="session")
+def stack(stack_http1: Stack) -> Stack:
+    """The tiny-model stack over HTTP/1.1 (a module may run over both: both_protocols)."""
+    return stack_http1
+
+
+@pytest.fixture(scope="session")
+def null_stack(null_stack_http1: Stack) -> Stack:
+    """The null-backend stack over HTTP/1.1 (a module may run over both: both_protocols)."""
+    return null_stack_http1
+
+
 @pytest.fixture
 def make_stack(tmp_path: Path) -> Iterator:
-    """A private stack for tests that break things (restarts, tiny pools)."""
+    """A private stack for tests that break things (restarts, tiny pools); tls=True: HTTPS
+    and HTTP/2 on its listener."""
     made: list[Stack] = []
 
-    def make(overrides: dict | None = None, with_redis: bool = False) -> Stack:
-        s = Stack(tmp_path / f"stack{len(made)}", overrides or {}, with_redis)
+    def make(overrides: dict | None = None, with_redis: bool = False, tls: bool = False) -> Stack:
+        s = Stack(tmp_path / f"stack{len(made)}", overrides or {}, with_redis, tls)
         made.append(s)
         return s.start()
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import httpx
@@ -18,8 +19,9 @@ class Reply:
 
 
 class Client:
-    def __init__(self, base_url: str) -> None:
+    def __init__(self, base_url: str, admin: Callable[[], httpx.Client] | None = None) -> None:
         self.base_url = base_url
+        self._admin = admin        # the stack's admin listener (/metrics is served there only)
         self._local = threading.local()
         self._all: list[httpx.Client] = []
         self._lock = threading.Lock()
@@ -45,7 +47,10 @@ class Client:
     def metrics(self, by: str = "result") -> dict[str, float]:
         """The engine's cache counters from zccp_engine_cache_total: {result: count} summed over
         reasons, or with by="reason" {"RESULT/reason": count}."""
-        text = self._client().get("/metrics").text
+        if self._admin is None:
+            raise RuntimeError("metrics: this Client was made without the stack's admin client")
+        with self._admin() as c:
+            text = c.get("/metrics").text
         out: dict[str, float] = {}
         for line in text.splitlines():
             if line.startswith("zccp_engine_cache_total{"):

@@ -221,7 +221,7 @@ def exact_only_latency(pool, duration: int, workdir: Path) -> list[dict]:
     ov = json.loads(json.dumps(OVERRIDES))
     ov["cache"]["near_duplicate"] = False
     stack = Stack(workdir / "stack_exact_only", ov, with_redis=True).start()
-    c = Client(stack.base_url)
+    c = Client(stack.base_url, stack.admin_client)
     out = []
     try:
         b = min(sorted(pool.edit, key=lambda b: b.ntok), key=lambda b: abs(b.ntok - 40))
@@ -262,7 +262,7 @@ def run_baseline(a, pool, pairs: list[Pair], workdir: Path) -> dict:
     the 'before' columns. Fills Pair.before_cache / before_similarity."""
     log(f"before: the gateway of {a.baseline}")
     base = BaselineStack(a.baseline, workdir, OVERRIDES).start()
-    c = Client(base.base_url)
+    c = Client(base.base_url, base.admin_client)
     try:
         u = unrelated(c, pool, a.threads)
         copies = [dataclasses.replace(p) for p in pairs]
@@ -346,7 +346,7 @@ def main(argv: list[str] | None = None) -> int:
     if a.baseline:
         before = run_baseline(a, pool, pairs, workdir)
     stack = Stack(workdir / "stack", OVERRIDES, with_redis=True).start()
-    c = Client(stack.base_url)
+    c = Client(stack.base_url, stack.admin_client)
     results: dict = {"machine": _machine(),
                      "args": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(a).items()},
                      "overrides": OVERRIDES, "started": time.strftime("%Y-%m-%d %H:%M:%S %Z"), "before": before,

@@ -39,7 +39,7 @@ def main() -> None:
             fz.close()
             ok = sum(httpx.post(stack.url("/v1/messages"), json=anthropic_body(f"after {k}"), timeout=30)
                      .status_code == 200 for k in range(20))
-            metrics = httpx.get(stack.url("/metrics"), timeout=5).text
+            metrics = stack.admin_client().get("/metrics").text
             rejects = [ln for ln in metrics.splitlines() if ln.startswith("zccp_engine_rejects_total")]
             print(f"seed {args.seed}: {st.iterations} iterations in {elapsed:.0f} s, {st.rings} rings, "
                   f"frames {dict(st.frames)}")

@@ -1,7 +1,8 @@
--- wrk -s bench/wrk/post.lua URL -- BODIES_FILE [no-cache]
+-- wrk -s bench/wrk/post.lua URL -- BODIES_FILE [no-cache|-] [API_KEY]
 -- POSTs application/json bodies. BODIES_FILE holds one JSON body per line; each
 -- wrk thread cycles through them (one line = the same body every time).
--- "no-cache" adds Cache-Control: no-cache, no-store (ZCCP's cache-bypass run).
+-- "no-cache" adds Cache-Control: no-cache, no-store (ZCCP's cache-bypass run); API_KEY is
+-- sent as x-api-key (bench/keys.py).
 -- done() prints one line "WRKJSON {...}" with exact counts and percentiles, and
 -- "statuses": every non-2xx answer by HTTP status (wrk itself only counts them).
 
@@ -19,6 +20,9 @@ function init(args)
     local headers = { ["Content-Type"] = "application/json" }
     if args[2] == "no-cache" then
         headers["Cache-Control"] = "no-cache, no-store"
+    end
+    if args[3] then
+        headers["x-api-key"] = args[3]
     end
     local f = assert(io.open(path, "rb"))
     for line in f:lines() do

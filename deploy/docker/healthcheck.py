@@ -7,10 +7,9 @@
 import os
 import sys
 import urllib.error
-import urllib.request
 
 from zccp.config import load_config
-from zccp.ops.stack import engine_ping
+from zccp.ops.stack import engine_ping, local_urlopen
 
 cfg = load_config(os.environ.get("ZCCP_CONFIG", "/etc/zccp/config.yaml"))
 what = sys.argv[1] if len(sys.argv) > 1 else ""
@@ -19,7 +18,8 @@ if what == "engine":
 if what == "nginx":
     port = cfg.server.listen.rpartition(":")[2]
     try:
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2.0) as r:
+        scheme = "https" if cfg.server.tls is not None else "http"
+        with local_urlopen(f"{scheme}://127.0.0.1:{port}/health", timeout=2.0) as r:
             sys.exit(0 if r.status == 200 else 1)
     except (urllib.error.URLError, OSError) as exc:
         print(f"/health: {exc}", file=sys.stderr)

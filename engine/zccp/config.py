@@ -33,6 +33,13 @@ def bounded(default: _N, lo: float, hi: float) -> _N:
 
 
 @dataclass(frozen=True)
+class TlsConfig:
+    """server.tls: ZCCP's own listener speaks HTTPS (PEM files, read by nginx's master)."""
+    certificate: str                         # the certificate chain, leaf first
+    key: str                                 # its private key
+
+
+@dataclass(frozen=True)
 class ServerConfig:
     listen: str = "127.0.0.1:8080"          # nginx listen address (loopback by default)
     workers: int = bounded(2, 1, 64)   # nginx worker processes
@@ -40,9 +47,25 @@ class ServerConfig:
     connect_timeout_ms: int = bounded(500, 1, 60_000)   # nginx -> engine doorbell connect
     doorbell_pool_size: int = bounded(64, 1, 4096)   # keepalive cosockets per nginx worker
     user: str | None = None                  # nginx workers' user when started as root (None: www-data)
-    # Who may GET /metrics: nginx `allow` arguments (addresses, CIDRs, "unix:", "all"), space
-    # separated; everyone else gets 403. Loopback and unix-socket clients by default.
+    # Who may GET /metrics on the admin listener: nginx `allow` arguments (addresses, CIDRs,
+    # "unix:", "all"), space separated; everyone else gets 403.
     metrics_allow: str = "127.0.0.1 ::1 unix:"
+    # The admin listener (purge, warmup, L1 purge, keys, /metrics; docs/keys.md): a unix
+    # socket ("unix:/path") or an address; None: unix:<socket dir>/admin.sock. The public
+    # listener never serves those paths.
+    admin_listen: str | None = None
+    # A file holding the admin token (Authorization: Bearer <token> on the admin listener).
+    # Required when admin_listen is an address; optional on a unix socket (its file mode guards it).
+    admin_token_file: str | None = None
+    tls: TlsConfig | None = None             # None: plain HTTP on `listen`
+    # HTTP/2 on the TLS listener (ALPN h2, HTTP/1.1 still offered). None: on with tls. Needs
+    # tls: nginx 1.22 speaks cleartext HTTP/2 only to prior-knowledge clients, and then no
+    # HTTP/1.1 on that port.
+    http2: bool | None = None
+
+    @property
+    def speaks_http2(self) -> bool:
+        return self.tls is not None and self.http2 is not False
 
 
 @dataclass(frozen=True)
@@ -75,9 +98,9 @@ class CacheConfig:
     # An identical request (same exact key) arriving while the first is generated waits
     # for it up to this long, then runs on its own; 0: never wait (zccp.cache.inflight).
     coalesce_wait_ms: int = bounded(30000, 0, 3_600_000)
-    # Who may be served whose answers: "tenant" (exact unmasked hits shared, masked and
-    # near hits only within the tenant), "isolated" (nothing crosses tenants) or "global".
-    scope: Literal["tenant", "isolated", "global"] = "tenant"
+    # Who may be served whose answers: "tenant" (nothing crosses tenants; "isolated" is the
+    # same), opt-in sharing: "shared_exact" (exact unmasked hits shared) or "global" (all).
+    scope: Literal["tenant", "isolated", "shared_exact", "global"] = "tenant"
     # Where the tenant comes from: the API key (x-api-key or Authorization: Bearer), the
     # end user the body names (metadata.user_id / user), or the header tenant_header.
     tenant_source: Literal["api_key", "user", "header"] = "api_key"
@@ -138,6 +161,25 @@ class LoggingConfig:
 
 
 @dataclass(frozen=True)
+class AuthConfig:
+    """API keys, checked by nginx (lua/zccp/auth.lua; docs/keys.md)."""
+    # off: every caller is served and the tenant comes from cache.tenant_source (anyone who
+    # can reach the listener is served); keys (or on): a key `zccp-keys` made is required
+    mode: Literal["off", "on", "keys"] = "off"
+    redis_url: str | None = None             # where the key records live; None: cache.redis_url
+    cache_ttl_s: int = bounded(5, 1, 3600)   # a verified key is re-read after this: the revocation bound
+    negative_ttl_s: int = bounded(2, 1, 3600)   # an unknown key is asked again after this
+    timeout_ms: int = bounded(200, 1, 60_000)   # nginx's Redis calls for keys and limits
+    # One JSON line per request answered with a key (billing); None: usage.jsonl beside the
+    # doorbell socket (a directory nginx's workers can write), "" : none
+    usage_log: str | None = None
+
+    @property
+    def on(self) -> bool:
+        return self.mode != "off"
+
+
+@dataclass(frozen=True)
 class Config:
     server: ServerConfig = field(default_factory=ServerConfig)
     gpu: GpuConfig = field(default_factory=GpuConfig)
@@ -146,6 +188,7 @@ class Config:
     model: ModelConfig = field(default_factory=ModelConfig)
     limits: LimitsConfig = field(default_factory=LimitsConfig)
     logging: LoggingConfig = field(default_factory=LoggingConfig)
+    auth: AuthConfig = field(default_factory=AuthConfig)
     path: str = "<defaults>"                 # where it was loaded from (not a YAML key)
 
 
@@ -208,6 +251,11 @@ def _build_section(path: str, name: str, cls: type, raw: Any) -> Any:
         if bounds is not None and checked is not None and not bounds[0] <= checked <= bounds[1]:
             raise ConfigError(f"{where}: {checked!r} is outside [{bounds[0]}, {bounds[1]}]")
         values[key] = checked
+    required = [f.name for f in dataclasses.fields(cls)
+                if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING]
+    for key in required:
+        if key not in values:
+            raise ConfigError(f"{path}: {name}.{key}: required")
     return cls(**values)
 
 
@@ -244,6 +292,25 @@ def _check_consistency(cfg: Config, given: frozenset[str] = frozenset()) -> None
         if not re.fullmatch(r"all|unix:|[0-9A-Fa-f.:]+(/[0-9]{1,3})?", token):
             raise ConfigError(f"{cfg.path}: server.metrics_allow: {token!r} is not an address, a CIDR, "
                               "'unix:' or 'all'")
+    admin = cfg.server.admin_listen
+    if admin is not None:
+        if admin == cfg.server.listen:
+            raise ConfigError(f"{cfg.path}: server.admin_listen: the same as server.listen; the admin "
+                              "surface needs a listener of its own")
+        if not admin.startswith("unix:") and cfg.server.admin_token_file is None:
+            raise ConfigError(f"{cfg.path}: server.admin_token_file: required when server.admin_listen is an "
+                              "address (a unix socket may go without)")
+    if cfg.auth.on:
+        try:
+            t = parse_redis_url(auth_redis_url(cfg))
+        except ValueError as exc:
+            raise ConfigError(f"{cfg.path}: auth.redis_url: {exc}") from None
+        if t.tls or t.topology == "sentinel":
+            raise ConfigError(f"{cfg.path}: auth.redis_url: nginx reads keys over redis://, unix:// or "
+                              "redis+cluster:// only (no TLS, no Sentinel): name one in auth.redis_url")
+    if cfg.server.http2 and cfg.server.tls is None:
+        raise ConfigError(f"{cfg.path}: server.http2: true needs server.tls (certificate and key): nginx "
+                          "speaks cleartext HTTP/2 only to prior-knowledge clients, and no HTTP/1.1 beside it")
     if cfg.limits.default_max_tokens > cfg.limits.max_tokens_cap:
         raise ConfigError(f"{cfg.path}: limits.default_max_tokens: exceeds limits.max_tokens_cap")
     cache = cfg.cache
@@ -267,7 +334,35 @@ def _check_consistency(cfg: Config, given: frozenset[str] = frozenset()) -> None
                           "(a local checkpoint directory)")
 
 
+def check_tls_files(cfg: Config) -> None:
+    """nginx's start-up check (the engine never reads them): server.tls's files are regular,
+    readable PEM files, else a ConfigError naming the key. Relative paths are refused: nginx
+    would read them against its own prefix, not against the config file."""
+    tls = cfg.server.tls
+    if tls is None:
+        return
+    for key, marker in (("certificate", "CERTIFICATE"), ("key", "PRIVATE KEY")):
+        path = Path(getattr(tls, key))
+        where = f"{cfg.path}: server.tls.{key}: {path}"
+        if not path.is_absolute():
+            raise ConfigError(f"{where}: must be an absolute path")
+        try:
+            with path.open("rb") as f:
+                head = f.read(1 << 16)
+        except OSError as exc:
+            raise ConfigError(f"{where}: cannot read: {exc.strerror}") from None
+        if not path.is_file():
+            raise ConfigError(f"{where}: not a regular file")
+        if b"-----BEGIN " not in head or marker.encode() not in head:
+            raise ConfigError(f"{where}: not a PEM file holding a {marker.lower()} (-----BEGIN ...{marker}-----)")
+
+
 _SECTIONS = {f.name: f.type for f in dataclasses.fields(Config) if f.name != "path"}
+
+
+def auth_redis_url(cfg: Config) -> str:
+    """The Redis the key records and the limits' counters live in."""
+    return cfg.auth.redis_url or cfg.cache.redis_url
 
 
 def parse_config(raw: Any, path: str = "<string>") -> Config:

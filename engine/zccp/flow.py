@@ -23,13 +23,14 @@ from typing import Any
 import numpy as np
 import torch
 
-from zccp.abi import CacheReason, CacheStatus, Flag
+from zccp.abi import CacheReason, CacheStatus, Flag, ffi
 from zccp.api import ApiCodec, codec_for
 from zccp.api.common import ParseLimits
 from zccp.cache.answer import CachedAnswer, literals_in
 from zccp.cache.inflight import InFlight
 from zccp.cache.keys import CacheKeys, keys_for, slot_masks
 from zccp.cache.mask_store import MaskSource
+from zccp.cache.scope import tenant_digest
 from zccp.cache.store import Lookup, ResponseCache
 from zccp.logs import RequestLog
 from zccp.metrics import EngineMetrics
@@ -122,7 +123,7 @@ class RequestFlow:
             if keys is None or flags & Flag.NO_CACHE:
                 lookup = Lookup("BYPASS", "unfingerprintable" if keys is None else "no_cache")
             else:
-                lookup = await deps.cache.lookup(keys, ctx.payload)
+                lookup = await deps.cache.lookup(keys, lambda: self._masked_values(prep, keys))
             deps.metrics.cache.inc(result=lookup.status, reason=lookup.reason)
             if ctx.view.header.generation != ctx.generation or ctx.cancelled():
                 deps.metrics.abandoned.inc()
@@ -143,6 +144,12 @@ class RequestFlow:
             return self.outcome.done()
         store = keys if keys is not None and not flags & Flag.NO_STORE and lookup.status != "ERROR" else None
         self._run_model(prep, store)
+
+    def _masked_values(self, prep: Prepared, keys: CacheKeys) -> tuple[bytes, ...]:
+        """The values the masks replaced in this request (the masked-literal guard's side)."""
+        assert self.deps.masks is not None
+        masks = slot_masks(self.ctx.view, self.deps.masks) or self.deps.masks.get()
+        return keys.request_literals(prep.doc, masks) if masks is not None else ()
 
     async def _wait_for_twin(self, keys: CacheKeys | None, lookup: Lookup) -> bool:
         """After a MISS: when an identical request is being generated, wait for it (bounded)
@@ -187,7 +194,8 @@ class RequestFlow:
                       self.deps.backend.prompt.detokenizer(prep.host_ids[-8:].tolist()),
                       self._tool_calls(prep.req), self.outcome, lambda result: self._verdict(prep, result),
                       self.deps.backend.prompt.token_bytes)
-        seq = Sequence(prep.input_ids, prep.host_ids, prep.req.sampling, reply, ctx.cancelled, finished)
+        seq = Sequence(prep.input_ids, prep.host_ids, prep.req.sampling, reply, ctx.cancelled, finished,
+                       salt=self._salt(prep))
         if not self.deps.model.submit(seq):
             self.deps.metrics.queue_full.inc()
             with self.outcome.guard():
@@ -202,10 +210,12 @@ class RequestFlow:
         choices = Choices(req, req.n, ctx.view, ctx.writer, n, self.outcome)
         on_done = all_done(req.n, self.outcome.done)
         cancelled = lambda: ctx.cancelled() or choices.over   # noqa: E731
+        salt = self._salt(prep)                 # the tenant's prefix blocks only
         for i in range(req.n):
             sink = ChoiceSink(choices, i, req, n, self.deps.backend.prompt.detokenizer(prep.host_ids[-8:].tolist()),
                               self._tool_calls(req))
-            seq = Sequence(prep.input_ids, prep.host_ids, choice_params(req.sampling, i), sink, cancelled, on_done)
+            seq = Sequence(prep.input_ids, prep.host_ids, choice_params(req.sampling, i), sink, cancelled, on_done,
+                           salt=salt)
             if not self.deps.model.submit(seq):
                 self.deps.metrics.queue_full.inc()
                 choices.over = True                 # the ones submitted are cancelled; they end as dropped
@@ -215,6 +225,17 @@ class RequestFlow:
                 for _ in range(req.n - i):
                     on_done(None)
                 return
+
+    def _salt(self, prep: Prepared) -> bytes:
+        """The prefix KV cache's salt: the request's tenant (zccp.prefix_cache), b"" for the
+        anonymous one."""
+        keys = self._store_keys
+        if keys is not None:
+            return keys.tenant or b""
+        view = self.ctx.view
+        if view.header.flags & Flag.TENANT:
+            return bytes(ffi.buffer(view.request.tenant, 32))
+        return tenant_digest(prep.req.user) if prep.req.user else b""
 
     def _tool_calls(self, req: GenerationRequest) -> bool:
         """Parse tool calls out of this answer: tools were offered, and the parser is on."""

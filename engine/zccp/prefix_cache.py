@@ -7,6 +7,13 @@ backend's identity, so two models never share state). A key therefore names the
 whole prefix up to the end of its block, and a block's KV state is only ever
 reused at the positions it was computed at. Only full blocks are kept.
 
+Tenants (docs/cache.md, "The prefix KV cache"): a request's chain is salted with its
+tenant, so one tenant never reuses (and so never learns about, through the usage's
+cached tokens) another's prompt blocks, as vLLM's cache_salt does. The blocks an operator
+warms up (POST /v1/zccp/warmup, on the admin side) are unsalted and marked shared: a
+tenant's chain follows the shared chain while its blocks are shared ones, then goes on
+salted. A declared common system prompt therefore stays shared, nothing else does.
+
 match() walks a prompt's chain until the first miss, stopping one token short of
 the end (the model must compute at least the last prompt token to get logits:
 vLLM's max_cache_hit_length = num_tokens - 1). insert() adds the blocks a prefill
@@ -46,6 +53,7 @@ class PrefixCache:
         self.block = block
         self._root = hashlib.sha256(b"zccp-prefix-v1\0" + identity).digest()
         self._blocks: OrderedDict[bytes, torch.Tensor] = OrderedDict()
+        self._shared: set[bytes] = set()   # blocks an operator's warm-up put in: every tenant's
         self.nbytes = 0
         self.hits = 0                  # blocks served
         self.evictions = 0
@@ -53,21 +61,32 @@ class PrefixCache:
     def __len__(self) -> int:
         return len(self._blocks)
 
-    def chain(self, ids: np.ndarray, n_blocks: int) -> list[bytes]:
-        """The chain keys of the first n_blocks blocks of ids (1-D integer array)."""
+    def chain(self, ids: np.ndarray, n_blocks: int, salt: bytes | None = None) -> list[bytes]:
+        """The chain keys of the first n_blocks blocks of ids (1-D integer array). salt: the
+        tenant's (its blocks are its own past the shared ones), None: unsalted (a warm-up)."""
         b = self.block
         data = np.ascontiguousarray(ids[: n_blocks * b], dtype="<u4").tobytes()
         keys, parent, width = [], self._root, 4 * b
+        shared = True
         for i in range(n_blocks):
-            parent = hashlib.sha256(parent + data[i * width:(i + 1) * width]).digest()
+            block = data[i * width:(i + 1) * width]
+            if salt is not None and shared:
+                k = hashlib.sha256(parent + block).digest()
+                if k in self._shared:
+                    keys.append(k)
+                    parent = k
+                    continue
+                shared = False
+                parent = hashlib.sha256(b"zccp-tenant\0" + salt + parent).digest()
+            parent = hashlib.sha256(parent + block).digest()
             keys.append(parent)
         return keys
 
-    def match(self, ids: np.ndarray) -> Match:
+    def match(self, ids: np.ndarray, salt: bytes | None = None) -> Match:
         """The longest cached prefix of ids, at most len(ids) - 1 tokens, block-aligned."""
         if not self._blocks or len(ids) <= self.block:
             return Match([], [])
-        keys = self.chain(ids, (len(ids) - 1) // self.block)
+        keys = self.chain(ids, (len(ids) - 1) // self.block, salt)
         found: list[torch.Tensor] = []
         for k in keys:
             blk = self._blocks.get(k)
@@ -79,12 +98,15 @@ class PrefixCache:
         self.hits += len(found)
         return Match(found, keys)
 
-    def insert(self, keys: list[bytes], first: int, take: Callable[[int], torch.Tensor | None]) -> int:
+    def insert(self, keys: list[bytes], first: int, take: Callable[[int], torch.Tensor | None],
+               shared: bool = False) -> int:
         """Keep blocks first..len(keys)-1 (take(i) makes block i's KV state) that are not
-        cached yet; returns how many were added."""
+        cached yet; returns how many were added. shared: an unsalted chain (a warm-up)."""
         added = 0
         for i in range(first, len(keys)):
             if keys[i] in self._blocks:
+                if shared:
+                    self._shared.add(keys[i])
                 continue
             blk = take(i)
             if blk is None:
@@ -93,6 +115,8 @@ class PrefixCache:
             if size > self.capacity:
                 return added
             self._blocks[keys[i]] = blk
+            if shared:
+                self._shared.add(keys[i])
             self.nbytes += size
             added += 1
             self._evict()
@@ -115,10 +139,12 @@ class PrefixCache:
 
     def _evict(self) -> None:
         while self.nbytes > self.capacity and self._blocks:
-            _, blk = self._blocks.popitem(last=False)
+            k, blk = self._blocks.popitem(last=False)
+            self._shared.discard(k)
             self.nbytes -= blk.numel() * blk.element_size()
             self.evictions += 1
 
     def clear(self) -> None:
         self._blocks.clear()
+        self._shared.clear()
         self.nbytes = 0

@@ -106,12 +106,18 @@ def resolve(cfg: Config, run_dir: Path) -> Config:
     if len(socket.encode()) > SUN_PATH_MAX:
         raise ConfigError(f"{cfg.path}: server.socket_path: {socket} is longer than {SUN_PATH_MAX} bytes "
                           f"(a unix socket's limit); use a shorter --run-dir or set server.socket_path")
+    admin = cfg.server.admin_listen or "unix:" + str(Path(socket).parent / "admin.sock")
+    token_file = cfg.server.admin_token_file
+    if token_file is not None:   # relative to the config file, like mask_patterns
+        token_file = str((Path(cfg.path).parent / token_file).resolve())
     masks = cfg.cache.mask_patterns
     if masks is not None:   # relative to the config file, as an operator reads it
         masks = str((Path(cfg.path).parent / masks).resolve())
     return dataclasses.replace(
         cfg,
-        server=dataclasses.replace(cfg.server, socket_path=socket),
+        server=dataclasses.replace(cfg.server, socket_path=socket, admin_listen=admin, admin_token_file=token_file),
+        auth=dataclasses.replace(cfg.auth, usage_log=str(Path(socket).parent / "usage.jsonl")
+                                 if cfg.auth.usage_log is None else cfg.auth.usage_log),
         shared_memory=dataclasses.replace(cfg.shared_memory, group=group),
         cache=dataclasses.replace(cfg.cache, mask_patterns=masks),
     )

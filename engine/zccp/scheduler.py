@@ -94,6 +94,7 @@ class Sequence:
     cancelled: Callable[[], bool]
     on_done: Callable[[Any], None]        # on the model thread; the sink's end() value, or None
     prefill_only: bool = False            # a warm-up: prefill and keep the prefix blocks, no output
+    salt: bytes | None = None             # the tenant's prefix-cache salt; None: shared (a warm-up)
     # -- the model thread's state ---------------------------------------------------------
     state: Any = field(default=None, repr=False)
     ids: torch.Tensor | None = field(default=None, repr=False)
@@ -301,8 +302,8 @@ class BatchScheduler:
         n = ids.numel()
         blocks: list[torch.Tensor] = []
         if self.prefix is not None:
-            seq.keys = self.prefix.chain(seq.host_ids, n // self.prefix.block)
-            match = self.prefix.match(seq.host_ids)
+            seq.keys = self.prefix.chain(seq.host_ids, n // self.prefix.block, seq.salt)
+            match = self.prefix.match(seq.host_ids, seq.salt)
             blocks = match.blocks
             seq.reused = match.count * self.prefix.block
         seq.host_ids = _NO_IDS
@@ -364,7 +365,8 @@ class BatchScheduler:
         if self.prefix is None or not seq.keys:
             return 0
         b, state = self.prefix.block, seq.state
-        self.prefix.insert(seq.keys, seq.reused // b, lambda i: self.backend.take_block(state, i * b, (i + 1) * b))
+        self.prefix.insert(seq.keys, seq.reused // b, lambda i: self.backend.take_block(state, i * b, (i + 1) * b),
+                           shared=seq.salt is None)
         return self.prefix.held(seq.keys) * b
 
     # -- 6. decode ---------------------------------------------------------------------------

@@ -17,6 +17,9 @@ local tenant = require "zccp.tenant"
 local mask_store = require "zccp.mask_store"
 local body_mod = require "zccp.body"
 local l1 = require "zccp.l1"
+local auth = require "zccp.auth"
+local admin_gate = require "zccp.admin"
+local limits = require "zccp.limits"
 
 local ngx = ngx
 local ngx_var = ngx.var
@@ -32,6 +35,7 @@ local ffi_fill = ffi.fill
 local ffi_string = ffi.string
 local str_find = string.find
 local str_lower = string.lower
+local str_match = string.match
 local tonumber = tonumber
 local error = error
 local pcall = pcall
@@ -266,23 +270,12 @@ local function respond(api, slot, outcome, r)
 end
 
 -- Admin requests (kinds "purge": POST /v1/zccp/purge, "warmup": POST /v1/zccp/warmup)
--- and POST /v1/zccp/l1/purge answer clients on the loopback interface or a unix socket
--- only, whatever the listener: realip_remote_addr is the connection's own address even
--- when the realip module rewrote remote_addr.
-local LOOPBACK = { ["127.0.0.1"] = true, ["::1"] = true, ["unix:"] = true }
+-- and POST /v1/zccp/l1/purge answer on the admin listener only, with its token
+-- (zccp.admin), never by the client's address.
 local ADMIN_KINDS = { purge = "ZCCP_KIND_PURGE", warmup = "ZCCP_KIND_WARMUP" }
 -- The model endpoints anyone may call: POST /v1/messages/count_tokens, GET /v1/models.
 local MODEL_KINDS = { count_tokens = "ZCCP_KIND_COUNT_TOKENS", models = "ZCCP_KIND_MODELS" }
 
--- Answers 403 unless the client is on the loopback interface or a unix socket: true
--- when it may go on.
-local function loopback_only(api)
-    if LOOPBACK[ngx_var.realip_remote_addr or ngx_var.remote_addr] then
-        return true
-    end
-    errors.send(api, 403, "permission_error", "this endpoint answers loopback clients only")
-    return false
-end
 
 -- One attempt against one arena: claim, fill and ring, relay, respond. Returns
 -- "retry" when the engine behind the arena changed under us (stale ring); otherwise
@@ -315,6 +308,7 @@ local function attempt(r, a, state)
         return errors.send(api, 503, "overloaded_error", rerr, RETRY_AFTER)
     end
     local outcome, res = relay.run(slot, state, r.deadline)
+    limits.observe(a:meta(slot.index))   -- the engine's exact counts, settled in the log phase
     if outcome == "done" and k then
         local kept, kerr = pcall(l1.keep, api, k, a:meta(slot.index), res)
         if not kept then
@@ -331,11 +325,11 @@ local function attempt(r, a, state)
     return respond(api, slot, outcome, res)
 end
 
--- Step 1, before any body byte is read: who may call (admin kinds: loopback only), the
--- method, the content type and the declared size. Returns true and the declared
+-- Step 1, before any body byte is read: who may call (admin kinds: the admin listener),
+-- the method, the content type and the declared size. Returns true and the declared
 -- Content-Length (nil when there is none), or false once the request is answered.
 local function admit(api, kind, s)
-    if kind and ADMIN_KINDS[kind] and not loopback_only(api) then
+    if kind and ADMIN_KINDS[kind] and not admin_gate.allowed(api) then
         return false
     end
     local method = ngx.req.get_method()
@@ -363,16 +357,19 @@ end
 -- The payload as fill_slot takes it: { body = string }, or { len = n, deadline = t } for a
 -- body streamed later straight into the slot; nil once the request is answered (a body
 -- that could not be read). GET /v1/models/{id}: the id is the payload.
-local function payload(api, kind, len, max_body, deadline)
+local function payload(api, kind, len, max_body, deadline, whole)
     if kind == "models" then
-        return { body = ngx_var.zccp_model_id or "" }
+        return { body = _M.model_id(ngx_var.uri) or "" }
     end
-    if body_mod.streamable(len, fingerprint.DECODE_LIMIT) then
+    if body_mod.streamable(len, fingerprint.DECODE_LIMIT) and not whole then
         return { len = len, deadline = deadline }
     end
-    local body, code, err_kind, msg = body_mod.read(max_body)
+    local body, code, err_kind, msg = body_mod.read(max_body, deadline)
     if not body then
         errors.send(api, code, err_kind, msg)
+        if code == 408 then
+            return ngx.exit(ngx.HTTP_OK)   -- the answer is out; stops the pending body read (body.read)
+        end
         return nil
     end
     return { body = body }
@@ -411,13 +408,17 @@ end
 -- Step 2: the body, the slot flags, and for a generation its keys. Returns the request
 -- r = { api, kind, src, body_len, deadline, flags, fp, extra } for attempts(), or nil
 -- once it is answered (a body that could not be read, an L1 hit).
-local function prepare(api, kind, kind_name, s, len, state)
+local function prepare(api, kind, kind_name, s, len, state, who)
     local deadline = ngx_now() + s.request_timeout_ms / 1000
-    local src = payload(api, kind, len, s.max_body, deadline)
+    local src = payload(api, kind, len, s.max_body, deadline, auth.wants_body(who))
     if not src then
         return nil
     end
     local body = src.body
+    -- the key's models and limits (zccp.auth, zccp.limits), before L1: a 404 or 429 either way
+    if kind ~= "models" and not auth.allow_model(who, api, body) or not kind and not limits.admit(who, api, body) then
+        return nil
+    end
     local flags = kind and 0 or cache_flags()
     if api == "openai" then
         flags = flags + abi.C.ZCCP_FLAG_API_OPENAI
@@ -495,7 +496,7 @@ function _M.header_too_large()
 end
 
 -- Content handler for POST /v1/messages ("anthropic") and /v1/chat/completions ("openai");
--- kind: "purge" or "warmup" (loopback only), "count_tokens" or "models" (GET).
+-- kind: "purge" or "warmup" (admin listener), "count_tokens" or "models" (GET).
 function _M.serve(api, kind)
     local s = settings.get()
     local rid = ngx_var.zccp_request_id
@@ -506,20 +507,24 @@ function _M.serve(api, kind)
     if not admitted then
         return
     end
+    local who = ADMIN_KINDS[kind or ""] and auth.OFF or auth.admit(api)   -- the API key: 401 before the body
+    if not who then
+        return
+    end
     local state = { aborted = false, request_id = rid }
     ngx.on_abort(function() state.aborted = true end)
-    local r = prepare(api, kind, kind_name, s, len, state)
+    local r = prepare(api, kind, kind_name, s, len, state, who)
     if not r then
         return
     end
     return attempts(r, state)
 end
 
--- POST /v1/zccp/l1/purge (loopback only, like the purge): empties this nginx's L1 and
+-- POST /v1/zccp/l1/purge (the admin listener, like the purge): empties this nginx's L1 and
 -- nothing else; `zccp-cache purge` calls it after purging Redis (docs/cache.md).
 function _M.purge_l1()
     ngx_header["X-Request-ID"] = ngx_var.zccp_request_id
-    if not loopback_only("anthropic") then
+    if not admin_gate.allowed("anthropic") then
         return
     end
     local method = ngx.req.get_method()
@@ -532,10 +537,21 @@ function _M.purge_l1()
     ngx_print('{"purged_l1":true}')
 end
 
+-- The {id} of /v1/models/{id} (letters, digits and ._:-), or nil.
+function _M.model_id(uri)
+    return str_match(uri, "^/v1/models/([A-Za-z0-9._:-]+)$")
+end
+
 -- GET /v1/models (and /v1/models/{id}): Anthropic's shape when the client says
 -- anthropic-version (the Anthropic SDK always does), OpenAI's otherwise.
 function _M.serve_models()
-    return _M.serve(ngx_var.http_anthropic_version and "anthropic" or "openai", "models")
+    local api = ngx_var.http_anthropic_version and "anthropic" or "openai"
+    local uri = ngx_var.uri
+    if uri ~= "/v1/models" and not _M.model_id(uri) then   -- the standalone's prefix location
+        ngx_header["X-Request-ID"] = ngx_var.zccp_request_id
+        return errors.send(api, 404, "not_found_error", "no model path " .. uri .. "; use /v1/models/{id}")
+    end
+    return _M.serve(api, "models")
 end
 
 return _M

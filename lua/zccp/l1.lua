@@ -129,6 +129,7 @@ end
 -- A streamed body's keys, from the SHA-256 of its bytes in the slot (32-byte string).
 function _M.digested(k, digest)
     k.pending = nil
+    k.digest = digest
     return add_keys(k, "R" .. digest, k.raw_tenant)
 end
 
@@ -202,6 +203,9 @@ function _M.serve(api, k, final)
     end
     ngx_header["X-ZCCP-Cache"] = "HIT"
     ngx_header["X-ZCCP-Cache-Layer"] = "L1"
+    -- the engine's context id for these bytes (the first 8 bytes of their SHA-256): L1
+    -- answers carry it too, for the logs (zccp_json) and the client
+    ngx_header["X-ZCCP-Context-Id"] = sha256.hex(k.digest, 8)
     local age = ngx_time() - born
     ngx_header["Age"] = age > 0 and age or 0
     ngx_print(body)

@@ -21,9 +21,17 @@ local HELP = {
     zccp_nginx_requests_total = "Responses sent by ZCCP's nginx locations, by API and status",
     zccp_nginx_bytes_in_total = "Request bytes received on ZCCP's locations",
     zccp_nginx_l1_total = "nginx's L1 cache (cache.l1), by API and result: hit, miss, store",
+    zccp_nginx_auth_total = "API key checks (auth.mode keys), by API and result: ok, unauthenticated, "
+        .. "model_refused, store_error",
+    zccp_nginx_limited_total = "Requests refused 429 by a key's or tenant's limit, by API and limit",
+    zccp_nginx_metered_tokens_total = "Tokens metered for requests with a key, by API and kind: input, output "
+        .. "(the engine's exact counts), saved (what cache hits did not cost)",
 }
--- The second label of a series (the first is api): status unless named here.
-local LABEL = { zccp_nginx_l1_total = "result" }
+-- The second label of a series (the first is api): status unless named here. Every label
+-- value is from a fixed set (never a key or a tenant): bounded cardinality; per key and
+-- per tenant usage is `zccp-keys usage` (docs/keys.md).
+local LABEL = { zccp_nginx_l1_total = "result", zccp_nginx_auth_total = "result",
+                zccp_nginx_limited_total = "limit", zccp_nginx_metered_tokens_total = "kind" }
 
 local function dict()
     return ngx.shared[DICT]
@@ -44,6 +52,14 @@ function _M.l1(api, result)
     local d = dict()
     if d then
         d:incr("zccp_nginx_l1_total" .. SEP .. api .. SEP .. result, 1, 0)
+    end
+end
+
+-- zccp.auth / zccp.limits: add n (default 1) to series `name` {api, <its label>=value}.
+function _M.count(name, api, value, n)
+    local d = dict()
+    if d and n ~= 0 then
+        d:incr(name .. SEP .. api .. SEP .. value, n or 1, 0)
     end
 end
 
@@ -113,6 +129,9 @@ local function engine_text()
 end
 
 function _M.serve()
+    if not require("zccp.admin").allowed("anthropic") then   -- the admin listener only
+        return
+    end
     ngx.header["Content-Type"] = "text/plain; version=0.0.4"
     local text, err = engine_text()
     local up = text and 1 or 0

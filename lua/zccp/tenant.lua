@@ -11,6 +11,7 @@ local ngx_var = ngx.var
 local str_match = string.match
 local str_lower = string.lower
 local str_gsub = string.gsub
+local str_find = string.find
 
 local _M = { _VERSION = "0.1.0" }
 
@@ -19,12 +20,7 @@ local header_var   -- ngx.var name of cache.tenant_header ("http_x_tenant_id")
 local function source_value(s, fp)
     local src = s.tenant_source
     if src == "api_key" then
-        local key = ngx_var.http_x_api_key
-        if key then
-            return key
-        end
-        local auth = ngx_var.http_authorization
-        return auth and str_match(auth, "^[Bb][Ee][Aa][Rr][Ee][Rr]%s+(%S+)")
+        return _M.api_key()
     end
     if src == "header" then
         if not header_var then
@@ -35,8 +31,24 @@ local function source_value(s, fp)
     return fp and fp.end_user   -- "user": metadata.user_id / user, when nginx decoded the body
 end
 
--- fp: the request's fingerprint (zccp.fingerprint.compute), or nil.
+-- The caller's API key: x-api-key (Anthropic's), else the token of Authorization: Bearer
+-- (OpenAI's). A header that is present but empty (or blank) is no key: it falls through.
+function _M.api_key()
+    local key = ngx_var.http_x_api_key
+    if key and str_find(key, "%S") then
+        return str_match(key, "^%s*(.-)%s*$")
+    end
+    local auth = ngx_var.http_authorization
+    return auth and str_match(auth, "^[Bb][Ee][Aa][Rr][Ee][Rr]%s+(%S+)%s*$")
+end
+
+-- fp: the request's fingerprint (zccp.fingerprint.compute), or nil. With keys on
+-- (zccp.auth) the tenant is the verified key's, whatever cache.tenant_source says.
 function _M.digest(fp)
+    local verified = ngx.ctx.zccp_tenant
+    if verified then
+        return verified
+    end
     local v = source_value(settings.get(), fp)
     if not v or v == "" then
         return nil

@@ -7,9 +7,15 @@ import socket
 
 import pytest
 
-from tests.support.harness import anthropic_body, dumps
+from tests.support.harness import H2Conn, anthropic_body, dumps
+from tests.support.protocols import both_protocols
 
 JSON = {"content-type": "application/json"}
+
+# Every body error over HTTP/1.1 and over HTTP/2 + TLS; the framing tests below speak raw
+# HTTP/1.x (null_stack_http1), with their HTTP/2 counterparts beside them.
+null_stack = both_protocols("null_stack")
+stack = both_protocols("stack")
 
 
 def _assert_anthropic_error(r, status: int, kind: str, mentions: str | None = None) -> None:
@@ -60,7 +66,8 @@ def test_bad_body_gets_a_clear_error(null_stack, body, status, kind, mentions):
     null_stack.assert_no_leaks()
 
 
-def test_body_over_the_limit_is_413(null_stack):
+def test_body_over_the_limit_is_413(null_stack_http1):
+    null_stack = null_stack_http1   # HTTP/2: test_body_over_the_limit_over_h2_is_413_before_the_body
     big = anthropic_body("x" * (null_stack.cfg.limits.max_body_kb * 1024))
     r = null_stack.client().post("/v1/messages", content=dumps(big), headers=JSON)
     _assert_anthropic_error(r, 413, "request_too_large")
@@ -214,7 +221,8 @@ def _responses(raw: bytes) -> list[tuple[int, dict[str, str], bytes]]:
 
 
 @pytest.mark.parametrize("path,openai", [("/v1/messages", False), ("/v1/chat/completions", True)])
-def test_oversized_header_line_is_431_api_shaped(null_stack, path, openai):
+def test_oversized_header_line_is_431_api_shaped(null_stack_http1, path, openai):
+    null_stack = null_stack_http1
     body = dumps(anthropic_body("hi"))
     raw = _raw(null_stack, _request(path, body, extra=f"X-Big: {'b' * 64 * 1024}\r\n"))
     [(status, headers, payload)] = _responses(raw)
@@ -228,7 +236,8 @@ def test_oversized_header_line_is_431_api_shaped(null_stack, path, openai):
 
 
 @pytest.mark.parametrize("stream", [False, True])
-def test_http_1_0_request_is_answered_and_closed(null_stack, stream):
+def test_http_1_0_request_is_answered_and_closed(null_stack_http1, stream):
+    null_stack = null_stack_http1
     body = dumps(anthropic_body("hello", stream=stream))
     [(status, headers, payload)] = _responses(_raw(null_stack, _request("/v1/messages", body, version="1.0")))
     assert status == 200
@@ -239,7 +248,8 @@ def test_http_1_0_request_is_answered_and_closed(null_stack, stream):
     null_stack.assert_no_leaks()
 
 
-def test_pipelined_requests_are_answered_in_order(null_stack):
+def test_pipelined_requests_are_answered_in_order(null_stack_http1):
+    null_stack = null_stack_http1
     a = dumps(anthropic_body("first"))
     bad = b"{oops"
     c = dumps(anthropic_body("third", stream=True))
@@ -251,3 +261,32 @@ def test_pipelined_requests_are_answered_in_order(null_stack):
     assert "error" in json.loads(got[1][2])
     assert b"event: message_stop" in got[2][2]
     null_stack.assert_no_leaks()
+
+
+def test_oversized_header_field_over_h2_closes_that_connection_only(null_stack_h2):
+    """nginx's HTTP/2 module has no 494 (so no API-shaped 431): a header field beyond
+    large_client_header_buffers ends the connection with GOAWAY; the stack serves on."""
+    conn = H2Conn(null_stack_h2)
+    try:
+        sid = conn.request("/v1/messages", dumps(anthropic_body("hi")), headers={"x-big": "b" * 64 * 1024})
+        st = conn.response(sid)
+    finally:
+        conn.close()
+    assert st["status"] is None and conn.goaway is not None, (st, conn.goaway)
+    assert null_stack_h2.client().post("/v1/messages", json=anthropic_body("hi")).status_code == 200
+    null_stack_h2.assert_no_leaks()
+
+
+def test_body_over_the_limit_over_h2_is_413_before_the_body(null_stack_h2):
+    """nginx answers from the content-length alone and resets the stream (NO_ERROR): the
+    client may stop sending. (httpx sends a whole body before it reads, so: raw h2.)"""
+    big = dumps(anthropic_body("x" * (null_stack_h2.cfg.limits.max_body_kb * 1024)))
+    conn = H2Conn(null_stack_h2)
+    try:
+        sid = conn.request("/v1/messages", big[:1000], length=len(big), end=False)
+        st = conn.response(sid)
+    finally:
+        conn.close()
+    assert st["status"] == 413, st
+    assert json.loads(st["body"])["error"]["type"] == "request_too_large"
+    null_stack_h2.assert_no_leaks()

@@ -16,7 +16,7 @@ SLOW = {"backend": "null", "null_token_delay_ms": 10, "null_reply": "slow " * 10
 
 
 def _gauge(stack, name: str) -> float:
-    m = re.search(rf"^{name} (\S+)$", stack.client().get("/metrics").text, re.M)
+    m = re.search(rf"^{name} (\S+)$", stack.admin_client().get("/metrics").text, re.M)
     return float(m.group(1)) if m else 0.0
 
 

@@ -1,6 +1,8 @@
 """Bodies above nginx's decode limit go from the client socket straight into the slot
 (zccp.body): the slot holds exactly the bytes sent, a slow or vanishing upload frees its
-slot, and chunked bodies still take the whole-body path."""
+slot, and chunked bodies still take the whole-body path. Over HTTP/2 (no request socket in
+nginx's Lua module) the same bodies take nginx's own in-memory body buffer into the slot:
+the same bytes, the same answers."""
 
 from __future__ import annotations
 
@@ -9,10 +11,13 @@ import socket
 import time
 
 from tests.support.harness import anthropic_body, dumps
+from tests.support.protocols import both_protocols
 from zccp.abi import State
 from zccp.cache.fingerprint import DECODE_LIMIT
 
 JSON = {"content-type": "application/json"}
+
+null_stack = both_protocols("null_stack")
 
 
 def _big_body(size: int) -> bytes:
@@ -27,6 +32,7 @@ def test_a_large_body_arrives_whole_in_the_slot(null_stack):
     assert len(body) > DECODE_LIMIT
     r = null_stack.client().post("/v1/messages", content=body, headers=JSON)
     assert r.status_code == 200, r.text
+    assert r.http_version == null_stack.protocol
     digest = hashlib.sha256(body).digest()
     assert r.headers["x-zccp-context-id"] == digest[:8].hex()
     reader = null_stack.arena()
@@ -98,7 +104,8 @@ def test_an_upload_that_stops_gets_408_and_frees_its_slot(make_stack):
     assert r.status_code == 200, r.text
 
 
-def test_a_client_that_leaves_mid_upload_frees_its_slot(null_stack):
+def test_a_client_that_leaves_mid_upload_frees_its_slot(null_stack_http1):
+    null_stack = null_stack_http1   # a raw HTTP/1.1 socket; HTTP/2: test_an_h2_stream_reset_mid_upload
     body = _big_body(4 * DECODE_LIMIT)
     conn = _raw_post(null_stack, "/v1/messages", body, DECODE_LIMIT)
     deadline = time.monotonic() + 10
@@ -109,3 +116,42 @@ def test_a_client_that_leaves_mid_upload_frees_its_slot(null_stack):
     null_stack.assert_no_leaks()
     r = null_stack.client().post("/v1/messages", content=body, headers=JSON)
     assert r.status_code == 200, r.text
+
+
+# -- HTTP/2: no request socket, so uploads go through nginx's body buffer (zccp.body) ---------
+
+
+def test_an_h2_upload_that_stops_gets_408(make_stack):
+    from tests.support.harness import H2Conn
+
+    s = make_stack({"model": {"backend": "null"}, "limits": {"request_timeout_ms": 1500}}, tls=True)
+    body = _big_body(2 * DECODE_LIMIT)
+    conn = H2Conn(s)
+    try:
+        sid = conn.request("/v1/messages", body[:DECODE_LIMIT // 2], length=len(body), end=False)
+        other = conn.request("/v1/messages", body)        # the same connection's next stream
+        stalled, done = conn.response(sid), conn.response(other)
+    finally:
+        conn.close()
+    assert stalled["status"] == 408, stalled
+    assert b'"invalid_request_error"' in stalled["body"] and b"not received in time" in stalled["body"]
+    assert done["status"] == 200 and b'"type": "message"' in done["body"].replace(b'":"', b'": "'), done
+    s.assert_no_leaks()
+
+
+def test_an_h2_stream_reset_mid_upload_leaves_nothing(make_stack):
+    from tests.support.harness import H2Conn
+
+    s = make_stack({"model": {"backend": "null"}}, tls=True)
+    body = _big_body(4 * DECODE_LIMIT)
+    conn = H2Conn(s)
+    try:
+        sid = conn.request("/v1/messages", body[:DECODE_LIMIT // 2], length=len(body), end=False)
+        conn.reset(sid)
+        other = conn.request("/v1/messages", body)
+        assert conn.response(other)["status"] == 200
+    finally:
+        conn.close()
+    s.assert_no_leaks()
+    r = s.client().post("/v1/messages", content=body, headers=JSON)
+    assert r.status_code == 200 and r.http_version == "HTTP/2", r.text

@@ -19,13 +19,20 @@ def cstack(make_stack):
     return make_stack({"cache": {"ttl_s": 600}}, with_redis=True)
 
 
+@pytest.fixture
+def cstack_any(make_stack, protocol):
+    """cstack over HTTP/1.1, and over HTTP/2 + TLS."""
+    return make_stack({"cache": {"ttl_s": 600}}, with_redis=True, tls=protocol == "h2tls")
+
+
 def post(s, body, **headers):
     r = s.client().post("/v1/messages", json=body, headers=headers)
     assert r.status_code == 200, r.text
     return r
 
 
-def test_exact_hit_replays_the_same_answer(cstack):
+def test_exact_hit_replays_the_same_answer(cstack_any):
+    cstack = cstack_any
     body = anthropic_body("Tell me a story", max_tokens=30, temperature=1)
     first = post(cstack, body)
     assert first.headers["x-zccp-cache"] == "MISS"
@@ -105,7 +112,8 @@ def _sse_events(text: str) -> list[str]:
     return [line[len("event: "):] for line in text.splitlines() if line.startswith("event: ")]
 
 
-def test_streamed_and_plain_share_entries(cstack):
+def test_streamed_and_plain_share_entries(cstack_any):
+    cstack = cstack_any
     body = anthropic_body("stream then plain", max_tokens=25, temperature=1)
     streamed = cstack.client().post("/v1/messages", json=dict(body, stream=True))
     assert streamed.headers["x-zccp-cache"] == "MISS"
@@ -135,7 +143,7 @@ def test_redis_down_serves_uncached_and_recovers(cstack):
     r = post(cstack, body)
     assert r.headers["x-zccp-cache"] == "ERROR"
     assert r.json()["type"] == "message"
-    metrics = cstack.client().get("/metrics").text
+    metrics = cstack.admin_client().get("/metrics").text
     errors = [ln for ln in metrics.splitlines() if ln.startswith("zccp_engine_cache_errors_total")]
     assert errors and float(errors[0].split()[-1]) >= 1
     cstack.redis.start()
@@ -213,7 +221,7 @@ def _stored(s, body):
 
 
 def _not_similar(s) -> float:
-    for line in s.client().get("/metrics").text.splitlines():
+    for line in s.admin_client().get("/metrics").text.splitlines():
         if line.startswith("zccp_engine_cache_total{") and 'reason="not_similar"' in line and 'result="MISS"' in line:
             return float(line.rsplit(" ", 1)[1])
     return 0.0

@@ -12,12 +12,12 @@ import json
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import httpx
 import pytest
 
 from tests.support.cache_requests import (
+    ENGINE_ENV,
     CHAT,
     NULL,
     Q,
@@ -31,6 +31,7 @@ from tests.support.cache_requests import (
     stored,
 )
 from zccp.abi import CacheReason, ffi
+from zccp.ops.stack import free_port
 
 
 def b64(data: bytes) -> str:
@@ -131,8 +132,8 @@ def test_masked_values_never_cross_tenants(nstack, api):
     assert cache_of(s, api, bob, authorization="Bearer key-ann") == "HIT"   # the same key, as a bearer token
 
 
-def test_near_hits_never_cross_tenants_but_exact_unmasked_ones_do(nstack):
-    s = nstack
+def test_near_hits_never_cross_tenants_but_exact_unmasked_ones_may(make_stack):
+    s = make_stack({"model": NULL, "cache": {"scope": "shared_exact"}}, with_redis=True)   # opt-in
     stored(s, "anthropic", req("anthropic", CHAT), x_api_key="key-a")
     assert cache_of(s, "anthropic", req("anthropic", CHAT), x_api_key="key-b") == "HIT"     # exact, unmasked
     # whitespace variants of the final turn: the same shingles, a certain near-duplicate
@@ -207,6 +208,7 @@ BOB = "Write a short reminder to bob@south.org about the unpaid invoice 98765432
 
 
 def test_masked_literal_guard_refuses_an_answer_carrying_the_other_users_address(make_stack):
+    # within one tenant (the anonymous one here): the guard is what keeps ann's values from bob
     s = make_stack({"model": dict(NULL, null_reply="Dear ann@north.com, invoice 123456789 is still unpaid.")},
                    with_redis=True)
     ann = req("anthropic", [{"role": "user", "content": ANN}])
@@ -264,10 +266,10 @@ def test_what_nginx_may_keep(make_stack):
         return _meta_of(s, body)
 
     plain = req("anthropic", [{"role": "user", "content": "A plain question with nothing masked"}])
-    assert send(plain)[1:3] == (600, 0)                  # MISS stored unmasked: any caller, full TTL
+    assert send(plain)[1:3] == (600, 1)                  # MISS stored: the tenant's (the default scope), full TTL
     time.sleep(0.2)
     status, ttl, scope, _ = send(plain)
-    assert status == 1 and 590 <= ttl <= 600 and scope == 0
+    assert status == 1 and 590 <= ttl <= 600 and scope == 1
     masked = req("anthropic", [{"role": "user", "content": "Order #123456789 status?"}])
     assert send(masked, **{"x-api-key": "k"})[1:3] == (600, 1)   # masked, no masked value in the text: tenant
     carrying = req("anthropic", [{"role": "user", "content": "Mail ann@north.com now"}])
@@ -288,7 +290,7 @@ def test_purge_endpoint_and_cli(nstack):
     stored(s, "anthropic", ka)
     stored(s, "anthropic", kb, x_api_key="tenant-b")
     stored(s, "anthropic", kc)
-    purge = s.client().post("/v1/zccp/purge", json={"tenant": "tenant-b"})
+    purge = s.admin_client().post("/v1/zccp/purge", json={"tenant": "tenant-b"})
     assert purge.status_code == 200 and purge.json()["purged"] >= 1
     assert cache_of(s, "anthropic", kb, x_api_key="tenant-b") == "MISS"
     assert cache_of(s, "anthropic", ka) == "HIT" and cache_of(s, "anthropic", kc) == "HIT"
@@ -302,15 +304,15 @@ def test_purge_endpoint_and_cli(nstack):
         exact = bytes(ffi.buffer(reader.meta(slot.index).exact_key, 32)).hex()
     finally:
         reader.close()
-    assert s.client().post("/v1/zccp/purge", json={"key": exact}).json()["purged"] == 2   # entry + near record
+    assert s.admin_client().post("/v1/zccp/purge", json={"key": exact}).json()["purged"] == 2   # entry + near record
     assert cache_of(s, "anthropic", kc) == "MISS" and cache_of(s, "anthropic", ka) == "HIT"
     # bad requests name the field; the method and the content type are checked as for the APIs
-    bad = s.client().post("/v1/zccp/purge", json={"scope": "mine"})
+    bad = s.admin_client().post("/v1/zccp/purge", json={"scope": "mine"})
     assert bad.status_code == 400 and bad.json()["error"]["message"].startswith("scope:")
-    assert s.client().get("/v1/zccp/purge").status_code == 405
+    assert s.admin_client().get("/v1/zccp/purge").status_code == 405
     # the CLI, straight to Redis
-    out = subprocess.run([str(Path(sys.executable).parent / "zccp-cache"), "purge", "--all", "--config",
-                          str(s.config_path)], capture_output=True, text=True, timeout=60)
+    out = subprocess.run([sys.executable, "-m", "zccp.ops.cli", "cache", "purge", "--all", "--config",
+                          str(s.config_path)], capture_output=True, text=True, timeout=60, env=ENGINE_ENV)
     assert out.returncode == 0 and out.stdout.startswith("purged "), out.stderr
     assert int(out.stdout.split()[1]) >= 2
     assert "emptied nginx's L1" in out.stdout   # ka was in L1 (served twice from Redis): gone too
@@ -318,14 +320,40 @@ def test_purge_endpoint_and_cli(nstack):
     s.assert_no_leaks()
 
 
-def test_purge_refuses_clients_that_are_not_on_loopback(nstack):
-    """Only 127.0.0.1, ::1 and unix sockets: a client from another address (here 127.0.0.2,
-    which Linux routes to the same listener) gets an API-shaped 403 and nothing is purged."""
-    s = nstack
+def test_the_public_listener_never_serves_the_admin_surface(make_stack, tmp_path):
+    """Purge, warm-up, L1 purge, keys and /metrics answer on the admin listener only: the
+    public one says 404 whatever address the connection comes from (behind a TLS terminator
+    or a sidecar on this host every client is 127.0.0.1). On an admin address the token is
+    required (issue 18)."""
+    token = tmp_path / "admin.token"
+    token.write_text("admin-token-for-the-test-0123456789\n")
+    s = make_stack({"model": NULL, "server": {"admin_listen": f"127.0.0.1:{free_port()}",
+                                              "admin_token_file": str(token)}}, with_redis=True)
     stored(s, "anthropic", req("anthropic", CHAT))
-    with httpx.Client(base_url=s.base_url, transport=httpx.HTTPTransport(local_address="127.0.0.2")) as c:
-        r = c.post("/v1/zccp/purge", json={"all": True})
-        assert r.status_code == 403 and r.json()["error"]["type"] == "permission_error"
-        # the same client is served the APIs as usual
-        assert c.post("/v1/messages", json=req("anthropic", CHAT)).headers["x-zccp-cache"] == "HIT"
-    assert cache_of(s, "anthropic", req("anthropic", CHAT)) == "HIT"
+    for local in ("127.0.0.1", "127.0.0.2"):
+        with httpx.Client(base_url=s.base_url, transport=httpx.HTTPTransport(local_address=local)) as c:
+            for path in ("/v1/zccp/purge", "/v1/zccp/l1/purge", "/v1/zccp/warmup", "/v1/zccp/keys"):
+                r = c.post(path, json={"all": True})
+                assert r.status_code == 404, (local, path, r.text)
+            m = c.get("/metrics")
+            assert m.status_code != 200 and "zccp_" not in m.text      # nginx's own 404 (no such location)
+            # the same client is served the APIs as usual
+            assert c.post("/v1/messages", json=req("anthropic", CHAT)).headers["x-zccp-cache"] == "HIT"
+    with httpx.Client(base_url=f"http://{s.cfg.server.admin_listen}") as c:
+        assert c.post("/v1/zccp/purge", json={"all": True}).status_code == 401         # no token
+        r = c.post("/v1/zccp/purge", json={"all": True}, headers={"authorization": "Bearer wrong-token-xxxxxxxx"})
+        assert r.status_code == 401 and r.json()["error"]["type"] == "authentication_error"
+        assert c.get("/metrics").status_code == 401
+    assert cache_of(s, "anthropic", req("anthropic", CHAT)) == "HIT"                     # nothing was purged
+    assert s.admin_client().post("/v1/zccp/purge", json={"all": True}).json()["purged"] >= 1   # with the token
+    assert "zccp_engine_up 1" in s.admin_client().get("/metrics").text
+
+
+def test_the_admin_listener_needs_a_token_on_an_address(tmp_path):
+    from zccp.config import ConfigError, parse_config
+
+    with pytest.raises(ConfigError, match="admin_token_file: required"):
+        parse_config({"server": {"admin_listen": "127.0.0.1:9901"}})
+    with pytest.raises(ConfigError, match="the same as server.listen"):
+        parse_config({"server": {"listen": "127.0.0.1:9901", "admin_listen": "127.0.0.1:9901",
+                                 "admin_token_file": "t"}})

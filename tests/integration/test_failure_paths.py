@@ -47,7 +47,7 @@ def redis_keys(s: Stack) -> list[bytes]:
 
 
 def metric(s: Stack, line_prefix: str) -> float:
-    text = httpx.get(s.url("/metrics"), timeout=5).text
+    text = s.admin_client().get("/metrics").text
     values = [float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line.startswith(line_prefix)]
     assert values, f"no sample {line_prefix!r} in /metrics"
     return sum(values)

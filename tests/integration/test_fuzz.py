@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import re
 
-import httpx
 import pytest
 
 from tests.support.harness import anthropic_body
@@ -16,7 +15,7 @@ from tests.support.hostile_writer import Fuzzer
 
 
 def _rejects(stack) -> dict[str, int]:
-    text = httpx.get(stack.url("/metrics"), timeout=5).text
+    text = stack.admin_client().get("/metrics").text
     return {m.group(1): int(m.group(2))
             for m in re.finditer(r'^zccp_engine_rejects_total\{status="(\d+)"\} (\d+)', text, re.M)}
 

@@ -157,7 +157,7 @@ def test_prefix_reuse_is_reported_and_changes_nothing(claude, oai, hf_stack):
 
 def test_warmup_preloads_a_prefix(hf_stack, claude):
     system = "Warm-up system prompt for the pipeline tests. " * 10
-    r = hf_stack.client().post("/v1/zccp/warmup", json={"model": HF_MODEL, "system": system, "messages": []})
+    r = hf_stack.admin_client().post("/v1/zccp/warmup", json={"model": HF_MODEL, "system": system, "messages": []})
     assert r.status_code == 200, r.text
     body = r.json()
     assert body["type"] == "warmup" and body["reused_tokens"] == 0
@@ -165,9 +165,9 @@ def test_warmup_preloads_a_prefix(hf_stack, claude):
     msg = claude.messages.create(model=HF_MODEL, max_tokens=4, system=system,
                                  messages=[{"role": "user", "content": "hi"}])
     assert msg.usage.cache_read_input_tokens == body["cached_tokens"]
-    again = hf_stack.client().post("/v1/zccp/warmup", json={"model": HF_MODEL, "system": system, "messages": []})
+    again = hf_stack.admin_client().post("/v1/zccp/warmup", json={"model": HF_MODEL, "system": system, "messages": []})
     assert again.json()["reused_tokens"] == (body["prompt_tokens"] - 1) // 16 * 16
-    bad = hf_stack.client().post("/v1/zccp/warmup", json={"model": "nope", "messages": []})
+    bad = hf_stack.admin_client().post("/v1/zccp/warmup", json={"model": "nope", "messages": []})
     assert bad.status_code == 404 and bad.json()["type"] == "error"
     hf_stack.assert_no_leaks()
 
@@ -183,18 +183,17 @@ def _outside_address() -> str | None:
     return None if addr.startswith("127.") else addr
 
 
-def test_warmup_refuses_other_clients(make_stack, hf_checkpoint):
+def test_warmup_is_on_the_admin_listener_only(make_stack, hf_checkpoint):
+    """The public listener never serves it, from any address (loopback included); the admin
+    listener does."""
     addr = _outside_address()
-    if addr is None:
-        pytest.skip("this host has no non-loopback address")
     s = make_stack({"server": {"listen": f"0.0.0.0:{free_port()}"},
                     "model": {"backend": "hf", "path": str(hf_checkpoint), "name": HF_MODEL}})
     port = s.cfg.server.listen.rsplit(":", 1)[1]
-    r = httpx.post(f"http://{addr}:{port}/v1/zccp/warmup", json={"model": HF_MODEL, "messages": []}, timeout=30)
-    assert r.status_code == 403
-    assert r.json()["error"]["type"] == "permission_error"
-    ok = httpx.post(f"http://127.0.0.1:{port}/v1/zccp/warmup", json={"model": HF_MODEL, "system": "x" * 80,
-                                                                     "messages": []}, timeout=30)
+    for host in ["127.0.0.1"] + ([addr] if addr else []):
+        r = httpx.post(f"http://{host}:{port}/v1/zccp/warmup", json={"model": HF_MODEL, "messages": []}, timeout=30)
+        assert r.status_code == 404 and r.json()["error"]["type"] == "not_found_error", host
+    ok = s.admin_client().post("/v1/zccp/warmup", json={"model": HF_MODEL, "system": "x" * 80, "messages": []})
     assert ok.status_code == 200
 
 

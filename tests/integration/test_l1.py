@@ -13,12 +13,11 @@ import signal
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import httpx
 import pytest
 
-from tests.support.cache_requests import NULL, PATHS, metric, req
+from tests.support.cache_requests import ENGINE_ENV, NULL, PATHS, metric, req
 
 ID = {"anthropic": re.compile(r'"id":"msg_[0-9A-Za-z]{24}"'),
       "openai": re.compile(r'"id":"chatcmpl-[0-9A-Za-z]{29}"')}
@@ -31,6 +30,12 @@ BIG = "Zürich, Köln, Malmö, Århus, Göteborg, Düsseldorf. " * 900
 @pytest.fixture
 def lstack(make_stack):
     return make_stack({"model": NULL, "cache": {"ttl_s": 600}}, with_redis=True)
+
+
+@pytest.fixture
+def lstack_any(make_stack, protocol):
+    """lstack over HTTP/1.1, and over HTTP/2 + TLS."""
+    return make_stack({"model": NULL, "cache": {"ttl_s": 600}}, with_redis=True, tls=protocol == "h2tls")
 
 
 def post(s, api, body: dict | bytes, **headers) -> httpx.Response:
@@ -110,6 +115,19 @@ def test_an_l1_hit_is_the_engines_replay_with_a_fresh_id_and_created(lstack, api
         assert layer(post(lstack, api, other)) == "HIT/L2"
 
 
+def test_l1_answers_over_http2_like_over_http1(make_stack):
+    """The same L1 path over HTTP/2 + TLS (one stack for both APIs, streamed and not; the
+    other L1 tests run over HTTP/1.1, and the large-body one over both)."""
+    s = make_stack({"model": NULL, "cache": {"ttl_s": 600}}, with_redis=True, tls=True)
+    for api, extra in (("anthropic", {"stream": True}), ("openai", {})):
+        body = req(api, [{"role": "user", "content": f"Over HTTP/2, {api}"}], **extra)
+        l2, l1 = to_l1(s, api, body)
+        assert l1.http_version == "HTTP/2"
+        assert unique(api, l2.text)[0] == unique(api, l1.text)[0]
+        assert l1.headers["x-zccp-context-id"] == l2.headers["x-zccp-context-id"]
+    s.assert_no_leaks()
+
+
 def test_other_bytes_of_the_same_request_hit_by_the_exact_key_masked_ones_do_not(lstack):
     s = lstack
     body = req("openai", [{"role": "user", "content": "Same request, other spacing"}])
@@ -153,9 +171,18 @@ def test_l1_never_serves_across_tenants(lstack):
     assert layer(post(s, "anthropic", masked, x_api_key="tenant-b")) == "MISS/-"
     assert layer(post(s, "anthropic", masked)) == "MISS/-"                        # anonymous
     assert layer(post(s, "anthropic", masked, x_api_key="tenant-a")) == "HIT/L1"
-    # unmasked: shared by every tenant in the engine (cache_scope 0), so in L1 too
+    # unmasked: the tenant's too under the default scope
     plain = req("anthropic", [{"role": "user", "content": "A plain question"}])
     to_l1(s, "anthropic", plain, x_api_key="tenant-a")
+    assert layer(post(s, "anthropic", plain, x_api_key="tenant-b")) == "MISS/-"
+
+
+def test_l1_shares_what_the_engine_shares(make_stack):
+    # shared_exact (opt-in): an unmasked answer is every tenant's (cache_scope 0), in L1 too
+    s = make_stack({"model": NULL, "cache": {"scope": "shared_exact"}}, with_redis=True)
+    plain = req("anthropic", [{"role": "user", "content": "A plain question"}])
+    assert layer(post(s, "anthropic", plain, x_api_key="tenant-a")) == "MISS/-"
+    assert eventually(s, "anthropic", plain, x_api_key="tenant-a") == "HIT"    # the replay nginx keeps
     assert layer(post(s, "anthropic", plain, x_api_key="tenant-b")) == "HIT/L1"
 
 
@@ -183,24 +210,24 @@ def test_a_purge_empties_l1(lstack):
     to_l1(s, "anthropic", a)
     to_l1(s, "openai", b)
     # a purge of some other key leaves Redis's entries, and empties L1 all the same
-    r = s.client().post("/v1/zccp/purge", json={"key": "ab" * 32})
+    r = s.admin_client().post("/v1/zccp/purge", json={"key": "ab" * 32})
     assert r.status_code == 200 and r.json()["purged"] == 0
     assert layer(post(s, "anthropic", a)) == "HIT/L2"
     assert layer(post(s, "anthropic", a)) == "HIT/L1"
-    assert s.client().post("/v1/zccp/purge", json={"all": True}).status_code == 200
+    assert s.admin_client().post("/v1/zccp/purge", json={"all": True}).status_code == 200
     assert layer(post(s, "anthropic", a)) == "MISS/-" and layer(post(s, "openai", b)) == "MISS/-"
-    # L1 alone (what `zccp-cache purge` calls after purging Redis); loopback clients only
+    # L1 alone (what `zccp-cache purge` calls after purging Redis); the admin listener only
     to_l1(s, "openai", b, missed=True)
-    with httpx.Client(base_url=s.base_url, transport=httpx.HTTPTransport(local_address="127.0.0.2")) as c:
-        assert c.post("/v1/zccp/l1/purge").status_code == 403
+    assert s.client().post("/v1/zccp/l1/purge").status_code == 404
     assert layer(post(s, "openai", b)) == "HIT/L1"
-    assert s.client().get("/v1/zccp/l1/purge").status_code == 405
-    assert s.client().post("/v1/zccp/l1/purge").json() == {"purged_l1": True}
+    assert s.admin_client().get("/v1/zccp/l1/purge").status_code == 405
+    assert s.admin_client().post("/v1/zccp/l1/purge").json() == {"purged_l1": True}
     assert layer(post(s, "openai", b)) == "HIT/L2"
     # the CLI: Redis, then this host's L1
     to_l1(s, "openai", b, missed=True)
-    out = subprocess.run([str(Path(sys.executable).parent / "zccp-cache"), "purge", "--scope", "shared",
-                          "--config", str(s.config_path)], capture_output=True, text=True, timeout=60)
+    out = subprocess.run([sys.executable, "-m", "zccp.ops.cli", "cache", "purge", "--scope", "anonymous",
+                          "--config", str(s.config_path)], capture_output=True, text=True, timeout=60,
+                         env=ENGINE_ENV)
     assert out.returncode == 0 and "emptied nginx's L1" in out.stdout, out.stderr
     assert layer(post(s, "openai", b)) == "MISS/-"
 
@@ -235,8 +262,8 @@ def test_an_answer_carrying_a_masked_value_never_enters_l1(make_stack):
     assert metric(s, "zccp_nginx_l1_total", api="anthropic", result="store") == 0
 
 
-def test_bodies_above_the_decode_limit_are_kept_by_their_bytes(lstack):
-    s = lstack
+def test_bodies_above_the_decode_limit_are_kept_by_their_bytes(lstack_any):
+    s = lstack_any
     body = req("anthropic", [{"role": "user", "content": BIG}])
     assert len(json.dumps(body)) > 64 * 1024 > len(BIG.encode())
     l2, l1 = to_l1(s, "anthropic", body)
@@ -245,8 +272,8 @@ def test_bodies_above_the_decode_limit_are_kept_by_their_bytes(lstack):
     raw = json.dumps(body).replace('"messages": ', '"messages":  ').encode()
     assert layer(post(s, "anthropic", raw)) == "HIT/L2"
     assert layer(post(s, "anthropic", raw)) == "HIT/L1"
-    # and the same bytes from another tenant: shared (unmasked) as the engine shares it
-    assert layer(post(s, "anthropic", raw, x_api_key="someone-else")) == "HIT/L1"
+    # and the same bytes from another tenant: not shared (the default scope), as in the engine
+    assert layer(post(s, "anthropic", raw, x_api_key="someone-else")) == "MISS/-"
     # those bytes streamed into the slot (Content-Length); chunked, they are read whole: one key
     r = s.client().post(PATHS["anthropic"], content=iter([raw[:1000], raw[1000:]]),
                         headers={"content-type": "application/json"})

@@ -19,6 +19,7 @@ import redis
 from redis.cluster import RedisCluster
 
 from tests.support.cache_requests import (
+    ENGINE_ENV,
     CHAT,
     NULL,
     Q,
@@ -206,13 +207,13 @@ def test_purge_through_one_host_empties_the_cache_for_both(shared, cluster):
     before = zccp_keys(cluster)
     assert all(before.values())
     # one tenant, through host a's endpoint: only its keys go, on whichever master they are
-    r = a.client().post("/v1/zccp/purge", json={"tenant": "tenant-x"})
+    r = a.admin_client().post("/v1/zccp/purge", json={"tenant": "tenant-x"})
     assert r.status_code == 200 and r.json()["purged"] >= 1
     assert cache_of(b, "anthropic", masked, x_api_key="tenant-x") == "MISS"
     assert cache_of(b, "anthropic", req("anthropic", history(3))) == "HIT"
     # everything, through host b's endpoint: every master is scanned
     total = sum(map(len, zccp_keys(cluster).values()))
-    r = b.client().post("/v1/zccp/purge", json={"all": True})
+    r = b.admin_client().post("/v1/zccp/purge", json={"all": True})
     assert r.status_code == 200 and r.json()["purged"] == total
     assert not any(zccp_keys(cluster).values())
     for i, s in enumerate((a, b)):       # two conversations: a MISS stores its own answer again
@@ -221,8 +222,8 @@ def test_purge_through_one_host_empties_the_cache_for_both(shared, cluster):
     for i in range(6):
         stored(a, "anthropic", req("anthropic", history(100 + i)))
     total = sum(map(len, zccp_keys(cluster).values()))
-    out = subprocess.run([str(Path(sys.executable).parent / "zccp-cache"), "purge", "--all", "--config",
-                          str(a.config_path)], capture_output=True, text=True, timeout=60)
+    out = subprocess.run([sys.executable, "-m", "zccp.ops.cli", "cache", "purge", "--all", "--config",
+                          str(a.config_path)], capture_output=True, text=True, timeout=60, env=ENGINE_ENV)
     assert out.returncode == 0, out.stderr
     assert out.stdout.split() == ["purged", str(total), "keys"]
     assert not any(zccp_keys(cluster).values())

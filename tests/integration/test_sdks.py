@@ -9,9 +9,16 @@ import pytest
 MODEL = "zccp-tiny"
 
 
-@pytest.fixture(scope="module")
-def sdk_stack(stack):
-    return stack                    # the stack conftest's claude / oai fixtures talk to
+@pytest.fixture(scope="module", params=["http1", "h2tls"])
+def sdk_stack(request):
+    """The stack conftest's claude / oai fixtures talk to: over HTTP/1.1, and over HTTP/2 +
+    TLS (each SDK with an http_client speaking HTTP/2: harness.sdk_clients)."""
+    return request.getfixturevalue("stack_h2" if request.param == "h2tls" else "stack_http1")
+
+
+@pytest.fixture
+def stack(sdk_stack):
+    return sdk_stack
 
 
 def test_anthropic_create(claude, stack):
@@ -91,3 +98,11 @@ def test_openai_errors_are_sdk_exceptions(oai):
         oai.chat.completions.create(model="gpt-nope", messages=[{"role": "user", "content": "x"}])
     with pytest.raises(openai.BadRequestError):
         oai.chat.completions.create(model=MODEL, messages=[])
+
+
+def test_both_sdks_speak_the_stacks_protocol(claude, oai, stack):
+    hi = [{"role": "user", "content": "Hi"}]
+    a = claude.messages.with_raw_response.create(model=MODEL, max_tokens=4, messages=hi)
+    o = oai.chat.completions.with_raw_response.create(model=MODEL, max_tokens=4, messages=hi)
+    assert a.http_response.http_version == o.http_response.http_version == stack.protocol
+    assert a.parse().type == "message" and o.parse().object == "chat.completion"

@@ -10,7 +10,8 @@ from zccp.abi import NOTICE_SIZE, SLOT_MAGIC, ABI_VERSION, Op, State
 from zccp.doorbell import decode_notice, encode_ring
 
 
-def test_round_trip_returns_an_anthropic_message(stack):
+def test_round_trip_returns_an_anthropic_message(stack_any):
+    stack = stack_any
     # Greedy: sampled, the model may legitimately answer with EOS at once (0 tokens).
     r = stack.client().post("/v1/messages", json=anthropic_body("Hello there", max_tokens=12, temperature=0))
     assert r.status_code == 200, r.text
@@ -32,10 +33,12 @@ def _find_slot(reader, context_id: str):
     return matches[0]
 
 
-def test_slot_holds_exactly_the_bytes_sent(null_stack):
+def test_slot_holds_exactly_the_bytes_sent(null_stack_any):
+    null_stack = null_stack_any
     body = dumps(anthropic_body("bytes check \u00e9\u4e2d", max_tokens=5)) + b"   "
     r = null_stack.client().post("/v1/messages", content=body, headers={"content-type": "application/json"})
     assert r.status_code == 200, r.text
+    assert r.http_version == null_stack.protocol
     digest = hashlib.sha256(body).digest()
     assert r.headers["x-zccp-context-id"] == digest[:8].hex()
     reader = null_stack.arena()
@@ -122,10 +125,10 @@ def test_health_reports_the_engine(stack):
 
 def test_metrics_show_both_sides(null_stack):
     c = null_stack.client()
-    before = c.get("/metrics").text
+    before = null_stack.admin_client().get("/metrics").text
     assert c.post("/v1/messages", json=anthropic_body("count me")).status_code == 200
     assert c.post("/v1/messages", content=b"{", headers={"content-type": "application/json"}).status_code == 400
-    text = c.get("/metrics").text
+    text = null_stack.admin_client().get("/metrics").text
     assert "zccp_engine_up 1" in text
 
     def value(body: str, line_prefix: str) -> float:
@@ -161,3 +164,18 @@ def test_a_request_that_bypasses_the_cache_is_not_fingerprinted(null_stack):
     assert not flags_for(dumps(anthropic_body("bypass a")), "no-cache, no-store") & Flag.FP_VALID
     assert flags_for(dumps(anthropic_body("bypass b")), "no-cache") & Flag.FP_VALID
     assert flags_for(dumps(anthropic_body("bypass c")), None) & Flag.FP_VALID
+
+
+def test_the_models_endpoints(null_stack_any):
+    s = null_stack_any
+    c = s.client()
+    name = s.cfg.model.name
+    listed = c.get("/v1/models")
+    assert listed.status_code == 200 and [m["id"] for m in listed.json()["data"]] == [name], listed.text
+    one = c.get(f"/v1/models/{name}")        # the includes' exact location
+    assert one.status_code == 200 and one.json()["id"] == name, one.text
+    for other in ("/v1/models/no-such-model", "/v1/models/bad!id"):   # the standalone's prefix location
+        r = c.get(other)
+        err = r.json()["error"]
+        assert r.status_code == 404 and err["type"] in ("not_found_error", "invalid_request_error"), r.text
+    s.assert_no_leaks()

@@ -361,7 +361,7 @@ def test_access_log_duration_is_in_milliseconds(make_stack):
 
 def test_nginx_own_413_is_counted_and_zero_counters_have_samples(make_stack):
     s = make_stack(NULL)
-    text = httpx.get(s.url("/metrics"), timeout=5).text
+    text = s.admin_client().get("/metrics").text
     for sample in ('zccp_nginx_requests_total{api="anthropic",status="200"} 0',
                    "zccp_engine_cache_errors_total 0", "zccp_engine_sweeper_resets_total 0",
                    "zccp_engine_abandoned_total 0", 'zccp_engine_requests_total{api="openai",status="200"} 0'):
@@ -370,6 +370,6 @@ def test_nginx_own_413_is_counted_and_zero_counters_have_samples(make_stack):
     for path in ("/v1/messages", "/v1/chat/completions"):
         r = httpx.post(s.url(path), content=big, headers={"content-type": "application/json"}, timeout=30)
         assert r.status_code == 413
-    text = httpx.get(s.url("/metrics"), timeout=5).text
+    text = s.admin_client().get("/metrics").text
     assert 'zccp_nginx_requests_total{api="anthropic",status="413"} 1' in text
     assert 'zccp_nginx_requests_total{api="openai",status="413"} 1' in text

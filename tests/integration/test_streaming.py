@@ -8,6 +8,10 @@ import httpx
 import pytest
 
 from tests.support.harness import anthropic_body
+from tests.support.protocols import both_protocols
+
+# SSE over HTTP/1.1 (chunked) and over HTTP/2 + TLS (DATA frames): the same events.
+null_stack = both_protocols("null_stack")
 
 SLOW = {"backend": "null", "null_token_delay_ms": 15, "null_reply": "tick " * 40}
 
@@ -28,7 +32,7 @@ def _events(raw: str) -> list[tuple[str | None, str]]:
 
 def test_anthropic_event_sequence(null_stack):
     r = null_stack.client().post("/v1/messages", json=anthropic_body("hi", max_tokens=50, stream=True))
-    assert r.status_code == 200
+    assert r.status_code == 200 and r.http_version == null_stack.protocol
     assert r.headers["content-type"].startswith("text/event-stream")
     assert r.headers["x-accel-buffering"] == "no"
     events = _events(r.text)
@@ -61,9 +65,9 @@ def test_openai_chunk_sequence(null_stack):
     assert "".join(c["choices"][0]["delta"].get("content") or "" for c in chunks if c["choices"]) == "Hello fr"
 
 
-def test_first_events_arrive_before_generation_ends(make_stack):
-    s = make_stack({"model": SLOW, "shared_memory": {"segment_count": 1}})
-    with httpx.Client(base_url=s.base_url, timeout=30) as c, \
+def test_first_events_arrive_before_generation_ends(make_stack, protocol):
+    s = make_stack({"model": SLOW, "shared_memory": {"segment_count": 1}}, tls=protocol == "h2tls")
+    with s.client() as c, \
             c.stream("POST", "/v1/messages", json=anthropic_body("x", max_tokens=200, stream=True)) as r:
         it = r.iter_text()
         first = next(it)
@@ -88,10 +92,10 @@ def test_gzip_does_not_buffer_sse(null_stack):
 
 
 @pytest.mark.parametrize("stream", [False, True], ids=["json", "sse"])
-def test_response_larger_than_the_ring_is_complete(make_stack, stream):
+def test_response_larger_than_the_ring_is_complete(make_stack, stream, protocol):
     reply = "".join(f"{i:05d} " for i in range(20000))  # 120 KB of text, > the 64 KiB ring
     s = make_stack({"model": {"backend": "null", "null_reply": reply, "max_context": 200000},
-                    "limits": {"max_tokens_cap": 200000}})
+                    "limits": {"max_tokens_cap": 200000}}, tls=protocol == "h2tls")
     r = s.client().post("/v1/messages", json=anthropic_body("big", max_tokens=len(reply), stream=stream))
     assert r.status_code == 200
     if stream:

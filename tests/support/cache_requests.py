@@ -3,7 +3,13 @@ shared by the cache tests; and the conversations they send."""
 
 from __future__ import annotations
 
+import os
 import time
+
+from tests.support.checkout import REPO
+
+# For a subprocess of this checkout's tools (python -m zccp.ops.cli ...): its engine/, not the venv's install.
+ENGINE_ENV = {**os.environ, "PYTHONPATH": str(REPO / "engine")}
 
 PATHS = {"anthropic": "/v1/messages", "openai": "/v1/chat/completions"}
 MODEL = "zccp-tiny"
@@ -38,7 +44,7 @@ def eventually(s, api, body, **headers) -> str:
 
 def metric(s, name: str, **labels) -> float:
     want = ",".join(f'{k}="{v}"' for k, v in sorted(labels.items()))
-    for line in s.client().get("/metrics").text.splitlines():
+    for line in s.admin_client().get("/metrics").text.splitlines():
         if line.startswith(f"{name}{{{want}}} "):
             return float(line.rsplit(" ", 1)[1])
     return 0.0

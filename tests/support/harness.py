@@ -10,6 +10,8 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import ssl
+import subprocess
 import time
 import uuid
 from dataclasses import dataclass, field
@@ -36,6 +38,30 @@ def remove_socket_dirs() -> None:
         shutil.rmtree(d, ignore_errors=True)
 
 
+_CERT: tuple[Path, Path] | None = None
+
+
+def self_signed_certificate() -> tuple[Path, Path]:
+    """A self-signed certificate for 127.0.0.1 and localhost (EC P-256, made once per test
+    session with openssl): (certificate, key). Its directory goes with the socket dirs."""
+    global _CERT
+    if _CERT is None:
+        d = Path(f"/tmp/zccp-test-tls-{uuid.uuid4().hex[:10]}")
+        d.mkdir(mode=0o755)
+        SOCKET_DIRS.append(d)
+        cert, key = d / "cert.pem", d / "key.pem"
+        subprocess.run(["openssl", "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1",
+                        "-nodes", "-days", "2", "-subj", "/CN=localhost", "-keyout", str(key), "-out", str(cert),
+                        "-addext", "subjectAltName=IP:127.0.0.1,DNS:localhost"], check=True, capture_output=True)
+        _CERT = (cert, key)
+    return _CERT
+
+
+def tls_client_context() -> ssl.SSLContext:
+    """A client context that trusts self_signed_certificate() and nothing else (names checked)."""
+    return ssl.create_default_context(cafile=str(self_signed_certificate()[0]))
+
+
 def _merge(base: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any]:
     out = {k: dict(v) if isinstance(v, dict) else v for k, v in base.items()}
     for section, values in extra.items():
@@ -48,6 +74,7 @@ class Stack:
     run_dir: Path
     overrides: dict[str, Any] = field(default_factory=dict)
     with_redis: bool = False
+    tls: bool = False            # HTTPS + HTTP/2 on the listener (server.tls, self_signed_certificate)
     cfg: Config = field(init=False)
     config_path: Path = field(init=False)
     engine: Service | None = field(default=None, init=False)
@@ -70,6 +97,9 @@ class Stack:
             "limits": {"max_body_kb": 256, "request_timeout_ms": 20000},
             "logging": {"level": "info"},
         }
+        if self.tls:
+            cert, key = self_signed_certificate()
+            raw["server"]["tls"] = {"certificate": str(cert), "key": str(key)}
         raw = _merge(raw, self.overrides)
         self.config_path = self.run_dir / "config.yaml"
         self.config_path.write_text(yaml.safe_dump(raw))
@@ -102,7 +132,7 @@ class Stack:
         end = time.monotonic() + timeout
         last = None
         while time.monotonic() < end:
-            r = httpx.get(self.url("/health"), timeout=5)
+            r = httpx.get(self.url("/health"), timeout=5, verify=self.verify)
             last = r
             if r.status_code == 200:
                 return r.json()
@@ -113,19 +143,42 @@ class Stack:
 
     @property
     def base_url(self) -> str:
-        return f"http://{self.cfg.server.listen}"
+        return f"{'https' if self.tls else 'http'}://{self.cfg.server.listen}"
+
+    @property
+    def verify(self) -> ssl.SSLContext | bool:
+        """httpx's verify= for this stack: its test certificate, checked, over TLS."""
+        return tls_client_context() if self.tls else True
+
+    @property
+    def protocol(self) -> str:
+        """What client() speaks to this stack: "HTTP/1.1" or "HTTP/2" (httpx's http_version)."""
+        return "HTTP/2" if self.tls else "HTTP/1.1"
 
     def url(self, path: str) -> str:
         return self.base_url + path
 
     def client(self, **kw: Any) -> httpx.Client:
-        return httpx.Client(base_url=self.base_url, timeout=kw.pop("timeout", 30), **kw)
+        """httpx to this stack: HTTP/1.1 in clear, or HTTP/2 over TLS (ALPN) for a tls stack."""
+        return httpx.Client(base_url=self.base_url, timeout=kw.pop("timeout", 30), http2=self.tls,
+                            verify=self.verify, **kw)
+
+    def admin_client(self, **kw: Any) -> httpx.Client:
+        """The admin listener (server.admin_listen: purge, warm-up, keys, /metrics), with the token."""
+        from zccp.ops.admin_client import admin_headers
+
+        listen = self.cfg.server.admin_listen or ""
+        headers = {**admin_headers(self.cfg), **kw.pop("headers", {})}
+        if listen.startswith("unix:"):
+            return httpx.Client(base_url="http://zccp-admin", transport=httpx.HTTPTransport(uds=listen[5:]),
+                                headers=headers, timeout=kw.pop("timeout", 30), **kw)
+        return httpx.Client(base_url=f"http://{listen}", headers=headers, timeout=kw.pop("timeout", 30), **kw)
 
     def arena(self) -> ArenaReader:
         return ArenaReader(self.cfg.shared_memory.name)
 
     def health(self) -> dict[str, Any]:
-        return httpx.get(self.url("/health"), timeout=5).json()
+        return httpx.get(self.url("/health"), timeout=5, verify=self.verify).json()
 
     def assert_no_leaks(self, timeout: float = 5.0) -> None:
         """Every slot FREE in shared memory and unclaimed in nginx's dict."""
@@ -156,12 +209,18 @@ class Stack:
 
 
 def sdk_clients(stack: Stack, timeout: float = 60) -> tuple[Any, Any]:
-    """The official anthropic and openai SDK clients, unmodified, pointed at a stack."""
+    """The official anthropic and openai SDK clients, unmodified, pointed at a stack; over
+    TLS each gets an http_client speaking HTTP/2 (what both SDKs accept)."""
     import anthropic
     import openai
 
-    return (anthropic.Anthropic(base_url=stack.base_url, api_key="unused", max_retries=0, timeout=timeout),
-            openai.OpenAI(base_url=stack.base_url + "/v1", api_key="unused", max_retries=0, timeout=timeout))
+    def http(kind: Any) -> dict[str, Any]:
+        return {"http_client": kind(http2=True, verify=stack.verify, timeout=timeout)} if stack.tls else {}
+
+    return (anthropic.Anthropic(base_url=stack.base_url, api_key="unused", max_retries=0, timeout=timeout,
+                                **http(anthropic.DefaultHttpxClient)),
+            openai.OpenAI(base_url=stack.base_url + "/v1", api_key="unused", max_retries=0, timeout=timeout,
+                          **http(openai.DefaultHttpxClient)))
 
 
 def anthropic_body(text: str = "Hello", max_tokens: int = 16, **extra: Any) -> dict[str, Any]:
@@ -260,3 +319,115 @@ def alive(pid: int) -> bool:
         return Path(f"/proc/{pid}/stat").read_text().split(") ", 1)[1][0] != "Z"
     except (OSError, IndexError):
         return False
+
+
+class H2Conn:
+    """A raw HTTP/2 connection over TLS (the h2 package) for what httpx will not do: a body
+    that stops half way, a stream reset, a stream that stops reading its answer."""
+
+    def __init__(self, stack: Stack, timeout: float = 30) -> None:
+        import socket
+
+        import h2.config
+        import h2.connection
+
+        host, port = stack.cfg.server.listen.rsplit(":", 1)
+        ctx = tls_client_context()
+        ctx.set_alpn_protocols(["h2"])
+        self.sock = ctx.wrap_socket(socket.create_connection((host, int(port)), timeout=timeout),
+                                    server_hostname=host)
+        assert self.sock.selected_alpn_protocol() == "h2"
+        self.conn = h2.connection.H2Connection(h2.config.H2Configuration(client_side=True))
+        self.conn.initiate_connection()
+        self.authority = f"{host}:{port}"
+        self.streams: dict[int, dict[str, Any]] = {}
+        self.goaway: Any = None          # the error code of the server's GOAWAY, once received
+        self.flush()
+
+    def flush(self) -> None:
+        self.sock.sendall(self.conn.data_to_send())
+
+    def request(self, path: str, body: bytes = b"", length: int | None = None, end: bool = True,
+                method: str = "POST", headers: dict[str, str] | None = None) -> int:
+        """Opens a stream: headers (content-length `length`, default len(body)), then `body`;
+        the stream stays open for more unless end."""
+        sid = self.conn.get_next_available_stream_id()
+        hdrs = [(":method", method), (":path", path), (":scheme", "https"), (":authority", self.authority),
+                ("content-type", "application/json"), ("content-length", str(len(body) if length is None else length))]
+        hdrs += list((headers or {}).items())
+        self.streams[sid] = {"status": None, "headers": {}, "body": b"", "ended": False, "reset": None}
+        self.conn.send_headers(sid, hdrs, end_stream=end and not body)
+        self.flush()
+        if body:
+            self.send(sid, body, end)
+        return sid
+
+    def send(self, sid: int, data: bytes, end: bool = False) -> None:
+        """Sends what flow control allows now (reading the peer's window updates as needed)."""
+        while data:
+            room = min(self.conn.local_flow_control_window(sid), self.conn.max_outbound_frame_size)
+            if room <= 0:
+                self.pump()
+                continue
+            self.conn.send_data(sid, data[:room])
+            data = data[room:]
+            self.flush()
+        if end:
+            self.conn.end_stream(sid)
+            self.flush()
+
+    def reset(self, sid: int) -> None:
+        self.conn.reset_stream(sid)
+        self.flush()
+
+    def pump(self, ack: bool = True, stalled: frozenset[int] = frozenset()) -> bool:
+        """Reads once and records the events; ack: give the read bytes' flow-control credit
+        back (False: a client that stops reading); stalled: streams whose own window is never
+        given back (the connection's is: the other streams keep flowing). False when the
+        connection closed."""
+        import h2.events as ev
+
+        data = self.sock.recv(65536)
+        if not data:
+            return False
+        for e in self.conn.receive_data(data):
+            st = self.streams.get(getattr(e, "stream_id", 0) or 0)
+            if isinstance(e, ev.ResponseReceived) and st is not None:
+                hdrs = {k.decode() if isinstance(k, bytes) else k: v.decode() if isinstance(v, bytes) else v
+                        for k, v in e.headers}
+                st["status"], st["headers"] = int(hdrs[":status"]), hdrs
+            elif isinstance(e, ev.DataReceived) and st is not None:
+                st["body"] += e.data
+                if e.stream_id in stalled and e.flow_controlled_length:
+                    self.conn.increment_flow_control_window(e.flow_controlled_length)   # connection only
+                elif ack:
+                    self.conn.acknowledge_received_data(e.flow_controlled_length, e.stream_id)
+            elif isinstance(e, ev.StreamEnded) and st is not None:
+                st["ended"] = True
+            elif isinstance(e, ev.StreamReset) and st is not None:
+                st["reset"] = e.error_code
+            elif isinstance(e, ev.ConnectionTerminated):
+                self.goaway = e.error_code
+        self.flush()
+        return True
+
+    def response(self, sid: int) -> dict[str, Any]:
+        """Reads until stream sid ended or was reset: {status, headers, body, ended, reset}."""
+        import h2.exceptions
+
+        st = self.streams[sid]
+        while not st["ended"] and st["reset"] is None:
+            try:
+                if not self.pump():
+                    break
+            except (h2.exceptions.ProtocolError, OSError):   # after the server's GOAWAY
+                break
+        return st
+
+    def close(self) -> None:
+        import contextlib
+
+        with contextlib.suppress(Exception):
+            self.conn.close_connection()
+            self.flush()
+        self.sock.close()

@@ -41,17 +41,28 @@ def test_the_guard_needs_every_carried_value_in_the_new_request():
     lits = literals_in(text, (b"ann@north.com", b"123456789", b"2024-05-01T10:00:00Z", b"\xff\xfe"))
     assert lits == ("ann@north.com", "123456789")          # values the text does not carry are not kept
     a = CachedAnswer(text, "end_turn", None, 9, (len(text),), 0.0, lits)
-    assert a.leaks_to(b'{"content":"Write to ann@north.com about invoice 123456789"}') is None
-    assert a.leaks_to(b'{"content":"Write to bob@south.org about invoice 987654321"}') == "ann@north.com"
-    assert a.leaks_to(b'{"content":"Write to ann@north.com about invoice 987654321"}') == "123456789"
-    assert CachedAnswer("Done.", "end_turn", None, 1, (5,), 0.0).leaks_to(b"{}") is None
+    # the guard compares the values the masks replaced in the new request, nothing else of its body
+    assert a.leaks_to((b"ann@north.com", b"123456789")) is None
+    assert a.leaks_to((b"bob@south.org", b"987654321")) == "ann@north.com"
+    assert a.leaks_to((b"ann@north.com", b"987654321")) == "123456789"
+    assert a.leaks_to((b"bob@south.org ann@north.com 123456789",)) == "ann@north.com"   # not a substring search
+    assert CachedAnswer("Done.", "end_turn", None, 1, (5,), 0.0).leaks_to(()) is None
 
 
 def test_placement_by_scope_mode():
-    # tenant (the default): unmasked answers are shared, masked ones and every near index are the tenant's
-    p = place(P, T1, masked=False, mode="tenant")
+    # tenant (the default): everything is the tenant's, unmasked or not
+    for masked in (False, True):
+        p = place(P, T1, masked=masked, mode="tenant")
+        assert p.lookup_owners == (owner_of(T1),) and p.store_owner == p.near_owner == owner_of(T1)
+        assert not p.shared
+    # shared_exact (opt-in): unmasked answers are shared, masked ones and every near index are the tenant's
+    p = place(P, T1, masked=False, mode="shared_exact")
     assert p.lookup_owners == (SHARED,) and p.store_owner == SHARED and p.near_owner == owner_of(T1) and p.shared
-    p = place(P, T1, masked=True, mode="tenant")
+    # ... but never read by a no-store request (no probe of what others sent)
+    p = place(P, T1, masked=False, mode="shared_exact", no_store=True)
+    assert p.lookup_owners == () and p.near_read and not p.read_shared
+    assert not place(P, T1, masked=True, mode="global", no_store=True).near_read
+    p = place(P, T1, masked=True, mode="shared_exact")
     assert p.lookup_owners == (owner_of(T1),) and p.store_owner == p.near_owner == owner_of(T1) and not p.shared
     assert place(P, None, masked=True, mode="tenant").store_owner == ANON   # no tenant: the anonymous one
     assert owner_of(T1) != owner_of(T2) != ANON

@@ -157,3 +157,32 @@ def test_as_root_the_workers_user_and_group_are_derived(tmp_path):
     moved = runtime.resolve(parse_config({}, "c.yaml"), private / "run")
     assert moved.server.socket_path.startswith(str(runtime.ROOT_SOCKET_BASE) + "/")
     assert runtime.can_traverse(user, cfg.shared_memory.group, Path(moved.server.socket_path).parent.parent)
+
+
+def _pem(path: Path, kind: str) -> str:
+    path.write_text(f"-----BEGIN {kind}-----\nAAAA\n-----END {kind}-----\n")
+    return str(path)
+
+
+def test_tls_and_http2_are_checked_by_name(tmp_path):
+    from zccp.config import check_tls_files
+
+    cert, key = _pem(tmp_path / "c.pem", "CERTIFICATE"), _pem(tmp_path / "k.pem", "PRIVATE KEY")
+    cfg = parse_config({"server": {"tls": {"certificate": cert, "key": key}}}, "c.yaml")
+    assert cfg.server.speaks_http2 and cfg.server.tls is not None and cfg.server.tls.key == key
+    check_tls_files(cfg)
+    assert not parse_config({"server": {"tls": {"certificate": cert, "key": key}, "http2": False}}).server.speaks_http2
+    assert not parse_config({}).server.speaks_http2
+    with pytest.raises(ConfigError, match="server.http2: true needs server.tls"):
+        parse_config({"server": {"http2": True}})
+    with pytest.raises(ConfigError, match="server.tls.key: required"):
+        parse_config({"server": {"tls": {"certificate": cert}}})
+    for bad, needle in [
+        ({"certificate": "rel/c.pem", "key": key}, "server.tls.certificate: rel/c.pem: must be an absolute path"),
+        ({"certificate": cert, "key": str(tmp_path / "none.pem")}, "server.tls.key: .*none.pem: cannot read"),
+        ({"certificate": cert, "key": str(tmp_path)}, "server.tls.key: .*cannot read|not a regular file"),
+        ({"certificate": key, "key": key}, "server.tls.certificate: .*not a PEM file holding a certificate"),
+        ({"certificate": cert, "key": cert}, "server.tls.key: .*not a PEM file holding a private key"),
+    ]:
+        with pytest.raises(ConfigError, match=needle):
+            check_tls_files(parse_config({"server": {"tls": bad}}, "c.yaml"))

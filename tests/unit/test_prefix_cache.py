@@ -65,3 +65,22 @@ def test_insert_keeps_only_new_blocks():
     made = []
     c.insert(keys, 0, lambda i: made.append(i) or block(9.0))
     assert made == [] and len(c) == 4
+
+
+def test_a_tenants_chain_is_salted_and_follows_only_shared_blocks():
+    """Tenants never reuse each other's blocks (the usage's cached tokens would tell them what
+    another sent); the blocks a warm-up put in (salt None) are everyone's, as far as they go."""
+    c = PrefixCache(1 << 20, B, b"m")
+    ids = np.arange(13, dtype=np.int32)
+    alice = c.chain(ids, 3, b"alice")
+    c.insert(alice, 0, lambda i: block(float(i)))
+    assert c.match(ids, b"alice").count == 3
+    assert c.match(ids, b"mallory").count == 0
+    assert c.match(ids, None).count == 0                   # nor the unsalted (shared) chain
+    # a warm-up of the first 2 blocks: shared by every tenant, and the chain goes on salted
+    warm = c.chain(ids[:8], 2, None)
+    c.insert(warm, 0, lambda i: block(10.0 + i), shared=True)
+    assert c.match(ids, b"mallory").count == 2
+    m = c.chain(ids, 3, b"mallory")
+    assert m[:2] == warm and m[2] not in alice            # past the shared part: mallory's own
+    assert c.match(ids, b"alice").count == 2               # alice too now follows the shared blocks first

@@ -63,3 +63,33 @@ def test_sysusers_creates_zccp_and_puts_www_data_in_its_group(tmp_path: Path) ->
     groups = {line.split(":")[0]: line.split(":") for line in (tmp_path / "etc/group").read_text().splitlines()}
     assert users["zccp"][3] == groups["zccp"][2]            # primary group zccp
     assert "www-data" in groups["zccp"][3].split(",")       # nginx's workers may open the arena
+
+
+def test_the_documented_sysusers_step_works_where_etc_sysusers_d_is_missing(tmp_path: Path) -> None:
+    """docs/existing-nginx.md step 3 on a root like Debian 12's (no /etc/sysusers.d): the
+    `install -D` there creates the directory, and a plain `systemd-sysusers` reads it."""
+    sysusers = shutil.which("systemd-sysusers")
+    assert sysusers, "systemd-sysusers not installed: run scripts/setup.sh (systemd)"
+    (tmp_path / "etc").mkdir()
+    (tmp_path / "etc/passwd").write_text("root:x:0:0:root:/root:/bin/sh\n"
+                                         "www-data:x:33:33::/var/www:/usr/sbin/nologin\n")
+    (tmp_path / "etc/group").write_text("root:x:0:\nwww-data:x:33:\n")
+    assert not (tmp_path / "etc/sysusers.d").exists()
+    doc = (ROOT / "docs/existing-nginx.md").read_text()
+    [step] = [ln.strip() for ln in doc.splitlines() if "zccp.sysusers.conf" in ln and ln.strip().startswith("install")]
+    args = step.split("#")[0].split()
+    assert args[:2] == ["install", "-D"] and args[-1] == "/etc/sysusers.d/zccp.conf", step
+    subprocess.run([*args[:-2], str(ROOT / "deploy/systemd/zccp.sysusers.conf"), str(tmp_path) + args[-1]],
+                   check=True, timeout=60)
+    r = subprocess.run([sysusers, f"--root={tmp_path}"], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    assert any(ln.startswith("zccp:") for ln in (tmp_path / "etc/passwd").read_text().splitlines())
+    zccp = next(ln for ln in (tmp_path / "etc/group").read_text().splitlines() if ln.startswith("zccp:"))
+    assert "www-data" in zccp.split(":")[3].split(",")
+
+
+def test_the_runtime_directory_is_setgid() -> None:
+    """nginx's master (root) writes the masks' last-good copy into /run/zccp: setgid keeps
+    it in group zccp, which the engine (user zccp) reads it through."""
+    unit = (ROOT / "deploy/systemd/zccp-engine.service").read_text()
+    assert "RuntimeDirectoryMode=2770" in unit.splitlines()

@@ -31,12 +31,13 @@ class CachedAnswer:
         r = completed.result
         return cls(r.text, r.stop_reason, r.stop_sequence, r.output_tokens, completed.deltas, now, literals)
 
-    def leaks_to(self, body: bytes) -> str | None:
-        """A masked value of this entry's request that its text carries and that `body` (the
-        raw bytes of the request about to be served) does not contain, or None. A value the
-        body spells with JSON escapes counts as absent: a miss, never a leak."""
+    def leaks_to(self, masked_values: tuple[bytes, ...]) -> str | None:
+        """A masked value of this entry's request that its text carries and that is not one
+        of `masked_values` (the values the masks replaced in the request about to be served:
+        the masked fields themselves, never the rest of its body), or None."""
+        own = set(masked_values)
         for lit in self.literals:
-            if lit.encode() not in body:
+            if lit.encode() not in own:
                 return lit
         return None
 

@@ -69,6 +69,7 @@ def keys_for(view: SlotView, payload: memoryview, req: GenerationRequest, masks:
     if mask_set is None:
         return None       # nginx applied a mask set this engine cannot load
     tenant = tenant_of(view, req, cfg)
+    no_store = bool(h.flags & Flag.NO_STORE)
     if h.flags & Flag.FP_VALID:
         exact = bytes(ffi.buffer(meta.exact_key, 32))
         prefix = bytes(ffi.buffer(view.request.prefix_key, 32))
@@ -79,7 +80,7 @@ def keys_for(view: SlotView, payload: memoryview, req: GenerationRequest, masks:
         if near and doc is None:
             doc = decode_request(req.api, payload)    # nginx decoded it: so can we
         turn = TurnShingles(doc, mask_set) if near else None     # doc unmasked: the turn is masked on demand
-        return CacheKeys(exact, prefix, bands, sig, masked, tenant, place(prefix, tenant, masked, cfg.scope),
+        return CacheKeys(exact, prefix, bands, sig, masked, tenant, place(prefix, tenant, masked, cfg.scope, no_store),
                          turn=turn)
     literals: list[bytes] = []
     if doc is None:
@@ -92,5 +93,5 @@ def keys_for(view: SlotView, payload: memoryview, req: GenerationRequest, masks:
     if fp.near and len(fp.signature) != MINHASH_COUNT:
         raise ValueError("fingerprint signature length does not match the ABI")  # programmer error
     return CacheKeys(fp.exact_key, fp.prefix_key, fp.bands, fp.signature, fp.masked, tenant,
-                     place(fp.prefix_key, tenant, fp.masked, cfg.scope), tuple(literals),
+                     place(fp.prefix_key, tenant, fp.masked, cfg.scope, no_store), tuple(literals),
                      TurnShingles(doc, None) if fp.near else None)     # compute() masked doc in place

@@ -9,11 +9,17 @@ Inside a tag, entries belong to an *owner*: `shared` (anyone may be served it), 
 tenant (`t<32 hex>`, the first 16 bytes of the tenant digest), or `anon` (requests whose
 tenant source is absent: they are one tenant). `cache.scope` decides (docs/cache.md):
 
-    global    every entry, and the near index, is `shared`
-    tenant    an unmasked request's answer is `shared` (an exact hit needs the same
-              masked-and-unmasked text, so nothing private can pass); a masked request's
-              answer, and every near index, belong to the tenant
-    isolated  everything belongs to the tenant
+    tenant        (default) everything belongs to the tenant: no answer, and no sign that
+                  a prompt was sent (HIT, Age), crosses tenants
+    isolated      the same (the name older configs use)
+    shared_exact  opt-in: an unmasked request's answer is `shared` (an exact hit needs the
+                  same text; the answer may still be another tenant's sampled one, and a
+                  HIT tells that someone sent the prompt); masked answers and every near
+                  index belong to the tenant
+    global        opt-in: every entry, and the near index, is `shared`
+
+A `Cache-Control: no-store` request reads its own owner's entries only, never `shared`
+ones: a request that leaves no trace must not be a free probe of what others sent.
 
 Keys (all with the configured TTL):
     zccp:v2:{<tag>}:<owner>:e:<exact hex>             the entry (zccp.cache.answer)
@@ -36,7 +42,7 @@ from zccp.shared_types import GenerationRequest
 PREFIX = "zccp:v2:"          # fingerprint spec version 2: version-1 entries are never read
 SHARED = "shared"
 ANON = "anon"
-ScopeMode = Literal["tenant", "isolated", "global"]
+ScopeMode = Literal["tenant", "isolated", "shared_exact", "global"]
 
 
 def tenant_digest(value: str | bytes) -> bytes:
@@ -68,9 +74,15 @@ class Placement:
     """Where one request's entries are read and written, and what nginx may do with its answer."""
 
     tag: str                     # the hash tag: every key below shares it
-    lookup_owners: tuple[str, ...]   # exact lookups, in this order
+    lookup_owners: tuple[str, ...]   # exact lookups, in this order (may be empty: no-store)
     near_owner: str              # the near index read and written
     store_owner: str             # where this request's answer is stored
+    read_shared: bool = True     # `shared` entries may be served (not to a no-store request)
+
+    @property
+    def near_read(self) -> bool:
+        """The near index may be read: a shared one only when shared entries may be served."""
+        return self.read_shared or self.near_owner != SHARED
 
     @property
     def shared(self) -> bool:
@@ -84,14 +96,19 @@ class Placement:
         return [self.key(self.near_owner, "b", f"{i}:{band:016x}") for i, band in enumerate(bands)]
 
 
-def place(prefix_key: bytes, tenant: bytes | None, masked: bool, mode: ScopeMode) -> Placement:
+def place(prefix_key: bytes, tenant: bytes | None, masked: bool, mode: ScopeMode,
+          no_store: bool = False) -> Placement:
     tag = hash_tag(prefix_key)
     if mode == "global":
-        return Placement(tag, (SHARED,), SHARED, SHARED)
-    own = owner_of(tenant)
-    if mode == "isolated" or masked:
-        return Placement(tag, (own,), own, own)
-    return Placement(tag, (SHARED,), own, SHARED)
+        p = Placement(tag, (SHARED,), SHARED, SHARED)
+    else:
+        own = owner_of(tenant)
+        if mode in ("tenant", "isolated") or masked:
+            return Placement(tag, (own,), own, own)
+        p = Placement(tag, (SHARED,), own, SHARED)
+    if no_store:   # never a probe of the shared entries
+        return Placement(tag, tuple(o for o in p.lookup_owners if o != SHARED), p.near_owner, p.store_owner, False)
+    return p
 
 
 # --------------------------------------------------------------------------- purge patterns

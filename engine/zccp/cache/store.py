@@ -11,7 +11,8 @@ and earlier turns, so similarity is judged on the final user turn alone, and onl
 the exact Jaccard of the two turns' shingle sets (kept in the near record) reaches the
 threshold: the MinHash estimate only picks the candidates (zccp.cache.near).
 
-A hit is served only if it passes the masked-literal guard (CachedAnswer.leaks_to):
+A hit is served only if it passes the masked-literal guard (CachedAnswer.leaks_to: the
+values the masks replaced in this request, not anything else its body holds):
 otherwise it is a MISS with the reason `masked_literal`, and the fresh answer is
 stored over it.
 
@@ -31,7 +32,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -137,14 +138,17 @@ class ResponseCache:
     def _available(self) -> bool:
         return time.monotonic() >= self._skip_until
 
-    async def lookup(self, keys: CacheKeys, body: memoryview) -> Lookup:
-        """The answer to serve for these keys, if any. body: the request's raw bytes (the guard)."""
+    async def lookup(self, keys: CacheKeys, masked_values: Callable[[], tuple[bytes, ...]]) -> Lookup:
+        """The answer to serve for these keys, if any. masked_values: the values the masks
+        replaced in this request (called only when a hit carries masked values: the guard)."""
         if not self._available():
             self.metrics.cache_errors.inc()
             return Lookup("ERROR", "redis")
         p = keys.placement
         exact = keys.exact.hex()
-        near = keys.near_ok and self.cfg.near_duplicate
+        near = keys.near_ok and self.cfg.near_duplicate and p.near_read
+        if not p.lookup_owners and not near:
+            return Lookup("MISS", "not_found")    # no-store on shared entries: nothing to read
         redis_keys = [p.key(owner, "e", exact) for owner in p.lookup_owners]
         if near:
             redis_keys += p.band_keys(keys.bands)
@@ -156,31 +160,35 @@ class ResponseCache:
                 if ans is None:
                     return Lookup("MISS", "not_found")
                 shared = p.lookup_owners[reply[0] - 1] == SHARED
-                return self._guarded(Lookup("HIT", "exact", ans, 1.0, self._age(ans), shared), keys, body)
+                return self._guarded(Lookup("HIT", "exact", ans, 1.0, self._age(ans), shared), masked_values)
             if not near:
                 return Lookup("MISS", "not_found")
-            return await self._near(keys, p, reply[1:], body)
+            return await self._near(keys, p, reply[1:], masked_values)
         except Exception as exc:  # redis errors, timeouts, a dropped connection: never fail the request
             return self._failed("lookup", exc)
 
-    async def _near(self, keys: CacheKeys, p: Placement, flat: list[bytes], body: memoryview) -> Lookup:
+    async def _near(self, keys: CacheKeys, p: Placement, flat: list[bytes],
+                    masked_values: Callable[[], tuple[bytes, ...]]) -> Lookup:
         v = choose(flat, keys.prefix, keys.signature, self.cfg.similarity_threshold, keys.turn)
         if v.key is None or v.record is None:
             return Lookup("MISS", v.reason)
         shared = v.record.shared_entry
+        if shared and not p.read_shared:
+            return Lookup("MISS", "not_found")   # no-store: never a shared entry
         owner = SHARED if shared else p.near_owner
         raw = await self._call(self._redis.get(p.key(owner, "e", v.key.decode("ascii", "replace"))))
         ans = CachedAnswer.from_json(raw) if raw is not None else None
         if ans is None:
             return Lookup("MISS", "not_found")
-        return self._guarded(Lookup("NEAR", "near", ans, v.similarity, self._age(ans), shared), keys, body)
+        return self._guarded(Lookup("NEAR", "near", ans, v.similarity, self._age(ans), shared), masked_values)
 
     @staticmethod
-    def _guarded(hit: Lookup, keys: CacheKeys, body: memoryview) -> Lookup:
+    def _guarded(hit: Lookup, masked_values: Callable[[], tuple[bytes, ...]]) -> Lookup:
         """The masked-literal guard: an entry whose text carries a masked value of its own
-        request is served only to a request that contains that value too."""
+        request is served only to a request whose masks replaced that very value too
+        (not one that merely carries it elsewhere, say in metadata)."""
         assert hit.answer is not None
-        if hit.answer.literals and hit.answer.leaks_to(bytes(body)) is not None:
+        if hit.answer.literals and hit.answer.leaks_to(masked_values()) is not None:
             return Lookup("MISS", "masked_literal")
         return hit
 

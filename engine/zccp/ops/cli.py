@@ -68,7 +68,7 @@ def nginx_main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(prog="zccp-nginx render", description="Render ZCCP's nginx includes from config.yaml "
                                 "(docs/existing-nginx.md: adding them to an nginx that already runs).")
     p.add_argument("--config", required=True)
-    p.add_argument("--out", required=True, help="directory for zccp_http.conf / zccp_server.conf")
+    p.add_argument("--out", required=True, help="directory for zccp_http.conf / zccp_server.conf / zccp_admin.conf")
     p.add_argument("--run-dir", default=".run", help=RUN_DIR_HELP)
     p.add_argument("--standalone", action="store_true", help="also render a complete nginx.conf")
     p.add_argument("--prefix", help="nginx prefix for --standalone (temp files; logs go to <prefix>/logs)")
@@ -77,7 +77,7 @@ def nginx_main(argv: list[str] | None = None) -> None:
 
     r = render(_load(args.config, args.run_dir), Path(args.out), args.standalone,
                Path(args.prefix) if args.prefix else None)
-    for f in (r.http_conf, r.server_conf, r.nginx_conf):
+    for f in (r.http_conf, r.server_conf, r.admin_conf, r.nginx_conf):
         if f:
             print(f)
 
@@ -216,28 +216,23 @@ def cache_main(argv: list[str] | None = None) -> None:
 
 
 def _purge_l1(cfg: Config) -> None:
-    """After Redis: this host's nginx L1 (POST /v1/zccp/l1/purge at server.listen, loopback
-    only). nginx not running is no error (nothing to empty); another answer is said, as is
-    the L1 of other hosts, which keeps its entries up to cache.l1.ttl_s (docs/cache.md)."""
+    """After Redis: this host's nginx L1 (POST /v1/zccp/l1/purge on the admin listener).
+    nginx not running is no error (nothing to empty); another answer is said, as is the L1
+    of other hosts, which keeps its entries up to cache.l1.ttl_s (docs/cache.md)."""
     if not (cfg.cache.enabled and cfg.cache.l1.enabled):
         return
-    import urllib.error
-    import urllib.request
+    from zccp.ops.admin_client import admin_request
 
-    from zccp.ops.stack import base_url
-
-    url = base_url(cfg) + "/v1/zccp/l1/purge"
+    where = f"{cfg.server.admin_listen} /v1/zccp/l1/purge"
     try:
-        with urllib.request.urlopen(urllib.request.Request(url, data=b"", method="POST"), timeout=5) as r:
-            ok = r.status == 200
-    except urllib.error.HTTPError as exc:
-        print(f"zccp-cache: nginx's L1 at {url} not emptied: HTTP {exc.code}", file=sys.stderr)
-        return
+        status, _ = admin_request(cfg, "POST", "/v1/zccp/l1/purge", b"")
     except OSError as exc:   # no nginx there: say so (its L1, if any, empties itself within cache.l1.ttl_s)
-        print(f"zccp-cache: nginx's L1 at {url} not emptied: {getattr(exc, 'reason', exc)}", file=sys.stderr)
+        print(f"zccp-cache: nginx's L1 at {where} not emptied: {exc}", file=sys.stderr)
         return
-    if ok:
-        print("emptied nginx's L1")
+    if status != 200:
+        print(f"zccp-cache: nginx's L1 at {where} not emptied: HTTP {status}", file=sys.stderr)
+        return
+    print("emptied nginx's L1")
 
 
 def main() -> None:

@@ -7,7 +7,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from zccp.abi import HEADER_PATH
-from zccp.config import Config, mask_state_path
+from zccp.cache.redis_target import parse_redis_url
+from zccp.config import Config, auth_redis_url, check_tls_files, mask_state_path
 from zccp.paths import lua_dir, lua_file, make_dirs, nginx_template
 from zccp.runtime import worker_user
 
@@ -22,6 +23,7 @@ class RenderedNginx:
     out: Path
     http_conf: Path
     server_conf: Path
+    admin_conf: Path                 # the admin surface's server {} include (server.admin_listen)
     nginx_conf: Path | None
     prefix: Path | None
 
@@ -40,6 +42,101 @@ def _safe(value: str, what: str) -> str:
     if _UNSAFE & set(value):
         raise ValueError(f"{what}: {value!r} contains characters not allowed here")
     return value
+
+
+def _lua_str(value: str, what: str) -> str:
+    return '"' + _safe(value, what) + '"'
+
+
+def _auth_settings(cfg: Config) -> str:
+    """auth = {...} for init_by_lua (zccp.auth, zccp.redis): where the keys live."""
+    a = cfg.auth
+    if not a.on:
+        return '{ mode = "off" }'
+    from urllib.parse import unquote, urlsplit
+
+    t = parse_redis_url(auth_redis_url(cfg))
+    parts = [f"timeout_ms = {a.timeout_ms}", f"db = {t.db}"]
+    if t.topology == "cluster":
+        host, port = t.nodes[0]
+        parts += [f"host = {_lua_str(host, 'auth redis host')}", f"port = {port}", "cluster = true"]
+        user, password = t.username, t.password
+    else:
+        u = urlsplit(t.url)
+        if u.scheme == "unix":
+            parts.append(f"path = {_lua_str(u.path, 'auth redis socket')}")
+        else:
+            parts += [f"host = {_lua_str(u.hostname or '127.0.0.1', 'auth redis host')}", f"port = {u.port or 6379}"]
+        user = unquote(u.username) if u.username else None
+        password = unquote(u.password) if u.password else None
+    if password:
+        parts.append(f"password = {_lua_str(password, 'auth redis password')}")
+        if user:
+            parts.append(f"username = {_lua_str(user, 'auth redis user')}")
+    usage = _lua_str(a.usage_log, "auth.usage_log") if a.usage_log else '""'
+    return (f'{{ mode = "keys", cache_ttl_s = {a.cache_ttl_s}, negative_ttl_s = {a.negative_ttl_s}, '
+            f'usage_log = {usage}, redis = {{ {", ".join(parts)} }} }}')
+
+
+def _admin_token_digest(cfg: Config) -> str:
+    """SHA-256 (hex) of the admin token (server.admin_token_file), "" when there is none: nginx
+    keeps only the digest."""
+    import hashlib
+
+    path = cfg.server.admin_token_file
+    if path is None:
+        return ""
+    try:
+        token = Path(path).read_text(encoding="utf-8").strip()
+    except OSError as exc:
+        raise ValueError(f"server.admin_token_file: cannot read {path}: {exc.strerror}") from None
+    if len(token) < 16:
+        raise ValueError(f"server.admin_token_file: {path} holds fewer than 16 characters")
+    return hashlib.sha256(token.encode()).hexdigest()
+
+
+def listen_flags(cfg: Config) -> str:
+    """What follows the address on the standalone server's `listen` line (server.tls, http2)."""
+    if cfg.server.tls is None:
+        return ""
+    return " ssl http2" if cfg.server.speaks_http2 else " ssl"
+
+
+def tls_lines(cfg: Config, indent: str = "        ") -> str:
+    """The standalone server's TLS directives (none without server.tls); the files are
+    checked first (config.check_tls_files), so nginx -t never meets a missing one."""
+    tls = cfg.server.tls
+    if tls is None:
+        return ""
+    check_tls_files(cfg)
+    lines = [
+        f'ssl_certificate "{_safe(tls.certificate, "server.tls.certificate")}";',
+        f'ssl_certificate_key "{_safe(tls.key, "server.tls.key")}";',
+        "ssl_protocols TLSv1.2 TLSv1.3;",
+        "ssl_session_cache shared:zccp_tls:10m;   # resumed handshakes skip the key exchange",
+        "ssl_session_timeout 1h;",
+    ]
+    return "\n".join(indent + ln for ln in lines)
+
+
+_MODEL_ID = re.compile(r"[A-Za-z0-9._:-]+")
+
+
+def _model_path(cfg: Config) -> str | None:
+    name = cfg.model.name
+    return f"/v1/models/{name}" if _MODEL_ID.fullmatch(name) else None
+
+
+def model_location(cfg: Config) -> str:
+    """`location = /v1/models/<model.name>` (GET one model), or a comment when the name is
+    not a single path segment of letters, digits and ._:- (then only /v1/models lists it)."""
+    name = cfg.model.name
+    if not _MODEL_ID.fullmatch(name):
+        return f"# (none: model.name {name!r} is not a path segment of letters, digits and ._:-)"
+    return (f"location = /v1/models/{name} {{\n"
+            "    lua_socket_log_errors off;\n"
+            '    content_by_lua_block { require("zccp.handler").serve_models() }\n'
+            "}")
 
 
 def render(cfg: Config, out: Path, standalone: bool = False, prefix: Path | None = None,
@@ -72,6 +169,12 @@ def render(cfg: Config, out: Path, standalone: bool = False, prefix: Path | None
         "l1_max_entry": str(cfg.cache.l1.max_entry_kb * 1024),
         "l1_ttl_s": str(cfg.cache.l1.ttl_s),
         "out": str(out),
+        "auth": _auth_settings(cfg),
+        "default_max_tokens": str(cfg.limits.default_max_tokens),
+        "max_tokens_cap": str(cfg.limits.max_tokens_cap),
+        "admin_token_sha256": _admin_token_digest(cfg),
+        "model_location": model_location(cfg),
+        "model_log_path": f"{_model_path(cfg)} 1;" if _model_path(cfg) else "# (no /v1/models/{id} location)",
         "metrics_allow": " ".join(f"allow {a};" for a in cfg.server.metrics_allow.split()),
     }
     make_dirs(mask_state_path(cfg).parent)
@@ -79,6 +182,8 @@ def render(cfg: Config, out: Path, standalone: bool = False, prefix: Path | None
     server_conf = out / "zccp_server.conf"
     http_conf.write_text(_fill(nginx_template("zccp_http.conf").read_text(), values, "zccp_http.conf"))
     server_conf.write_text(_fill(nginx_template("zccp_server.conf").read_text(), values, "zccp_server.conf"))
+    admin_conf = out / "zccp_admin.conf"
+    admin_conf.write_text(_fill(nginx_template("zccp_admin.conf").read_text(), values, "zccp_admin.conf"))
     nginx_conf = None
     if standalone:
         prefix = (prefix or out).resolve()
@@ -98,10 +203,13 @@ def render(cfg: Config, out: Path, standalone: bool = False, prefix: Path | None
             log_dir=_safe(str(logs), "log directory"),
             workers=str(cfg.server.workers),
             listen=_safe(cfg.server.listen, "server.listen"),
+            admin_listen=_safe(cfg.server.admin_listen or "", "server.admin_listen"),
+            listen_flags=listen_flags(cfg),
+            tls_lines=tls_lines(cfg),
             error_log_level=_LEVELS[cfg.logging.level],
             user_line=(f"user {_safe(user, 'server.user')} "
                        f"{_safe(cfg.shared_memory.group or user, 'shared_memory.group')};") if user else "",
         )
         nginx_conf = out / "nginx.conf"
         nginx_conf.write_text(_fill(nginx_template("nginx.conf").read_text(), values, "nginx.conf"))
-    return RenderedNginx(out, http_conf, server_conf, nginx_conf, prefix)
+    return RenderedNginx(out, http_conf, server_conf, admin_conf, nginx_conf, prefix)

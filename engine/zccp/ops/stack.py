@@ -13,6 +13,7 @@ import os
 import shutil
 import signal
 import socket
+import ssl
 import subprocess
 import sys
 import time
@@ -21,6 +22,7 @@ import urllib.request
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 from urllib.parse import urlparse
 
 from zccp.config import Config
@@ -197,9 +199,25 @@ def wait_for_engine(svc: Service, cfg: Config, timeout: float = 120) -> None:
     svc.wait_until(lambda: engine_ping(cfg.server.socket_path) is not None, timeout, "doorbell PING")
 
 
+def loopback_tls() -> ssl.SSLContext:
+    """For this host's own calls to its own listener (health, L1 purge) only: the
+    certificate names the public host, not 127.0.0.1, so it is not checked here."""
+    ctx = ssl.create_default_context()
+    ctx.check_hostname = False
+    ctx.verify_mode = ssl.CERT_NONE
+    return ctx
+
+
+def local_urlopen(req: str | urllib.request.Request, timeout: float) -> Any:
+    """urlopen for a URL of base_url(): HTTPS without checking the certificate (loopback_tls)."""
+    url = req if isinstance(req, str) else req.full_url
+    return urllib.request.urlopen(req, timeout=timeout,
+                                  context=loopback_tls() if url.startswith("https:") else None)
+
+
 def http_get(url: str, timeout: float = 2.0) -> tuple[int, bytes]:
     try:
-        with urllib.request.urlopen(url, timeout=timeout) as r:
+        with local_urlopen(url, timeout) as r:
             return r.status, r.read()
     except urllib.error.HTTPError as e:
         return e.code, e.read()
@@ -242,7 +260,8 @@ def base_url(cfg: Config) -> str:
     host, port = _host_port(cfg.server.listen, "127.0.0.1")
     if host in ("0.0.0.0", "::"):
         host = "127.0.0.1"
-    return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
+    scheme = "https" if cfg.server.tls is not None else "http"
+    return f"{scheme}://[{host}]:{port}" if ":" in host else f"{scheme}://{host}:{port}"
 
 
 # -- supervision ------------------------------------------------------------------------------

@@ -1,0 +1,196 @@
+"""API keys in Redis (docs/keys.md): what `zccp-keys` and the admin API write, what nginx
+(lua/zccp/auth.lua) reads.
+
+A key is shown once, when it is made; only its SHA-256 is stored:
+
+    zccp:auth:k:<sha256 hex>   the key's record (JSON): id, tenant, models, expires_at, limits;
+                               nginx GETs it (a missing key is an unknown one)
+    zccp:auth:index            hash: key id -> the record, its hash, revoked_at (list, revoke)
+    zccp:auth:t:<tenant>       the tenant's own limits (over all its keys), JSON {"limits": {...}}
+
+Revoking deletes the record: every nginx stops accepting the key once its cached copy
+expires (auth.cache_ttl_s). Rotating makes a new secret for the same id, tenant and limits;
+the old one keeps working for `grace_s` (0: at once).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+import secrets
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import orjson
+
+RECORD = "zccp:auth:k:"
+INDEX = "zccp:auth:index"
+TENANT = "zccp:auth:t:"          # a tenant's limits (JSON {"limits": {...}}), read with its keys
+KEY_PREFIX = "zk_"
+_TENANT = re.compile(r"[A-Za-z0-9._:@-]{1,128}")
+LIMIT_NAMES = ("rpm", "itpm", "otpm", "concurrency", "daily_tokens", "monthly_tokens")
+
+
+def key_hash(key: str) -> str:
+    return hashlib.sha256(key.encode("utf-8", "surrogateescape")).hexdigest()
+
+
+@dataclass(frozen=True)
+class Limits:
+    """Per key (docs/keys.md); 0: no limit."""
+    rpm: int = 0               # requests per minute
+    itpm: int = 0              # input tokens per minute
+    otpm: int = 0              # output tokens per minute
+    concurrency: int = 0       # requests in flight
+    daily_tokens: int = 0      # input + output tokens per UTC day
+    monthly_tokens: int = 0    # input + output tokens per UTC month
+
+    def __post_init__(self) -> None:
+        for name in LIMIT_NAMES:
+            v = getattr(self, name)
+            if not isinstance(v, int) or isinstance(v, bool) or v < 0:
+                raise ValueError(f"limits.{name}: expected an integer >= 0, got {v!r}")
+
+
+@dataclass(frozen=True)
+class KeyRecord:
+    id: str
+    tenant: str
+    name: str = ""
+    models: tuple[str, ...] = ()          # () : every model
+    expires_at: float = 0.0               # unix time; 0: never
+    created_at: float = 0.0
+    limits: Limits = field(default_factory=Limits)
+    hint: str = ""                        # the key's first characters, to recognise it in a list
+
+    def to_json(self) -> bytes:
+        d = asdict(self)
+        d["models"] = list(self.models)
+        d["limits"] = {k: v for k, v in d["limits"].items() if v}
+        return orjson.dumps(d)
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> KeyRecord:
+        return cls(str(d["id"]), str(d["tenant"]), str(d.get("name", "")), tuple(d.get("models") or ()),
+                   float(d.get("expires_at") or 0), float(d.get("created_at") or 0),
+                   Limits(**{k: int(v) for k, v in (d.get("limits") or {}).items() if k in LIMIT_NAMES}),
+                   str(d.get("hint", "")))
+
+
+@dataclass(frozen=True)
+class IndexEntry:
+    record: KeyRecord
+    hash: str
+    revoked_at: float = 0.0
+    old_hashes: tuple[str, ...] = ()      # rotated-out secrets still in their grace period
+
+    def to_json(self) -> bytes:
+        return orjson.dumps({"record": orjson.loads(self.record.to_json()), "hash": self.hash,
+                             "revoked_at": self.revoked_at, "old_hashes": list(self.old_hashes)})
+
+    @classmethod
+    def from_json(cls, raw: bytes) -> IndexEntry:
+        d = orjson.loads(raw)
+        return cls(KeyRecord.from_dict(d["record"]), str(d["hash"]), float(d.get("revoked_at") or 0),
+                   tuple(d.get("old_hashes") or ()))
+
+
+def check_tenant(tenant: str) -> str:
+    if not _TENANT.fullmatch(tenant):
+        raise ValueError(f"tenant {tenant!r}: 1-128 of letters, digits and . _ : @ -")
+    return tenant
+
+
+class KeyStore:
+    def __init__(self, redis: Any) -> None:
+        self.redis = redis          # redis-py's async client for one server or a Cluster
+
+    async def create(self, tenant: str, name: str = "", models: tuple[str, ...] = (), expires_at: float = 0.0,
+                     limits: Limits | None = None) -> tuple[str, KeyRecord]:
+        """A new key: (the secret, shown once; its record)."""
+        check_tenant(tenant)
+        kid = "key_" + secrets.token_hex(6)
+        secret = KEY_PREFIX + secrets.token_urlsafe(32)
+        rec = KeyRecord(kid, tenant, name, tuple(models), expires_at, time.time(), limits or Limits(),
+                        secret[:8])
+        await self._write(rec, secret, ())
+        return secret, rec
+
+    async def _write(self, rec: KeyRecord, secret: str, old: tuple[str, ...]) -> None:
+        h = key_hash(secret)
+        ttl = int(rec.expires_at - time.time()) + 60 if rec.expires_at else None
+        await self.redis.set(RECORD + h, rec.to_json(), ex=ttl)
+        await self.redis.hset(INDEX, rec.id, IndexEntry(rec, h, 0.0, old).to_json())
+
+    async def get(self, kid: str) -> IndexEntry | None:
+        raw = await self.redis.hget(INDEX, kid)
+        return IndexEntry.from_json(raw) if raw else None
+
+    async def list(self, tenant: str | None = None) -> list[IndexEntry]:
+        raw = await self.redis.hgetall(INDEX)
+        out = [IndexEntry.from_json(v) for v in raw.values()]
+        return sorted((e for e in out if tenant is None or e.record.tenant == tenant),
+                      key=lambda e: (e.record.tenant, e.record.created_at))
+
+    async def revoke(self, kid: str) -> IndexEntry:
+        e = await self.get(kid)
+        if e is None:
+            raise KeyError(kid)
+        for h in (e.hash, *e.old_hashes):
+            await self.redis.delete(RECORD + h)
+        revoked = IndexEntry(e.record, e.hash, e.revoked_at or time.time(), ())
+        await self.redis.hset(INDEX, kid, revoked.to_json())
+        return revoked
+
+    async def set_tenant_limits(self, tenant: str, limits: Limits) -> None:
+        check_tenant(tenant)
+        await self.redis.set(TENANT + tenant, orjson.dumps({"limits": {k: v for k, v in asdict(limits).items() if v}}))
+
+    async def tenant_limits(self, tenant: str) -> Limits:
+        raw = await self.redis.get(TENANT + check_tenant(tenant))
+        d = orjson.loads(raw).get("limits", {}) if raw else {}
+        return Limits(**{k: int(v) for k, v in d.items() if k in LIMIT_NAMES})
+
+    async def rotate(self, kid: str, grace_s: int = 0) -> tuple[str, KeyRecord]:
+        """A new secret for key `kid` (same id, tenant, models, limits); the old one works
+        for grace_s more seconds (0: refused at once, within auth.cache_ttl_s)."""
+        e = await self.get(kid)
+        if e is None or e.revoked_at:
+            raise KeyError(kid)
+        secret = KEY_PREFIX + secrets.token_urlsafe(32)
+        rec = KeyRecord(e.record.id, e.record.tenant, e.record.name, e.record.models, e.record.expires_at,
+                        time.time(), e.record.limits, secret[:8])
+        old: tuple[str, ...] = ()
+        if grace_s > 0:
+            await self.redis.expire(RECORD + e.hash, grace_s)
+            old = (e.hash,)
+        else:
+            await self.redis.delete(RECORD + e.hash)
+        await self._write(rec, secret, old)
+        return secret, rec
+
+
+USAGE_FIELDS = ("requests", "input_tokens", "output_tokens", "cache_hits", "saved_tokens")
+
+
+def usage_key(tenant: str, scope: str, day: str) -> str:
+    """The day's usage hash nginx's zccp.limits meters into (scope: "t" or "k:<key id>")."""
+    return f"zccp:use:{{{tenant}}}:{scope}:{day}"
+
+
+async def usage(redis: Any, tenant: str, key_ids: list[str], days: list[str]) -> dict[str, Any]:
+    """Summed over `days` (YYYYMMDD, UTC): the tenant's usage and each key's; fields
+    USAGE_FIELDS and status_<code> counts."""
+    def add(into: dict[str, int], raw: dict[bytes, bytes]) -> None:
+        for k, v in raw.items():
+            name = k.decode()
+            into[name] = into.get(name, 0) + int(v)
+
+    out: dict[str, Any] = {"tenant": {f: 0 for f in USAGE_FIELDS}, "keys": {}}
+    for day in days:
+        add(out["tenant"], await redis.hgetall(usage_key(tenant, "t", day)))
+        for kid in key_ids:
+            add(out["keys"].setdefault(kid, {f: 0 for f in USAGE_FIELDS}),
+                await redis.hgetall(usage_key(tenant, "k:" + kid, day)))
+    return out

@@ -1,0 +1,49 @@
+-- The admin surface's gate: purge, warm-up, L1 purge, keys and /metrics answer only on the
+-- admin listener (its server {} sets $zccp_admin, zccp_admin.conf), and there only with the
+-- admin token when server.admin_token_file names one. The connection's address counts for
+-- nothing: behind a proxy on the same host every client is 127.0.0.1.
+--
+--   if not admin.allowed(api) then return end   -- answered 404 / 401
+local settings = require "zccp.settings"
+local sha256 = require "zccp.sha256"
+local errors = require "zccp.errors"
+
+local ngx = ngx
+local ngx_var = ngx.var
+local str_match = string.match
+
+local _M = { _VERSION = "0.1.0" }
+
+-- Constant-time comparison of two strings of the same length (hex digests).
+local function same(a, b)
+    if #a ~= #b then
+        return false
+    end
+    local bit = require "bit"
+    local diff = 0
+    for i = 1, #a do
+        diff = bit.bor(diff, bit.bxor(a:byte(i), b:byte(i)))
+    end
+    return diff == 0
+end
+
+-- true, or false once the request has been answered.
+function _M.allowed(api)
+    if ngx_var.zccp_admin ~= "1" then   -- the public listener: as if the path did not exist
+        errors.send(api, 404, "not_found_error", "not found")
+        return false
+    end
+    local want = settings.get().admin_token_sha256
+    if not want or want == "" then
+        return true
+    end
+    local auth = ngx_var.http_authorization
+    local token = auth and str_match(auth, "^[Bb][Ee][Aa][Rr][Ee][Rr]%s+(%S+)%s*$")
+    if not token or not same(sha256.hex(sha256.digest(token, #token), 32), want) then
+        errors.send(api, 401, "authentication_error", "the admin token is missing or wrong")
+        return false
+    end
+    return true
+end
+
+return _M

@@ -1,0 +1,197 @@
+-- API keys (auth.mode: keys): the caller's key, from x-api-key or Authorization: Bearer,
+-- verified before the body is read and any slot is claimed; the key's record gives the
+-- tenant (the cache's, zccp.tenant), its allowed models and its limits (zccp.limits).
+--
+-- Only the key's SHA-256 is stored: Redis key `zccp:auth:k:<hex>` holds the record as JSON
+-- (written by `zccp-keys`, zccp.ops.keys / zccp.keys). Each worker keeps verified records
+-- for auth.cache_ttl_s and unknown keys for auth.negative_ttl_s (resty.lrucache), so a
+-- known key costs no Redis round trip; a revoked key is refused by every host within
+-- auth.cache_ttl_s. Redis unreachable and the key not cached: 503 (never let it in).
+--
+--   local who = auth.admit(api)        -- nil: answered (401/503); else the caller (or auth.OFF)
+--   if not auth.allow_model(who, api, body) then return end   -- 404 answered
+local cjson = require "cjson.safe"
+local lrucache = require "resty.lrucache"
+local settings = require "zccp.settings"
+local sha256 = require "zccp.sha256"
+local tenant = require "zccp.tenant"
+local errors = require "zccp.errors"
+local redis = require "zccp.redis"
+
+local ngx = ngx
+local ngx_now = ngx.now
+local type = type
+local tonumber = tonumber
+local pairs = pairs
+local decode = cjson.decode
+
+local _M = { _VERSION = "0.1.0" }
+
+_M.OFF = { off = true }   -- the caller when auth is off: every check passes
+
+local KEY_PREFIX = "zccp:auth:k:"
+local TENANT_PREFIX = "zccp:auth:t:"   -- a tenant's limits (zccp-keys tenant), JSON
+local CACHE_ITEMS = 10000
+local MAX_KEY_LEN = 256
+
+local cache        -- this worker's verified (record) and unknown (false) keys
+local target       -- the Redis the records live in
+
+local function conf()
+    return settings.get().auth
+end
+
+local function redis_target()
+    if not target then
+        target = redis.target(conf().redis)
+    end
+    return target
+end
+
+-- A record as `zccp-keys` writes it; anything malformed counts as no key.
+local function parse(raw)
+    local rec = decode(raw)
+    if type(rec) ~= "table" or type(rec.tenant) ~= "string" or rec.tenant == "" or type(rec.id) ~= "string" then
+        return nil
+    end
+    local models = rec.models
+    if models ~= nil and type(models) ~= "table" then
+        return nil
+    end
+    local allowed
+    if models and #models > 0 then
+        allowed = {}
+        for _, m in pairs(models) do
+            if type(m) == "string" then
+                allowed[m] = true
+            end
+        end
+    end
+    local expires = tonumber(rec.expires_at) or 0
+    if type(rec.limits) ~= "table" then
+        rec.limits = {}
+    end
+    return {
+        id = rec.id,
+        tenant = rec.tenant,
+        tenant_digest = sha256.digest(rec.tenant, #rec.tenant),   -- the cache's tenant (zccp.tenant)
+        models = allowed,
+        expires_at = expires > 0 and expires or nil,
+        limits = rec.limits,
+    }
+end
+
+-- The record of a presented key: record, or false (unknown), or nil, err (Redis failed).
+local function lookup(hex)
+    local c = conf()
+    if not cache then
+        cache = lrucache.new(CACHE_ITEMS)
+    end
+    local hit = cache:get(hex)
+    if hit ~= nil then
+        return hit
+    end
+    local raw, err = redis_target():call("GET", KEY_PREFIX .. hex)
+    if err then
+        return nil, err
+    end
+    local rec = raw and parse(raw) or false
+    if rec then
+        local traw, terr = redis_target():call("GET", TENANT_PREFIX .. rec.tenant)
+        if terr then
+            return nil, terr
+        end
+        local t = traw and decode(traw)
+        rec.tenant_limits = type(t) == "table" and type(t.limits) == "table" and t.limits or {}
+    end
+    cache:set(hex, rec, rec and c.cache_ttl_s or c.negative_ttl_s)
+    return rec
+end
+
+local function count(api, result)
+    require("zccp.metrics").count("zccp_nginx_auth_total", api, result)
+end
+
+local function refuse(api, msg)
+    count(api, "unauthenticated")
+    return errors.send(api, 401, "authentication_error", msg)
+end
+
+-- The caller of this request, or nil once it has been answered (401, 503).
+function _M.admit(api)
+    local c = conf()
+    if not c or c.mode ~= "keys" then
+        return _M.OFF
+    end
+    local key = tenant.api_key()
+    if not key then
+        return refuse(api, api == "openai"
+            and "You didn't provide an API key. Send it as Authorization: Bearer <key>."
+            or "x-api-key header is required")
+    end
+    if #key > MAX_KEY_LEN then
+        return refuse(api, "invalid x-api-key")
+    end
+    local hex = sha256.hex(sha256.digest(key, #key), 32)
+    local rec, err = lookup(hex)
+    if rec == nil then
+        ngx.log(ngx.ERR, "zccp: key store unreachable: ", err)
+        count(api, "store_error")
+        return errors.send(api, 503, "overloaded_error", "the key store is unreachable; retry shortly",
+            { ["Retry-After"] = "1" })
+    end
+    if not rec then
+        return refuse(api, api == "openai" and "Incorrect API key provided." or "invalid x-api-key")
+    end
+    if rec.expires_at and ngx_now() >= rec.expires_at then
+        return refuse(api, api == "openai" and "Incorrect API key provided: the key has expired."
+            or "invalid x-api-key: the key has expired")
+    end
+    ngx.ctx.zccp_tenant = rec.tenant_digest
+    count(api, "ok")
+    return rec
+end
+
+-- Whether this caller's body must be read whole before it is sent on (not streamed into the
+-- slot): its key names models, or it has limits (max_tokens is reserved).
+function _M.wants_body(who)
+    return who.models ~= nil or require("zccp.limits").limited(who)
+end
+
+local function model_of(body)
+    local doc = body and decode(body)
+    return type(doc) == "table" and type(doc.model) == "string" and doc.model or nil
+end
+
+-- The key may use the body's model: true, or false once answered (404, as both APIs answer
+-- a model that does not exist or that the key cannot see).
+function _M.allow_model(who, api, body)
+    if not who.models then
+        return true
+    end
+    local m = model_of(body)
+    if m and who.models[m] then
+        return true
+    end
+    m = m or ""
+    count(api, "model_refused")
+    if api == "openai" then
+        ngx.status = 404
+        ngx.header["Content-Type"] = "application/json"
+        ngx.print(cjson.encode({ error = {
+            message = "The model `" .. m .. "` does not exist or you do not have access to it.",
+            type = "invalid_request_error", param = cjson.null, code = "model_not_found" } }))
+        return false
+    end
+    errors.send(api, 404, "not_found_error", "model: " .. m)
+    return false
+end
+
+-- Forget every verified and unknown key of this worker (tests, an operator's reload).
+function _M.flush()
+    if cache then
+        cache:flush_all()
+    end
+end
+
+return _M
