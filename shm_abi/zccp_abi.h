@@ -49,7 +49,9 @@ enum zccp_slot_flags {
     ZCCP_FLAG_FP_VALID      = 32,   /* nginx: csf_key, csf_bands, exact_key are filled */
     ZCCP_FLAG_TENANT        = 64,   /* nginx: request.tenant holds the tenant's digest */
     ZCCP_FLAG_MASK_DIGEST   = 128,  /* nginx: request.mask_digest names the mask set it applied */
-    ZCCP_FLAG_RESPONSE_SSE  = 256   /* engine: the response is text/event-stream */
+    ZCCP_FLAG_RESPONSE_SSE  = 256,  /* engine: the response is text/event-stream */
+    ZCCP_FLAG_SAMPLED_ON    = 512,  /* nginx: X-ZCCP-Cache-Sampled: on (cache this sampled request) */
+    ZCCP_FLAG_SAMPLED_OFF   = 1024  /* nginx: X-ZCCP-Cache-Sampled: off (never cache it) */
 };
 
 /* What a slot asks of the engine (request.kind); the API's shape is ZCCP_FLAG_API_OPENAI. */
@@ -73,7 +75,8 @@ enum zccp_cache_status {
 /* Why a cache answer was not served (meta.cache_reason; X-ZCCP-Cache-Reason). */
 enum zccp_cache_reason {
     ZCCP_REASON_NONE           = 0,
-    ZCCP_REASON_MASKED_LITERAL = 1  /* the cached answer carries a masked value this request lacks */
+    ZCCP_REASON_MASKED_LITERAL = 1, /* the cached answer carries a masked value this request lacks */
+    ZCCP_REASON_SAMPLED        = 2  /* a sampled request (temperature > 0, no seed) skipped the lookup */
 };
 
 enum zccp_engine_state {

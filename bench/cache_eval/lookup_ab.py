@@ -48,8 +48,11 @@ def keys(raw):
     fp = compute("anthropic", raw, masks)
     kw = {}
     if checked:
-        from zccp.cache.near import TurnShingles
-        kw["turn"] = TurnShingles(orjson.loads(raw), masks)
+        try:    # the meaning check (issue 22), else the shingle check before it
+            from zccp.cache.near import TurnUnits as Turn
+        except ImportError:
+            from zccp.cache.near import TurnShingles as Turn
+        kw["turn"] = Turn(orjson.loads(raw), masks)
     return CacheKeys(fp.exact_key, fp.prefix_key, fp.bands, fp.signature, fp.masked, None,
                      place(fp.prefix_key, None, fp.masked, "tenant"), **kw)
 

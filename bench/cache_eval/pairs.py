@@ -8,7 +8,6 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from zccp.cache.fingerprint import MAX_TOKENS, compute, decode_request, estimate_jaccard
-from zccp.cache.near import exact_jaccard, turn_shingles
 from zccp.cache.fp.csf import _TOKEN_RE
 
 from bench.cache_eval import conversations as C
@@ -145,11 +144,16 @@ def _mk(category: str, kind: str, api_b: str, body_b: dict, api_v: str, body_v: 
 
 
 def verified_jaccard(api_a: str, raw_a: bytes, api_b: str, raw_b: bytes) -> float:
-    """The exact Jaccard the engine checks a near candidate with (zccp.cache.near)."""
+    """The Jaccard of the two final turns' word 2-shingle sets, in the fingerprint's 1024-token
+    window: what fingerprint version 2's engine checked a near candidate with (the engine now
+    checks the meaning instead: zccp.cache.meaning, bench/cache_eval/meaning.py)."""
+    from bench.cache_eval.jaccard import jaccard, masked_turn, shingles, tokens_of
     da, db = decode_request(api_a, raw_a), decode_request(api_b, raw_b)
-    sa = turn_shingles(da, masks()) if da is not None else None
-    sb = turn_shingles(db, masks()) if db is not None else None
-    return 0.0 if sa is None or sb is None else exact_jaccard(sa, sb)
+    ta = masked_turn(da) if da is not None else None
+    tb = masked_turn(db) if db is not None else None
+    if ta is None or tb is None:
+        return 0.0
+    return jaccard(shingles(tokens_of(ta)[:MAX_TOKENS]), shingles(tokens_of(tb)[:MAX_TOKENS]))
 
 
 def _text_pairs(category: str, gen: Callable, bases: list[Base], mt: int, rng: random.Random) -> list[Pair]:

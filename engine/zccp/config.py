@@ -106,6 +106,10 @@ class CacheConfig:
     tenant_source: Literal["api_key", "user", "header"] = "api_key"
     tenant_header: str | None = None
     mask_patterns: str | None = None        # the operator's mask file (None: lua/zccp/mask_patterns.lua)
+    # Sampled requests (temperature > 0, no seed): "off" neither reads nor writes the cache
+    # (two calls, two samples), "store" writes but serves only requests that ask with
+    # X-ZCCP-Cache-Sampled: on, "on" caches them like any other (docs/cache.md).
+    sampled: Literal["off", "store", "on"] = "off"
     l1: L1Config = field(default_factory=L1Config)
 
 

@@ -30,6 +30,7 @@ from zccp.cache.answer import CachedAnswer, literals_in
 from zccp.cache.inflight import InFlight
 from zccp.cache.keys import CacheKeys, keys_for, slot_masks
 from zccp.cache.mask_store import MaskSource
+from zccp.cache.sampled import SampledUse, sampled_use
 from zccp.cache.scope import tenant_digest
 from zccp.cache.store import Lookup, ResponseCache
 from zccp.logs import RequestLog
@@ -89,6 +90,7 @@ class RequestFlow:
         self._store_keys: CacheKeys | None = None    # set when the answer will be stored
         self._literals: tuple[str, ...] = ()         # the request's masked values the answer carries
         self._owned: bytes | None = None             # the in-flight key this request owns (coalescing)
+        self._use = SampledUse(False, True, True, True)   # what the cache may do with it (cache.sampled)
 
     # -- the sequence ----------------------------------------------------------------------
 
@@ -101,12 +103,17 @@ class RequestFlow:
         if deps.cache is None or deps.masks is None:
             return self._run_model(prep, None)
         flags = ctx.view.header.flags
+        self._use = use = sampled_use(prep.req.sampling, deps.cache.cfg.sampled, flags)
         # an entry holds one choice and no logprobs to replay
         uncacheable = prep.req.sampling.logprobs is not None or prep.req.n > 1
-        if flags & Flag.NO_CACHE and flags & Flag.NO_STORE or uncacheable:
+        if flags & Flag.NO_CACHE and flags & Flag.NO_STORE or uncacheable or not (use.lookup or use.store):
             # Neither lookup nor store: no keys to compute, no Redis round trip.
-            deps.metrics.cache.inc(result="BYPASS", reason="uncacheable" if uncacheable else "no_cache")
+            sampled = not (use.lookup or use.store)
+            reason = "uncacheable" if uncacheable else "sampled" if sampled else "no_cache"
+            deps.metrics.cache.inc(result="BYPASS", reason=reason)
             ctx.view.meta.cache_status = CacheStatus.BYPASS
+            if sampled:
+                ctx.view.meta.cache_reason = CacheReason.SAMPLED
             return self._run_model(prep, None)
         try:
             keys = keys_for(ctx.view, ctx.payload, prep.req, deps.masks, deps.cache.cfg, prep.doc)
@@ -122,6 +129,8 @@ class RequestFlow:
         for waited in (False, True):
             if keys is None or flags & Flag.NO_CACHE:
                 lookup = Lookup("BYPASS", "unfingerprintable" if keys is None else "no_cache")
+            elif not self._use.lookup:
+                lookup = Lookup("BYPASS", "sampled")       # stored, not served (cache.sampled: store)
             else:
                 lookup = await deps.cache.lookup(keys, lambda: self._masked_values(prep, keys))
             deps.metrics.cache.inc(result=lookup.status, reason=lookup.reason)
@@ -134,15 +143,23 @@ class RequestFlow:
         meta.cache_status = getattr(CacheStatus, lookup.status)
         if lookup.reason == "masked_literal":
             meta.cache_reason = CacheReason.MASKED_LITERAL
+        elif lookup.reason == "sampled":
+            meta.cache_reason = CacheReason.SAMPLED
         if lookup.answer is not None:
             meta.similarity_ppm = int(lookup.similarity * 1_000_000)
             meta.age_s = lookup.age_s
-            if lookup.status == "HIT" and not flags & Flag.NO_STORE:   # what nginx may keep (its L1, by exact key)
+            # what nginx may keep (its L1, by exact key): not a sampled answer that only the
+            # requests asking for it may be served (cache.sampled)
+            if lookup.status == "HIT" and not flags & Flag.NO_STORE and self._use.l1:
                 meta.cache_ttl_s = deps.cache.l1_ttl(lookup.answer, lookup.age_s)
                 meta.cache_scope = 0 if lookup.shared else 1
-            self._replay(prep, lookup.answer)
+            # an exact HIT of an unmasked request is the stored request: its usage, as nginx's
+            # L1 replays it (docs/cache.md); a masked HIT and a NEAR count their own prompt
+            own = lookup.status == "HIT" and keys is not None and not keys.masked
+            self._replay(prep, lookup.answer, lookup.answer.input_tokens if own else 0)
             return self.outcome.done()
-        store = keys if keys is not None and not flags & Flag.NO_STORE and lookup.status != "ERROR" else None
+        storable = keys is not None and not flags & Flag.NO_STORE and lookup.status != "ERROR" and self._use.store
+        store = keys if storable else None
         self._run_model(prep, store)
 
     def _masked_values(self, prep: Prepared, keys: CacheKeys) -> tuple[bytes, ...]:
@@ -248,7 +265,7 @@ class RequestFlow:
         if keys is None or completed is None or cache is None or completed.result.tool_calls:
             self._release_owned()   # an entry keeps text only (CachedAnswer): a tool-call turn is not stored
             return
-        entry = CachedAnswer.of(completed, time.time(), self._literals)
+        entry = CachedAnswer.of(completed, time.time(), self._literals, unmasked=not keys.masked)
 
         async def store_then_release() -> None:
             try:
@@ -276,7 +293,7 @@ class RequestFlow:
         assert masks is not None
         self._literals = literals_in(text, keys.request_literals(prep.doc, masks))
         meta = self.ctx.view.meta
-        meta.cache_ttl_s = 0 if self._literals else deps.cache.cfg.ttl_s
+        meta.cache_ttl_s = 0 if self._literals or not self._use.l1 else deps.cache.cfg.ttl_s
         meta.cache_scope = 0 if keys.placement.shared else 1
 
     # -- the steps -------------------------------------------------------------------------
@@ -346,15 +363,16 @@ class RequestFlow:
             completed = Completed(result, (len(result.text),) if result.text else ())
         return completed
 
-    def _replay(self, prep: Prepared, answer: CachedAnswer) -> None:
+    def _replay(self, prep: Prepared, answer: CachedAnswer, input_tokens: int = 0) -> None:
         """Answer from the cache: the same bytes a fresh answer would have, minus the model.
 
         A stream is replayed as the same event sequence, with the deltas cut where they
         were first streamed, and written with one write() so that it never floods the
-        doorbell with notices (this runs on the event loop)."""
+        doorbell with notices (this runs on the event loop). input_tokens: the usage's prompt
+        tokens (0: this request's own)."""
         codec, req, writer = prep.codec, prep.req, self.ctx.writer
         with self.outcome.guard("cache replay failed"):
-            result = answer.result(int(prep.input_ids.numel()))
+            result = answer.result(input_tokens or int(prep.input_ids.numel()))
             rid, created = codec.new_response_id(), int(time.time())
             if req.stream:
                 enc = codec.stream(req, rid, created, result.input_tokens)

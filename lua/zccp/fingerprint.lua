@@ -1,4 +1,4 @@
--- Fingerprints and cache keys (docs/fingerprint.md, version 2): decode the body (§1),
+-- Fingerprints and cache keys (docs/fingerprint.md, version 3): decode the body (§1),
 -- mask it (§2, zccp.mask_apply), then the prefix and exact keys (§6, zccp.fp.canonical), the
 -- final user turn (§3, zccp.fp.prompt) and, when it is text only, its CSF (§4-§5,
 -- zccp.fp.csf). engine/zccp/cache/fingerprint.py is the same algorithm in Python,
@@ -151,7 +151,10 @@ function _M.keys(api, body, debug, limit)
 
     -- §6: the prefix key (all but the final message) and the exact key (the prefix key
     -- and the final message), both hashed from the one canonical form in CBUF
-    local cut, first, stop = canonical.write(CBUF, api, doc)
+    local cut, first, stop, inexact = canonical.write(CBUF, api, doc)
+    if inexact then
+        return nil, "a number beyond 2^53: the engine fingerprints this body"
+    end
     local cp, clen = CBUF:ref()
     cp = ffi_cast(u8p, cp)
     local head = PREFIX_HEAD[api]

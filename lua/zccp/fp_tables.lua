@@ -4,7 +4,7 @@
 -- Specification: docs/fingerprint.md. Changing anything here changes every key:
 -- bump `version` and regenerate shm_abi/vectors/fingerprint_vectors.json.
 return {
-    version = 2,
+    version = 3,
     max_tokens = 1024,       -- the CSF looks at the first 1024 tokens of the final user turn
     -- MinHash bins and LSH bands: ZCCP_MINHASH_COUNT (a power of two) and ZCCP_CSF_BANDS
     -- of the ABI header (the slot holds the signature and the band keys), 8 rows per band.
@@ -12,8 +12,8 @@ return {
     seed_lo = 0x46503032,    -- mixer's key and the splitmix64 seed of the probe table
     decode_limit = 65536,    -- nginx fingerprints bodies of at most this many bytes
     max_depth = 128,         -- JSON nested deeper: no fingerprint (lua-cjson's decode_max_depth)
-    exact_prefix = "zccp-exact/2\n",    -- first bytes hashed for the exact key
-    prefix_prefix = "zccp-prefix/2\n",  -- first bytes hashed for the prefix key
+    exact_prefix = "zccp-exact/3\n",    -- first bytes hashed for the exact key
+    prefix_prefix = "zccp-prefix/3\n",  -- first bytes hashed for the prefix key
     -- members a near-duplicate final user turn may have (anything else: exact-only),
     -- and the members of its text blocks
     turn_keys = { "role", "content" },

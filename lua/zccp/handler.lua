@@ -51,13 +51,28 @@ local function is_json(ct)
     return str_find(ct, "^%s*application/json") or str_find(ct, "^%s*application/[%w.-]+%+json")
 end
 
-local function cache_flags()
-    local cc = ngx_var.http_cache_control
-    if not cc then
+-- X-ZCCP-Cache-Sampled: on | off, the request's override of cache.sampled (docs/cache.md)
+local function sampled_flag(C)
+    local v = ngx_var.http_x_zccp_cache_sampled
+    if not v then
         return 0
     end
+    v = str_lower(v)
+    if str_find(v, "^%s*on%s*$") then
+        return C.ZCCP_FLAG_SAMPLED_ON
+    elseif str_find(v, "^%s*off%s*$") then
+        return C.ZCCP_FLAG_SAMPLED_OFF
+    end
+    return 0
+end
+
+local function cache_flags()
     local C = abi.C
-    local f = 0
+    local cc = ngx_var.http_cache_control
+    local f = sampled_flag(C)
+    if not cc then
+        return f
+    end
     if str_find(cc, "no-cache", 1, true) then
         f = f + C.ZCCP_FLAG_NO_CACHE
     end

@@ -108,7 +108,9 @@ function _M.begin(api, body, flags)
         return nil
     end
     local C = abi.C
-    if band(flags, C.ZCCP_FLAG_NO_CACHE + C.ZCCP_FLAG_NO_STORE) ~= 0 then
+    -- SAMPLED_OFF: a request that wants a fresh sample (L1 cannot tell a sampled request:
+    -- it may hold the answers of cache.sampled "on", docs/cache.md)
+    if band(flags, C.ZCCP_FLAG_NO_CACHE + C.ZCCP_FLAG_NO_STORE + C.ZCCP_FLAG_SAMPLED_OFF) ~= 0 then
         return nil
     end
     local tenant = tenant_mod.digest(nil)

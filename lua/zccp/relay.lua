@@ -26,7 +26,8 @@ local REASON_NAMES   -- enum zccp_cache_reason -> X-ZCCP-Cache-Reason (built whe
 
 local function reason_names()
     local C = abi.C
-    REASON_NAMES = { [tonumber(C.ZCCP_REASON_MASKED_LITERAL)] = "masked_literal" }
+    REASON_NAMES = { [tonumber(C.ZCCP_REASON_MASKED_LITERAL)] = "masked_literal",
+                     [tonumber(C.ZCCP_REASON_SAMPLED)] = "sampled" }
     return REASON_NAMES
 end
 

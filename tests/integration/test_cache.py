@@ -74,12 +74,15 @@ def test_other_model_name_never_hits(make_stack):
     assert r.headers["x-zccp-cache"] == "HIT"
 
 
-def test_near_duplicate_is_served_with_its_similarity(cstack):
+def test_a_near_duplicate_is_served_only_when_it_means_the_same(cstack):
     post(cstack, anthropic_body(LONG, max_tokens=20, temperature=0))
-    edited = LONG.replace("northern", "southern", 1)
-    r = post(cstack, anthropic_body(edited, max_tokens=20, temperature=0))
+    polite = "Please: " + LONG.upper() + " Thanks!"
+    r = post(cstack, anthropic_body(polite, max_tokens=20, temperature=0))
     assert r.headers["x-zccp-cache"] == "NEAR"
     assert 0.85 <= float(r.headers["x-zccp-similarity"]) < 1.0
+    # one word that changes the answer: a miss, however similar the rest (tests/integration/test_near_meaning.py)
+    edited = LONG.replace("northern", "southern", 1)
+    assert post(cstack, anthropic_body(edited, max_tokens=20, temperature=0)).headers["x-zccp-cache"] == "MISS"
     unrelated = post(cstack, anthropic_body("Completely different words about gardening tomatoes in spring " * 4,
                                             max_tokens=20, temperature=0))
     assert unrelated.headers["x-zccp-cache"] == "MISS"
@@ -88,7 +91,7 @@ def test_near_duplicate_is_served_with_its_similarity(cstack):
 def test_near_duplicate_serving_can_be_switched_off(make_stack):
     s = make_stack({"cache": {"near_duplicate": False}}, with_redis=True)
     post(s, anthropic_body(LONG, max_tokens=20))
-    r = post(s, anthropic_body(LONG.replace("northern", "southern", 1), max_tokens=20))
+    r = post(s, anthropic_body("Please: " + LONG, max_tokens=20))
     assert r.headers["x-zccp-cache"] == "MISS"
 
 
@@ -203,10 +206,10 @@ def test_no_cache_no_store_touches_nothing(cstack):
     assert post(cstack, body).headers["x-zccp-cache"] == "MISS"   # nothing was stored
 
 
-# ------------------------------------------------------------------- near candidates are checked exactly
+# ------------------------------------------------------------------- near candidates are checked
 
-# One of bench/cache_eval's false hits (two unrelated ShareGPT first turns): all 128 MinHash
-# values agree (estimate 1.0) but the true Jaccard of the shingle sets is 5/6 < 0.85.
+# One of bench/cache_eval's false hits of the MinHash estimate (two unrelated ShareGPT first
+# turns): all 128 MinHash values agree, but the words differ.
 FALSE_STORED = "continue\n \n \n \n 지금 번역하기"
 FALSE_QUERY = "&지금 번역하기"
 
@@ -220,19 +223,10 @@ def _stored(s, body):
     raise AssertionError("the answer was never stored")
 
 
-def _not_similar(s) -> float:
-    for line in s.admin_client().get("/metrics").text.splitlines():
-        if line.startswith("zccp_engine_cache_total{") and 'reason="not_similar"' in line and 'result="MISS"' in line:
-            return float(line.rsplit(" ", 1)[1])
-    return 0.0
-
-
 def test_a_candidate_only_the_estimate_calls_similar_is_not_served(cstack):
     _stored(cstack, anthropic_body(FALSE_STORED, max_tokens=20, temperature=0))
-    before = _not_similar(cstack)
     assert post(cstack, anthropic_body(FALSE_QUERY, max_tokens=20, temperature=0)).headers["x-zccp-cache"] == "MISS"
-    assert _not_similar(cstack) == before + 1
-    # a true near-duplicate of the stored prompt (the same tokens, other spacing) is served
+    # the same words with other spacing are served
     r = post(cstack, anthropic_body("continue 지금  번역하기 ", max_tokens=20, temperature=0))
     assert r.headers["x-zccp-cache"] == "NEAR" and float(r.headers["x-zccp-similarity"]) == 1.0
 
@@ -244,21 +238,24 @@ def test_near_candidates_of_bodies_nginx_does_not_decode_are_checked_too(make_st
                     "shared_memory": {"segment_size_kb": 1536, "tokens_kb": 768}}, with_redis=True)
     system = "Context: " + "background " * (DECODE_LIMIT // 11 + 100)
     _stored(s, anthropic_body(LONG, max_tokens=20, system=system))
-    r = post(s, anthropic_body(LONG.replace("northern", "southern", 1), max_tokens=20, system=system))
+    r = post(s, anthropic_body("Hi! " + LONG.lower(), max_tokens=20, system=system))
     assert r.headers["x-zccp-cache"] == "NEAR" and 0.85 <= float(r.headers["x-zccp-similarity"]) < 1.0
+    r = post(s, anthropic_body(LONG.replace("northern", "southern", 1), max_tokens=20, system=system))
+    assert r.headers["x-zccp-cache"] == "MISS"
     _stored(s, anthropic_body(FALSE_STORED, max_tokens=20, system=system))
     assert post(s, anthropic_body(FALSE_QUERY, max_tokens=20, system=system)).headers["x-zccp-cache"] == "MISS"
 
 
 @pytest.mark.parametrize("record", [
     b"p" * 32 + b"\x00" + b"\x01" * 512,          # the format before shingle sets (no version byte)
-    b"\x02" + b"\xff" * 600,                      # version 2, garbage
+    b"\x02" + b"\xff" * 600,                      # version 2 (shingle sets), garbage
+    b"\x03" + b"\xff" * 600,                      # version 3, garbage
     b"",
 ])
 def test_a_malformed_near_record_is_a_miss(cstack, record):
     import redis
     _stored(cstack, anthropic_body(LONG, max_tokens=20))
-    edited = anthropic_body(LONG.replace("northern", "southern", 1), max_tokens=20)
+    edited = anthropic_body(LONG + "\n", max_tokens=20)
     with redis.Redis.from_url(cstack.cfg.cache.redis_url) as r:
         keys = list(r.scan_iter(match="zccp:v2:*:s:*"))
         assert keys

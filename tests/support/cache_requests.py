@@ -66,4 +66,5 @@ def reworded(q: str) -> list:
     return CHAT[:2] + [{"role": "user", "content": q}]
 
 
-REWORDED = reworded(Q.replace("large", "big"))          # one word: J 0.93 over the final turn
+# the same question, asked more politely and spelled otherwise: a NEAR (docs/cache.md, "What a NEAR means")
+REWORDED = reworded("Please, " + Q.upper().replace(",", "") + " Thanks!")

@@ -92,7 +92,10 @@ class Stack:
             "server": {"listen": f"127.0.0.1:{free_port()}", "workers": 2,
                        "socket_path": str(self.socket_dir / "doorbell.sock"), "connect_timeout_ms": 500},
             "shared_memory": {"name": f"/zccp.test.{tag}", "segment_count": 8, "cleanup_interval_ms": 30000},
-            "cache": {"enabled": self.with_redis, "redis_url": f"redis://127.0.0.1:{free_port()}/0"},
+            # sampled: "on": the cache tests send the APIs' default temperature (1); the
+            # product's default ("off") is tested in tests/integration/test_cache_sampled.py
+            "cache": {"enabled": self.with_redis, "redis_url": f"redis://127.0.0.1:{free_port()}/0",
+                      "sampled": "on"},
             "model": {"backend": "tiny", "name": "zccp-tiny", "max_context": 4096},
             "limits": {"max_body_kb": 256, "request_timeout_ms": 20000},
             "logging": {"level": "info"},

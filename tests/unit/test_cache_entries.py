@@ -75,7 +75,7 @@ def test_placement_by_scope_mode():
 
 def test_every_key_of_a_request_shares_one_hash_tag():
     p = place(P, T1, masked=False, mode="tenant")
-    keys = [p.key(o, "e", "ab" * 32) for o in p.lookup_owners] + p.band_keys(tuple(range(16)))
+    keys = [p.key(o, "e", "ab" * 32) for o in p.lookup_owners] + [p.key(p.near_owner, "n", "cd" * 32)]
     keys.append(p.key(p.near_owner, "s", "ab" * 32))
     tags = {k[k.index("{") + 1:k.index("}")] for k in keys}
     assert tags == {hash_tag(P)} and all(k.startswith("zccp:v2:{") for k in keys)

@@ -143,6 +143,10 @@ def requests() -> list[tuple[str, str, bytes]]:
         ("numbers", "openai",
          b'{"model":"m","messages":[],"temperature":1,"top_p":1.0,"seed":12345678901234567890,'
          b'"n":-0,"x":[1e400,-1e400,5e-324,0.1,1e21,123456789.125,2.5E-8]}'),
+        ("seed_beyond_2_53", "openai", b'{"model":"m","messages":[{"role":"user","content":"hi"}],'
+         b'"temperature":1,"seed":9007199254740993}'),
+        ("seed_beyond_2_53_next", "openai", b'{"model":"m","messages":[{"role":"user","content":"hi"}],'
+         b'"temperature":1,"seed":9007199254740992}'),
         ("duplicate_keys", "openai", b'{"model":"a","model":"b","messages":[]}'),
         ("key_order_bytes", "openai", j({"model": "m", "messages": [], "b": 1, "a": 2, "B": 3, "é": 4, "z\u0000": 5,
                                          "ä": 6, "aa": 7})),
@@ -272,6 +276,29 @@ def fp_fields(fp) -> dict:
             "signature_hex": sig_hex(fp.signature) if fp.near else None}
 
 
+BIG_NUMBER_NIL = "a number beyond 2^53: the engine fingerprints this body"
+
+
+def holds_big_number(v) -> bool:
+    """A number of magnitude >= 2^53 (infinities too) anywhere in a decoded body."""
+    if isinstance(v, dict):
+        return any(holds_big_number(x) for x in v.values())
+    if isinstance(v, list):
+        return any(holds_big_number(x) for x in v)
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and abs(v) >= 2**53
+
+
+def nginx_nil(body: bytes, fp) -> str | None:
+    """The error nginx answers for a body the engine fingerprints (a number nginx cannot keep exact)."""
+    if fp is None:
+        return None
+    from zccp.cache.fingerprint import decode_request
+    from zccp.cache.fp.tables import EXCLUDED_KEYS
+    doc = decode_request("openai", body) or {}
+    top = {k: v for k, v in doc.items() if k not in EXCLUDED_KEYS}     # what the canonical form writes
+    return BIG_NUMBER_NIL if holds_big_number(top) else None
+
+
 def minhash_sets() -> list[list[int]]:
     """Shingle hash sets for the MinHash vectors: one value, a few (most bins densified), many."""
     import random
@@ -295,6 +322,9 @@ def build() -> dict:
             "name": name, "api": api, **body_fields(body),
             "body_bytes": len(body),
             "fingerprint": None if fp is None else fp_fields(fp),
+            # nginx's answer when it differs from the fingerprint above (it has none): None
+            # when nginx computes the same fingerprint, or nothing either
+            "nginx_nil": nginx_nil(body, fp),
             "canonical_b64": base64.b64encode(dbg["canonical"]).decode() if fp and small else None,
             "prompt_b64": base64.b64encode(dbg["prompt"]).decode() if fp and small and dbg["prompt"] is not None
             else None,
@@ -322,8 +352,12 @@ def build() -> dict:
                   for p in fixed.patterns],
         "mask_cases": [{"text_hex": t.hex(), "masked_hex": fixed.apply(t).hex(),
                         "changed": fixed.apply_changed(t)[1]} for t in MASK_TEXTS],
+        # canonical: what the engine writes (an integer literal beyond 2^53 keeps its digits);
+        # double: the double's form, what nginx's number() writes (a body holding a number
+        # beyond 2^53 is not fingerprinted by nginx: fingerprint.md §6)
         "numbers": [{"literal": s, "canonical": canonical_number(json.loads(s) if "e400" not in s
-                                                                    else float(s)).decode()} for s in NUMBERS],
+                                                                    else float(s)).decode(),
+                     "double": canonical_number(float(s)).decode()} for s in NUMBERS],
         "tokenize": toks,
         "minhash": [{"xs": xs, "signature_hex": sig_hex(F.minhash(xs))} for xs in minhash_sets()],
         "requests": reqs,

@@ -24,12 +24,20 @@ class CachedAnswer:
     deltas: tuple[int, ...]           # character lengths of the streamed deltas, to replay them alike
     created: float
     literals: tuple[str, ...] = ()    # masked values of the request that the text contains
+    # the prompt tokens of the request it answered, when that request was unmasked (0: not
+    # kept). An exact HIT of an unmasked request reports them: the exact key says the two
+    # are one request, and nginx's L1, which replays the engine's bytes to other spellings
+    # of it, cannot count a prompt (flow._replay).
+    input_tokens: int = 0
 
     @classmethod
-    def of(cls, completed: Completed, now: float, literals: tuple[str, ...] = ()) -> CachedAnswer:
-        """The entry to store for a finished answer (literals: see literals_in)."""
+    def of(cls, completed: Completed, now: float, literals: tuple[str, ...] = (),
+           unmasked: bool = False) -> CachedAnswer:
+        """The entry to store for a finished answer (literals: see literals_in; unmasked: the
+        request was not masked, so its prompt size is the entry's)."""
         r = completed.result
-        return cls(r.text, r.stop_reason, r.stop_sequence, r.output_tokens, completed.deltas, now, literals)
+        return cls(r.text, r.stop_reason, r.stop_sequence, r.output_tokens, completed.deltas, now, literals,
+                   r.input_tokens if unmasked else 0)
 
     def leaks_to(self, masked_values: tuple[bytes, ...]) -> str | None:
         """A masked value of this entry's request that its text carries and that is not one
@@ -48,7 +56,8 @@ class CachedAnswer:
     def to_json(self) -> bytes:
         return orjson.dumps({"text": self.text, "stop_reason": self.stop_reason, "stop_sequence": self.stop_sequence,
                              "output_tokens": self.output_tokens, "deltas": list(self.deltas),
-                             "created": self.created, "literals": list(self.literals)})
+                             "created": self.created, "literals": list(self.literals),
+                             "input_tokens": self.input_tokens})
 
     @classmethod
     def from_json(cls, raw: bytes) -> CachedAnswer | None:
@@ -60,7 +69,7 @@ class CachedAnswer:
             if not isinstance(literals, list) or not all(isinstance(x, str) and x for x in literals):
                 return None
             ans = cls(str(d["text"]), str(d["stop_reason"]), d["stop_sequence"], int(d["output_tokens"]),
-                      deltas, float(d["created"]), tuple(literals))
+                      deltas, float(d["created"]), tuple(literals), max(0, int(d.get("input_tokens", 0))))
         except (orjson.JSONDecodeError, KeyError, TypeError, ValueError):
             return None
         if ans.stop_reason not in ("end_turn", "max_tokens", "stop_sequence") or sum(deltas) != len(ans.text):

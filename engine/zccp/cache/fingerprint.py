@@ -1,4 +1,4 @@
-"""Fingerprints and cache keys (docs/fingerprint.md, version 2): the Python side of
+"""Fingerprints and cache keys (docs/fingerprint.md, version 3): the Python side of
 lua/zccp/fingerprint.lua, byte for byte.
 
 §1 decoding is here; §2 masks in zccp.cache.mask_apply; §3 the final user turn in

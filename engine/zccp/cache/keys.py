@@ -16,7 +16,7 @@ from zccp.arena import SlotView
 from zccp.cache.fingerprint import compute, decode_request
 from zccp.cache.mask_apply import MaskSet, collect_literals
 from zccp.cache.mask_store import MaskSource
-from zccp.cache.near import TurnShingles
+from zccp.cache.near import TurnUnits
 from zccp.cache.scope import Placement, place, tenant_of
 from zccp.config import CacheConfig
 from zccp.shared_types import GenerationRequest
@@ -33,9 +33,9 @@ class CacheKeys:
     placement: Placement
     # the values the masks replaced, when the engine masked the body itself (None: not collected)
     literals: tuple[bytes, ...] | None = None
-    # the final user turn's shingle set, computed when first needed (zccp.cache.near);
+    # the final user turn's units, computed when first needed (zccp.cache.near);
     # None: near candidates cannot be checked, so they are never served
-    turn: TurnShingles | None = field(default=None, compare=False)
+    turn: TurnUnits | None = field(default=None, compare=False)
 
     @property
     def near_ok(self) -> bool:
@@ -79,7 +79,7 @@ def keys_for(view: SlotView, payload: memoryview, req: GenerationRequest, masks:
         sig = tuple(ffi.unpack(view.signature.minhash, MINHASH_COUNT)) if near else ()
         if near and doc is None:
             doc = decode_request(req.api, payload)    # nginx decoded it: so can we
-        turn = TurnShingles(doc, mask_set) if near else None     # doc unmasked: the turn is masked on demand
+        turn = TurnUnits(doc, mask_set) if near else None     # doc unmasked: the turn is masked on demand
         return CacheKeys(exact, prefix, bands, sig, masked, tenant, place(prefix, tenant, masked, cfg.scope, no_store),
                          turn=turn)
     literals: list[bytes] = []
@@ -94,4 +94,4 @@ def keys_for(view: SlotView, payload: memoryview, req: GenerationRequest, masks:
         raise ValueError("fingerprint signature length does not match the ABI")  # programmer error
     return CacheKeys(fp.exact_key, fp.prefix_key, fp.bands, fp.signature, fp.masked, tenant,
                      place(fp.prefix_key, tenant, fp.masked, cfg.scope, no_store), tuple(literals),
-                     TurnShingles(doc, None) if fp.near else None)     # compute() masked doc in place
+                     TurnUnits(doc, None) if fp.near else None)     # compute() masked doc in place

@@ -24,8 +24,9 @@ ones: a request that leaves no trace must not be a free probe of what others sen
 Keys (all with the configured TTL):
     zccp:v2:{<tag>}:<owner>:e:<exact hex>             the entry (zccp.cache.answer)
     zccp:v2:{<tag>}:<owner>:s:<exact hex>             near record (zccp.cache.near): prefix key, where the
-                                                      entry is, signature, shingle hashes
-    zccp:v2:{<tag>}:<owner>:b:<band>:<band key hex>   set of exact keys (hex) with this band
+                                                      entry is, the final turn's units
+    zccp:v2:{<tag>}:<owner>:n:<index hex>             near index: set of exact keys (hex) whose final turn
+                                                      reads the same (zccp.cache.near.index_name)
 """
 
 from __future__ import annotations
@@ -39,7 +40,7 @@ from zccp.arena import SlotView
 from zccp.config import CacheConfig
 from zccp.shared_types import GenerationRequest
 
-PREFIX = "zccp:v2:"          # fingerprint spec version 2: version-1 entries are never read
+PREFIX = "zccp:v2:"          # since fingerprint version 2 (version 3 changed the hashes only): v1 is never read
 SHARED = "shared"
 ANON = "anon"
 ScopeMode = Literal["tenant", "isolated", "shared_exact", "global"]
@@ -92,9 +93,6 @@ class Placement:
     def key(self, owner: str, kind: str, name: str) -> str:
         return f"{PREFIX}{{{self.tag}}}:{owner}:{kind}:{name}"
 
-    def band_keys(self, bands: tuple[int, ...]) -> list[str]:
-        return [self.key(self.near_owner, "b", f"{i}:{band:016x}") for i, band in enumerate(bands)]
-
 
 def place(prefix_key: bytes, tenant: bytes | None, masked: bool, mode: ScopeMode,
           no_store: bool = False) -> Placement:
@@ -129,7 +127,7 @@ def owner_for_scope(scope: str) -> str:
 def purge_patterns(what: Literal["all", "scope", "key"], value: str = "") -> list[str]:
     """SCAN MATCH patterns of the keys a purge deletes. `all` takes every ZCCP key, of
     every fingerprint version; a scope takes its owner's keys under every tag; a key,
-    that exact key's entries and near records (their band set members then point at
+    that exact key's entries and near records (their near index members then point at
     nothing and are skipped)."""
     if what == "all":
         return ["zccp:*"]

@@ -1,15 +1,15 @@
-"""The response cache in Redis: exact entries and an LSH band index for near-duplicates,
+"""The response cache in Redis: exact entries and a near index for requests that mean the same,
 partitioned by scope and tenant (key layout: zccp.cache.scope).
 
 A lookup is one round trip: a server-side script (LOOKUP_SCRIPT) tries the exact keys
-the placement allows and, on a miss, reads the near owner's 16 band sets, ranks the
-candidates by shared bands and returns the best MAX_CANDIDATES with their near records;
-a near hit costs one more round trip for the winner's entry. Every key one script
-touches carries the same hash tag (one Redis Cluster slot). A candidate only counts
-when its prefix key equals the request's: the same system prompt, tools, parameters
-and earlier turns, so similarity is judged on the final user turn alone, and only when
-the exact Jaccard of the two turns' shingle sets (kept in the near record) reaches the
-threshold: the MinHash estimate only picks the candidates (zccp.cache.near).
+the placement allows and, on a miss, reads the near index of the request's final turn
+(the records whose turn reads the same once whitespace, case, punctuation, filler and
+masked values are set aside: zccp.cache.near) and returns at most MAX_CANDIDATES of them
+with their near records; a near hit costs one more round trip for the winner's entry.
+Every key one script touches carries the same hash tag (one Redis Cluster slot). A
+candidate only counts when its prefix key equals the request's (the same system prompt,
+tools, parameters and earlier turns) and its final turn passes the meaning check against
+this one's with the word list in force (zccp.cache.meaning).
 
 A hit is served only if it passes the masked-literal guard (CachedAnswer.leaks_to: the
 values the masks replaced in this request, not anything else its body holds):
@@ -38,6 +38,7 @@ from typing import TYPE_CHECKING, Any
 
 from zccp.cache.answer import CachedAnswer
 from zccp.cache.keys import CacheKeys
+from zccp.cache.meaning import near_words_or_none
 from zccp.cache.near import NearRecord, choose
 from zccp.cache.redis_target import RedisConnection, connect, parse_redis_url
 from zccp.cache.scope import SHARED, Placement
@@ -51,11 +52,12 @@ log = logging.getLogger("zccp.cache.store")
 
 MAX_CANDIDATES = 32
 
-# KEYS: the exact entry keys to try, in order, then the band keys (none when near is off).
+# KEYS: the exact entry keys to try, in order, then the near index's key (none when near
+# is off); the script can take several index keys (their members ranked by votes).
 # ARGV: how many exact keys, max candidates, the near records' key prefix.
 # Returns {i, entry} on an exact hit in KEYS[i], else {0, key1, rec1, key2, rec2, ...}.
 # The near records it reads (ARGV[3] .. candidate) are not in KEYS: they are only known
-# once the band sets are read. Their names carry KEYS[1]'s hash tag, so they live in its
+# once the index sets are read. Their names carry KEYS[1]'s hash tag, so they live in its
 # slot, on the node the call was routed to, and Redis Cluster runs them (Redis 7 refuses
 # keys of a node's other slots only to scripts with a shebang, and keys of other nodes to
 # every script). No shebang: Redis 6 runs it too. docs/cache.md, "Redis topologies";
@@ -94,14 +96,22 @@ class Lookup:
     shared: bool = False              # the answer came from the `shared` owner
 
 
+def _near_index(keys: CacheKeys) -> str | None:
+    """The key of the request's near index; None when its turn allows no near hits."""
+    if not keys.near_ok or keys.turn is None:
+        return None
+    name = keys.turn.index(keys.prefix)
+    return None if name is None else keys.placement.key(keys.placement.near_owner, "n", name)
+
+
 def _near_record(keys: CacheKeys) -> bytes | None:
-    """The record that makes this request a near candidate; None when its turn has no shingle set."""
-    shingles = keys.turn.get() if keys.turn is not None else None
-    if shingles is None:
+    """The record that makes this request a near candidate; None when its turn has no units."""
+    units = keys.turn.get() if keys.turn is not None else None
+    if units is None:
         return None
     p = keys.placement
     shared_entry = p.store_owner == SHARED and p.near_owner != SHARED
-    return NearRecord(keys.prefix, shared_entry, keys.signature, shingles).encode()
+    return NearRecord(keys.prefix, shared_entry, units).encode()
 
 
 @dataclass
@@ -116,6 +126,8 @@ class ResponseCache:
         self._conn = connect(parse_redis_url(self.cfg.redis_url), self._timeout)
         self._redis = self._conn.client
         self._lookup = self._redis.register_script(LOOKUP_SCRIPT)
+        if self.cfg.near_duplicate:
+            near_words_or_none()     # read the word list now, not on the first request (an error is logged)
 
     @property
     def redis(self) -> RedisClient:
@@ -146,12 +158,13 @@ class ResponseCache:
             return Lookup("ERROR", "redis")
         p = keys.placement
         exact = keys.exact.hex()
-        near = keys.near_ok and self.cfg.near_duplicate and p.near_read
+        index = _near_index(keys) if self.cfg.near_duplicate and p.near_read else None
+        near = index is not None
         if not p.lookup_owners and not near:
             return Lookup("MISS", "not_found")    # no-store on shared entries: nothing to read
         redis_keys = [p.key(owner, "e", exact) for owner in p.lookup_owners]
-        if near:
-            redis_keys += p.band_keys(keys.bands)
+        if index is not None:
+            redis_keys.append(index)
         try:
             reply = await self._call(self._lookup(keys=redis_keys, args=[len(p.lookup_owners), MAX_CANDIDATES,
                                                                          p.key(p.near_owner, "s", "")]))
@@ -169,7 +182,8 @@ class ResponseCache:
 
     async def _near(self, keys: CacheKeys, p: Placement, flat: list[bytes],
                     masked_values: Callable[[], tuple[bytes, ...]]) -> Lookup:
-        v = choose(flat, keys.prefix, keys.signature, self.cfg.similarity_threshold, keys.turn)
+        assert keys.turn is not None
+        v = choose(flat, keys.prefix, keys.turn)
         if v.key is None or v.record is None:
             return Lookup("MISS", v.reason)
         shared = v.record.shared_entry
@@ -212,12 +226,12 @@ class ResponseCache:
         try:
             pipe = self._redis.pipeline(transaction=False)
             pipe.set(p.key(p.store_owner, "e", exact), answer.to_json(), ex=ttl)
-            record = _near_record(keys) if keys.near_ok else None
-            if record is not None:
+            index = _near_index(keys)
+            record = _near_record(keys) if index is not None else None
+            if index is not None and record is not None:
                 pipe.set(p.key(p.near_owner, "s", exact), record, ex=ttl)
-                for k in p.band_keys(keys.bands):
-                    pipe.sadd(k, exact)
-                    pipe.expire(k, ttl)
+                pipe.sadd(index, exact)
+                pipe.expire(index, ttl)
             await pipe.execute()     # after the answer: bounded by the socket timeouts, no deadline
         except Exception as exc:
             self._failed("store", exc)

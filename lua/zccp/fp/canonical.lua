@@ -4,10 +4,12 @@
 -- byte for byte.
 --
 --   local canonical = require "zccp.fp.canonical"
---   local cut, first, stop = canonical.write(buf, api, doc)   -- buf: a string.buffer (reset first)
+--   local cut, first, stop, inexact = canonical.write(buf, api, doc)   -- buf: a string.buffer (reset first)
 --   -- buf holds CJ(top); when `messages` is a non-empty array, its final element is
 --   -- buf[first, stop) and buf[cut, stop) is that element with the comma before it
 --   -- (CJ of top without the final message is buf without [cut, stop)); else nil.
+--   -- inexact: the doc holds a number of magnitude >= 2^53 (cjson decoded it to a double:
+--   -- an integer's digits may be lost, so the keys are the engine's to compute, §6).
 local ffi = require "ffi"
 local bit = require "bit"
 local T = require "zccp.fp_tables"
@@ -40,10 +42,15 @@ local C = ffi.C
 local numbuf = ffi_new("char[64]")
 local ffi_string = ffi.string
 local FMT = { "%.15g", "%.16g", "%.17g" }
+local TWO53 = 2 ^ 53
+local inexact = false   -- set by num(), reset by write()
 
 local function num(v)
     if v ~= v then
         return "nan"
+    end
+    if v >= TWO53 or v <= -TWO53 then
+        inexact = true   -- maybe an integer whose digits cjson rounded (infinities too)
     end
     if v == 0 then
         return "0"
@@ -222,7 +229,8 @@ local function top_member(buf, k, v)
 end
 
 -- Writes CJ(top) of `doc` (decoded, masked) into buf (reset first); returns the place
--- of the final message (cut, first, stop: 0-based offsets into buf), or nil.
+-- of the final message (cut, first, stop: 0-based offsets into buf, or nil), and whether
+-- a number of magnitude >= 2^53 was written (then the keys must not be used).
 function _M.write(buf, api, doc)
     local top = {}
     for k, v in next, doc do
@@ -235,9 +243,9 @@ function _M.write(buf, api, doc)
         top.max_completion_tokens = nil
     end
     buf:reset()
-    cut, first, stop = nil, nil, nil
+    cut, first, stop, inexact = nil, nil, nil, false
     put_object(buf, top, top_member)
-    return cut, first, stop
+    return cut, first, stop, inexact
 end
 
 return _M

@@ -28,8 +28,15 @@ def as_bytes(v: str | bytes) -> bytes:
     return v if isinstance(v, bytes) else v.encode("utf-8", "surrogateescape")
 
 
+_TWO53, _I64, _U64 = 1 << 53, 1 << 63, 1 << 64
+
+
 def canonical_number(v: int | float) -> bytes:
-    """The shortest of %.15g/%.16g/%.17g that reads back as the same double; 0 for ±0."""
+    """The shortest of %.15g/%.16g/%.17g that reads back as the same double; 0 for ±0;
+    an integer (a JSON literal without fraction or exponent) beyond 2^53 that fits 64 bits
+    (what orjson reads as an int): its exact digits."""
+    if type(v) is int and not -_TWO53 <= v <= _TWO53 and -_I64 <= v < _U64:
+        return b"%d" % v
     try:
         f = float(v)
     except OverflowError:
