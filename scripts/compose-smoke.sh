@@ -2,7 +2,8 @@
 # Smoke test of docker-compose.yml, for real: installs Docker + Compose if missing, starts
 # dockerd if none runs, builds the image, brings redis + engine + nginx up, then through
 # 127.0.0.1:8080 only: both APIs with the official SDKs (streams, cache HIT), a mask edit +
-# `nginx -s reload`, and an engine crash (SIGKILL) it must recover from. Ends with
+# `nginx -s reload`, an engine crash (SIGKILL) it must recover from, then nginx recreated with
+# server.tls + http2 (a self-signed certificate): a 512 KiB body, a cache HIT and a stream over h2. Ends with
 # `docker compose down -v`; stops dockerd only if it started it. Run as root (or with sudo).
 #   PYTHON        the Python with anthropic/openai/httpx (default .venv/bin/python, else python3)
 #   ZCCP_PORT     host port to publish on 127.0.0.1 (default 8080)
@@ -69,6 +70,10 @@ cleanup() {
     local rc=$?
     set +e
     if [ -n "$MASK_BACKUP" ]; then cp "$MASK_BACKUP" "$MASKS" && rm -f "$MASK_BACKUP"; fi
+    if [ -n "${CONF_BACKUP:-}" ] && [ -f "$CONF_BACKUP" ]; then
+        cp "$CONF_BACKUP" deploy/docker/config.yaml && rm -f "$CONF_BACKUP"
+        rm -f deploy/docker/tls/cert.pem deploy/docker/tls/key.pem
+    fi
     if [ "$rc" -ne 0 ] && docker info >/dev/null 2>&1; then
         say "logs of the failed run:"
         dc logs --no-color --tail 80 2>&1 | tail -n 240
@@ -166,6 +171,28 @@ recovery=$("$PY" scripts/compose_smoke.py wait-new-epoch "$epoch" 120) || die "t
     || die "nginx restarted along with the engine"
 say "engine SIGKILLed (pid $pid): back on /health with a new arena epoch after ${recovery} s, requests answered 200"
 wait_healthy 60
+
+# --- TLS + HTTP/2 on the published port (server.tls, http2; deploy/README.md) ----------------
+TLS_DIR=deploy/docker/tls
+CONF=deploy/docker/config.yaml
+[ ! -e "$TLS_DIR/cert.pem" ] || die "$TLS_DIR/cert.pem exists: the smoke makes and removes its own"
+CONF_BACKUP=$RUN/config.yaml.orig
+cp "$CONF" "$CONF_BACKUP"
+sh deploy/docker/make-self-signed-cert.sh >/dev/null || die "make-self-signed-cert.sh failed"
+"$PY" - "$CONF" <<'PYEOF' || die "could not turn on server.tls in $CONF"
+import sys
+path = sys.argv[1]
+text = open(path).read()
+lines = ["  tls:", "    certificate: /etc/zccp/tls/cert.pem", "    key: /etc/zccp/tls/key.pem", "  http2: true"]
+marker = "server:\n"
+assert marker in text
+open(path, "w").write(text.replace(marker, marker + "\n".join(lines) + "\n", 1))
+PYEOF
+dc up -d --force-recreate nginx > "$RUN/tls-up.log" 2>&1 || die "recreating nginx with TLS failed"
+wait_healthy 120
+ZCCP_URL="https://localhost:$ZCCP_PORT" "$PY" scripts/compose_smoke.py h2 "$TLS_DIR/cert.pem" || die "HTTP/2 + TLS checks"
+cp "$CONF_BACKUP" "$CONF" && rm -f "$CONF_BACKUP" && rm -rf "$TLS_DIR/cert.pem" "$TLS_DIR/key.pem"
+say "TLS + HTTP/2: a 512 KiB body, a cache HIT and a stream over h2; config and certificate removed again"
 
 say "docker compose down -v"
 timeout 120 "${COMPOSE[@]}" down -v --remove-orphans > "$RUN/down.log" 2>&1 || die "compose down failed"

@@ -42,6 +42,7 @@ from zccp.outcome import Outcome, RequestContext
 from zccp.ring_writer import SlotAbandoned
 from zccp.scheduler import BatchScheduler, Sequence
 from zccp.shared_types import ApiError, Completed, GenerationRequest, GenerationResult, TextDelta
+from zccp.choices import ChoiceSink, Choices, all_done, choice_params
 from zccp.text_assembly import generate_text
 from zccp.token_sink import Reply
 
@@ -103,10 +104,13 @@ class RequestFlow:
             return self._run_model(prep, None)
         flags = ctx.view.header.flags
         self._use = use = sampled_use(prep.req.sampling, deps.cache.cfg.sampled, flags)
-        if flags & Flag.NO_CACHE and flags & Flag.NO_STORE or not (use.lookup or use.store):
+        # an entry holds one choice and no logprobs to replay
+        uncacheable = prep.req.sampling.logprobs is not None or prep.req.n > 1
+        if flags & Flag.NO_CACHE and flags & Flag.NO_STORE or uncacheable or not (use.lookup or use.store):
             # Neither lookup nor store: no keys to compute, no Redis round trip.
             sampled = not (use.lookup or use.store)
-            deps.metrics.cache.inc(result="BYPASS", reason="sampled" if sampled else "no_cache")
+            reason = "uncacheable" if uncacheable else "sampled" if sampled else "no_cache"
+            deps.metrics.cache.inc(result="BYPASS", reason=reason)
             ctx.writer.set_meta(cache_status=CacheStatus.BYPASS,
                                 cache_reason=CacheReason.SAMPLED if sampled else CacheReason.NONE)
             return self._run_model(prep, None)
@@ -190,7 +194,7 @@ class RequestFlow:
         self._store_keys = store
         # Streams always leave the loop: a full response ring makes the writer wait for
         # nginx's ack, and the loop must stay free to deliver the notices nginx waits for.
-        if self.deps.inline and not prep.req.stream:
+        if self.deps.inline and not prep.req.stream and prep.req.n == 1:
             self._store(store, self._execute(prep))
             return self.outcome.done()
 
@@ -199,10 +203,13 @@ class RequestFlow:
                 self.deps.call_soon(self._store, store, completed)
             self.outcome.done()
 
+        if prep.req.n > 1:
+            return self._run_choices(prep)
         ctx, n = self.ctx, int(prep.input_ids.numel())
         reply = Reply(prep.codec, prep.req, ctx.view, ctx.writer, n,
                       self.deps.backend.prompt.detokenizer(prep.host_ids[-8:].tolist()),
-                      self._tool_calls(prep.req), self.outcome, lambda result: self._verdict(prep, result))
+                      self._tool_calls(prep.req), self.outcome, lambda result: self._verdict(prep, result),
+                      self.deps.backend.prompt.token_bytes)
         seq = Sequence(prep.input_ids, prep.host_ids, prep.req.sampling, reply, ctx.cancelled, finished,
                        salt=self._salt(prep))
         if not self.deps.model.submit(seq):
@@ -212,6 +219,28 @@ class RequestFlow:
                                                    "(model.max_queue requests wait already); retry shortly"))
             self._release_owned()
             self.outcome.done()
+
+    def _run_choices(self, prep: Prepared) -> None:
+        """n > 1: n sequences, one answer (zccp.choices); not cached."""
+        ctx, req, n = self.ctx, prep.req, int(prep.input_ids.numel())
+        choices = Choices(req, req.n, ctx.view, ctx.writer, n, self.outcome)
+        on_done = all_done(req.n, self.outcome.done)
+        cancelled = lambda: ctx.cancelled() or choices.over   # noqa: E731
+        salt = self._salt(prep)                 # the tenant's prefix blocks only
+        for i in range(req.n):
+            sink = ChoiceSink(choices, i, req, n, self.deps.backend.prompt.detokenizer(prep.host_ids[-8:].tolist()),
+                              self._tool_calls(req))
+            seq = Sequence(prep.input_ids, prep.host_ids, choice_params(req.sampling, i), sink, cancelled, on_done,
+                           salt=salt)
+            if not self.deps.model.submit(seq):
+                self.deps.metrics.queue_full.inc()
+                choices.over = True                 # the ones submitted are cancelled; they end as dropped
+                with self.outcome.guard():
+                    self.outcome.client_error(ApiError(429, "rate_limit_error", "the model's queue is full "
+                                                       "(model.max_queue requests wait already); retry shortly"))
+                for _ in range(req.n - i):
+                    on_done(None)
+                return
 
     def _salt(self, prep: Prepared) -> bytes:
         """The prefix KV cache's salt: the request's tenant (zccp.prefix_cache), b"" for the
@@ -280,6 +309,8 @@ class RequestFlow:
         ctx, deps = self.ctx, self.deps
         doc = self.codec.decode(ctx.payload)
         req = self.codec.parse(doc, deps.limits)
+        if req.sampling.constraint is not None or req.sampling.logprobs is not None:
+            self._check_needs_logits(req)
         codec = self.codec
         try:
             n = deps.backend.prompt.encode_into(Prompt(req, lambda: codec.chat_input(doc)), ctx.tokens)
@@ -295,6 +326,17 @@ class RequestFlow:
                            f"prompt is too long: {n} tokens + max_tokens {req.sampling.max_tokens} > {limit} maximum",
                            param="max_tokens" if n < limit else "messages")
         return req, deps.input_view(ctx.tokens[:n]), doc
+
+    def _check_needs_logits(self, req: GenerationRequest) -> None:
+        """A grammar and logprobs need logits, and a forced tool call the parser that reads it."""
+        c = req.sampling.constraint
+        what = "logprobs" if c is None else "a forced tool call" if c.kind == "tool_call" else "structured output"
+        if not self.deps.backend.has_logits:
+            raise ApiError(400, "invalid_request_error",
+                           f"{what} needs a model with logits; {req.model} has none (model.backend: null)")
+        if c is not None and c.kind == "tool_call" and self.deps.tool_parser != "hermes":
+            raise ApiError(400, "invalid_request_error",
+                           f"{what} needs model.tool_parser: hermes", param="tool_choice")
 
     def _execute(self, prep: Prepared) -> Completed | None:
         """The inline path (the instant null backend, not streamed, on the loop): run the

@@ -41,7 +41,7 @@ import torch
 from zccp.metrics import EngineMetrics
 from zccp.model.base import DecodeBatch, ModelBackend
 from zccp.model.kv import room
-from zccp.model.sampling import Sampler, sample_rows
+from zccp.model.sampling import Drawn, Sampler, sample_rows
 from zccp.planner import Planner
 from zccp.prefix_cache import PrefixCache
 from zccp.shared_types import SamplingParams, StopReason
@@ -61,8 +61,9 @@ class Sink(Protocol):
     def kept(self, tokens: int) -> None:
         """The prefill is done; the prefix cache now holds this many of its prompt tokens."""
 
-    def token(self, token: int) -> bool:
-        """One generated token; True when the answer is complete (a stop sequence)."""
+    def token(self, token: int, drawn: Drawn | None = None) -> bool:
+        """One generated token (and its logprobs when asked for); True when the answer is
+        complete (a stop sequence)."""
 
     def end(self, reason: StopReason, output_tokens: int) -> Any:
         """Generation is over; the value on_done receives once everything is written."""
@@ -415,7 +416,9 @@ class BatchScheduler:
             return OUT
         seq.produced += 1
         seq.last = tok
-        done = self._sink_call(seq, seq.sink.token, tok)
+        drawn = seq.sampler.last if seq.sampler is not None else None
+        # the logprobs only when asked for (a sink that never asks takes the token alone)
+        done = self._sink_call(seq, seq.sink.token, tok, *(() if drawn is None else (drawn,)))
         if done is None:
             return OUT                                        # abandoned or failed
         if done:

@@ -17,6 +17,16 @@ StopReason = Literal["end_turn", "max_tokens", "stop_sequence", "tool_use"]
 
 
 @dataclass(frozen=True)
+class OutputConstraint:
+    """What a grammar holds the answer to (zccp.model.grammar): JSON (any object, or one
+    valid against a JSON schema), or one tool call in the hermes form."""
+
+    kind: Literal["json", "tool_call"]
+    schema: str | None = None                        # json: the JSON schema as JSON text (None: any object)
+    tools: tuple[tuple[str, str | None], ...] = ()   # tool_call: (name, parameters schema JSON) it may call
+
+
+@dataclass(frozen=True)
 class SamplingParams:
     max_tokens: int
     temperature: float = 1.0          # 0 means greedy (deterministic)
@@ -24,6 +34,11 @@ class SamplingParams:
     top_k: int | None = None          # keep the k most likely tokens, >= 1
     seed: int | None = None           # fixes the sampler's RNG when given
     stop: tuple[str, ...] = ()        # stop sequences, matched on generated text
+    constraint: OutputConstraint | None = None   # a grammar the answer must follow
+    logit_bias: tuple[tuple[int, float], ...] = ()  # (token id, bias added to its logit), OpenAI's
+    presence_penalty: float = 0.0     # subtracted once from a token already generated
+    frequency_penalty: float = 0.0    # subtracted per time a token was generated
+    logprobs: int | None = None       # report each token's logprob and this many alternatives (None: off)
 
 
 @dataclass(frozen=True)
@@ -43,6 +58,7 @@ class GenerationRequest:
     include_usage: bool = False       # OpenAI stream_options.include_usage
     user: str | None = None           # OpenAI `user` / Anthropic metadata.user_id (a cache tenant source)
     tool_use: bool = False            # tools were offered and tool_choice allows calling them
+    n: int = 1                        # OpenAI n: choices to generate (n > 1: not streamed)
 
 
 @dataclass(frozen=True)
@@ -57,8 +73,19 @@ class ChatInput:
 
 
 @dataclass(frozen=True)
+class TokenLogprob:
+    """One generated token's log probability (and the most likely alternatives), from the
+    distribution it was drawn from (bias, penalties and grammar applied; before temperature)."""
+
+    token: bytes
+    logprob: float
+    top: tuple[tuple[bytes, float], ...] = ()
+
+
+@dataclass(frozen=True)
 class TextDelta:
     text: str                         # newly released text (never splits a UTF-8 character)
+    logprobs: tuple[TokenLogprob, ...] = ()   # the tokens since the previous delta (when asked for)
 
 
 @dataclass(frozen=True)
@@ -78,6 +105,7 @@ class GenerationResult:
     output_tokens: int
     tool_calls: tuple[ToolCall, ...] = ()
     cached_tokens: int = 0            # prompt tokens whose KV state came from the prefix cache
+    logprobs: tuple[TokenLogprob, ...] | None = None   # every generated token's, when asked for
 
 
 @dataclass(frozen=True)

@@ -21,7 +21,16 @@ from zccp.hermes_tools import HermesParser
 from zccp.model.prompt import Detokenizer
 from zccp.outcome import Outcome
 from zccp.ring_writer import ResponseWriter, SlotAbandoned
-from zccp.shared_types import Completed, GenerationRequest, GenerationResult, StopReason, TextDelta, ToolCall
+from zccp.model.sampling import Drawn
+from zccp.shared_types import (
+    Completed,
+    GenerationRequest,
+    GenerationResult,
+    StopReason,
+    TextDelta,
+    TokenLogprob,
+    ToolCall,
+)
 from zccp.text_assembly import TextAssembler
 
 
@@ -68,7 +77,8 @@ class Reply(SlotOutput):
 
     def __init__(self, codec: ApiCodec, req: GenerationRequest, view: SlotView, writer: ResponseWriter,
                  prompt_tokens: int, detok: Detokenizer, tool_calls: bool, outcome: Outcome,
-                 verdict: Callable[[GenerationResult], None]) -> None:
+                 verdict: Callable[[GenerationResult], None],
+                 token_bytes: Callable[[int], bytes] | None = None) -> None:
         super().__init__(writer, outcome, verdict)
         self._codec = codec
         self._req = req
@@ -78,6 +88,9 @@ class Reply(SlotOutput):
         self._encoder: StreamEncoder | None = None
         self._cached = 0
         self._deltas: list[int] = []            # text delta lengths as streamed (cache replay)
+        self._token_bytes = token_bytes
+        self._logprobs: list[TokenLogprob] | None = [] if req.sampling.logprobs is not None else None
+        self._unsent = 0                         # logprobs not streamed yet (they go with the next delta)
 
     def start(self, cached_tokens: int, plan_chunks: int) -> None:
         self._cached = cached_tokens
@@ -88,16 +101,22 @@ class Reply(SlotOutput):
             self._writer.begin(200, sse=True)
             self._writer.write_nowait(self._encoder.start())
 
-    def token(self, token: int) -> bool:
+    def token(self, token: int, drawn: Drawn | None = None) -> bool:
+        if self._logprobs is not None and drawn is not None:
+            name = self._token_bytes or (lambda _: b"")
+            self._logprobs.append(TokenLogprob(name(drawn[0]), drawn[1], tuple((name(i), lp) for i, lp in drawn[2])))
         self._send(self._asm.feed(token))
         return self._asm.stop_sequence is not None
 
     def end(self, reason: StopReason, output_tokens: int) -> Completed:
         self._send(self._asm.finish())
+        if self._encoder is not None and self._logprobs and self._unsent < len(self._logprobs):
+            self._send([TextDelta("")])          # the last tokens' logprobs, with no text of their own
         result = GenerationResult(
             text=self._asm.text, stop_reason=self._asm.stop_reason(reason), stop_sequence=self._asm.stop_sequence,
             input_tokens=self._prompt_tokens, output_tokens=output_tokens,
-            tool_calls=tuple(self._asm.tool_calls), cached_tokens=self._cached)
+            tool_calls=tuple(self._asm.tool_calls), cached_tokens=self._cached,
+            logprobs=tuple(self._logprobs) if self._logprobs is not None else None)
         if self._encoder is not None:
             self._writer.write_nowait(self._encoder.finish(result))
         else:
@@ -118,8 +137,12 @@ class Reply(SlotOutput):
             return
         for ev in events:
             if isinstance(ev, TextDelta):
-                if ev.text:
-                    self._deltas.append(len(ev.text))
+                if self._logprobs and self._unsent < len(self._logprobs):
+                    ev = TextDelta(ev.text, tuple(self._logprobs[self._unsent:]))
+                    self._unsent = len(self._logprobs)
+                if ev.text or ev.logprobs:
+                    if ev.text:
+                        self._deltas.append(len(ev.text))
                     self._writer.write_nowait(enc.delta(ev))
             else:
                 self._writer.write_nowait(enc.tool_call(ev))
@@ -144,7 +167,7 @@ class WarmupReply(SlotOutput):
     def kept(self, tokens: int) -> None:
         self._kept = tokens
 
-    def token(self, token: int) -> bool:
+    def token(self, token: int, drawn: Drawn | None = None) -> bool:
         raise AssertionError("a warm-up generates nothing")   # programmer error
 
     def end(self, reason: StopReason, output_tokens: int) -> dict[str, str | int]:

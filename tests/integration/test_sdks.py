@@ -92,7 +92,7 @@ def test_openai_stream_with_usage(oai, stack):
 
 def test_openai_errors_are_sdk_exceptions(oai):
     with pytest.raises(openai.BadRequestError) as exc:
-        oai.chat.completions.create(model=MODEL, n=2, messages=[{"role": "user", "content": "x"}])
+        oai.chat.completions.create(model=MODEL, n=200, messages=[{"role": "user", "content": "x"}])
     assert exc.value.body["param"] == "n"
     with pytest.raises(openai.NotFoundError):
         oai.chat.completions.create(model="gpt-nope", messages=[{"role": "user", "content": "x"}])

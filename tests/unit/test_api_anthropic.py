@@ -196,6 +196,10 @@ BAD_CASES: list[tuple[str, bytes, int, str, str | None, str]] = [
     ("tools-item-string", body(tools=["t"]), 400, "invalid_request_error", "tools.0", "valid dictionary"),
     ("tool-choice-no-type", body(tool_choice={}), 400, "invalid_request_error", "tool_choice.type", "Field required"),
     ("thinking-string", body(thinking="on"), 400, "invalid_request_error", "thinking", "valid dictionary"),
+    ("thinking-budget-low", body(max_tokens=4096, thinking={"type": "enabled", "budget_tokens": 1023}), 400,
+     "invalid_request_error", "thinking.enabled.budget_tokens", "greater than or equal to 1024"),
+    ("thinking-budget-missing", body(max_tokens=4096, thinking={"type": "enabled"}), 400,
+     "invalid_request_error", "thinking.enabled.budget_tokens", "Field required"),
     ("service-tier-bad", body(service_tier="fast"), 400, "invalid_request_error", "service_tier",
      "'auto' or 'standard_only'"),
     ("block-type-unknown", body(messages=[{"role": "user", "content": [{"type": "nonsense"}]}]), 400,
@@ -276,8 +280,10 @@ def test_stream_event_sequence_exact() -> None:
                               "cache_read_input_tokens": 0}
     assert events[1][1] == {"type": "content_block_start", "index": 0, "content_block": {"type": "text", "text": ""}}
     assert events[3][1] == {"type": "content_block_delta", "index": 0, "delta": {"type": "text_delta", "text": "Hel"}}
+    # message_delta's usage is cumulative, with the input and cache fields (as Anthropic sends it)
     assert events[6][1] == {"type": "message_delta", "delta": {"stop_reason": "max_tokens", "stop_sequence": None},
-                            "usage": {"output_tokens": 7}}
+                            "usage": {"input_tokens": 11, "cache_creation_input_tokens": 0,
+                                      "cache_read_input_tokens": 0, "output_tokens": 7}}
     # every event validates against the SDK's union of stream events
     adapter: TypeAdapter[Any] = TypeAdapter(RawMessageStreamEvent)
     for name, data in events:
@@ -357,3 +363,36 @@ def test_sdk_error_responses() -> None:
     with pytest.raises(anthropic.BadRequestError) as bad:
         c.messages.create(model=MODEL, max_tokens=8, messages=[USER], extra_body={"temperature": 3})
     assert bad.value.body["error"]["message"] == "temperature: Input should be less than or equal to 1"  # type: ignore[index]
+
+
+def test_thinking_budget_refused_where_anthropic_refuses_it() -> None:
+    # a budget not below max_tokens: Anthropic's own message, no field path
+    with pytest.raises(ApiError) as info:
+        parse(body(max_tokens=2048, thinking={"type": "enabled", "budget_tokens": 2048}))
+    assert (info.value.status, info.value.kind) == (400, "invalid_request_error")
+    assert info.value.message.startswith("`max_tokens` must be greater than `thinking.budget_tokens`")
+    # accepted: a budget in range, and thinking disabled
+    parse(body(max_tokens=2048, thinking={"type": "enabled", "budget_tokens": 1024}))
+    parse(body(max_tokens=16, thinking={"type": "disabled"}))
+    # count_tokens has no max_tokens: only the floor applies
+    obj = orjson.loads(body(thinking={"type": "enabled", "budget_tokens": 5000}))
+    del obj["max_tokens"]
+    api.parse_count_tokens(obj, LIMITS)
+
+
+def test_forced_tools_and_output_config_become_grammar_constraints() -> None:
+    schema = {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}
+    tools = [{"name": "w", "input_schema": schema}, {"name": "t", "input_schema": {"type": "object"}}]
+    c = parse(body(tools=tools, tool_choice={"type": "any"})).sampling.constraint
+    assert c is not None and c.kind == "tool_call" and [n for n, _ in c.tools] == ["w", "t"]
+    c = parse(body(tools=tools, tool_choice={"type": "tool", "name": "w"})).sampling.constraint
+    assert c is not None and [n for n, _ in c.tools] == ["w"] and orjson.loads(c.tools[0][1] or "") == schema
+    assert parse(body(tools=tools)).sampling.constraint is None
+    c = parse(body(output_config={"format": {"type": "json_schema", "schema": schema}})).sampling.constraint
+    assert c is not None and c.kind == "json" and orjson.loads(c.schema or "") == schema
+    for bad, param in ((body(output_config={"format": {"type": "json_schema"}}), "output_config.format.schema"),
+                       (body(output_config={"fmt": {}}), "output_config.fmt"),
+                       (body(tools=tools, tool_choice={"type": "tool", "name": "x"}), "tool_choice.name")):
+        with pytest.raises(ApiError) as info:
+            parse(bad)
+        assert (info.value.status, info.value.param) == (400, param)

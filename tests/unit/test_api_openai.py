@@ -17,7 +17,7 @@ from openai.types.chat import ChatCompletion, ChatCompletionChunk
 from zccp.api import codec_for
 from zccp.api import openai as api
 from zccp.api.common import ParseLimits
-from zccp.shared_types import ApiError, ChatMessage, GenerationRequest, GenerationResult, TextDelta
+from zccp.shared_types import ApiError, ChatMessage, GenerationRequest, GenerationResult, OutputConstraint, TextDelta
 
 USER = {"role": "user", "content": "Hello"}
 _DROP = object()
@@ -188,7 +188,8 @@ BAD_CASES: list[tuple[str, bytes, int, str | None, str | None, str]] = [
     ("stop-number", body(stop=5), 400, "stop", "invalid_type", "one of a string or array of strings"),
     ("stop-too-many", body(stop=["a", "b", "c", "d", "e"]), 400, "stop", "array_above_max_length", "maximum length 4"),
     ("stop-item-number", body(stop=["a", 1]), 400, "stop[1]", "invalid_type", "expected a string"),
-    ("n-two", body(n=2), 400, "n", "unsupported_value", "'n' does not support 2"),
+    ("n-two-streamed", body(n=2, stream=True), 400, "n", "unsupported_value", "'n' does not support 2"),
+    ("n-too-many", body(n=129), 400, "n", "integer_above_max_value", "<= 128"),
     ("n-zero", body(n=0), 400, "n", "integer_below_min_value", ">= 1"),
     ("n-string", body(n="1"), 400, "n", "invalid_type", "expected an integer"),
     ("stream-string", body(stream="true"), 400, "stream", "invalid_type", "expected a boolean"),
@@ -204,10 +205,22 @@ BAD_CASES: list[tuple[str, bytes, int, str | None, str | None, str]] = [
     ("user-number", body(user=5), 400, "user", "invalid_type", "expected a string"),
     ("frequency-penalty-high", body(frequency_penalty=3), 400, "frequency_penalty", "decimal_above_max_value", "<= 2"),
     ("presence-penalty-low", body(presence_penalty=-3), 400, "presence_penalty", "decimal_below_min_value", ">= -2"),
-    ("logprobs-true", body(logprobs=True), 400, "logprobs", "unsupported_value", "does not support true"),
+    ("top-logprobs-without-logprobs", body(top_logprobs=2), 400, "top_logprobs", "invalid_value",
+     "'logprobs' must be set to true"),
+    ("top-logprobs-high", body(logprobs=True, top_logprobs=21), 400, "top_logprobs", "integer_above_max_value",
+     "<= 20"),
+    ("logit-bias-key", body(logit_bias={"abc": 1}), 400, "logit_bias", "invalid_value", "Invalid key"),
     ("logprobs-string", body(logprobs="no"), 400, "logprobs", "invalid_type", "expected a boolean"),
-    ("response-format-json", body(response_format={"type": "json_object"}), 400, "response_format.type",
-     "unsupported_value", "'json_object'"),
+    ("response-format-xml", body(response_format={"type": "xml"}), 400, "response_format.type",
+     "invalid_value", "'xml'"),
+    ("response-format-schema-no-name", body(response_format={"type": "json_schema", "json_schema": {}}), 400,
+     "response_format.json_schema.name", "missing_required_parameter", ""),
+    ("response-format-schema-bad", body(response_format={"type": "json_schema", "json_schema": {
+        "name": "x", "schema": {"type": "object", "properties": {"a": {"type": "no-such-type"}}}}}), 400,
+     "response_format.json_schema.schema", None, "invalid JSON schema"),
+    ("tool-choice-unknown-name", body(tools=[{"type": "function", "function": {"name": "f"}}],
+                                      tool_choice={"type": "function", "function": {"name": "g"}}), 400,
+     "tool_choice", "invalid_value", "'g' not found"),
     ("response-format-no-type", body(response_format={}), 400, "response_format.type", "missing_required_parameter",
      ""),
     ("metadata-list", body(metadata=[]), 400, "metadata", "invalid_type", "expected an object"),
@@ -395,8 +408,28 @@ def test_sdk_error_responses() -> None:
         c.chat.completions.create(model="nope", messages=[USER])
     assert nf.value.code == "model_not_found"
     with pytest.raises(openai.BadRequestError) as bad:
-        c.chat.completions.create(model=MODEL, messages=[USER], n=3)
+        c.chat.completions.create(model=MODEL, messages=[USER], n=3, stream=True)
     assert (bad.value.param, bad.value.code) == ("n", "unsupported_value")
     with pytest.raises(openai.BadRequestError) as extra:
         c.chat.completions.create(model=MODEL, messages=[USER], extra_body={"top_k": 5})
     assert extra.value.body["message"] == "Unrecognized request argument supplied: top_k"  # type: ignore[index]
+
+
+def test_structured_output_becomes_a_grammar_constraint() -> None:
+    schema = {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]}
+    req = parse(body(response_format={"type": "json_schema", "json_schema": {"name": "x", "schema": schema,
+                                                                               "strict": True}}))
+    c = req.sampling.constraint
+    assert c is not None and c.kind == "json" and orjson.loads(c.schema or "") == schema
+    req = parse(body(response_format={"type": "json_object"}))
+    assert req.sampling.constraint == OutputConstraint("json")
+    assert parse(body(response_format={"type": "text"})).sampling.constraint is None
+    tools = [{"type": "function", "function": {"name": "f", "parameters": schema}},
+             {"type": "function", "function": {"name": "g"}}]
+    for choice, names in (("required", ["f", "g"]), ({"type": "function", "function": {"name": "g"}}, ["g"])):
+        c = parse(body(tools=tools, tool_choice=choice)).sampling.constraint
+        assert c is not None and c.kind == "tool_call" and [n for n, _ in c.tools] == names
+    assert parse(body(tools=tools, tool_choice="auto")).sampling.constraint is None
+    # a forced tool call wins over a response_format (the turn is the call)
+    c = parse(body(tools=tools, tool_choice="required", response_format={"type": "json_object"})).sampling.constraint
+    assert c is not None and c.kind == "tool_call"

@@ -184,3 +184,36 @@ def test_stops_tools_and_delays_take_the_token_loop():
     assert r.stop_sequence == "STOP" and r.text == "abc "
     assert NullBackend(token_delay_ms=1).fixed_reply(SamplingParams(max_tokens=5)) is None
     assert NullBackend(fail_after=2).fixed_reply(SamplingParams(max_tokens=5)) is None
+
+
+# --------------------------------------------------------------------------- logit_bias and penalties
+
+
+def _draws(params, logits, n):
+    from zccp.model.sampling import Sampler, sample_rows
+
+    s = Sampler(params, torch.device("cpu"))
+    return [sample_rows(logits.unsqueeze(0), [s])[0] for _ in range(n)]
+
+
+def test_logit_bias_forces_and_bans_tokens():
+    from zccp.shared_types import SamplingParams
+
+    logits = torch.zeros(50)
+    logits[3] = 5.0
+    assert set(_draws(SamplingParams(8, temperature=1.0, seed=1, logit_bias=((7, 100.0),)), logits, 20)) == {7}
+    assert 3 not in _draws(SamplingParams(8, temperature=0.0, logit_bias=((3, -100.0),)), logits, 5)
+    # an id outside the vocabulary is ignored, not an error
+    assert _draws(SamplingParams(8, temperature=0.0, logit_bias=((999, 100.0),)), logits, 2) == [3, 3]
+
+
+def test_frequency_and_presence_penalties_follow_openai():
+    from zccp.shared_types import SamplingParams
+
+    logits = torch.zeros(50)
+    logits[3], logits[4] = 2.0, 1.5
+    assert _draws(SamplingParams(8, temperature=0.0), logits, 4) == [3, 3, 3, 3]
+    # presence: 3 loses 1.0 once it appeared (1.0 < 1.5): then 4, which loses 1.0 too (0.5 < 1.0): 3 again
+    assert _draws(SamplingParams(8, temperature=0.0, presence_penalty=1.0), logits, 3) == [3, 4, 3]
+    # frequency: each use costs 0.4: 3 (2.0), 3 (1.6), 4 (1.5 > 1.2), 3 (1.2 > 1.1), ...
+    assert _draws(SamplingParams(8, temperature=0.0, frequency_penalty=0.4), logits, 4) == [3, 3, 4, 3]

@@ -173,6 +173,61 @@ class TestDetokenizer:
         assert "\ufffd" not in streamed and det.flush().endswith("\ufffd")
 
 
+class TestInvalidUtf8Streams:
+    """Tokens that do not form valid UTF-8 (a byte-level BPE emitting partial characters):
+    a partial character is held for at most the bytes that could complete it, invalid bytes
+    become U+FFFD at once, and the streamed text equals the tokenizer's own decode."""
+
+    @staticmethod
+    def byte_ids(hf) -> dict[int, int]:
+        from zccp.model.hf_prompt import _byte_level_alphabet
+
+        vocab = hf.prompt._rust.get_vocab(with_added_tokens=True)
+        return {b: vocab[c] for c, b in _byte_level_alphabet().items()}
+
+    def test_invalid_bytes_are_replaced_at_once(self, hf):
+        ids = self.byte_ids(hf)
+        det = hf.prompt.detokenizer([])
+        assert det.step(ids[0x80]) == "\ufffd"          # a lone continuation byte: nothing to wait for
+        assert det.step(ids[ord("a")]) == "a"
+        assert det.step(ids[0xF0]) == ""                 # could start a 4-byte character: held
+        assert det.step(ids[ord("b")]) == "\ufffdb"      # it cannot any more: replaced, not held
+        assert det.flush() == ""
+
+    def test_a_partial_character_is_held_only_until_it_completes(self, hf):
+        ids = self.byte_ids(hf)
+        det = hf.prompt.detokenizer([])
+        assert [det.step(ids[b]) for b in "😀".encode()] == ["", "", "", "😀"]
+
+    def test_random_ids_stream_what_a_full_decode_gives(self, hf):
+        import random
+
+        rust = hf.prompt._rust
+        hidden = hf.prompt._hidden
+        rng = random.Random(7)
+        n = rust.get_vocab_size(with_added_tokens=True)
+        for _ in range(50):
+            ids = [i for i in (rng.randrange(n) for _ in range(40)) if i not in hidden]
+            det = hf.prompt.detokenizer([])
+            deltas = [det.step(i) for i in ids]
+            assert "".join(deltas) + det.flush() == rust.decode(ids, skip_special_tokens=False)
+            # nothing is held longer than a character can span (3 bytes, so at most 3 tokens)
+            held = 0
+            for d in deltas:
+                held = 0 if d else held + 1
+                assert held <= 3
+
+    def test_other_tokenizers_hold_a_bounded_number_of_tokens(self, hf):
+        from zccp.model.hf_prompt import HfDetokenizer
+
+        ids = self.byte_ids(hf)
+        det = HfDetokenizer(hf.prompt._rust, [], hf.prompt._hidden)
+        seq = [ids[0xF0]] + [ids[0x80]] * 6 + [ids[ord("z")]]
+        deltas = [det.step(i) for i in seq]
+        assert "".join(deltas) + det.flush() == hf.prompt._rust.decode(seq)
+        assert any("\ufffd" in d for d in deltas[:5])   # released before the end, not held to it
+
+
 def test_hf_backend_needs_a_path():
     with pytest.raises(ConfigError, match="model.path: required"):
         parse_config({"model": {"backend": "hf"}}, "c.yaml")

@@ -17,12 +17,14 @@ from ..shared_types import (
     ChatInput,
     GenerationRequest,
     GenerationResult,
+    OutputConstraint,
     Role,
     SamplingParams,
     TextDelta,
     ToolCall,
 )
 from .codec import ApiCodec, ModelInfo
+from .constraints import json_output, tool_call
 from .errors import KINDS
 from .common import (
     JOIN,
@@ -45,9 +47,12 @@ __all__ = [
 _FIELDS: Final = frozenset({
     "model", "messages", "max_tokens", "system", "stop_sequences", "temperature",
     "top_p", "top_k", "stream", "metadata", "tools", "tool_choice", "thinking",
-    "service_tier",
+    "service_tier", "output_config",
 })
-_COUNT_FIELDS: Final = frozenset({"model", "messages", "system", "tools", "tool_choice", "thinking"})
+_COUNT_FIELDS: Final = frozenset({"model", "messages", "system", "tools", "tool_choice", "thinking",
+                                  "output_config"})
+_OUTPUT_CONFIG_FIELDS: Final = frozenset({"format", "effort"})
+_FORMAT_FIELDS: Final = frozenset({"type", "schema"})
 _MESSAGE_FIELDS: Final = frozenset({"role", "content"})
 _METADATA_FIELDS: Final = frozenset({"user_id"})
 _ROLES: Final = frozenset({"user", "assistant"})
@@ -266,10 +271,63 @@ def _tools(body: dict[str, Any]) -> bool:
     return bool(tools) and choice != "none"
 
 
-def _ignored(body: dict[str, Any]) -> None:
+_THINKING_MIN_BUDGET: Final = 1024       # Anthropic's floor for thinking.budget_tokens
+
+
+def _thinking(val: Any, max_tokens: int | None) -> None:
+    """thinking is accepted (these models do not think) but refused where Anthropic refuses
+    it: a budget under 1024, or one not below max_tokens (a generation request)."""
+    val = _dict(val, "thinking")
+    kind = _str(_required(val, "type", "thinking.type"), "thinking.type")
+    if kind != "enabled":
+        return
+    budget = _required(val, "budget_tokens", "thinking.enabled.budget_tokens")
+    if not isinstance(budget, int) or isinstance(budget, bool):
+        raise _bad("thinking.enabled.budget_tokens", "Input should be a valid integer")
+    if budget < _THINKING_MIN_BUDGET:
+        raise _bad("thinking.enabled.budget_tokens",
+                   f"Input should be greater than or equal to {_THINKING_MIN_BUDGET}")
+    if max_tokens is not None and budget >= max_tokens:
+        raise ApiError(400, "invalid_request_error",
+                       "`max_tokens` must be greater than `thinking.budget_tokens`. Please consult our "
+                       "documentation at https://docs.claude.com/en/docs/build-with-claude/"
+                       "extended-thinking#max-tokens-and-context-window-size")
+
+
+def _forced_tool(body: dict[str, Any]) -> OutputConstraint | None:
+    """tool_choice any or tool: the turn is one call, its input valid against the tool's
+    input_schema."""
+    choice = body.get("tool_choice")
+    if not choice or choice["type"] not in ("any", "tool"):
+        return None
+    defs = [(t["name"], t.get("input_schema")) for t in body["tools"]]
+    only = choice["name"] if choice["type"] == "tool" else None
+    if only is not None and only not in {n for n, _ in defs}:
+        raise _bad("tool_choice.name", f"Tool '{only}' not found in provided tools")
+    return tool_call(defs, only, "tools")
+
+
+def _output_config(val: Any) -> OutputConstraint | None:
+    """output_config.format: a json_schema the answer's text must follow."""
+    cfg = _dict(val, "output_config")
+    _no_extras(cfg, _OUTPUT_CONFIG_FIELDS, "output_config.")
+    if (effort := cfg.get("effort")) is not None:
+        _str(effort, "output_config.effort")
+    if (fmt := cfg.get("format")) is None:
+        return None
+    fmt = _dict(fmt, "output_config.format")
+    _no_extras(fmt, _FORMAT_FIELDS, "output_config.format.")
+    kind = _str(_required(fmt, "type", "output_config.format.type"), "output_config.format.type")
+    if kind != "json_schema":
+        raise _bad("output_config.format.type", "Input should be 'json_schema'")
+    schema = _dict(_required(fmt, "schema", "output_config.format.schema"), "output_config.format.schema")
+    return json_output(schema, "output_config.format.schema")
+
+
+def _ignored(body: dict[str, Any], max_tokens: int | None) -> None:
     """Fields accepted for compatibility but not acted on; check their outer shape only."""
     if (val := body.get("thinking")) is not None:
-        _str(_required(_dict(val, "thinking"), "type", "thinking.type"), "thinking.type")
+        _thinking(val, max_tokens)
     if (tier := body.get("service_tier")) is not None and tier not in ("auto", "standard_only"):
         raise _bad("service_tier", "Input should be 'auto' or 'standard_only'")
 
@@ -331,7 +389,11 @@ def _parse(obj: dict[str, Any], limits: ParseLimits, fields: frozenset[str], for
         raise _bad("stream", "Input should be a valid boolean")
     user = _metadata(v) if (v := get("metadata")) is not None else None
     tool_use = _tools(obj)
-    _ignored(obj)
+    _ignored(obj, max_tokens if for_generation else None)
+    constraint = _forced_tool(obj) if tool_use else None
+    if (v := get("output_config")) is not None:
+        fmt = _output_config(v)
+        constraint = constraint or fmt
 
     if model not in limits.served_models:
         raise ApiError(404, "not_found_error", f"model: {model}", "model")
@@ -350,6 +412,7 @@ def _parse(obj: dict[str, Any], limits: ParseLimits, fields: frozenset[str], for
             top_p=top_p,
             top_k=top_k or None,          # 0 means "no top-k limit"
             stop=stop,
+            constraint=constraint,
         ),
         stream=bool(stream),
         user=user,
@@ -583,7 +646,8 @@ class StreamEncoder:
         message_delta = dumps({
             "type": "message_delta",
             "delta": {"stop_reason": result.stop_reason, "stop_sequence": result.stop_sequence},
-            "usage": {"output_tokens": result.output_tokens},
+            # cumulative, as Anthropic sends it: the input and cache fields, not only output_tokens
+            "usage": {**_usage(result.input_tokens, result.cached_tokens), "output_tokens": result.output_tokens},
         })
         return out + sse(message_delta, "message_delta") + _MESSAGE_STOP
 

@@ -17,13 +17,16 @@ from ..shared_types import (
     ChatInput,
     GenerationRequest,
     GenerationResult,
+    OutputConstraint,
     Role,
     SamplingParams,
     StopReason,
     TextDelta,
+    TokenLogprob,
     ToolCall,
 )
 from .codec import ApiCodec, ModelInfo
+from .constraints import json_output, tool_call
 from .errors import KINDS
 from .errors import kind as error_kind
 from .common import (
@@ -62,9 +65,10 @@ FINISH_REASON: Final[dict[StopReason, str]] = {
 
 _FIELDS: Final = frozenset({
     "model", "messages", "max_tokens", "max_completion_tokens", "temperature", "top_p",
-    "stop", "n", "stream", "stream_options", "seed", "user",
+    "stop", "n", "stream", "stream_options", "seed", "user", "frequency_penalty", "presence_penalty",
+    "logit_bias", "response_format", "logprobs", "top_logprobs",
     # accepted and ignored
-    "frequency_penalty", "presence_penalty", "logprobs", "response_format", "metadata",
+    "metadata",
     "store", "parallel_tool_calls", "tools", "tool_choice", "prompt_cache_key",
     "safety_identifier",
 })
@@ -291,21 +295,46 @@ def _stop(v: Any) -> tuple[str, ...]:
     return tuple(s for s in v if s)   # an empty stop string would match everywhere
 
 
+def _logit_bias(v: Any) -> tuple[tuple[int, float], ...]:
+    """logit_bias: {"<token id>": bias in [-100, 100]}."""
+    out = []
+    for key, bias in _obj(v, "logit_bias").items():
+        if not key.isdigit():
+            raise _err(f"Invalid key in 'logit_bias': {key}.", "logit_bias", "invalid_value")
+        out.append((int(key), _number(bias, f"logit_bias.{key}", -100.0, 100.0)))
+    return tuple(out)
+
+
+_MAX_TOP_LOGPROBS: Final = 20
+_MAX_N: Final = 128
+
+
+def _logprobs(obj: dict[str, Any]) -> int | None:
+    """logprobs (bool) and top_logprobs (0..20, only with logprobs): None when off."""
+    on = _bool(v, "logprobs") if (v := obj.get("logprobs")) is not None else False
+    top = obj.get("top_logprobs")
+    if top is None:
+        return 0 if on else None
+    top = _int(top, "top_logprobs", 0)
+    if top > _MAX_TOP_LOGPROBS:
+        raise _err(f"Invalid 'top_logprobs': integer above maximum value. Expected a value <= "
+                   f"{_MAX_TOP_LOGPROBS}, but got {top} instead.", "top_logprobs", "integer_above_max_value")
+    if not on:
+        raise _err("Invalid value for 'top_logprobs': 'logprobs' must be set to true if 'top_logprobs' is "
+                   "provided.", "top_logprobs", "invalid_value")
+    return top
+
+
+def _logprob_items(lps: tuple[TokenLogprob, ...]) -> list[dict[str, Any]]:
+    """OpenAI's logprobs.content entries: token (its text), logprob, bytes, top_logprobs."""
+    def one(token: bytes, lp: float) -> dict[str, Any]:
+        return {"token": token.decode("utf-8", "replace"), "logprob": lp, "bytes": list(token)}
+
+    return [{**one(t.token, t.logprob), "top_logprobs": [one(b, lp) for b, lp in t.top]} for t in lps]
+
+
 def _ignored(obj: dict[str, Any]) -> None:
     """Check the shape of fields that are accepted but have no effect here."""
-    for key in ("frequency_penalty", "presence_penalty"):
-        if (v := obj.get(key)) is not None:
-            _number(v, key, -2.0, 2.0)
-    if (v := obj.get("logprobs")) is not None and _bool(v, "logprobs"):
-        raise _unsupported("logprobs", "true", "false")
-    if (v := obj.get("response_format")) is not None:
-        rf = _obj(v, "response_format")
-        if "type" not in rf:
-            raise _missing("response_format.type")
-        if rf["type"] != "text":
-            raise _err(f"Unsupported value: 'response_format.type' does not support "
-                       f"'{rf['type']}' with this model. Only 'text' is supported.",
-                       "response_format.type", "unsupported_value")
     if (v := obj.get("metadata")) is not None:
         _obj(v, "metadata")
     for key in ("store", "parallel_tool_calls"):
@@ -314,6 +343,45 @@ def _ignored(obj: dict[str, Any]) -> None:
     for key in ("prompt_cache_key", "safety_identifier"):
         if (v := obj.get(key)) is not None:
             _str(v, key)
+
+
+def _response_format(v: Any) -> OutputConstraint | None:
+    """response_format: text (None), json_object, or json_schema (strict or not: the
+    schema is enforced either way)."""
+    rf = _obj(v, "response_format")
+    if "type" not in rf:
+        raise _missing("response_format.type")
+    kind = rf["type"]
+    if kind == "text":
+        return None
+    if kind == "json_object":
+        return json_output(None, "response_format")
+    if kind != "json_schema":
+        raise _invalid_value("response_format.type", kind, ("text", "json_object", "json_schema"))
+    if "json_schema" not in rf:
+        raise _missing("response_format.json_schema")
+    js = _obj(rf["json_schema"], "response_format.json_schema")
+    if "name" not in js:
+        raise _missing("response_format.json_schema.name")
+    _str(js["name"], "response_format.json_schema.name")
+    if (s := js.get("strict")) is not None:
+        _bool(s, "response_format.json_schema.strict")
+    schema = _obj(v, "response_format.json_schema.schema") if (v := js.get("schema")) is not None else None
+    return json_output(schema if schema is not None else {}, "response_format.json_schema.schema")
+
+
+def _forced_tool(obj: dict[str, Any]) -> OutputConstraint | None:
+    """tool_choice "required" or a named function: the turn is one call, its arguments
+    valid against the tool's parameters."""
+    choice, tools = obj.get("tool_choice"), obj.get("tools")
+    if not tools or choice is None or choice in ("none", "auto"):
+        return None
+    defs = [(t["function"]["name"], t["function"].get("parameters")) for t in tools]
+    only = None if choice == "required" else choice["function"]["name"]
+    if only is not None and only not in {n for n, _ in defs}:
+        raise _err(f"Invalid value for 'tool_choice': tool choice name '{only}' not found in 'tools'.",
+                   "tool_choice", "invalid_value")
+    return tool_call(defs, only, "tools")
 
 
 def _tools(obj: dict[str, Any]) -> bool:
@@ -389,9 +457,13 @@ def parse_document(obj: dict[str, Any], limits: ParseLimits) -> GenerationReques
     temperature = _number(v, "temperature", 0.0, 2.0) if (v := get("temperature")) is not None else 1.0
     top_p = _number(v, "top_p", 0.0, 1.0) if (v := get("top_p")) is not None else None
     stop = _stop(v) if (v := get("stop")) is not None else ()
-    if (v := get("n")) is not None and _int(v, "n", 1) != 1:
-        raise _unsupported("n", str(v), "1")
+    n = _int(v, "n", 1) if (v := get("n")) is not None else 1
     stream = _bool(v, "stream") if (v := get("stream")) is not None else False
+    if n > _MAX_N:
+        raise _err(f"Invalid 'n': integer above maximum value. Expected a value <= {_MAX_N}, but got {n} "
+                   "instead.", "n", "integer_above_max_value")
+    if n > 1 and (stream or get("logprobs")):
+        raise _unsupported("n", str(n), "1")    # n > 1 is served whole, without logprobs
     include_usage = False
     if (v := get("stream_options")) is not None:
         if not stream:
@@ -406,6 +478,13 @@ def parse_document(obj: dict[str, Any], limits: ParseLimits) -> GenerationReques
     user = _str(v, "user") if (v := get("user")) is not None else None
     tool_use = _tools(obj)
     _ignored(obj)
+    logit_bias = _logit_bias(v) if (v := get("logit_bias")) is not None else ()
+    presence = _number(v, "presence_penalty", -2.0, 2.0) if (v := get("presence_penalty")) is not None else 0.0
+    frequency = _number(v, "frequency_penalty", -2.0, 2.0) if (v := get("frequency_penalty")) is not None else 0.0
+    logprobs = _logprobs(obj)
+    constraint = _forced_tool(obj) if tool_use else None
+    if constraint is None and (v := get("response_format")) is not None:
+        constraint = _response_format(v)
 
     if model not in limits.served_models:
         raise OpenAIApiError(404, "not_found_error",
@@ -425,11 +504,14 @@ def parse_document(obj: dict[str, Any], limits: ParseLimits) -> GenerationReques
         messages=merge_turns(turns),
         sampling=SamplingParams(
             max_tokens=max_tokens, temperature=temperature, top_p=top_p, seed=seed, stop=stop,
+            constraint=constraint, logit_bias=logit_bias, presence_penalty=presence, frequency_penalty=frequency,
+            logprobs=logprobs,
         ),
         stream=stream,
         include_usage=include_usage,
         user=user,
         tool_use=tool_use,
+        n=n,
     )
 
 
@@ -548,10 +630,31 @@ def render_response(req: GenerationRequest, result: GenerationResult, response_i
         "choices": [{
             "index": 0,
             "message": message,
-            "logprobs": None,
+            "logprobs": None if result.logprobs is None else {"content": _logprob_items(result.logprobs),
+                                                              "refusal": None},
             "finish_reason": FINISH_REASON[result.stop_reason],
         }],
         "usage": _usage(result),
+    })
+
+
+def render_choices(req: GenerationRequest, results: list[GenerationResult], prompt_tokens: int,
+                   cached_tokens: int, created: int) -> bytes:
+    """An answer of n choices (n > 1, not streamed): usage counts the prompt once."""
+    choices = []
+    for i, r in enumerate(results):
+        message: dict[str, Any] = {"role": "assistant", "content": r.text, "refusal": None}
+        if r.tool_calls:
+            message["content"] = r.text or None
+            message["tool_calls"] = _tool_calls(r.tool_calls)
+        choices.append({"index": i, "message": message, "logprobs": None,
+                        "finish_reason": FINISH_REASON[r.stop_reason]})
+    out = sum(r.output_tokens for r in results)
+    return dumps({
+        "id": new_response_id(), "object": "chat.completion", "created": created, "model": req.model,
+        "choices": choices,
+        "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": out, "total_tokens": prompt_tokens + out,
+                  "prompt_tokens_details": {"cached_tokens": cached_tokens}},
     })
 
 
@@ -598,6 +701,10 @@ class StreamEncoder:
         return self._head + _FIRST_CHOICE + self._tail
 
     def delta(self, d: TextDelta) -> bytes:
+        if d.logprobs:
+            choice = {"index": 0, "delta": {"content": d.text},
+                      "logprobs": {"content": _logprob_items(d.logprobs), "refusal": None}, "finish_reason": None}
+            return self._head + dumps(choice) + self._tail
         if not d.text:
             return b""
         return self._head + _DELTA_HEAD + dumps(d.text) + _DELTA_TAIL + self._tail

@@ -20,6 +20,7 @@ from typing import Any
 
 import torch
 
+from zccp.model.grammar import GrammarVocab
 from zccp.model.prompt import BYTE_FORMAT, PromptFormat
 from zccp.model.sampling import Sampler, check_sampling
 from zccp.planner import Planner
@@ -111,9 +112,25 @@ class ModelBackend(ABC):
         """Applied before sampling (e.g. the tiny model's allowed-token mask)."""
         return logits
 
+    # False for a backend that chooses tokens without logits (no grammar, no logprobs)
+    has_logits: bool = True
+
+    _grammar: GrammarVocab | None = None
+
+    def grammar_vocab(self) -> GrammarVocab:
+        """The vocabulary a grammar masks, built once (on first use)."""
+        if self._grammar is None:
+            self._grammar = self._make_grammar_vocab()
+        return self._grammar
+
+    def _make_grammar_vocab(self) -> GrammarVocab:
+        raise NotImplementedError(f"{type(self).__name__} has no logits to constrain")
+
     def sampler(self, params: SamplingParams) -> Sampler:
-        """The next-token chooser of one sequence."""
-        return Sampler(params, self.device)
+        """The next-token chooser of one sequence (with its own grammar matcher when the
+        answer is constrained)."""
+        grammar = self.grammar_vocab().matcher(params.constraint) if params.constraint is not None else None
+        return Sampler(params, self.device, grammar)
 
     def choose(self, out: torch.Tensor | int, sampler: Sampler) -> int:
         """One sequence's next token from prefill()'s or a one-row decode()'s output."""

@@ -26,6 +26,7 @@ from typing import Any
 import torch
 
 from zccp.model.checkpoint import checkpoint_problems
+from zccp.model.grammar import GrammarVocab
 from zccp.model.hf_prompt import HfChatFormat
 from zccp.model.kv import GrowingKv, TorchBackend
 
@@ -66,11 +67,15 @@ class HfBackend(TorchBackend):
         self._hidden_size = int(getattr(text_cfg, "hidden_size", 0))
         self._ffn_size = int(getattr(text_cfg, "intermediate_size", 0))
         self.prompt = HfChatFormat(tok, name)
+        self._tokenizer = tok
         self.dtype = self.model.dtype
         self._identity = repr(("hf", str(Path(path).resolve()), str(self.dtype))).encode()
         self._check_cache_layers()
         self._layer_cls = _growing_layer_class()
         self._kv_bytes = self._measure_kv_bytes()
+
+    def _make_grammar_vocab(self) -> GrammarVocab:
+        return GrammarVocab.from_hf(self._tokenizer, self.vocab_size, sorted(self.eos_ids))
 
     def _dtype(self, name: str) -> Any:
         if name in DTYPES:

@@ -41,6 +41,7 @@ class NullBackend(ModelBackend):
         fail_after: int = -1,
     ) -> None:
         self.name = name
+        self.has_logits = False           # its tokens are fixed: no grammar, no logprobs
         self.max_context = max_context
         self.vocab_size = VOCAB_SIZE
         self.eos_ids = frozenset({EOS})

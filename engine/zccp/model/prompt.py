@@ -51,6 +51,10 @@ class PromptFormat(ABC):
     def count(self, prompt: Prompt) -> int:
         """How many ids encode_into() would write (generation prompt included)."""
 
+    def token_bytes(self, token: int) -> bytes:
+        """One id's bytes, as logprobs name the token (b"" for an id that carries no text)."""
+        return b""
+
     @abstractmethod
     def detokenizer(self, prompt_ids: Sequence[int]) -> Detokenizer:
         """A fresh incremental detokenizer; prompt_ids: the prompt's last few ids
@@ -87,6 +91,9 @@ class ByteFormat(PromptFormat):
 
     def count(self, prompt: Prompt) -> int:
         return count_chat_tokens(prompt.req.system, prompt.req.messages)
+
+    def token_bytes(self, token: int) -> bytes:
+        return bytes((token,)) if 0 <= token < 256 else b""
 
     def detokenizer(self, prompt_ids: Sequence[int]) -> Detokenizer:
         return _Utf8Bytes()

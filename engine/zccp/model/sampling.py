@@ -9,10 +9,14 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 import torch
 
 from zccp.shared_types import SamplingParams
+
+if TYPE_CHECKING:
+    from zccp.model.grammar import GrammarMatcher
 
 
 def check_sampling(params: SamplingParams) -> None:
@@ -27,12 +31,24 @@ def check_sampling(params: SamplingParams) -> None:
         raise ValueError(f"top_p must be in (0, 1], got {params.top_p}")
 
 
+# (token id, its logprob, ((alternative id, logprob), ...)) for one draw
+Drawn = tuple[int, float, tuple[tuple[int, float], ...]]
+
+
 class Sampler:
     """temperature -> top_k -> top_p -> multinomial; argmax when temperature == 0."""
 
-    __slots__ = ("greedy", "temperature", "top_k", "top_p", "gen")
+    __slots__ = ("greedy", "temperature", "top_k", "top_p", "gen", "grammar", "bias", "presence", "frequency",
+                 "counts", "plain", "top_logprobs", "last")
 
-    def __init__(self, params: SamplingParams, device: torch.device) -> None:
+    def __init__(self, params: SamplingParams, device: torch.device, grammar: GrammarMatcher | None = None) -> None:
+        self.grammar = grammar               # masks what it does not allow, consumes each token drawn
+        self.bias = params.logit_bias
+        self.presence = params.presence_penalty
+        self.frequency = params.frequency_penalty
+        self.counts: dict[int, int] = {}     # how often each token was drawn (the penalties)
+        self.top_logprobs = params.logprobs  # None: no logprobs
+        self.last: Drawn | None = None       # the last token's logprob and alternatives (when asked for)
         self.greedy = params.temperature == 0
         self.temperature = params.temperature
         self.top_k = params.top_k
@@ -44,9 +60,46 @@ class Sampler:
                 self.gen.manual_seed(params.seed)
             else:
                 self.gen.seed()
+        # nothing but an argmax: sample_rows does these rows together
+        self.plain = (self.greedy and grammar is None and not self.bias and not self.presence
+                      and not self.frequency and self.top_logprobs is None)
 
     def __call__(self, logits: torch.Tensor) -> int:
         """The next token from one row of logits (1-D)."""
+        if self.bias or self.presence or self.frequency:
+            logits = self._adjusted(logits)
+        if self.grammar is not None:
+            logits = self.grammar.mask(logits)
+        tok = self._draw(logits)
+        if self.grammar is not None:
+            self.grammar.accept(tok)
+        if self.top_logprobs is not None:
+            self.last = self._logprobs(logits, tok)
+        if self.presence or self.frequency:
+            self.counts[tok] = self.counts.get(tok, 0) + 1
+        return tok
+
+    def _logprobs(self, logits: torch.Tensor, tok: int) -> Drawn:
+        lp = torch.log_softmax(logits.float(), dim=-1)
+        top: tuple[tuple[int, float], ...] = ()
+        if self.top_logprobs:
+            vals, ids = torch.topk(lp, min(self.top_logprobs, lp.numel()))
+            top = tuple(zip(ids.tolist(), vals.tolist(), strict=True))
+        return tok, float(lp[tok]), top
+
+    def _adjusted(self, logits: torch.Tensor) -> torch.Tensor:
+        """logit_bias added, presence and frequency penalties subtracted (OpenAI's
+        definition, over the tokens generated so far); ids outside the vocabulary ignored."""
+        logits = logits.float().clone()
+        n = logits.shape[-1]
+        for tok, b in self.bias:
+            if 0 <= tok < n:
+                logits[tok] += b
+        for tok, c in self.counts.items():
+            logits[tok] -= self.frequency * c + self.presence
+        return logits
+
+    def _draw(self, logits: torch.Tensor) -> int:
         if self.greedy:
             return int(torch.argmax(logits))
         logits = logits.float() / self.temperature
@@ -65,7 +118,7 @@ class Sampler:
 
 def sample_rows(logits: torch.Tensor, samplers: Sequence[Sampler]) -> list[int]:
     """The next token of every row of `logits` ([B, V]), row i by samplers[i]."""
-    greedy = [i for i, s in enumerate(samplers) if s.greedy]
+    greedy = [i for i, s in enumerate(samplers) if s.plain]
     out = [0] * len(samplers)
     if greedy:
         if len(greedy) == len(samplers):
@@ -74,6 +127,6 @@ def sample_rows(logits: torch.Tensor, samplers: Sequence[Sampler]) -> list[int]:
         for i, t in zip(greedy, picks, strict=False):
             out[i] = t
     for i, s in enumerate(samplers):
-        if not s.greedy:
+        if not s.plain:
             out[i] = s(logits[i])
     return out

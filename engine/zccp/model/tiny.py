@@ -31,7 +31,8 @@ from torch.nn.attention.bias import causal_lower_right
 
 from zccp.config import ModelConfig
 from zccp.model.kv import KvLayer, TorchBackend
-from zccp.model.tokenizer import EOS, VOCAB_SIZE
+from zccp.model.grammar import GrammarVocab
+from zccp.model.tokenizer import EOS, SPECIAL_IDS, VOCAB_SIZE
 
 # EOS's raw logit is pinned at 0 (its head column is zero), so its final logit is
 # exactly eos_bias and the model stops as soon as no allowed token's raw logit
@@ -197,6 +198,10 @@ class TinyTransformer(TorchBackend):
     @property
     def identity(self) -> bytes:
         return repr(("tiny", self.config)).encode()
+
+    def _make_grammar_vocab(self) -> GrammarVocab:
+        tokens = [bytes([i]) for i in range(256)] + [b""] * (VOCAB_SIZE - 256)
+        return GrammarVocab.from_bytes(tokens, VOCAB_SIZE, [EOS], SPECIAL_IDS)
 
     def process_logits(self, logits: torch.Tensor) -> torch.Tensor:
         return logits + self._logit_offset
