@@ -112,7 +112,9 @@ struct zccp_control {
     uint32_t reserved0;
     uint64_t started_ns;        /* CLOCK_REALTIME */
     uint8_t  socket_path[108];  /* doorbell socket, NUL-terminated */
-    uint8_t  reserved[3916];    /* pads the page to ZCCP_CONTROL_SIZE */
+    uint32_t reserved1;
+    uint64_t purge_epoch;       /* the cache's purge epoch as the engine last read it from Redis; 0: unknown */
+    uint8_t  reserved[3904];    /* pads the page to ZCCP_CONTROL_SIZE */
 };
 
 /* First 128 bytes of every slot. */

@@ -1,11 +1,12 @@
 """The soak: the fault suite's mixed traffic, with cancellations, for a long time.
 
-    python -m bench.faults.soak [--seconds 600] [--clients 64] [--cancel 0.1]
+    python -m bench.faults.soak [--seconds 600] [--clients 64] [--cancel 0.1] [--stalled 0.05]
 
 Same stack as bench/faults/suite.py (null model streaming a token every 5 ms, cache on), with
 96 slots for the 64 clients.
 c clients send the mixed traffic; a fraction (--cancel) of the requests are streams the
-client abandons after the first bytes. Every 10 s: the resident memory (VmRSS) of each nginx
+client abandons after the first bytes, another (--stalled) readers that ask for a long stream
+and stall (connected, never reading) for 8 s. Every 10 s: the resident memory (VmRSS) of each nginx
 worker, the engine and redis, the 2xx throughput, the answers that were neither 2xx nor
 API-shaped, the engine's open sockets and the arena's size. At the end: slots claimed after
 settling, memory growth from the end of the warm-up to the end. Writes bench/faults/soak.json,
@@ -19,6 +20,7 @@ import asyncio
 import json
 import os
 import random
+import socket
 import subprocess
 import sys
 import threading
@@ -28,7 +30,19 @@ from pathlib import Path
 
 import httpx
 
-from bench.faults.suite import OUT, REPO, REPORT, FaultStack, Outcome, Traffic, _body, one_request
+from bench.faults.suite import (
+    OUT,
+    REPO,
+    REPORT,
+    STALL_TOKENS,
+    FaultStack,
+    Outcome,
+    Traffic,
+    _body,
+    one_request,
+    streams_ended,
+)
+from tests.support.checkout import require_this_checkout
 
 SOAK_JSON = REPO / "bench" / "faults" / "soak.json"
 SOAK_PNG = REPO / "bench" / "faults" / "soak.png"
@@ -56,18 +70,49 @@ def workers(master: int) -> list[int]:
     return sorted(int(p) for p in out)
 
 
-class CancellingTraffic(Traffic):
-    """The mixed traffic, where a fraction of the requests are streams abandoned mid-way."""
+STALL_HOLD_S = 8.0     # how long a stalled reader keeps its connection without reading
 
-    def __init__(self, url: str, clients: int, cancel: float) -> None:
+
+async def stalled_request(url: str, api: str, rng: random.Random) -> Outcome:
+    """A client that asks for a long stream on a 2 KiB receive buffer and never reads, for
+    STALL_HOLD_S; "stalled" whatever happens (its own answer is not the point: the others' are)."""
+    host, port = url.removeprefix("http://").rsplit(":", 1)
+    loop = asyncio.get_running_loop()
+    sent = time.monotonic()
+    so = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    so.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 2048)
+    so.setblocking(False)
+    try:
+        await loop.sock_connect(so, (host, int(port)))
+        body = _body(api, 1024, True, False, rng, max_tokens=STALL_TOKENS)
+        path = "/v1/messages" if api == "anthropic" else "/v1/chat/completions"
+        await loop.sock_sendall(so, f"POST {path} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                                    f"Content-Length: {len(body)}\r\n\r\n".encode() + body)
+        await asyncio.sleep(STALL_HOLD_S)
+    except OSError:
+        pass
+    finally:
+        so.close()
+    return Outcome(sent, time.monotonic(), "stalled", "stalled-reader", True)
+
+
+class CancellingTraffic(Traffic):
+    """The mixed traffic, where a fraction of the requests are streams abandoned mid-way and
+    a fraction are readers that stall (connected, not reading)."""
+
+    def __init__(self, url: str, clients: int, cancel: float, stalled: float = 0.0) -> None:
         super().__init__(url, clients, seed=11)
         self.cancel = cancel
+        self.stalled = stalled
 
     async def _client(self, c: httpx.AsyncClient, i: int) -> None:
         rng = random.Random(self._rng.random())
         while not self._stop.is_set():
             api = rng.choice(["anthropic", "openai"])
-            if rng.random() < self.cancel:
+            p = rng.random()
+            if p < self.stalled:
+                out = await stalled_request(self.url, api, rng)
+            elif p < self.stalled + self.cancel:
                 async with httpx.AsyncClient(base_url=self.url, timeout=30) as own:
                     out = await one_request(own, api, _body(api, 1024, True, False, rng, max_tokens=200), True,
                                             normal=True, abort_after_first_chunk=True)
@@ -76,7 +121,7 @@ class CancellingTraffic(Traffic):
                 out = await one_request(c, api, _body(api, rng.choice([1024, 65536]), stream, rng.random() < 0.5,
                                                       rng), stream, normal=True)
             self.outcomes.append(out)
-            if out.cls not in ("2xx", "aborted"):
+            if out.cls not in ("2xx", "aborted", "stalled"):
                 await asyncio.sleep(0.05)
 
 
@@ -85,16 +130,20 @@ def main() -> None:
     ap.add_argument("--seconds", type=float, default=600)
     ap.add_argument("--clients", type=int, default=64)
     ap.add_argument("--cancel", type=float, default=0.1)
+    ap.add_argument("--stalled", type=float, default=0.05, help="fraction of requests by readers that stall")
+    ap.add_argument("--redis-mb", type=int, default=32,
+                    help="Redis maxmemory (MiB): small enough that the soak reaches it, to show it holds")
     ap.add_argument("--slots", type=int, default=96, help="slots (at least the clients: no 429 by design)")
     ap.add_argument("--interval", type=float, default=10)
     ap.add_argument("--warmup", type=float, default=60, help="seconds before the memory baseline")
     args = ap.parse_args()
-    s = FaultStack(OUT / "soak", slots=args.slots)
+    require_this_checkout()
+    s = FaultStack(OUT / "soak", slots=args.slots, redis_mb=args.redis_mb)
     samples: list[dict] = []
     shm = Path("/dev/shm") / s.cfg.shared_memory.name.lstrip("/")
     try:
         s.serving()
-        t = CancellingTraffic(s.url, args.clients, args.cancel)
+        t = CancellingTraffic(s.url, args.clients, args.cancel, args.stalled)
         start = time.monotonic()
         t.start()
         last = start
@@ -120,6 +169,7 @@ def main() -> None:
                   f"other {samples[-1]['other']}  api {samples[-1]['api_errors']}", flush=True)
         t.stop()
         after = s.settle()
+        ended_stalled = streams_ended(s, "stalled")
     finally:
         s.stop()
     every: list[Outcome] = t.outcomes
@@ -134,8 +184,10 @@ def main() -> None:
                             text=True).stdout.strip()
     result = {
         "commit": commit, "argv": sys.argv[1:], "seconds": args.seconds, "clients": args.clients,
-        "cancel": args.cancel, "samples": samples, "requests": len(every),
+        "cancel": args.cancel, "stalled": args.stalled, "redis_maxmemory_mb": args.redis_mb,
+        "samples": samples, "requests": len(every),
         "ok": sum(1 for o in every if o.cls == "2xx"), "aborted": sum(1 for o in every if o.cls == "aborted"),
+        "stalled_readers": sum(1 for o in every if o.cls == "stalled"), "streams_ended_stalled": ended_stalled,
         "api_errors": dict(Counter(o.status for o in every if o.cls == "api")),
         "other": dict(Counter(o.status for o in every if o.cls == "other")),
         "slots_claimed_after": after.get("slots_claimed"), "slots_busy_after": after.get("slots_busy"),
@@ -145,13 +197,19 @@ def main() -> None:
         "engine_restarted": len({x["engine_pid"] for x in samples}) > 1,
     }
     SOAK_JSON.write_text(json.dumps(result, indent=1))
-    plot(result)
+    if not plot(result):
+        SOAK_PNG.unlink(missing_ok=True)   # an older run's plot would pass for this one's
     report(result)
     print(json.dumps({k: v for k, v in result.items() if k != "samples"}, indent=1))
 
 
-def plot(r: dict) -> None:
-    import matplotlib
+def plot(r: dict) -> bool:
+    """soak.png; False (and no plot) without matplotlib."""
+    try:
+        import matplotlib
+    except ImportError:
+        print("matplotlib is not installed: no soak.png", file=sys.stderr)
+        return False
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
@@ -168,6 +226,7 @@ def plot(r: dict) -> None:
     a2.set_ylim(bottom=0)
     fig.tight_layout()
     fig.savefig(SOAK_PNG, dpi=90)
+    return True
 
 
 def report(r: dict) -> None:
@@ -175,17 +234,21 @@ def report(r: dict) -> None:
     other = sum(r["other"].values())
     text = f"""<!-- soak -->
 Commit {r['commit']}; `python -m bench.faults.soak {' '.join(r['argv'])}`: **{r['seconds']:.0f} s** at c={r['clients']},
-{r['cancel']:.0%} of the requests streams the client abandons after the first bytes, the rest the suite's mixed
-traffic; sampled every 10 s.
+{r['cancel']:.0%} of the requests streams the client abandons after the first bytes, \
+{r.get('stalled', 0):.0%} readers that ask for a long stream and stall (connected, never reading, \
+{STALL_HOLD_S:.0f} s), the rest the suite's mixed traffic; sampled every 10 s; Redis `maxmemory` \
+{r.get('redis_maxmemory_mb', '–')} MiB (`allkeys-lru`). Streams nginx ended as stalled: \
+{r.get('streams_ended_stalled', '–')}.
 
-| requests | 2xx | cancelled by the client | API-shaped errors | anything else (must be 0) | \
+| requests | 2xx | cancelled by the client | stalled readers | API-shaped errors | anything else (must be 0) | \
 slots claimed after (must be 0) | engine sockets (min–max) | arena bytes | RSS growth after warm-up |
-|---|---|---|---|---|---|---|---|---|
-| {r['requests']} | {r['ok']} | {r['aborted']} | {sum(r['api_errors'].values())} {r['api_errors'] or ''} | \
-**{other}** {r['other'] or ''} | **{r['slots_claimed_after']}** | \
+|---|---|---|---|---|---|---|---|---|---|
+| {r['requests']} | {r['ok']} | {r['aborted']} | {r.get('stalled_readers', 0)} | \
+{sum(r['api_errors'].values())} {r['api_errors'] or ''} | **{other}** {r['other'] or ''} | \
+**{r['slots_claimed_after']}** | \
 {r['engine_sockets'][0]}–{r['engine_sockets'][-1]} | {', '.join(str(a) for a in r['arena_bytes'])} | {growth} |
 
-![soak](soak.png)
+{"![soak](soak.png)" if SOAK_PNG.exists() else "(no plot: matplotlib was not installed; the samples are in soak.json)"}
 <!-- /soak -->"""
     body = REPORT.read_text()
     a, b = "<!-- soak -->", "<!-- /soak -->"

@@ -10,7 +10,11 @@ as zccp-stack does (restart on exit; here with a backoff capped at 1 s so that 2
 two minutes: bench/faults/engine_restart.md measures zccp-stack's own path). Mixed traffic
 (`Traffic`): c=32 clients, 1 KiB and 64 KiB bodies, streams and not, cache hits (8 prompts
 that repeat) and misses (unique), both APIs. For each fault: 4 s of traffic without it (the
-baseline p99), the fault, then the traffic stops and the stack settles.
+baseline p99), the fault, then the traffic stops and the stack settles. Its null reply is
+~1,600 bytes (a stream of up to 600 tokens within the deadline), each client connection's kernel
+send buffer 16 KiB (server.send_buffer_kb) and the stall limit 1.5 s, so that a client that
+stops reading stalls a relay as it would on a real network (on loopback the kernel would
+otherwise buffer megabytes): the stalled-reader faults (issue 20).
 
 Every answer is classified: 2xx (a complete JSON answer, or a stream that ends properly);
 API-shaped error (a JSON error of the API called, 429/503 with Retry-After, or a stream
@@ -45,6 +49,7 @@ import yaml
 
 from tests.support.checkout import REPO, require_this_checkout
 from zccp.config import load_config
+from zccp.ops.admin_client import admin_request
 from zccp.paths import lua_file
 from zccp.runtime import resolve
 from zccp.ops.stack import (
@@ -63,6 +68,13 @@ REPORT = REPO / "bench" / "faults" / "RESULTS.md"
 SLOTS = 48
 DEADLINE_MS = 3000
 HIT_PROMPTS = 8
+# Stalled readers (issue 20): a reply long enough that a stream outgrows a connection's kernel
+# send buffer (fixed at SNDBUF_KB: on loopback autotuning would grow it to megabytes), and a
+# stall limit inside the deadline.
+REPLY = "The null model's reply, long enough to stream for the whole request deadline. " * 20
+STALL_TOKENS = 1500
+STALL_MS = 1500
+SNDBUF_KB = 16
 
 
 # --- the traffic -----------------------------------------------------------------------------
@@ -193,7 +205,7 @@ def label_of(exc: Exception) -> str:
 # --- the stack ---------------------------------------------------------------------------------
 
 class FaultStack:
-    def __init__(self, run: Path, slots: int = SLOTS) -> None:
+    def __init__(self, run: Path, slots: int = SLOTS, redis_mb: int | None = None) -> None:
         if run.exists():
             shutil.rmtree(run)
         run.mkdir(parents=True)
@@ -202,17 +214,21 @@ class FaultStack:
         self.masks = run / "mask_patterns.lua"
         shutil.copy(lua_file("mask_patterns.lua"), self.masks)
         raw = yaml.safe_load((REPO / "config.yaml").read_text())
-        raw["server"].update(listen=f"127.0.0.1:{free_port()}", socket_path=f"/tmp/zccp-faults-{tag}/doorbell.sock")
+        raw["server"].update(listen=f"127.0.0.1:{free_port()}", socket_path=f"/tmp/zccp-faults-{tag}/doorbell.sock",
+                             send_buffer_kb=SNDBUF_KB)
         raw["shared_memory"].update(name=f"/zccp.faults.{tag}", segment_count=slots)
         raw["cache"].update(enabled=True, redis_url=f"redis://127.0.0.1:{free_port()}/0", mask_patterns=str(self.masks))
-        raw["model"].update(backend="null", null_token_delay_ms=5, max_context=131072)
-        raw["limits"].update(request_timeout_ms=DEADLINE_MS)
+        if redis_mb is not None:
+            raw["cache"]["redis_maxmemory_mb"] = redis_mb
+        raw["model"].update(backend="null", null_token_delay_ms=5, max_context=131072, null_reply=REPLY)
+        raw["limits"].update(request_timeout_ms=DEADLINE_MS, stream_stall_timeout_ms=STALL_MS)
         raw.setdefault("logging", {})["level"] = "warning"
         self.config_path = run / "config.yaml"
         self.config_path.write_text(yaml.safe_dump(raw))
         self.cfg = resolve(load_config(self.config_path), run)
         self.url = f"http://{self.cfg.server.listen}"
-        self.redis = redis_service(self.cfg.cache.redis_url, run)
+        self.redis = redis_service(self.cfg.cache.redis_url, run, self.cfg.cache.redis_maxmemory_mb,
+                                   self.cfg.cache.redis_maxmemory_policy)
         self.engine = engine_service(self.config_path, self.cfg, run, {"OMP_NUM_THREADS": "1"})
         self.nginx, _ = nginx_service(self.cfg, run)
         self._stopping = threading.Event()
@@ -301,7 +317,8 @@ def f_redis(s: FaultStack, t: Traffic, args) -> FaultResult:
         r.injections.append(time.monotonic())
         s.redis.kill()
         time.sleep(1)
-        s.redis = redis_service(s.cfg.cache.redis_url, s.run)
+        s.redis = redis_service(s.cfg.cache.redis_url, s.run, s.cfg.cache.redis_maxmemory_mb,
+                                s.cfg.cache.redis_maxmemory_policy)
     time.sleep(2)
     return r
 
@@ -423,8 +440,115 @@ def f_disconnect(s: FaultStack, t: Traffic, args) -> FaultResult:
     return r
 
 
+def _stalled_connection(s: FaultStack, i: int) -> socket.socket:
+    """A client that asks for a long stream (STALL_TOKENS) on a 2 KiB receive buffer and never
+    reads: the connection stays open, the stream stops moving."""
+    host, port = s.cfg.server.listen.rsplit(":", 1)
+    so = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    so.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 2048)
+    so.connect((host, int(port)))
+    api = "anthropic" if i % 2 else "openai"
+    body = _body(api, 1024, True, False, random.Random(i), max_tokens=STALL_TOKENS)
+    path = "/v1/messages" if api == "anthropic" else "/v1/chat/completions"
+    so.sendall(f"POST {path} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+               f"Content-Length: {len(body)}\r\n\r\n".encode() + body)
+    return so
+
+
+def _closed_by_server(socks: list[socket.socket], guard_s: float = 10.0) -> int:
+    """How many of socks the server has closed (read to EOF; guard_s in all), then close them all."""
+    closed = 0
+    end = time.monotonic() + guard_s
+    for so in socks:
+        try:
+            so.settimeout(max(0.01, end - time.monotonic()))
+            while so.recv(65536):
+                pass
+            closed += 1
+        except OSError:
+            pass
+        so.close()
+    return closed
+
+
+def streams_ended(s: FaultStack, reason: str) -> int:
+    """nginx's zccp_nginx_streams_ended_total for `reason`, both APIs."""
+    try:
+        status, raw = admin_request(s.cfg, "GET", "/metrics")   # the admin listener's
+    except OSError:
+        return -1
+    text = raw.decode("utf-8", "replace") if status == 200 else ""
+    return sum(int(float(line.split()[-1])) for line in text.splitlines()
+               if line.startswith("zccp_nginx_streams_ended_total{") and f'reason="{reason}"' in line)
+
+
+def _stalled(s: FaultStack, r: FaultResult, n: int, hold_s: float, during=None) -> None:
+    """n stalled readers held for hold_s (during(): another fault meanwhile), then counted."""
+    before = streams_ended(s, "stalled")
+    socks = [_stalled_connection(s, i) for i in range(n)]
+    if during is not None:
+        during()
+    time.sleep(max(0.0, hold_s))
+    r.extra.update({"stalled connections": n, "streams nginx ended as stalled": streams_ended(s, "stalled") - before,
+                    "connections the server closed (the others got a whole answer, a 429 or an error that fit "
+                    "their buffers, and stay open as keepalive connections)": _closed_by_server(socks)})
+
+
+def f_stalled_1x(s: FaultStack, t: Traffic, args) -> FaultResult:
+    r = FaultResult(f"stalled readers x{SLOTS} + reloads",
+                    f"{SLOTS} clients (1x the slots) that ask for a {STALL_TOKENS}-token stream on a 2 KiB receive "
+                    f"buffer and never read, held 8 s, with `nginx -s reload` x3 meanwhile "
+                    f"(limits.stream_stall_timeout_ms {STALL_MS}, server.send_buffer_kb {SNDBUF_KB})")
+    r.injections.append(time.monotonic())
+
+    def reloads() -> None:
+        for _ in range(3):
+            time.sleep(1.0)
+            r.injections.append(time.monotonic())
+            reload_masks(s.cfg, s.run)
+
+    _stalled(s, r, SLOTS, 5.0, reloads)
+    return r
+
+
+def f_stalled_2x(s: FaultStack, t: Traffic, args) -> FaultResult:
+    r = FaultResult(f"stalled readers x{2 * SLOTS} + engine SIGKILL",
+                    f"{2 * SLOTS} stalled readers (2x the slots; as above) held 8 s, the engine SIGKILLed once "
+                    "meanwhile")
+    r.injections.append(time.monotonic())
+
+    def kill() -> None:   # once the first stalled readers have been ended (stall limit 1.5 s)
+        time.sleep(4.0)
+        r.injections.append(time.monotonic())
+        os.kill(s.engine.pid, signal.SIGKILL)
+
+    _stalled(s, r, 2 * SLOTS, 4.0, kill)
+    return r
+
+
+def f_trickle(s: FaultStack, t: Traffic, args) -> FaultResult:
+    r = FaultResult("readers of 1 byte/s", "20 clients that ask for a long stream and read it one byte a "
+                    "second, for 10 s")
+    before = streams_ended(s, "stalled")
+    socks = [_stalled_connection(s, 1000 + i) for i in range(20)]
+    r.injections.append(time.monotonic())
+    got = 0
+    for _ in range(10):
+        time.sleep(1.0)
+        for so in socks:
+            so.setblocking(False)
+            try:
+                got += len(so.recv(1))
+            except OSError:
+                pass
+    r.extra.update({"bytes read by them": got, "streams nginx ended as stalled": streams_ended(s, "stalled") - before,
+                    "connections the server closed": _closed_by_server(socks)})
+    return r
+
+
 FAULTS = {"kill": f_kill, "stop": f_stop, "redis": f_redis, "reload": f_reload, "exhaust": f_exhaust,
-          "slow": f_slow, "disconnect": f_disconnect}
+          "slow": f_slow, "disconnect": f_disconnect, "stalled1x": f_stalled_1x, "stalled2x": f_stalled_2x,
+          "trickle": f_trickle}
 
 
 def p99(xs: list[Outcome]) -> float | None:
@@ -510,12 +634,26 @@ def main() -> None:
                             text=True).stdout.strip()
     dirty = subprocess.run(["git", "-C", str(REPO), "status", "--porcelain", "--untracked-files=no"],
                            capture_output=True, text=True).stdout.strip()
+    rows = _with_earlier_rows(rows, commit + ("+dirty" if dirty else ""))
     result = {"commit": commit + ("+dirty" if dirty else ""), "argv": sys.argv[1:], "rows": rows,
               "seconds": round(time.monotonic() - started),
               "machine": f"{platform.node()}, {os.cpu_count()} cores, {platform.platform()}",
               "clients": args.clients, "slots": SLOTS, "deadline_ms": DEADLINE_MS}
     RESULTS_JSON.write_text(json.dumps(result, indent=1, default=str))
     write_report(result)
+
+
+def _with_earlier_rows(rows: list[dict], commit: str) -> list[dict]:
+    """A run of some faults (--only) replaces their rows; the other faults' rows of the last
+    results stay, each marked with the commit it was measured at."""
+    for x in rows:
+        x["commit"] = commit
+    if not RESULTS_JSON.exists():
+        return rows
+    earlier = json.loads(RESULTS_JSON.read_text())
+    mine = {x["fault"] for x in rows}
+    kept = [dict(x, commit=x.get("commit", earlier["commit"])) for x in earlier["rows"] if x["fault"] not in mine]
+    return kept + rows
 
 
 def _fmt(v, nd: int = 0) -> str:
@@ -532,7 +670,8 @@ def write_report(r: dict) -> None:
         st = ", ".join(f"{k}: {v}" for k, v in sorted(x["api_statuses"].items())) or "–"
         oth = f"**{x['other']}**" + (f" ({', '.join(f'{k}: {v}' for k, v in x['other_kinds'].items())})"
                                       if x["other"] else "")
-        rows.append(f"| {x['fault']} | {x['sent']} ({x['sent_fault_clients']} by the fault's clients) | {x['ok']} | "
+        rows.append(f"| {x['fault']} ({x.get('commit', r['commit'])}) | "
+                    f"{x['sent']} ({x['sent_fault_clients']} by the fault's clients) | {x['ok']} | "
                     f"{x['api_errors']} ({st}) | {oth} | **{x['slots_claimed_after']}** | {_fmt(x['recovery_s'], 2)} | "
                     f"{_fmt(x['p99_ms_during'])} / {_fmt(x['p99_ms_without'])} |")
     notes = "\n".join(f"- **{x['fault']}**: {x['what']}." + (f" {x['extra']}" if x["extra"] else "")
@@ -542,7 +681,8 @@ def write_report(r: dict) -> None:
                          if x.get("retried_before_answer") else "")
                       for x in r["rows"])
     table = f"""<!-- faults -->
-Commit {r['commit']}; `python -m bench.faults.suite {' '.join(r['argv'])}` ({r['seconds']} s); {r['machine']};
+Last run at commit {r['commit']} (each row names the commit it was measured at); \
+`python -m bench.faults.suite {' '.join(r['argv'])}` ({r['seconds']} s); {r['machine']};
 {r['clients']} clients of mixed traffic, {r['slots']} slots, request deadline {r['deadline_ms']} ms, null model
 (a token every 5 ms), cache on.
 

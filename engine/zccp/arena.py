@@ -165,6 +165,11 @@ class Arena:
     def set_engine_state(self, state: int) -> None:
         self.control.engine_state = state
 
+    def set_purge_epoch(self, epoch: int) -> None:
+        """The cache's purge epoch for nginx's L1 (zccp.cache.purge_epoch); 0: unknown."""
+        if not self._closed:
+            self.control.purge_epoch = epoch
+
     # -- slots ----------------------------------------------------------------------------
 
     def _make_view(self, index: int) -> SlotView:

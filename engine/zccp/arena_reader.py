@@ -48,6 +48,10 @@ class ArenaReader:
     def epoch(self) -> int:
         return int(self.control.epoch)
 
+    @property
+    def purge_epoch(self) -> int:
+        return int(self.control.purge_epoch)
+
     def _base(self, i: int) -> int:
         if not 0 <= i < self.slot_count:
             raise IndexError(i)

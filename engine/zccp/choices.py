@@ -55,7 +55,7 @@ class Choices(SlotOutput):
         self._writer.begin(200, sse=False)
         self._writer.write_nowait(render_choices(self._req, results, self._prompt_tokens, self._cached,
                                                  int(time.time())))
-        self._view.meta.completion_len = out
+        self._writer.set_meta(completion_len=out)   # only while the slot is this request's (issue 20)
         self._result = replace(results[0], output_tokens=out, cached_tokens=self._cached)
 
     def fail(self) -> None:

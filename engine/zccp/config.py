@@ -50,6 +50,10 @@ class ServerConfig:
     # Who may GET /metrics on the admin listener: nginx `allow` arguments (addresses, CIDRs,
     # "unix:", "all"), space separated; everyone else gets 403.
     metrics_allow: str = "127.0.0.1 ::1 unix:"
+    # The kernel send buffer of each client connection of the standalone nginx (listen
+    # sndbuf=), in KiB; 0: the kernel's autotuning (on loopback it grows to megabytes). A
+    # fixed one bounds the kernel memory a client that stops reading can pin.
+    send_buffer_kb: int = bounded(0, 0, 1 << 16)
     # The admin listener (purge, warmup, L1 purge, keys, /metrics; docs/keys.md): a unix
     # socket ("unix:/path") or an address; None: unix:<socket dir>/admin.sock. The public
     # listener never serves those paths.
@@ -91,6 +95,13 @@ class CacheConfig:
     # redis://host:port/db (one server), redis+cluster://h1:p1,h2:p2 (a Redis Cluster) or
     # redis+sentinel://h1:p1,h2:p2/<master name>/db (Sentinels): docs/cache.md
     redis_url: str = "redis://127.0.0.1:6379/0"
+    # The Redis zccp-stack starts (cache.redis_url on loopback): its memory bound and what it
+    # evicts at the bound. allkeys-lru: everything in it is a cache entry or an index of them,
+    # rebuilt by a miss, and a key without a TTL can never make writes fail (volatile-* would
+    # refuse them). Your own Redis: set the same (docs/cache.md).
+    redis_maxmemory_mb: int = bounded(256, 1, 1 << 20)
+    redis_maxmemory_policy: Literal["allkeys-lru", "allkeys-lfu", "volatile-lru", "volatile-lfu",
+                                    "volatile-ttl"] = "allkeys-lru"
     ttl_s: int = bounded(3600, 1, 30 * 86400)
     near_duplicate: bool = True
     similarity_threshold: float = bounded(0.85, 0.01, 1.0)
@@ -156,6 +167,13 @@ class LimitsConfig:
     max_tokens_cap: int = bounded(4096, 1, 1 << 20)
     default_max_tokens: int = bounded(256, 1, 1 << 20)
     request_timeout_ms: int = bounded(60000, 100, 3_600_000)
+    # Streams (SSE) nginx relays: a client that reads nothing for stream_stall_timeout_ms
+    # is ended and its slot freed (nginx's send_timeout on ZCCP's locations); a stream is
+    # also ended after stream_max_duration_ms or stream_max_bytes_kb (0: no such limit;
+    # request_timeout_ms still bounds every request). zccp_nginx_streams_ended_total counts each.
+    stream_stall_timeout_ms: int = bounded(30000, 100, 3_600_000)
+    stream_max_duration_ms: int = bounded(0, 0, 86_400_000)
+    stream_max_bytes_kb: int = bounded(0, 0, 1 << 30)
 
 
 @dataclass(frozen=True)

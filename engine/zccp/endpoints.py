@@ -35,6 +35,7 @@ from zccp.flow import FlowDeps
 from zccp.model.prompt import Prompt
 from zccp.model.tokenizer import PromptTooLong
 from zccp.outcome import Outcome, RequestContext
+from zccp.ring_writer import SlotAbandoned
 from zccp.scheduler import Sequence
 from zccp.shared_types import ApiError, ApiKind, GenerationRequest, SamplingParams
 from zccp.token_sink import WarmupReply
@@ -49,12 +50,14 @@ _NO_SAMPLING = SamplingParams(max_tokens=0, temperature=0.0)
 
 class EndpointFlow:
     def __init__(self, ctx: RequestContext, deps: FlowDeps, on_done: Callable[[], None], kind: int,
-                 models: list[ModelInfo], redis: RedisClient | None) -> None:
+                 models: list[ModelInfo], redis: RedisClient | None,
+                 on_epoch: Callable[[int], None] | None = None) -> None:
         self.ctx = ctx
         self.deps = deps
         self.kind = kind
         self.models = models
         self._redis = redis            # PURGE: None when the cache is disabled
+        self._on_epoch = on_epoch      # PURGE: the new purge epoch into this engine's control page
         # A purge always answers in Anthropic's error shape (nginx sets no API flag for it).
         api: ApiKind = "openai" if ctx.view.header.flags & Flag.API_OPENAI and kind != Kind.PURGE else "anthropic"
         self.codec = codec_for(api)
@@ -109,8 +112,9 @@ class EndpointFlow:
         if n == 0 or n > deps.backend.max_context:
             raise ApiError(400, "invalid_request_error",
                            f"the prefix is {n} tokens; it must be 1 to {deps.backend.max_context}", "messages")
+        if not ctx.writer.set_meta(prompt_len=n):
+            raise SlotAbandoned(f"slot {ctx.view.index}: claimed again while the warm-up was prepared")
         ctx.view.header.tokens_len = n
-        ctx.view.meta.prompt_len = n
         sink = WarmupReply(prompt.req.model, ctx.view, ctx.writer, n, self.outcome)
         seq = Sequence(deps.input_view(ctx.tokens[:n]), ctx.tokens[:n].numpy(), _NO_SAMPLING, sink,
                        ctx.cancelled, lambda _: self.outcome.done(), prefill_only=True)
@@ -131,7 +135,7 @@ class EndpointFlow:
                 except ValueError as exc:
                     raise ApiError(400, "invalid_request_error", str(exc)) from None
                 try:
-                    n = await purge(self._redis, req)
+                    n = await purge(self._redis, req, self._on_epoch)
                 except Exception as exc:   # redis down, a timeout: say so, nothing else breaks
                     log.warning("purge failed: %s", exc, extra=self.ctx.ids())
                     raise ApiError(503, "api_error", f"purge failed: {exc}") from None

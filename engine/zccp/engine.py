@@ -20,6 +20,7 @@ from zccp.api.common import ParseLimits
 from zccp.arena import Arena, SlotError, SlotView
 from zccp.cache.inflight import InFlight
 from zccp.cache.mask_store import MaskSource
+from zccp.cache.purge_epoch import EpochWatcher
 from zccp.cache.store import ResponseCache
 from zccp.config import Config, ConfigError, ModelConfig, mask_state_path
 from zccp.device import select_device
@@ -209,7 +210,8 @@ class Engine:
         if kind == Kind.GENERATE:
             return RequestFlow(ctx, self.deps, lambda: self._finish_job(job)).start()
         redis = self.cache.redis if self.cache is not None else None     # PURGE's
-        EndpointFlow(ctx, self.deps, lambda: self._finish_job(job), kind, self.models, redis).start()
+        EndpointFlow(ctx, self.deps, lambda: self._finish_job(job), kind, self.models, redis,
+                     self.arena.set_purge_epoch).start()
 
     def _later(self, delay: float, fn: Callable[[], None]) -> None:
         """fn on the loop after delay seconds, from any thread (a writer may finish on the model thread)."""
@@ -263,14 +265,17 @@ class Engine:
             h = view.header
             if h.state == State.FREE:
                 continue
+            generation = int(h.generation)
             why = self._abandoned_because(view, now_ns, grace)
             if why is None:
                 continue
             job = self._jobs.get(view.index)
             if job is not None:
                 job.cancel()
+            if h.generation != generation:
+                continue   # nginx claimed it again meanwhile: another request's slot now
             log.warning("sweeper: slot in state %d reset: %s", h.state, why,
-                        extra={"slot": view.index, "generation": int(h.generation)})
+                        extra={"slot": view.index, "generation": generation})
             h.state = State.FREE
             self.metrics.sweeps.inc()
             reset += 1
@@ -296,6 +301,14 @@ class Engine:
             await asyncio.sleep(period)
             self.sweep()
 
+    def _watch_purge_epoch(self) -> asyncio.Task[None] | None:
+        """The cache's purge epoch into the control page, kept current (nginx's L1 keys carry
+        it); without a cache it stays 0 and nginx's L1, which needs the cache, answers nothing."""
+        if self.cache is None:
+            return None
+        watcher = EpochWatcher(self.cache.redis, self.arena.set_purge_epoch, 3 * self.cfg.cache.timeout_ms / 1000)
+        return asyncio.create_task(watcher.run())
+
     # -- life cycle ------------------------------------------------------------------------
 
     async def serve(self, stop: asyncio.Event) -> None:
@@ -306,6 +319,7 @@ class Engine:
         self.arena.publish(self._socket_path)
         self.arena.set_engine_state(EngineState.SERVING)
         sweeper = asyncio.create_task(self._sweeper())
+        epochs = self._watch_purge_epoch()
         log.info("engine serving: arena %s (%d slots x %d KiB), doorbell %s, model %s (%s) on %s",
                  self.cfg.shared_memory.name, self.layout.slot_count, self.layout.slot_size // 1024,
                  self.cfg.server.socket_path, self.cfg.model.name, self.cfg.model.backend, self.device.name)
@@ -313,6 +327,8 @@ class Engine:
             await stop.wait()
         finally:
             sweeper.cancel()
+            if epochs is not None:
+                epochs.cancel()
             self.arena.set_engine_state(EngineState.STOPPING)
             for job in list(self._jobs.values()):
                 job.cancel()

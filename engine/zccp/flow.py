@@ -111,9 +111,8 @@ class RequestFlow:
             sampled = not (use.lookup or use.store)
             reason = "uncacheable" if uncacheable else "sampled" if sampled else "no_cache"
             deps.metrics.cache.inc(result="BYPASS", reason=reason)
-            ctx.view.meta.cache_status = CacheStatus.BYPASS
-            if sampled:
-                ctx.view.meta.cache_reason = CacheReason.SAMPLED
+            ctx.writer.set_meta(cache_status=CacheStatus.BYPASS,
+                                cache_reason=CacheReason.SAMPLED if sampled else CacheReason.NONE)
             return self._run_model(prep, None)
         try:
             keys = keys_for(ctx.view, ctx.payload, prep.req, deps.masks, deps.cache.cfg, prep.doc)
@@ -139,20 +138,20 @@ class RequestFlow:
                 return self.outcome.done()   # nginx gave up while Redis (or the first request) answered
             if lookup.answer is not None or waited or not await self._wait_for_twin(keys, lookup):
                 break
-        meta = ctx.view.meta
-        meta.cache_status = getattr(CacheStatus, lookup.status)
+        meta = {"cache_status": getattr(CacheStatus, lookup.status)}
         if lookup.reason == "masked_literal":
-            meta.cache_reason = CacheReason.MASKED_LITERAL
+            meta["cache_reason"] = CacheReason.MASKED_LITERAL
         elif lookup.reason == "sampled":
-            meta.cache_reason = CacheReason.SAMPLED
+            meta["cache_reason"] = CacheReason.SAMPLED
         if lookup.answer is not None:
-            meta.similarity_ppm = int(lookup.similarity * 1_000_000)
-            meta.age_s = lookup.age_s
+            meta.update(similarity_ppm=int(lookup.similarity * 1_000_000), age_s=lookup.age_s)
             # what nginx may keep (its L1, by exact key): not a sampled answer that only the
             # requests asking for it may be served (cache.sampled)
             if lookup.status == "HIT" and not flags & Flag.NO_STORE and self._use.l1:
-                meta.cache_ttl_s = deps.cache.l1_ttl(lookup.answer, lookup.age_s)
-                meta.cache_scope = 0 if lookup.shared else 1
+                meta.update(cache_ttl_s=deps.cache.l1_ttl(lookup.answer, lookup.age_s),
+                            cache_scope=0 if lookup.shared else 1)
+        ctx.writer.set_meta(**meta)   # only while the slot is this request's (issue 20)
+        if lookup.answer is not None:
             # an exact HIT of an unmasked request is the stored request: its usage, as nginx's
             # L1 replays it (docs/cache.md); a masked HIT and a NEAR count their own prompt
             own = lookup.status == "HIT" and keys is not None and not keys.masked
@@ -292,9 +291,8 @@ class RequestFlow:
             masks = deps.masks.get()
         assert masks is not None
         self._literals = literals_in(text, keys.request_literals(prep.doc, masks))
-        meta = self.ctx.view.meta
-        meta.cache_ttl_s = 0 if self._literals or not self._use.l1 else deps.cache.cfg.ttl_s
-        meta.cache_scope = 0 if keys.placement.shared else 1
+        self.ctx.writer.set_meta(cache_ttl_s=0 if self._literals or not self._use.l1 else deps.cache.cfg.ttl_s,
+                                 cache_scope=0 if keys.placement.shared else 1)
 
     # -- the steps -------------------------------------------------------------------------
 
@@ -319,11 +317,9 @@ class RequestFlow:
         except PromptTooLong as exc:
             raise ApiError(413, "request_too_large",
                            f"prompt is {exc.needed} tokens; a slot holds at most {exc.capacity}") from None
-        h, meta = ctx.view.header, ctx.view.meta
-        h.tokens_len = n
-        meta.prompt_len = n
-        meta.max_tokens = req.sampling.max_tokens
-        meta.gpu_device_id = deps.device_id
+        if not ctx.writer.set_meta(prompt_len=n, max_tokens=req.sampling.max_tokens, gpu_device_id=deps.device_id):
+            raise SlotAbandoned(f"slot {ctx.view.index}: claimed again while the request was parsed")
+        ctx.view.header.tokens_len = n
         limit = deps.backend.max_context
         if n + req.sampling.max_tokens > limit:
             raise ApiError(400, "invalid_request_error",
@@ -356,7 +352,7 @@ class RequestFlow:
                     result = ev
             if result is None:
                 raise SlotAbandoned("generation stopped without a result")
-            ctx.view.meta.completion_len = result.output_tokens
+            ctx.writer.set_meta(completion_len=result.output_tokens)
             self._verdict(prep, result)
             writer.answer(200, False, codec.render(req, result, codec.new_response_id(), int(time.time())))
             self.outcome.answered(200, result)
@@ -384,6 +380,6 @@ class RequestFlow:
                 data, sse = b"".join(parts), True
             else:
                 data, sse = codec.render(req, result, rid, created), False
-            self.ctx.view.meta.completion_len = result.output_tokens
+            self.ctx.writer.set_meta(completion_len=result.output_tokens)
             writer.answer(200, sse, data)
             self.outcome.answered(200, result)

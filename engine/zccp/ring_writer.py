@@ -56,9 +56,25 @@ class ResponseWriter:
         self.started = False
         self.status = 0
 
+    def owned(self) -> bool:
+        """Whether the slot is still at the generation this writer answers: every write to
+        it, bytes or metadata, is conditioned on it (a claim nginx gave up on is another
+        request's slot)."""
+        return self._view.header.generation == self._gen
+
     def _check_owner(self) -> None:
-        if self._view.header.generation != self._gen or self._cancelled():
+        if not self.owned() or self._cancelled():
             raise SlotAbandoned(f"slot {self._view.index} generation {self._gen}")
+
+    def set_meta(self, **fields: int) -> bool:
+        """Write the slot's meta fields (cache_status, cache_ttl_s, ...) while the slot is
+        ours; False, writing nothing, once it is not."""
+        if not self.owned():
+            return False
+        meta = self._view.meta
+        for name, value in fields.items():
+            setattr(meta, name, value)
+        return True
 
     def begin(self, status: int, sse: bool) -> None:
         """Status and content kind; fixed once the first byte is committed."""
@@ -92,6 +108,7 @@ class ResponseWriter:
         n = min(room, len(view))
         if n <= 0:
             return 0
+        self._check_owner()   # before the bytes go in: the ring may be another request's
         pos = self._total % self._cap
         first = min(n, self._cap - pos)
         self._region[pos : pos + first] = view[:first]

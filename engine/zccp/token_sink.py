@@ -94,7 +94,7 @@ class Reply(SlotOutput):
 
     def start(self, cached_tokens: int, plan_chunks: int) -> None:
         self._cached = cached_tokens
-        self._view.meta.plan_chunks = plan_chunks          # X-ZCCP-Plan, sent with the first bytes
+        self._writer.set_meta(plan_chunks=plan_chunks)     # X-ZCCP-Plan, sent with the first bytes
         if self._req.stream:
             self._encoder = self._codec.stream(self._req, self._codec.new_response_id(), int(time.time()),
                                                self._prompt_tokens, cached_tokens)
@@ -124,7 +124,7 @@ class Reply(SlotOutput):
             self._writer.write_nowait(self._codec.render(self._req, result, self._codec.new_response_id(),
                                                          int(time.time())))
             self._deltas = [len(result.text)] if result.text else []
-        self._view.meta.completion_len = output_tokens
+        self._writer.set_meta(completion_len=output_tokens)
         self._result = result
         return Completed(result, tuple(self._deltas))
 
@@ -162,7 +162,7 @@ class WarmupReply(SlotOutput):
 
     def start(self, cached_tokens: int, plan_chunks: int) -> None:
         self._reused = cached_tokens
-        self._view.meta.plan_chunks = plan_chunks
+        self._writer.set_meta(plan_chunks=plan_chunks)
 
     def kept(self, tokens: int) -> None:
         self._kept = tokens

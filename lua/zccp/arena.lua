@@ -180,6 +180,21 @@ function _M.release(self)
     end
 end
 
+-- The cache's purge epoch the engine last read from Redis (a cdata uint64), or nil when
+-- unknown (no arena, an engine that changed, Redis unreadable): nginx's L1 then answers
+-- nothing. Read from the control page on every L1 lookup: a load from shared memory.
+function _M.purge_epoch()
+    local a = current
+    if not a or not a.base or a.control.magic ~= abi.C.ZCCP_CONTROL_MAGIC or a.control.epoch ~= a.epoch then
+        return nil
+    end
+    local e = a.control.purge_epoch
+    if e == 0 then
+        return nil
+    end
+    return e
+end
+
 -- A pointer of type ptr_t at `offset` into slot i.
 local function slot_at(self, i, offset, ptr_t)
     return ffi_cast(ptr_t, self.base + abi.C.ZCCP_PAGE_SIZE + i * self.slot_size + offset)

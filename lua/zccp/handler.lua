@@ -17,6 +17,7 @@ local tenant = require "zccp.tenant"
 local mask_store = require "zccp.mask_store"
 local body_mod = require "zccp.body"
 local l1 = require "zccp.l1"
+local metrics = require "zccp.metrics"
 local auth = require "zccp.auth"
 local admin_gate = require "zccp.admin"
 local limits = require "zccp.limits"
@@ -186,19 +187,25 @@ local function fill_slot(a, i, src, flags, timeout_ms, fp, extra, rid)
     return gen
 end
 
--- The slot a request holds: claimed, filled and rung. release() frees it on every path.
+-- Whether the slot is still this request's: its claim and the generation it filled.
+-- Every write to the slot after the fill is conditioned on it (issue 20).
+local function owned(slot)
+    return slot.header.generation == slot.generation and slots.owns(slot.arena, slot.index, slot.token)
+end
+
+-- The slot a request holds: claimed, filled and rung. release() frees it on every path,
+-- and touches nothing that is no longer this request's.
 local function release(slot)
-    local h = slot.header
-    if h.generation == slot.generation then
-        h.state = abi.C.ZCCP_STATE_FREE
+    if owned(slot) then
+        slot.header.state = abi.C.ZCCP_STATE_FREE
     end
-    slots.release(slot.arena, slot.index)
+    slots.release(slot.arena, slot.index, slot.token)
 end
 
 -- Claims a slot of arena `a` and fills it: the slot record, or nil, status, kind, message.
 local function claim_and_fill(a, src, flags, fp, extra, rid)
     local s = settings.get()
-    local i = slots.claim(a)
+    local i, token = slots.claim(a)
     if not i then
         return nil, 429, "rate_limit_error", "all " .. a.slot_count .. " slots are busy; retry shortly"
     end
@@ -208,7 +215,7 @@ local function claim_and_fill(a, src, flags, fp, extra, rid)
         if h.state == abi.C.ZCCP_STATE_WRITING then
             h.state = abi.C.ZCCP_STATE_FREE
         end
-        slots.release(a, i)
+        slots.release(a, i, token)
         if status then   -- the client's body, not the arena
             return nil, status, kind, ferr
         end
@@ -216,7 +223,8 @@ local function claim_and_fill(a, src, flags, fp, extra, rid)
         return nil, 503, "overloaded_error", "engine arena unusable: " .. ferr
     end
     local h = a:header(i)
-    return { arena = a, index = i, header = h, generation = gen, ctx_hex = sha256.hex(h.context_id, 8), request_id = rid }
+    return { arena = a, index = i, token = token, header = h, generation = gen, ctx_hex = sha256.hex(h.context_id, 8),
+             request_id = rid }
 end
 
 -- Rings the engine for `slot` (slot.bell is the open doorbell): true, or nil, message.
@@ -246,14 +254,42 @@ local function hang_up(slot, complete)
     if complete then
         bell:keep()
     else
-        slot.header.deadline_ns = 1
+        if owned(slot) then
+            slot.header.deadline_ns = 1
+        end
         bell:close()
     end
+end
+
+-- Streams nginx ended although the answer went on (limits.stream_*): the metric's
+-- reason, and what the client that still reads is told.
+local STREAM_ENDS = {
+    stalled = { reason = "stalled" },
+    stream_duration = { reason = "duration", limit = "limits.stream_max_duration_ms" },
+    stream_bytes = { reason = "bytes", limit = "limits.stream_max_bytes_kb" },
+}
+
+-- A stream ended by its limits: counted, logged; the error event goes to a client that
+-- reads. A stalled one gets nothing more: "close" asks serve() to close its connection
+-- once everything the request holds is released.
+local function end_stream(api, slot, outcome)
+    local e = STREAM_ENDS[outcome]
+    metrics.stream_ended(api, e.reason)
+    ngx_log(ngx_WARN, "zccp: request ", slot.request_id, " (context ", slot.ctx_hex, ") on slot ", slot.index,
+            ": stream ended: ", e.reason)
+    if not e.limit then
+        return "close"
+    end
+    ngx_print(errors.sse_event(api, "api_error", "stream ended by the gateway: it reached " .. e.limit))
+    ngx_flush(true)
 end
 
 -- Answers the client from the relay's outcome. Returns "retry" when the engine behind
 -- the arena changed before anything was sent (a stale ring).
 local function respond(api, slot, outcome, r)
+    if STREAM_ENDS[outcome] then
+        return end_stream(api, slot, outcome)
+    end
     if outcome == "done" then
         if not r.sse then
             ngx_header["Content-Length"] = r.acked
@@ -487,6 +523,9 @@ local function attempts(r, state)
             return abandon(r, a, state, res)
         end
         a:release()
+        if res == "close" then
+            return ngx.exit(ngx.HTTP_CLOSE)   -- a client that stopped reading: nothing more is sent
+        end
         if res ~= "retry" then
             return res
         end
@@ -550,6 +589,14 @@ function _M.purge_l1()
     l1.purge()
     ngx_header["Content-Type"] = "application/json"
     ngx_print('{"purged_l1":true}')
+end
+
+-- Any path ZCCP does not serve (the standalone server's catch-all): the API's own 404,
+-- OpenAI-shaped under /v1/chat/, Anthropic-shaped elsewhere.
+function _M.not_found()
+    ngx_header["X-Request-ID"] = ngx_var.zccp_request_id
+    local api = str_find(ngx_var.uri, "^/v1/chat/") and "openai" or "anthropic"
+    return errors.send(api, 404, "not_found_error", "no such endpoint: " .. ngx.req.get_method() .. " " .. ngx_var.uri)
 end
 
 -- The {id} of /v1/models/{id} (letters, digits and ._:-), or nil.

@@ -1,5 +1,6 @@
 -- Start-up hooks: init_by_lua (settings + ABI) and init_worker_by_lua (map the
--- arena early, and re-check every second that the engine behind it is the same).
+-- arena early, and re-check every second that the engine behind it is the same;
+-- worker 0 also frees the slot claims of workers that died).
 local settings = require "zccp.settings"
 local abi = require "zccp.abi"
 
@@ -27,6 +28,18 @@ function _M.init(opts)
     require("zccp.metrics")
 end
 
+-- A dead worker's claims (zccp.slots): claims never expire by time, so this is how
+-- a crashed worker's slots come back.
+local function reap_claims(premature)
+    if premature then
+        return
+    end
+    local n = require("zccp.slots").reap()
+    if n > 0 then
+        ngx.log(ngx.WARN, "zccp: freed ", n, " slot claim(s) of nginx workers that are gone")
+    end
+end
+
 function _M.init_worker()
     local arena = require "zccp.arena"
     local a = arena.acquire()
@@ -40,6 +53,12 @@ function _M.init_worker()
     end)
     if not ok then
         ngx.log(ngx.ERR, "zccp: cannot start the arena refresh timer: ", err)
+    end
+    if ngx.worker.id() == 0 then
+        ok, err = ngx.timer.every(REFRESH_S, reap_claims)
+        if not ok then
+            ngx.log(ngx.ERR, "zccp: cannot start the slot reaper timer: ", err)
+        end
     end
 end
 

@@ -28,6 +28,7 @@ local settings = require "zccp.settings"
 local sha256 = require "zccp.sha256"
 local metrics = require "zccp.metrics"
 local tenant_mod = require "zccp.tenant"
+local arena_mod = require "zccp.arena"
 
 local ngx = ngx
 local ngx_shared = ngx.shared
@@ -55,6 +56,7 @@ local ID, CREATED = "\1", "\2"   -- placeholders in a kept answer (JSON and SSE 
 -- every key, so an answer relayed across a purge is never found again), the approximate
 -- entry count, and the once-a-second recount lock.
 local EPOCH, COUNT, RECOUNT = "l1:epoch", "l1:count", "l1:recount"
+local SHARED_EPOCH = "l1:purge_epoch"   -- the cache's purge epoch this nginx's L1 was last emptied for
 
 -- Per API: the response id's prefix and random length (engine/zccp/api/*.new_response_id),
 -- where the id stands in an answer, and whether it has a `created` field.
@@ -102,6 +104,24 @@ end
 -- `body` (also the slot's, on a miss), or, when body is nil (it streams into the slot,
 -- zccp.body), `pending` until digested() gives it the slot's. Their tenant is the one
 -- known without the body (the headers'): identical bytes name the same end user.
+-- The cache's purge epoch (zccp.arena.purge_epoch), as a string, or nil (unknown: no L1).
+-- Keys carry the value read when the request began: an entry stored under it is never
+-- reached once a purge on any host has replaced it. The first request to see a new one
+-- empties this L1 (the entries nothing can reach any more would only take room).
+local function purge_epoch()
+    local e = arena_mod.purge_epoch()
+    if not e then
+        return nil
+    end
+    e = tostring(e)
+    local md = meta_dict()
+    if md:get(SHARED_EPOCH) ~= e then
+        _M.purge()
+        md:set(SHARED_EPOCH, e)
+    end
+    return e
+end
+
 function _M.begin(api, body, flags)
     local cfg, d = config()
     if not cfg then
@@ -113,9 +133,13 @@ function _M.begin(api, body, flags)
     if band(flags, C.ZCCP_FLAG_NO_CACHE + C.ZCCP_FLAG_NO_STORE + C.ZCCP_FLAG_SAMPLED_OFF) ~= 0 then
         return nil
     end
+    local purged = purge_epoch()
+    if not purged then
+        return nil
+    end
     local tenant = tenant_mod.digest(nil)
     local k = { dict = d, cfg = cfg, keys = {}, tried = 0, raw_tenant = tenant,
-                epoch = tostring(meta_dict():get(EPOCH) or 0) .. SEP .. api }
+                epoch = tostring(meta_dict():get(EPOCH) or 0) .. SEP .. purged .. SEP .. api }
     if not body then
         k.pending = true
         return k

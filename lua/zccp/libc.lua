@@ -13,6 +13,7 @@ long lseek(int fd, long offset, int whence);
 void *mmap(void *addr, size_t length, int prot, int flags, int fd, long offset);
 int munmap(void *addr, size_t length);
 int getpid(void);
+int kill(int pid, int sig);
 char *strerror(int errnum);
 typedef long zccp_time_t;
 struct zccp_timespec { zccp_time_t tv_sec; long tv_nsec; };

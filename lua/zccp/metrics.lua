@@ -26,12 +26,18 @@ local HELP = {
     zccp_nginx_limited_total = "Requests refused 429 by a key's or tenant's limit, by API and limit",
     zccp_nginx_metered_tokens_total = "Tokens metered for requests with a key, by API and kind: input, output "
         .. "(the engine's exact counts), saved (what cache hits did not cost)",
+    zccp_nginx_streams_ended_total = "Streams nginx ended before the answer did, by API and reason: "
+        .. "stalled (the client read nothing for limits.stream_stall_timeout_ms), duration "
+        .. "(limits.stream_max_duration_ms), bytes (limits.stream_max_bytes_kb)",
 }
 -- The second label of a series (the first is api): status unless named here. Every label
 -- value is from a fixed set (never a key or a tenant): bounded cardinality; per key and
 -- per tenant usage is `zccp-keys usage` (docs/keys.md).
 local LABEL = { zccp_nginx_l1_total = "result", zccp_nginx_auth_total = "result",
-                zccp_nginx_limited_total = "limit", zccp_nginx_metered_tokens_total = "kind" }
+                zccp_nginx_limited_total = "limit", zccp_nginx_metered_tokens_total = "kind",
+                zccp_nginx_streams_ended_total = "reason" }
+-- The reasons zccp_nginx_streams_ended_total counts.
+local STREAM_END_REASONS = { "stalled", "duration", "bytes" }
 
 local function dict()
     return ngx.shared[DICT]
@@ -55,6 +61,14 @@ function _M.l1(api, result)
     end
 end
 
+-- zccp.handler: a stream nginx ended for `reason` (one of STREAM_END_REASONS).
+function _M.stream_ended(api, reason)
+    local d = dict()
+    if d then
+        d:incr("zccp_nginx_streams_ended_total" .. SEP .. api .. SEP .. reason, 1, 0)
+    end
+end
+
 -- zccp.auth / zccp.limits: add n (default 1) to series `name` {api, <its label>=value}.
 function _M.count(name, api, value, n)
     local d = dict()
@@ -73,6 +87,9 @@ local SEEDS = {
 for _, api in ipairs { "anthropic", "openai" } do
     for _, result in ipairs { "hit", "miss", "store" } do
         SEEDS[#SEEDS + 1] = "zccp_nginx_l1_total" .. SEP .. api .. SEP .. result
+    end
+    for _, reason in ipairs(STREAM_END_REASONS) do
+        SEEDS[#SEEDS + 1] = "zccp_nginx_streams_ended_total" .. SEP .. api .. SEP .. reason
     end
 end
 

@@ -6,6 +6,7 @@
 local ffi = require "ffi"
 local bit = require "bit"
 local abi = require "zccp.abi"
+local settings = require "zccp.settings"
 
 local ngx = ngx
 local ngx_header = ngx.header
@@ -78,14 +79,35 @@ local function take(a, i, from, to)
     return ffi_string(base + pos, first) .. ffi_string(base, n - first)
 end
 
+-- Sends an SSE chunk and waits until the client has it. The wait is bounded by the
+-- location's send_timeout (limits.stream_stall_timeout_ms): a client that reads nothing
+-- for that long is "stalled" and its stream ends; it never holds a relay (and its slot)
+-- for longer. The wait yields: the worker's other requests go on meanwhile.
+local function send_sse(r, chunk)
+    ngx_print(chunk)
+    local ok, ferr = ngx_flush(true)
+    -- "buffering": an HTTP/1.0 client under lua_http10_buffering, not a lost client
+    if not ok and ferr ~= "buffering" then
+        if ferr == "timeout" then
+            r.stalled = true
+        else
+            r.state.aborted = true
+        end
+    end
+end
+
 -- One notice: validates it, sends the headers on the first one, relays the new bytes.
 -- Returns nil while the answer goes on, else the outcome: "done", "retry" (the engine
--- rejected a stale ring) or an error description.
+-- rejected a stale ring), "stream_bytes" (limits.stream_max_bytes_kb) or an error
+-- description.
 local function on_notice(slot, r, n)
     local C = abi.C
     local a, i, h = slot.arena, slot.index, slot.header
     if n.slot ~= i or n.generation ~= slot.generation then
         return "doorbell protocol error: notice for another slot"
+    end
+    if h.generation ~= slot.generation then
+        return "slot lost"   -- never written again: it is another request's now
     end
     if n.op == C.ZCCP_OP_REJECT then
         return n.status == 409 and "retry" or ("engine rejected the ring: " .. tonumber(n.status))
@@ -108,17 +130,15 @@ local function on_notice(slot, r, n)
     if committed > tonumber(h.response_len) or committed < r.acked or committed - r.acked > a.response_cap then
         return "engine committed an invalid response length"
     end
+    if r.sse and r.max_bytes > 0 and committed > r.max_bytes then
+        return "stream_bytes"
+    end
     if committed > r.acked then
         local chunk = take(a, i, r.acked, committed)
         r.acked = committed
         h.response_acked = committed
         if r.sse then
-            ngx_print(chunk)
-            -- "buffering": an HTTP/1.0 client under lua_http10_buffering, not a lost client
-            local ok, ferr = ngx_flush(true)
-            if not ok and ferr ~= "buffering" then
-                r.state.aborted = true
-            end
+            send_sse(r, chunk)
             if r.keep then   -- zccp.l1 may keep this answer: its bytes, up to r.keep of them
                 if committed > r.keep then
                     r.keep, r.parts, r.np = nil, {}, 0
@@ -137,16 +157,40 @@ local function on_notice(slot, r, n)
     end
 end
 
+-- Why the relay stops here although the engine goes on, or nil: the client, the
+-- request's deadline or the stream's duration limit (limits.stream_max_duration_ms).
+local function given_up(r, deadline)
+    if r.state.aborted then
+        return "client closed the connection"
+    end
+    if r.stalled then
+        return "stalled"
+    end
+    local now = ngx_now()
+    if r.sse and r.stream_end and now > r.stream_end then
+        return "stream_duration"
+    end
+    if now > deadline then
+        return "timeout"
+    end
+end
+
 -- Relays the answer to `slot` (rung on slot.bell) until it is complete, the client
--- goes away, the deadline passes or the engine fails. state.aborted is set by the
--- request's on_abort handler. Returns the outcome ("done", "retry", "timeout",
--- "client closed the connection" or an error description) and the relay record
+-- goes away or stops reading, the deadline or a stream limit passes or the engine fails.
+-- state.aborted is set by the request's on_abort handler. Returns the outcome ("done",
+-- "retry", "timeout", "client closed the connection", "stalled", "stream_duration",
+-- "stream_bytes" or an error description) and the relay record
 -- { started, status, sse, acked, parts, np, keep }: a complete non-SSE body is in parts,
 -- for the caller to send with its Content-Length; an SSE one too while state.keep (a
 -- byte count) asks for it and it is no longer (zccp.l1), else keep is nil.
 function _M.run(slot, state, deadline)
     local bell = slot.bell
-    local r = { started = false, sse = false, acked = 0, parts = {}, np = 0, state = state, keep = state.keep }
+    local s = settings.get()
+    local r = { started = false, sse = false, acked = 0, parts = {}, np = 0, state = state, keep = state.keep,
+                stalled = false, max_bytes = s.stream_max_bytes }
+    if s.stream_max_duration_ms > 0 then
+        r.stream_end = ngx_now() + s.stream_max_duration_ms / 1000
+    end
     while true do
         local n, err = bell:read_notice()
         local outcome
@@ -155,14 +199,9 @@ function _M.run(slot, state, deadline)
         elseif err ~= "timeout" then
             outcome = "engine closed the doorbell: " .. tostring(err)
         end
+        outcome = outcome or given_up(r, deadline)
         if outcome then
             return outcome, r
-        end
-        if state.aborted then
-            return "client closed the connection", r
-        end
-        if not n and ngx_now() > deadline then
-            return "timeout", r
         end
     end
 end

@@ -1,14 +1,23 @@
--- Slot ownership across nginx workers: one lua_shared_dict key per slot, taken
--- with add() (atomic across workers) and a TTL a little above the request
--- timeout, so a crashed worker's slots come back by themselves.
-local ngx = ngx
+-- Slot ownership across nginx workers: one lua_shared_dict key per slot, taken with
+-- add() (atomic across workers). A claim never expires while its owner lives: it is
+-- released by the request that holds it (release checks that it still holds it), or
+-- reaped once the worker that took it is gone (a crashed worker), never by a clock.
+-- A claim that could lapse while its relay still acts hands the slot to a second
+-- request that the first then damages (issue 20).
+local ffi = require "ffi"
+local libc = require "zccp.libc"
 local settings = require "zccp.settings"
 
+local ngx = ngx
 local tostring = tostring
+local tonumber = tonumber
+local ipairs = ipairs
+local str_match = string.match
 
 local _M = { _VERSION = "0.1.0" }
 
-local TTL_SLACK_S = 5
+local ESRCH = 3
+local seq = 0   -- this worker's claims: with its pid, a token no other claim ever had
 
 local function dict()
     return ngx.shared[settings.get().dict]
@@ -20,26 +29,36 @@ local function key(arena, i)
     return "s:" .. tostring(arena.epoch) .. ":" .. i
 end
 
--- Claim a free slot of `arena`; returns its index or nil, "busy".
+-- Claim a free slot of `arena`: its index and the claim's token (for owns and
+-- release), or nil, "busy".
 function _M.claim(arena)
     local d = dict()
     local n = arena.slot_count
-    local ttl = settings.get().request_timeout_ms / 1000 + TTL_SLACK_S
     -- Rotate the starting point so workers don't all contend on slot 0.
     local start = d:incr("next", 1, 0) or 0
-    local pid = ngx.worker.pid()
+    seq = seq + 1
+    local token = ngx.worker.pid() .. ":" .. seq
     for k = 0, n - 1 do
         local i = (start + k) % n
-        local ok = d:add(key(arena, i), pid, ttl)
-        if ok then
-            return i
+        if d:add(key(arena, i), token) then
+            return i, token
         end
     end
     return nil, "busy"
 end
 
-function _M.release(arena, i)
-    dict():delete(key(arena, i))
+-- Whether the claim `token` on slot i still holds.
+function _M.owns(arena, i, token)
+    return dict():get(key(arena, i)) == token
+end
+
+-- Give slot i back, if `token` still holds it; a claim that is not ours is left alone.
+function _M.release(arena, i, token)
+    local d = dict()
+    local k = key(arena, i)
+    if d:get(k) == token then
+        d:delete(k)
+    end
 end
 
 -- Number of slots of `arena` currently claimed by any worker.
@@ -52,6 +71,28 @@ function _M.claimed(arena)
         end
     end
     return n
+end
+
+local function process_gone(pid)
+    return libc.C.kill(pid, 0) ~= 0 and ffi.errno() == ESRCH
+end
+
+-- Frees the claims of workers that are gone (a crash, a kill): the only way a claim
+-- ends without its request. Returns how many were freed.
+function _M.reap()
+    local d = dict()
+    local freed = 0
+    for _, k in ipairs(d:get_keys(0)) do
+        if str_match(k, "^s:") then
+            local v = d:get(k)
+            local pid = v and tonumber(str_match(v, "^(%d+):"))
+            if pid and process_gone(pid) and d:get(k) == v then
+                d:delete(k)
+                freed = freed + 1
+            end
+        end
+    end
+    return freed
 end
 
 return _M

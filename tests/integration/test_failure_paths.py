@@ -145,8 +145,8 @@ def test_streamed_deadline_is_an_error_event(make_stack):
 
 
 def test_nginx_worker_killed_mid_stream(make_stack):
-    # One slot, a short timeout (the worker's shared-dict claim lives timeout + 5 s), a
-    # sweeper that looks every 0.5 s.
+    # One slot, a short timeout, a sweeper that looks every 0.5 s. The dead worker's
+    # shared-dict claim is freed by worker 0's reaper once the process is gone (zccp.slots).
     s = make_stack({"shared_memory": {"segment_count": 1, "cleanup_interval_ms": 500},
                     "limits": {"request_timeout_ms": 3000}, "model": SLOW})
     resets_before = metric(s, "zccp_engine_sweeper_resets_total")
@@ -165,7 +165,7 @@ def test_nginx_worker_killed_mid_stream(make_stack):
                         pass
     finally:
         reader.close()
-    # nginx's master replaces the worker; the claim expires, the engine reclaims the slot,
+    # nginx's master replaces the worker; its claim is reaped, the engine reclaims the slot,
     # and the one-slot pool serves again.
     end = time.monotonic() + 30
     while True:

@@ -112,7 +112,8 @@ class Stack:
 
     def start(self) -> Stack:
         if self.with_redis:
-            self.redis = redis_service(self.cfg.cache.redis_url, self.run_dir)
+            self.redis = redis_service(self.cfg.cache.redis_url, self.run_dir, self.cfg.cache.redis_maxmemory_mb,
+                                       self.cfg.cache.redis_maxmemory_policy)
         self.start_engine()
         self.nginx, _ = nginx_service(self.cfg, self.run_dir)
         self.wait_healthy()

@@ -4,14 +4,17 @@ Redis) and `POST /v1/zccp/purge` (nginx, loopback only, rings the engine with
 ZCCP_KIND_PURGE; zccp.endpoints answers it through the slot).
 
     parse_purge({"all": true} | {"scope": S} | {"tenant": VALUE} | {"key": HEX}) -> PurgeRequest
-    await purge(redis, request) -> number of keys deleted
+    await purge(redis, request) -> number of keys deleted (then a new purge epoch: every
+                                   host's nginx L1 forgets, zccp.cache.purge_epoch)
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
+from zccp.cache.purge_epoch import bump
 from zccp.cache.scope import purge_patterns, tenant_digest
 
 if TYPE_CHECKING:
@@ -59,8 +62,10 @@ def parse_purge(obj: Any) -> PurgeRequest:
     return req
 
 
-async def purge(redis: RedisClient, req: PurgeRequest) -> int:
-    """Delete every key matching the request (SCAN + UNLINK in batches); the count.
+async def purge(redis: RedisClient, req: PurgeRequest, on_epoch: Callable[[int], None] | None = None) -> int:
+    """Delete every key matching the request (SCAN + UNLINK in batches); the count. Then
+    a new purge epoch, handed to on_epoch (this engine's control page: this host's nginx
+    sees it before the purge is answered; the others within purge_epoch.POLL_S).
     On a Redis Cluster, redis-py's SCAN visits every primary (each with its own cursor)
     and its UNLINK splits a batch by slot; through Sentinel it runs on the master."""
     n = 0
@@ -73,4 +78,7 @@ async def purge(redis: RedisClient, req: PurgeRequest) -> int:
                 batch.clear()
         if batch:
             n += await redis.unlink(*batch)
+    epoch = await bump(redis)   # after the deletes: an L1 entry stored meanwhile carries the old epoch
+    if on_epoch is not None:
+        on_epoch(epoch)
     return n

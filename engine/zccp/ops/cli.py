@@ -118,7 +118,8 @@ def _stack_up(cfg: Config, config_path: Path, run_dir: Path) -> int:
             # a local redis for one server; a Cluster or Sentinels are the user's, already running
             u = urlparse(cfg.cache.redis_url)
             ensure_free(f"{u.hostname or '127.0.0.1'}:{u.port or 6379}", "cache.redis_url")
-            started.append(redis_service(cfg.cache.redis_url, run_dir))
+            started.append(redis_service(cfg.cache.redis_url, run_dir, cfg.cache.redis_maxmemory_mb,
+                                         cfg.cache.redis_maxmemory_policy))
         engine = engine_service(config_path, cfg, run_dir)
         started.append(engine)
         nginx, _ = nginx_service(cfg, run_dir)

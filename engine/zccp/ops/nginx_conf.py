@@ -96,10 +96,12 @@ def _admin_token_digest(cfg: Config) -> str:
 
 
 def listen_flags(cfg: Config) -> str:
-    """What follows the address on the standalone server's `listen` line (server.tls, http2)."""
+    """What follows the address on the standalone server's `listen` line (server.tls, http2,
+    server.send_buffer_kb)."""
+    sndbuf = f" sndbuf={cfg.server.send_buffer_kb}k" if cfg.server.send_buffer_kb else ""
     if cfg.server.tls is None:
-        return ""
-    return " ssl http2" if cfg.server.speaks_http2 else " ssl"
+        return sndbuf
+    return (" ssl http2" if cfg.server.speaks_http2 else " ssl") + sndbuf
 
 
 def tls_lines(cfg: Config, indent: str = "        ") -> str:
@@ -154,6 +156,9 @@ def render(cfg: Config, out: Path, standalone: bool = False, prefix: Path | None
         "socket_path": _safe(cfg.server.socket_path, "server.socket_path"),
         "connect_timeout_ms": str(cfg.server.connect_timeout_ms),
         "request_timeout_ms": str(cfg.limits.request_timeout_ms),
+        "stream_stall_timeout_ms": str(cfg.limits.stream_stall_timeout_ms),
+        "stream_max_duration_ms": str(cfg.limits.stream_max_duration_ms),
+        "stream_max_bytes": str(cfg.limits.stream_max_bytes_kb * 1024),
         "max_body": str(cfg.limits.max_body_kb * 1024),
         "pool_size": str(cfg.server.doorbell_pool_size),
         "mask_last_good": _safe(str(mask_state_path(cfg)), "mask state path"),

@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
 
-from zccp.config import Config
+from zccp.config import CacheConfig, Config
 from zccp.doorbell import engine_ping
 from zccp.ops.nginx_conf import RenderedNginx, render
 from zccp.runtime import log_dir
@@ -154,7 +154,10 @@ def ensure_free(addr: str, what: str) -> None:
                              f"listening there; stop it or choose another port)") from None
 
 
-def redis_service(url: str, run_dir: Path) -> Service:
+def redis_service(url: str, run_dir: Path, maxmemory_mb: int = CacheConfig.redis_maxmemory_mb,
+                  policy: str = CacheConfig.redis_maxmemory_policy) -> Service:
+    """A cache-only Redis on loopback: no persistence, bounded memory (cache.redis_maxmemory_mb,
+    evicting by cache.redis_maxmemory_policy)."""
     u = urlparse(url)
     host, port = u.hostname or "127.0.0.1", u.port or 6379
     if host not in ("127.0.0.1", "localhost", "::1"):
@@ -165,6 +168,7 @@ def redis_service(url: str, run_dir: Path) -> Service:
     data = run_dir / "redis"
     data.mkdir(parents=True, exist_ok=True)
     svc = Service("redis", [exe, "--bind", host, "--port", str(port), "--save", "", "--appendonly", "no",
+                            "--maxmemory", f"{maxmemory_mb}mb", "--maxmemory-policy", policy,
                             "--dir", str(data), "--daemonize", "no"], log_dir(run_dir) / "redis.log")
     svc.start()
 
