@@ -108,6 +108,19 @@ local function get_entry(t, id)
     return raw and cjson.decode(raw) or false
 end
 
+-- Writes a key's record and answers it with its secret (shown once): create and rotate.
+local function save_and_answer(t, rec, secret, old, status)
+    local ok, err = write(t, rec, secret, old)
+    if not ok then
+        return errors.send("anthropic", 503, "overloaded_error", "key store: " .. tostring(err))
+    end
+    local out = { key = secret }
+    for k, v in pairs(rec) do
+        out[k] = v
+    end
+    return reply(status, out)
+end
+
 local function create(t, doc)
     if type(doc) ~= "table" or type(doc.tenant) ~= "string" or not str_find(doc.tenant, "^[%w._:@-]+$")
             or #doc.tenant > 128 then
@@ -157,15 +170,7 @@ local function create(t, doc)
     local rec = { id = "key_" .. sha256.hex(idr, 6), tenant = doc.tenant,
                   name = type(doc.name) == "string" and doc.name or "", models = models,
                   expires_at = expires, created_at = ngx.now(), limits = limits, hint = str_sub(secret, 1, 8) }
-    local ok, err = write(t, rec, secret, {})
-    if not ok then
-        return errors.send("anthropic", 503, "overloaded_error", "key store: " .. tostring(err))
-    end
-    local out = { key = secret }
-    for k, v in pairs(rec) do
-        out[k] = v
-    end
-    return reply(201, out)
+    return save_and_answer(t, rec, secret, {}, 201)
 end
 
 local function revoke(t, id)
@@ -213,15 +218,7 @@ local function rotate(t, id, doc)
     end
     local rec = e.record
     rec.created_at, rec.hint = ngx.now(), str_sub(secret, 1, 8)
-    local ok, werr = write(t, rec, secret, old)
-    if not ok then
-        return errors.send("anthropic", 503, "overloaded_error", "key store: " .. tostring(werr))
-    end
-    local out = { key = secret }
-    for k, v in pairs(rec) do
-        out[k] = v
-    end
-    return reply(200, out)
+    return save_and_answer(t, rec, secret, old, 200)
 end
 
 local function list(t)
