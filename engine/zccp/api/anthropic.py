@@ -596,16 +596,19 @@ def render_error(err: ApiError) -> bytes:
     return dumps(_error_obj(err))
 
 
-def _usage(input_tokens: int, cached_tokens: int, written: CacheWrite = NO_WRITE) -> dict[str, Any]:
+def _usage(input_tokens: int, cached_tokens: int, written: CacheWrite = NO_WRITE,
+           by_ttl: bool = True) -> dict[str, Any]:
     """Anthropic's split of the prompt: cache_read_input_tokens were read from the prefix
     cache, cache_creation_input_tokens written into it at the request's cache_control
     breakpoints (by TTL in cache_creation), input_tokens are the rest (after the last
     breakpoint); the three add up to the prompt."""
-    return {"input_tokens": input_tokens - cached_tokens - written.total,
-            "cache_creation_input_tokens": written.total,
-            "cache_read_input_tokens": cached_tokens,
-            "cache_creation": {"ephemeral_5m_input_tokens": written.short,
-                               "ephemeral_1h_input_tokens": written.long}}
+    usage: dict[str, Any] = {"input_tokens": input_tokens - cached_tokens - written.total,
+                             "cache_creation_input_tokens": written.total,
+                             "cache_read_input_tokens": cached_tokens}
+    if by_ttl:
+        usage["cache_creation"] = {"ephemeral_5m_input_tokens": written.short,
+                                   "ephemeral_1h_input_tokens": written.long}
+    return usage
 
 
 def _tool_use_id() -> str:
@@ -735,7 +738,8 @@ class StreamEncoder:
             "type": "message_delta",
             "delta": {"stop_reason": result.stop_reason, "stop_sequence": result.stop_sequence},
             # cumulative, as Anthropic sends it: the input and cache fields, not only output_tokens
-            "usage": {**_usage(result.input_tokens, result.cached_tokens, result.cache_write),
+            # (its message_delta usage has no cache_creation breakdown: message_start has it)
+            "usage": {**_usage(result.input_tokens, result.cached_tokens, result.cache_write, by_ttl=False),
                       "output_tokens": result.output_tokens},
         })
         return out + sse(message_delta, "message_delta") + _MESSAGE_STOP
