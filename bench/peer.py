@@ -2,7 +2,7 @@
 --continuous-batching`) and the FastAPI baseline (B), on one medium checkpoint, the same
 machine, the same client; then the prompt-caching (cache_control) second-call TTFT.
 
-    PYTHONPATH=engine .venv/bin/python -m bench.peer [--per-stream 2] [--concs 1,8,16] [--threads 2]
+    PYTHONPATH=engine .venv/bin/python -m bench.peer [--per-stream 2] [--concs 1,8,16] [--threads 1] [--reps 2]
         -> bench/peer.json (bench/peer.md and bench/RESULTS.md are written by hand from it)
 
 1. Throughput and TTFT. The checkpoint: tests/support/hf_checkpoint.py at hidden 512, 6 layers
@@ -14,8 +14,9 @@ machine, the same client; then the prompt-caching (cache_control) second-call TT
    - B: the same hf backend behind FastAPI/uvicorn (bench/apps/fastapi_app.py, one generate()
      per request in the thread pool, 2 workers x 1 torch thread) behind nginx; it speaks the
      Messages API only, so it gets the same prompts as Anthropic requests.
-   Client: httpx asyncio, c concurrent streams of --per-stream requests each (one more at c=1),
-   back to back, every request a distinct
+   All three are up at once and the cells interleave (repetition, concurrency, variant), --reps
+   times. Client: httpx asyncio, c concurrent streams of --per-stream requests each (at least 8
+   requests per cell), back to back, every request a distinct
    prompt (a counter and random words: no shared prefix beyond the chat template's first
    tokens), max_tokens 32, temperature 0. TTFT = request sent -> first chunk with text;
    tokens/s = completion tokens of the finished requests (the usage each server reports) /
@@ -29,6 +30,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import os
 import random
@@ -131,16 +133,17 @@ async def _load(api: str, url: str, model: str, conc: int, per_stream: int, seed
             "ttft_p90_ms": statistics.quantiles(ttfts, n=10)[-1] * 1000 if len(ttfts) >= 10 else None}
 
 
-def measure(name: str, api: str, url: str, model: str, concs: list[int], per_stream: int) -> list[dict]:
-    asyncio.run(_load(api, url, model, 2, 1, 999))                      # warm-up (allocations, first forward)
-    rows = []
-    for c in concs:
-        r = asyncio.run(_load(api, url, model, c, per_stream if c > 1 else per_stream + 1, 1000 + c))
-        r["variant"] = name
-        rows.append(r)
-        log(f"{name} c={c}: {r['tokens_per_s']:.1f} tok/s, ttft p50 {r['ttft_p50_ms'] or 0:.0f} ms, "
-            f"{r['requests']} requests in {r['wall_s']:.1f} s, {r['errors']} errors")
-    return rows
+def per_stream(conc: int, base: int) -> int:
+    """Requests each stream sends: more at low concurrency, so every cell has >= 8 requests."""
+    return max(base, -(-8 // conc))
+
+
+def measure(name: str, api: str, url: str, model: str, conc: int, base: int, rep: int) -> dict:
+    r = asyncio.run(_load(api, url, model, conc, per_stream(conc, base), 1000 * rep + conc))
+    r.update(variant=name, rep=rep)
+    log(f"{name} c={conc} rep {rep}: {r['tokens_per_s']:.1f} tok/s, ttft p50 {r['ttft_p50_ms'] or 0:.0f} ms, "
+        f"{r['requests']} requests in {r['wall_s']:.1f} s, {r['errors']} errors")
+    return r
 
 
 # --- the variants ----------------------------------------------------------------------------
@@ -205,45 +208,44 @@ def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(prog="python -m bench.peer")
     ap.add_argument("--per-stream", type=int, default=2)
     ap.add_argument("--concs", default="1,8,16")
-    ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--variants", default="P,D,B")
+    ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--variants", default="D,P,B")
+    ap.add_argument("--reps", type=int, default=2)
     ap.add_argument("--cc-trials", type=int, default=3)
     args = ap.parse_args(argv)
     concs = [int(c) for c in args.concs.split(",")]
     t_start = time.time()
     results: dict = {"commit": commit_info(), "machine": machine_info(), "shape": SHAPE, "max_tokens": MAX_TOKENS,
                      "per_stream": args.per_stream, "threads": args.threads, "rows": []}
-    with tempfile.TemporaryDirectory(prefix="zccp-peer-") as tmp:
+    names = args.variants.split(",")
+    with tempfile.TemporaryDirectory(prefix="zccp-peer-") as tmp, contextlib.ExitStack() as stack:
         run = Path(tmp)
         ckpt = build(run / "ckpt")
         lim = hf_limits(ckpt, args.threads)
-        for name in args.variants.split(","):
-            if name == "P":
-                proc, url = start_peer(ckpt, args.threads, run / "serve.log")
-                try:
-                    results["rows"] += measure("P", "openai", url + "/v1/chat/completions", str(ckpt), concs,
-                                               args.per_stream)
-                finally:
-                    proc.terminate()
-                    proc.wait(20)
-            elif name == "D":
-                v = start_d(run / "d", lim, 32)
-                try:
-                    results["rows"] += measure("D", "openai", v.url + "/v1/chat/completions", "zccp-hf-bench",
-                                               concs, args.per_stream)
-                    if args.cc_trials:
-                        results["cache_control"] = cache_control_trials(v.url, "zccp-hf-bench", ckpt,
-                                                                        args.cc_trials, 2000)
-                finally:
-                    v.stop()
-            elif name == "B":
-                v = start_b(run / "b", dict(lim, threads=1), 2)
-                try:
-                    results["rows"] += measure("B", "anthropic", v.url + "/v1/messages", "zccp-hf-bench", concs,
-                                               args.per_stream)
-                finally:
-                    v.stop()
-            OUT.write_text(json.dumps(results, indent=1))
+        # every variant up at once; the cells interleave (rep, c, variant) so load drift on this
+        # shared machine spreads over all of them
+        targets: dict[str, tuple[str, str, str]] = {}
+        if "P" in names:
+            proc, url = start_peer(ckpt, args.threads, run / "serve.log")
+            stack.callback(lambda: (proc.terminate(), proc.wait(20)))
+            targets["P"] = ("openai", url + "/v1/chat/completions", str(ckpt))
+        if "D" in names:
+            d = start_d(run / "d", lim, 32)
+            stack.callback(d.stop)
+            targets["D"] = ("openai", d.url + "/v1/chat/completions", "zccp-hf-bench")
+        if "B" in names:
+            b = start_b(run / "b", dict(lim, threads=1), 2)
+            stack.callback(b.stop)
+            targets["B"] = ("anthropic", b.url + "/v1/messages", "zccp-hf-bench")
+        for name in names:
+            asyncio.run(_load(*targets[name], 2, 1, 999))                 # warm-up: allocations, first forward
+        for rep in range(1, args.reps + 1):
+            for c in concs:
+                for name in names:
+                    results["rows"].append(measure(name, *targets[name], c, args.per_stream, rep))
+                    OUT.write_text(json.dumps(results, indent=1))
+        if "D" in names and args.cc_trials:
+            results["cache_control"] = cache_control_trials(d.url, "zccp-hf-bench", ckpt, args.cc_trials, 2000)
     results["total_s"] = time.time() - t_start
     OUT.write_text(json.dumps(results, indent=1))
     log(f"done in {results['total_s']:.0f} s -> {OUT}")
