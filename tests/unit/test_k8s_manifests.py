@@ -109,5 +109,5 @@ def test_front_routes_to_the_headless_service_of_the_zccp_pods() -> None:
     (cm_volume,) = [n for n, v in volumes.items() if v.get("configMap", {}).get("name") == "zccp-front-config"]
     assert env["ZCCP_FRONT_CONFIG"] == f"{mounts[cm_volume]}/front.yaml"
     assert c["readinessProbe"]["httpGet"]["path"] == "/health"
-    svc = by_kind("Service", "zccp-front")["spec"]
-    assert svc["selector"].items() <= by_kind("Deployment", "zccp-front")["spec"]["template"]["metadata"]["labels"].items()
+    labels = by_kind("Deployment", "zccp-front")["spec"]["template"]["metadata"]["labels"]
+    assert by_kind("Service", "zccp-front")["spec"]["selector"].items() <= labels.items()
