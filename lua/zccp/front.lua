@@ -104,6 +104,12 @@ local function up(addrs)
     end
 end
 
+-- The host index for a request's first try: the best for `key` not marked down (the
+-- best of all when every one is).
+function _M.first_pick(ring, addrs, key)
+    return ring:pick(key, up(addrs)) or ring:pick(key)
+end
+
 -- balancer_by_lua: the best host for the key that is not marked down; after a failure,
 -- the next in rank not yet tried (a host marked down only when all others were tried).
 function _M.balance()
@@ -112,7 +118,7 @@ function _M.balance()
     local tried = ctx.front_tried
     local pick
     if not tried then
-        pick = ring:pick(key, up(addrs)) or ring:pick(key)
+        pick = _M.first_pick(ring, addrs, key)
         tried = {}
         ctx.front_tried = tried
         local more = min(ring.n, opts.tries) - 1
