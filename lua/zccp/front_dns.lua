@@ -24,7 +24,6 @@ local _M = { _VERSION = "0.1.0" }
 
 local TYPE_A, CLASS_IN, TYPE_OPT = 1, 1, 41
 local UDP_SIZE = 4096            -- what the OPT record advertises, and what we receive
-local MAX_POINTERS = 32          -- compression pointers followed in one name (loops)
 
 local function u16(n)
     return str_char(rshift(n, 8), band(n, 0xff))
@@ -51,19 +50,16 @@ function _M.build_query(name, id)
     return concat(parts)
 end
 
--- The offset just past the (possibly compressed) name at `pos` (1-based), or nil.
+-- The offset just past the (possibly compressed) name at `pos` (1-based), or nil. Names
+-- are skipped, never read: a pointer ends the name where it stands, so no pointer is
+-- followed (and none can loop).
 local function skip_name(p, pos, len)
-    local jumps = 0
     while pos <= len do
         local b = str_byte(p, pos)
         if b == 0 then
             return pos + 1
         elseif b >= 0xc0 then    -- a pointer ends the name here
             if pos + 1 > len then
-                return nil
-            end
-            jumps = jumps + 1
-            if jumps > MAX_POINTERS then
                 return nil
             end
             return pos + 2

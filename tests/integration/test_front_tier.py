@@ -15,6 +15,7 @@ import re
 import shutil
 import signal
 import socket
+import struct
 import threading
 import time
 import uuid
@@ -281,6 +282,45 @@ def test_a_failed_resolution_keeps_the_last_good_list(both, dns):
         assert set(placement(both).values()) == set(ADDRS)
     assert "keeping the last good host list" in both.log()
     dns.set_addresses(list(ADDRS.values()))
+
+
+def _answer(query: bytes, flags: int = 0x8180, records: bytes = b"", count: int = 1, qid_delta: int = 0) -> bytes:
+    """An answer to `query`: its question, then `records` counted as `count` answers."""
+    qid = struct.unpack(">H", query[:2])[0]
+    end = query.index(b"\0", 12) + 5
+    return struct.pack(">HHHHHH", (qid + qid_delta) & 0xFFFF, flags, 1, count, 0, 0) + query[12:end] + records
+
+
+def _a(ip: str, rdlen: int = 4) -> bytes:
+    return struct.pack(">HHHIH", 0xC00C, 1, 1, 5, rdlen) + socket.inet_aton(ip)
+
+
+HOSTILE = {
+    "another query's id": lambda q: _answer(q, records=_a("10.9.9.9"), qid_delta=1),
+    "truncated (TC)": lambda q: _answer(q, flags=0x8380, records=_a("10.9.9.9")),
+    "rdlength past the end": lambda q: _answer(q, records=_a("10.9.9.9", rdlen=400)),
+    "more answers than sent": lambda q: _answer(q, records=_a("10.9.9.9"), count=9),
+    "a reserved label type": lambda q: _answer(q, records=b"\x40abc" + _a("10.9.9.9")[2:]),
+    "no records (NODATA)": lambda q: _answer(q, count=0),
+    "a few bytes": lambda q: q[:2] + b"\x81",
+    "a query, not an answer": lambda q: q,
+}
+
+
+def test_hostile_or_empty_dns_answers_keep_the_last_good_list(both, dns):
+    """The answer is untrusted input: none of these changes the list or breaks the resolver."""
+    try:
+        for what, reply in HOSTILE.items():
+            seen = dns.set_reply(reply)
+            wait_for(f"two queries answered with {what}", lambda seen=seen: dns.queries >= seen + 2)
+            assert sorted(both.hosts()) == sorted(ADDRS.values()), what
+    finally:
+        dns.set_addresses(list(ADDRS.values()))
+    assert "runtime error" not in both.log()
+    # and a good answer after them all is taken again
+    dns.set_addresses([ADDRS["b"]])
+    wait_for("the list after the hostile answers", lambda: both.hosts() == [ADDRS["b"]])
+    assert set(placement(both).values()) == {"b"}
 
 
 def test_a_killed_host_moves_its_conversations_with_no_errors(both, hosts):

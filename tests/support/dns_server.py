@@ -1,13 +1,15 @@
 """A tiny DNS server for tests (UDP on loopback): answers A queries for one name with the
 addresses the test sets, NXDOMAIN for any other name, and counts the queries. The test can
 change its answer at any time (set_addresses), make it answer NXDOMAIN for its name too
-(addresses = []), or make it silent (a resolver that times out)."""
+(addresses = []), make it silent (a resolver that times out), or answer with whatever bytes
+a function of the query returns (set_reply: hostile answers)."""
 
 from __future__ import annotations
 
 import socket
 import struct
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 
@@ -30,6 +32,7 @@ class DnsServer:
     name: str
     addresses: list[str] = field(default_factory=list)
     silent: bool = False
+    reply: Callable[[bytes], bytes] | None = None     # set_reply: raw answers
     queries: int = 0
     port: int = 0
     _sock: socket.socket | None = None
@@ -61,12 +64,19 @@ class DnsServer:
         """Answer with these from now on; returns the query count at the change."""
         with self._lock:
             self.addresses = list(addresses)
-            self.silent = False
+            self.silent, self.reply = False, None
             return self.queries
 
     def set_silent(self) -> int:
         with self._lock:
             self.silent = True
+            return self.queries
+
+    def set_reply(self, reply: Callable[[bytes], bytes] | None) -> int:
+        """Answer every query with reply(query) (None: back to normal answers)."""
+        with self._lock:
+            self.reply = reply
+            self.silent = False
             return self.queries
 
     def answer(self, query: bytes) -> bytes | None:
@@ -82,6 +92,8 @@ class DnsServer:
             self.queries += 1
             if self.silent:
                 return None
+            if self.reply is not None:
+                return self.reply(query)
             addrs = list(self.addresses) if qname.lower() == self.name.lower() else None
         if not addrs:
             # NXDOMAIN (also for our name while the test lists no address)
