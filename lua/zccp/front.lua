@@ -2,8 +2,8 @@
 -- complete ZCCP hosts sends each conversation to the host most likely to hold its prefix
 -- in KV cache. route() (access phase) reads the body and computes the route key with
 -- ZCCP's own fingerprint; balance() (balancer_by_lua) ranks the hosts for that key by
--- rendezvous hashing (zccp.rendezvous) and tries them best first: a host that refuses a
--- connect is skipped for `down_s` by every worker, and the request goes to the next one.
+-- rendezvous hashing (zccp.rendezvous) and tries them best first: a host whose connection
+-- fails is skipped for `down_s` by every worker, and the request goes to the next one.
 --
 -- The route key, in order:
 --   1. the fingerprint's route key (r.route_key: stable across a conversation's turns),

@@ -39,7 +39,8 @@ class FrontConfig:
     read_timeout_ms: int = bounded(600_000, 100, 3_600_000)
     # Hosts one request may try (connect errors; 502/503/504 before the answer starts).
     tries: int = bounded(3, 1, 16)
-    # A host that failed a connect is skipped this long by every worker (unless all are).
+    # A host whose connection failed (refused, reset, timed out) is skipped this long by
+    # every worker (unless all are).
     down_s: float = bounded(10.0, 0, 3600)
     keepalive: int = bounded(64, 1, 4096)          # idle connections to the hosts, per worker
     user: str | None = None                        # workers' user when started as root
