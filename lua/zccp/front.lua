@@ -39,9 +39,13 @@ local APIS = {
 local opts          -- init()'s: port, tries, down_s, dict
 local dict
 
+-- init_by_lua: the masks load here, in the master, so that every worker inherits them
+-- compiled (the fingerprint masks before it hashes; zccp/mask_patterns.lua on the
+-- package path, the hosts' file in deploy/k8s/front.yaml).
 function _M.init(o)
     opts = o
     dict = ngx.shared[o.dict]
+    require("zccp.mask_store").init({ write_last_good = false })
     hosts.init(o)
 end
 

@@ -264,6 +264,20 @@ def test_streaming_through_the_front(both, api):
     assert api == "anthropic" or events[-1] == "[DONE]"
 
 
+def test_a_body_over_the_limit_is_the_apis_own_413(both):
+    """front.max_body_kb (256 here, the hosts' limit): refused at the front, in the API's shape."""
+    with both.client() as c:
+        for api in ("anthropic", "openai"):
+            r = c.post(PATHS[api], json=body(api, first_turn(1) + [{"role": "user", "content": "y" * 270_000}]))
+            assert r.status_code == 413 and r.headers["content-type"] == "application/json"
+            j = r.json()
+            assert (j["error"]["type"] == "request_too_large" if api == "anthropic"
+                    else j["error"]["code"] == "request_too_large"), j
+        # just under it: a host answers
+        r = c.post(PATHS["openai"], json=body("openai", first_turn(2), user="u" * 200_000))
+        assert r.status_code == 200 and HOST_OF[text_of("openai", r.json())]
+
+
 def test_a_host_added_to_dns_gets_traffic_after_re_resolve(front, dns):
     dns.set_addresses([ADDRS["a"]])
     wait_for("only host a in the list", lambda: front.hosts() == [ADDRS["a"]])

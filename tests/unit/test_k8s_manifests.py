@@ -109,5 +109,10 @@ def test_front_routes_to_the_headless_service_of_the_zccp_pods() -> None:
     (cm_volume,) = [n for n, v in volumes.items() if v.get("configMap", {}).get("name") == "zccp-front-config"]
     assert env["ZCCP_FRONT_CONFIG"] == f"{mounts[cm_volume]}/front.yaml"
     assert c["readinessProbe"]["httpGet"]["path"] == "/health"
+    # the hosts' mask patterns, where the image's lua/zccp/mask_patterns.lua points (the same keys)
+    (host_nginx,) = [c for c in pod["spec"]["containers"] if c["name"] == "nginx"]
+    host_mounts = {m["name"]: m["mountPath"] for m in host_nginx["volumeMounts"]}
+    (masks,) = [n for n, v in volumes.items() if v.get("configMap", {}).get("name") == "zccp-masks"]
+    assert mounts[masks] == host_mounts["masks"] == "/etc/zccp/masks"
     labels = by_kind("Deployment", "zccp-front")["spec"]["template"]["metadata"]["labels"]
     assert by_kind("Service", "zccp-front")["spec"]["selector"].items() <= labels.items()
