@@ -19,12 +19,14 @@ local concat = table.concat
 local tsort = table.sort
 local str_gmatch = string.gmatch
 local tostring = tostring
+local pcall = pcall
 
 local _M = { _VERSION = "0.1.0" }
 
 local opts          -- init()'s
 local dict          -- the shared dict: "hosts" (comma-separated addresses), "gen"
 local my_gen, my_ring, my_addrs   -- this worker's copy of the list
+local resolving = false           -- worker 0: a resolution in flight (a slow one outlasts the interval)
 
 function _M.init(o)
     opts = o
@@ -36,10 +38,15 @@ end
 
 -- One resolution: publish the new list when it differs; keep the last good one otherwise.
 local function refresh(premature)
-    if premature then
+    if premature or resolving then
         return
     end
-    local ips, err = dns.query_a(opts.name, opts.resolver, opts.resolver_port, opts.timeout_ms)
+    resolving = true
+    local ok, ips, err = pcall(dns.query_a, opts.name, opts.resolver, opts.resolver_port, opts.timeout_ms)
+    resolving = false
+    if not ok then
+        ips, err = nil, ips
+    end
     if not ips or #ips == 0 then
         log(WARN, "zccp front: resolving ", opts.name, " failed (", err or "no A records",
             "): keeping the last good host list")
