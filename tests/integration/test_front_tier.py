@@ -337,6 +337,22 @@ def test_hostile_or_empty_dns_answers_keep_the_last_good_list(both, dns):
     assert set(placement(both).values()) == {"b"}
 
 
+def test_a_host_whose_engine_is_down_is_passed_over_until_it_is_back(both, hosts):
+    """Host a's nginx is up but its engine is not: a answers 503 (its /health fails, so
+    Kubernetes would soon drop it from DNS), and the front sends those requests on to b.
+    Once a's engine is back, a's conversations go to a again at once (a 503 marks no host down)."""
+    before = placement(both)
+    a = hosts["a"]
+    a.stop_engine(crash=True)
+    try:
+        wait_for("host a's 503", lambda: httpx.get(a.url("/health"), timeout=5).status_code == 503)
+        assert set(placement(both).values()) == {"b"}
+    finally:
+        a.start_engine()
+        a.wait_healthy(timeout=60)
+    assert placement(both) == before
+
+
 def test_a_killed_host_moves_its_conversations_with_no_errors(both, hosts):
     """Last in this module: host b stays dead. Under load, b is killed (SIGKILL: its nginx
     and engine, as a node that dies); DNS still lists it (Kubernetes drops it only after its
