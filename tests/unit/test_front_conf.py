@@ -67,3 +67,20 @@ def test_rendered_conf_streams_keeps_alive_retries_and_passes_nginx_t(tmp_path: 
 def test_unsafe_values_are_refused(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="front.listen"):
         render_front(front(resolver="127.0.0.1", listen='0.0.0.0:80; include "/etc/x"'), tmp_path / "f")
+
+
+def test_the_cli_renders_the_front_and_still_needs_config_otherwise(tmp_path: Path, capsys) -> None:
+    from zccp.ops.cli import nginx_main
+
+    f = tmp_path / "front.yaml"
+    f.write_text("front:\n  hosts: zccp-hosts.ns.svc.cluster.local\n  resolver: 10.96.0.10\n")
+    nginx_main(["render", "--front", str(f), "--out", str(tmp_path / "out")])
+    assert capsys.readouterr().out.strip() == str((tmp_path / "out" / "nginx.conf").resolve())
+    assert 'name = "zccp-hosts.ns.svc.cluster.local"' in (tmp_path / "out" / "nginx.conf").read_text()
+    f.write_text("front:\n  hosts: zccp-hosts.ns.svc.cluster.local\n  resolver: nameserver\n")
+    with pytest.raises(SystemExit) as e:
+        nginx_main(["render", "--front", str(f), "--out", str(tmp_path / "out2")])
+    assert e.value.code == 2 and "front.resolver" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as e:
+        nginx_main(["render", "--out", str(tmp_path / "out3")])
+    assert e.value.code == 2 and "--config is required" in capsys.readouterr().err
