@@ -94,8 +94,12 @@ http {{
                     return ts[math.floor(nb / 2) + 1]
                 end
                 local key, how = front.key_of("/v1/messages", body)
+                local mask_apply = require "zccp.mask_apply"
+                local dec = cjson.new()
                 ngx.print(cjson.encode({{
                     how = how,
+                    decode_us = run(function() dec.decode(body) end),
+                    decode_mask_us = run(function() mask_apply.apply_doc(dec.decode(body)) end),
                     key_us = run(function() front.key_of("/v1/messages", body) end),
                     pick_us = run(function() front.first_pick(ring, addrs, key) end),
                     both_us = run(function() front.first_pick(ring, addrs, front.key_of("/v1/messages", body)) end),
@@ -350,11 +354,11 @@ def main() -> None:
     result = {"decide": decide, "spread": spread, "front": whole, "cores": os.cpu_count(),
               "load_before": os.getloadavg()}
     Path(args.out, "front_tier.json").write_text(json.dumps(result, indent=1) + "\n")
-    print("| body | hosts | route key from | key_of µs | first_pick µs | both µs |")
-    print("|---|---|---|---|---|---|")
+    print("| body | hosts | route key from | JSON decode µs | decode + masks µs | key_of µs | first_pick µs | both µs |")
+    print("|---|---|---|---|---|---|---|---|")
     for d in decide:
-        print(f"| {d['body_bytes']:,} B | {d['hosts']} | {d['how']} | {d['key_us']:.2f} | {d['pick_us']:.3f} | "
-              f"{d['both_us']:.2f} |")
+        print(f"| {d['body_bytes']:,} B | {d['hosts']} | {d['how']} | {d['decode_us']:.2f} | {d['decode_mask_us']:.2f} | "
+              f"{d['key_us']:.2f} | {d['pick_us']:.3f} | {d['both_us']:.2f} |")
     print()
     print("| hosts | conversations per host | max / ideal | min / ideal |")
     print("|---|---|---|---|")
