@@ -148,10 +148,9 @@ function _M.balance()
                 spare = spare or i
             end
         end
-        pick = pick or spare
-        if not pick then
-            return   -- every host tried: nginx answers the last failure
-        end
+        -- every host tried cannot happen (tries <= hosts, set_more_tries above); were it
+        -- to, the best again, never the upstream block's placeholder
+        pick = pick or spare or order[1]
     end
     tried[pick] = true
     ctx.front_last = pick
