@@ -264,6 +264,43 @@ def test_streaming_through_the_front(both, api):
     assert api == "anthropic" or events[-1] == "[DONE]"
 
 
+SLOW_REPLY = " ".join(f"word{i}" for i in range(20))   # the null model: one token a character
+
+
+def test_a_stream_reaches_the_client_while_its_host_is_still_generating(front, dns, hosts, tmp_path):
+    """Unbuffered: the client reads the first text event while the host still holds the
+    request's slot (its model takes 25 ms a token, about 120 tokens: 3 s). A buffering front would hand
+    over nothing before the host had finished and freed the slot."""
+    port = int(hosts["a"].cfg.server.listen.rsplit(":", 1)[1])
+    slow = Stack(tmp_path / "slow", {"server": {"listen": f"127.0.0.4:{port}"},
+                                     "model": dict(NULL, null_reply=SLOW_REPLY, null_token_delay_ms=25)}).start()
+    try:
+        dns.set_addresses(["127.0.0.4"])
+        wait_for("only the slow host in the list", lambda: front.hosts() == ["127.0.0.4"])
+        claimed_at_first_event = None
+        text = ""
+        import json
+
+        with front.client() as c, c.stream("POST", PATHS["anthropic"],
+                                           json=body("anthropic", first_turn(1), stream=True, max_tokens=400)) as r:
+            assert r.status_code == 200
+            for line in r.iter_lines():
+                if not line.startswith("data: "):
+                    continue
+                j = json.loads(line[6:])
+                if j["type"] == "content_block_delta":
+                    if claimed_at_first_event is None:
+                        claimed_at_first_event = slow.health()["slots_claimed"]
+                    text += j["delta"]["text"]
+        assert claimed_at_first_event == 1
+        assert text == SLOW_REPLY
+        slow.assert_no_leaks()
+    finally:
+        dns.set_addresses(list(ADDRS.values()))
+        wait_for("both hosts back in the list", lambda: sorted(front.hosts()) == sorted(ADDRS.values()))
+        slow.stop()
+
+
 def test_a_body_over_the_limit_is_the_apis_own_413(both):
     """front.max_body_kb (256 here, the hosts' limit): refused at the front, in the API's shape."""
     with both.client() as c:
