@@ -16,6 +16,7 @@ import shutil
 import signal
 import socket
 import struct
+import subprocess
 import threading
 import time
 import uuid
@@ -313,6 +314,27 @@ def test_a_body_over_the_limit_is_the_apis_own_413(both):
         # just under it: a host answers
         r = c.post(PATHS["openai"], json=body("openai", first_turn(2), user="u" * 200_000))
         assert r.status_code == 200 and HOST_OF[text_of("openai", r.json())]
+
+
+def _connections_to(addr: str, port: int) -> list[str]:
+    """Every TCP socket on this machine whose peer is addr:port, by state (ss)."""
+    out = subprocess.run(["ss", "-tanH", "dst", f"{addr}:{port}"], capture_output=True, text=True, check=True)
+    return [line.split()[0] for line in out.stdout.splitlines() if line.strip()]
+
+
+def test_the_front_keeps_its_connections_to_the_hosts_alive(both, hosts):
+    """HTTP/1.1 keep-alive (upstream keepalive after balancer_by_lua): 40 requests to the
+    hosts open at most a connection per front worker and host, and close none."""
+    port = int(hosts["a"].cfg.server.listen.rsplit(":", 1)[1])
+    placement(both)                              # every worker has been to both hosts
+    before = {a: _connections_to(a, port) for a in ADDRS.values()}
+    for i in range(40):
+        served_by(both, API_OF[i % 2], first_turn(i % CONVERSATIONS))
+    for a in ADDRS.values():
+        now = _connections_to(a, port)
+        assert now.count("ESTAB") <= 2, (a, before[a], now)
+        # (the harness's health checks of the hosts left some of their own before)
+        assert now.count("TIME-WAIT") == before[a].count("TIME-WAIT"), (a, before[a], now)
 
 
 def test_a_host_added_to_dns_gets_traffic_after_re_resolve(front, dns):
