@@ -173,10 +173,11 @@ def cmd_keys(cert: str, key: str) -> None:
     msg = [{"role": "user", "content": "Compose smoke with keys."}]
 
     def clients(api_key: str) -> tuple[anthropic.Anthropic, openai.OpenAI]:
+        # each SDK's own client class (anthropic's is on another httpx than openai's)
         return (anthropic.Anthropic(base_url=URL, api_key=api_key, max_retries=0, timeout=60,
-                                    http_client=httpx.Client(verify=cert)),
+                                    http_client=anthropic.DefaultHttpxClient(verify=cert)),
                 openai.OpenAI(base_url=URL + "/v1", api_key=api_key, max_retries=0, timeout=60,
-                              http_client=httpx.Client(verify=cert)))
+                              http_client=openai.DefaultHttpxClient(verify=cert)))
 
     claude, gpt = clients("zk_not_a_key_of_this_stack")
     try:
