@@ -14,7 +14,7 @@ from typing import Any
 import yaml
 
 from zccp.config import ConfigError, _build_section, bounded
-from zccp.ops.nginx_conf import _fill, _safe
+from zccp.ops.nginx_conf import _fill, _safe, nameservers
 from zccp.paths import lua_dir, make_dirs, nginx_template
 from zccp.runtime import DEFAULT_WORKER_USERS
 
@@ -71,14 +71,9 @@ def resolver_address(cfg: FrontConfig, path: str = "<front>", resolv_conf: Path 
     """(IPv4 address, port) of the DNS server the front asks."""
     spec = cfg.resolver
     if spec is None:
-        try:
-            lines = resolv_conf.read_text().splitlines()
-        except OSError as exc:
-            raise ConfigError(f"{path}: front.resolver unset and {resolv_conf} unreadable: {exc.strerror}") from exc
-        for line in lines:
-            parts = line.split()
-            if len(parts) >= 2 and parts[0] == "nameserver" and _is_ipv4(parts[1]):
-                return parts[1], 53
+        for addr in nameservers(resolv_conf):
+            if _is_ipv4(addr):
+                return addr, 53
         raise ConfigError(f"{path}: front.resolver unset and {resolv_conf} names no IPv4 nameserver")
     host, _, port = spec.partition(":")
     if not _is_ipv4(host) or (port and not (port.isdigit() and 1 <= int(port) <= 65535)):
