@@ -192,11 +192,13 @@ def cmd_keys(cert: str, key: str) -> None:
         pass
     claude, gpt = clients(key)
     raw = claude.messages.with_raw_response.create(model=MODEL, max_tokens=4, messages=msg)
-    if raw.parse().type != "message" or raw.headers.get("anthropic-ratelimit-requests-limit") != "4":
-        fail(f"keys: anthropic answer {raw.status_code}, limit header {raw.headers.get('anthropic-ratelimit-requests-limit')!r}")
+    limit = raw.headers.get("anthropic-ratelimit-requests-limit")
+    if raw.parse().type != "message" or limit != "4":
+        fail(f"keys: anthropic answer {raw.status_code}, limit header {limit!r}")
     raw = gpt.chat.completions.with_raw_response.create(model=MODEL, max_tokens=4, messages=msg)
-    if raw.parse().object != "chat.completion" or raw.headers.get("x-ratelimit-limit-requests") != "4":
-        fail(f"keys: openai answer {raw.status_code}, limit header {raw.headers.get('x-ratelimit-limit-requests')!r}")
+    limit = raw.headers.get("x-ratelimit-limit-requests")
+    if raw.parse().object != "chat.completion" or limit != "4":
+        fail(f"keys: openai answer {raw.status_code}, limit header {limit!r}")
     for _ in range(8):   # rpm 4: two were spent above
         try:
             claude.messages.create(model=MODEL, max_tokens=4, messages=msg)
