@@ -56,8 +56,8 @@ class Sink(Protocol):
     """The output side of one sequence (zccp.token_sink): it renders and writes the answer."""
 
     def start(self, cached_tokens: int, plan_chunks: int, written: CacheWrite = NO_WRITE) -> None:
-        """Admitted: the prompt's reused tokens, what its breakpoints will write into the
-        prefix cache, and its prefill plan are known."""
+        """Admitted: the prompt's reused tokens, its prefill plan and (only for a sequence
+        with pins) what its breakpoints will write into the prefix cache are known."""
 
     def kept(self, tokens: int) -> None:
         """The prefill is done; the prefix cache now holds this many of its prompt tokens."""
@@ -314,9 +314,10 @@ class BatchScheduler:
         seq.done_tokens = seq.reused
         seq.sampler = backend.sampler(seq.params)
         self.metrics.prefix_reused.inc(seq.reused)
-        written = cache_write(seq.pins, seq.reused, self.prefix.block) if self.prefix is not None else NO_WRITE
+        # what breakpoints write: only a sequence with pins is told (a sink without them takes two arguments)
+        written = (cache_write(seq.pins, seq.reused, self.prefix.block),) if seq.pins and self.prefix else ()
         self._sink_call(seq, seq.sink.start, seq.reused, Planner.chunks(seq.reused, n, self.planner.chunk()),
-                        written)
+                        *written)
 
     # -- 5. prefill ------------------------------------------------------------------------
 
