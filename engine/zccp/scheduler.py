@@ -315,7 +315,9 @@ class BatchScheduler:
         seq.sampler = backend.sampler(seq.params)
         self.metrics.prefix_reused.inc(seq.reused)
         # what breakpoints write: only a sequence with pins is told (a sink without them takes two arguments)
-        written = (cache_write(seq.pins, seq.reused, self.prefix.block),) if seq.pins and self.prefix else ()
+        written: tuple[CacheWrite, ...] = ()
+        if seq.pins and self.prefix is not None:
+            written = (cache_write(seq.pins, seq.reused, self.prefix.block),)
         self._sink_call(seq, seq.sink.start, seq.reused, Planner.chunks(seq.reused, n, self.planner.chunk()),
                         *written)
 
