@@ -374,8 +374,12 @@ class BatchScheduler:
         b, state = self.prefix.block, seq.state
         self.prefix.insert(seq.keys, seq.reused // b, lambda i: self.backend.take_block(state, i * b, (i + 1) * b),
                            shared=seq.salt is None)
-        for pin in seq.pins:
-            self.prefix.pin(seq.keys[: pin.tokens // b], pin.ttl_s)
+        if seq.pins:
+            refused = self.prefix.pins_refused
+            for pin in seq.pins:
+                self.prefix.pin(seq.keys[: pin.tokens // b], pin.ttl_s)
+            self.metrics.pins_refused.inc(self.prefix.pins_refused - refused)
+            self.metrics.prefix_pinned.set(self.prefix.pinned_bytes)
         return self.prefix.held(seq.keys) * b
 
     # -- 6. decode ---------------------------------------------------------------------------

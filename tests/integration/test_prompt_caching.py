@@ -194,6 +194,10 @@ def test_a_pinned_prefix_outlives_lru_traffic(make_stack):
         ask(long_text(f"Traffic {i}. ", 60), "go", False)
     assert ask(pinned, "again", True).cache_read_input_tokens == aligned(bp + 1)
     assert ask(plain, "again", False).cache_read_input_tokens == 0
+    metrics = s.admin_client().get("/metrics").text
+    pinned_bytes = aligned(bp) * 2048                   # tiny: 2 layers x (K + V) x 128 floats a token
+    assert f"zccp_engine_prefix_pinned_bytes {pinned_bytes}" in metrics
+    assert "zccp_engine_prefix_pins_refused_total 0" in metrics
 
 
 # -- the hf backend: its chat template decides where a breakpoint falls ------------------------
