@@ -50,7 +50,7 @@ def pin_points(fmt: PromptFormat, doc: dict[str, Any], req: GenerationRequest, l
         try:
             creq = anthropic.parse_warmup(cut, limits)
             n = fmt.encode_into(Prompt(creq, _chat(cut)), scratch, generation_prompt=False)
-        except (ApiError, PromptTooLong):
+        except (ApiError, PromptTooLong, ValueError):      # a cut its own request would be refused for
             continue
         tokens = shared_prefix(scratch[:n].numpy(), ids)
         if tokens:
