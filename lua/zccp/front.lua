@@ -130,9 +130,12 @@ function _M.balance()
             balancer.set_more_tries(more)
         end
     else
-        local state = balancer.get_last_failure()
+        -- a host that answered 503 is up (its engine is restarting, or it is full): tried
+        -- elsewhere, never marked down; 502 and 504 are nginx's own for a connect error,
+        -- a reset or a timeout (and a host's 502/504, which mean the same)
+        local state, code = balancer.get_last_failure()
         local last = ctx.front_last
-        if state == "failed" and opts.down_s > 0 then   -- connect error / reset / timeout
+        if state == "failed" and code ~= 503 and opts.down_s > 0 then
             dict:set("down:" .. addrs[last], true, opts.down_s)
             log(WARN, "zccp front: host ", addrs[last], " failed; skipped for ", opts.down_s, " s")
         end
