@@ -128,7 +128,7 @@ class Stack:
             self.engine = engine_service(self.config_path, self.cfg, self.run_dir)
             return
         started = engine_services(self.config_path, self.cfg, self.run_dir)
-        self.engines = {e.name: svc for (svc, _), e in zip(started, self.cfg.engines)}
+        self.engines = {e.name: svc for (svc, _), e in zip(started, self.cfg.engines, strict=True)}
         self.engine = started[0][0]
 
     def start_named(self, name: str) -> None:
