@@ -450,8 +450,8 @@ def _parse_engines(raw: dict[str, Any], path: str) -> tuple[EngineEntry, ...]:
                                _overlay(raw.get("gpu"), item.get("gpu"), f"{path}: {where}.gpu")),
         ))
     shm_names = [e.shared_memory.name for e in out]
-    for e in out:
-        if shm_names.count(e.shared_memory.name) > 1:
+    for n, e in enumerate(out):
+        if shm_names.index(e.shared_memory.name) != n:
             raise ConfigError(f"{path}: engines.{e.name}.shared_memory.name: {e.shared_memory.name!r} is "
                               "another engine's too (each engine has an arena of its own)")
     return tuple(out)
@@ -498,7 +498,8 @@ def parse_config(raw: Any, path: str = "<string>") -> Config:
         try:
             _check_consistency(for_engine(cfg, e.name), frozenset(given))
         except ConfigError as exc:
-            raise ConfigError(f"engines.{e.name}: {exc}") from None
+            msg = str(exc).removeprefix(f"{path}: ")
+            raise ConfigError(f"{path}: engines.{e.name}: {msg}") from None
     return cfg
 
 
