@@ -541,6 +541,7 @@ local function attempts(r, state)
     local api = r.api
     local order, spilled, failed_over = router.order(r)
     local code, kind, msg = 503, "overloaded_error", "engine restarted; retry"
+    local passed_busy, passed_failed = false, false   -- what the engines ranked above the one that takes it did
     for k = 1, #order do
         local e = order[k]
         for _ = 1, MAX_ATTEMPTS do
@@ -548,6 +549,7 @@ local function attempts(r, state)
             if not a then
                 router.down(e)
                 code, kind, msg = 503, "overloaded_error", err
+                passed_failed = true
                 break
             end
             if r.body_len > a.payload_cap then
@@ -566,11 +568,16 @@ local function attempts(r, state)
             a:release()
             if res == "next" then
                 code, kind, msg = rcode, rkind, rmsg
+                if rcode == 429 then
+                    passed_busy = true
+                else
+                    passed_failed = true
+                end
                 break
             end
             if res ~= "retry" then
-                if r.multi then
-                    metrics.routed(e.name, k == 1 and spilled, k > 1 or failed_over)
+                if r.multi then   -- all slots claimed above it: spilled; down or failed above it: failed over
+                    metrics.routed(e.name, k == 1 and spilled or passed_busy, failed_over or passed_failed)
                 end
                 if res == "close" then
                     return ngx.exit(ngx.HTTP_CLOSE)   -- a client that stopped reading: nothing more is sent
