@@ -243,6 +243,78 @@ def routing_cpu(root: Path) -> list[dict]:
         srv.stop()
 
 
+def _ms(x: float | None) -> str:
+    return "-" if x is None else f"{x:,.0f}"
+
+
+def render_md(results: list[dict[str, Any]]) -> str:
+    """bench/routing.md from one or more runs' JSON (bench/routing*.json)."""
+    out = ["# Routing among engine replicas (issue 19)", "",
+           "Written by `PYTHONPATH=engine .venv/bin/python -m bench.routing` (method: its docstring, "
+           "summarised here); the JSON beside it holds every number.", "",
+           "* 2 engines (r1, r2) of one `engines:` list, hf backend over a checkpoint made at run time "
+           "(tests/support/hf_checkpoint.py: Llama, hidden 256, 4 layers, byte-level BPE of 600 tokens), "
+           "prefix KV cache 256 MiB each, `model.threads` 1, response cache off: every request runs the model.",
+           "* ShareGPT V3 conversations with at least `turns` human turns, messages cut to 1,500 characters; "
+           "turn k = the conversation up to its k-th human message with the real answers before it. "
+           "`clients` threads each take a conversation and send its turns in order (streaming, "
+           "max_tokens 8, temperature 0). A fresh stack per policy (cold prefix caches).",
+           "* TTFT: request sent -> first `content_block_delta`. Prefix-cache hit rate: "
+           "`zccp_engine_prefix_reused_tokens_total / zccp_engine_prompt_tokens_total`, both engines.",
+           "* Machine: the shared 2-core development VM (other jobs running beside it): absolute "
+           "times are noisy; the two policies ran one after the other.", ""]
+    for res in results:
+        a = res["args"]
+        if "policies" in res:
+            pol = {p["policy"]: p for p in res["policies"]}
+            aff, rr = pol["affinity"], pol["round_robin"]
+            out += [f"## Affinity vs round robin: {res['load']['conversations']} conversations x {a['turns']} turns, "
+                    f"{a['clients']} clients", "",
+                    "| policy | requests | non-2xx | TTFT p50 ms | TTFT p90 ms | follow-up turns TTFT p50 ms "
+                    "| prefix-cache hit rate | requests/s | conversations on one replica |",
+                    "|---|---|---|---|---|---|---|---|---|"]
+            for p in (aff, rr):
+                bad = sum(v for k, v in p["statuses"].items() if not 200 <= int(k) < 300)
+                out.append(f"| {p['policy']} | {p['requests']} | {bad} | {_ms(p['ttft_p50_ms'])} | "
+                           f"{_ms(p['ttft_p90_ms'])} | {_ms(p['followup_ttft_p50_ms'])} | "
+                           f"{100 * p['prefix_hit_rate']:.1f}% | {p['requests_per_s']:.2f} | "
+                           f"{p['conversations_on_one_replica']}/{p['conversations']} |")
+            ratio = rr["ttft_p50_ms"] / aff["ttft_p50_ms"]
+            fratio = rr["followup_ttft_p50_ms"] / aff["followup_ttft_p50_ms"]
+            tput = aff["requests_per_s"] / rr["requests_per_s"]
+            out += ["", f"* TTFT p50, all turns: round robin / affinity = **{ratio:.2f}x** "
+                        f"(target >= 2x: {'met' if ratio >= 2 else 'missed'}); follow-up turns only: "
+                        f"**{fratio:.2f}x**.",
+                    f"* Throughput: affinity / round robin = **{tput:.2f}x** "
+                    f"(target: not lower: {'met' if tput >= 1 else 'missed'}).", ""]
+        if "kill" in res:
+            k = res["kill"]
+            fo = sum(v for n, v in k["metrics"].items() if n.startswith("zccp_nginx_engine_failed_over_total"))
+            out += ["## One replica SIGKILLed under load", "",
+                    f"Affinity, {k['clients']} clients sending conversations without pause: r1 SIGKILLed after "
+                    f"{k['seconds'] / 3:.0f} s, started again {k['seconds'] / 3:.0f} s later (zccp-stack's "
+                    f"supervisor would after 0.5 s); it answered its doorbell again {k['r1_back_after_s']:.1f} s "
+                    f"after the kill (the model's load on this CPU), and the load went on {k['seconds'] / 3:.0f} s "
+                    "more.", "",
+                    "| requests | non-2xx | answered by r1 / r2 | failed over to r2 |", "|---|---|---|---|",
+                    f"| {sum(k['statuses'].values())} | **{k['non_2xx']}** | {k['engines'].get('r1', 0)} / "
+                    f"{k['engines'].get('r2', 0)} | {fo:.0f} |", "",
+                    f"Target: 0 non-2xx while the other replica is healthy: {'met' if k['non_2xx'] == 0 else 'missed'}.",
+                    ""]
+        if "routing_cpu" in res:
+            out += ["## The routing decision's CPU in nginx", "",
+                    "Rendezvous ranking of the model's replicas for a 32-byte route key "
+                    "(`zccp.rendezvous` rank, what `zccp.router` does per request besides one shared-dict "
+                    "read per replica), 200,000 decisions in one nginx worker, CPU time by `os.clock`, best "
+                    "of 3 (tests/support/nginx/route_test.conf `/_route/bench`). The route key itself is one "
+                    "SHA-256 over bytes the fingerprint writes anyway.", "",
+                    "| replicas | CPU µs per decision |", "|---|---|"]
+            out += [f"| {r['members']} | {r['cpu_us_per_decision']:.2f} |" for r in res["routing_cpu"]]
+            worst = max(r["cpu_us_per_decision"] for r in res["routing_cpu"])
+            out += ["", f"Target <= 5 µs: {'met' if worst <= 5 else 'missed'}.", ""]
+    return "\n".join(out).rstrip() + "\n"
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--conversations", type=int, default=12)
@@ -277,6 +349,8 @@ def main() -> None:
         result["kill"] = kill_run(ckpt, convs, args.clients, args.kill_s, root)
         print(json.dumps({k: v for k, v in result["kill"].items() if k != "metrics"}), flush=True)
     Path(args.out).write_text(json.dumps(result, indent=1) + "\n")
+    runs = [json.loads(p.read_text()) for p in sorted(HERE.glob("routing*.json"))]
+    (HERE / "routing.md").write_text(render_md(runs))
 
 
 if __name__ == "__main__":
