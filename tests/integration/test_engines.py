@@ -218,6 +218,18 @@ def test_a_busy_replica_spills_to_the_least_loaded(tmp_path_factory: pytest.Temp
         s.stop()
 
 
+def test_round_robin_alternates_replicas(tmp_path_factory: pytest.TempPathFactory) -> None:
+    """routing.policy round_robin (bench/routing.py's baseline): one conversation's turns on
+    one connection (one worker) go to both replicas in turn."""
+    s = Stack(tmp_path_factory.mktemp("rr"), replicas_config(policy="round_robin")).start()
+    try:
+        with s.client() as c:
+            got = [turn(c, 3, n).headers["x-zccp-engine"] for n in (1, 2, 3, 4)]
+        assert got[0] != got[1] and got[0] == got[2] and got[1] == got[3], got
+    finally:
+        s.stop()
+
+
 def test_replica_sigkill_under_load_no_non_2xx(tmp_path_factory: pytest.TempPathFactory) -> None:
     """`zccp-stack up` with two replicas; one SIGKILLed while 4 clients send without pause:
     every answer a 2xx (nginx moves its requests, in flight or new, to the other), and the
