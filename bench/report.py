@@ -327,6 +327,15 @@ def h2tls_section(out_dir: Path) -> str:
     return p.read_text().rstrip() + ("\n\n" + notes.read_text().rstrip() if notes.exists() else "")
 
 
+def routing_section(out_dir: Path) -> str:
+    """bench/routing.md (written by `python -m bench.routing`) without its title, or how to make it."""
+    p = out_dir / "routing.md"
+    if not p.exists():
+        return "(not run: `PYTHONPATH=engine .venv/bin/python -m bench.routing`)"
+    body = p.read_text().split("\n", 1)[1].strip()
+    return body.replace("\n## ", "\n### ")
+
+
 def write(res: dict, out_dir: Path) -> None:
     plot(res, out_dir / "results.png")
     m, code, st = res["machine"], res["code"], res["settings"]
@@ -469,6 +478,10 @@ TTFT = request sent → first `content_block_delta` event.
 ## HTTP/2 and TLS (h2load)
 
 {h2tls_section(out_dir)}
+
+## Routing among engine replicas (issue 19)
+
+{routing_section(out_dir)}
 
 ## Engine profile (py-spy)
 

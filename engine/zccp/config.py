@@ -202,6 +202,29 @@ class AuthConfig:
 
 
 @dataclass(frozen=True)
+class RoutingConfig:
+    """How nginx picks among the engines that serve a request's model (docs/engines.md)."""
+    # affinity: rendezvous hash of the request's route key (a conversation stays on one replica,
+    # whose prefix cache holds it); round_robin and least_loaded: for comparison (bench/routing.py)
+    policy: Literal["affinity", "round_robin", "least_loaded"] = "affinity"
+    # The load bound: a replica with at least this fraction of its slots claimed is past it; a
+    # request whose preferred replica is past it goes to the least-loaded replica instead (spilled).
+    spill_load: float = bounded(0.75, 0.01, 1.0)
+
+
+@dataclass(frozen=True)
+class EngineEntry:
+    """One engine process of `engines:` (several engines under one nginx, docs/engines.md):
+    its model, arena and device. The doorbell socket is derived (runtime.resolve):
+    doorbell-<name>.sock beside server.socket_path."""
+    name: str
+    model: ModelConfig
+    shared_memory: SharedMemoryConfig
+    gpu: GpuConfig
+    socket_path: str | None = None           # set by runtime.resolve
+
+
+@dataclass(frozen=True)
 class Config:
     server: ServerConfig = field(default_factory=ServerConfig)
     gpu: GpuConfig = field(default_factory=GpuConfig)
@@ -211,6 +234,10 @@ class Config:
     limits: LimitsConfig = field(default_factory=LimitsConfig)
     logging: LoggingConfig = field(default_factory=LoggingConfig)
     auth: AuthConfig = field(default_factory=AuthConfig)
+    routing: RoutingConfig = field(default_factory=RoutingConfig)
+    # engines: several engine processes under one nginx; () (no `engines:`): one engine, the
+    # top-level model / shared_memory / gpu (what every config before it meant).
+    engines: tuple[EngineEntry, ...] = ()
     path: str = "<defaults>"                 # where it was loaded from (not a YAML key)
 
 
@@ -379,7 +406,73 @@ def check_tls_files(cfg: Config) -> None:
             raise ConfigError(f"{where}: not a PEM file holding a {marker.lower()} (-----BEGIN ...{marker}-----)")
 
 
-_SECTIONS = {f.name: f.type for f in dataclasses.fields(Config) if f.name != "path"}
+_SECTIONS = {f.name: f.type for f in dataclasses.fields(Config) if f.name not in ("path", "engines")}
+_ENGINE_NAME = re.compile(r"[a-z0-9][a-z0-9_-]{0,31}")
+_ENGINE_KEYS = ("name", "model", "shared_memory", "gpu")   # each but name: overrides of the top-level section
+
+
+def _overlay(base: Any, over: Any, where: str) -> dict[str, Any]:
+    """An entry's section: the top-level one's keys, then the entry's own."""
+    if over is not None and not isinstance(over, dict):
+        raise ConfigError(f"{where}: expected a mapping, got {type(over).__name__}")
+    return {**(base if isinstance(base, dict) else {}), **(over or {})}
+
+
+def _parse_engines(raw: dict[str, Any], path: str) -> tuple[EngineEntry, ...]:
+    items = raw.get("engines")
+    if items is None:
+        return ()
+    if not isinstance(items, list) or not items:
+        raise ConfigError(f"{path}: engines: expected a non-empty list of engines")
+    out: list[EngineEntry] = []
+    for n, item in enumerate(items):
+        if not isinstance(item, dict):
+            raise ConfigError(f"{path}: engines[{n}]: expected a mapping (name, model, shared_memory, gpu)")
+        for key in item:
+            if key not in _ENGINE_KEYS:
+                raise ConfigError(f"{path}: engines[{n}].{key}: unknown key (known: {', '.join(_ENGINE_KEYS)})")
+        name = item.get("name")
+        if not isinstance(name, str) or not _ENGINE_NAME.fullmatch(name):
+            raise ConfigError(f"{path}: engines[{n}].name: {name!r} must be 1-32 of a-z, 0-9, _ and - "
+                              "(it names the engine's socket, log and metrics)")
+        if any(e.name == name for e in out):
+            raise ConfigError(f"{path}: engines[{n}].name: {name!r} is listed twice")
+        where = f"engines.{name}"
+        shm_raw = _overlay(raw.get("shared_memory"), item.get("shared_memory"), f"{path}: {where}.shared_memory")
+        if not isinstance(item.get("shared_memory"), dict) or "name" not in item["shared_memory"]:
+            shm_raw["name"] = f"{shm_raw.get('name', SharedMemoryConfig.name)}.{name}"
+        out.append(EngineEntry(
+            name=name,
+            model=_build_section(path, f"{where}.model", ModelConfig,
+                                 _overlay(raw.get("model"), item.get("model"), f"{path}: {where}.model")),
+            shared_memory=_build_section(path, f"{where}.shared_memory", SharedMemoryConfig, shm_raw),
+            gpu=_build_section(path, f"{where}.gpu", GpuConfig,
+                               _overlay(raw.get("gpu"), item.get("gpu"), f"{path}: {where}.gpu")),
+        ))
+    shm_names = [e.shared_memory.name for e in out]
+    for n, e in enumerate(out):
+        if shm_names.index(e.shared_memory.name) != n:
+            raise ConfigError(f"{path}: engines.{e.name}.shared_memory.name: {e.shared_memory.name!r} is "
+                              "another engine's too (each engine has an arena of its own)")
+    return tuple(out)
+
+
+def for_engine(cfg: Config, name: str) -> Config:
+    """The config one engine process of `engines:` runs with: its model, arena, device and
+    doorbell in the places every engine reads them (cfg.engines kept: /v1/models lists them all)."""
+    for e in cfg.engines:
+        if e.name == name:
+            return dataclasses.replace(cfg, model=e.model, shared_memory=e.shared_memory, gpu=e.gpu,
+                                       server=dataclasses.replace(cfg.server, socket_path=e.socket_path
+                                                                  or cfg.server.socket_path))
+    known = ", ".join(e.name for e in cfg.engines) or "none: config.yaml has no engines list"
+    raise ConfigError(f"{cfg.path}: engines: no engine named {name!r} (known: {known})")
+
+
+def model_names(cfg: Config) -> list[str]:
+    """Every model the stack serves, each once, in config order (GET /v1/models)."""
+    names = [e.model.name for e in cfg.engines] or [cfg.model.name]
+    return list(dict.fromkeys(names))
 
 
 def auth_redis_url(cfg: Config) -> str:
@@ -394,12 +487,19 @@ def parse_config(raw: Any, path: str = "<string>") -> Config:
         raise ConfigError(f"{path}: top level must be a mapping of sections")
     hints = typing.get_type_hints(Config)
     for key in raw:
-        if key not in _SECTIONS:
-            raise ConfigError(f"{path}: {key}: unknown section (known: {', '.join(_SECTIONS)})")
+        if key not in _SECTIONS and key != "engines":
+            raise ConfigError(f"{path}: {key}: unknown section (known: {', '.join(_SECTIONS)}, engines)")
     sections = {name: _build_section(path, name, hints[name], raw.get(name)) for name in _SECTIONS}
-    cfg = Config(**sections, path=path)
+    cfg = Config(**sections, engines=_parse_engines(raw, path), path=path)
     shm_raw = raw.get("shared_memory")
     _check_consistency(cfg, frozenset(shm_raw) if isinstance(shm_raw, dict) else frozenset())
+    for e in cfg.engines:   # each engine's arena and model, as its own process will check them
+        given = raw["engines"][cfg.engines.index(e)].get("shared_memory") or {}
+        try:
+            _check_consistency(for_engine(cfg, e.name), frozenset(given))
+        except ConfigError as exc:
+            msg = str(exc).removeprefix(f"{path}: ")
+            raise ConfigError(f"{path}: engines.{e.name}: {msg}") from None
     return cfg
 
 

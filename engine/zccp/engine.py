@@ -22,7 +22,7 @@ from zccp.cache.inflight import InFlight
 from zccp.cache.mask_store import MaskSource
 from zccp.cache.purge_epoch import EpochWatcher
 from zccp.cache.store import ResponseCache
-from zccp.config import Config, ConfigError, ModelConfig, mask_state_path
+from zccp.config import Config, ConfigError, ModelConfig, mask_state_path, model_names
 from zccp.device import select_device
 from zccp.doorbell import Connection, DoorbellServer, Ring, encode_notice
 from zccp.endpoints import EndpointFlow
@@ -106,7 +106,8 @@ class Engine:
             self.backend.to(self.device.torch_device)
         self.metrics = EngineMetrics()
         self.metrics.info.set(1, backend=cfg.model.backend, model=cfg.model.name, device=self.device.name)
-        self.models = [ModelInfo(cfg.model.name, int(time.time()))]
+        # every model of the stack (engines:), so that any engine answers GET /v1/models for nginx
+        self.models = [ModelInfo(name, int(time.time())) for name in model_names(cfg)]
         # Views made once: a request never allocates a tensor header for its slot.
         self._tokens = [self.arena.token_tensor(v) for v in self.arena.slots()]
         self._jobs: dict[int, Job] = {}
