@@ -58,6 +58,9 @@ local _M = { _VERSION = "0.2.0" }
 local DECODE_LIMIT = T.decode_limit
 _M.DECODE_LIMIT = DECODE_LIMIT
 _M.MAX_TOKENS = T.max_tokens
+-- A body this module does not fingerprint routes by its first bytes (zccp.router, zccp.front):
+-- an SDK writes a conversation's start the same way every turn.
+_M.ROUTE_RAW_BYTES = 4096
 
 local cjson = require("cjson").new()   -- a private instance: its settings are ours alone
 cjson.decode_invalid_numbers(false)

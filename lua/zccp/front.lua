@@ -6,8 +6,8 @@
 -- fails is skipped for `down_s` by every worker, and the request goes to the next one.
 --
 -- The route key, in order:
---   1. the fingerprint's route key (r.route_key: stable across a conversation's turns),
---      or, where the fingerprint has none, its prefix key (r.prefix_key);
+--   1. the fingerprint's route key (r.route_key: stable across a conversation's turns,
+--      the same key zccp.router uses between engine replicas);
 --   2. bodies the fingerprint refuses (over its 64 KiB decode limit, not JSON, numbers
 --      beyond 2^53): the body's first FALLBACK_BYTES bytes (an SDK writes a
 --      conversation's start the same way every turn);
@@ -27,7 +27,7 @@ local min = math.min
 
 local _M = { _VERSION = "0.1.0" }
 
-local FALLBACK_BYTES = 4096
+local FALLBACK_BYTES = fp.ROUTE_RAW_BYTES
 _M.FALLBACK_BYTES = FALLBACK_BYTES
 
 local APIS = {
@@ -54,11 +54,6 @@ function _M.init_worker()
     hosts.init_worker()
 end
 
--- THE accessor for the fingerprint's routing key (one place to change when it does).
-local function route_key_of(r)
-    return r.route_key or r.prefix_key
-end
-_M.route_key_of = route_key_of
 
 -- The route key of a request to `uri` with `body` (nil: none), and where it came from
 -- ("fingerprint", "body" or "none").
@@ -68,7 +63,7 @@ function _M.key_of(uri, body)
         if api then
             local r = fp.keys(api, body)
             if r then
-                return route_key_of(r), "fingerprint"
+                return r.route_key, "fingerprint"
             end
         end
         return str_sub(body, 1, FALLBACK_BYTES), "body"

@@ -30,7 +30,7 @@ local str_sub = string.sub
 local _M = { _VERSION = "0.1.0" }
 
 local DOWN_S = 1          -- how long a failed engine is skipped before it is tried again
-local RAW_KEY_BYTES = 4096
+local RAW_KEY_BYTES = require("zccp.fingerprint").ROUTE_RAW_BYTES
 local DEFAULT_ROUTING = { policy = "affinity", spill_load = 0.75 }
 local down_until = {}     -- engine name -> time (this worker's view)
 local rr = 0              -- round_robin's counter (per worker)
