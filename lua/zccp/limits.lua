@@ -15,6 +15,7 @@
 --
 --   local ok = limits.admit(who, api, body)   -- false: answered 429/503; headers set
 --   limits.observe(meta)                      -- after the relay: the engine's counts
+--   limits.observe_counts(input, output)      -- an L1 hit: the counts its entry kept
 --   limits.settle()                           -- log_by_lua: settle and meter (sent every 50 ms)
 local cjson = require "cjson.safe"
 local lrucache = require "resty.lrucache"
@@ -51,6 +52,7 @@ local DENY_CACHE_S = 1
 local DAYS = { 31, 28, 31, 30, 31, 30, 31, 31, 30, 31, 30, 31 }
 local BYTES_PER_TOKEN = 4     -- the input estimate at admission (settled with the exact count)
 local USAGE_TTL_S = 40 * 86400
+local NO_TOKENS = { 1, 0, 0, 0, 0, 0 }   -- count_tokens, models: a request, nothing else
 
 -- KEYS: counters (nc), then usage hashes (nh). ARGV: nc, nh, usage ttl, a delta per counter
 -- (applied only while the counter's window lives; never below 0), then per hash: the
@@ -147,7 +149,7 @@ local function windows(who, now)
     local day, month = os_date("!%Y%m%d", now), os_date("!%Y%m", now)
     local conc_ttl = math_ceil(settings.get().request_timeout_ms / 1000) * 2 + 60
     local ttl = { 120, 120, 120, conc_ttl, 2 * 86400, 32 * 86400 }
-    w = { minute = minute, day = day, keys = {}, lims = {}, ends = {}, ttls = {}, names = {} }
+    w = { minute = minute, day = day, keys = {}, lims = {}, ends = {}, ttls = {}, names = {}, scopes = {} }
     local lims = { who.limits or {}, who.tenant_limits or {} }
     local scopes = { "k:" .. who.id, "t" }
     for s = 1, 2 do
@@ -162,6 +164,7 @@ local function windows(who, now)
             w.ttls[i] = ttl[j]
         end
         w.names[s] = s == 1 and "key " .. who.id or "tenant " .. who.tenant
+        w.scopes[s] = who.tenant .. "/" .. scopes[s]
     end
     w.tenant_tag = who.tenant
     w.usage = { "zccp:use:{" .. who.tenant .. "}:k:" .. who.id .. ":" .. day,
@@ -170,16 +173,19 @@ local function windows(who, now)
     return w
 end
 
-local function rfc3339(t)
-    return os_date("!%Y-%m-%dT%H:%M:%SZ", math_floor(t))
-end
+-- The minute windows' reset, as each API writes it (Anthropic: RFC 3339; OpenAI: "12s"),
+-- made once a second.
+local reset_at, reset_str = -1, {}
 
-local function go_duration(s)   -- OpenAI's reset headers: "1s", "6m0s"
-    s = math_ceil(s)
-    if s < 60 then
-        return s .. "s"
+local function resets(now)
+    local sec = math_floor(now)
+    if sec ~= reset_at then
+        local left = 60 - sec % 60
+        reset_at = sec
+        reset_str.anthropic = os_date("!%Y-%m-%dT%H:%M:%SZ", sec + left)
+        reset_str.openai = left < 60 and left .. "s" or "1m0s"   -- a Go duration
     end
-    return math_floor(s / 60) .. "m" .. (s % 60) .. "s"
+    return reset_str
 end
 
 -- What the key's counter i has used in its window, as this worker sees it: the count in
@@ -198,10 +204,9 @@ local function set_headers(api, w, now)
     local lims = w.lims
     local rpm, itpm, otpm = lims[1], lims[2], lims[3]
     local tpm = itpm + otpm
-    local reset = 60 - now % 60
     local used_tokens = (itpm > 0 and used_of(w, 2) or 0) + (otpm > 0 and used_of(w, 3) or 0)
     if api == "anthropic" then
-        local at = rfc3339(now + reset)
+        local at = resets(now).anthropic
         if rpm > 0 then
             ngx_header["anthropic-ratelimit-requests-limit"] = rpm
             ngx_header["anthropic-ratelimit-requests-remaining"] = math_max(0, rpm - used_of(w, 1))
@@ -224,15 +229,16 @@ local function set_headers(api, w, now)
         end
         return
     end
+    local at = resets(now).openai
     if rpm > 0 then
         ngx_header["x-ratelimit-limit-requests"] = rpm
         ngx_header["x-ratelimit-remaining-requests"] = math_max(0, rpm - used_of(w, 1))
-        ngx_header["x-ratelimit-reset-requests"] = go_duration(reset)
+        ngx_header["x-ratelimit-reset-requests"] = at
     end
     if tpm > 0 then
         ngx_header["x-ratelimit-limit-tokens"] = tpm
         ngx_header["x-ratelimit-remaining-tokens"] = math_max(0, tpm - used_tokens)
-        ngx_header["x-ratelimit-reset-tokens"] = go_duration(reset)
+        ngx_header["x-ratelimit-reset-tokens"] = at
     end
 end
 
@@ -380,8 +386,8 @@ local function reserve(w, needs, ticket, now)
         local at = {}
         for i = 1, 2 * N do
             local lim = lims[i]
-            if lim > 0 then
-                local j = (i - 1) % N + 1
+            local j = (i - 1) % N + 1
+            if lim > 0 and needs[j] > 0 then
                 local ask
                 if j == CONC then
                     ask = round == 1
@@ -417,15 +423,17 @@ local function reserve(w, needs, ticket, now)
     return false, nil, 0
 end
 
--- Admit this request or answer it 429 (false). who: zccp.auth's caller.
-function _M.admit(who, api, body)
+-- Admit this request or answer it 429 (false). who: zccp.auth's caller. kind: nil for a
+-- generation; "count_tokens" or "models": one request against the requests per minute
+-- (no model tokens, no concurrency count), metered as a request.
+function _M.admit(who, api, body, kind)
     if who.off then
         return true
     end
     local now = ngx_now()
     local w = windows(who, now)
-    local est_in = body and math_ceil(#body / BYTES_PER_TOKEN) or 0
-    local ticket = { who = who, w = w, est_in = est_in, est_out = 0, admitted = false,
+    local est_in = not kind and body and math_ceil(#body / BYTES_PER_TOKEN) or 0
+    local ticket = { who = who, w = w, est_in = est_in, est_out = 0, admitted = false, kind = kind,
                      api = api, request_id = ngx.var.zccp_request_id }
     ngx.ctx.zccp_limits = ticket   -- metered when the answer ends (zccp.limits.settle), refused or not
     if not _M.limited(who) then
@@ -434,16 +442,19 @@ function _M.admit(who, api, body)
     if not deny then
         deny = lrucache.new(10000)
     end
-    local scopes = { who.tenant .. "/k:" .. who.id, who.tenant .. "/t" }
+    local scopes = w.scopes
     for s = 1, 2 do
         local d = deny:get(scopes[s])
         if d and d[1] > now then
             return refuse(api, w.names[s], d[2], d[3], d[1] - now)
         end
     end
-    local est_out = max_tokens_of(body and cjson.decode(body))
-    ticket.est_out = est_out
-    local needs = { 1, est_in, est_out, 1, est_in + est_out, est_in + est_out }
+    local needs = NO_TOKENS
+    if not kind then
+        local est_out = max_tokens_of(body and cjson.decode(body))
+        ticket.est_out = est_out
+        needs = { 1, est_in, est_out, 1, est_in + est_out, est_in + est_out }
+    end
     ticket.conc = {}
     start_flusher()
     local ok, i = reserve(w, needs, ticket, now)
@@ -469,7 +480,7 @@ function _M.admit(who, api, body)
     end
     for k = 1, 2 * N do
         local j = (k - 1) % N + 1
-        if w.lims[k] > 0 and j ~= CONC then
+        if w.lims[k] > 0 and j ~= CONC and needs[j] > 0 then
             lease.spend(w.keys[k], needs[j], now)
         end
     end
@@ -478,21 +489,17 @@ function _M.admit(who, api, body)
     return true
 end
 
--- After the relay: the engine's exact counts for this request (its slot's meta).
-function _M.observe(meta)
-    local t = ngx.ctx.zccp_limits
-    if not t then
-        return
-    end
-    t.input, t.output = tonumber(meta.prompt_len), tonumber(meta.completion_len)
-end
-
--- An L1 hit (answered inside nginx): the counts its entry kept, for the tokens it saved.
-function _M.observe_saved(input, output)
+-- The engine's exact counts for this request: after the relay, its slot's meta
+-- (prompt_len, completion_len); for an L1 hit, the counts its entry kept (what it saved).
+function _M.observe_counts(input, output)
     local t = ngx.ctx.zccp_limits
     if t then
         t.input, t.output = tonumber(input), tonumber(output)
     end
+end
+
+function _M.observe(meta)
+    return _M.observe_counts(meta.prompt_len, meta.completion_len)
 end
 
 local function add(h, f, n)
@@ -514,8 +521,9 @@ function _M.settle()
     end
     local status, cache = ngx.status, ngx.var.sent_http_x_zccp_cache or ""
     local hit = cache == "HIT" or cache == "NEAR"     -- the engine's or L1's: zero model tokens
-    local used_in = (not hit and t.input) or 0
-    local used_out = (not hit and t.output) or 0
+    local model = not hit and not t.kind             -- count_tokens, models: no model tokens
+    local used_in = (model and t.input) or 0
+    local used_out = (model and t.output) or 0
     local saved = hit and ((t.input or 0) + (t.output or 0)) or 0
     local who, w = t.who, t.w
     local tag = who.tenant

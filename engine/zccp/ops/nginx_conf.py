@@ -74,8 +74,9 @@ def _auth_settings(cfg: Config) -> str:
         if user:
             parts.append(f"username = {_lua_str(user, 'auth redis user')}")
     usage = _lua_str(a.usage_log, "auth.usage_log") if a.usage_log else '""'
+    keys_file = _lua_str(a.keys_file, "auth.keys_file") if a.keys_file else '""'
     return (f'{{ mode = "keys", cache_ttl_s = {a.cache_ttl_s}, negative_ttl_s = {a.negative_ttl_s}, '
-            f'usage_log = {usage}, redis = {{ {", ".join(parts)} }} }}')
+            f'usage_log = {usage}, keys_file = {keys_file}, redis = {{ {", ".join(parts)} }} }}')
 
 
 def _admin_token_digest(cfg: Config) -> str:
