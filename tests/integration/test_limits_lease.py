@@ -166,3 +166,22 @@ def test_a_revoked_key_holding_leases_stops_within_the_bound_and_its_leases_go_b
     # unspent leases are given back once idle (zccp.lease.IDLE_S) : the counter is what was served
     time.sleep(1.5)
     assert counter(r, "acme", k["id"], "rpm") == sent
+
+
+def test_count_tokens_and_models_count_as_requests(make_stack):
+    s = make_stack({"model": NULL, "auth": AUTH}, with_redis=True)
+    fresh_minute()
+    k = keys_cli(s, "create", "--tenant", "counted", "--rpm", "3", "--otpm", "1000")["key"]
+    h = {"x-api-key": k, "anthropic-version": "2023-06-01"}
+    c = s.client()
+    r = c.post("/v1/messages/count_tokens", json={"model": "zccp-tiny", "messages": [{"role": "user", "content": "hi"}]},
+               headers=h)
+    assert r.status_code == 200 and r.headers["anthropic-ratelimit-requests-remaining"] == "2", r.text
+    assert c.get("/v1/models", headers=h).status_code == 200
+    body = req("anthropic", [{"role": "user", "content": "hi"}])
+    assert status(s, "anthropic", body, x_api_key=k, cache_control="no-store").status_code == 200
+    assert status(s, "anthropic", body, x_api_key=k, cache_control="no-store").status_code == 429   # 3 a minute
+    time.sleep(0.3)
+    usage = keys_cli(s, "usage", "--tenant", "counted")["tenant"]
+    assert usage["requests"] == 4 and usage["status_200"] == 3 and usage["status_429"] == 1, usage
+    assert usage["input_tokens"] > 0 and usage["output_tokens"] > 0   # the generation's only

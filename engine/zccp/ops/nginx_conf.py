@@ -139,6 +139,7 @@ def model_location(cfg: Config) -> str:
     return (f"location = /v1/models/{name} {{\n"
             "    lua_socket_log_errors off;\n"
             '    content_by_lua_block { require("zccp.handler").serve_models() }\n'
+            '    log_by_lua_block { require("zccp.limits").settle() }\n'
             "}")
 
 
