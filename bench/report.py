@@ -327,6 +327,14 @@ def h2tls_section(out_dir: Path) -> str:
     return p.read_text().rstrip() + ("\n\n" + notes.read_text().rstrip() if notes.exists() else "")
 
 
+def keys_section(out_dir: Path) -> str:
+    """bench/keys.md and bench/keys_burst.md (written by `python -m bench.keys` and
+    `python -m bench.keys_burst`, issue 18), or how to make them."""
+    parts = ["###" + p.read_text().strip().removeprefix("#")   # their titles one level down
+             for p in (out_dir / "keys.md", out_dir / "keys_burst.md") if p.exists()]
+    return "\n\n".join(parts) if parts else "(not run: `python -m bench.keys`, `python -m bench.keys_burst`)"
+
+
 def write(res: dict, out_dir: Path) -> None:
     plot(res, out_dir / "results.png")
     m, code, st = res["machine"], res["code"], res["settings"]
@@ -469,6 +477,10 @@ TTFT = request sent → first `content_block_delta` event.
 ## HTTP/2 and TLS (h2load)
 
 {h2tls_section(out_dir)}
+
+## Keys and limits (issue 18)
+
+{keys_section(out_dir)}
 
 ## Engine profile (py-spy)
 

@@ -52,7 +52,8 @@ local DENY_CACHE_S = 1
 local DAYS = { 31, 28, 31, 30, 31, 30, 31, 31, 30, 31, 30, 31 }
 local BYTES_PER_TOKEN = 4     -- the input estimate at admission (settled with the exact count)
 local USAGE_TTL_S = 40 * 86400
-local NO_TOKENS = { 1, 0, 0, 0, 0, 0 }   -- count_tokens, models: a request, nothing else
+local NO_TOKENS = { 1, 0, 0, 0, 0, 0 }
+local NONE = {}   -- count_tokens, models: a request, nothing else
 
 -- KEYS: counters (nc), then usage hashes (nh). ARGV: nc, nh, usage ttl, a delta per counter
 -- (applied only while the counter's window lives; never below 0), then per hash: the
@@ -375,10 +376,32 @@ end
 
 local MAX_ROUNDS = 3   -- lease rounds (a grant may be spent by this worker's other requests meanwhile)
 
+-- Whether this worker's leases cover `needs` with no Redis round trip (no concurrency limit).
+local function covered(w, needs)
+    local keys, lims = w.keys, w.lims
+    for i = 1, 2 * N do
+        local j = (i - 1) % N + 1
+        local need = needs[j]
+        if lims[i] > 0 and need > 0 then
+            if j == CONC then
+                return false
+            end
+            local b = lease.get(keys[i])
+            if not b or b.left < need then
+                return false
+            end
+        end
+    end
+    return true
+end
+
 -- Take this request's needs from the leases, asking Redis for what is short (and for the
 -- concurrency counts, exactly, in the first round). Returns true; or false, i, count
--- (counter i refused); or nil, err. ticket.conc: the concurrency counters counted.
+-- (counter i refused); or nil, err. ticket.conc: the concurrency counters counted (or nil).
 local function reserve(w, needs, ticket, now)
+    if covered(w, needs) then
+        return true   -- the common case: nothing to ask Redis, nothing allocated
+    end
     local keys, lims = w.keys, w.lims
     local t = redis_target()
     for round = 1, MAX_ROUNDS do
@@ -415,7 +438,9 @@ local function reserve(w, needs, ticket, now)
         if round == 1 then
             for n = 1, #ak do
                 if ax[n] then
-                    ticket.conc[#ticket.conc + 1] = ak[n]
+                    local counted = ticket.conc or {}
+                    counted[#counted + 1] = ak[n]
+                    ticket.conc = counted
                 end
             end
         end
@@ -455,11 +480,10 @@ function _M.admit(who, api, body, kind)
         ticket.est_out = est_out
         needs = { 1, est_in, est_out, 1, est_in + est_out, est_in + est_out }
     end
-    ticket.conc = {}
     start_flusher()
     local ok, i = reserve(w, needs, ticket, now)
     if not ok then
-        for _, ck in ipairs(ticket.conc) do
+        for _, ck in ipairs(ticket.conc or NONE) do
             owe(who.tenant, ck, -1)   -- counted in a round that did not admit: given back
         end
         if ok == nil then
@@ -536,7 +560,7 @@ function _M.settle()
                 owe(tag, w.keys[k], -lease.refund(w.keys[k], back[j]))
             end
         end
-        for _, ck in ipairs(t.conc) do
+        for _, ck in ipairs(t.conc or NONE) do
             owe(tag, ck, -1)
         end
     end
