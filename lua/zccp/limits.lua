@@ -278,6 +278,32 @@ local function max_tokens_of(doc)
     return math_min(math_floor(m), cap)
 end
 
+-- The output reservation of a body; the same bytes again (an L1 hit, a retry) are not
+-- decoded again: a body string is interned, so this lookup is by pointer.
+local SEEN_BODY_MAX = 4096
+local seen_bodies
+
+local function output_reservation(body)
+    if not body then
+        return max_tokens_of(nil)
+    end
+    local small = #body <= SEEN_BODY_MAX
+    if small then
+        if not seen_bodies then
+            seen_bodies = lrucache.new(512)
+        end
+        local m = seen_bodies:get(body)
+        if m then
+            return m
+        end
+    end
+    local m = max_tokens_of(cjson.decode(body))
+    if small then
+        seen_bodies:set(body, m)
+    end
+    return m
+end
+
 -- What this worker owes Redis, by tenant hash tag: counters' deltas (concurrency given
 -- back, overruns, unspent leases) and usage hashes' increments; sent every FLUSH_S.
 local FLUSH_S = 0.05
@@ -476,7 +502,7 @@ function _M.admit(who, api, body, kind)
     end
     local needs = NO_TOKENS
     if not kind then
-        local est_out = max_tokens_of(body and cjson.decode(body))
+        local est_out = output_reservation(body)
         ticket.est_out = est_out
         needs = { 1, est_in, est_out, 1, est_in + est_out, est_in + est_out }
     end
