@@ -174,8 +174,8 @@ def test_count_tokens_and_models_count_as_requests(make_stack):
     k = keys_cli(s, "create", "--tenant", "counted", "--rpm", "3", "--otpm", "1000")["key"]
     h = {"x-api-key": k, "anthropic-version": "2023-06-01"}
     c = s.client()
-    r = c.post("/v1/messages/count_tokens", json={"model": "zccp-tiny", "messages": [{"role": "user", "content": "hi"}]},
-               headers=h)
+    count = {"model": "zccp-tiny", "messages": [{"role": "user", "content": "hi"}]}
+    r = c.post("/v1/messages/count_tokens", json=count, headers=h)
     assert r.status_code == 200 and r.headers["anthropic-ratelimit-requests-remaining"] == "2", r.text
     assert c.get("/v1/models", headers=h).status_code == 200
     body = req("anthropic", [{"role": "user", "content": "hi"}])
