@@ -102,6 +102,20 @@ def _redis_host(cfg: Config) -> str | None:
         return host
 
 
+def nameservers(resolv_conf: Path = Path("/etc/resolv.conf")) -> list[str]:
+    """resolv.conf's nameserver addresses, in order (zone ids dropped); [] if unreadable.
+    nginx's resolver here, and the front tier's DNS client (ops/front_conf.py)."""
+    out = []
+    try:
+        for line in resolv_conf.read_text(encoding="utf-8", errors="replace").splitlines():
+            parts = line.split()
+            if len(parts) >= 2 and parts[0] == "nameserver":
+                out.append(parts[1].split("%")[0])
+    except OSError:
+        pass
+    return out
+
+
 def resolver_line(cfg: Config, resolv_conf: Path = Path("/etc/resolv.conf")) -> str:
     """nginx's `resolver` when auth.redis_url names a host: a Lua cosocket resolves names only
     through it (the system's resolver is not used). The name servers are this machine's
@@ -110,15 +124,7 @@ def resolver_line(cfg: Config, resolv_conf: Path = Path("/etc/resolv.conf")) -> 
     host = _redis_host(cfg)
     if host is None:
         return "# (no resolver: nginx's Redis address is not a host name)"
-    servers = []
-    try:
-        for line in resolv_conf.read_text(encoding="utf-8", errors="replace").splitlines():
-            parts = line.split()
-            if len(parts) >= 2 and parts[0] == "nameserver":
-                addr = parts[1].split("%")[0]
-                servers.append(f"[{addr}]" if ":" in addr else addr)
-    except OSError:
-        pass
+    servers = [f"[{addr}]" if ":" in addr else addr for addr in nameservers(resolv_conf)]
     if not servers:
         raise ValueError(f"auth.redis_url names the host {host!r}, but {resolv_conf} lists no nameserver "
                          f"for nginx's resolver: give Redis's address instead")
