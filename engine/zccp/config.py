@@ -192,6 +192,9 @@ class AuthConfig:
     cache_ttl_s: int = bounded(5, 1, 3600)   # a verified key is re-read after this: the revocation bound
     negative_ttl_s: int = bounded(2, 1, 3600)   # an unknown key is asked again after this
     timeout_ms: int = bounded(200, 1, 60_000)   # nginx's Redis calls for keys and limits
+    # One host's keys in a file (hashes only; zccp-keys create --keys-file), read by nginx at
+    # start and reload, looked up before Redis; limits are still counted in Redis
+    keys_file: str | None = None
     # One JSON line per request answered with a key (billing); None: usage.jsonl beside the
     # doorbell socket (a directory nginx's workers can write), "" : none
     usage_log: str | None = None
@@ -357,6 +360,13 @@ def _check_consistency(cfg: Config, given: frozenset[str] = frozenset()) -> None
         if t.tls or t.topology == "sentinel":
             raise ConfigError(f"{cfg.path}: auth.redis_url: nginx reads keys over redis://, unix:// or "
                               "redis+cluster:// only (no TLS, no Sentinel): name one in auth.redis_url")
+        if cfg.auth.keys_file is not None:
+            from zccp.keystore import load_keys_file
+
+            try:
+                load_keys_file(cfg.auth.keys_file)
+            except ValueError as exc:
+                raise ConfigError(f"{cfg.path}: auth.keys_file: {exc}") from None
     if cfg.server.http2 and cfg.server.tls is None:
         raise ConfigError(f"{cfg.path}: server.http2: true needs server.tls (certificate and key): nginx "
                           "speaks cleartext HTTP/2 only to prior-knowledge clients, and no HTTP/1.1 beside it")

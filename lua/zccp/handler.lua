@@ -491,7 +491,7 @@ local function prepare(api, kind, kind_name, s, len, state, who)
     end
     local body = src.body
     -- the key's models and limits (zccp.auth, zccp.limits), before L1: a 404 or 429 either way
-    if kind ~= "models" and not auth.allow_model(who, api, body) or not kind and not limits.admit(who, api, body) then
+    if kind ~= "models" and not auth.allow_model(who, api, body) or not limits.admit(who, api, body, kind) then
         return nil
     end
     local flags = kind and 0 or cache_flags()

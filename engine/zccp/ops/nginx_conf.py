@@ -74,8 +74,9 @@ def _auth_settings(cfg: Config) -> str:
         if user:
             parts.append(f"username = {_lua_str(user, 'auth redis user')}")
     usage = _lua_str(a.usage_log, "auth.usage_log") if a.usage_log else '""'
+    keys_file = _lua_str(a.keys_file, "auth.keys_file") if a.keys_file else '""'
     return (f'{{ mode = "keys", cache_ttl_s = {a.cache_ttl_s}, negative_ttl_s = {a.negative_ttl_s}, '
-            f'usage_log = {usage}, redis = {{ {", ".join(parts)} }} }}')
+            f'usage_log = {usage}, keys_file = {keys_file}, redis = {{ {", ".join(parts)} }} }}')
 
 
 def _redis_host(cfg: Config) -> str | None:
@@ -193,6 +194,7 @@ def model_location(cfg: Config) -> str:
         out.append(f"location = /v1/models/{name} {{\n"
                    "    lua_socket_log_errors off;\n"
                    '    content_by_lua_block { require("zccp.handler").serve_models() }\n'
+                   '    log_by_lua_block { require("zccp.limits").settle() }\n'
                    "}")
     return "\n".join(out)
 
