@@ -29,6 +29,7 @@ from agents import (  # noqa: E402
     Agent,
     ModelSettings,
     OpenAIChatCompletionsModel,
+    OpenAIResponsesModel,
     Runner,
     function_tool,
     set_tracing_disabled,
@@ -235,3 +236,8 @@ def test_agents_sdk_chat_completions_model_runs_the_tool_then_answers(stack):
     client = AsyncOpenAI(base_url=stack.base_url + "/v1", api_key="unused", max_retries=0)
     _assert_two_turns(*_run_agent(OpenAIChatCompletionsModel(model=MODEL, openai_client=client)))
 
+
+def test_agents_sdk_responses_model_runs_the_tool_then_answers(stack):
+    """The Agents SDK's default model speaks /v1/responses: items in, items out."""
+    client = AsyncOpenAI(base_url=stack.base_url + "/v1", api_key="unused", max_retries=0)
+    _assert_two_turns(*_run_agent(OpenAIResponsesModel(model=MODEL, openai_client=client)))
