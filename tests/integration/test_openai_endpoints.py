@@ -224,3 +224,21 @@ def test_keys_and_limits_apply(make_stack):
     with pytest.raises(openai.RateLimitError):
         client.completions.create(model=MODEL, prompt="hi", max_tokens=4)
     s.assert_no_leaks()
+
+
+def test_hf_backend_prompt_as_is_and_tools_through_its_template(hf_stack, hf_checkpoint):
+    """A checkpoint made at test time: the completion's prompt is its tokenizer's ids (its BOS,
+    no template); a response's tools reach the model through its chat template, the call forced."""
+    from transformers import AutoTokenizer
+
+    from tests.support.hf_checkpoint import HF_MODEL
+
+    tok = AutoTokenizer.from_pretrained(hf_checkpoint)
+    oai = sdk_clients(hf_stack)[1]
+    r = oai.completions.create(model=HF_MODEL, prompt="Once upon a time", max_tokens=8, temperature=0)
+    assert r.usage.prompt_tokens == len(tok("Once upon a time").input_ids)
+    r = oai.responses.create(model=HF_MODEL, input="Weather in Oslo?", tools=TOOLS, tool_choice="required",
+                             max_output_tokens=200)
+    calls = [o for o in r.output if o.type == "function_call"]
+    assert len(calls) == 1
+    jsonschema.validate(json.loads(calls[0].arguments), WEATHER)
