@@ -162,6 +162,19 @@ def test_langchain_anthropic_structured_output(method, lc_anthropic):
     jsonschema.validate(d, VERDICT_SCHEMA)
 
 
+def test_langchain_structured_output_on_the_hf_backend(hf_stack):
+    """The same on a real tokenizer and chat template (a checkpoint made at test time)."""
+    from tests.support.hf_checkpoint import HF_MODEL
+
+    kw: dict[str, Any] = dict(model=HF_MODEL, api_key="unused", max_retries=0, max_tokens=ROOM, timeout=60)
+    lc_o = ChatOpenAI(base_url=hf_stack.base_url + "/v1", **kw)
+    lc_a = ChatAnthropic(base_url=hf_stack.base_url, **kw)
+    for llm, methods in ((lc_o, ("function_calling", "json_schema")), (lc_a, ("function_calling", "json_schema"))):
+        for method in methods:
+            out = llm.with_structured_output(Verdict, method=method, include_raw=True).invoke([("user", "Judge.")])
+            assert out["parsing_error"] is None and isinstance(out["parsed"], Verdict), (type(llm), method, out)
+
+
 # --------------------------------------------------------------------------- LiteLLM
 
 
