@@ -84,14 +84,16 @@ def test_response_renders_items_and_stream_events():
     assert out["status"] == "completed" and [o["type"] for o in out["output"]] == ["function_call"]
     assert out["tools"] == [{"type": "function", "name": "w", "parameters": {"type": "object"}}]
     enc = RESPONSES.stream(req, "resp_1", 5, 3)
-    raw = enc.start() + enc.delta(TextDelta("a")) + enc.tool_call(res.tool_calls[0]) + enc.finish(
-        GenerationResult("a", "tool_use", None, 3, 9, tool_calls=res.tool_calls))
+    raw = (enc.start() + enc.delta(TextDelta("a")) + enc.tool_call(res.tool_calls[0]) + enc.delta(TextDelta("b"))
+           + enc.finish(GenerationResult("ab", "tool_use", None, 3, 9, tool_calls=res.tool_calls)))
     events = [orjson.loads(line[6:]) for line in raw.split(b"\n") if line.startswith(b"data: ")]
     assert [e["sequence_number"] for e in events] == list(range(len(events)))
     final = events[-1]["response"]
     # the items the stream announced are the final response's, ids and all
     added = [e["item"]["id"] for e in events if e["type"] == "response.output_item.added"]
-    assert [o["id"] for o in final["output"]] == added
+    assert [o["id"] for o in final["output"]] == added and len(set(added)) == 3
+    assert [o["type"] for o in final["output"]] == ["message", "function_call", "message"]
+    assert [o["content"][0]["text"] for o in final["output"] if o["type"] == "message"] == ["a", "b"]
     cut = orjson.loads(RESPONSES.render(req, GenerationResult("ab", "max_tokens", None, 1, 2), "r", 0))
     assert cut["status"] == "incomplete" and cut["incomplete_details"] == {"reason": "max_output_tokens"}
 

@@ -279,13 +279,13 @@ def _call(fid: str, call_id: str, call: ToolCall, status: str = "completed") -> 
             "arguments": call.arguments, "status": status}
 
 
-def _output(result: GenerationResult, mid: str, calls: list[tuple[str, str]]) -> list[dict[str, Any]]:
+def _output(result: GenerationResult) -> list[dict[str, Any]]:
     """The output items: the message (when there is text, or nothing else), then each call."""
     out = []
     if result.text or not result.tool_calls:
-        out.append(_message(mid, result.text, _status(result)))
-    ids = calls + _ids(len(result.tool_calls) - len(calls))      # the streamed calls' ids, else new ones
-    out += [_call(fid, cid, c) for (fid, cid), c in zip(ids, result.tool_calls, strict=False)]
+        out.append(_message(random_id("msg_", 32), result.text, _status(result)))
+    out += [_call(fid, cid, c) for (fid, cid), c in zip(_ids(len(result.tool_calls)), result.tool_calls,
+                                                           strict=True)]
     return out
 
 
@@ -294,25 +294,23 @@ def _ids(n: int) -> list[tuple[str, str]]:
 
 
 def render_response(req: GenerationRequest, result: GenerationResult, response_id: str, created: int) -> bytes:
-    output = _output(result, random_id("msg_", 32), _ids(len(result.tool_calls)))
+    output = _output(result)
     return dumps(_response(req, response_id, created, _status(result), output, result))
 
 
 class StreamEncoder:
-    """The semantic events of one streamed response; each event numbered (sequence_number)."""
+    """The semantic events of one streamed response; each event numbered (sequence_number).
+    The final response's output is the items announced, in their order, with their ids."""
 
-    __slots__ = ("_req", "_rid", "_created", "_seq", "_mid", "_msg_open", "_text", "_calls", "_index")
+    __slots__ = ("_req", "_rid", "_created", "_seq", "_items", "_text")
 
     def __init__(self, req: GenerationRequest, response_id: str, created: int, input_tokens: int,
                  cached_tokens: int = 0) -> None:
         del input_tokens, cached_tokens  # usage comes from the final GenerationResult
         self._req, self._rid, self._created = req, response_id, int(created)
         self._seq = 0
-        self._mid = random_id("msg_", 32)
-        self._msg_open = False
-        self._text: list[str] = []
-        self._calls: list[tuple[str, str]] = []     # (item id, call id) of each call streamed
-        self._index = 0                             # the next output item's index
+        self._items: list[dict[str, Any]] = []     # the output items so far, as the final response has them
+        self._text: list[str] | None = None        # the open message's text (None: no message open)
 
     def _event(self, kind: str, **data: Any) -> bytes:
         payload = dumps({"type": kind, "sequence_number": self._seq, **data})
@@ -324,58 +322,59 @@ class StreamEncoder:
         return self._event("response.created", response=r) + self._event("response.in_progress", response=r)
 
     def _open_message(self) -> bytes:
-        self._msg_open = True
+        mid = random_id("msg_", 32)
+        self._text = []
+        self._items.append(_message(mid, "", "in_progress"))
         part = {"type": "output_text", "text": "", "annotations": [], "logprobs": []}
-        return (self._event("response.output_item.added", output_index=self._index,
-                            item={**_message(self._mid, "", "in_progress"), "content": []})
-                + self._event("response.content_part.added", item_id=self._mid, output_index=self._index,
-                              content_index=0, part=part))
+        i = len(self._items) - 1
+        return (self._event("response.output_item.added", output_index=i, item={**self._items[i], "content": []})
+                + self._event("response.content_part.added", item_id=mid, output_index=i, content_index=0,
+                              part=part))
 
-    def _close_message(self) -> bytes:
-        self._msg_open = False
-        text = "".join(self._text)
-        part = {"type": "output_text", "text": text, "annotations": [], "logprobs": []}
-        out = (self._event("response.output_text.done", item_id=self._mid, output_index=self._index,
-                           content_index=0, text=text, logprobs=[])
-               + self._event("response.content_part.done", item_id=self._mid, output_index=self._index,
-                             content_index=0, part=part)
-               + self._event("response.output_item.done", output_index=self._index,
-                             item=_message(self._mid, text, "completed")))
-        self._index += 1
-        return out
+    def _close_message(self, status: str = "completed") -> bytes:
+        assert self._text is not None
+        text, self._text = "".join(self._text), None
+        i = len(self._items) - 1
+        mid = self._items[i]["id"]
+        self._items[i] = item = _message(mid, text, status)
+        return (self._event("response.output_text.done", item_id=mid, output_index=i, content_index=0, text=text,
+                            logprobs=[])
+                + self._event("response.content_part.done", item_id=mid, output_index=i, content_index=0,
+                              part=item["content"][0])
+                + self._event("response.output_item.done", output_index=i, item=item))
 
     def delta(self, d: TextDelta) -> bytes:
         if not d.text:
             return b""
-        out = b"" if self._msg_open else self._open_message()
+        out = b"" if self._text is not None else self._open_message()
+        assert self._text is not None
         self._text.append(d.text)
-        return out + self._event("response.output_text.delta", item_id=self._mid, output_index=self._index,
-                                 content_index=0, delta=d.text, logprobs=[])
+        return out + self._event("response.output_text.delta", item_id=self._items[-1]["id"],
+                                 output_index=len(self._items) - 1, content_index=0, delta=d.text, logprobs=[])
 
     def tool_call(self, call: ToolCall) -> bytes:
-        out = self._close_message() if self._msg_open else b""
+        out = self._close_message() if self._text is not None else b""
         fid, cid = _ids(1)[0]
-        self._calls.append((fid, cid))
-        i = self._index
-        self._index += 1
+        item = _call(fid, cid, call)
+        self._items.append(item)
+        i = len(self._items) - 1
         return out + (
             self._event("response.output_item.added", output_index=i,
-                        item={**_call(fid, cid, call, "in_progress"), "arguments": ""})
+                        item={**item, "arguments": "", "status": "in_progress"})
             + self._event("response.function_call_arguments.delta", item_id=fid, output_index=i,
                           delta=call.arguments)
             + self._event("response.function_call_arguments.done", item_id=fid, output_index=i,
                           name=call.name, arguments=call.arguments)
-            + self._event("response.output_item.done", output_index=i, item=_call(fid, cid, call)))
+            + self._event("response.output_item.done", output_index=i, item=item))
 
     def finish(self, result: GenerationResult) -> bytes:
-        out = b""
-        if self._msg_open:
-            out += self._close_message()
-        elif not result.text and not self._calls:
-            out += self._open_message() + self._close_message()      # an empty answer is an empty message
         status = _status(result)
-        output = _output(result, self._mid, self._calls)
-        r = _response(self._req, self._rid, self._created, status, output, result)
+        out = b""
+        if self._text is None and not self._items:
+            out += self._open_message()                 # an empty answer is an empty message
+        if self._text is not None:
+            out += self._close_message(status)
+        r = _response(self._req, self._rid, self._created, status, list(self._items), result)
         return out + self._event("response.completed" if status == "completed" else "response.incomplete",
                                  response=r)
 
