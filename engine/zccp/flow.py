@@ -24,7 +24,7 @@ import numpy as np
 import torch
 
 from zccp.abi import CacheReason, CacheStatus, Flag, ffi
-from zccp.api import ApiCodec, codec_for
+from zccp.api import ApiCodec, api_for, codec_for
 from zccp.api.common import ParseLimits
 from zccp.cache.answer import CachedAnswer, literals_in
 from zccp.cache.inflight import InFlight
@@ -85,7 +85,7 @@ class RequestFlow:
     def __init__(self, ctx: RequestContext, deps: FlowDeps, on_done: Callable[[], None]) -> None:
         self.ctx = ctx
         self.deps = deps
-        self.codec = codec_for("openai" if ctx.view.header.flags & Flag.API_OPENAI else "anthropic")
+        self.codec = codec_for(api_for(bool(ctx.view.header.flags & Flag.API_OPENAI), ctx.view.request.openai_api))
         self.outcome = Outcome(ctx, self.codec, deps.metrics, deps.request_log, on_done)
         self._store_keys: CacheKeys | None = None    # set when the answer will be stored
         self._literals: tuple[str, ...] = ()         # the request's masked values the answer carries

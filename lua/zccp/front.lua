@@ -36,6 +36,14 @@ local APIS = {
     ["/v1/chat/completions"] = "openai",
 }
 
+-- The error shape of a path: OpenAI's for its endpoints (/v1/completions and /v1/responses
+-- route by the body's first bytes: nginx has no fingerprint for them), Anthropic's otherwise.
+local OPENAI_PATHS = { ["/v1/chat/completions"] = true, ["/v1/completions"] = true, ["/v1/responses"] = true }
+
+local function shape_of(uri)
+    return OPENAI_PATHS[uri] and "openai" or "anthropic"
+end
+
 local opts          -- init()'s: port, tries, down_s, dict
 local dict
 
@@ -72,7 +80,7 @@ function _M.key_of(uri, body)
 end
 
 local function unavailable(message)
-    local api = ngx_var.uri == "/v1/chat/completions" and "openai" or "anthropic"
+    local api = shape_of(ngx_var.uri)
     ngx.header["Retry-After"] = "1"
     errors.send(api, 503, "overloaded_error", message)
     return ngx.exit(503)
@@ -161,7 +169,7 @@ end
 -- error_page target for nginx's own failures (no host answered, body too large), in
 -- the shape of the API the path names.
 function _M.failed(status)
-    local api = ngx_var.uri == "/v1/chat/completions" and "openai" or "anthropic"
+    local api = shape_of(ngx_var.uri)
     if status == 413 then
         return errors.send(api, 413, "request_too_large",
             "request body exceeds the limit of " .. opts.max_body .. " bytes")

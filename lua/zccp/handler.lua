@@ -131,7 +131,8 @@ end
 -- message[, status, kind] (a status when the client's body failed, not the arena).
 -- src: { body = string[, digest = its SHA-256 (zccp.l1)] } or { len = n, deadline = t }
 -- (streamed from the client socket);
--- extra: nil, or { kind = enum zccp_request_kind, tenant = 32-byte digest }; rid: X-Request-ID.
+-- extra: nil, or { kind = enum zccp_request_kind, tenant = 32-byte digest,
+-- openai_api = enum zccp_openai_api }; rid: X-Request-ID.
 local function fill_slot(a, i, src, flags, timeout_ms, fp, extra, rid)
     local C = abi.C
     local h, meta = a:header(i), a:meta(i)
@@ -172,6 +173,7 @@ local function fill_slot(a, i, src, flags, timeout_ms, fp, extra, rid)
     ffi_fill(req, C.ZCCP_SLOT_REQ_SIZE)   -- kind GENERATE, no request id, tenant or digest
     if extra then
         req.kind = extra.kind or C.ZCCP_KIND_GENERATE
+        req.openai_api = extra.openai_api or C.ZCCP_OPENAI_CHAT
         if extra.tenant then
             ffi_copy(req.tenant, extra.tenant, 32)
             flags = flags + C.ZCCP_FLAG_TENANT
@@ -328,6 +330,8 @@ end
 local ADMIN_KINDS = { purge = "ZCCP_KIND_PURGE", warmup = "ZCCP_KIND_WARMUP" }
 -- The model endpoints anyone may call: POST /v1/messages/count_tokens, GET /v1/models.
 local MODEL_KINDS = { count_tokens = "ZCCP_KIND_COUNT_TOKENS", models = "ZCCP_KIND_MODELS" }
+-- The OpenAI endpoints beside chat completions (request.openai_api).
+local OPENAI_ENDPOINTS = { completions = "ZCCP_OPENAI_COMPLETIONS", responses = "ZCCP_OPENAI_RESPONSES" }
 
 
 -- What the relay reports when the engine itself failed (it closed the doorbell, broke the
@@ -456,6 +460,14 @@ end
 -- and r.extra (the tenant); false once the request is answered from L1.
 local function cache_keys(r, body, state)
     local api, flags = r.api, r.flags
+    if r.endpoint then
+        -- /v1/completions, /v1/responses: no L1 (its keys name the API, not the endpoint) and
+        -- no keys from nginx; the engine fingerprints these bodies itself, under keys that
+        -- name the endpoint (docs/fingerprint.md, "Other endpoints")
+        local t = tenant.digest(nil)
+        r.extra = { tenant = t, openai_api = abi.C[OPENAI_ENDPOINTS[r.endpoint]] }
+        return true
+    end
     local k = l1.begin(api, body, flags)
     if k and not k.pending and l1.serve(api, k) then
         return false
@@ -483,7 +495,7 @@ end
 -- Step 2: the body, the slot flags, and for a generation its keys. Returns the request
 -- r = { api, kind, src, body_len, deadline, flags, fp, extra } for attempts(), or nil
 -- once it is answered (a body that could not be read, an L1 hit).
-local function prepare(api, kind, kind_name, s, len, state, who)
+local function prepare(api, kind, kind_name, s, len, state, who, endpoint)
     local deadline = ngx_now() + s.request_timeout_ms / 1000
     local src = payload(api, kind, len, s.max_body, deadline, auth.wants_body(who) or router.needs_body())
     if not src then
@@ -499,7 +511,7 @@ local function prepare(api, kind, kind_name, s, len, state, who)
         flags = flags + abi.C.ZCCP_FLAG_API_OPENAI
     end
     local r = { api = api, kind = kind, src = src, body_len = body and #body or len, deadline = deadline,
-                flags = flags }
+                flags = flags, endpoint = endpoint }
     if kind then
         r.extra = { kind = abi.C[kind_name] }
         if kind == "purge" then
@@ -601,14 +613,17 @@ end
 -- nginx refused the request's header lines (large_client_header_buffers: error 494),
 -- answered 431 in the shape of the API the path names, and the connection is closed.
 function _M.header_too_large()
-    local api = ngx_var.uri == "/v1/chat/completions" and "openai" or "anthropic"
+    local uri = ngx_var.uri
+    local api = (uri == "/v1/chat/completions" or uri == "/v1/completions" or uri == "/v1/responses")
+                and "openai" or "anthropic"
     return errors.send(api, 431, "invalid_request_error",
         "request header fields too large: each header line must fit in nginx's large_client_header_buffers")
 end
 
 -- Content handler for POST /v1/messages ("anthropic") and /v1/chat/completions ("openai");
--- kind: "purge" or "warmup" (admin listener), "count_tokens" or "models" (GET).
-function _M.serve(api, kind)
+-- kind: "purge" or "warmup" (admin listener), "count_tokens" or "models" (GET);
+-- endpoint: "completions" or "responses" (api "openai": /v1/completions, /v1/responses).
+function _M.serve(api, kind, endpoint)
     local s = settings.get()
     local rid = ngx_var.zccp_request_id
     ngx_header["X-Request-ID"] = rid
@@ -624,7 +639,10 @@ function _M.serve(api, kind)
     end
     local state = { aborted = false, request_id = rid }
     ngx.on_abort(function() state.aborted = true end)
-    local r = prepare(api, kind, kind_name, s, len, state, who)
+    if endpoint and not OPENAI_ENDPOINTS[endpoint] then
+        error("zccp.handler.serve: unknown endpoint " .. endpoint, 2)
+    end
+    local r = prepare(api, kind, kind_name, s, len, state, who, endpoint)
     if not r then
         return
     end

@@ -267,9 +267,11 @@ local function refuse(api, scope_name, j, limit, retry)
     return false
 end
 
--- max_tokens the body asks for (the output reservation), else the configured default.
+-- max_tokens the body asks for (the output reservation; /v1/responses: max_output_tokens),
+-- else the configured default.
 local function max_tokens_of(doc)
-    local m = type(doc) == "table" and (tonumber(doc.max_tokens) or tonumber(doc.max_completion_tokens))
+    local m = type(doc) == "table" and (tonumber(doc.max_tokens) or tonumber(doc.max_completion_tokens)
+                                        or tonumber(doc.max_output_tokens))
     local s = settings.get().limits
     local cap = s and s.max_tokens_cap or 4096
     if not m or m < 1 then
