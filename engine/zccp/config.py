@@ -138,7 +138,7 @@ class SharedMemoryConfig:
 
 @dataclass(frozen=True)
 class ModelConfig:
-    backend: Literal["tiny", "null", "hf"] = "tiny"
+    backend: Literal["tiny", "null", "hf", "upstream"] = "tiny"   # upstream: forward to an HTTP server (upstream:)
     name: str = "zccp-tiny"
     path: str | None = None                  # hf: the local checkpoint directory
     dtype: Literal["auto", "bfloat16", "float16", "float32"] = "auto"   # hf; auto: checkpoint's on GPU, fp32 on CPU
@@ -159,6 +159,24 @@ class ModelConfig:
     null_reply: str = "Hello from the ZCCP null backend."
     null_token_delay_ms: float = bounded(0.0, 0, 10_000)   # null backend: simulated time per token
     null_fail_after: int = bounded(-1, -1, 1 << 20)   # null backend: raise after this many tokens (-1: never; tests)
+
+
+@dataclass(frozen=True)
+class UpstreamConfig:
+    """model.backend: upstream: an OpenAI- or Anthropic-compatible HTTP server answers the
+    misses (zccp.upstream; docs/upstreams.md). The key is named by its environment variable,
+    never written here."""
+
+    urls: tuple[str, ...] = ()              # base URLs up to /v1 (http://h:8000/v1), in order: the fallback list
+    api: Literal["openai", "anthropic"] = "openai"   # what the upstream speaks
+    model: str | None = None                 # the upstream's model name (None: model.name)
+    api_key_env: str | None = None           # the environment variable holding the upstream's key
+    connect_timeout_ms: int = bounded(2000, 1, 600_000)
+    read_timeout_ms: int = bounded(60000, 1, 3_600_000)   # between two reads of the answer
+    retries: int = bounded(2, 0, 16)         # further attempts (next URL) before the first byte of an answer
+    max_connections: int = bounded(256, 1, 65_536)   # pooled, reused connections (all URLs)
+    health_interval_ms: int = bounded(2000, 50, 3_600_000)   # probes of a URL in cool-down
+    cooldown_ms: int = bounded(5000, 0, 3_600_000)   # a failed URL is skipped this long, then probed
 
 
 @dataclass(frozen=True)
@@ -211,6 +229,7 @@ class Config:
     limits: LimitsConfig = field(default_factory=LimitsConfig)
     logging: LoggingConfig = field(default_factory=LoggingConfig)
     auth: AuthConfig = field(default_factory=AuthConfig)
+    upstream: UpstreamConfig = field(default_factory=UpstreamConfig)
     path: str = "<defaults>"                 # where it was loaded from (not a YAML key)
 
 
@@ -247,6 +266,11 @@ def _check_value(where: str, hint: Any, value: Any) -> Any:
         # a subsection (cache.l1): `where` ends with its dotted name
         path, _, name = where.rpartition(": ")
         return _build_section(path, name, hint, value)
+    if origin is tuple:   # a list of strings (upstream.urls)
+        if not isinstance(value, list):
+            raise ConfigError(f"{where}: expected a list, got {value!r}")
+        (inner, _) = typing.get_args(hint)
+        return tuple(_check_value(f"{where}[{i}]", inner, v) for i, v in enumerate(value))
     if hint is str:
         if not isinstance(value, str) or not value:
             raise ConfigError(f"{where}: expected a non-empty string, got {value!r}")
@@ -351,6 +375,12 @@ def _check_consistency(cfg: Config, given: frozenset[str] = frozenset()) -> None
                               f"(letters, digits and '-')")
     if cfg.model.d_model % cfg.model.n_heads or (cfg.model.d_model // cfg.model.n_heads) % 2:
         raise ConfigError(f"{cfg.path}: model.d_model: must split into n_heads heads of even size")
+    if cfg.model.backend == "upstream":
+        if not cfg.upstream.urls:
+            raise ConfigError(f"{cfg.path}: upstream.urls: required when model.backend is 'upstream'")
+        for i, url in enumerate(cfg.upstream.urls):
+            if not re.fullmatch(r"https?://[^\s/]+(/\S*)?", url):
+                raise ConfigError(f"{cfg.path}: upstream.urls[{i}]: {url!r} is not an http:// or https:// URL")
     if cfg.model.backend == "hf" and cfg.model.path is None:
         raise ConfigError(f"{cfg.path}: model.path: required when model.backend is 'hf' "
                           "(a local checkpoint directory)")
