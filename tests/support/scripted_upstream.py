@@ -86,7 +86,8 @@ class ScriptedUpstream:
                 self.requests += 1
                 hdrs = "".join(f"{k}: {v}\r\n" for k, v in s.headers.items())
                 if s.status == 200:
-                    head = f"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\n{hdrs}transfer-encoding: chunked\r\n\r\n"
+                    head = ("HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\n"
+                            f"{hdrs}transfer-encoding: chunked\r\n\r\n")
                     conn.sendall(head.encode() + b"%x\r\n%s\r\n" % (len(s.body), s.body))
                     if s.cut:
                         return
