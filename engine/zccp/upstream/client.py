@@ -94,6 +94,16 @@ class UpstreamAnswer:
         self._reader = reader_for(api)
 
     async def events(self) -> AsyncIterator[Event]:
+        if "text/event-stream" not in self.response.headers.get("content-type", ""):
+            try:
+                data = await self.response.aread()    # a whole answer (a non-streamed request)
+            except httpx.HTTPError as exc:
+                raise UpstreamBroken(f"the upstream's answer broke off: {type(exc).__name__}") from None
+            finally:
+                await self.response.aclose()
+            for ev in self._reader.whole(data):
+                yield ev
+            return
         try:
             async for line in self.response.aiter_lines():
                 if line.startswith("data:"):
@@ -105,7 +115,8 @@ class UpstreamAnswer:
             raise UpstreamBroken(f"the upstream's answer broke off: {type(exc).__name__}") from None
         finally:
             await self.response.aclose()
-        raise UpstreamBroken("the upstream's answer ended before its end")
+        for ev in self._reader.closed():
+            yield ev
 
     async def close(self) -> None:
         await self.response.aclose()

@@ -6,9 +6,10 @@ GenerationRequest (sampling) and its ChatInput (the conversation in chat-templat
 tool calls and tool results included), so the client's API never reaches the upstream
 as such: OpenAI in, Anthropic out (or the reverse) is the same code as same-to-same.
 
-Answers are always streamed from the upstream (one reader per API, one place where a
-first byte exists); each reader turns the upstream's events into TextDelta, ToolCall
-(whole, in the upstream's order, its id and arguments kept) and one Finish.
+A streamed request is streamed from the upstream, a whole one asked whole (no SSE to
+parse, no per-token notices upstream). Each API's reader turns the upstream's stream
+events, or its whole answer, into TextDelta, ToolCall (whole, in the upstream's order,
+its id and arguments kept) and one Finish.
 """
 
 from __future__ import annotations
@@ -76,8 +77,9 @@ def openai_body(req: GenerationRequest, chat: ChatInput, model: str) -> dict[str
             messages.append({"role": m["role"], "content": m["content"]})
     s = req.sampling
     body: dict[str, Any] = {"model": model, "messages": messages, "max_tokens": s.max_tokens,
-                            "temperature": s.temperature, "stream": True,
-                            "stream_options": {"include_usage": True}}
+                            "temperature": s.temperature, "stream": req.stream}
+    if req.stream:
+        body["stream_options"] = {"include_usage": True}
     if s.top_p is not None:
         body["top_p"] = s.top_p
     if s.seed is not None:
@@ -131,7 +133,7 @@ def anthropic_body(req: GenerationRequest, chat: ChatInput, model: str) -> dict[
         else:
             add("user", [{"type": "text", "text": m["content"]}])
     body: dict[str, Any] = {"model": model, "messages": messages, "max_tokens": s.max_tokens,
-                            "temperature": min(s.temperature, 1.0), "stream": True}
+                            "temperature": min(s.temperature, 1.0), "stream": req.stream}
     if system:
         body["system"] = "\n\n".join(system)
     if s.top_p is not None:
@@ -234,6 +236,28 @@ class OpenAIReader:
             if isinstance(reason, str):
                 self._reason = FINISH_TO_STOP.get(reason, "end_turn")
 
+    def whole(self, data: bytes) -> Iterator[Event]:
+        """A non-streamed chat.completion."""
+        doc = _obj(data)
+        choices = doc.get("choices")
+        if not isinstance(choices, list) or not choices or not isinstance(choices[0], dict):
+            raise UpstreamBroken("a chat.completion without choices")
+        msg = choices[0].get("message") or {}
+        if isinstance(msg.get("content"), str) and msg["content"]:
+            yield TextDelta(msg["content"])
+        for i, tc in enumerate(msg.get("tool_calls") or ()):
+            fn = tc.get("function") or {}
+            self._calls[i] = [tc.get("id"), fn.get("name") or "", [fn.get("arguments") or ""]]
+        self._reason = FINISH_TO_STOP.get(str(choices[0].get("finish_reason")), "end_turn")
+        self._usage = doc.get("usage") if isinstance(doc.get("usage"), dict) else None
+        yield from self._end()
+
+    def closed(self) -> Iterator[Event]:
+        """The body ended cleanly without [DONE] (transformers serve sends none): an
+        answer once its finish_reason came."""
+        if not self.done:
+            yield from self._end()
+
     def _end(self) -> Iterator[Event]:
         if self._reason is None:
             raise UpstreamBroken("the stream ended without a finish_reason")
@@ -295,6 +319,33 @@ class AnthropicReader:
             yield Finish(self._reason, self._stop_seq, self._input, self._output, self._cached)
         elif t == "error":
             raise_error(doc)
+
+    def whole(self, data: bytes) -> Iterator[Event]:
+        """A non-streamed message."""
+        doc = _obj(data)
+        if doc.get("type") != "message" or not isinstance(doc.get("content"), list):
+            raise UpstreamBroken("an answer that is not a message")
+        for b in doc["content"]:
+            if not isinstance(b, dict):
+                continue
+            if b.get("type") == "text" and b.get("text"):
+                yield TextDelta(b["text"])
+            elif b.get("type") == "tool_use":
+                if not b.get("name"):
+                    raise UpstreamBroken("a tool_use block without a name")
+                yield ToolCall(b["name"], orjson.dumps(b.get("input") or {}).decode(), b.get("id"))
+        reason = doc.get("stop_reason")
+        self._reason = reason if reason in ANTHROPIC_STOPS else "end_turn"
+        self._stop_seq = doc.get("stop_sequence") if isinstance(doc.get("stop_sequence"), str) else None
+        self._usage(doc.get("usage") or {})
+        self.done = True
+        yield Finish(self._reason, self._stop_seq, self._input, self._output, self._cached)
+
+    def closed(self) -> Iterator[Event]:
+        """The body ended before message_stop: broken."""
+        if not self.done:
+            raise UpstreamBroken("the stream ended before message_stop")
+        yield from ()
 
     def _usage(self, u: dict[str, Any]) -> None:
         if not isinstance(u, dict):
