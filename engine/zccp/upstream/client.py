@@ -1,5 +1,5 @@
-"""The HTTP side of an upstream backend: one pooled httpx.AsyncClient (connections
-reused across requests and URLs), the fallback list, retries before the first byte, and
+"""The HTTP side of an upstream backend: keep-alive connections pooled per URL
+(zccp.upstream.http1), the fallback list, retries before the first byte, and
 the health of each URL (a failed one is skipped for upstream.cooldown_ms, then probed
 every upstream.health_interval_ms until it answers again).
 
@@ -16,11 +16,11 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
 
-import httpx
 import orjson
 
 from zccp.config import ConfigError, UpstreamConfig
 from zccp.shared_types import ApiError
+from zccp.upstream.http1 import HttpError, Pool, Response
 from zccp.upstream.wire import ANTHROPIC_VERSION, Event, UpstreamBroken, reader_for
 
 log = logging.getLogger("zccp.upstream")
@@ -88,7 +88,7 @@ def error_for(status: int, body: bytes, retry_after: str | None) -> ApiError:
 class UpstreamAnswer:
     """An upstream's 200 answer, its first byte not read yet: events() reads it to the end."""
 
-    def __init__(self, response: httpx.Response, api: str, target: Target) -> None:
+    def __init__(self, response: Response, api: str, target: Target) -> None:
         self.response = response
         self.target = target
         self._reader = reader_for(api)
@@ -96,30 +96,30 @@ class UpstreamAnswer:
     async def events(self) -> AsyncIterator[Event]:
         if "text/event-stream" not in self.response.headers.get("content-type", ""):
             try:
-                data = await self.response.aread()    # a whole answer (a non-streamed request)
-            except httpx.HTTPError as exc:
-                raise UpstreamBroken(f"the upstream's answer broke off: {type(exc).__name__}") from None
+                data = await self.response.read()    # a whole answer (a non-streamed request)
+            except HttpError as exc:
+                raise UpstreamBroken(f"the upstream's answer broke off: {exc}") from None
             finally:
-                await self.response.aclose()
+                await self.response.close()
             for ev in self._reader.whole(data):
                 yield ev
             return
         try:
-            async for line in self.response.aiter_lines():
-                if line.startswith("data:"):
-                    for ev in self._reader.feed(line[5:].strip().encode()):
+            async for line in self.response.lines():
+                if line.startswith(b"data:"):
+                    for ev in self._reader.feed(line[5:].strip()):
                         yield ev
                     if self._reader.done:
                         return
-        except httpx.HTTPError as exc:
-            raise UpstreamBroken(f"the upstream's answer broke off: {type(exc).__name__}") from None
+        except HttpError as exc:
+            raise UpstreamBroken(f"the upstream's answer broke off: {exc}") from None
         finally:
-            await self.response.aclose()
+            await self.response.close()
         for ev in self._reader.closed():
             yield ev
 
     async def close(self) -> None:
-        await self.response.aclose()
+        await self.response.close()
 
 
 class UpstreamClient:
@@ -128,7 +128,7 @@ class UpstreamClient:
         self.model = cfg.model or model_name
         self.targets = [Target(u.rstrip("/")) for u in cfg.urls]
         self.stats = UpstreamStats()
-        headers = {"content-type": "application/json"}
+        headers = {"content-type": "application/json", "accept": "application/json, text/event-stream"}
         key = None
         if cfg.api_key_env:
             key = os.environ.get(cfg.api_key_env)
@@ -141,17 +141,13 @@ class UpstreamClient:
         elif key:
             headers["authorization"] = f"Bearer {key}"
         self._headers = headers
-        self._timeout = httpx.Timeout(connect=cfg.connect_timeout_ms / 1000, read=cfg.read_timeout_ms / 1000,
-                                      write=cfg.read_timeout_ms / 1000, pool=cfg.connect_timeout_ms / 1000)
-        self._http: httpx.AsyncClient | None = None
+        self._http: Pool | None = None
         self._health: asyncio.Task[None] | None = None
 
-    def _client(self) -> httpx.AsyncClient:
+    def _client(self) -> Pool:
         if self._http is None:   # made on the loop that uses it
-            limits = httpx.Limits(max_connections=self.cfg.max_connections,
-                                  max_keepalive_connections=self.cfg.max_connections, keepalive_expiry=60)
-            self._http = httpx.AsyncClient(timeout=self._timeout, limits=limits, headers=self._headers,
-                                           trust_env=False)
+            self._http = Pool(self.cfg.max_connections, self.cfg.connect_timeout_ms / 1000,
+                              self.cfg.read_timeout_ms / 1000)
             self._health = asyncio.get_running_loop().create_task(self._health_loop())
         return self._http
 
@@ -183,9 +179,11 @@ class UpstreamClient:
         """GET <url>/models: any answer below 500 is a server that answers again."""
         assert self._http is not None
         try:
-            r = await self._http.get(t.url + "/models", timeout=self._timeout)
-            alive = r.status_code < 500
-        except httpx.HTTPError:
+            r = await self._http.request("GET", t.url + "/models", self._headers)
+            await r.read()
+            await r.close()
+            alive = r.status < 500
+        except HttpError:
             alive = False
         if alive:
             log.info("upstream %s answers again", t.url)
@@ -210,29 +208,27 @@ class UpstreamClient:
                 self.stats.retried += 1
             self.stats.sent += 1
             try:
-                req = http.build_request("POST", t.url + path, content=data)
-                resp = await http.send(req, stream=True)
-            except httpx.TimeoutException as exc:
-                self._mark_down(t, type(exc).__name__)
-                last = ApiError(504 if isinstance(exc, httpx.ReadTimeout) else 502, "api_error",
-                                f"the upstream did not answer in time ({type(exc).__name__})")
+                resp = await http.request("POST", t.url + path, self._headers, data)
+            except HttpError as exc:
+                self._mark_down(t, str(exc))
+                if exc.timeout:
+                    last = ApiError(502 if exc.connect else 504, "api_error",
+                                    f"the upstream did not answer in time ({exc})")
+                else:
+                    last = ApiError(502, "api_error", f"the upstream cannot be reached ({exc})")
                 continue
-            except httpx.HTTPError as exc:
-                self._mark_down(t, type(exc).__name__)
-                last = ApiError(502, "api_error", f"the upstream cannot be reached ({type(exc).__name__})")
-                continue
-            status = resp.status_code
+            status = resp.status
             self.stats.by_status[status] = self.stats.by_status.get(status, 0) + 1
             if status == 200:
                 if not t.up:                   # a last-resort URL answered: it is back
                     t.down_until, t.failures = 0.0, 0
                 return UpstreamAnswer(resp, self.cfg.api, t)
             try:
-                raw = await resp.aread()
-            except httpx.HTTPError:
+                raw = await resp.read()
+            except HttpError:
                 raw = b""
             finally:
-                await resp.aclose()
+                await resp.close()
             last = error_for(status, raw, resp.headers.get("retry-after"))
             if status not in RETRYABLE:
                 raise last
@@ -246,4 +242,4 @@ class UpstreamClient:
         if self._health is not None:
             self._health.cancel()
         if self._http is not None:
-            await self._http.aclose()
+            self._http.close()
