@@ -10,7 +10,7 @@ alternating rounds so that drift of the shared machine hits each alike.
 
     python -m bench.upstream [--n 400] [--rounds 2]
 
-Writes bench/upstream.md's results block and bench/upstream.json.
+Writes bench/upstream_c<C>.json (bench/upstream.md holds the tables).
 """
 
 from __future__ import annotations
@@ -29,6 +29,7 @@ from pathlib import Path
 import httpx
 import yaml
 
+from bench.procs import delta, snapshot
 from tests.support.checkout import REPO, require_this_checkout
 from tests.support.harness import Stack, remove_socket_dirs
 from zccp.ops.stack import free_port
@@ -41,6 +42,16 @@ FILLER = ("The harbour town kept its ledgers in a stone house by the quay; " * 2
 def body(model: str, i: int) -> dict:
     return {"model": model, "max_tokens": 16, "temperature": 0,
             "messages": [{"role": "user", "content": f"request {i}: {FILLER}"}]}
+
+
+WORDS = ("alpha bravo charlie delta echo foxtrot golf hotel india juliett kilo lima mike november oscar papa "
+         "quebec romeo sierra tango").split()
+
+
+def repeated(k: int) -> dict:
+    """The k-th of 20 prompts told apart by words (the default masks replace numbers)."""
+    return {"model": GW_MODEL, "max_tokens": 16, "temperature": 0,
+            "messages": [{"role": "user", "content": f"Tell me about {WORDS[k]}, please."}]}
 
 
 async def run(url: str, model: str, n: int, c: int, offset: int) -> dict:
@@ -120,36 +131,50 @@ def main() -> None:
     try:
         targets = {"direct": (up.base_url + "/v1/chat/completions", UP_MODEL),
                    "zccp": (gw.base_url + "/v1/chat/completions", GW_MODEL)}
+        # the processes whose CPU serves a target's requests (the upstream's included)
+        up_pids = [svc.proc.pid for svc in (up.nginx, up.engine) if svc is not None and svc.proc is not None]
+        roots = {"direct": up_pids,
+                 "zccp": up_pids + [svc.proc.pid for svc in (gw.nginx, gw.engine)
+                                    if svc is not None and svc.proc is not None]}
         if not args.no_litellm:
             proc, lurl = start_litellm(up.base_url + "/v1", root)
             procs.append(proc)
             targets["litellm"] = (lurl + "/v1/chat/completions", GW_MODEL)
+            roots["litellm"] = up_pids + [proc.pid]
         for url, model in targets.values():        # warm-up: connections, the first requests
             asyncio.run(run(url, model, 64, args.c, 10_000_000))
         rows: dict[str, list[dict]] = {k: [] for k in targets}
         offset = 0
         for _ in range(args.rounds):
             for name, (url, model) in targets.items():
-                rows[name].append(asyncio.run(run(url, model, args.n, args.c, offset)))
+                before = [snapshot(pid) for pid in roots[name]]
+                row = asyncio.run(run(url, model, args.n, args.c, offset))
+                cpu = sum(delta(b, snapshot(pid))["cpu_s"] for b, pid in zip(before, roots[name], strict=True))
+                row["server_cpu_ms_per_req"] = 1000 * cpu / args.n
+                rows[name].append(row)
                 offset += args.n
         summary = {}
         for name, rs in rows.items():
-            summary[name] = {k: statistics.median(r[k] for r in rs) for k in ("p50_ms", "p90_ms", "mean_ms", "rps")}
+            summary[name] = {k: statistics.median(r[k] for r in rs)
+                             for k in ("p50_ms", "p90_ms", "mean_ms", "rps", "server_cpu_ms_per_req")}
             summary[name]["errors"] = sum(r["errors"] for r in rs)
         over = {k: summary[k]["p50_ms"] - summary["direct"]["p50_ms"] for k in summary if k != "direct"}
+        over_cpu = {k: summary[k]["server_cpu_ms_per_req"] - summary["direct"]["server_cpu_ms_per_req"]
+                    for k in summary if k != "direct"}
         # repeated prompts: 20 distinct prompts, each asked 10 times, through the cached gateway
         before = upstream_requests(up)
         with httpx.Client(base_url=gwc.base_url, timeout=60, trust_env=False) as h:
-            statuses = [h.post("/v1/chat/completions", json=body(GW_MODEL, 90_000_000 + i % 20)).status_code
-                        for i in range(200)]
+            statuses = [h.post("/v1/chat/completions", json=repeated(i % 20)).status_code for i in range(200)]
         forwarded = upstream_requests(up) - before
         out = {"load": {"n_per_round": args.n, "rounds": args.rounds, "concurrency": args.c, "prompt_bytes": 1024,
                         "max_tokens": 16, "cpus": os.cpu_count()},
-               "rows": rows, "summary": summary, "overhead_p50_ms": over,
+               "rows": rows, "summary": summary, "overhead_p50_ms": over, "added_server_cpu_ms_per_req": over_cpu,
+               "load_avg_1m_at_end": os.getloadavg()[0],
                "repeated": {"requests": 200, "distinct": 20, "ok": statuses.count(200),
                             "reached_upstream": forwarded}}
-        (REPO / "bench" / "upstream.json").write_text(json.dumps(out, indent=2) + "\n")
-        print(json.dumps(out["summary"], indent=2), json.dumps(over), json.dumps(out["repeated"]))
+        (REPO / "bench" / f"upstream_c{args.c}.json").write_text(json.dumps(out, indent=2) + "\n")
+        print(json.dumps(out["summary"], indent=2), json.dumps(over), json.dumps(over_cpu),
+              json.dumps(out["repeated"]))
     finally:
         for p in procs:
             p.terminate()
