@@ -3,7 +3,8 @@
 # dockerd if none runs, builds the image, brings redis + engine + nginx up, then through
 # 127.0.0.1:8080 only: both APIs with the official SDKs (streams, cache HIT), a mask edit +
 # `nginx -s reload`, an engine crash (SIGKILL) it must recover from, then nginx recreated with
-# server.tls + http2 (a self-signed certificate): a 512 KiB body, a cache HIT and a stream over h2. Ends with
+# server.tls + http2 (a self-signed certificate): a 512 KiB body, a cache HIT and a stream over h2,
+# then keys on (auth.mode: keys; a key made with zccp-keys in the engine container). Ends with
 # `docker compose down -v`; stops dockerd only if it started it. Run as root (or with sudo).
 #   PYTHON        the Python with anthropic/openai/httpx (default .venv/bin/python, else python3)
 #   ZCCP_PORT     host port to publish on 127.0.0.1 (default 8080)
@@ -191,8 +192,17 @@ PYEOF
 dc up -d --force-recreate nginx > "$RUN/tls-up.log" 2>&1 || die "recreating nginx with TLS failed"
 wait_healthy 120
 ZCCP_URL="https://localhost:$ZCCP_PORT" "$PY" scripts/compose_smoke.py h2 "$TLS_DIR/cert.pem" || die "HTTP/2 + TLS checks"
+say "TLS + HTTP/2: a 512 KiB body, a cache HIT and a stream over h2"
+
+# --- keys on (auth.mode: keys, docs/keys.md): nginx reaches Redis by its service name --------
+printf '\nauth:\n  mode: keys\n' >> "$CONF"
+dc up -d --force-recreate nginx > "$RUN/keys-up.log" 2>&1 || die "recreating nginx with keys on failed"
+wait_healthy 120
+key=$(dc exec -T engine zccp-keys create --config /etc/zccp/config.yaml --tenant smoke --name "compose smoke" \
+      --rpm 4 --json | "$PY" -c 'import json, sys; print(json.load(sys.stdin)["key"])') || die "zccp-keys create failed"
+ZCCP_URL="https://localhost:$ZCCP_PORT" "$PY" scripts/compose_smoke.py keys "$TLS_DIR/cert.pem" "$key" || die "keys checks"
 cp "$CONF_BACKUP" "$CONF" && rm -f "$CONF_BACKUP" && rm -rf "$TLS_DIR/cert.pem" "$TLS_DIR/key.pem"
-say "TLS + HTTP/2: a 512 KiB body, a cache HIT and a stream over h2; config and certificate removed again"
+say "keys on: a wrong key 401, a key's rate-limit headers, its 429; config and certificate restored"
 
 say "docker compose down -v"
 timeout 120 "${COMPOSE[@]}" down -v --remove-orphans > "$RUN/down.log" 2>&1 || die "compose down failed"

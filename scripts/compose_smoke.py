@@ -7,6 +7,9 @@
   compose_smoke.py wait-new-epoch EPOCH S  wait (at most S s) for /health 200 from another engine epoch
   compose_smoke.py h2 CERT                 over HTTPS + HTTP/2 (CERT: the CA to trust): a 512 KiB body,
                                            a stream and a cache HIT, each answered on HTTP/2
+  compose_smoke.py keys CERT KEY           auth.mode keys: a wrong key is the SDKs' AuthenticationError,
+                                           KEY (rpm 4) is served with the rate-limit headers, then
+                                           RateLimitError with retry-after
 
 ZCCP_URL (default http://127.0.0.1:8080) says where. Exit status 1 with a message on failure.
 """
@@ -161,9 +164,57 @@ def cmd_h2(cert: str) -> None:
     print(f"h2: 512 KiB body 200, cache HIT, stream of {len(events)} events, all on HTTP/2 + TLS")
 
 
+def cmd_keys(cert: str, key: str) -> None:
+    """Keys on in the compose stack (docs/keys.md): nginx verifies keys and counts limits in the
+    compose network's Redis, reached by its service name."""
+    import anthropic
+    import openai
+
+    msg = [{"role": "user", "content": "Compose smoke with keys."}]
+
+    def clients(api_key: str) -> tuple[anthropic.Anthropic, openai.OpenAI]:
+        # each SDK's own client class (anthropic's is on another httpx than openai's)
+        return (anthropic.Anthropic(base_url=URL, api_key=api_key, max_retries=0, timeout=60,
+                                    http_client=anthropic.DefaultHttpxClient(verify=cert)),
+                openai.OpenAI(base_url=URL + "/v1", api_key=api_key, max_retries=0, timeout=60,
+                              http_client=openai.DefaultHttpxClient(verify=cert)))
+
+    claude, gpt = clients("zk_not_a_key_of_this_stack")
+    try:
+        claude.messages.create(model=MODEL, max_tokens=4, messages=msg)
+        fail("keys: a wrong key was served (anthropic)")
+    except anthropic.AuthenticationError:
+        pass
+    try:
+        gpt.chat.completions.create(model=MODEL, max_tokens=4, messages=msg)
+        fail("keys: a wrong key was served (openai)")
+    except openai.AuthenticationError:
+        pass
+    claude, gpt = clients(key)
+    raw = claude.messages.with_raw_response.create(model=MODEL, max_tokens=4, messages=msg)
+    limit = raw.headers.get("anthropic-ratelimit-requests-limit")
+    if raw.parse().type != "message" or limit != "4":
+        fail(f"keys: anthropic answer {raw.status_code}, limit header {limit!r}")
+    raw = gpt.chat.completions.with_raw_response.create(model=MODEL, max_tokens=4, messages=msg)
+    limit = raw.headers.get("x-ratelimit-limit-requests")
+    if raw.parse().object != "chat.completion" or limit != "4":
+        fail(f"keys: openai answer {raw.status_code}, limit header {limit!r}")
+    for _ in range(8):   # rpm 4: two were spent above
+        try:
+            claude.messages.create(model=MODEL, max_tokens=4, messages=msg)
+        except anthropic.RateLimitError as exc:
+            if not exc.response.headers.get("retry-after"):
+                fail("keys: a 429 without retry-after")
+            break
+    else:
+        fail("keys: rpm 4 never answered 429")
+    print("keys: wrong key 401 on both SDKs, the key served with its rate-limit headers, then 429 + retry-after")
+
+
 if __name__ == "__main__":
     cmds = {"health": cmd_health, "sdks": cmd_sdks, "cache-pair": cmd_cache_pair,
-            "mask-add": cmd_mask_add, "wait-new-epoch": cmd_wait_new_epoch, "h2": cmd_h2}
+            "mask-add": cmd_mask_add, "wait-new-epoch": cmd_wait_new_epoch, "h2": cmd_h2,
+            "keys": cmd_keys}
     if len(sys.argv) < 2 or sys.argv[1] not in cmds:
         fail(__doc__)
     cmds[sys.argv[1]](*sys.argv[2:])

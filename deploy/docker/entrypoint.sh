@@ -1,5 +1,5 @@
 #!/bin/sh
-# Container entrypoint: `engine`, `nginx`, `redis`, or any other command.
+# Container entrypoint: `engine`, `nginx`, `front`, `redis`, or any other command.
 set -eu
 umask 0027   # nothing this container writes is world-readable (arena + socket set their own)
 CONFIG=${ZCCP_CONFIG:-/etc/zccp/config.yaml}
@@ -19,6 +19,14 @@ nginx)
     ln -sf /dev/stdout "$NGINX_DIR/logs/access.log"
     nginx -t -q
     exec nginx -g 'daemon off;' "$@"
+    ;;
+front)
+    shift
+    # The front tier (docs/scale-out.md): nginx only, routing to the hosts front.yaml names.
+    zccp-nginx render --front "${ZCCP_FRONT_CONFIG:-/etc/zccp/front.yaml}" --out "$NGINX_DIR" >/dev/null
+    ln -sf /dev/stderr "$NGINX_DIR/logs/front-error.log"
+    ln -sf /dev/stdout "$NGINX_DIR/logs/front-access.log"
+    exec nginx -e stderr -p "$NGINX_DIR" -c "$NGINX_DIR/nginx.conf" -g 'daemon off;' "$@"
     ;;
 redis)
     shift

@@ -1,7 +1,8 @@
 -- Slot ownership across nginx workers: one lua_shared_dict key per slot, taken with
 -- add() (atomic across workers). A claim never expires while its owner lives: it is
--- released by the request that holds it (release checks that it still holds it), or
--- reaped once the worker that took it is gone (a crashed worker), never by a clock.
+-- released by the request that holds it (release checks that it still holds it), by its
+-- worker as it exits, or reaped once the worker that took it is gone (a crashed worker:
+-- worker 0's timer, or the next claim that finds the pool full), never by a clock.
 -- A claim that could lapse while its relay still acts hands the slot to a second
 -- request that the first then damages (issue 20).
 local ffi = require "ffi"
@@ -29,22 +30,34 @@ local function key(arena, i)
     return "s:" .. tostring(arena.epoch) .. ":" .. i
 end
 
--- Claim a free slot of `arena`: its index and the claim's token (for owns and
--- release), or nil, "busy".
-function _M.claim(arena)
-    local d = dict()
+local function try_claim(d, arena, token)
     local n = arena.slot_count
     -- Rotate the starting point so workers don't all contend on slot 0.
     local start = d:incr("next", 1, 0) or 0
-    seq = seq + 1
-    local token = ngx.worker.pid() .. ":" .. seq
     for k = 0, n - 1 do
         local i = (start + k) % n
         if d:add(key(arena, i), token) then
-            return i, token
+            return i
         end
     end
-    return nil, "busy"
+    return nil
+end
+
+-- Claim a free slot of `arena`: its index and the claim's token (for owns and
+-- release), or nil, "busy". A full pool is first checked for claims of workers that
+-- are gone (a reload's or a crash's), so none waits for the reaper's timer.
+function _M.claim(arena)
+    local d = dict()
+    seq = seq + 1
+    local token = ngx.worker.pid() .. ":" .. seq
+    local i = try_claim(d, arena, token)
+    if not i and _M.reap() > 0 then
+        i = try_claim(d, arena, token)
+    end
+    if not i then
+        return nil, "busy"
+    end
+    return i, token
 end
 
 -- Whether the claim `token` on slot i still holds.
@@ -75,6 +88,24 @@ end
 
 local function process_gone(pid)
     return libc.C.kill(pid, 0) ~= 0 and ffi.errno() == ESRCH
+end
+
+-- Frees every claim this worker still holds: called as the worker exits (a reload's old
+-- worker, a shutdown), when a claim can only be left by a request nginx ended without it.
+function _M.release_mine()
+    local d = dict()
+    local prefix = ngx.worker.pid() .. ":"
+    local freed = 0
+    for _, k in ipairs(d:get_keys(0)) do
+        if str_match(k, "^s:") then
+            local v = d:get(k)
+            if v and v:sub(1, #prefix) == prefix then
+                d:delete(k)
+                freed = freed + 1
+            end
+        end
+    end
+    return freed
 end
 
 -- Frees the claims of workers that are gone (a crash, a kill): the only way a claim

@@ -63,6 +63,14 @@ def test_installed_package_runs_the_stack_from_anywhere(tmp_path):
         assert r.status_code == 200 and r.json()["type"] == "message"
         http_conf = (elsewhere / "run" / "nginx" / "zccp_http.conf").read_text()
         assert f'lua_package_path "{prefix / "share" / "zccp" / "lua"}/?.lua;;"' in http_conf
+        # the front tier's nginx.conf, from the installed template and Lua modules
+        (elsewhere / "front.yaml").write_text("front:\n  hosts: zccp-hosts.ns.svc.cluster.local\n"
+                                              "  resolver: 127.0.0.1:5353\n  listen: 127.0.0.1:1\n")
+        subprocess.run([str(prefix / "bin" / "zccp-nginx"), "render", "--front", "front.yaml", "--out", "front"],
+                       cwd=elsewhere, env=env, check=True, capture_output=True)
+        front_conf = (elsewhere / "front" / "nginx.conf").read_text()
+        assert f'lua_package_path "{prefix / "share" / "zccp" / "lua"}/?.lua;;"' in front_conf
+        assert (prefix / "share" / "zccp" / "lua" / "zccp" / "front_dns.lua").is_file()
     finally:
         os.killpg(proc.pid, signal.SIGINT)
         proc.wait(30)

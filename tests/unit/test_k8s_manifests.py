@@ -82,3 +82,37 @@ def test_pod_shares_shm_and_socket_between_engine_and_nginx() -> None:
     arena_mib = (4 + cfg.shared_memory.segment_count * cfg.shared_memory.segment_size_kb) / 1024
     # A restarted engine creates its arena while nginx still maps the old one.
     assert _mebibytes(shm["sizeLimit"]) >= 2 * arena_mib
+
+
+def test_front_routes_to_the_headless_service_of_the_zccp_pods() -> None:
+    """deploy/k8s/front.yaml: its front.yaml is valid, names hosts-service.yaml's headless
+    Service (fully qualified) on the Pods' port, and is mounted where the entrypoint reads it."""
+    from zccp.ops.front_conf import parse_front
+
+    front = parse_front(yaml.safe_load(by_kind("ConfigMap", "zccp-front-config")["data"]["front.yaml"]),
+                        "zccp-front-config")
+    hosts = by_kind("Service", "zccp-hosts")["spec"]
+    pod = by_kind("Deployment", "zccp")["spec"]["template"]
+    cfg = parse_config(yaml.safe_load(by_kind("ConfigMap", "zccp-config")["data"]["config.yaml"]), "zccp-config")
+    assert hosts["clusterIP"] == "None"                       # headless: one A record per ready Pod
+    assert hosts["selector"].items() <= pod["metadata"]["labels"].items()
+    assert not hosts.get("publishNotReadyAddresses")          # an unready Pod leaves the answer
+    assert front.hosts.startswith("zccp-hosts.") and front.hosts.endswith(".svc.cluster.local")
+    assert front.port == hosts["ports"][0]["port"] == int(cfg.server.listen.rsplit(":", 1)[1])
+    assert front.max_body_kb == cfg.limits.max_body_kb
+    dep = by_kind("Deployment", "zccp-front")["spec"]["template"]["spec"]
+    (c,) = dep["containers"]
+    assert c["args"] == ["front"]
+    env = {e["name"]: e["value"] for e in c["env"]}
+    mounts = {m["name"]: m["mountPath"] for m in c["volumeMounts"]}
+    volumes = {v["name"]: v for v in dep["volumes"]}
+    (cm_volume,) = [n for n, v in volumes.items() if v.get("configMap", {}).get("name") == "zccp-front-config"]
+    assert env["ZCCP_FRONT_CONFIG"] == f"{mounts[cm_volume]}/front.yaml"
+    assert c["readinessProbe"]["httpGet"]["path"] == "/health"
+    # the hosts' mask patterns, where the image's lua/zccp/mask_patterns.lua points (the same keys)
+    (host_nginx,) = [c for c in pod["spec"]["containers"] if c["name"] == "nginx"]
+    host_mounts = {m["name"]: m["mountPath"] for m in host_nginx["volumeMounts"]}
+    (masks,) = [n for n, v in volumes.items() if v.get("configMap", {}).get("name") == "zccp-masks"]
+    assert mounts[masks] == host_mounts["masks"] == "/etc/zccp/masks"
+    labels = by_kind("Deployment", "zccp-front")["spec"]["template"]["metadata"]["labels"]
+    assert by_kind("Service", "zccp-front")["spec"]["selector"].items() <= labels.items()

@@ -55,3 +55,30 @@ def test_tls_and_http2_reach_the_standalone_listen_line(tmp_path: Path) -> None:
         assert (f'ssl_certificate_key "{key}";' in conf) == ("tls" in extra)
         # the includes never carry TLS: an existing nginx's own server block does
         assert "ssl" not in (out / "zccp_server.conf").read_text()
+
+
+def test_a_redis_host_name_for_keys_gets_a_resolver_from_resolv_conf(tmp_path: Path) -> None:
+    # A Lua cosocket resolves names only through nginx's `resolver`: without one, keys on with
+    # auth.redis_url redis://redis:6379 (compose) fail closed on every request.
+    import pytest
+
+    from zccp.config import load_config
+    from zccp.ops.nginx_conf import resolver_line
+
+    resolv = tmp_path / "resolv.conf"
+    resolv.write_text("# docker\nsearch local\nnameserver 127.0.0.11\nnameserver fe80::1%eth0\noptions ndots:0\n")
+
+    def cfg(url: str, mode: str = "keys"):
+        path = tmp_path / "config.yaml"
+        path.write_text(yaml.safe_dump({"auth": {"mode": mode, "redis_url": url}}))
+        return load_config(path)
+
+    line = resolver_line(cfg("redis://redis:6379/0"), resolv)
+    assert line.startswith("resolver 127.0.0.11 [fe80::1] valid=10s ipv6=off;"), line
+    assert resolver_line(cfg("redis+cluster://node-a:7000,node-b:7001"), resolv).startswith("resolver 127.0.0.11 ")
+    for url in ("redis://127.0.0.1:6379/0", "redis://[::1]:6379/0", "unix:///run/redis.sock"):
+        assert resolver_line(cfg(url), resolv).startswith("#"), url
+    assert resolver_line(cfg("redis://redis:6379/0", mode="off"), resolv).startswith("#")
+    resolv.write_text("search local\n")
+    with pytest.raises(ValueError, match="lists no nameserver"):
+        resolver_line(cfg("redis://redis:6379/0"), resolv)

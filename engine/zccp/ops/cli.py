@@ -67,12 +67,19 @@ def nginx_main(argv: list[str] | None = None) -> None:
         args_in = args_in[1:]
     p = argparse.ArgumentParser(prog="zccp-nginx render", description="Render ZCCP's nginx includes from config.yaml "
                                 "(docs/existing-nginx.md: adding them to an nginx that already runs).")
-    p.add_argument("--config", required=True)
+    p.add_argument("--config", help="config.yaml (required unless --front)")
+    p.add_argument("--front", metavar="FRONT_YAML", help="render the front tier's nginx.conf from this file's "
+                   "`front:` section instead (docs/scale-out.md); --out is then also its prefix")
     p.add_argument("--out", required=True, help="directory for zccp_http.conf / zccp_server.conf / zccp_admin.conf")
     p.add_argument("--run-dir", default=".run", help=RUN_DIR_HELP)
     p.add_argument("--standalone", action="store_true", help="also render a complete nginx.conf")
     p.add_argument("--prefix", help="nginx prefix for --standalone (temp files; logs go to <prefix>/logs)")
     args = p.parse_args(args_in)
+    if args.front:
+        print(_render_front(args.front, Path(args.out)))
+        return
+    if not args.config:
+        p.error("--config is required")
     from zccp.ops.nginx_conf import render
 
     r = render(_load(args.config, args.run_dir), Path(args.out), args.standalone,
@@ -80,6 +87,16 @@ def nginx_main(argv: list[str] | None = None) -> None:
     for f in (r.http_conf, r.server_conf, r.admin_conf, r.nginx_conf):
         if f:
             print(f)
+
+
+def _render_front(path: str, out: Path) -> Path:
+    from zccp.ops.front_conf import load_front, render_front
+
+    try:
+        return render_front(load_front(path), out)
+    except ConfigError as exc:
+        print(f"zccp: config error: {exc}", file=sys.stderr)
+        sys.exit(2)
 
 
 def _stack_up(cfg: Config, config_path: Path, run_dir: Path) -> int:

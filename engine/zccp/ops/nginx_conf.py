@@ -78,6 +78,59 @@ def _auth_settings(cfg: Config) -> str:
             f'usage_log = {usage}, redis = {{ {", ".join(parts)} }} }}')
 
 
+def _redis_host(cfg: Config) -> str | None:
+    """The host name nginx's Redis client must resolve (auth on, a TCP URL naming a host, not an
+    address), else None."""
+    import ipaddress
+    from urllib.parse import urlsplit
+
+    if not cfg.auth.on:
+        return None
+    t = parse_redis_url(auth_redis_url(cfg))
+    if t.topology == "cluster":
+        host = t.nodes[0][0]
+    else:
+        u = urlsplit(t.url)
+        if u.scheme == "unix":
+            return None
+        host = u.hostname or "127.0.0.1"
+    try:
+        ipaddress.ip_address(host)
+        return None
+    except ValueError:
+        return host
+
+
+def nameservers(resolv_conf: Path = Path("/etc/resolv.conf")) -> list[str]:
+    """resolv.conf's nameserver addresses, in order (zone ids dropped); [] if unreadable.
+    nginx's resolver here, and the front tier's DNS client (ops/front_conf.py)."""
+    out = []
+    try:
+        for line in resolv_conf.read_text(encoding="utf-8", errors="replace").splitlines():
+            parts = line.split()
+            if len(parts) >= 2 and parts[0] == "nameserver":
+                out.append(parts[1].split("%")[0])
+    except OSError:
+        pass
+    return out
+
+
+def resolver_line(cfg: Config, resolv_conf: Path = Path("/etc/resolv.conf")) -> str:
+    """nginx's `resolver` when auth.redis_url names a host: a Lua cosocket resolves names only
+    through it (the system's resolver is not used). The name servers are this machine's
+    (/etc/resolv.conf at render time: Docker's 127.0.0.11 in a compose container); answers
+    are kept 10 s, so a Redis that comes back at another address is found again."""
+    host = _redis_host(cfg)
+    if host is None:
+        return "# (no resolver: nginx's Redis address is not a host name)"
+    servers = [f"[{addr}]" if ":" in addr else addr for addr in nameservers(resolv_conf)]
+    if not servers:
+        raise ValueError(f"auth.redis_url names the host {host!r}, but {resolv_conf} lists no nameserver "
+                         f"for nginx's resolver: give Redis's address instead")
+    return (f"resolver {' '.join(_safe(s, 'nameserver') for s in servers)} valid=10s ipv6=off;"
+            f"   # auth.redis_url names {_safe(host, 'auth redis host')}")
+
+
 def _admin_token_digest(cfg: Config) -> str:
     """SHA-256 (hex) of the admin token (server.admin_token_file), "" when there is none: nginx
     keeps only the digest."""
@@ -175,6 +228,7 @@ def render(cfg: Config, out: Path, standalone: bool = False, prefix: Path | None
         "l1_ttl_s": str(cfg.cache.l1.ttl_s),
         "out": str(out),
         "auth": _auth_settings(cfg),
+        "resolver": resolver_line(cfg),
         "default_max_tokens": str(cfg.limits.default_max_tokens),
         "max_tokens_cap": str(cfg.limits.max_tokens_cap),
         "admin_token_sha256": _admin_token_digest(cfg),
