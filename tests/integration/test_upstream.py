@@ -12,7 +12,9 @@ answering from a script.
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -305,3 +307,52 @@ def test_cut_mid_stream_ends_with_an_api_error(tmp_path: Path, client_api: str) 
     finally:
         s.stop()
         cut.close()
+
+
+def test_failed_url_is_skipped_until_it_answers_again(tmp_path: Path) -> None:
+    """A URL that failed (500) is skipped during its cool-down while the fallback answers;
+    once its probe succeeds it is the first choice again."""
+    first = ScriptedUpstream([Scripted(500, body=b'{"error":{"message":"down"}}')])
+    second = ScriptedUpstream([Scripted(200, body=openai_chunks(["second"]))])
+    s = _gateway(tmp_path, front_config([first.url, second.url], "openai", retries=1, cooldown_ms=3000,
+                                        health_interval_ms=200))
+    try:
+        def ask(i: int) -> str:
+            with s.client() as h:
+                r = h.post("/v1/chat/completions", json={"model": GW_MODEL, "max_tokens": 8,
+                                                          "messages": [{"role": "user", "content": f"q{i}"}]})
+            assert r.status_code == 200
+            return r.json()["choices"][0]["message"]["content"]
+
+        assert ask(0) == "second" and first.requests == 1
+        for i in range(3):                    # cooling down: not asked
+            assert ask(1 + i) == "second"
+        assert first.requests == 1
+        first.script = [Scripted(200, body=openai_chunks(["first"]))]    # it recovers
+        deadline = time.monotonic() + 30
+        while ask(9) != "first":              # probed (GET /models) after the cool-down, then used
+            assert time.monotonic() < deadline, "the recovered URL was never used again"
+            time.sleep(0.1)
+    finally:
+        s.stop()
+        first.close()
+        second.close()
+
+
+def test_identical_misses_reach_the_upstream_once(tmp_path: Path, tmp_path_factory: pytest.TempPathFactory) -> None:
+    """Coalescing sits in front of the upstream as of a model: 6 identical requests at once,
+    the upstream (slowed to ~0.5 s an answer) sees one."""
+    slow = Stack(tmp_path_factory.mktemp("slow_up"), {"model": {"backend": "null", "name": UP_MODEL,
+                                                                "null_token_delay_ms": 15}}).start()
+    gw = Stack(tmp_path, front_config([slow.base_url + "/v1"], "openai"), with_redis=True).start()
+    try:
+        body = {"model": GW_MODEL, "max_tokens": 40, "temperature": 0,
+                "messages": [{"role": "user", "content": "the same question, six times"}]}
+        with ThreadPoolExecutor(6) as pool, gw.client() as h:
+            answers = list(pool.map(lambda _: h.post("/v1/chat/completions", json=body), range(6)))
+        assert [r.status_code for r in answers] == [200] * 6
+        assert len({r.json()["choices"][0]["message"]["content"] for r in answers}) == 1
+        assert sent(slow, "openai") == 1
+    finally:
+        gw.stop()
+        slow.stop()
