@@ -165,7 +165,8 @@ struct zccp_slot_meta {
     uint32_t cache_ttl_s;       /* 200 engine: nginx may keep this answer for so long (0: it must not) */
     uint32_t cache_scope;       /* 204 engine: 0 shared by every caller, 1 this tenant's only */
     uint32_t cache_reason;      /* 208 engine: enum zccp_cache_reason */
-    uint8_t  reserved[44];      /* 212 */
+    uint32_t retry_after_s;     /* 212 engine: Retry-After of a 429/503 answer (0: nginx's 1) */
+    uint8_t  reserved[40];      /* 216 */
 };
 
 /* Bytes 384..895 of every slot: the full MinHash signature nginx computed, so the

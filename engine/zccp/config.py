@@ -138,7 +138,7 @@ class SharedMemoryConfig:
 
 @dataclass(frozen=True)
 class ModelConfig:
-    backend: Literal["tiny", "null", "hf"] = "tiny"
+    backend: Literal["tiny", "null", "hf", "upstream"] = "tiny"   # upstream: forward to an HTTP server (upstream:)
     name: str = "zccp-tiny"
     path: str | None = None                  # hf: the local checkpoint directory
     dtype: Literal["auto", "bfloat16", "float16", "float32"] = "auto"   # hf; auto: checkpoint's on GPU, fp32 on CPU
@@ -159,6 +159,24 @@ class ModelConfig:
     null_reply: str = "Hello from the ZCCP null backend."
     null_token_delay_ms: float = bounded(0.0, 0, 10_000)   # null backend: simulated time per token
     null_fail_after: int = bounded(-1, -1, 1 << 20)   # null backend: raise after this many tokens (-1: never; tests)
+
+
+@dataclass(frozen=True)
+class UpstreamConfig:
+    """model.backend: upstream: an OpenAI- or Anthropic-compatible HTTP server answers the
+    misses (zccp.upstream; docs/upstreams.md). The key is named by its environment variable,
+    never written here."""
+
+    urls: tuple[str, ...] = ()              # base URLs up to /v1 (http://h:8000/v1), in order: the fallback list
+    api: Literal["openai", "anthropic"] = "openai"   # what the upstream speaks
+    model: str | None = None                 # the upstream's model name (None: model.name)
+    api_key_env: str | None = None           # the environment variable holding the upstream's key
+    connect_timeout_ms: int = bounded(2000, 1, 600_000)
+    read_timeout_ms: int = bounded(60000, 1, 3_600_000)   # between two reads of the answer
+    retries: int = bounded(2, 0, 16)         # further attempts (next URL) before the first byte of an answer
+    max_connections: int = bounded(256, 1, 65_536)   # pooled, reused connections (all URLs)
+    health_interval_ms: int = bounded(2000, 50, 3_600_000)   # probes of a URL in cool-down
+    cooldown_ms: int = bounded(5000, 0, 3_600_000)   # a failed URL is skipped this long, then probed
 
 
 @dataclass(frozen=True)
@@ -224,6 +242,7 @@ class EngineEntry:
     model: ModelConfig
     shared_memory: SharedMemoryConfig
     gpu: GpuConfig
+    upstream: UpstreamConfig = field(default_factory=UpstreamConfig)   # model.backend: upstream
     socket_path: str | None = None           # set by runtime.resolve
 
 
@@ -241,6 +260,7 @@ class Config:
     # engines: several engine processes under one nginx; () (no `engines:`): one engine, the
     # top-level model / shared_memory / gpu (what every config before it meant).
     engines: tuple[EngineEntry, ...] = ()
+    upstream: UpstreamConfig = field(default_factory=UpstreamConfig)
     path: str = "<defaults>"                 # where it was loaded from (not a YAML key)
 
 
@@ -277,6 +297,11 @@ def _check_value(where: str, hint: Any, value: Any) -> Any:
         # a subsection (cache.l1): `where` ends with its dotted name
         path, _, name = where.rpartition(": ")
         return _build_section(path, name, hint, value)
+    if origin is tuple:   # a list of strings (upstream.urls)
+        if not isinstance(value, list):
+            raise ConfigError(f"{where}: expected a list, got {value!r}")
+        (inner, _) = typing.get_args(hint)
+        return tuple(_check_value(f"{where}[{i}]", inner, v) for i, v in enumerate(value))
     if hint is str:
         if not isinstance(value, str) or not value:
             raise ConfigError(f"{where}: expected a non-empty string, got {value!r}")
@@ -388,6 +413,16 @@ def _check_consistency(cfg: Config, given: frozenset[str] = frozenset()) -> None
                               f"(letters, digits and '-')")
     if cfg.model.d_model % cfg.model.n_heads or (cfg.model.d_model // cfg.model.n_heads) % 2:
         raise ConfigError(f"{cfg.path}: model.d_model: must split into n_heads heads of even size")
+    checked = [("", cfg.model, cfg.upstream)] if not cfg.engines else \
+        [(f"engines.{e.name}.", e.model, e.upstream) for e in cfg.engines]
+    for where, model, upstream in checked:
+        if model.backend != "upstream":
+            continue
+        if not upstream.urls:
+            raise ConfigError(f"{cfg.path}: {where}upstream.urls: required when model.backend is 'upstream'")
+        for i, url in enumerate(upstream.urls):
+            if not re.fullmatch(r"https?://[^\s/]+(/\S*)?", url):
+                raise ConfigError(f"{cfg.path}: {where}upstream.urls[{i}]: {url!r} is not an http:// or https:// URL")
     if cfg.model.backend == "hf" and cfg.model.path is None:
         raise ConfigError(f"{cfg.path}: model.path: required when model.backend is 'hf' "
                           "(a local checkpoint directory)")
@@ -418,7 +453,7 @@ def check_tls_files(cfg: Config) -> None:
 
 _SECTIONS = {f.name: f.type for f in dataclasses.fields(Config) if f.name not in ("path", "engines")}
 _ENGINE_NAME = re.compile(r"[a-z0-9][a-z0-9_-]{0,31}")
-_ENGINE_KEYS = ("name", "model", "shared_memory", "gpu")   # each but name: overrides of the top-level section
+_ENGINE_KEYS = ("name", "model", "shared_memory", "gpu", "upstream")   # each but name: overrides of the top-level section
 
 
 def _overlay(base: Any, over: Any, where: str) -> dict[str, Any]:
@@ -437,7 +472,7 @@ def _parse_engines(raw: dict[str, Any], path: str) -> tuple[EngineEntry, ...]:
     out: list[EngineEntry] = []
     for n, item in enumerate(items):
         if not isinstance(item, dict):
-            raise ConfigError(f"{path}: engines[{n}]: expected a mapping (name, model, shared_memory, gpu)")
+            raise ConfigError(f"{path}: engines[{n}]: expected a mapping (name, model, shared_memory, gpu, upstream)")
         for key in item:
             if key not in _ENGINE_KEYS:
                 raise ConfigError(f"{path}: engines[{n}].{key}: unknown key (known: {', '.join(_ENGINE_KEYS)})")
@@ -458,6 +493,8 @@ def _parse_engines(raw: dict[str, Any], path: str) -> tuple[EngineEntry, ...]:
             shared_memory=_build_section(path, f"{where}.shared_memory", SharedMemoryConfig, shm_raw),
             gpu=_build_section(path, f"{where}.gpu", GpuConfig,
                                _overlay(raw.get("gpu"), item.get("gpu"), f"{path}: {where}.gpu")),
+            upstream=_build_section(path, f"{where}.upstream", UpstreamConfig,
+                                    _overlay(raw.get("upstream"), item.get("upstream"), f"{path}: {where}.upstream")),
         ))
     shm_names = [e.shared_memory.name for e in out]
     for n, e in enumerate(out):
@@ -473,6 +510,7 @@ def for_engine(cfg: Config, name: str) -> Config:
     for e in cfg.engines:
         if e.name == name:
             return dataclasses.replace(cfg, model=e.model, shared_memory=e.shared_memory, gpu=e.gpu,
+                                       upstream=e.upstream,
                                        server=dataclasses.replace(cfg.server, socket_path=e.socket_path
                                                                   or cfg.server.socket_path))
     known = ", ".join(e.name for e in cfg.engines) or "none: config.yaml has no engines list"

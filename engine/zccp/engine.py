@@ -36,6 +36,7 @@ from zccp.planner import Planner
 from zccp.prefix_cache import PrefixCache
 from zccp.ring_writer import ResponseWriter
 from zccp.scheduler import BatchLimits, BatchScheduler
+from zccp.upstream.client import UpstreamClient
 
 log = logging.getLogger("zccp.engine")
 
@@ -119,6 +120,8 @@ class Engine:
         self._loop_thread = 0
         self.cache = ResponseCache(cfg.cache, self.metrics) if cfg.cache.enabled else None
         self._tasks: set[asyncio.Task[None]] = set()
+        # model.backend: upstream: misses are forwarded over HTTP (zccp.upstream)
+        self.upstream = UpstreamClient(cfg.upstream, cfg.model.name) if cfg.model.backend == "upstream" else None
         self.deps = FlowDeps(
             backend=self.backend,
             limits=ParseLimits(
@@ -141,6 +144,7 @@ class Engine:
             request_log=RequestLog(defer=self._after_this_turn),
             inflight=InFlight() if cfg.cache.enabled and cfg.cache.coalesce_wait_ms else None,
             coalesce_wait_s=cfg.cache.coalesce_wait_ms / 1000,
+            upstream=self.upstream,
         )
         self.metrics_server = MetricsServer(self._socket_path + ".metrics", self.metrics, cfg.shared_memory.group)
 
@@ -178,6 +182,7 @@ class Engine:
         except SlotError as exc:
             return self._reject(conn, ring, 400, str(exc))
         h.state = State.RUNNING
+        view.meta.retry_after_s = 0   # a previous answer's; set again only by a 429/503 that names one
         job = Job(conn, view, ring.generation)
         self._jobs[ring.slot] = job
         conn.jobs.add(job)
@@ -337,6 +342,8 @@ class Engine:
             await self.metrics_server.stop()
             if self.cache is not None:
                 await self.cache.close()
+            if self.upstream is not None:
+                await self.upstream.close()
             self._model.stop()
             self.device.close()
             self._tokens.clear()

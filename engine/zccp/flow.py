@@ -45,6 +45,8 @@ from zccp.shared_types import ApiError, Completed, GenerationRequest, Generation
 from zccp.choices import ChoiceSink, Choices, all_done, choice_params
 from zccp.text_assembly import generate_text
 from zccp.token_sink import Reply
+from zccp.upstream.client import UpstreamClient
+from zccp.upstream.reply import UpstreamReply
 
 log = logging.getLogger("zccp.flow")
 
@@ -68,6 +70,7 @@ class FlowDeps:
     tool_parser: str = "none"                            # model.tool_parser: "hermes" | "none"
     inflight: InFlight | None = None                     # identical misses wait for the first (None: off)
     coalesce_wait_s: float = 0.0                         # cache.coalesce_wait_ms: how long they wait
+    upstream: UpstreamClient | None = None               # model.backend: upstream: misses go there
 
 
 @dataclass(frozen=True)
@@ -192,6 +195,8 @@ class RequestFlow:
 
     def _run_model(self, prep: Prepared, store: CacheKeys | None) -> None:
         self._store_keys = store
+        if self.deps.upstream is not None:
+            return self.deps.spawn(self._run_upstream(prep, store, self.deps.upstream))
         # Streams always leave the loop: a full response ring makes the writer wait for
         # nginx's ack, and the loop must stay free to deliver the notices nginx waits for.
         if self.deps.inline and not prep.req.stream and prep.req.n == 1:
@@ -218,6 +223,18 @@ class RequestFlow:
                 self.outcome.client_error(ApiError(429, "rate_limit_error", "the model's queue is full "
                                                    "(model.max_queue requests wait already); retry shortly"))
             self._release_owned()
+            self.outcome.done()
+
+    async def _run_upstream(self, prep: Prepared, store: CacheKeys | None, client: UpstreamClient) -> None:
+        """A miss answered by the upstream server (on the loop): the same cache verdict,
+        store and ending as a model's answer (zccp.upstream.reply)."""
+        completed: Completed | None = None
+        try:
+            reply = UpstreamReply(prep.codec, prep.req, self.ctx.writer, self.outcome, int(prep.input_ids.numel()),
+                                  self.ctx.cancelled, lambda result: self._verdict(prep, result))
+            completed = await reply.run(client, prep.codec.chat_input(prep.doc))
+        finally:
+            self._store(store, completed)
             self.outcome.done()
 
     def _run_choices(self, prep: Prepared) -> None:
@@ -309,7 +326,9 @@ class RequestFlow:
         ctx, deps = self.ctx, self.deps
         doc = self.codec.decode(ctx.payload)
         req = self.codec.parse(doc, deps.limits)
-        if req.sampling.constraint is not None or req.sampling.logprobs is not None:
+        if deps.upstream is not None:
+            self._check_forwardable(req)
+        elif req.sampling.constraint is not None or req.sampling.logprobs is not None:
             self._check_needs_logits(req)
         codec = self.codec
         try:
@@ -326,6 +345,16 @@ class RequestFlow:
                            f"prompt is too long: {n} tokens + max_tokens {req.sampling.max_tokens} > {limit} maximum",
                            param="max_tokens" if n < limit else "messages")
         return req, deps.input_view(ctx.tokens[:n]), doc
+
+    def _check_forwardable(self, req: GenerationRequest) -> None:
+        """What an upstream backend does not forward (a forced tool call and JSON output are
+        forwarded as the upstream's tool_choice and response_format)."""
+        if req.sampling.logprobs is not None:
+            raise ApiError(400, "invalid_request_error", f"logprobs are not forwarded to {req.model}'s upstream",
+                           param="logprobs")
+        if req.n > 1:
+            raise ApiError(400, "invalid_request_error", f"n > 1 is not forwarded to {req.model}'s upstream",
+                           param="n")
 
     def _check_needs_logits(self, req: GenerationRequest) -> None:
         """A grammar and logprobs need logits, and a forced tool call the parser that reads it."""

@@ -98,6 +98,7 @@ class ToolCall:
 
     name: str
     arguments: str                    # the arguments object as JSON text
+    id: str | None = None             # the call's id when an upstream named it (None: a fresh one)
 
 
 @dataclass(frozen=True)

@@ -35,6 +35,46 @@ def two_models(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
         s.stop()
 
 
+UPSTREAM_REPLY = "Reply from the upstream server."
+
+
+@pytest.fixture(scope="module")
+def with_upstream(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
+    """Two local models and one upstream (another ZCCP stack, spoken to in Anthropic's API)
+    behind one nginx: engines a and b, and engine up with model.backend upstream."""
+    up = Stack(tmp_path_factory.mktemp("upstream_server"),
+               {"model": {"backend": "null", "name": "served-upstream", "null_reply": UPSTREAM_REPLY}}).start()
+    s = Stack(tmp_path_factory.mktemp("with_upstream"), {
+        "model": {"backend": "null"},
+        "engines": [{"name": "a", "model": {"name": "model-a", "null_reply": REPLY["a"]}},
+                    {"name": "b", "model": {"name": "model-b", "null_reply": REPLY["b"]}},
+                    {"name": "up", "model": {"name": "model-up", "backend": "upstream"},
+                     "upstream": {"urls": [up.base_url + "/v1"], "api": "anthropic", "model": "served-upstream"}}],
+    }, with_redis=True)
+    try:
+        yield s.start()
+    finally:
+        s.stop()
+        up.stop()
+
+
+def test_two_local_models_and_an_upstream_through_one_nginx(with_upstream: Stack) -> None:
+    ant, oai = sdk_clients(with_upstream)
+    expected = {"model-a": REPLY["a"], "model-b": REPLY["b"], "model-up": UPSTREAM_REPLY}
+    for model, reply in expected.items():
+        msg = ant.messages.create(model=model, max_tokens=32, messages=[{"role": "user", "content": "Hi " + model}])
+        assert msg.model == model and msg.content[0].text == reply
+        chat = oai.chat.completions.create(model=model, messages=[{"role": "user", "content": "Hi " + model}])
+        assert chat.model == model and chat.choices[0].message.content == reply
+        with ant.messages.stream(model=model, max_tokens=32,
+                                 messages=[{"role": "user", "content": "Stream " + model}]) as stream:
+            assert "".join(stream.text_stream) == reply
+        chunks = oai.chat.completions.create(model=model, stream=True,
+                                             messages=[{"role": "user", "content": "Stream " + model}])
+        assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == reply
+    assert {m.id for m in oai.models.list()} >= set(expected)
+
+
 def replicas_config(**routing: object) -> dict:
     return {
         "model": {"backend": "null", "name": "zccp-null", "null_token_delay_ms": 2},

@@ -108,3 +108,24 @@ def test_the_shipped_config_still_loads(tmp_path: Path) -> None:
     root = Path(__file__).resolve().parents[2]
     raw = yaml.safe_load((root / "config.yaml").read_text())
     assert parse(raw).engines == ()
+
+
+def test_an_engine_entry_may_forward_to_its_own_upstream(tmp_path) -> None:
+    import yaml
+
+    from zccp.config import ConfigError, for_engine, load_config
+
+    path = tmp_path / "config.yaml"
+    path.write_text(yaml.safe_dump({
+        "upstream": {"api": "anthropic", "read_timeout_ms": 9000},
+        "engines": [{"name": "local", "model": {"backend": "null", "name": "m-local"}},
+                    {"name": "up", "model": {"backend": "upstream", "name": "m-up"},
+                     "upstream": {"urls": ["http://10.0.0.5:8000/v1"]}}]}))
+    cfg = for_engine(load_config(path), "up")
+    assert cfg.model.backend == "upstream" and cfg.upstream.urls == ("http://10.0.0.5:8000/v1",)
+    assert cfg.upstream.api == "anthropic" and cfg.upstream.read_timeout_ms == 9000   # the top level's, overlaid
+    path.write_text(yaml.safe_dump({"engines": [{"name": "up", "model": {"backend": "upstream"}}]}))
+    import pytest
+
+    with pytest.raises(ConfigError, match="engines.up.upstream.urls: required"):
+        load_config(path)
