@@ -453,7 +453,8 @@ def check_tls_files(cfg: Config) -> None:
 
 _SECTIONS = {f.name: f.type for f in dataclasses.fields(Config) if f.name not in ("path", "engines")}
 _ENGINE_NAME = re.compile(r"[a-z0-9][a-z0-9_-]{0,31}")
-_ENGINE_KEYS = ("name", "model", "shared_memory", "gpu", "upstream")   # each but name: overrides of the top-level section
+# each but name: overrides of the top-level section
+_ENGINE_KEYS = ("name", "model", "shared_memory", "gpu", "upstream")
 
 
 def _overlay(base: Any, over: Any, where: str) -> dict[str, Any]:
