@@ -6,8 +6,12 @@ tests' Stack launcher), loopback, wrk (bench/wrk/post.lua).
     PYTHONPATH=engine python -m bench.keys [--seconds 3] [--conc 16]
 
 Rows: auth off | keys (a key without limits: verified from the worker's cache, metered
-after the answer) | keys+limits (a key with every limit set, high enough never to refuse:
-also the admission script in Redis before the request). Writes bench/keys.md and bench/keys.json.
+after the answer) | keys+limits (rpm, input and output tokens per minute, daily and monthly
+tokens, high enough never to refuse: reserved from the worker's leases, zccp.lease) |
+keys+limits+conc (the same and a concurrency limit: one Redis round trip per admission,
+as that limit is exact). All four stacks run at once; each round measures every row once,
+in turn, and the table shows each row's median over the rounds (the machine is shared).
+Writes bench/keys.md and bench/keys.json.
 """
 
 from __future__ import annotations
@@ -27,8 +31,10 @@ from tests.support.checkout import REPO, require_this_checkout
 from tests.support.harness import Stack, remove_socket_dirs
 
 NULL = {"backend": "null", "name": "zccp-tiny", "max_context": 200000}
-LIMITS = ["--rpm", "10000000", "--itpm", "1000000000", "--otpm", "1000000000", "--concurrency", "100000",
+LIMITS = ["--rpm", "10000000", "--itpm", "1000000000", "--otpm", "1000000000",
           "--daily-tokens", "100000000000", "--monthly-tokens", "100000000000"]
+CONC = ["--concurrency", "100000"]
+MODES = ("off", "keys", "keys+limits", "keys+limits+conc")
 
 
 def body_1k() -> str:
@@ -42,9 +48,9 @@ def body_1k() -> str:
     return out
 
 
-def make_key(s: Stack, limits: bool) -> str:
-    out = subprocess.run([sys.executable, "-m", "zccp.ops.keys_cli", "create", "--tenant", "bench",
-                          *(LIMITS if limits else []),
+def make_key(s: Stack, mode: str) -> str:
+    extra = (LIMITS if "limits" in mode else []) + (CONC if mode.endswith("conc") else [])
+    out = subprocess.run([sys.executable, "-m", "zccp.ops.keys_cli", "create", "--tenant", "bench", *extra,
                           "--config", str(s.config_path), "--json"], capture_output=True, text=True,
                          timeout=60, env=ENGINE_ENV, check=True)
     return str(json.loads(out.stdout)["key"])
@@ -77,56 +83,94 @@ def wrk_with(url: str, body_file: Path, conc: int, seconds: float, tail: list[st
     return dict(json.loads(m.group(1)))
 
 
+def median(xs: list[float]) -> float:
+    xs = sorted(xs)
+    n = len(xs)
+    return xs[n // 2] if n % 2 else (xs[n // 2 - 1] + xs[n // 2]) / 2
+
+
+def render(runs: dict[str, list[dict]], seconds: float, conc: int) -> str:
+    """keys.md from every run. Rows: each row's median req/s, latencies and nginx CPU over the
+    rounds; the comparisons are paired: in each round, the row against off's run of that
+    round (the machine's load drifts between rounds), and the median of those."""
+    rounds = len(runs["off/hit"])
+    lines = ["# Keys and limits on vs off (bench/keys.py)", "",
+             f"Four stacks at once (nginx 2 workers each, engine with the null model, its own redis-server), "
+             f"loopback; wrk -c {conc} -t 2 for {seconds:g} s per row after a 1 s warm-up; one 1 KiB "
+             f"Anthropic body; {rounds} rounds, each measuring every row in turn. The table shows each row's "
+             "medians over the rounds; the comparisons below are paired (each round's run against off's run "
+             "of the same round, then the median), as the shared machine's load drifts between rounds. "
+             "hit: the same body every time (nginx's L1 answers); miss: `Cache-Control: no-cache, no-store` "
+             "(every request goes to the engine). keys: `auth.mode: keys`, a key without limits (verified from "
+             "the worker's cache, metered in the worker's batch sent every 50 ms). keys+limits: a key with rpm, "
+             "itpm, otpm, daily and monthly tokens set (never refused): reserved from the worker's leases "
+             "(zccp.lease; a Redis round trip only when a lease runs low). keys+limits+conc: the same and a "
+             "concurrency limit, which is exact: one Redis script per admission. nginx CPU: its processes' "
+             "user+system time over the run / requests. The machine is shared (2 cores, other sessions' "
+             "tests running): read the numbers as indicative.", "",
+             "| auth | path | req/s | p50 ms | p99 ms | non-2xx | nginx CPU µs/req | req/s of each round |",
+             "|---|---|---|---|---|---|---|---|"]
+    for mode in MODES:
+        for path in ("hit", "miss"):
+            rs = runs[f"{mode}/{path}"]
+            lines.append(f"| {mode} | {path} | {median([r['rps'] for r in rs]):.0f} | "
+                         f"{median([r['p50_ms'] for r in rs]):.2f} | {median([r['p99_ms'] for r in rs]):.2f} | "
+                         f"{sum(r['non2xx'] for r in rs)} | {median([r['nginx_cpu_us_per_req'] for r in rs]):.1f} | "
+                         f"{', '.join(str(round(r['rps'])) for r in rs)} |")
+    lines.append("")
+    for path in ("hit", "miss"):
+        off = runs[f"off/{path}"]
+        for mode in MODES[1:]:
+            on = runs[f"{mode}/{path}"]
+            ratio = median([a["rps"] / b["rps"] for a, b in zip(on, off, strict=True)])
+            cpu = median([a["nginx_cpu_us_per_req"] - b["nginx_cpu_us_per_req"] for a, b in zip(on, off, strict=True)])
+            lines.append(f"* {path}, {mode}: {ratio * 100:.0f}% of off's req/s; nginx CPU {cpu:+.1f} µs per "
+                         "request (paired medians).")
+    return "\n".join(lines) + "\n"
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--seconds", type=float, default=3.0)
     ap.add_argument("--conc", type=int, default=16)
+    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--render", action="store_true", help="only rewrite keys.md from keys.json")
     args = ap.parse_args()
+    out_json = REPO / "bench" / "keys.json"
+    if args.render:
+        saved = json.loads(out_json.read_text())
+        (REPO / "bench" / "keys.md").write_text(render(saved["runs"], saved["seconds"], saved["conc"]))
+        return
     require_this_checkout()
-    rows = []
+    runs: dict[str, list[dict]] = {}
     with tempfile.TemporaryDirectory() as tmp:
         body_file = Path(tmp) / "body.jsonl"
         body_file.write_text(body_1k() + "\n")
-        for mode in ("off", "keys", "keys+limits"):
-            over = {"model": NULL, "shared_memory": {"segment_count": 64}}
-            if mode != "off":
-                over["auth"] = {"mode": "keys"}
-            s = Stack(Path(tmp) / mode.replace("+", "_"), over, with_redis=True).start()
-            try:
-                key = make_key(s, mode == "keys+limits") if mode != "off" else None
-                for path, nocache in (("hit", False), ("miss", True)):
-                    run_one(s, body_file, args.conc, 1, nocache, key)       # warm-up (and the hit's first store)
-                    r = run_one(s, body_file, args.conc, args.seconds, nocache, key)
-                    rows.append({"auth": mode, "path": path, **r})
-                    print(rows[-1], flush=True)
-            finally:
+        stacks: dict[str, Stack] = {}
+        keys: dict[str, str | None] = {}
+        try:
+            for mode in MODES:
+                over: dict = {"model": NULL, "shared_memory": {"segment_count": 64}}
+                if mode != "off":
+                    over["auth"] = {"mode": "keys"}
+                stacks[mode] = Stack(Path(tmp) / mode.replace("+", "_"), over, with_redis=True).start()
+                keys[mode] = make_key(stacks[mode], mode) if mode != "off" else None
+            for rnd in range(args.rounds):
+                for mode in MODES:
+                    for path, nocache in (("hit", False), ("miss", True)):
+                        s = stacks[mode]
+                        run_one(s, body_file, args.conc, 1, nocache, keys[mode])   # warm-up (and the hit's store)
+                        r = run_one(s, body_file, args.conc, args.seconds, nocache, keys[mode])
+                        runs.setdefault(f"{mode}/{path}", []).append(r)
+                        print(rnd, mode, path, r, flush=True)
+        finally:
+            for s in stacks.values():
                 s.stop()
     remove_socket_dirs()
-    (REPO / "bench" / "keys.json").write_text(json.dumps(rows, indent=1))
-    by = {(r["auth"], r["path"]): r for r in rows}
-    lines = ["# Keys and limits on vs off (bench/keys.py)", "",
-             f"One stack (nginx 2 workers, engine with the null model, redis-server), loopback; wrk "
-             f"-c {args.conc} -t 2 for {args.seconds:g} s per row after a 1 s warm-up; one 1 KiB Anthropic body. "
-             "hit: the same body every time (nginx's L1 answers); miss: `Cache-Control: no-cache, no-store` "
-             "(every request goes to the engine). keys+limits: `auth.mode: keys`, a key with every limit set (never "
-             "refused): per request the key is verified from the worker's cache, one Redis script admits and "
-             "reserves, one settles and meters (a timer after the answer); keys without limits: the check "
-             "and the metering script only. nginx CPU: its processes' user+system "
-             "time over the run / requests. The machine is shared (2 cores, other sessions' tests running): "
-             "read the numbers as indicative, one run each.", "",
-             "| auth | path | req/s | p50 ms | p99 ms | non-2xx | nginx CPU µs/req |", "|---|---|---|---|---|---|---|"]
-    for r in rows:
-        lines.append(f"| {r['auth']} | {r['path']} | {r['rps']:.0f} | {r['p50_ms']:.2f} | {r['p99_ms']:.2f} | "
-                     f"{r['non2xx']} | {r['nginx_cpu_us_per_req']:.1f} |")
-    lines.append("")
-    for path in ("hit", "miss"):
-        off = by[("off", path)]
-        for mode in ("keys", "keys+limits"):
-            on = by[(mode, path)]
-            lines.append(f"* {path}, {mode}: {on['rps'] / off['rps'] * 100:.0f}% of off's req/s; nginx CPU "
-                         f"+{on['nginx_cpu_us_per_req'] - off['nginx_cpu_us_per_req']:.1f} µs per request.")
-    (REPO / "bench" / "keys.md").write_text("\n".join(lines) + "\n")
-    print("\n".join(lines))
+    out_json.write_text(json.dumps({"seconds": args.seconds, "conc": args.conc, "runs": runs}, indent=1))
+    text = render(runs, args.seconds, args.conc)
+    (REPO / "bench" / "keys.md").write_text(text)
+    print(text)
 
 
 if __name__ == "__main__":

@@ -336,6 +336,23 @@ def serving_section(out_dir: Path) -> str:
     return p.read_text().rstrip()
 
 
+def routing_section(out_dir: Path) -> str:
+    """bench/routing.md (written by `python -m bench.routing`) without its title, or how to make it."""
+    p = out_dir / "routing.md"
+    if not p.exists():
+        return "(not run: `PYTHONPATH=engine .venv/bin/python -m bench.routing`)"
+    body = p.read_text().split("\n", 1)[1].strip()
+    return body.replace("\n## ", "\n### ")
+
+
+def keys_section(out_dir: Path) -> str:
+    """bench/keys.md and bench/keys_burst.md (written by `python -m bench.keys` and
+    `python -m bench.keys_burst`, issue 18), or how to make them."""
+    parts = ["###" + p.read_text().strip().removeprefix("#")   # their titles one level down
+             for p in (out_dir / "keys.md", out_dir / "keys_burst.md") if p.exists()]
+    return "\n\n".join(parts) if parts else "(not run: `python -m bench.keys`, `python -m bench.keys_burst`)"
+
+
 def write(res: dict, out_dir: Path) -> None:
     plot(res, out_dir / "results.png")
     m, code, st = res["machine"], res["code"], res["settings"]
@@ -482,6 +499,14 @@ TTFT = request sent → first `content_block_delta` event.
 ## HTTP/2 and TLS (h2load)
 
 {h2tls_section(out_dir)}
+
+## Routing among engine replicas (issue 19)
+
+{routing_section(out_dir)}
+
+## Keys and limits (issue 18)
+
+{keys_section(out_dir)}
 
 ## Engine profile (py-spy)
 

@@ -41,7 +41,7 @@ enum zccp_slot_state {
 };
 
 enum zccp_slot_flags {
-    ZCCP_FLAG_API_OPENAI    = 1,    /* nginx: body is an OpenAI chat completion (else Anthropic) */
+    ZCCP_FLAG_API_OPENAI    = 1,    /* nginx: body is an OpenAI request, request.openai_api's (else Anthropic) */
     ZCCP_FLAG_MASKED        = 2,    /* nginx: a mask pattern changed the prompt text */
     ZCCP_FLAG_FP_COMPLETE   = 4,    /* nginx: near hits allowed (a text-only final user turn, wholly fingerprinted) */
     ZCCP_FLAG_NO_CACHE      = 8,    /* nginx: Cache-Control: no-cache (skip lookup) */
@@ -61,6 +61,14 @@ enum zccp_request_kind {
     ZCCP_KIND_MODELS       = 2,     /* GET /v1/models */
     ZCCP_KIND_WARMUP       = 3,     /* POST /v1/zccp/warmup (loopback or unix socket only) */
     ZCCP_KIND_PURGE        = 4      /* POST /v1/zccp/purge (loopback or unix socket only) */
+};
+
+/* Which OpenAI endpoint a GENERATE slot's body is for (request.openai_api, with
+   ZCCP_FLAG_API_OPENAI); 0, the zeroed block, is Chat Completions. */
+enum zccp_openai_api {
+    ZCCP_OPENAI_CHAT        = 0,    /* POST /v1/chat/completions */
+    ZCCP_OPENAI_COMPLETIONS = 1,    /* POST /v1/completions (legacy prompt completions) */
+    ZCCP_OPENAI_RESPONSES   = 2     /* POST /v1/responses (stateless) */
 };
 
 enum zccp_cache_status {
@@ -157,7 +165,8 @@ struct zccp_slot_meta {
     uint32_t cache_ttl_s;       /* 200 engine: nginx may keep this answer for so long (0: it must not) */
     uint32_t cache_scope;       /* 204 engine: 0 shared by every caller, 1 this tenant's only */
     uint32_t cache_reason;      /* 208 engine: enum zccp_cache_reason */
-    uint8_t  reserved[44];      /* 212 */
+    uint32_t retry_after_s;     /* 212 engine: Retry-After of a 429/503 answer (0: nginx's 1) */
+    uint8_t  reserved[40];      /* 216 */
 };
 
 /* Bytes 384..895 of every slot: the full MinHash signature nginx computed, so the
@@ -174,7 +183,8 @@ struct zccp_slot_request {
     uint8_t  tenant[32];        /*  72 SHA-256 of the tenant's source value (ZCCP_FLAG_TENANT) */
     uint8_t  mask_digest[32];   /* 104 SHA-256 naming the mask set nginx applied (ZCCP_FLAG_MASK_DIGEST) */
     uint8_t  prefix_key[32];    /* 136 fingerprint prefix key: the request but its final message (ZCCP_FLAG_FP_VALID) */
-    uint8_t  reserved[88];      /* 168 */
+    uint32_t openai_api;        /* 168 enum zccp_openai_api (ZCCP_FLAG_API_OPENAI) */
+    uint8_t  reserved[84];      /* 172 */
 };
 
 /* Doorbell frames: fixed size, host byte order, nothing else travels on the socket. */

@@ -1,6 +1,6 @@
 """Container healthchecks, with the addresses taken from the mounted config.yaml.
 
-  healthcheck.py engine   the engine answers a PING on its doorbell socket
+  healthcheck.py engine [NAME]   the engine (NAME: that of engines:) answers a PING on its doorbell socket
   healthcheck.py nginx    GET /health is 200 (nginx is up and the engine answers it)
 """
 
@@ -10,11 +10,15 @@ import urllib.error
 
 from zccp.config import load_config
 from zccp.ops.stack import engine_ping, local_urlopen
+from zccp.runtime import engine_socket_path
 
 cfg = load_config(os.environ.get("ZCCP_CONFIG", "/etc/zccp/config.yaml"))
 what = sys.argv[1] if len(sys.argv) > 1 else ""
 if what == "engine":
-    sys.exit(0 if engine_ping(cfg.server.socket_path, timeout=2.0) is not None else 1)
+    sock = cfg.server.socket_path or ""
+    if len(sys.argv) > 2:   # one engine of engines: (docs/engines.md)
+        sock = engine_socket_path(sock, sys.argv[2])
+    sys.exit(0 if engine_ping(sock, timeout=2.0) is not None else 1)
 if what == "nginx":
     port = cfg.server.listen.rpartition(":")[2]
     try:

@@ -104,6 +104,7 @@ def _enum(name: str, prefix: str) -> Any:
 State = _enum("zccp_slot_state", "ZCCP_STATE_")            # slot life cycle
 Flag = _enum("zccp_slot_flags", "ZCCP_FLAG_")              # header.flags bits
 Kind = _enum("zccp_request_kind", "ZCCP_KIND_")            # request.kind
+OpenAIApi = _enum("zccp_openai_api", "ZCCP_OPENAI_")       # request.openai_api
 CacheStatus = _enum("zccp_cache_status", "ZCCP_CACHE_")    # meta.cache_status
 CacheReason = _enum("zccp_cache_reason", "ZCCP_REASON_")   # meta.cache_reason
 Op = _enum("zccp_op", "ZCCP_OP_")                          # doorbell opcodes

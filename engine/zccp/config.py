@@ -138,7 +138,7 @@ class SharedMemoryConfig:
 
 @dataclass(frozen=True)
 class ModelConfig:
-    backend: Literal["tiny", "null", "hf"] = "tiny"
+    backend: Literal["tiny", "null", "hf", "upstream"] = "tiny"   # upstream: forward to an HTTP server (upstream:)
     name: str = "zccp-tiny"
     path: str | None = None                  # hf: the local checkpoint directory
     dtype: Literal["auto", "bfloat16", "float16", "float32"] = "auto"   # hf; auto: checkpoint's on GPU, fp32 on CPU
@@ -159,6 +159,24 @@ class ModelConfig:
     null_reply: str = "Hello from the ZCCP null backend."
     null_token_delay_ms: float = bounded(0.0, 0, 10_000)   # null backend: simulated time per token
     null_fail_after: int = bounded(-1, -1, 1 << 20)   # null backend: raise after this many tokens (-1: never; tests)
+
+
+@dataclass(frozen=True)
+class UpstreamConfig:
+    """model.backend: upstream: an OpenAI- or Anthropic-compatible HTTP server answers the
+    misses (zccp.upstream; docs/upstreams.md). The key is named by its environment variable,
+    never written here."""
+
+    urls: tuple[str, ...] = ()              # base URLs up to /v1 (http://h:8000/v1), in order: the fallback list
+    api: Literal["openai", "anthropic"] = "openai"   # what the upstream speaks
+    model: str | None = None                 # the upstream's model name (None: model.name)
+    api_key_env: str | None = None           # the environment variable holding the upstream's key
+    connect_timeout_ms: int = bounded(2000, 1, 600_000)
+    read_timeout_ms: int = bounded(60000, 1, 3_600_000)   # between two reads of the answer
+    retries: int = bounded(2, 0, 16)         # further attempts (next URL) before the first byte of an answer
+    max_connections: int = bounded(256, 1, 65_536)   # pooled, reused connections (all URLs)
+    health_interval_ms: int = bounded(2000, 50, 3_600_000)   # probes of a URL in cool-down
+    cooldown_ms: int = bounded(5000, 0, 3_600_000)   # a failed URL is skipped this long, then probed
 
 
 @dataclass(frozen=True)
@@ -192,6 +210,9 @@ class AuthConfig:
     cache_ttl_s: int = bounded(5, 1, 3600)   # a verified key is re-read after this: the revocation bound
     negative_ttl_s: int = bounded(2, 1, 3600)   # an unknown key is asked again after this
     timeout_ms: int = bounded(200, 1, 60_000)   # nginx's Redis calls for keys and limits
+    # One host's keys in a file (hashes only; zccp-keys create --keys-file), read by nginx at
+    # start and reload, looked up before Redis; limits are still counted in Redis
+    keys_file: str | None = None
     # One JSON line per request answered with a key (billing); None: usage.jsonl beside the
     # doorbell socket (a directory nginx's workers can write), "" : none
     usage_log: str | None = None
@@ -199,6 +220,30 @@ class AuthConfig:
     @property
     def on(self) -> bool:
         return self.mode != "off"
+
+
+@dataclass(frozen=True)
+class RoutingConfig:
+    """How nginx picks among the engines that serve a request's model (docs/engines.md)."""
+    # affinity: rendezvous hash of the request's route key (a conversation stays on one replica,
+    # whose prefix cache holds it); round_robin and least_loaded: for comparison (bench/routing.py)
+    policy: Literal["affinity", "round_robin", "least_loaded"] = "affinity"
+    # The load bound: a replica with at least this fraction of its slots claimed is past it; a
+    # request whose preferred replica is past it goes to the least-loaded replica instead (spilled).
+    spill_load: float = bounded(0.75, 0.01, 1.0)
+
+
+@dataclass(frozen=True)
+class EngineEntry:
+    """One engine process of `engines:` (several engines under one nginx, docs/engines.md):
+    its model, arena and device. The doorbell socket is derived (runtime.resolve):
+    doorbell-<name>.sock beside server.socket_path."""
+    name: str
+    model: ModelConfig
+    shared_memory: SharedMemoryConfig
+    gpu: GpuConfig
+    upstream: UpstreamConfig = field(default_factory=UpstreamConfig)   # model.backend: upstream
+    socket_path: str | None = None           # set by runtime.resolve
 
 
 @dataclass(frozen=True)
@@ -211,6 +256,11 @@ class Config:
     limits: LimitsConfig = field(default_factory=LimitsConfig)
     logging: LoggingConfig = field(default_factory=LoggingConfig)
     auth: AuthConfig = field(default_factory=AuthConfig)
+    routing: RoutingConfig = field(default_factory=RoutingConfig)
+    # engines: several engine processes under one nginx; () (no `engines:`): one engine, the
+    # top-level model / shared_memory / gpu (what every config before it meant).
+    engines: tuple[EngineEntry, ...] = ()
+    upstream: UpstreamConfig = field(default_factory=UpstreamConfig)
     path: str = "<defaults>"                 # where it was loaded from (not a YAML key)
 
 
@@ -247,6 +297,11 @@ def _check_value(where: str, hint: Any, value: Any) -> Any:
         # a subsection (cache.l1): `where` ends with its dotted name
         path, _, name = where.rpartition(": ")
         return _build_section(path, name, hint, value)
+    if origin is tuple:   # a list of strings (upstream.urls)
+        if not isinstance(value, list):
+            raise ConfigError(f"{where}: expected a list, got {value!r}")
+        (inner, _) = typing.get_args(hint)
+        return tuple(_check_value(f"{where}[{i}]", inner, v) for i, v in enumerate(value))
     if hint is str:
         if not isinstance(value, str) or not value:
             raise ConfigError(f"{where}: expected a non-empty string, got {value!r}")
@@ -330,6 +385,13 @@ def _check_consistency(cfg: Config, given: frozenset[str] = frozenset()) -> None
         if t.tls or t.topology == "sentinel":
             raise ConfigError(f"{cfg.path}: auth.redis_url: nginx reads keys over redis://, unix:// or "
                               "redis+cluster:// only (no TLS, no Sentinel): name one in auth.redis_url")
+        if cfg.auth.keys_file is not None:
+            from zccp.keystore import load_keys_file
+
+            try:
+                load_keys_file(cfg.auth.keys_file)
+            except ValueError as exc:
+                raise ConfigError(f"{cfg.path}: auth.keys_file: {exc}") from None
     if cfg.server.http2 and cfg.server.tls is None:
         raise ConfigError(f"{cfg.path}: server.http2: true needs server.tls (certificate and key): nginx "
                           "speaks cleartext HTTP/2 only to prior-knowledge clients, and no HTTP/1.1 beside it")
@@ -351,6 +413,16 @@ def _check_consistency(cfg: Config, given: frozenset[str] = frozenset()) -> None
                               f"(letters, digits and '-')")
     if cfg.model.d_model % cfg.model.n_heads or (cfg.model.d_model // cfg.model.n_heads) % 2:
         raise ConfigError(f"{cfg.path}: model.d_model: must split into n_heads heads of even size")
+    checked = [("", cfg.model, cfg.upstream)] if not cfg.engines else \
+        [(f"engines.{e.name}.", e.model, e.upstream) for e in cfg.engines]
+    for where, model, upstream in checked:
+        if model.backend != "upstream":
+            continue
+        if not upstream.urls:
+            raise ConfigError(f"{cfg.path}: {where}upstream.urls: required when model.backend is 'upstream'")
+        for i, url in enumerate(upstream.urls):
+            if not re.fullmatch(r"https?://[^\s/]+(/\S*)?", url):
+                raise ConfigError(f"{cfg.path}: {where}upstream.urls[{i}]: {url!r} is not an http:// or https:// URL")
     if cfg.model.backend == "hf" and cfg.model.path is None:
         raise ConfigError(f"{cfg.path}: model.path: required when model.backend is 'hf' "
                           "(a local checkpoint directory)")
@@ -379,7 +451,77 @@ def check_tls_files(cfg: Config) -> None:
             raise ConfigError(f"{where}: not a PEM file holding a {marker.lower()} (-----BEGIN ...{marker}-----)")
 
 
-_SECTIONS = {f.name: f.type for f in dataclasses.fields(Config) if f.name != "path"}
+_SECTIONS = {f.name: f.type for f in dataclasses.fields(Config) if f.name not in ("path", "engines")}
+_ENGINE_NAME = re.compile(r"[a-z0-9][a-z0-9_-]{0,31}")
+# each but name: overrides of the top-level section
+_ENGINE_KEYS = ("name", "model", "shared_memory", "gpu", "upstream")
+
+
+def _overlay(base: Any, over: Any, where: str) -> dict[str, Any]:
+    """An entry's section: the top-level one's keys, then the entry's own."""
+    if over is not None and not isinstance(over, dict):
+        raise ConfigError(f"{where}: expected a mapping, got {type(over).__name__}")
+    return {**(base if isinstance(base, dict) else {}), **(over or {})}
+
+
+def _parse_engines(raw: dict[str, Any], path: str) -> tuple[EngineEntry, ...]:
+    items = raw.get("engines")
+    if items is None:
+        return ()
+    if not isinstance(items, list) or not items:
+        raise ConfigError(f"{path}: engines: expected a non-empty list of engines")
+    out: list[EngineEntry] = []
+    for n, item in enumerate(items):
+        if not isinstance(item, dict):
+            raise ConfigError(f"{path}: engines[{n}]: expected a mapping (name, model, shared_memory, gpu, upstream)")
+        for key in item:
+            if key not in _ENGINE_KEYS:
+                raise ConfigError(f"{path}: engines[{n}].{key}: unknown key (known: {', '.join(_ENGINE_KEYS)})")
+        name = item.get("name")
+        if not isinstance(name, str) or not _ENGINE_NAME.fullmatch(name):
+            raise ConfigError(f"{path}: engines[{n}].name: {name!r} must be 1-32 of a-z, 0-9, _ and - "
+                              "(it names the engine's socket, log and metrics)")
+        if any(e.name == name for e in out):
+            raise ConfigError(f"{path}: engines[{n}].name: {name!r} is listed twice")
+        where = f"engines.{name}"
+        shm_raw = _overlay(raw.get("shared_memory"), item.get("shared_memory"), f"{path}: {where}.shared_memory")
+        if not isinstance(item.get("shared_memory"), dict) or "name" not in item["shared_memory"]:
+            shm_raw["name"] = f"{shm_raw.get('name', SharedMemoryConfig.name)}.{name}"
+        out.append(EngineEntry(
+            name=name,
+            model=_build_section(path, f"{where}.model", ModelConfig,
+                                 _overlay(raw.get("model"), item.get("model"), f"{path}: {where}.model")),
+            shared_memory=_build_section(path, f"{where}.shared_memory", SharedMemoryConfig, shm_raw),
+            gpu=_build_section(path, f"{where}.gpu", GpuConfig,
+                               _overlay(raw.get("gpu"), item.get("gpu"), f"{path}: {where}.gpu")),
+            upstream=_build_section(path, f"{where}.upstream", UpstreamConfig,
+                                    _overlay(raw.get("upstream"), item.get("upstream"), f"{path}: {where}.upstream")),
+        ))
+    shm_names = [e.shared_memory.name for e in out]
+    for n, e in enumerate(out):
+        if shm_names.index(e.shared_memory.name) != n:
+            raise ConfigError(f"{path}: engines.{e.name}.shared_memory.name: {e.shared_memory.name!r} is "
+                              "another engine's too (each engine has an arena of its own)")
+    return tuple(out)
+
+
+def for_engine(cfg: Config, name: str) -> Config:
+    """The config one engine process of `engines:` runs with: its model, arena, device and
+    doorbell in the places every engine reads them (cfg.engines kept: /v1/models lists them all)."""
+    for e in cfg.engines:
+        if e.name == name:
+            return dataclasses.replace(cfg, model=e.model, shared_memory=e.shared_memory, gpu=e.gpu,
+                                       upstream=e.upstream,
+                                       server=dataclasses.replace(cfg.server, socket_path=e.socket_path
+                                                                  or cfg.server.socket_path))
+    known = ", ".join(e.name for e in cfg.engines) or "none: config.yaml has no engines list"
+    raise ConfigError(f"{cfg.path}: engines: no engine named {name!r} (known: {known})")
+
+
+def model_names(cfg: Config) -> list[str]:
+    """Every model the stack serves, each once, in config order (GET /v1/models)."""
+    names = [e.model.name for e in cfg.engines] or [cfg.model.name]
+    return list(dict.fromkeys(names))
 
 
 def auth_redis_url(cfg: Config) -> str:
@@ -394,12 +536,19 @@ def parse_config(raw: Any, path: str = "<string>") -> Config:
         raise ConfigError(f"{path}: top level must be a mapping of sections")
     hints = typing.get_type_hints(Config)
     for key in raw:
-        if key not in _SECTIONS:
-            raise ConfigError(f"{path}: {key}: unknown section (known: {', '.join(_SECTIONS)})")
+        if key not in _SECTIONS and key != "engines":
+            raise ConfigError(f"{path}: {key}: unknown section (known: {', '.join(_SECTIONS)}, engines)")
     sections = {name: _build_section(path, name, hints[name], raw.get(name)) for name in _SECTIONS}
-    cfg = Config(**sections, path=path)
+    cfg = Config(**sections, engines=_parse_engines(raw, path), path=path)
     shm_raw = raw.get("shared_memory")
     _check_consistency(cfg, frozenset(shm_raw) if isinstance(shm_raw, dict) else frozenset())
+    for e in cfg.engines:   # each engine's arena and model, as its own process will check them
+        given = raw["engines"][cfg.engines.index(e)].get("shared_memory") or {}
+        try:
+            _check_consistency(for_engine(cfg, e.name), frozenset(given))
+        except ConfigError as exc:
+            msg = str(exc).removeprefix(f"{path}: ")
+            raise ConfigError(f"{path}: engines.{e.name}: {msg}") from None
     return cfg
 
 

@@ -22,7 +22,7 @@ from zccp.cache.inflight import InFlight
 from zccp.cache.mask_store import MaskSource
 from zccp.cache.purge_epoch import EpochWatcher
 from zccp.cache.store import ResponseCache
-from zccp.config import Config, ConfigError, ModelConfig, mask_state_path
+from zccp.config import Config, ConfigError, ModelConfig, mask_state_path, model_names
 from zccp.device import select_device
 from zccp.doorbell import Connection, DoorbellServer, Ring, encode_notice
 from zccp.endpoints import EndpointFlow
@@ -36,6 +36,7 @@ from zccp.planner import Planner
 from zccp.prefix_cache import PrefixCache
 from zccp.ring_writer import ResponseWriter
 from zccp.scheduler import BatchLimits, BatchScheduler
+from zccp.upstream.client import UpstreamClient
 
 log = logging.getLogger("zccp.engine")
 
@@ -106,7 +107,8 @@ class Engine:
             self.backend.to(self.device.torch_device)
         self.metrics = EngineMetrics()
         self.metrics.info.set(1, backend=cfg.model.backend, model=cfg.model.name, device=self.device.name)
-        self.models = [ModelInfo(cfg.model.name, int(time.time()))]
+        # every model of the stack (engines:), so that any engine answers GET /v1/models for nginx
+        self.models = [ModelInfo(name, int(time.time())) for name in model_names(cfg)]
         # Views made once: a request never allocates a tensor header for its slot.
         self._tokens = [self.arena.token_tensor(v) for v in self.arena.slots()]
         self._jobs: dict[int, Job] = {}
@@ -118,6 +120,8 @@ class Engine:
         self._loop_thread = 0
         self.cache = ResponseCache(cfg.cache, self.metrics) if cfg.cache.enabled else None
         self._tasks: set[asyncio.Task[None]] = set()
+        # model.backend: upstream: misses are forwarded over HTTP (zccp.upstream)
+        self.upstream = UpstreamClient(cfg.upstream, cfg.model.name) if cfg.model.backend == "upstream" else None
         self.deps = FlowDeps(
             backend=self.backend,
             limits=ParseLimits(
@@ -140,6 +144,7 @@ class Engine:
             request_log=RequestLog(defer=self._after_this_turn),
             inflight=InFlight() if cfg.cache.enabled and cfg.cache.coalesce_wait_ms else None,
             coalesce_wait_s=cfg.cache.coalesce_wait_ms / 1000,
+            upstream=self.upstream,
         )
         self.metrics_server = MetricsServer(self._socket_path + ".metrics", self.metrics, cfg.shared_memory.group)
 
@@ -177,6 +182,7 @@ class Engine:
         except SlotError as exc:
             return self._reject(conn, ring, 400, str(exc))
         h.state = State.RUNNING
+        view.meta.retry_after_s = 0   # a previous answer's; set again only by a 429/503 that names one
         job = Job(conn, view, ring.generation)
         self._jobs[ring.slot] = job
         conn.jobs.add(job)
@@ -336,6 +342,8 @@ class Engine:
             await self.metrics_server.stop()
             if self.cache is not None:
                 await self.cache.close()
+            if self.upstream is not None:
+                await self.upstream.close()
             self._model.stop()
             self.device.close()
             self._tokens.clear()

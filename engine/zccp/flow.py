@@ -24,7 +24,7 @@ import numpy as np
 import torch
 
 from zccp.abi import CacheReason, CacheStatus, Flag, ffi
-from zccp.api import ApiCodec, codec_for
+from zccp.api import ApiCodec, api_for, codec_for
 from zccp.api.common import ParseLimits
 from zccp.cache.answer import CachedAnswer, literals_in
 from zccp.cache.inflight import InFlight
@@ -46,6 +46,8 @@ from zccp.shared_types import ApiError, Completed, GenerationRequest, Generation
 from zccp.choices import ChoiceSink, Choices, all_done, choice_params
 from zccp.text_assembly import generate_text
 from zccp.token_sink import Reply
+from zccp.upstream.client import UpstreamClient
+from zccp.upstream.reply import UpstreamReply
 
 log = logging.getLogger("zccp.flow")
 
@@ -69,6 +71,7 @@ class FlowDeps:
     tool_parser: str = "none"                            # model.tool_parser: "hermes" | "none"
     inflight: InFlight | None = None                     # identical misses wait for the first (None: off)
     coalesce_wait_s: float = 0.0                         # cache.coalesce_wait_ms: how long they wait
+    upstream: UpstreamClient | None = None               # model.backend: upstream: misses go there
 
 
 @dataclass(frozen=True)
@@ -87,7 +90,7 @@ class RequestFlow:
     def __init__(self, ctx: RequestContext, deps: FlowDeps, on_done: Callable[[], None]) -> None:
         self.ctx = ctx
         self.deps = deps
-        self.codec = codec_for("openai" if ctx.view.header.flags & Flag.API_OPENAI else "anthropic")
+        self.codec = codec_for(api_for(bool(ctx.view.header.flags & Flag.API_OPENAI), ctx.view.request.openai_api))
         self.outcome = Outcome(ctx, self.codec, deps.metrics, deps.request_log, on_done)
         self._store_keys: CacheKeys | None = None    # set when the answer will be stored
         self._literals: tuple[str, ...] = ()         # the request's masked values the answer carries
@@ -194,6 +197,8 @@ class RequestFlow:
 
     def _run_model(self, prep: Prepared, store: CacheKeys | None) -> None:
         self._store_keys = store
+        if self.deps.upstream is not None:
+            return self.deps.spawn(self._run_upstream(prep, store, self.deps.upstream))
         # Streams always leave the loop: a full response ring makes the writer wait for
         # nginx's ack, and the loop must stay free to deliver the notices nginx waits for.
         if self.deps.inline and not prep.req.stream and prep.req.n == 1:
@@ -220,6 +225,18 @@ class RequestFlow:
                 self.outcome.client_error(ApiError(429, "rate_limit_error", "the model's queue is full "
                                                    "(model.max_queue requests wait already); retry shortly"))
             self._release_owned()
+            self.outcome.done()
+
+    async def _run_upstream(self, prep: Prepared, store: CacheKeys | None, client: UpstreamClient) -> None:
+        """A miss answered by the upstream server (on the loop): the same cache verdict,
+        store and ending as a model's answer (zccp.upstream.reply)."""
+        completed: Completed | None = None
+        try:
+            reply = UpstreamReply(prep.codec, prep.req, self.ctx.writer, self.outcome, int(prep.input_ids.numel()),
+                                  self.ctx.cancelled, lambda result: self._verdict(prep, result))
+            completed = await reply.run(client, prep.codec.chat_input(prep.doc))
+        finally:
+            self._store(store, completed)
             self.outcome.done()
 
     def _run_choices(self, prep: Prepared) -> None:
@@ -315,7 +332,9 @@ class RequestFlow:
         ctx, deps = self.ctx, self.deps
         doc = self.codec.decode(ctx.payload)
         req = self.codec.parse(doc, deps.limits)
-        if req.sampling.constraint is not None or req.sampling.logprobs is not None:
+        if deps.upstream is not None:
+            self._check_forwardable(req)
+        elif req.sampling.constraint is not None or req.sampling.logprobs is not None:
             self._check_needs_logits(req)
         codec = self.codec
         try:
@@ -332,6 +351,16 @@ class RequestFlow:
                            f"prompt is too long: {n} tokens + max_tokens {req.sampling.max_tokens} > {limit} maximum",
                            param="max_tokens" if n < limit else "messages")
         return req, deps.input_view(ctx.tokens[:n]), doc
+
+    def _check_forwardable(self, req: GenerationRequest) -> None:
+        """What an upstream backend does not forward (a forced tool call and JSON output are
+        forwarded as the upstream's tool_choice and response_format)."""
+        if req.sampling.logprobs is not None:
+            raise ApiError(400, "invalid_request_error", f"logprobs are not forwarded to {req.model}'s upstream",
+                           param="logprobs")
+        if req.n > 1:
+            raise ApiError(400, "invalid_request_error", f"n > 1 is not forwarded to {req.model}'s upstream",
+                           param="n")
 
     def _check_needs_logits(self, req: GenerationRequest) -> None:
         """A grammar and logprobs need logits, and a forced tool call the parser that reads it."""

@@ -8,6 +8,12 @@ A key is shown once, when it is made; only its SHA-256 is stored:
     zccp:auth:index            hash: key id -> the record, its hash, revoked_at (list, revoke)
     zccp:auth:t:<tenant>       the tenant's own limits (over all its keys), JSON {"limits": {...}}
 
+A single host may also list keys in a file (auth.keys_file, the same records with their
+hash, never the secret; `zccp-keys create --keys-file`), read by nginx at start and reload:
+
+    {"keys": [{"sha256": "<hex>", "id": "key_1", "tenant": "acme", "limits": {"rpm": 60}}],
+     "tenants": {"acme": {"limits": {"rpm": 600}}}}
+
 Revoking deletes the record: every nginx stops accepting the key once its cached copy
 expires (auth.cache_ttl_s). Rotating makes a new secret for the same id, tenant and limits;
 the old one keeps working for `grace_s` (0: at once).
@@ -16,6 +22,7 @@ the old one keeps working for `grace_s` (0: at once).
 from __future__ import annotations
 
 import hashlib
+import os
 import re
 import secrets
 import time
@@ -169,6 +176,67 @@ class KeyStore:
             await self.redis.delete(RECORD + e.hash)
         await self._write(rec, secret, old)
         return secret, rec
+
+
+_HEX = re.compile(r"[0-9a-f]{64}")
+MAX_FILE_KEYS = 100_000
+
+
+def load_keys_file(path: str) -> dict[str, Any]:
+    """auth.keys_file, checked as nginx will read it (lua/zccp/auth.lua): {"keys": [records
+    with "sha256"], "tenants": {tenant: {"limits": {...}}}}. ValueError says what is wrong."""
+    try:
+        with open(path, "rb") as f:
+            doc = orjson.loads(f.read())
+    except OSError as exc:
+        raise ValueError(f"cannot read {path}: {exc.strerror}") from None
+    except orjson.JSONDecodeError as exc:
+        raise ValueError(f"{path}: not JSON: {exc}") from None
+    if not isinstance(doc, dict) or not isinstance(doc.get("keys", []), list) \
+            or not isinstance(doc.get("tenants", {}), dict):
+        raise ValueError(f'{path}: expected {{"keys": [...], "tenants": {{...}}}}')
+    if len(doc.get("keys", [])) > MAX_FILE_KEYS:
+        raise ValueError(f"{path}: more than {MAX_FILE_KEYS} keys; keep them in Redis")
+    for i, k in enumerate(doc.get("keys", [])):
+        if not isinstance(k, dict) or not isinstance(k.get("sha256"), str) or not _HEX.fullmatch(k["sha256"]):
+            raise ValueError(f"{path}: keys[{i}]: needs \"sha256\": the key's SHA-256, 64 lowercase hex digits")
+        try:
+            check_tenant(str(k.get("tenant", "")))
+            KeyRecord.from_dict(k)
+        except (KeyError, TypeError, ValueError) as exc:
+            raise ValueError(f"{path}: keys[{i}]: {exc}") from None
+    for t, v in doc.get("tenants", {}).items():
+        check_tenant(t)
+        if not isinstance(v, dict) or not isinstance(v.get("limits", {}), dict):
+            raise ValueError(f'{path}: tenants.{t}: expected {{"limits": {{...}}}}')
+        Limits(**{k: int(n) for k, n in v.get("limits", {}).items() if k in LIMIT_NAMES})
+    return doc
+
+
+def add_to_keys_file(path: str, tenant: str, name: str = "", models: tuple[str, ...] = (),
+                     expires_at: float = 0.0, limits: Limits | None = None) -> tuple[str, KeyRecord]:
+    """A new key listed in the keys file at `path` (made if missing): (the secret, shown
+    once; its record). nginx reads the file at start and reload (zccp-stack reload, HUP)."""
+    check_tenant(tenant)
+    try:
+        doc = load_keys_file(path)
+    except ValueError:
+        try:
+            open(path, "rb").close()
+        except FileNotFoundError:
+            doc = {"keys": [], "tenants": {}}
+        else:
+            raise
+    kid = "key_" + secrets.token_hex(6)
+    secret = KEY_PREFIX + secrets.token_urlsafe(32)
+    rec = KeyRecord(kid, tenant, name, tuple(models), expires_at, time.time(), limits or Limits(), secret[:8])
+    doc.setdefault("keys", []).append({"sha256": key_hash(secret), **orjson.loads(rec.to_json())})
+    doc.setdefault("tenants", {})
+    tmp = path + ".tmp"
+    with open(tmp, "wb") as f:
+        f.write(orjson.dumps(doc, option=orjson.OPT_INDENT_2))
+    os.replace(tmp, path)
+    return secret, rec
 
 
 USAGE_FIELDS = ("requests", "input_tokens", "output_tokens", "cache_hits", "saved_tokens")

@@ -80,6 +80,9 @@ class Outcome:
     def client_error(self, err: ApiError) -> None:
         """A client error, API-shaped, through the slot (raises SlotAbandoned)."""
         status = self.codec.http_status(err)
+        after = err.headers.get("retry-after", "")
+        if after.isdigit():
+            self.ctx.writer.set_meta(retry_after_s=min(int(after), 86400))
         self.ctx.writer.answer(status, False, self.codec.render_error(err))
         self.answered(status)
 

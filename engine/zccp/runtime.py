@@ -79,6 +79,12 @@ def default_socket_path(run_dir: Path, user: str | None, group: str | None) -> P
     return ROOT_SOCKET_BASE / tag / SOCKET_NAME
 
 
+def engine_socket_path(socket_path: str, name: str) -> str:
+    """The doorbell of engine `name` of `engines:`: beside server.socket_path (the masks'
+    last-good file and the usage log live there too, for every engine alike)."""
+    return str(Path(socket_path).parent / f"doorbell-{name}.sock")
+
+
 def _check_names(cfg: Config) -> None:
     """The user and group config.yaml names must exist here: ConfigError naming the key."""
     if cfg.shared_memory.group is not None:
@@ -113,8 +119,16 @@ def resolve(cfg: Config, run_dir: Path) -> Config:
     masks = cfg.cache.mask_patterns
     if masks is not None:   # relative to the config file, as an operator reads it
         masks = str((Path(cfg.path).parent / masks).resolve())
+    engines = tuple(dataclasses.replace(e, socket_path=engine_socket_path(socket, e.name),
+                                        shared_memory=dataclasses.replace(e.shared_memory, group=group))
+                    for e in cfg.engines)
+    for e in engines:
+        if len((e.socket_path or "").encode()) > SUN_PATH_MAX:
+            raise ConfigError(f"{cfg.path}: engines.{e.name}: its socket {e.socket_path} is longer than "
+                              f"{SUN_PATH_MAX} bytes; use a shorter --run-dir, server.socket_path or engine name")
     return dataclasses.replace(
         cfg,
+        engines=engines,
         server=dataclasses.replace(cfg.server, socket_path=socket, admin_listen=admin, admin_token_file=token_file),
         auth=dataclasses.replace(cfg.auth, usage_log=str(Path(socket).parent / "usage.jsonl")
                                  if cfg.auth.usage_log is None else cfg.auth.usage_log),

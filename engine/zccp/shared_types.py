@@ -10,7 +10,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-ApiKind = Literal["anthropic", "openai"]
+# "openai" is Chat Completions; "completions" and "responses" the other OpenAI endpoints
+ApiKind = Literal["anthropic", "openai", "completions", "responses"]
 Role = Literal["system", "user", "assistant"]
 # Anthropic's stop reasons; the OpenAI renderer maps them to finish_reason.
 StopReason = Literal["end_turn", "max_tokens", "stop_sequence", "tool_use"]
@@ -96,6 +97,9 @@ class GenerationRequest:
     tool_use: bool = False            # tools were offered and tool_choice allows calling them
     n: int = 1                        # OpenAI n: choices to generate (n > 1: not streamed)
     cache_marks: tuple[CacheMark, ...] = ()   # Anthropic cache_control breakpoints, in prompt order
+    prompt_text: str | None = None    # /v1/completions: the prompt as is, no chat template (None: a chat)
+    # what the API echoes back in its answer (/v1/responses: instructions, tools, ...); None: nothing
+    echo: dict[str, Any] | None = field(default=None, compare=False)
 
 
 @dataclass(frozen=True)
@@ -131,6 +135,7 @@ class ToolCall:
 
     name: str
     arguments: str                    # the arguments object as JSON text
+    id: str | None = None             # the call's id when an upstream named it (None: a fresh one)
 
 
 @dataclass(frozen=True)

@@ -1,22 +1,25 @@
--- Maps the engine's arena into this nginx worker and re-maps when the engine's
--- epoch changes (an engine restart creates a new shm object). Everything read
--- from the control page is validated before it is used to compute an address.
+-- Maps each engine's arena into this nginx worker (zccp.engines: one, or each of
+-- engines:) and re-maps when an engine's epoch changes (an engine restart creates a new
+-- shm object). Everything read from the control page is validated before it is used to
+-- compute an address. Functions taking `e` take an engine record (zccp.engines); nil is
+-- the first engine (the only one without engines:).
 local ffi = require "ffi"
 local abi = require "zccp.abi"
 local libc = require "zccp.libc"
-local settings = require "zccp.settings"
+local engines = require "zccp.engines"
 
 local C = libc.C
 local ffi_cast = ffi.cast
 local tonumber = tonumber
 local setmetatable = setmetatable
+local ipairs = ipairs
 local bor = require("bit").bor
 
 local _M = { _VERSION = "0.1.0" }
 
 local mt = { __index = _M }
 
-local current        -- the arena new requests use
+local current = {}   -- engine name -> the arena its new requests use
 local MAX_ARENA = 64 * 1024 * 1024 * 1024
 
 local function validate_control(c, size)
@@ -81,7 +84,7 @@ local function peek_epoch(fd)
 end
 
 -- Map the whole arena (pre-faulted) and validate its control page.
-local function map_fd(name, fd, size)
+local function map_fd(name, fd, size, engine)
     local base = C.mmap(nil, size, libc.PROT_READ_WRITE, bor(libc.MAP_SHARED, libc.MAP_POPULATE), fd, 0)
     if base == libc.MAP_FAILED then
         return nil, "mmap " .. name .. ": " .. libc.errstr()
@@ -105,12 +108,13 @@ local function map_fd(name, fd, size)
         response_cap = tonumber(ctl.response_cap),
         refs = 0,
         retired = false,
+        engine = engine,   -- the engine's name (zccp.slots keys its claims by it)
     }, mt)
 end
 
 -- Map `name` unless its epoch is `known_epoch`: returns the arena, or false when
 -- unchanged, or nil, err.
-local function map(name, known_epoch)
+local function map(name, known_epoch, engine)
     local fd, size = open_arena(name)
     if not fd then
         return nil, size
@@ -119,7 +123,7 @@ local function map(name, known_epoch)
         C.close(fd)
         return false
     end
-    local a, err = map_fd(name, fd, size)
+    local a, err = map_fd(name, fd, size, engine)
     C.close(fd)
     return a, err
 end
@@ -139,38 +143,59 @@ local function retire(a)
     end
 end
 
--- The arena for a new request (mapping or re-mapping as needed), with a reference
--- taken: call arena:release() when the request is done with it.
-function _M.acquire()
-    local a = current
-    if a and a.control.magic == abi.C.ZCCP_CONTROL_MAGIC and a.control.epoch == a.epoch then
+local function live(a)
+    return a and a.base and a.control.magic == abi.C.ZCCP_CONTROL_MAGIC and a.control.epoch == a.epoch
+end
+
+-- The arena of engine e for a new request (mapping or re-mapping as needed), with a
+-- reference taken: call arena:release() when the request is done with it.
+function _M.acquire(e)
+    e = e or engines.list()[1]
+    local a = current[e.name]
+    if live(a) then
         a.refs = a.refs + 1
         return a
     end
-    local fresh, err = map(settings.get().shm_name)
+    local fresh, err = map(e.shm_name, nil, e.name)
     if not fresh then
         return nil, err
     end
     if a then
         retire(a)
     end
-    current = fresh
+    current[e.name] = fresh
     fresh.refs = 1
     return fresh
 end
 
--- Re-open the shm object and switch if the engine behind it changed (restart).
+-- Re-open engine e's shm object and switch if the engine behind it changed (restart).
 -- Returns true when the arena was replaced.
-function _M.refresh()
-    local fresh = map(settings.get().shm_name, current and current.epoch)
+function _M.refresh(e)
+    e = e or engines.list()[1]
+    local a = current[e.name]
+    local fresh = map(e.shm_name, a and a.epoch, e.name)
     if not fresh then
         return false
     end
-    if current then
-        retire(current)
+    if a then
+        retire(a)
     end
-    current = fresh
+    current[e.name] = fresh
     return true
+end
+
+-- Every engine's refresh (the once-a-second timer, zccp.init).
+function _M.refresh_all()
+    for _, e in ipairs(engines.list()) do
+        _M.refresh(e)
+    end
+end
+
+-- Engine e's slot count as last mapped here, or nil (never mapped, or its engine gone):
+-- zccp.router's load bound, without taking a reference.
+function _M.slot_count(e)
+    local a = current[e.name]
+    return live(a) and a.slot_count or nil
 end
 
 function _M.release(self)
@@ -180,19 +205,23 @@ function _M.release(self)
     end
 end
 
--- The cache's purge epoch the engine last read from Redis (a cdata uint64), or nil when
+-- The cache's purge epoch the engines last read from Redis (a cdata uint64), or nil when
 -- unknown (no arena, an engine that changed, Redis unreadable): nginx's L1 then answers
--- nothing. Read from the control page on every L1 lookup: a load from shared memory.
+-- nothing. Several engines share one Redis: the highest any of them read (a purge any of
+-- them saw empties L1 at once). Read from the control pages on every L1 lookup: loads
+-- from shared memory.
 function _M.purge_epoch()
-    local a = current
-    if not a or not a.base or a.control.magic ~= abi.C.ZCCP_CONTROL_MAGIC or a.control.epoch ~= a.epoch then
-        return nil
+    local best
+    for _, e in ipairs(engines.list()) do
+        local a = current[e.name]
+        if live(a) then
+            local v = a.control.purge_epoch
+            if v ~= 0 and (not best or v > best) then
+                best = v
+            end
+        end
     end
-    local e = a.control.purge_epoch
-    if e == 0 then
-        return nil
-    end
-    return e
+    return best
 end
 
 -- A pointer of type ptr_t at `offset` into slot i.

@@ -23,6 +23,7 @@ local ngx_now = ngx.now
 local type = type
 local tonumber = tonumber
 local pairs = pairs
+local ipairs = ipairs
 local decode = cjson.decode
 
 local _M = { _VERSION = "0.1.0" }
@@ -48,9 +49,8 @@ local function redis_target()
     return target
 end
 
--- A record as `zccp-keys` writes it; anything malformed counts as no key.
-local function parse(raw)
-    local rec = decode(raw)
+-- A record as `zccp-keys` writes it (decoded); anything malformed counts as no key.
+local function parse_doc(rec)
     if type(rec) ~= "table" or type(rec.tenant) ~= "string" or rec.tenant == "" or type(rec.id) ~= "string" then
         return nil
     end
@@ -81,15 +81,71 @@ local function parse(raw)
     }
 end
 
+local function parse(raw)
+    return parse_doc(decode(raw))
+end
+
+local function tenant_limits_of(t)
+    return type(t) == "table" and type(t.limits) == "table" and t.limits or {}
+end
+
+-- auth.keys_file (one host's keys, hashes only): sha256 hex -> record. Read when this module
+-- loads in the master (init_by_lua: at start and at every reload), else at first use.
+local file_keys
+
+local function load_keys_file()
+    file_keys = {}
+    local c = conf()
+    local path = c and c.keys_file
+    if not path or path == "" then
+        return
+    end
+    local f, err = io.open(path, "rb")
+    if not f then
+        ngx.log(ngx.ERR, "zccp: auth.keys_file ", path, ": ", err)
+        return
+    end
+    local doc = decode(f:read("*a") or "")
+    f:close()
+    if type(doc) ~= "table" or type(doc.keys) ~= "table" then
+        ngx.log(ngx.ERR, "zccp: auth.keys_file ", path, ": not {\"keys\": [...]}; no key read from it")
+        return
+    end
+    local tenants = type(doc.tenants) == "table" and doc.tenants or {}
+    for _, k in ipairs(doc.keys) do
+        local hex = type(k) == "table" and type(k.sha256) == "string" and #k.sha256 == 64 and k.sha256:lower()
+        local rec = hex and parse_doc(k)
+        if rec then
+            rec.tenant_limits = tenant_limits_of(tenants[rec.tenant])
+            file_keys[hex] = rec
+        end
+    end
+end
+
+if settings.abi_header() then
+    load_keys_file()
+end
+
 -- The record of a presented key: record, or false (unknown), or nil, err (Redis failed).
-local function lookup(hex)
+-- This worker's cache is keyed by the presented key itself (it is in this worker's memory
+-- with the request anyway): a cached key costs no hashing.
+local function lookup(key)
     local c = conf()
     if not cache then
         cache = lrucache.new(CACHE_ITEMS)
     end
-    local hit = cache:get(hex)
+    local hit = cache:get(key)
     if hit ~= nil then
         return hit
+    end
+    local hex = sha256.hex(sha256.digest(key, #key), 32)
+    if not file_keys then
+        load_keys_file()
+    end
+    local listed = file_keys[hex]
+    if listed then
+        cache:set(key, listed, c.cache_ttl_s)
+        return listed
     end
     local raw, err = redis_target():call("GET", KEY_PREFIX .. hex)
     if err then
@@ -101,10 +157,9 @@ local function lookup(hex)
         if terr then
             return nil, terr
         end
-        local t = traw and decode(traw)
-        rec.tenant_limits = type(t) == "table" and type(t.limits) == "table" and t.limits or {}
+        rec.tenant_limits = tenant_limits_of(traw and decode(traw))
     end
-    cache:set(hex, rec, rec and c.cache_ttl_s or c.negative_ttl_s)
+    cache:set(key, rec, rec and c.cache_ttl_s or c.negative_ttl_s)
     return rec
 end
 
@@ -132,8 +187,7 @@ function _M.admit(api)
     if #key > MAX_KEY_LEN then
         return refuse(api, "invalid x-api-key")
     end
-    local hex = sha256.hex(sha256.digest(key, #key), 32)
-    local rec, err = lookup(hex)
+    local rec, err = lookup(key)
     if rec == nil then
         ngx.log(ngx.ERR, "zccp: key store unreachable: ", err)
         count(api, "store_error")

@@ -3,6 +3,7 @@
 local ffi = require "ffi"
 local abi = require "zccp.abi"
 local settings = require "zccp.settings"
+local engines = require "zccp.engines"
 
 local ngx_socket_tcp = ngx.socket.tcp
 local ffi_string = ffi.string
@@ -15,17 +16,19 @@ local mt = { __index = _M }
 
 local ring_buf
 
--- Connect (or reuse a pooled connection); nil, err within connect_timeout_ms.
-function _M.open()
+-- Connect to engine e's doorbell (nil: the first engine), or reuse a pooled connection;
+-- nil, err within connect_timeout_ms.
+function _M.open(e)
     local s = settings.get()
+    local path = (e or engines.list()[1]).socket_path
     local sock = ngx_socket_tcp()
     sock:settimeouts(s.connect_timeout_ms, s.connect_timeout_ms, s.request_timeout_ms)
-    local ok, err = sock:connect("unix:" .. s.socket_path, { pool = "zccp:" .. s.socket_path, pool_size = s.pool_size })
+    local ok, err = sock:connect("unix:" .. path, { pool = "zccp:" .. path, pool_size = s.pool_size })
     if not ok then
         if err == "timeout" then
             return nil, "engine not answering (doorbell connect timed out)"
         end
-        return nil, "engine not running (doorbell " .. s.socket_path .. ": " .. err .. ")"
+        return nil, "engine not running (doorbell " .. path .. ": " .. err .. ")"
     end
     return setmetatable({ sock = sock }, mt)
 end

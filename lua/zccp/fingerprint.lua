@@ -19,6 +19,15 @@
 --                the fingerprint, a tenant source (zccp.tenant)
 --   r.stream, r.include_usage   "stream": true, and OpenAI's stream_options.include_usage:
 --                not part of the fingerprint, but the answer shows them (zccp.l1)
+--   r.model      the body's "model" when a string (zccp.router: the engines that serve it)
+--   r.route_key  32-byte string   the conversation's routing key (zccp.router; the front tier's
+--                too): SHA-256 of "zccp-route-v1\n" and, from the canonical masked form (§6), the
+--                values of model, system and tools and the messages up to and including the
+--                first "user" message (all of them when none is). Unlike prefix_key (all but the
+--                final message, so a new one every turn) it stays the same across the turns of
+--                a conversation: each turn lands on the replica whose prefix cache holds the
+--                earlier ones. Not part of docs/fingerprint.md (nginx only; the engine never
+--                computes it).
 --
 -- Bounded work: bodies above decode_limit (64 KiB) are not decoded here
 -- (nil, "body too large to fingerprint": the engine computes the same fingerprint),
@@ -49,6 +58,9 @@ local _M = { _VERSION = "0.2.0" }
 local DECODE_LIMIT = T.decode_limit
 _M.DECODE_LIMIT = DECODE_LIMIT
 _M.MAX_TOKENS = T.max_tokens
+-- A body this module does not fingerprint routes by its first bytes (zccp.router, zccp.front):
+-- an SDK writes a conversation's start the same way every turn.
+_M.ROUTE_RAW_BYTES = 4096
 
 local cjson = require("cjson").new()   -- a private instance: its settings are ours alone
 cjson.decode_invalid_numbers(false)
@@ -64,6 +76,7 @@ local PBUF = new_buffer(16384)   -- the final user turn's text blocks, joined
 local KEEP = 4 * DECODE_LIMIT
 
 local EXACT_PREFIX = T.exact_prefix
+local ROUTE_HEAD = "zccp-route-v1\n"
 local PREFIX_HEAD = {   -- the prefix key's first bytes, per API
     anthropic = T.prefix_prefix .. "anthropic\n",
     openai = T.prefix_prefix .. "openai\n",
@@ -173,7 +186,11 @@ function _M.keys(api, body, debug, limit)
     if not exact then
         return nil, herr
     end
+    local spans, nspans = canonical.route_spans()
+    local model = doc.model
     local r = {
+        model = type(model) == "string" and model or nil,
+        route_key = sha256.digest_spans(ROUTE_HEAD, cp, spans, nspans),
         exact_key = exact,
         prefix_key = prefix,
         near = false,

@@ -6,8 +6,8 @@
 -- fails is skipped for `down_s` by every worker, and the request goes to the next one.
 --
 -- The route key, in order:
---   1. the fingerprint's route key (r.route_key: stable across a conversation's turns),
---      or, where the fingerprint has none, its prefix key (r.prefix_key);
+--   1. the fingerprint's route key (r.route_key: stable across a conversation's turns,
+--      the same key zccp.router uses between engine replicas);
 --   2. bodies the fingerprint refuses (over its 64 KiB decode limit, not JSON, numbers
 --      beyond 2^53): the body's first FALLBACK_BYTES bytes (an SDK writes a
 --      conversation's start the same way every turn);
@@ -27,7 +27,7 @@ local min = math.min
 
 local _M = { _VERSION = "0.1.0" }
 
-local FALLBACK_BYTES = 4096
+local FALLBACK_BYTES = fp.ROUTE_RAW_BYTES
 _M.FALLBACK_BYTES = FALLBACK_BYTES
 
 local APIS = {
@@ -35,6 +35,14 @@ local APIS = {
     ["/v1/messages/count_tokens"] = "anthropic",
     ["/v1/chat/completions"] = "openai",
 }
+
+-- The error shape of a path: OpenAI's for its endpoints (/v1/completions and /v1/responses
+-- route by the body's first bytes: nginx has no fingerprint for them), Anthropic's otherwise.
+local OPENAI_PATHS = { ["/v1/chat/completions"] = true, ["/v1/completions"] = true, ["/v1/responses"] = true }
+
+local function shape_of(uri)
+    return OPENAI_PATHS[uri] and "openai" or "anthropic"
+end
 
 local opts          -- init()'s: port, tries, down_s, dict
 local dict
@@ -54,11 +62,6 @@ function _M.init_worker()
     hosts.init_worker()
 end
 
--- THE accessor for the fingerprint's routing key (one place to change when it does).
-local function route_key_of(r)
-    return r.route_key or r.prefix_key
-end
-_M.route_key_of = route_key_of
 
 -- The route key of a request to `uri` with `body` (nil: none), and where it came from
 -- ("fingerprint", "body" or "none").
@@ -68,7 +71,7 @@ function _M.key_of(uri, body)
         if api then
             local r = fp.keys(api, body)
             if r then
-                return route_key_of(r), "fingerprint"
+                return r.route_key, "fingerprint"
             end
         end
         return str_sub(body, 1, FALLBACK_BYTES), "body"
@@ -77,7 +80,7 @@ function _M.key_of(uri, body)
 end
 
 local function unavailable(message)
-    local api = ngx_var.uri == "/v1/chat/completions" and "openai" or "anthropic"
+    local api = shape_of(ngx_var.uri)
     ngx.header["Retry-After"] = "1"
     errors.send(api, 503, "overloaded_error", message)
     return ngx.exit(503)
@@ -130,9 +133,12 @@ function _M.balance()
             balancer.set_more_tries(more)
         end
     else
-        local state = balancer.get_last_failure()
+        -- a host that answered 503 is up (its engine is restarting, or it is full): tried
+        -- elsewhere, never marked down; 502 and 504 are nginx's own for a connect error,
+        -- a reset or a timeout (and a host's 502/504, which mean the same)
+        local state, code = balancer.get_last_failure()
         local last = ctx.front_last
-        if state == "failed" and opts.down_s > 0 then   -- connect error / reset / timeout
+        if state == "failed" and code ~= 503 and opts.down_s > 0 then
             dict:set("down:" .. addrs[last], true, opts.down_s)
             log(WARN, "zccp front: host ", addrs[last], " failed; skipped for ", opts.down_s, " s")
         end
@@ -163,7 +169,7 @@ end
 -- error_page target for nginx's own failures (no host answered, body too large), in
 -- the shape of the API the path names.
 function _M.failed(status)
-    local api = ngx_var.uri == "/v1/chat/completions" and "openai" or "anthropic"
+    local api = shape_of(ngx_var.uri)
     if status == 413 then
         return errors.send(api, 413, "request_too_large",
             "request body exceeds the limit of " .. opts.max_body .. " bytes")

@@ -21,6 +21,8 @@ local metrics = require "zccp.metrics"
 local auth = require "zccp.auth"
 local admin_gate = require "zccp.admin"
 local limits = require "zccp.limits"
+local engines = require "zccp.engines"
+local router = require "zccp.router"
 
 local ngx = ngx
 local ngx_var = ngx.var
@@ -129,7 +131,8 @@ end
 -- message[, status, kind] (a status when the client's body failed, not the arena).
 -- src: { body = string[, digest = its SHA-256 (zccp.l1)] } or { len = n, deadline = t }
 -- (streamed from the client socket);
--- extra: nil, or { kind = enum zccp_request_kind, tenant = 32-byte digest }; rid: X-Request-ID.
+-- extra: nil, or { kind = enum zccp_request_kind, tenant = 32-byte digest,
+-- openai_api = enum zccp_openai_api }; rid: X-Request-ID.
 local function fill_slot(a, i, src, flags, timeout_ms, fp, extra, rid)
     local C = abi.C
     local h, meta = a:header(i), a:meta(i)
@@ -170,6 +173,7 @@ local function fill_slot(a, i, src, flags, timeout_ms, fp, extra, rid)
     ffi_fill(req, C.ZCCP_SLOT_REQ_SIZE)   -- kind GENERATE, no request id, tenant or digest
     if extra then
         req.kind = extra.kind or C.ZCCP_KIND_GENERATE
+        req.openai_api = extra.openai_api or C.ZCCP_OPENAI_CHAT
         if extra.tenant then
             ffi_copy(req.tenant, extra.tenant, 32)
             flags = flags + C.ZCCP_FLAG_TENANT
@@ -227,11 +231,11 @@ local function claim_and_fill(a, src, flags, fp, extra, rid)
              request_id = rid }
 end
 
--- Rings the engine for `slot` (slot.bell is the open doorbell): true, or nil, message.
-local function ring(slot)
-    local bell, berr = doorbell.open()
+-- Rings engine e for `slot` (slot.bell is the open doorbell): true, or nil, message.
+local function ring(slot, e)
+    local bell, berr = doorbell.open(e)
     if not bell then
-        arena_mod.refresh()
+        arena_mod.refresh(e)
         return nil, berr
     end
     slot.bell = bell
@@ -326,20 +330,34 @@ end
 local ADMIN_KINDS = { purge = "ZCCP_KIND_PURGE", warmup = "ZCCP_KIND_WARMUP" }
 -- The model endpoints anyone may call: POST /v1/messages/count_tokens, GET /v1/models.
 local MODEL_KINDS = { count_tokens = "ZCCP_KIND_COUNT_TOKENS", models = "ZCCP_KIND_MODELS" }
+-- The OpenAI endpoints beside chat completions (request.openai_api).
+local OPENAI_ENDPOINTS = { completions = "ZCCP_OPENAI_COMPLETIONS", responses = "ZCCP_OPENAI_RESPONSES" }
 
 
--- One attempt against one arena: claim, fill and ring, relay, respond. Returns
--- "retry" when the engine behind the arena changed under us (stale ring); otherwise
--- the request is answered. state.slot is set while a slot is held, so that attempts()
--- can free it if anything here raises. r: the request prepare() made.
-local function attempt(r, a, state)
+-- What the relay reports when the engine itself failed (it closed the doorbell, broke the
+-- protocol, sent nonsense): any outcome but these. Before anything was sent, such a
+-- request goes to the next engine in rank (attempts).
+local NOT_ENGINE_FAILURES = { done = true, retry = true, timeout = true, ["client closed the connection"] = true,
+                              stalled = true, stream_duration = true, stream_bytes = true }
+
+-- One attempt against engine e's arena a: claim, fill and ring, relay, respond. Returns
+-- "retry" when the engine behind the arena changed under us (stale ring); "next", status,
+-- kind, message when this engine cannot take it and nothing was sent (its slots are all
+-- claimed, its doorbell refused, it failed before answering): attempts() tries the next
+-- engine, or answers that; otherwise the request is answered. state.slot is set while a
+-- slot is held, so that attempts() can free it if anything here raises. r: the request
+-- prepare() made.
+local function attempt(r, a, state, e)
     local api, src = r.api, r.src
     local slot, code, kind, msg = claim_and_fill(a, src, r.flags, r.fp, r.extra, state.request_id)
     if not slot then
         if code == 499 then
             return   -- the client left during its upload: nobody to answer
         end
-        return errors.send(api, code, kind, msg, code == 429 and RETRY_AFTER or nil)
+        if code == 429 or code == 503 then   -- this engine's slots or arena, not the client's body
+            return "next", code, kind, msg
+        end
+        return errors.send(api, code, kind, msg)
     end
     state.slot = slot
     local k = state.l1
@@ -351,12 +369,16 @@ local function attempt(r, a, state)
             return
         end
     end
-    local ok, rerr = ring(slot)
+    local ok, rerr = ring(slot, e)
     if not ok then
         hang_up(slot, false)
         release(slot)
         state.slot = nil
-        return errors.send(api, 503, "overloaded_error", rerr, RETRY_AFTER)
+        router.down(e)
+        return "next", 503, "overloaded_error", rerr
+    end
+    if r.multi then
+        ngx_header["X-ZCCP-Engine"] = e.name
     end
     local outcome, res = relay.run(slot, state, r.deadline)
     limits.observe(a:meta(slot.index))   -- the engine's exact counts, settled in the log phase
@@ -373,6 +395,12 @@ local function attempt(r, a, state)
     hang_up(slot, outcome == "done")
     release(slot)
     state.slot = nil
+    if not NOT_ENGINE_FAILURES[outcome] and not ngx.headers_sent then
+        ngx_log(ngx_ERR, "zccp: request ", slot.request_id, " (context ", slot.ctx_hex, ") on engine ", e.name,
+                " slot ", slot.index, ": ", outcome)
+        router.down(e)
+        return "next", 503, "overloaded_error", "engine failed: " .. outcome
+    end
     return respond(api, slot, outcome, res)
 end
 
@@ -432,6 +460,14 @@ end
 -- and r.extra (the tenant); false once the request is answered from L1.
 local function cache_keys(r, body, state)
     local api, flags = r.api, r.flags
+    if r.endpoint then
+        -- /v1/completions, /v1/responses: no L1 (its keys name the API, not the endpoint) and
+        -- no keys from nginx; the engine fingerprints these bodies itself, under keys that
+        -- name the endpoint (docs/fingerprint.md, "Other endpoints")
+        local t = tenant.digest(nil)
+        r.extra = { tenant = t, openai_api = abi.C[OPENAI_ENDPOINTS[r.endpoint]] }
+        return true
+    end
     local k = l1.begin(api, body, flags)
     if k and not k.pending and l1.serve(api, k) then
         return false
@@ -459,15 +495,15 @@ end
 -- Step 2: the body, the slot flags, and for a generation its keys. Returns the request
 -- r = { api, kind, src, body_len, deadline, flags, fp, extra } for attempts(), or nil
 -- once it is answered (a body that could not be read, an L1 hit).
-local function prepare(api, kind, kind_name, s, len, state, who)
+local function prepare(api, kind, kind_name, s, len, state, who, endpoint)
     local deadline = ngx_now() + s.request_timeout_ms / 1000
-    local src = payload(api, kind, len, s.max_body, deadline, auth.wants_body(who))
+    local src = payload(api, kind, len, s.max_body, deadline, auth.wants_body(who) or router.needs_body())
     if not src then
         return nil
     end
     local body = src.body
     -- the key's models and limits (zccp.auth, zccp.limits), before L1: a 404 or 429 either way
-    if kind ~= "models" and not auth.allow_model(who, api, body) or not kind and not limits.admit(who, api, body) then
+    if kind ~= "models" and not auth.allow_model(who, api, body) or not limits.admit(who, api, body, kind) then
         return nil
     end
     local flags = kind and 0 or cache_flags()
@@ -475,7 +511,7 @@ local function prepare(api, kind, kind_name, s, len, state, who)
         flags = flags + abi.C.ZCCP_FLAG_API_OPENAI
     end
     local r = { api = api, kind = kind, src = src, body_len = body and #body or len, deadline = deadline,
-                flags = flags }
+                flags = flags, endpoint = endpoint }
     if kind then
         r.extra = { kind = abi.C[kind_name] }
         if kind == "purge" then
@@ -483,6 +519,14 @@ local function prepare(api, kind, kind_name, s, len, state, who)
         end
     elseif not cache_keys(r, body, state) then
         return nil
+    end
+    if engines.multi() then   -- which engines may take it (zccp.router)
+        r.multi = true
+        local wfp = kind == "warmup" and body and fingerprint.keys(api, body)
+        if wfp then   -- warm the replica the conversation's turns will go to
+            r.route_key = wfp.route_key
+        end
+        r.model = wfp and wfp.model or kind ~= "models" and kind ~= "purge" and router.model_of(r, body) or nil
     end
     return r
 end
@@ -501,37 +545,62 @@ local function abandon(r, a, state, err)
     end
 end
 
--- Step 3: attempt() against the current arena, once more on a stale ring (the engine
--- restarted before anything was sent).
+-- Step 3: attempt() against the engines the router ranks (zccp.router; the one engine
+-- without engines:), once more on a stale ring (an engine restarted before anything was
+-- sent); an engine that cannot take the request hands it to the next one. Answers the
+-- last refusal when none could.
 local function attempts(r, state)
     local api = r.api
-    for _ = 1, MAX_ATTEMPTS do
-        local a, err = arena_mod.acquire()
-        if not a then
-            return errors.send(api, 503, "overloaded_error", err, RETRY_AFTER)
-        end
-        if r.body_len > a.payload_cap then
+    local order, spilled, failed_over = router.order(r)
+    local code, kind, msg = 503, "overloaded_error", "engine restarted; retry"
+    local passed_busy, passed_failed = false, false   -- what the engines ranked above the one that takes it did
+    for k = 1, #order do
+        local e = order[k]
+        for _ = 1, MAX_ATTEMPTS do
+            local a, err = arena_mod.acquire(e)
+            if not a then
+                router.down(e)
+                code, kind, msg = 503, "overloaded_error", err
+                passed_failed = true
+                break
+            end
+            if r.body_len > a.payload_cap then
+                a:release()
+                return errors.send(api, 413, "request_too_large",
+                    "request body of " .. r.body_len .. " bytes exceeds the slot capacity of " .. a.payload_cap
+                    .. " bytes")
+            end
+            local ok, res, rcode, rkind, rmsg = pcall(attempt, r, a, state, e)
+            if r.kind == "purge" then
+                l1.purge()   -- what was relayed from Redis while it was purged is gone too
+            end
+            if not ok then
+                return abandon(r, a, state, res)
+            end
             a:release()
-            return errors.send(api, 413, "request_too_large",
-                "request body of " .. r.body_len .. " bytes exceeds the slot capacity of " .. a.payload_cap .. " bytes")
+            if res == "next" then
+                code, kind, msg = rcode, rkind, rmsg
+                if rcode == 429 then
+                    passed_busy = true
+                else
+                    passed_failed = true
+                end
+                break
+            end
+            if res ~= "retry" then
+                if r.multi then   -- all slots claimed above it: spilled; down or failed above it: failed over
+                    metrics.routed(e.name, k == 1 and spilled or passed_busy, failed_over or passed_failed)
+                end
+                if res == "close" then
+                    return ngx.exit(ngx.HTTP_CLOSE)   -- a client that stopped reading: nothing more is sent
+                end
+                return res
+            end
+            arena_mod.refresh(e)
+            code, kind, msg = 503, "overloaded_error", "engine restarted; retry"
         end
-        local ok, res = pcall(attempt, r, a, state)
-        if r.kind == "purge" then
-            l1.purge()   -- what was relayed from Redis while it was purged is gone too
-        end
-        if not ok then
-            return abandon(r, a, state, res)
-        end
-        a:release()
-        if res == "close" then
-            return ngx.exit(ngx.HTTP_CLOSE)   -- a client that stopped reading: nothing more is sent
-        end
-        if res ~= "retry" then
-            return res
-        end
-        arena_mod.refresh()
     end
-    return errors.send(api, 503, "overloaded_error", "engine restarted; retry", RETRY_AFTER)
+    return errors.send(api, code, kind, msg, RETRY_AFTER)
 end
 
 -- nginx refused the body itself (client_max_body_size): same answer, API-shaped.
@@ -544,14 +613,17 @@ end
 -- nginx refused the request's header lines (large_client_header_buffers: error 494),
 -- answered 431 in the shape of the API the path names, and the connection is closed.
 function _M.header_too_large()
-    local api = ngx_var.uri == "/v1/chat/completions" and "openai" or "anthropic"
+    local uri = ngx_var.uri
+    local api = (uri == "/v1/chat/completions" or uri == "/v1/completions" or uri == "/v1/responses")
+                and "openai" or "anthropic"
     return errors.send(api, 431, "invalid_request_error",
         "request header fields too large: each header line must fit in nginx's large_client_header_buffers")
 end
 
 -- Content handler for POST /v1/messages ("anthropic") and /v1/chat/completions ("openai");
--- kind: "purge" or "warmup" (admin listener), "count_tokens" or "models" (GET).
-function _M.serve(api, kind)
+-- kind: "purge" or "warmup" (admin listener), "count_tokens" or "models" (GET);
+-- endpoint: "completions" or "responses" (api "openai": /v1/completions, /v1/responses).
+function _M.serve(api, kind, endpoint)
     local s = settings.get()
     local rid = ngx_var.zccp_request_id
     ngx_header["X-Request-ID"] = rid
@@ -567,7 +639,10 @@ function _M.serve(api, kind)
     end
     local state = { aborted = false, request_id = rid }
     ngx.on_abort(function() state.aborted = true end)
-    local r = prepare(api, kind, kind_name, s, len, state, who)
+    if endpoint and not OPENAI_ENDPOINTS[endpoint] then
+        error("zccp.handler.serve: unknown endpoint " .. endpoint, 2)
+    end
+    local r = prepare(api, kind, kind_name, s, len, state, who, endpoint)
     if not r then
         return
     end

@@ -1,4 +1,5 @@
--- GET /health: 200 with the engine's status when it answers a ping, 503 otherwise.
+-- GET /health: 200 with the engine's status when it answers a ping, 503 otherwise (several
+-- engines: see serve_engines).
 local abi = require "zccp.abi"
 local arena_mod = require "zccp.arena"
 local slots = require "zccp.slots"
@@ -6,10 +7,13 @@ local doorbell = require "zccp.doorbell"
 local settings = require "zccp.settings"
 local mask_store = require "zccp.mask_store"
 local cjson = require "cjson.safe"
+local engines = require "zccp.engines"
 
 local ngx = ngx
 local tonumber = tonumber
 local tostring = tostring
+local ipairs = ipairs
+local pairs = pairs
 
 local _M = { _VERSION = "0.1.0" }
 
@@ -30,8 +34,8 @@ local function reply(status, t)
     ngx.print(cjson.encode(t))
 end
 
-local function ping()
-    local bell, err = doorbell.open()
+local function ping(e)
+    local bell, err = doorbell.open(e)
     if not bell then
         return nil, err
     end
@@ -51,23 +55,24 @@ local function ping()
     return epoch
 end
 
-function _M.serve()
-    local a, err = arena_mod.acquire()
+-- Engine e's status: a table with status "ok" (its pid, epoch, slots), or nil, why not.
+local function engine_status(e)
+    local a, err = arena_mod.acquire(e)
     if not a then
-        return reply(503, { reason = err })
+        return nil, err
     end
-    local epoch, perr = ping()
+    local epoch, perr = ping(e)
     if not epoch then
         a:release()
-        return reply(503, { reason = perr })
+        return nil, perr
     end
     if epoch ~= a.epoch then
         -- The engine answering is not the one we mapped: switch now.
         a:release()
-        arena_mod.refresh()
-        a, err = arena_mod.acquire()
+        arena_mod.refresh(e)
+        a, err = arena_mod.acquire(e)
         if not a then
-            return reply(503, { reason = err })
+            return nil, err
         end
     end
     local busy = 0
@@ -88,6 +93,48 @@ function _M.serve()
         response_cap = a.response_cap,
     }
     a:release()
+    return out
+end
+
+-- Several engines (engines:): 200 while every model has an engine that answers ("ok" when
+-- all do, "degraded" otherwise), 503 when a model has none; each engine's status by name,
+-- and the slot counts summed (what one engine's /health says of its own).
+local function serve_engines(list)
+    local out = { status = "ok", engines = {}, slots = 0, slots_claimed = 0, slots_busy = 0 }
+    local served = {}   -- model -> an engine of it answers
+    for _, e in ipairs(list) do
+        local st, err = engine_status(e)
+        if st then
+            st.model = e.model
+            out.slots = out.slots + st.slots
+            out.slots_claimed = out.slots_claimed + st.slots_claimed
+            out.slots_busy = out.slots_busy + st.slots_busy
+            served[e.model] = true
+        else
+            st = { status = "unavailable", model = e.model, reason = err }
+            out.status = "degraded"
+            served[e.model] = served[e.model] or false
+        end
+        out.engines[e.name] = st
+    end
+    for model, ok in pairs(served) do
+        if not ok then
+            out.reason = "no engine of model " .. model .. " answers"
+            return reply(503, out)
+        end
+    end
+    return reply(200, out)
+end
+
+function _M.serve()
+    local list = engines.list()
+    if #list > 1 then
+        return serve_engines(list)
+    end
+    local out, err = engine_status(list[1])
+    if not out then
+        return reply(503, { reason = err })
+    end
     return reply(200, out)
 end
 

@@ -5,6 +5,7 @@ local settings = require "zccp.settings"
 local abi = require "zccp.abi"
 
 local ngx = ngx
+local ipairs = ipairs
 
 local _M = { _VERSION = "0.1.0" }
 
@@ -26,6 +27,7 @@ function _M.init(opts)
     require("zccp.l1").purge()
     require("zccp.health")
     require("zccp.metrics")
+    require("zccp.router")
 end
 
 -- A dead worker's claims (zccp.slots): claims never expire by time, so this is how
@@ -42,13 +44,15 @@ end
 
 function _M.init_worker()
     local arena = require "zccp.arena"
-    local a = arena.acquire()
-    if a then
-        a:release()
+    for _, e in ipairs(require("zccp.engines").list()) do
+        local a = arena.acquire(e)
+        if a then
+            a:release()
+        end
     end
     local ok, err = ngx.timer.every(REFRESH_S, function(premature)
         if not premature then
-            arena.refresh()
+            arena.refresh_all()
         end
     end)
     if not ok then

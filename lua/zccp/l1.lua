@@ -207,9 +207,11 @@ function _M.serve(api, k, final)
         end
         return false
     end
-    -- entry: "S" (SSE) or "J", the time the answer was born (Age), ":", the template
+    -- entry: "S" (SSE) or "J", the time the answer was born (Age), the engine's input and
+    -- output token counts (what a hit saves, metered by zccp.limits), ":", the template
     local colon = str_find(v, ":", 2, true)
-    local born = colon and tonumber(str_sub(v, 2, colon - 1))
+    local b, pin, pout = str_match(str_sub(v, 2, colon and colon - 1 or 1), "^(%d+),(%d+),(%d+)$")
+    local born = tonumber(b)
     local a = APIS[api]
     local id = born and fresh_id(a)
     if not id then
@@ -236,6 +238,7 @@ function _M.serve(api, k, final)
     ngx_header["Age"] = age > 0 and age or 0
     ngx_print(body)
     metrics.l1(api, "hit")
+    require("zccp.limits").observe_counts(pin, pout)
     return true
 end
 
@@ -310,7 +313,8 @@ function _M.keep(api, k, meta, r)
     end
     -- under each of its keys (the raw bytes', the exact request's): the pair's shared
     -- key or its tenant's, as the engine said
-    local v = (r.sse and "S" or "J") .. (ngx_time() - age) .. ":" .. tpl
+    local v = (r.sse and "S" or "J") .. (ngx_time() - age) .. "," .. (tonumber(meta.prompt_len) or 0) .. ","
+        .. (tonumber(meta.completion_len) or 0) .. ":" .. tpl
     for i = scope == 0 and 1 or 2, #keys, 2 do
         local ok, err = d:set(keys[i], v, ttl)
         if not ok then

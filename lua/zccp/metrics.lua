@@ -1,6 +1,6 @@
 -- nginx-side counters in a lua_shared_dict, and GET /metrics: these counters
 -- followed by the engine's (read from its metrics socket), one scrape for both.
-local settings = require "zccp.settings"
+local engines = require "zccp.engines"
 
 local ngx = ngx
 local ngx_socket_tcp = ngx.socket.tcp
@@ -11,6 +11,10 @@ local tonumber = tonumber
 local ipairs = ipairs
 local str_format = string.format
 local str_match = string.match
+local gmatch = string.gmatch
+local byte = string.byte
+local unpack = unpack
+local settings = require "zccp.settings"
 
 local _M = { _VERSION = "0.1.0" }
 
@@ -29,7 +33,17 @@ local HELP = {
     zccp_nginx_streams_ended_total = "Streams nginx ended before the answer did, by API and reason: "
         .. "stalled (the client read nothing for limits.stream_stall_timeout_ms), duration "
         .. "(limits.stream_max_duration_ms), bytes (limits.stream_max_bytes_kb)",
+    zccp_nginx_engine_routed_total = "Requests an engine of engines: took (zccp.router), by engine",
+    zccp_nginx_engine_spilled_total = "Requests an engine took because their preferred replica was past "
+        .. "routing.spill_load, by engine",
+    zccp_nginx_engine_failed_over_total = "Requests an engine took because a replica ranked above it was down "
+        .. "or failed before answering, by engine",
 }
+-- Series whose first label is not api.
+local FIRST = { zccp_nginx_engine_routed_total = "engine", zccp_nginx_engine_spilled_total = "engine",
+                zccp_nginx_engine_failed_over_total = "engine" }
+local ROUTED = { "zccp_nginx_engine_routed_total", "zccp_nginx_engine_spilled_total",
+                 "zccp_nginx_engine_failed_over_total" }
 -- The second label of a series (the first is api): status unless named here. Every label
 -- value is from a fixed set (never a key or a tenant): bounded cardinality; per key and
 -- per tenant usage is `zccp-keys usage` (docs/keys.md).
@@ -69,6 +83,22 @@ function _M.stream_ended(api, reason)
     end
 end
 
+-- zccp.handler: engine `name` took a request (several engines: zccp.router), spilled to it
+-- for load or failed over to it.
+function _M.routed(name, spilled, failed_over)
+    local d = dict()
+    if not d then
+        return
+    end
+    d:incr(ROUTED[1] .. SEP .. name, 1, 0)
+    if spilled then
+        d:incr(ROUTED[2] .. SEP .. name, 1, 0)
+    end
+    if failed_over then
+        d:incr(ROUTED[3] .. SEP .. name, 1, 0)
+    end
+end
+
 -- zccp.auth / zccp.limits: add n (default 1) to series `name` {api, <its label>=value}.
 function _M.count(name, api, value, n)
     local d = dict()
@@ -103,7 +133,16 @@ local function render_own()
     for _, key in ipairs(keys) do
         have[key] = true
     end
-    for _, key in ipairs(SEEDS) do
+    local seeds = SEEDS
+    if engines.multi() then   -- every engine's routing series, at 0 until it takes a request
+        seeds = { unpack(SEEDS) }
+        for _, e in ipairs(engines.list()) do
+            for _, name in ipairs(ROUTED) do
+                seeds[#seeds + 1] = name .. SEP .. e.name
+            end
+        end
+    end
+    for _, key in ipairs(seeds) do
         if not have[key] then
             keys[#keys + 1] = key
         end
@@ -118,7 +157,7 @@ local function render_own()
                 n = n + 1
                 out[n] = "# HELP " .. name .. " " .. (HELP[name] or name) .. "\n# TYPE " .. name .. " counter"
             end
-            local labels = 'api="' .. api .. '"'
+            local labels = (FIRST[name] or "api") .. '="' .. api .. '"'
             if status ~= "" then
                 labels = labels .. ',' .. (LABEL[name] or "status") .. '="' .. status .. '"'
             end
@@ -129,11 +168,11 @@ local function render_own()
     return concat(out, "\n") .. "\n"
 end
 
-local function engine_text()
+local function engine_text(e)
     local s = settings.get()
     local sock = ngx_socket_tcp()
     sock:settimeouts(s.connect_timeout_ms, s.connect_timeout_ms, s.connect_timeout_ms)
-    local ok, err = sock:connect("unix:" .. s.socket_path .. ".metrics")
+    local ok, err = sock:connect("unix:" .. e.socket_path .. ".metrics")
     if not ok then
         return nil, err
     end
@@ -145,21 +184,85 @@ local function engine_text()
     return data
 end
 
+-- An engine's exposition with engine="<name>" added to every sample, gathered into
+-- `fams` (family name -> { its # lines, its samples }; `order`: the families in first-seen
+-- order): several engines, one valid scrape, each family's lines in one group.
+local function gather(text, name, fams, order)
+    local label = 'engine="' .. name .. '"'
+    local fam
+    for line in gmatch(text, "[^\n]+") do
+        if byte(line, 1) == 35 then   -- '#': # HELP <family> ... / # TYPE <family> ...
+            local fname = str_match(line, "^# %u+ ([%w_:]+)")
+            if fname then
+                fam = fams[fname]
+                if not fam then
+                    fam = { head = {}, seen = {}, samples = {} }
+                    fams[fname] = fam
+                    order[#order + 1] = fname
+                end
+                if not fam.seen[line] then
+                    fam.seen[line] = true
+                    fam.head[#fam.head + 1] = line
+                end
+            end
+        elseif fam then
+            local metric, rest = str_match(line, "^([%w_:]+){(.*)$")
+            if metric then
+                fam.samples[#fam.samples + 1] = metric .. "{" .. label .. "," .. rest
+            else
+                metric, rest = str_match(line, "^([%w_:]+)(%s.*)$")
+                if metric then
+                    fam.samples[#fam.samples + 1] = metric .. "{" .. label .. "}" .. rest
+                end
+            end
+        end
+    end
+end
+
 function _M.serve()
     if not require("zccp.admin").allowed("anthropic") then   -- the admin listener only
         return
     end
     ngx.header["Content-Type"] = "text/plain; version=0.0.4"
-    local text, err = engine_text()
-    local up = text and 1 or 0
-    ngx.print(render_own(),
-        "# HELP zccp_engine_up Whether the engine answered the metrics scrape\n",
-        "# TYPE zccp_engine_up gauge\nzccp_engine_up ", up, "\n")
-    if text then
-        ngx.print(text)
-    else
-        ngx.log(ngx.WARN, "zccp: engine metrics unavailable: ", err)
+    local list = engines.list()
+    if not engines.multi() then
+        local text, err = engine_text(list[1])
+        ngx.print(render_own(),
+            "# HELP zccp_engine_up Whether the engine answered the metrics scrape\n",
+            "# TYPE zccp_engine_up gauge\nzccp_engine_up ", text and 1 or 0, "\n")
+        if text then
+            ngx.print(text)
+        else
+            ngx.log(ngx.WARN, "zccp: engine metrics unavailable: ", err)
+        end
+        return
     end
+    local out = { render_own(),
+        "# HELP zccp_engine_up Whether the engine answered the metrics scrape, by engine",
+        "# TYPE zccp_engine_up gauge" }
+    local texts = {}
+    for _, e in ipairs(list) do
+        local text, err = engine_text(e)
+        texts[e.name] = text
+        out[#out + 1] = 'zccp_engine_up{engine="' .. e.name .. '"} ' .. (text and 1 or 0)
+        if not text then
+            ngx.log(ngx.WARN, "zccp: engine ", e.name, " metrics unavailable: ", err)
+        end
+    end
+    local fams, order = {}, {}
+    for _, e in ipairs(list) do
+        if texts[e.name] then
+            gather(texts[e.name], e.name, fams, order)
+        end
+    end
+    for _, fname in ipairs(order) do
+        local fam = fams[fname]
+        out[#out + 1] = concat(fam.head, "\n")
+        if #fam.samples > 0 then
+            out[#out + 1] = concat(fam.samples, "\n")
+        end
+    end
+    ngx.print(concat(out, "\n"), "\n")
 end
 
 return _M

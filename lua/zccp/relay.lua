@@ -37,7 +37,8 @@ local function send_headers(slot, status, sse)
     ngx.status = status
     ngx_header["X-ZCCP-Context-ID"] = slot.ctx_hex
     if RETRY_STATUSES[status] then
-        ngx_header["Retry-After"] = "1"
+        local after = tonumber(meta.retry_after_s)   -- the engine's (an upstream's), else 1
+        ngx_header["Retry-After"] = after > 0 and after or 1
     end
     local cache = CACHE_NAMES[tonumber(meta.cache_status)]
     if cache then

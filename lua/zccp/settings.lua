@@ -31,10 +31,36 @@ local L1 = {
     ttl_s = "number",         -- cache.l1.ttl_s
 }
 
+-- engines (optional; absent: one engine on shm_name and socket_path): config.yaml's engines:.
+local ENGINE = { name = "string", model = "string", shm_name = "string", socket_path = "string" }
+local POLICIES = { affinity = true, round_robin = true, least_loaded = true }
+
+local function check_engines(t)
+    local es = t.engines
+    if es == nil then
+        return
+    end
+    if type(es) ~= "table" or #es < 1 then
+        error("zccp.settings.set: 'engines' must be a non-empty list", 3)
+    end
+    for i = 1, #es do
+        for k, ty in pairs(ENGINE) do
+            if type(es[i]) ~= "table" or type(es[i][k]) ~= ty then
+                error("zccp.settings.set: 'engines[" .. i .. "]." .. k .. "' must be a " .. ty, 3)
+            end
+        end
+    end
+    local r = t.routing
+    if r ~= nil and (type(r) ~= "table" or not POLICIES[r.policy] or type(r.spill_load) ~= "number") then
+        error("zccp.settings.set: 'routing' must be { policy = affinity|round_robin|least_loaded, spill_load = n }", 3)
+    end
+end
+
 function _M.set(t)
     if type(t) ~= "table" then
         error("zccp.settings.set: expected a table", 2)
     end
+    check_engines(t)
     for k, ty in pairs(REQUIRED) do
         if type(t[k]) ~= ty then
             error("zccp.settings.set: '" .. k .. "' must be a " .. ty, 2)

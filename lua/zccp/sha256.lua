@@ -85,6 +85,25 @@ function _M.digest_parts(p1, n1, p2, n2, p3, n3)
     return ffi_string(md, 32)
 end
 
+-- Digest of `head` (a Lua string) then the spans of `base` (a pointer) that `spans` lists
+-- as offset, length pairs (spans[1], spans[2], ...; n numbers), as a 32-byte Lua string:
+-- nothing copied, never yields (zccp.fingerprint's route key).
+function _M.digest_spans(head, base, spans, n)
+    if not crypto then
+        return nil, "libcrypto not found"
+    end
+    crypto.SHA256_Init(ctx)
+    crypto.SHA256_Update(ctx, head, #head)
+    for k = 1, n, 2 do
+        local len = spans[k + 1]
+        if len > 0 then
+            crypto.SHA256_Update(ctx, base + spans[k], len)
+        end
+    end
+    crypto.SHA256_Final(md, ctx)
+    return ffi_string(md, 32)
+end
+
 -- `n` random bytes from libcrypto's CSPRNG (the library loaded here) into `out`: true, or nil, err.
 function _M.random_into(out, n)
     if not crypto then

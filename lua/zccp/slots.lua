@@ -24,10 +24,16 @@ local function dict()
     return ngx.shared[settings.get().dict]
 end
 
--- Keys carry the arena epoch: claims made against a previous engine never
--- block slots of the current one.
+-- Keys carry the engine's name and its arena's epoch: claims are per engine, and claims
+-- made against a previous engine never block slots of the current one.
 local function key(arena, i)
-    return "s:" .. tostring(arena.epoch) .. ":" .. i
+    return "s:" .. arena.engine .. ":" .. tostring(arena.epoch) .. ":" .. i
+end
+
+-- Each engine's claims, counted beside them ("n:<engine>"): the router's load, read with
+-- one get (counting the slot keys would cost a get per slot per request).
+local function count_key(engine)
+    return "n:" .. engine
 end
 
 local function try_claim(d, arena, token)
@@ -37,6 +43,7 @@ local function try_claim(d, arena, token)
     for k = 0, n - 1 do
         local i = (start + k) % n
         if d:add(key(arena, i), token) then
+            d:incr(count_key(arena.engine), 1, 0)
             return i
         end
     end
@@ -71,7 +78,13 @@ function _M.release(arena, i, token)
     local k = key(arena, i)
     if d:get(k) == token then
         d:delete(k)
+        d:incr(count_key(arena.engine), -1, 0)
     end
+end
+
+-- The slots of engine `name` claimed now, by every worker.
+function _M.load(name)
+    return dict():get(count_key(name)) or 0
 end
 
 -- Number of slots of `arena` currently claimed by any worker.
@@ -101,6 +114,7 @@ function _M.release_mine()
             local v = d:get(k)
             if v and v:sub(1, #prefix) == prefix then
                 d:delete(k)
+                d:incr(count_key(str_match(k, "^s:([^:]+):")), -1, 0)
                 freed = freed + 1
             end
         end
@@ -119,6 +133,7 @@ function _M.reap()
             local pid = v and tonumber(str_match(v, "^(%d+):"))
             if pid and process_gone(pid) and d:get(k) == v then
                 d:delete(k)
+                d:incr(count_key(str_match(k, "^s:([^:]+):")), -1, 0)
                 freed = freed + 1
             end
         end

@@ -28,7 +28,6 @@ import pytest
 import yaml
 
 from tests.support.cache_requests import NULL, PATHS, req
-from tests.support.checkout import REPO
 from tests.support.dns_server import DnsServer
 from tests.support.harness import SOCKET_DIRS, Stack
 from zccp.ops.front_conf import load_front, render_front
@@ -212,12 +211,6 @@ def test_conversations_stick_to_one_host_and_spread_over_both(both):
         assert {served_by(both, API_OF[i % 2], first_turn(i)) for _ in range(3)} == {first[i]}
 
 
-ROUTE_KEY = "route_key" in (REPO / "lua/zccp/fingerprint.lua").read_text()
-
-
-@pytest.mark.xfail(not ROUTE_KEY, strict=True,
-                   reason="the fingerprint has no route_key yet (multi-engine, issue 19): the front routes by "
-                          "the prefix key, which changes with every turn")
 def test_a_conversations_later_turns_follow_its_first(both):
     for i in range(8):
         api = API_OF[i % 2]

@@ -23,9 +23,9 @@ import yaml
 
 from tests.support.checkout import REPO
 from zccp.arena_reader import ArenaReader
-from zccp.config import Config, load_config
+from zccp.config import Config, for_engine, load_config
 from zccp.runtime import log_dir, resolve
-from zccp.ops.stack import Service, engine_service, free_port, nginx_service, redis_service
+from zccp.ops.stack import Service, engine_service, engine_services, free_port, nginx_service, redis_service
 
 
 # Every socket directory a Stack of this process made under /tmp, for the session's
@@ -65,7 +65,10 @@ def tls_client_context() -> ssl.SSLContext:
 def _merge(base: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any]:
     out = {k: dict(v) if isinstance(v, dict) else v for k, v in base.items()}
     for section, values in extra.items():
-        out.setdefault(section, {}).update(values)
+        if isinstance(values, list):   # engines: a list, given whole
+            out[section] = values
+        else:
+            out.setdefault(section, {}).update(values)
     return out
 
 
@@ -77,7 +80,8 @@ class Stack:
     tls: bool = False            # HTTPS + HTTP/2 on the listener (server.tls, self_signed_certificate)
     cfg: Config = field(init=False)
     config_path: Path = field(init=False)
-    engine: Service | None = field(default=None, init=False)
+    engine: Service | None = field(default=None, init=False)   # the (first) engine
+    engines: dict[str, Service] = field(default_factory=dict, init=False)   # by name, with engines:
     nginx: Service | None = field(default=None, init=False)
     redis: Service | None = field(default=None, init=False)
 
@@ -120,14 +124,23 @@ class Stack:
         return self
 
     def start_engine(self) -> None:
-        self.engine = engine_service(self.config_path, self.cfg, self.run_dir)
+        if not self.cfg.engines:
+            self.engine = engine_service(self.config_path, self.cfg, self.run_dir)
+            return
+        started = engine_services(self.config_path, self.cfg, self.run_dir)
+        self.engines = {e.name: svc for (svc, _), e in zip(started, self.cfg.engines, strict=True)}
+        self.engine = started[0][0]
+
+    def start_named(self, name: str) -> None:
+        """(Re)start engine `name` of engines: and wait until it answers."""
+        self.engines[name] = engine_service(self.config_path, self.cfg, self.run_dir, name=name)
 
     def stop_engine(self, crash: bool = False) -> None:
         if self.engine is not None:
             self.engine.kill() if crash else self.engine.stop()
 
     def stop(self) -> None:
-        for svc in (self.nginx, self.engine, self.redis):
+        for svc in (self.nginx, *self.engines.values(), self.engine, self.redis):
             if svc is not None:
                 svc.stop()
         shutil.rmtree(self.socket_dir, ignore_errors=True)
@@ -178,8 +191,11 @@ class Stack:
                                 headers=headers, timeout=kw.pop("timeout", 30), **kw)
         return httpx.Client(base_url=f"http://{listen}", headers=headers, timeout=kw.pop("timeout", 30), **kw)
 
-    def arena(self) -> ArenaReader:
-        return ArenaReader(self.cfg.shared_memory.name)
+    def arena(self, engine: str | None = None) -> ArenaReader:
+        """The arena of the one engine, or of engine `engine` of engines:."""
+        if engine is None:
+            return ArenaReader(self.cfg.shared_memory.name)
+        return ArenaReader(for_engine(self.cfg, engine).shared_memory.name)
 
     def health(self) -> dict[str, Any]:
         return httpx.get(self.url("/health"), timeout=5, verify=self.verify).json()
@@ -189,11 +205,16 @@ class Stack:
         end = time.monotonic() + timeout
         while True:
             h = self.health()
-            reader = self.arena()
-            try:
-                busy = [s for s in reader.slots() if s.state != 0]
-            finally:
-                reader.close()
+            busy = []
+            for name in [e.name for e in self.cfg.engines] or [None]:
+                try:
+                    reader = self.arena(name)
+                except Exception:   # an engine of engines: that is down has no arena
+                    continue
+                try:
+                    busy += [s for s in reader.slots() if s.state != 0]
+                finally:
+                    reader.close()
             if h.get("slots_claimed") == 0 and not busy:
                 return
             if time.monotonic() > end:

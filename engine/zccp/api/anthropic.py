@@ -621,7 +621,8 @@ def render_response(req: GenerationRequest, result: GenerationResult, response_i
     if result.text or not result.tool_calls:
         content.append({"type": "text", "text": result.text})
     for call in result.tool_calls:
-        content.append({"type": "tool_use", "id": _tool_use_id(), "name": call.name, "input": Fragment(call.arguments)})
+        content.append({"type": "tool_use", "id": call.id or _tool_use_id(), "name": call.name,
+                        "input": Fragment(call.arguments)})
     return dumps({
         "id": response_id,
         "type": "message",
@@ -724,7 +725,7 @@ class StreamEncoder:
         index = self._blocks
         out = self._close_text() + self._block_start(dumps({
             "type": "content_block_start", "index": index,
-            "content_block": {"type": "tool_use", "id": _tool_use_id(), "name": call.name, "input": {}}}))
+            "content_block": {"type": "tool_use", "id": call.id or _tool_use_id(), "name": call.name, "input": {}}}))
         out += sse(dumps({"type": "content_block_delta", "index": index,
                           "delta": {"type": "input_json_delta", "partial_json": call.arguments}}),
                    "content_block_delta")

@@ -613,7 +613,7 @@ def _call_id() -> str:
 
 
 def _tool_calls(calls: tuple[ToolCall, ...]) -> list[dict[str, Any]]:
-    return [{"id": _call_id(), "type": "function", "function": {"name": c.name, "arguments": c.arguments}}
+    return [{"id": c.id or _call_id(), "type": "function", "function": {"name": c.name, "arguments": c.arguments}}
             for c in calls]
 
 
@@ -717,7 +717,7 @@ class StreamEncoder:
     def tool_call(self, call: ToolCall) -> bytes:
         index = self._calls
         self._calls += 1
-        return (self._tool_chunk({"index": index, "id": _call_id(), "type": "function",
+        return (self._tool_chunk({"index": index, "id": call.id or _call_id(), "type": "function",
                                   "function": {"name": call.name, "arguments": ""}})
                 + self._tool_chunk({"index": index, "function": {"arguments": call.arguments}}))
 

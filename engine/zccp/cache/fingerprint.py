@@ -91,6 +91,12 @@ def _too_deep(v: Any) -> bool:
 
 # --------------------------------------------------------------------------- compute
 
+# nginx fingerprints the two chat APIs; the engine alone the other OpenAI endpoints, whose
+# keys are exact-only (no final user turn) and hash their own API name (docs/fingerprint.md,
+# "Other endpoints"): no key of one endpoint is ever another's.
+CHAT_APIS = ("anthropic", "openai")
+APIS = CHAT_APIS + ("completions", "responses")
+
 @dataclass(frozen=True)
 class Fingerprint:
     exact_key: bytes                # 32 bytes: SHA-256 of the prefix key and the final message
@@ -121,8 +127,8 @@ def _end_user(api: str, doc: dict) -> str | None:
 def decode_request(api: str, body: bytes | bytearray | memoryview | str) -> dict | None:
     """The request as nginx's decoder reads it (§1), or None where that would fail (not a
     JSON object, nested deeper than MAX_DEPTH, ...): what compute() decodes, for its `doc`."""
-    if api not in ("anthropic", "openai"):
-        raise ValueError(f"api must be 'anthropic' or 'openai', not {api!r}")
+    if api not in APIS:
+        raise ValueError(f"api must be one of {APIS}, not {api!r}")
     if isinstance(body, str):
         body = body.encode("utf-8", "surrogateescape")
     elif not isinstance(body, bytes):
@@ -150,8 +156,8 @@ def compute(api: str, body: bytes | bytearray | memoryview | str | None, masks: 
         if doc is None:
             return None
     else:
-        if api not in ("anthropic", "openai"):
-            raise ValueError(f"api must be 'anthropic' or 'openai', not {api!r}")
+        if api not in APIS:
+            raise ValueError(f"api must be one of {APIS}, not {api!r}")
         if not isinstance(doc, dict) or _too_deep(doc):
             return None
     try:
@@ -161,7 +167,7 @@ def compute(api: str, body: bytes | bytearray | memoryview | str | None, masks: 
     canon = canonical_form(api, doc)
     prefix, exact = canon.keys(api)
     fp = Fingerprint(exact, prefix, masked, end_user=_end_user(api, doc))
-    turn = final_turn(doc)
+    turn = final_turn(doc) if api in CHAT_APIS else None
     if debug is not None:
         debug["canonical"] = b"".join(canon.pieces)
         debug["prompt"] = None if turn is None else b"".join(as_bytes(p) for p in turn)

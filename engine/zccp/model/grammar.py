@@ -33,10 +33,47 @@ _COMPACT: Any = {"whitespace_flexible": False}
 
 
 def _schema(schema_json: str | None) -> dict[str, Any]:
-    schema = json.loads(schema_json) if schema_json is not None else {"type": "object"}
+    if schema_json is None:
+        return {"type": "object"}     # JSON mode: any object
+    schema = json.loads(schema_json)
     if not isinstance(schema, dict):
         raise ValueError("a JSON schema must be an object")
-    return schema
+    return _closed(schema)
+
+
+# Members whose value is one schema, and those holding a list or a map of schemas.
+_SUB_ONE = ("items", "additionalItems", "contains", "not", "if", "then", "else", "propertyNames")
+_SUB_LIST = ("anyOf", "oneOf", "prefixItems")
+_SUB_MAP = ("properties", "$defs", "definitions", "patternProperties", "dependentSchemas")
+
+
+def _closed(schema: Any, close: bool = True) -> Any:
+    """The schema with every object that lists `properties` and says nothing of
+    `additionalProperties` closed to them (what xgrammar's strict mode, vLLM's default, does):
+    a client's schema made from a function signature (LangChain's bind_tools, the Agents
+    SDK's non-strict tools) rarely says it, and a model that may add keys may add them until
+    max_tokens. An explicit `additionalProperties` (true or a schema) is kept. allOf's
+    members are not closed (each lists only part of the object's properties)."""
+    if not isinstance(schema, dict):
+        return schema
+    out = dict(schema)
+    if (close and isinstance(out.get("properties"), dict) and "additionalProperties" not in out
+            and "patternProperties" not in out and "unevaluatedProperties" not in out):
+        out["additionalProperties"] = False
+    for k in _SUB_ONE:
+        if k in out:
+            out[k] = _closed(out[k])
+    for k in _SUB_LIST:
+        if isinstance(out.get(k), list):
+            out[k] = [_closed(x) for x in out[k]]
+    if isinstance(out.get("allOf"), list):
+        out["allOf"] = [_closed(x, close=False) for x in out["allOf"]]
+    for k in _SUB_MAP:
+        if isinstance(out.get(k), dict):
+            out[k] = {n: _closed(x) for n, x in out[k].items()}
+    if isinstance(out.get("additionalProperties"), dict):
+        out["additionalProperties"] = _closed(out["additionalProperties"])
+    return out
 
 
 def _tool_call_schema(tools: Sequence[tuple[str, str | None]]) -> dict[str, Any]:

@@ -184,6 +184,9 @@ class HfChatFormat(PromptFormat):
                            param="messages") from None
 
     def ids(self, prompt: Prompt, generation_prompt: bool = True) -> list[int]:
+        if prompt.req.prompt_text is not None:
+            # /v1/completions: the text as is, with the tokenizer's own specials (BOS), no template
+            return self._rust.encode(prompt.req.prompt_text, add_special_tokens=True).ids
         return self._rust.encode(self.render(prompt, generation_prompt), add_special_tokens=False).ids
 
     def encode_into(self, prompt: Prompt, out: torch.Tensor, generation_prompt: bool = True) -> int:

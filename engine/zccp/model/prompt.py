@@ -17,7 +17,7 @@ from typing import Protocol
 
 import torch
 
-from zccp.model.tokenizer import count_chat_tokens, encode_chat_into
+from zccp.model.tokenizer import count_chat_tokens, count_text_tokens, encode_chat_into, encode_text_into
 from zccp.shared_types import ChatInput, GenerationRequest
 
 
@@ -87,9 +87,13 @@ class ByteFormat(PromptFormat):
     write them); tools are not part of their prompt."""
 
     def encode_into(self, prompt: Prompt, out: torch.Tensor, generation_prompt: bool = True) -> int:
+        if prompt.req.prompt_text is not None:        # /v1/completions: the text as is
+            return encode_text_into(prompt.req.prompt_text, out)
         return encode_chat_into(prompt.req.system, prompt.req.messages, out, generation_prompt)
 
     def count(self, prompt: Prompt) -> int:
+        if prompt.req.prompt_text is not None:
+            return count_text_tokens(prompt.req.prompt_text)
         return count_chat_tokens(prompt.req.system, prompt.req.messages)
 
     def token_bytes(self, token: int) -> bytes:

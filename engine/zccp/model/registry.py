@@ -54,12 +54,19 @@ def _build_hf(**options: Any) -> ModelBackend:
     return HfBackend(**options)
 
 
+def _build_upstream(**options: Any) -> ModelBackend:
+    from zccp.upstream.backend import UpstreamBackend
+
+    return UpstreamBackend(**options)
+
+
 # kind -> factory(**options); a backend's module (torch, transformers) is imported
 # lazily inside its factory.
 _BUILDERS: dict[str, Callable[..., ModelBackend]] = {
     "tiny": _build_tiny,
     "null": _build_null,
     "hf": _build_hf,
+    "upstream": _build_upstream,   # the upstream: section configures the forwarding (zccp.upstream)
 }
 
 
@@ -71,7 +78,8 @@ def _tiny_options() -> frozenset[str]:
 
 # kind -> the option names its factory takes (read from config.yaml's model section).
 _OPTIONS: dict[str, Callable[[], frozenset[str]]] = {
-    "tiny": _tiny_options, "null": lambda: _NULL_OPTIONS, "hf": lambda: _HF_OPTIONS}
+    "tiny": _tiny_options, "null": lambda: _NULL_OPTIONS, "hf": lambda: _HF_OPTIONS,
+    "upstream": lambda: frozenset({"name"})}
 
 
 def register_backend(kind: str, factory: Callable[..., ModelBackend], options: frozenset[str] = frozenset()) -> None:

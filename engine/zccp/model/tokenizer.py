@@ -132,6 +132,27 @@ def encode_chat(system: str, messages: Sequence[ChatMessage]) -> torch.Tensor:
     return out
 
 
+def count_text_tokens(text: str) -> int:
+    """What encode_text_into writes for `text`: BOS and its bytes."""
+    return 1 + len(_utf8(text))
+
+
+def encode_text_into(text: str, out: torch.Tensor) -> int:
+    """A plain prompt (/v1/completions, no chat roles): BOS and its bytes into out[0:n]; n."""
+    data = _utf8(text)
+    needed = 1 + len(data)
+    if needed > out.numel():
+        raise PromptTooLong(needed, out.numel())
+    ids = np.empty(needed, dtype=np.int32)
+    ids[0] = BOS
+    ids[1:] = np.frombuffer(data, dtype=np.uint8)
+    if out.device.type == "cpu":
+        out.numpy()[:needed] = ids
+    else:
+        out[:needed].copy_(torch.from_numpy(ids))
+    return needed
+
+
 def encode_text(text: str) -> list[int]:
     """Plain text to byte ids (no specials)."""
     return list(text.encode("utf-8", _ENCODE_ERRORS))

@@ -7,7 +7,7 @@ import signal
 import sys
 from pathlib import Path
 
-from zccp.config import Config, ConfigError, load_config
+from zccp.config import Config, ConfigError, load_config, model_names
 from zccp.model.checkpoint import check_model_files
 
 RUN_DIR_HELP = ("the stack's run directory (default .run): logs, nginx's files, and unless "
@@ -28,14 +28,30 @@ def _load(path: str, run_dir: str = ".run", check_host: bool = True) -> Config:
         sys.exit(2)
 
 
+def _one_engine(cfg: Config, name: str | None) -> Config:
+    """The config this engine process runs with: the entry `name` of engines:, or the
+    top-level model and arena when there is no such list."""
+    from zccp.config import for_engine
+
+    if name is None:
+        if cfg.engines:
+            raise ConfigError(f"{cfg.path}: engines: lists {', '.join(e.name for e in cfg.engines)}; "
+                              "name the one this process serves with --engine")
+        return cfg
+    return for_engine(cfg, name)
+
+
 def engine_main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(prog="zccp-engine", description="Run the ZCCP engine process.")
     p.add_argument("--config", required=True)
     p.add_argument("--run-dir", default=".run", help=RUN_DIR_HELP)
     p.add_argument("--check", action="store_true", help="validate the config against this host and exit")
+    p.add_argument("--engine", help="the engine of config.yaml's engines: list this process serves "
+                   "(required when the list is there)")
     args = p.parse_args(argv)
     cfg = _load(args.config, args.run_dir)
     try:
+        cfg = _one_engine(cfg, args.engine)
         check_model_files(cfg)
     except ConfigError as exc:
         print(f"zccp: config error: {exc}", file=sys.stderr)
@@ -109,7 +125,7 @@ def _stack_up(cfg: Config, config_path: Path, run_dir: Path) -> int:
         StackError,
         Supervisor,
         base_url,
-        engine_service,
+        engine_services,
         ensure_free,
         nginx_service,
         redis_service,
@@ -137,19 +153,20 @@ def _stack_up(cfg: Config, config_path: Path, run_dir: Path) -> int:
             ensure_free(f"{u.hostname or '127.0.0.1'}:{u.port or 6379}", "cache.redis_url")
             started.append(redis_service(cfg.cache.redis_url, run_dir, cfg.cache.redis_maxmemory_mb,
                                          cfg.cache.redis_maxmemory_policy))
-        engine = engine_service(config_path, cfg, run_dir)
-        started.append(engine)
+        engines = engine_services(config_path, cfg, run_dir)
+        started += [svc for svc, _ in engines]
         nginx, _ = nginx_service(cfg, run_dir)
         started.append(nginx)
         url = base_url(cfg)
         print(f"ZCCP is up on {url} (logs in {log_dir(run_dir)}). Try:\n")
         print(f"  curl -s {url}/v1/messages -H 'content-type: application/json' \\\n"
-              f"    -d '{{\"model\":\"{cfg.model.name}\",\"max_tokens\":32,"
+              f"    -d '{{\"model\":\"{model_names(cfg)[0]}\",\"max_tokens\":32,"
               f"\"messages\":[{{\"role\":\"user\",\"content\":\"Hello\"}}]}}'\n")
         print("Ctrl-C stops nginx, the engine and redis. The engine is restarted if it dies.", flush=True)
         signal.signal(signal.SIGINT, stop)
         signal.signal(signal.SIGTERM, stop)
-        return Supervisor(cfg, engine, [s for s in started if s is not engine]).run(lambda: stopping)
+        others = [s for s in started if all(s is not e for e, _ in engines)]
+        return Supervisor(cfg, engines, others).run(lambda: stopping)
     except StackError as exc:
         print(f"zccp-stack: {exc}", file=sys.stderr)
         return 1

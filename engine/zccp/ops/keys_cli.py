@@ -7,6 +7,8 @@
     zccp-keys list   --config C [--tenant T]
     zccp-keys revoke --config C KEY_ID
     zccp-keys rotate --config C KEY_ID [--grace 300]
+    zccp-keys create --keys-file F --tenant T [...]   (one host: the key listed in auth.keys_file)
+    zccp-keys hash < key                              (a key's SHA-256, as a keys file lists it)
 
 `--json` prints one JSON object (create, rotate: with the secret, shown only then).
 """
@@ -25,7 +27,7 @@ from typing import Any
 import orjson
 
 from zccp.config import ConfigError, auth_redis_url, load_config
-from zccp.keystore import LIMIT_NAMES, IndexEntry, KeyRecord, KeyStore, Limits, usage
+from zccp.keystore import LIMIT_NAMES, IndexEntry, KeyRecord, KeyStore, Limits, add_to_keys_file, key_hash, usage
 
 _DURATION = re.compile(r"(\d+)([smhdw]?)")
 _UNIT = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
@@ -99,6 +101,9 @@ def main(argv: list[str] | None = None) -> None:
     c.add_argument("--expires-in", type=parse_duration, help="e.g. 90m, 12h, 30d (default: never)")
     for name in LIMIT_NAMES:
         c.add_argument("--" + name.replace("_", "-"), type=int, default=0, help=f"limit {name} (0: none)")
+    c.add_argument("--keys-file", help="list the key in this file (auth.keys_file) instead of Redis; "
+                   "nginx reads it at start and reload")
+    sub.add_parser("hash", help="the SHA-256 of the key on standard input (a keys file lists keys by it)")
     tl = sub.add_parser("tenant", help="set a tenant's own limits (over all its keys; 0: none)")
     tl.add_argument("--tenant", required=True)
     for name in LIMIT_NAMES:
@@ -114,11 +119,24 @@ def main(argv: list[str] | None = None) -> None:
     us.add_argument("--tenant", required=True)
     us.add_argument("--days", type=int, default=1, help="today and the days before it (default 1: today)")
     for sp in (c, tl, ls, rv, rt, us):
-        sp.add_argument("--config", required=True)
+        sp.add_argument("--config", required=sp is not c)
         sp.add_argument("--json", action="store_true", help="print JSON")
     args = p.parse_args(argv)
 
-    if args.command == "create":
+    if args.command == "hash":
+        print(key_hash(sys.stdin.read().strip()))
+    elif args.command == "create" and args.keys_file:
+        limits = Limits(**{n: getattr(args, n) for n in LIMIT_NAMES})
+        expires = time.time() + args.expires_in if args.expires_in else 0.0
+        try:
+            secret, rec = add_to_keys_file(args.keys_file, args.tenant, args.name, tuple(args.model), expires, limits)
+        except ValueError as exc:
+            print(f"zccp-keys: {exc}", file=sys.stderr)
+            sys.exit(2)
+        _print({"key": secret, **_record_view(rec)}, args.json)
+    elif args.command == "create":
+        if not args.config:
+            p.error("create: --config or --keys-file is required")
         limits = Limits(**{n: getattr(args, n) for n in LIMIT_NAMES})
         expires = time.time() + args.expires_in if args.expires_in else 0.0
         secret, rec = _run(args.config, lambda ks: ks.create(args.tenant, args.name, tuple(args.model), expires,

@@ -8,7 +8,7 @@ from pathlib import Path
 
 from zccp.abi import HEADER_PATH
 from zccp.cache.redis_target import parse_redis_url
-from zccp.config import Config, auth_redis_url, check_tls_files, mask_state_path
+from zccp.config import Config, auth_redis_url, check_tls_files, mask_state_path, model_names
 from zccp.paths import lua_dir, lua_file, make_dirs, nginx_template
 from zccp.runtime import worker_user
 
@@ -74,8 +74,9 @@ def _auth_settings(cfg: Config) -> str:
         if user:
             parts.append(f"username = {_lua_str(user, 'auth redis user')}")
     usage = _lua_str(a.usage_log, "auth.usage_log") if a.usage_log else '""'
+    keys_file = _lua_str(a.keys_file, "auth.keys_file") if a.keys_file else '""'
     return (f'{{ mode = "keys", cache_ttl_s = {a.cache_ttl_s}, negative_ttl_s = {a.negative_ttl_s}, '
-            f'usage_log = {usage}, redis = {{ {", ".join(parts)} }} }}')
+            f'usage_log = {usage}, keys_file = {keys_file}, redis = {{ {", ".join(parts)} }} }}')
 
 
 def _redis_host(cfg: Config) -> str | None:
@@ -177,21 +178,41 @@ def tls_lines(cfg: Config, indent: str = "        ") -> str:
 _MODEL_ID = re.compile(r"[A-Za-z0-9._:-]+")
 
 
-def _model_path(cfg: Config) -> str | None:
-    name = cfg.model.name
-    return f"/v1/models/{name}" if _MODEL_ID.fullmatch(name) else None
+def _model_paths(cfg: Config) -> list[str]:
+    return [f"/v1/models/{name}" for name in model_names(cfg) if _MODEL_ID.fullmatch(name)]
 
 
 def model_location(cfg: Config) -> str:
-    """`location = /v1/models/<model.name>` (GET one model), or a comment when the name is
-    not a single path segment of letters, digits and ._:- (then only /v1/models lists it)."""
-    name = cfg.model.name
-    if not _MODEL_ID.fullmatch(name):
-        return f"# (none: model.name {name!r} is not a path segment of letters, digits and ._:-)"
-    return (f"location = /v1/models/{name} {{\n"
-            "    lua_socket_log_errors off;\n"
-            '    content_by_lua_block { require("zccp.handler").serve_models() }\n'
-            "}")
+    """`location = /v1/models/<name>` (GET one model) for each model served, or a comment
+    for a name that is not a single path segment of letters, digits and ._:- (then only
+    /v1/models lists it)."""
+    out = []
+    for name in model_names(cfg):
+        if not _MODEL_ID.fullmatch(name):
+            out.append(f"# (none: model name {name!r} is not a path segment of letters, digits and ._:-)")
+            continue
+        out.append(f"location = /v1/models/{name} {{\n"
+                   "    lua_socket_log_errors off;\n"
+                   '    content_by_lua_block { require("zccp.handler").serve_models() }\n'
+                   '    log_by_lua_block { require("zccp.limits").settle() }\n'
+                   "}")
+    return "\n".join(out)
+
+
+def engines_settings(cfg: Config) -> str:
+    """engines = {...} for init_by_lua (zccp.engines): each engine's name, model, arena and
+    doorbell; "nil" without `engines:` (one engine: shm_name and socket_path)."""
+    if not cfg.engines:
+        return "nil"
+    rows = []
+    for e in cfg.engines:
+        if e.socket_path is None:
+            raise ValueError("engines: socket paths are not resolved (zccp.runtime.resolve)")  # programmer error
+        rows.append(f'{{ name = {_lua_str(e.name, "engines.name")}, '
+                    f'model = {_lua_str(e.model.name, f"engines.{e.name}.model.name")}, '
+                    f'shm_name = {_lua_str(e.shared_memory.name, f"engines.{e.name}.shared_memory.name")}, '
+                    f'socket_path = {_lua_str(e.socket_path, f"engines.{e.name} socket")} }}')
+    return "{ " + ", ".join(rows) + " }"
 
 
 def render(cfg: Config, out: Path, standalone: bool = False, prefix: Path | None = None,
@@ -233,7 +254,10 @@ def render(cfg: Config, out: Path, standalone: bool = False, prefix: Path | None
         "max_tokens_cap": str(cfg.limits.max_tokens_cap),
         "admin_token_sha256": _admin_token_digest(cfg),
         "model_location": model_location(cfg),
-        "model_log_path": f"{_model_path(cfg)} 1;" if _model_path(cfg) else "# (no /v1/models/{id} location)",
+        "model_log_path": " ".join(f"{p} 1;" for p in _model_paths(cfg)) or "# (no /v1/models/{id} location)",
+        "engines": engines_settings(cfg),
+        "routing_policy": cfg.routing.policy,
+        "routing_spill_load": repr(cfg.routing.spill_load),
         "metrics_allow": " ".join(f"allow {a};" for a in cfg.server.metrics_allow.split()),
     }
     make_dirs(mask_state_path(cfg).parent)

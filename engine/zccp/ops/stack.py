@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
 
-from zccp.config import CacheConfig, Config
+from zccp.config import CacheConfig, Config, for_engine
 from zccp.doorbell import engine_ping
 from zccp.ops.nginx_conf import RenderedNginx, render
 from zccp.runtime import log_dir
@@ -183,19 +183,41 @@ def redis_service(url: str, run_dir: Path, maxmemory_mb: int = CacheConfig.redis
 
 
 def engine_service(config_path: Path, cfg: Config, run_dir: Path, extra_env: dict[str, str] | None = None,
-                   wait: bool = True) -> Service:
-    """The engine for `cfg` (resolved for run_dir: the engine resolves the same)."""
+                   wait: bool = True, name: str | None = None) -> Service:
+    """The engine for `cfg` (resolved for run_dir: the engine resolves the same); name: the
+    entry of cfg.engines it serves (its log: engine-<name>.log)."""
     env = dict(os.environ)
     # The engine runs the same zccp package as the caller (this checkout: engine/, above zccp/ops/).
     pkg_root = str(Path(__file__).resolve().parents[2])
     env["PYTHONPATH"] = os.pathsep.join(p for p in (pkg_root, env.get("PYTHONPATH", "")) if p)
     env.update(extra_env or {})
-    svc = Service("engine", [sys.executable, "-m", "zccp.ops.cli", "engine", "--config", str(config_path),
-                             "--run-dir", str(run_dir)], log_dir(run_dir) / "engine.log", env=env)
+    cmd = [sys.executable, "-m", "zccp.ops.cli", "engine", "--config", str(config_path), "--run-dir", str(run_dir)]
+    if name is not None:
+        cmd += ["--engine", name]
+    svc = Service(f"engine {name}" if name else "engine", cmd,
+                  log_dir(run_dir) / (f"engine-{name}.log" if name else "engine.log"), env=env)
     svc.start()
     if wait:
-        wait_for_engine(svc, cfg)
+        wait_for_engine(svc, for_engine(cfg, name) if name else cfg)
     return svc
+
+
+def engine_services(config_path: Path, cfg: Config, run_dir: Path, extra_env: dict[str, str] | None = None
+                    ) -> list[tuple[Service, str]]:
+    """Every engine of cfg, started (one, or each of engines:) and pinged: (service, its doorbell).
+    Started together, then waited for: their models load side by side."""
+    if not cfg.engines:
+        return [(engine_service(config_path, cfg, run_dir, extra_env), cfg.server.socket_path or "")]
+    started = [(engine_service(config_path, cfg, run_dir, extra_env, wait=False, name=e.name), e)
+               for e in cfg.engines]
+    try:
+        for svc, e in started:
+            wait_for_engine(svc, for_engine(cfg, e.name))
+    except BaseException:
+        for svc, _ in started:
+            svc.stop()
+        raise
+    return [(svc, e.socket_path or "") for svc, e in started]
 
 
 def wait_for_engine(svc: Service, cfg: Config, timeout: float = 120) -> None:
@@ -294,49 +316,65 @@ def _say(msg: str) -> None:
 
 
 @dataclass
+class _Tended:
+    """One engine under supervision: its service, doorbell and restart state."""
+
+    svc: Service
+    socket_path: str
+    backoff: Backoff = field(default_factory=Backoff)
+    restart_at: float | None = None
+    died_at: float = 0.0
+    waiting: bool = False
+
+
+@dataclass
 class Supervisor:
-    """Keeps a started stack running: the engine is restarted with backoff when it dies
-    (nginx stays up, answers 503 meanwhile and maps the new arena by itself); redis or
-    nginx dying stops the stack with a non-zero status and the cause."""
+    """Keeps a started stack running: each engine is restarted with backoff when it dies
+    (nginx stays up, routes its model's requests to the other replicas, or answers 503 when
+    there is none, and maps the new arena by itself); redis or nginx dying stops the stack
+    with a non-zero status and the cause."""
 
     cfg: Config
-    engine: Service
+    engines: list[tuple[Service, str]]      # each engine and its doorbell socket
     others: list[Service]
-    backoff: Backoff = field(default_factory=Backoff)
     restarts: int = field(default=0, init=False)
-    _restart_at: float | None = field(default=None, init=False)
-    _died_at: float = field(default=0.0, init=False)
-    _waiting: bool = field(default=False, init=False)
+    _tended: list[_Tended] = field(default_factory=list, init=False)
+
+    def __post_init__(self) -> None:
+        self._tended = [_Tended(svc, sock) for svc, sock in self.engines]
 
     def run(self, stopping: Callable[[], bool], poll_s: float = 0.1) -> int:
-        """Until stopping() says so (0) or a service other than the engine exits (1)."""
+        """Until stopping() says so (0) or a service other than an engine exits (1)."""
         while not stopping():
             for svc in self.others:
                 if not svc.alive:
                     _say(f"{svc.name} exited ({svc.exit_reason()}); stopping the rest. "
                          f"Its log, {svc.log_path}:\n{_tail(svc.log_path)}")
                     return 1
-            self._tend_engine()
+            for t in self._tended:
+                self._tend_engine(t)
             time.sleep(poll_s)
         return 0
 
-    def _tend_engine(self) -> None:
+    def _tend_engine(self, t: _Tended) -> None:
         now = time.monotonic()
-        eng = self.engine
-        if self._restart_at is None and not eng.alive:
+        eng = t.svc
+        if t.restart_at is None and not eng.alive:
             lived = now - eng.started_at
-            delay = self.backoff.after(lived)
-            self._died_at, self._restart_at = now, now + delay
-            _say(f"engine exited ({eng.exit_reason()}) after {lived:.1f} s; restarting it in {delay:.1f} s "
-                 f"(nginx answers 503 meanwhile)")
-        if self._restart_at is not None and now >= self._restart_at:
-            self._restart_at = None
+            delay = t.backoff.after(lived)
+            t.died_at, t.restart_at = now, now + delay
+            meanwhile = "its replicas take its requests, or nginx answers 503" if len(self._tended) > 1 \
+                else "nginx answers 503 meanwhile"
+            _say(f"{eng.name} exited ({eng.exit_reason()}) after {lived:.1f} s; restarting it in {delay:.1f} s "
+                 f"({meanwhile})")
+        if t.restart_at is not None and now >= t.restart_at:
+            t.restart_at = None
             self.restarts += 1
             eng.start()
-            self._waiting = True
-        if self._waiting and eng.alive and engine_ping(self.cfg.server.socket_path or "", 0.5) is not None:
-            self._waiting = False
-            _say(f"engine serving again (pid {eng.pid}), {time.monotonic() - self._died_at:.1f} s after it exited")
+            t.waiting = True
+        if t.waiting and eng.alive and engine_ping(t.socket_path, 0.5) is not None:
+            t.waiting = False
+            _say(f"{eng.name} serving again (pid {eng.pid}), {time.monotonic() - t.died_at:.1f} s after it exited")
 
 
 # -- reloading the masks -------------------------------------------------------------------

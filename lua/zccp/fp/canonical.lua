@@ -10,6 +10,10 @@
 --   -- (CJ of top without the final message is buf without [cut, stop)); else nil.
 --   -- inexact: the doc holds a number of magnitude >= 2^53 (cjson decoded it to a double:
 --   -- an integer's digits may be lost, so the keys are the engine's to compute, §6).
+--   local spans, n = canonical.route_spans()   -- after write(): the route key's bytes
+--   -- (zccp.fingerprint r.route_key; not part of docs/fingerprint.md, nginx only): offset,
+--   -- length pairs into buf of the values of model, system and tools, and of `messages`
+--   -- from its first element through its first "user" message (all of them without one).
 local ffi = require "ffi"
 local bit = require "bit"
 local T = require "zccp.fp_tables"
@@ -208,24 +212,50 @@ cj = function(buf, v)
 end
 
 -- The top-level object's members: as cj_member, except that the place of the final
--- message is noted in cut, first, stop (see the top of this file).
+-- message is noted in cut, first, stop (see the top of this file), and the route key's
+-- spans in SPANS (route_spans).
 local cut, first, stop
+local SPANS, nspans = {}, 0
+local ROUTED = { model = true, system = true, tools = true }
+
+local function span(from, to)
+    SPANS[nspans + 1], SPANS[nspans + 2] = from, to - from
+    nspans = nspans + 2
+end
+
+local function is_user(m)
+    return type(m) == "table" and m.role == "user"
+end
 
 local function top_member(buf, k, v)
     if k ~= "messages" or type(v) ~= "table" or v[1] == nil then
-        return cj(buf, v)
+        local from = #buf
+        cj(buf, v)
+        if ROUTED[k] then
+            span(from, #buf)
+        end
+        return
     end
     local n = #v
     buf:put("[")
+    local head, head_end = #buf, nil
     for j = 1, n - 1 do
         cj(buf, v[j])
+        if not head_end and is_user(v[j]) then
+            head_end = #buf
+        end
         buf:put(",")
     end
     cut = #buf - (n > 1 and 1 or 0)
     first = #buf
     cj(buf, v[n])
     stop = #buf
+    span(head, head_end or stop)
     buf:put("]")
+end
+
+function _M.route_spans()
+    return SPANS, nspans
 end
 
 -- Writes CJ(top) of `doc` (decoded, masked) into buf (reset first); returns the place
@@ -243,7 +273,7 @@ function _M.write(buf, api, doc)
         top.max_completion_tokens = nil
     end
     buf:reset()
-    cut, first, stop, inexact = nil, nil, nil, false
+    cut, first, stop, inexact, nspans = nil, nil, nil, false, 0
     put_object(buf, top, top_member)
     return cut, first, stop, inexact
 end

@@ -1,0 +1,157 @@
+-- Which engine takes a request (docs/engines.md), decided before a slot is claimed: the
+-- engines that serve the body's model (zccp.engines), ranked for the request's route key.
+--
+--   affinity (routing.policy, the default): rendezvous hashing (zccp.rendezvous) of the
+--     route key: the fingerprint's r.route_key (a conversation's system, tools and first
+--     user message: the same every turn, so every turn lands on the replica whose prefix
+--     cache holds the earlier ones); for a body nginx does not fingerprint (over 64 KiB,
+--     Cache-Control no-cache + no-store, a number beyond 2^53): the CRC of its first 4 KiB,
+--     where clients put model, system and the first messages, so such a conversation mostly
+--     keeps its replica too, at no decode cost.
+--   spill: when the preferred replica has at least routing.spill_load of its slots claimed
+--     (every worker's claims, zccp.slots.load) and another one is less loaded, the least
+--     loaded replica goes first instead (counted "spilled").
+--   down: an engine whose doorbell refused a connection, whose arena is gone or that failed
+--     a request before answering is skipped for DOWN_S by this worker (ranked last, tried
+--     only when no other is left): its requests move to the next replica in rank at once.
+--   round_robin, least_loaded: for comparison (bench/routing.py).
+--
+--   local order, spilled = router.order(r)   -- engine records, first choice first
+local engines = require "zccp.engines"
+local slots = require "zccp.slots"
+local arena_mod = require "zccp.arena"
+local settings = require "zccp.settings"
+
+local ngx = ngx
+local ngx_now = ngx.now
+local type = type
+local str_sub = string.sub
+
+local _M = { _VERSION = "0.1.0" }
+
+local DOWN_S = 1          -- how long a failed engine is skipped before it is tried again
+local RAW_KEY_BYTES = require("zccp.fingerprint").ROUTE_RAW_BYTES
+local DEFAULT_ROUTING = { policy = "affinity", spill_load = 0.75 }
+local down_until = {}     -- engine name -> time (this worker's view)
+local rr = 0              -- round_robin's counter (per worker)
+
+local cjson = require("cjson.safe").new()
+cjson.decode_max_depth(64)
+
+-- The body's model when nginx must know it (the engines serve more than one model and the
+-- fingerprint did not give it: a large or no-store body); nil when any engine will do.
+function _M.model_of(r, body)
+    if r.fp then
+        return r.fp.model
+    end
+    if not engines.models_differ() or not body then
+        return nil
+    end
+    local doc = cjson.decode(body)
+    return type(doc) == "table" and type(doc.model) == "string" and doc.model or nil
+end
+
+-- Whether requests must be read whole before routing (several engines: the body picks one).
+function _M.needs_body()
+    return engines.multi()
+end
+
+function _M.down(e)
+    down_until[e.name] = ngx_now() + DOWN_S
+end
+
+local function is_down(e)
+    local t = down_until[e.name]
+    return t and t > ngx_now()
+end
+
+-- Engine e's load: the fraction of its slots claimed now (nil: never mapped or gone).
+local function load(e)
+    local n = arena_mod.slot_count(e)
+    return n and slots.load(e.name) / n or nil
+end
+
+-- The route key of request r (see the top of this file).
+local function key_of(r)
+    if r.route_key then
+        return r.route_key
+    end
+    local fp = r.fp
+    if fp and fp.route_key then
+        return fp.route_key
+    end
+    local body = r.src and r.src.body
+    return body and str_sub(body, 1, RAW_KEY_BYTES) or ""
+end
+
+local function rank(g, r, policy)
+    local members, n = g.members, #g.members
+    local order = {}
+    if policy == "affinity" then
+        local idx = g.ring:rank(key_of(r))
+        for k = 1, n do
+            order[k] = members[idx[k]]
+        end
+    elseif policy == "round_robin" then
+        rr = rr + 1
+        for k = 1, n do
+            order[k] = members[(rr + k) % n + 1]
+        end
+    else   -- least_loaded: ranked by load below
+        for k = 1, n do
+            order[k] = members[k]
+        end
+    end
+    return order
+end
+
+-- The engines to try for request r, best first, and whether the first was chosen for load
+-- (spilled) or because the preferred one is down (failed over).
+function _M.order(r)
+    local g = engines.group(r.model) or engines.everyone()
+    local n = #g.members
+    if n == 1 then
+        return g.members, false, false
+    end
+    local routing = settings.get().routing or DEFAULT_ROUTING
+    local policy = routing.policy
+    local order = rank(g, r, policy)
+    -- down engines to the back, in rank order
+    local up, back = {}, {}
+    for k = 1, n do
+        local e = order[k]
+        if is_down(e) then
+            back[#back + 1] = e
+        else
+            up[#up + 1] = e
+        end
+    end
+    local failed_over = up[1] ~= order[1]
+    local spilled = false
+    if up[1] and (policy ~= "round_robin") then
+        local best, best_load = 1, load(up[1])
+        local bound = routing.spill_load
+        if policy == "least_loaded" or (best_load and best_load >= bound) then
+            for k = 2, #up do
+                local l = load(up[k])
+                if l and (not best_load or l < best_load) then
+                    best, best_load = k, l
+                end
+            end
+            if best ~= 1 then
+                local chosen = up[best]
+                for k = best, 2, -1 do
+                    up[k] = up[k - 1]
+                end
+                up[1] = chosen
+                spilled = policy ~= "least_loaded"
+            end
+        end
+    end
+    for k = 1, #back do
+        up[#up + 1] = back[k]
+    end
+    return up, spilled, failed_over
+end
+
+return _M

@@ -1,0 +1,244 @@
+"""POST /v1/completions and POST /v1/responses through the real stack (nginx + Lua, the slot,
+the engine, the tiny model), with the official openai SDK: answers, streams, tools, JSON
+schemas, the refusals of a stateless server, the cache (the engine's keys, per endpoint) and
+API keys' limits."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import jsonschema
+import openai
+import pytest
+
+from tests.support.harness import sdk_clients
+from tests.support.keys_helpers import keys_cli
+
+MODEL = "zccp-tiny"
+WEATHER = {"type": "object", "properties": {"city": {"enum": ["paris", "oslo", "lima"]},
+                                            "unit": {"enum": ["c", "f"]}},
+           "required": ["city", "unit"], "additionalProperties": False}
+TOOLS = [{"type": "function", "name": "get_weather", "description": "weather", "parameters": WEATHER}]
+VERDICT = {"type": "object", "properties": {"color": {"enum": ["red", "green", "blue"]}, "ok": {"type": "boolean"}},
+           "required": ["color", "ok"], "additionalProperties": False}
+
+
+@pytest.fixture(scope="module")
+def oai(stack):
+    return sdk_clients(stack)[1]
+
+
+# --------------------------------------------------------------------------- /v1/completions
+
+
+def test_completion_and_its_stream(oai, stack):
+    kw: dict[str, Any] = dict(model=MODEL, prompt="Once upon a time", max_tokens=24, temperature=0)
+    r = oai.completions.create(**kw)
+    assert r.object == "text_completion" and r.id.startswith("cmpl-")
+    c = r.choices[0]
+    assert isinstance(c.text, str) and c.finish_reason in ("stop", "length") and c.logprobs is None
+    # the prompt as is: BOS and its bytes, no chat roles (the byte tokenizer)
+    assert r.usage.prompt_tokens == 1 + len(b"Once upon a time")
+    assert 0 < r.usage.completion_tokens <= 24
+    chunks = list(oai.completions.create(stream=True, stream_options={"include_usage": True}, **kw))
+    assert "".join(x.choices[0].text for x in chunks if x.choices) == c.text
+    assert [x.choices[0].finish_reason for x in chunks if x.choices and x.choices[0].finish_reason] == [
+        c.finish_reason]
+    assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens == r.usage.completion_tokens
+    stack.assert_no_leaks()
+
+
+def test_completion_default_max_tokens_is_openais(oai):
+    r = oai.completions.create(model=MODEL, prompt="x", temperature=0)
+    assert r.usage.completion_tokens <= 16
+
+
+def test_completion_logprobs_legacy_shape(oai):
+    r = oai.completions.create(model=MODEL, prompt="abc", max_tokens=12, temperature=0, logprobs=3)
+    lp = r.choices[0].logprobs
+    n = r.usage.completion_tokens
+    assert len(lp.tokens) == len(lp.token_logprobs) == len(lp.top_logprobs) == len(lp.text_offset) == n
+    assert "".join(lp.tokens) == r.choices[0].text
+    assert all(x <= 0 for x in lp.token_logprobs)
+    assert all(1 <= len(t) <= 3 for t in lp.top_logprobs)
+    assert lp.text_offset == sorted(lp.text_offset)
+
+
+@pytest.mark.parametrize("extra,param", [
+    ({"echo": True}, "echo"), ({"suffix": "end"}, "suffix"), ({"n": 2}, "n"), ({"best_of": 3}, "best_of"),
+    ({"logprobs": 6}, "logprobs"), ({"prompt": ["a", "b"]}, "prompt"), ({"prompt": [1, 2, 3]}, "prompt"),
+])
+def test_completion_refusals_name_the_field(oai, extra, param):
+    kw = dict(model=MODEL, prompt="hi", max_tokens=4) | extra
+    with pytest.raises(openai.BadRequestError) as e:
+        oai.completions.create(**kw)
+    assert e.value.body["param"] == param, e.value.body
+
+
+def test_completion_unknown_model_and_missing_prompt(oai, stack):
+    with pytest.raises(openai.NotFoundError):
+        oai.completions.create(model="nope", prompt="x")
+    r = stack.client().post("/v1/completions", json={"model": MODEL})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "prompt"
+
+
+# --------------------------------------------------------------------------- /v1/responses
+
+
+def test_response_create_and_stream_agree(oai, stack):
+    kw: dict[str, Any] = dict(model=MODEL, input="Hello", instructions="Be brief.", max_output_tokens=30,
+                              temperature=0)
+    r = oai.responses.create(**kw)
+    assert r.object == "response" and r.id.startswith("resp_") and r.instructions == "Be brief."
+    assert r.status in ("completed", "incomplete")
+    assert r.output[0].type == "message" and r.output[0].content[0].type == "output_text"
+    assert r.usage.input_tokens > 0 and r.usage.total_tokens == r.usage.input_tokens + r.usage.output_tokens
+    events = list(oai.responses.create(stream=True, **kw))
+    kinds = [e.type for e in events]
+    assert kinds[:4] == ["response.created", "response.in_progress", "response.output_item.added",
+                         "response.content_part.added"]
+    assert kinds[-4:] == ["response.output_text.done", "response.content_part.done", "response.output_item.done",
+                          "response.completed" if r.status == "completed" else "response.incomplete"]
+    assert [e.sequence_number for e in events] == list(range(len(events)))
+    deltas = "".join(e.delta for e in events if e.type == "response.output_text.delta")
+    final = events[-1].response
+    assert deltas == r.output_text == final.output_text
+    assert final.usage.output_tokens == r.usage.output_tokens
+    stack.assert_no_leaks()
+
+
+def test_response_stream_helper_gets_the_final_response(oai):
+    # a JSON schema makes the answer end: response.completed, which the helper waits for
+    with oai.responses.stream(model=MODEL, input="Judge.", max_output_tokens=200,
+                              text={"format": {"type": "json_schema", "name": "v", "schema": VERDICT,
+                                               "strict": True}}) as s:
+        text = "".join(e.delta for e in s if e.type == "response.output_text.delta")
+        final = s.get_final_response()
+    assert final.status == "completed" and final.output_text == text
+    jsonschema.validate(json.loads(text), VERDICT)
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["plain", "stream"])
+def test_response_forced_function_call(oai, stream):
+    kw: dict[str, Any] = dict(model=MODEL, input="Weather in Oslo?", tools=TOOLS, tool_choice="required",
+                              max_output_tokens=200)
+    if stream:
+        events = list(oai.responses.create(stream=True, **kw))
+        kinds = [e.type for e in events]
+        assert "response.function_call_arguments.delta" in kinds
+        done = [e for e in events if e.type == "response.function_call_arguments.done"]
+        assert len(done) == 1 and done[0].name == "get_weather"
+        r = events[-1].response
+    else:
+        r = oai.responses.create(**kw)
+    calls = [o for o in r.output if o.type == "function_call"]
+    assert len(calls) == 1 and calls[0].name == "get_weather" and calls[0].call_id.startswith("call_")
+    jsonschema.validate(json.loads(calls[0].arguments), WEATHER)
+    # the call and its output go back as items, and the model answers the turn
+    follow = oai.responses.create(model=MODEL, tools=TOOLS, max_output_tokens=20, input=[
+        {"role": "user", "content": "Weather in Oslo?"},
+        {"type": "function_call", "call_id": calls[0].call_id, "name": calls[0].name,
+         "arguments": calls[0].arguments},
+        {"type": "function_call_output", "call_id": calls[0].call_id, "output": "oslo: 3 c"}])
+    assert follow.output[0].type == "message"
+
+
+def test_response_named_tool_choice_and_json_schema(oai):
+    r = oai.responses.create(model=MODEL, input="x", tools=TOOLS, max_output_tokens=200,
+                             tool_choice={"type": "function", "name": "get_weather"})
+    assert [o.type for o in r.output] == ["function_call"]
+    r = oai.responses.create(model=MODEL, input=[{"role": "user", "content": [{"type": "input_text", "text": "J"}]}],
+                             max_output_tokens=200,
+                             text={"format": {"type": "json_schema", "name": "v", "schema": VERDICT}})
+    jsonschema.validate(json.loads(r.output_text), VERDICT)
+
+
+@pytest.mark.parametrize("extra,param", [
+    ({"previous_response_id": "resp_abc"}, "previous_response_id"), ({"store": True}, "store"),
+    ({"conversation": "conv_1"}, "conversation"),
+    ({"tools": [{"type": "web_search"}]}, "tools[0].type"),
+    ({"input": [{"type": "item_reference", "id": "msg_1"}]}, "input[0].type"),
+    ({"input": [{"role": "robot", "content": "x"}]}, "input[0].role"),
+    ({"input": []}, "input"),
+])
+def test_response_refusals_name_the_field(oai, extra, param):
+    kw = dict(model=MODEL, input="hi", max_output_tokens=4) | extra
+    with pytest.raises(openai.BadRequestError) as e:
+        oai.responses.create(**kw)
+    assert e.value.body["param"] == param, e.value.body
+
+
+def test_response_store_false_is_served(oai):
+    assert oai.responses.create(model=MODEL, input="hi", max_output_tokens=4, store=False).status
+
+
+# --------------------------------------------------------------------------- cache and limits
+
+
+@pytest.fixture
+def cstack(make_stack):
+    return make_stack({"cache": {"ttl_s": 600}}, with_redis=True)
+
+
+@pytest.mark.parametrize("path,body", [
+    ("/v1/completions", {"model": MODEL, "prompt": "Tell me", "max_tokens": 20, "temperature": 1}),
+    ("/v1/responses", {"model": MODEL, "input": "Tell me", "max_output_tokens": 20, "temperature": 1}),
+], ids=["completions", "responses"])
+def test_cache_hits_per_endpoint_and_never_across(cstack, path, body):
+    c = cstack.client()
+    first = c.post(path, json=body)
+    assert first.status_code == 200 and first.headers["x-zccp-cache"] == "MISS"
+    second = c.post(path, json=body)
+    assert second.headers["x-zccp-cache"] == "HIT"
+    # sampled at temperature 1: only the cache makes them one answer
+    key = "choices" if path == "/v1/completions" else "output"
+    a, b = first.json(), second.json()
+    text = (lambda d: d["choices"][0]["text"]) if key == "choices" else (
+        lambda d: d["output"][0]["content"][0]["text"])
+    assert text(a) == text(b) and a["id"] != b["id"] and a["usage"] == b["usage"]
+    streamed = c.post(path, json=dict(body, stream=True))
+    assert streamed.headers["x-zccp-cache"] == "HIT" and streamed.headers["content-type"].startswith(
+        "text/event-stream")
+    # the chat answer to the same words is another entry
+    chat = c.post("/v1/chat/completions", json={"model": MODEL, "max_tokens": 20, "temperature": 1,
+                                                "messages": [{"role": "user", "content": "Tell me"}]})
+    assert chat.headers["x-zccp-cache"] == "MISS"
+    other = c.post(path, json=dict(body, temperature=0.5))
+    assert other.headers["x-zccp-cache"] == "MISS"
+    cstack.assert_no_leaks()
+
+
+def test_keys_and_limits_apply(make_stack):
+    s = make_stack({"model": {"backend": "null"}, "auth": {"mode": "keys", "cache_ttl_s": 1, "negative_ttl_s": 1}},
+                   with_redis=True)
+    for path, body in (("/v1/completions", {"model": MODEL, "prompt": "hi", "max_tokens": 4}),
+                       ("/v1/responses", {"model": MODEL, "input": "hi", "max_output_tokens": 4})):
+        r = s.client().post(path, json=body)
+        assert r.status_code == 401 and "error" in r.json()
+    k = keys_cli(s, "create", "--tenant", "acme", "--rpm", "2")["key"]
+    client = openai.OpenAI(base_url=s.base_url + "/v1", api_key=k, max_retries=0)
+    client.completions.create(model=MODEL, prompt="hi", max_tokens=4)
+    raw = client.responses.with_raw_response.create(model=MODEL, input="hi", max_output_tokens=4)
+    assert raw.headers["x-ratelimit-remaining-requests"] == "0"
+    with pytest.raises(openai.RateLimitError):
+        client.completions.create(model=MODEL, prompt="hi", max_tokens=4)
+    s.assert_no_leaks()
+
+
+def test_hf_backend_prompt_as_is_and_tools_through_its_template(hf_stack, hf_checkpoint):
+    """A checkpoint made at test time: the completion's prompt is its tokenizer's ids (its BOS,
+    no template); a response's tools reach the model through its chat template, the call forced."""
+    from transformers import AutoTokenizer
+
+    from tests.support.hf_checkpoint import HF_MODEL
+
+    tok = AutoTokenizer.from_pretrained(hf_checkpoint)
+    oai = sdk_clients(hf_stack)[1]
+    r = oai.completions.create(model=HF_MODEL, prompt="Once upon a time", max_tokens=8, temperature=0)
+    assert r.usage.prompt_tokens == len(tok("Once upon a time").input_ids)
+    r = oai.responses.create(model=HF_MODEL, input="Weather in Oslo?", tools=TOOLS, tool_choice="required",
+                             max_output_tokens=200)
+    calls = [o for o in r.output if o.type == "function_call"]
+    assert len(calls) == 1
+    jsonschema.validate(json.loads(calls[0].arguments), WEATHER)
