@@ -100,8 +100,10 @@ class Reply(SlotOutput):
         self._written = written
         self._writer.set_meta(plan_chunks=plan_chunks)     # X-ZCCP-Plan, sent with the first bytes
         if self._req.stream:
+            # cache writes only to an encoder that reports them (Anthropic's; the others take 5 arguments)
+            extra = (written,) if written.total else ()
             self._encoder = self._codec.stream(self._req, self._codec.new_response_id(), int(time.time()),
-                                               self._prompt_tokens, cached_tokens, written)
+                                               self._prompt_tokens, cached_tokens, *extra)
             self._writer.begin(200, sse=True)
             self._writer.write_nowait(self._encoder.start())
 
