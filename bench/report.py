@@ -327,6 +327,15 @@ def h2tls_section(out_dir: Path) -> str:
     return p.read_text().rstrip() + ("\n\n" + notes.read_text().rstrip() if notes.exists() else "")
 
 
+def serving_section(out_dir: Path) -> str:
+    """bench/serving.md (by hand, from bench/schemas200.json and bench/peer.json: the structured-
+    output target run, the transformers-serve peer, prompt caching), or how to make it."""
+    p = out_dir / "serving.md"
+    if not p.exists():
+        return "(not run: `python -m bench.schemas200`, `python -m bench.peer`)"
+    return p.read_text().rstrip()
+
+
 def routing_section(out_dir: Path) -> str:
     """bench/routing.md (written by `python -m bench.routing`) without its title, or how to make it."""
     p = out_dir / "routing.md"
@@ -482,6 +491,10 @@ TTFT = request sent → first `content_block_delta` event.
 ## Real models: batched decoding and prefix reuse
 
 {models_section(out_dir)}
+
+## Serving features: structured output, a peer server, prompt caching
+
+{serving_section(out_dir)}
 
 ## HTTP/2 and TLS (h2load)
 

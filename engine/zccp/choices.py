@@ -21,7 +21,7 @@ from zccp.model.prompt import Detokenizer
 from zccp.model.sampling import Drawn
 from zccp.outcome import Outcome
 from zccp.ring_writer import ResponseWriter, SlotAbandoned
-from zccp.shared_types import GenerationRequest, GenerationResult, SamplingParams, StopReason
+from zccp.shared_types import NO_WRITE, CacheWrite, GenerationRequest, GenerationResult, SamplingParams, StopReason
 from zccp.text_assembly import TextAssembler
 from zccp.token_sink import SlotOutput
 
@@ -79,8 +79,8 @@ class ChoiceSink:
         self._prompt_tokens = prompt_tokens
         self._asm = TextAssembler(detok, req.sampling.stop, HermesParser() if tool_calls else None)
 
-    def start(self, cached_tokens: int, plan_chunks: int) -> None:
-        self._choices.started(cached_tokens)
+    def start(self, cached_tokens: int, plan_chunks: int, written: CacheWrite = NO_WRITE) -> None:
+        self._choices.started(cached_tokens)      # OpenAI's n: no breakpoints
 
     def kept(self, tokens: int) -> None:
         pass

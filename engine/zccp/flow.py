@@ -40,8 +40,9 @@ from zccp.model.prompt import Prompt
 from zccp.model.tokenizer import PromptTooLong
 from zccp.outcome import Outcome, RequestContext
 from zccp.ring_writer import SlotAbandoned
+from zccp.prompt_pins import pin_points
 from zccp.scheduler import BatchScheduler, Sequence
-from zccp.shared_types import ApiError, Completed, GenerationRequest, GenerationResult, TextDelta
+from zccp.shared_types import ApiError, Completed, GenerationRequest, GenerationResult, Pin, TextDelta
 from zccp.choices import ChoiceSink, Choices, all_done, choice_params
 from zccp.text_assembly import generate_text
 from zccp.token_sink import Reply
@@ -82,6 +83,7 @@ class Prepared:
     input_ids: torch.Tensor
     doc: dict[str, Any]              # the parsed body (the fingerprint may reuse it, and mask it)
     host_ids: np.ndarray             # the prompt ids on the CPU (a view of the slot's array)
+    pins: tuple[Pin, ...] = ()       # the prefixes its cache_control breakpoints pin (zccp.prompt_pins)
 
 
 class RequestFlow:
@@ -216,7 +218,7 @@ class RequestFlow:
                       self._tool_calls(prep.req), self.outcome, lambda result: self._verdict(prep, result),
                       self.deps.backend.prompt.token_bytes)
         seq = Sequence(prep.input_ids, prep.host_ids, prep.req.sampling, reply, ctx.cancelled, finished,
-                       salt=self._salt(prep))
+                       salt=self._salt(prep), pins=prep.pins)
         if not self.deps.model.submit(seq):
             self.deps.metrics.queue_full.inc()
             with self.outcome.guard():
@@ -319,7 +321,11 @@ class RequestFlow:
         with self.outcome.guard():
             req, input_ids, doc = self._parse_and_tokenize()
             n = int(input_ids.numel())
-            prep = Prepared(self.codec, req, input_ids, doc, self.ctx.tokens[:n].numpy())
+            host = self.ctx.tokens[:n].numpy()
+            pins: tuple[Pin, ...] = ()
+            if req.cache_marks and self.deps.model.prefix is not None:
+                pins = pin_points(self.deps.backend.prompt, doc, req, self.deps.limits, host)
+            prep = Prepared(self.codec, req, input_ids, doc, host, pins)
         return prep
 
     def _parse_and_tokenize(self) -> tuple[GenerationRequest, torch.Tensor, dict[str, Any]]:

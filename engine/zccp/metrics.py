@@ -101,6 +101,10 @@ class EngineMetrics:
         self.prefilled = r.counter("zccp_engine_prefill_tokens_total", "Prompt tokens computed by prefill")
         self.prefix_reused = r.counter("zccp_engine_prefix_reused_tokens_total",
                                        "Prompt tokens whose KV state came from the prefix cache")
+        self.prefix_pinned = r.gauge("zccp_engine_prefix_pinned_bytes",
+                                     "Prefix cache bytes pinned by cache_control breakpoints (as of the last pin)")
+        self.pins_refused = r.counter("zccp_engine_prefix_pins_refused_total",
+                                      "cache_control pins not granted: the pinned bytes were at their cap")
 
     def render(self) -> str:
         return self.registry.render()

@@ -21,18 +21,31 @@ computed. LRU, bounded by bytes: a chain is touched tail first, so the least
 recently used block of a chain is its tail, and eviction never strands a child
 behind an evicted parent longer than it takes to reach it.
 
+Pins (Anthropic's cache_control, zccp.prompt_pins): the blocks of a prefix a request marked
+with a breakpoint are pinned for its TTL (5 minutes or 1 hour): LRU eviction passes them by
+until the pin expires; reading a pinned block refreshes its pin (Anthropic refreshes an entry
+each time it is used). Pinned bytes are capped at PIN_SHARE of the capacity, so ordinary
+prefix reuse always keeps the rest: a pin that would go beyond the cap is not granted (its
+blocks stay in the cache as ordinary LRU blocks, and `pins_refused` counts it).
+
 Thread: only the model thread uses it.
 """
 
 from __future__ import annotations
 
 import hashlib
+import time
 from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
 import torch
+
+from zccp.shared_types import CacheWrite, Pin
+
+# The share of the prefix cache's bytes that pinned blocks may hold at most.
+PIN_SHARE = 0.5
 
 
 @dataclass(frozen=True)
@@ -46,10 +59,16 @@ class Match:
 
 
 class PrefixCache:
-    def __init__(self, capacity_bytes: int, block: int, identity: bytes) -> None:
+    def __init__(self, capacity_bytes: int, block: int, identity: bytes,
+                 clock: Callable[[], float] = time.monotonic) -> None:
         if block < 1:
             raise ValueError("block must be >= 1")
         self.capacity = capacity_bytes
+        self.pin_capacity = int(capacity_bytes * PIN_SHARE)
+        self._clock = clock
+        self._pins: dict[bytes, tuple[float, int]] = {}   # key -> (expires at, its TTL in s)
+        self.pinned_bytes = 0
+        self.pins_refused = 0
         self.block = block
         self._root = hashlib.sha256(b"zccp-prefix-v1\0" + identity).digest()
         self._blocks: OrderedDict[bytes, torch.Tensor] = OrderedDict()
@@ -95,6 +114,7 @@ class PrefixCache:
             found.append(blk)
         keys = keys[: len(found)]
         self._touch(keys)
+        self._refresh(keys)
         self.hits += len(found)
         return Match(found, keys)
 
@@ -132,14 +152,75 @@ class PrefixCache:
             n += 1
         return n
 
+    # -- pins (cache_control breakpoints) -----------------------------------------------
+
+    def pin(self, keys: list[bytes], ttl_s: int) -> int:
+        """Pin the chain's first blocks (those cached, up to the first that is not) for ttl_s;
+        an existing pin is extended, never shortened. Returns how many blocks are pinned now;
+        fewer than held() when the pinned bytes would pass pin_capacity."""
+        now = self._clock()
+        self._expire(now)
+        n = 0
+        for k in keys:
+            blk = self._blocks.get(k)
+            if blk is None:
+                break
+            old = self._pins.get(k)
+            if old is None:
+                size = blk.numel() * blk.element_size()
+                if self.pinned_bytes + size > self.pin_capacity:
+                    self.pins_refused += 1
+                    break
+                self.pinned_bytes += size
+                self._pins[k] = (now + ttl_s, ttl_s)
+            else:
+                ttl = max(old[1], ttl_s)
+                self._pins[k] = (max(old[0], now + ttl), ttl)
+            n += 1
+        return n
+
+    def pinned(self, key: bytes) -> bool:
+        pin = self._pins.get(key)
+        return pin is not None and pin[0] > self._clock()
+
+    def _refresh(self, keys: list[bytes]) -> None:
+        """A read refreshes the pins of the blocks it read, each by its own TTL."""
+        if not self._pins:
+            return
+        now = self._clock()
+        for k in keys:
+            pin = self._pins.get(k)
+            if pin is not None and pin[0] > now:
+                self._pins[k] = (now + pin[1], pin[1])
+
+    def _unpin(self, key: bytes) -> None:
+        if self._pins.pop(key, None) is not None:
+            blk = self._blocks.get(key)
+            if blk is not None:
+                self.pinned_bytes -= blk.numel() * blk.element_size()
+
+    def _expire(self, now: float) -> None:
+        for k in [k for k, (until, _) in self._pins.items() if until <= now]:
+            self._unpin(k)
+
     def _touch(self, keys: list[bytes]) -> None:
         for k in reversed(keys):           # the head ends up most recent: tails go first
             if k in self._blocks:
                 self._blocks.move_to_end(k)
 
     def _evict(self) -> None:
-        while self.nbytes > self.capacity and self._blocks:
-            k, blk = self._blocks.popitem(last=False)
+        if self.nbytes <= self.capacity:
+            return
+        if self._pins:
+            self._expire(self._clock())
+        skipped = 0                        # live pins passed by (moved to the recent end)
+        while self.nbytes > self.capacity and len(self._blocks) > skipped:
+            k = next(iter(self._blocks))
+            if k in self._pins:
+                self._blocks.move_to_end(k)
+                skipped += 1
+                continue
+            blk = self._blocks.pop(k)
             self._shared.discard(k)
             self.nbytes -= blk.numel() * blk.element_size()
             self.evictions += 1
@@ -147,4 +228,20 @@ class PrefixCache:
     def clear(self) -> None:
         self._blocks.clear()
         self._shared.clear()
+        self._pins.clear()
         self.nbytes = 0
+        self.pinned_bytes = 0
+
+
+def cache_write(pins: tuple[Pin, ...], reused: int, block: int) -> CacheWrite:
+    """Anthropic's cache_creation for one call: the prompt tokens past what it read from the
+    cache (`reused`) up to its furthest breakpoint (block-aligned: only full blocks are
+    kept), split by TTL: up to the furthest 1-hour breakpoint they count as 1 hour, the rest
+    up to the furthest one as 5 minutes (1-hour breakpoints come first: the API checks)."""
+    if not pins:
+        return CacheWrite()
+    far = max(p.tokens for p in pins) // block * block
+    far_long = max((p.tokens for p in pins if p.ttl_s > 300), default=0) // block * block
+    total = max(0, far - reused)
+    long = min(total, max(0, far_long - reused))
+    return CacheWrite(short=total - long, long=long)

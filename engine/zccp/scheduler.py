@@ -43,8 +43,8 @@ from zccp.model.base import DecodeBatch, ModelBackend
 from zccp.model.kv import room
 from zccp.model.sampling import Drawn, Sampler, sample_rows
 from zccp.planner import Planner
-from zccp.prefix_cache import PrefixCache
-from zccp.shared_types import SamplingParams, StopReason
+from zccp.prefix_cache import PrefixCache, cache_write
+from zccp.shared_types import NO_WRITE, CacheWrite, Pin, SamplingParams, StopReason
 from zccp.ring_writer import SlotAbandoned
 
 log = logging.getLogger("zccp.scheduler")
@@ -55,8 +55,9 @@ IDLE_POLL_S = 0.002        # how often parked or draining sequences are looked a
 class Sink(Protocol):
     """The output side of one sequence (zccp.token_sink): it renders and writes the answer."""
 
-    def start(self, cached_tokens: int, plan_chunks: int) -> None:
-        """Admitted: the prompt's reused tokens and its prefill plan are known."""
+    def start(self, cached_tokens: int, plan_chunks: int, written: CacheWrite = NO_WRITE) -> None:
+        """Admitted: the prompt's reused tokens, its prefill plan and (only for a sequence
+        with pins) what its breakpoints will write into the prefix cache are known."""
 
     def kept(self, tokens: int) -> None:
         """The prefill is done; the prefix cache now holds this many of its prompt tokens."""
@@ -95,6 +96,7 @@ class Sequence:
     on_done: Callable[[Any], None]        # on the model thread; the sink's end() value, or None
     prefill_only: bool = False            # a warm-up: prefill and keep the prefix blocks, no output
     salt: bytes | None = None             # the tenant's prefix-cache salt; None: shared (a warm-up)
+    pins: tuple[Pin, ...] = ()            # prefixes to pin in the prefix cache (cache_control)
     # -- the model thread's state ---------------------------------------------------------
     state: Any = field(default=None, repr=False)
     ids: torch.Tensor | None = field(default=None, repr=False)
@@ -312,7 +314,12 @@ class BatchScheduler:
         seq.done_tokens = seq.reused
         seq.sampler = backend.sampler(seq.params)
         self.metrics.prefix_reused.inc(seq.reused)
-        self._sink_call(seq, seq.sink.start, seq.reused, Planner.chunks(seq.reused, n, self.planner.chunk()))
+        # what breakpoints write: only a sequence with pins is told (a sink without them takes two arguments)
+        written: tuple[CacheWrite, ...] = ()
+        if seq.pins and self.prefix is not None:
+            written = (cache_write(seq.pins, seq.reused, self.prefix.block),)
+        self._sink_call(seq, seq.sink.start, seq.reused, Planner.chunks(seq.reused, n, self.planner.chunk()),
+                        *written)
 
     # -- 5. prefill ------------------------------------------------------------------------
 
@@ -367,6 +374,12 @@ class BatchScheduler:
         b, state = self.prefix.block, seq.state
         self.prefix.insert(seq.keys, seq.reused // b, lambda i: self.backend.take_block(state, i * b, (i + 1) * b),
                            shared=seq.salt is None)
+        if seq.pins:
+            refused = self.prefix.pins_refused
+            for pin in seq.pins:
+                self.prefix.pin(seq.keys[: pin.tokens // b], pin.ttl_s)
+            self.metrics.pins_refused.inc(self.prefix.pins_refused - refused)
+            self.metrics.prefix_pinned.set(self.prefix.pinned_bytes)
         return self.prefix.held(seq.keys) * b
 
     # -- 6. decode ---------------------------------------------------------------------------

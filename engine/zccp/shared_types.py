@@ -43,6 +43,42 @@ class SamplingParams:
 
 
 @dataclass(frozen=True)
+class CacheMark:
+    """One Anthropic cache_control breakpoint: the block it sits on and its TTL. `where` is
+    "tools", "system" or "messages"; block: the content block within messages[index]."""
+
+    where: Literal["tools", "system", "messages"]
+    index: int
+    block: int
+    ttl_s: int
+
+
+@dataclass(frozen=True)
+class Pin:
+    """A prompt prefix to keep in the prefix KV cache for ttl_s (a breakpoint's): its first
+    `tokens` prompt tokens."""
+
+    tokens: int
+    ttl_s: int
+
+
+@dataclass(frozen=True)
+class CacheWrite:
+    """Prompt tokens a call wrote into the prefix KV cache at its breakpoints, by TTL
+    (Anthropic's cache_creation: ephemeral_5m_input_tokens / ephemeral_1h_input_tokens)."""
+
+    short: int = 0                    # 5 minutes
+    long: int = 0                     # 1 hour
+
+    @property
+    def total(self) -> int:
+        return self.short + self.long
+
+
+NO_WRITE = CacheWrite()
+
+
+@dataclass(frozen=True)
 class ChatMessage:
     role: Role
     text: str                         # text content, non-text blocks rendered as "[type]"
@@ -60,6 +96,7 @@ class GenerationRequest:
     user: str | None = None           # OpenAI `user` / Anthropic metadata.user_id (a cache tenant source)
     tool_use: bool = False            # tools were offered and tool_choice allows calling them
     n: int = 1                        # OpenAI n: choices to generate (n > 1: not streamed)
+    cache_marks: tuple[CacheMark, ...] = ()   # Anthropic cache_control breakpoints, in prompt order
     prompt_text: str | None = None    # /v1/completions: the prompt as is, no chat template (None: a chat)
     # what the API echoes back in its answer (/v1/responses: instructions, tools, ...); None: nothing
     echo: dict[str, Any] | None = field(default=None, compare=False)
@@ -110,6 +147,7 @@ class GenerationResult:
     output_tokens: int
     tool_calls: tuple[ToolCall, ...] = ()
     cached_tokens: int = 0            # prompt tokens whose KV state came from the prefix cache
+    cache_write: CacheWrite = NO_WRITE   # prompt tokens written at cache_control breakpoints
     logprobs: tuple[TokenLogprob, ...] | None = None   # every generated token's, when asked for
 
 

@@ -23,6 +23,8 @@ from zccp.outcome import Outcome
 from zccp.ring_writer import ResponseWriter, SlotAbandoned
 from zccp.model.sampling import Drawn
 from zccp.shared_types import (
+    NO_WRITE,
+    CacheWrite,
     Completed,
     GenerationRequest,
     GenerationResult,
@@ -87,17 +89,21 @@ class Reply(SlotOutput):
         self._asm = TextAssembler(detok, req.sampling.stop, HermesParser() if tool_calls else None)
         self._encoder: StreamEncoder | None = None
         self._cached = 0
+        self._written = NO_WRITE
         self._deltas: list[int] = []            # text delta lengths as streamed (cache replay)
         self._token_bytes = token_bytes
         self._logprobs: list[TokenLogprob] | None = [] if req.sampling.logprobs is not None else None
         self._unsent = 0                         # logprobs not streamed yet (they go with the next delta)
 
-    def start(self, cached_tokens: int, plan_chunks: int) -> None:
+    def start(self, cached_tokens: int, plan_chunks: int, written: CacheWrite = NO_WRITE) -> None:
         self._cached = cached_tokens
+        self._written = written
         self._writer.set_meta(plan_chunks=plan_chunks)     # X-ZCCP-Plan, sent with the first bytes
         if self._req.stream:
+            # cache writes only to an encoder that reports them (Anthropic's; the others take 5 arguments)
+            extra = (written,) if written.total else ()
             self._encoder = self._codec.stream(self._req, self._codec.new_response_id(), int(time.time()),
-                                               self._prompt_tokens, cached_tokens)
+                                               self._prompt_tokens, cached_tokens, *extra)
             self._writer.begin(200, sse=True)
             self._writer.write_nowait(self._encoder.start())
 
@@ -115,7 +121,7 @@ class Reply(SlotOutput):
         result = GenerationResult(
             text=self._asm.text, stop_reason=self._asm.stop_reason(reason), stop_sequence=self._asm.stop_sequence,
             input_tokens=self._prompt_tokens, output_tokens=output_tokens,
-            tool_calls=tuple(self._asm.tool_calls), cached_tokens=self._cached,
+            tool_calls=tuple(self._asm.tool_calls), cached_tokens=self._cached, cache_write=self._written,
             logprobs=tuple(self._logprobs) if self._logprobs is not None else None)
         if self._encoder is not None:
             self._writer.write_nowait(self._encoder.finish(result))
@@ -160,7 +166,7 @@ class WarmupReply(SlotOutput):
         self._reused = 0
         self._kept = 0
 
-    def start(self, cached_tokens: int, plan_chunks: int) -> None:
+    def start(self, cached_tokens: int, plan_chunks: int, written: CacheWrite = NO_WRITE) -> None:
         self._reused = cached_tokens
         self._writer.set_meta(plan_chunks=plan_chunks)
 

@@ -277,7 +277,8 @@ def test_stream_event_sequence_exact() -> None:
     start = events[0][1]["message"]
     assert start["content"] == [] and start["stop_reason"] is None
     assert start["usage"] == {"input_tokens": 11, "output_tokens": 1, "cache_creation_input_tokens": 0,
-                              "cache_read_input_tokens": 0}
+                              "cache_read_input_tokens": 0,
+                              "cache_creation": {"ephemeral_5m_input_tokens": 0, "ephemeral_1h_input_tokens": 0}}
     assert events[1][1] == {"type": "content_block_start", "index": 0, "content_block": {"type": "text", "text": ""}}
     assert events[3][1] == {"type": "content_block_delta", "index": 0, "delta": {"type": "text_delta", "text": "Hel"}}
     # message_delta's usage is cumulative, with the input and cache fields (as Anthropic sends it)

@@ -13,7 +13,10 @@ from typing import Any, Final, cast
 from orjson import Fragment
 
 from ..shared_types import (
+    NO_WRITE,
     ApiError,
+    CacheMark,
+    CacheWrite,
     ChatInput,
     GenerationRequest,
     GenerationResult,
@@ -307,6 +310,81 @@ def _forced_tool(body: dict[str, Any]) -> OutputConstraint | None:
     return tool_call(defs, only, "tools")
 
 
+# --- cache_control breakpoints (prompt caching) ---
+
+_CACHE_CONTROL_FIELDS: Final = frozenset({"type", "ttl"})
+_CACHE_TTLS: Final = {"5m": 300, "1h": 3600}
+_MAX_BREAKPOINTS: Final = 4
+
+
+def _cache_ttl(block: Any, path: str) -> int | None:
+    """The TTL (s) of a block's cache_control, None without one."""
+    if not isinstance(block, dict) or (cc := block.get("cache_control")) is None:
+        return None
+    path += ".cache_control"
+    cc = _dict(cc, path)
+    _no_extras(cc, _CACHE_CONTROL_FIELDS, path + ".")
+    if _required(cc, "type", path + ".type") != "ephemeral":
+        raise _bad(path + ".type", "Input should be 'ephemeral'")
+    ttl = cc.get("ttl", "5m")
+    if ttl not in _CACHE_TTLS:
+        raise _bad(path + ".ttl", "Input should be '5m' or '1h'")
+    return _CACHE_TTLS[ttl]
+
+
+def _cache_marks(body: dict[str, Any]) -> tuple[CacheMark, ...]:
+    """The cache_control breakpoints on tools, system blocks and message content blocks, in
+    the order the API lays the prompt out (tools, system, messages); at most 4, and a 1-hour
+    one never after a 5-minute one, as the API requires. Blocks nested in a tool_result's
+    content are not breakpoints here."""
+    marks: list[CacheMark] = []
+    for i, tool in enumerate(body.get("tools") or ()):
+        if (ttl := _cache_ttl(tool, f"tools.{i}")) is not None:
+            marks.append(CacheMark("tools", i, -1, ttl))
+    if isinstance(system := body.get("system"), list):
+        for i, block in enumerate(system):
+            if (ttl := _cache_ttl(block, f"system.{i}")) is not None:
+                marks.append(CacheMark("system", i, -1, ttl))
+    for i, msg in enumerate(body["messages"]):
+        if isinstance(content := msg["content"], list):
+            for j, block in enumerate(content):
+                if (ttl := _cache_ttl(block, f"messages.{i}.content.{j}")) is not None:
+                    marks.append(CacheMark("messages", i, j, ttl))
+    if len(marks) > _MAX_BREAKPOINTS:
+        raise ApiError(400, "invalid_request_error",
+                       f"A maximum of {_MAX_BREAKPOINTS} blocks with cache_control may be provided. "
+                       f"Found {len(marks)}.")
+    for a, b in zip(marks, marks[1:], strict=False):
+        if b.ttl_s > a.ttl_s:
+            raise ApiError(400, "invalid_request_error",
+                           "a ttl='1h' cache_control block must not come after a ttl='5m' cache_control block. "
+                           "Note that blocks are processed in the following order: `tools`, `system`, `messages`.")
+    return tuple(marks)
+
+
+def cut_at(body: dict[str, Any], mark: CacheMark) -> dict[str, Any]:
+    """The request cut right after the block `mark` sits on: what the prompt holds up to
+    that breakpoint (tools, then system, then messages), as a warm-up body (parse_warmup)."""
+    cut: dict[str, Any] = {"model": body["model"], "messages": []}
+    tools = body.get("tools") or []
+    choice = body.get("tool_choice")
+    keep_choice = {"tool_choice": choice} if isinstance(choice, dict) and choice.get("type") == "none" else {}
+    if mark.where == "tools":
+        return {**cut, "tools": tools[: mark.index + 1], **keep_choice} if tools else cut
+    if tools:
+        cut.update(tools=tools, **keep_choice)
+    system = body.get("system")
+    if mark.where == "system":
+        assert isinstance(system, list)        # a system breakpoint sits on one of its blocks
+        return {**cut, "system": system[: mark.index + 1]}
+    if system is not None:
+        cut["system"] = system
+    msgs = body["messages"]
+    last = {**msgs[mark.index], "content": msgs[mark.index]["content"][: mark.block + 1]}
+    cut["messages"] = [*msgs[: mark.index], last]
+    return cut
+
+
 def _output_config(val: Any) -> OutputConstraint | None:
     """output_config.format: a json_schema the answer's text must follow."""
     cfg = _dict(val, "output_config")
@@ -394,6 +472,7 @@ def _parse(obj: dict[str, Any], limits: ParseLimits, fields: frozenset[str], for
     if (v := get("output_config")) is not None:
         fmt = _output_config(v)
         constraint = constraint or fmt
+    marks = _cache_marks(obj)
 
     if model not in limits.served_models:
         raise ApiError(404, "not_found_error", f"model: {model}", "model")
@@ -417,6 +496,7 @@ def _parse(obj: dict[str, Any], limits: ParseLimits, fields: frozenset[str], for
         stream=bool(stream),
         user=user,
         tool_use=tool_use,
+        cache_marks=marks,
     )
 
 
@@ -516,10 +596,19 @@ def render_error(err: ApiError) -> bytes:
     return dumps(_error_obj(err))
 
 
-def _usage(input_tokens: int, cached_tokens: int) -> dict[str, int]:
-    """Anthropic counts cache reads apart: input_tokens are the prompt tokens computed."""
-    return {"input_tokens": input_tokens - cached_tokens, "cache_creation_input_tokens": 0,
-            "cache_read_input_tokens": cached_tokens}
+def _usage(input_tokens: int, cached_tokens: int, written: CacheWrite = NO_WRITE,
+           by_ttl: bool = True) -> dict[str, Any]:
+    """Anthropic's split of the prompt: cache_read_input_tokens were read from the prefix
+    cache, cache_creation_input_tokens written into it at the request's cache_control
+    breakpoints (by TTL in cache_creation), input_tokens are the rest (after the last
+    breakpoint); the three add up to the prompt."""
+    usage: dict[str, Any] = {"input_tokens": input_tokens - cached_tokens - written.total,
+                             "cache_creation_input_tokens": written.total,
+                             "cache_read_input_tokens": cached_tokens}
+    if by_ttl:
+        usage["cache_creation"] = {"ephemeral_5m_input_tokens": written.short,
+                                   "ephemeral_1h_input_tokens": written.long}
+    return usage
 
 
 def _tool_use_id() -> str:
@@ -542,7 +631,8 @@ def render_response(req: GenerationRequest, result: GenerationResult, response_i
         "content": content,
         "stop_reason": result.stop_reason,
         "stop_sequence": result.stop_sequence,
-        "usage": {**_usage(result.input_tokens, result.cached_tokens), "output_tokens": result.output_tokens},
+        "usage": {**_usage(result.input_tokens, result.cached_tokens, result.cache_write),
+                  "output_tokens": result.output_tokens},
     })
 
 
@@ -580,15 +670,16 @@ class StreamEncoder:
     first text (again after a tool call), one tool_use block per call; an answer with
     neither still gets its (empty) text block. The ping follows the first block start."""
 
-    __slots__ = ("_req", "_id", "_input_tokens", "_cached", "_blocks", "_open")
+    __slots__ = ("_req", "_id", "_input_tokens", "_cached", "_written", "_blocks", "_open")
 
     def __init__(self, req: GenerationRequest, response_id: str, created: int, input_tokens: int,
-                 cached_tokens: int = 0) -> None:
+                 cached_tokens: int = 0, written: CacheWrite = NO_WRITE) -> None:
         del created
         self._req = req
         self._id = response_id
         self._input_tokens = input_tokens
         self._cached = cached_tokens
+        self._written = written
         self._blocks = 0          # content blocks started so far
         self._open = False        # a text block is open
 
@@ -603,7 +694,7 @@ class StreamEncoder:
                 "content": [],
                 "stop_reason": None,
                 "stop_sequence": None,
-                "usage": {**_usage(self._input_tokens, self._cached), "output_tokens": 1},
+                "usage": {**_usage(self._input_tokens, self._cached, self._written), "output_tokens": 1},
             },
         })
         return sse(message_start, "message_start")
@@ -648,7 +739,9 @@ class StreamEncoder:
             "type": "message_delta",
             "delta": {"stop_reason": result.stop_reason, "stop_sequence": result.stop_sequence},
             # cumulative, as Anthropic sends it: the input and cache fields, not only output_tokens
-            "usage": {**_usage(result.input_tokens, result.cached_tokens), "output_tokens": result.output_tokens},
+            # (its message_delta usage has no cache_creation breakdown: message_start has it)
+            "usage": {**_usage(result.input_tokens, result.cached_tokens, result.cache_write, by_ttl=False),
+                      "output_tokens": result.output_tokens},
         })
         return out + sse(message_delta, "message_delta") + _MESSAGE_STOP
 

@@ -687,8 +687,9 @@ class StreamEncoder:
     __slots__ = ("_head", "_tail", "_include_usage", "_calls")
 
     def __init__(self, req: GenerationRequest, response_id: str, created: int, input_tokens: int,
-                 cached_tokens: int = 0) -> None:
-        del input_tokens, cached_tokens  # usage is reported from the final GenerationResult
+                 cached_tokens: int = 0, written: object = None) -> None:
+        # usage is reported from the final GenerationResult (OpenAI has no cache writes)
+        del input_tokens, cached_tokens, written
         # Every chunk is: _head + <choices items> + _tail.
         self._head = (b'data: {"id":' + dumps(response_id)
                       + b',"object":"chat.completion.chunk","created":' + str(int(created)).encode()
