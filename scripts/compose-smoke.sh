@@ -4,7 +4,8 @@
 # 127.0.0.1:8080 only: both APIs with the official SDKs (streams, cache HIT), a mask edit +
 # `nginx -s reload`, an engine crash (SIGKILL) it must recover from, then nginx recreated with
 # server.tls + http2 (a self-signed certificate): a 512 KiB body, a cache HIT and a stream over h2,
-# then keys on (auth.mode: keys; a key made with zccp-keys in the engine container). Ends with
+# then keys on (auth.mode: keys; a key made with zccp-keys in the engine container), then two
+# engine containers (profile `two`) behind the one nginx. Ends with
 # `docker compose down -v`; stops dockerd only if it started it. Run as root (or with sudo).
 #   PYTHON        the Python with anthropic/openai/httpx (default .venv/bin/python, else python3)
 #   ZCCP_PORT     host port to publish on 127.0.0.1 (default 8080)
@@ -203,6 +204,18 @@ key=$(dc exec -T engine zccp-keys create --config /etc/zccp/config.yaml --tenant
 ZCCP_URL="https://localhost:$ZCCP_PORT" "$PY" scripts/compose_smoke.py keys "$TLS_DIR/cert.pem" "$key" || die "keys checks"
 cp "$CONF_BACKUP" "$CONF" && rm -f "$CONF_BACKUP" && rm -rf "$TLS_DIR/cert.pem" "$TLS_DIR/key.pem"
 say "keys on: a wrong key 401, a key's rate-limit headers, its 429; config and certificate restored"
+
+# --- two engines (profile `two`, deploy/docker/config.two-engines.yaml, docs/engines.md) -----
+# The one engine stops; engine-a and engine-b start, nginx is recreated with their engines:
+# list, and routes each conversation to one of them and around one that is killed.
+dc rm -sf engine > "$RUN/two-up.log" 2>&1 || die "stopping the single engine failed"
+export ZCCP_CONFIG_FILE=./deploy/docker/config.two-engines.yaml COMPOSE_PROFILES=cpu,two   # down: both
+dc up -d --force-recreate engine-a engine-b nginx >> "$RUN/two-up.log" 2>&1 || die "compose up of two engines failed"
+wait_healthy 180
+"$PY" scripts/compose_smoke.py engines a b || die "two-engine checks"
+dc stop engine-a >> "$RUN/two-up.log" 2>&1 || die "stopping engine-a failed"
+"$PY" scripts/compose_smoke.py engines b || die "with engine-a stopped"
+say "two engines: each conversation's turns on one engine, both used; engine-a stopped: all answered by b"
 
 say "docker compose down -v"
 timeout 120 "${COMPOSE[@]}" down -v --remove-orphans > "$RUN/down.log" 2>&1 || die "compose down failed"

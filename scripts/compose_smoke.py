@@ -7,6 +7,8 @@
   compose_smoke.py wait-new-epoch EPOCH S  wait (at most S s) for /health 200 from another engine epoch
   compose_smoke.py h2 CERT                 over HTTPS + HTTP/2 (CERT: the CA to trust): a 512 KiB body,
                                            a stream and a cache HIT, each answered on HTTP/2
+  compose_smoke.py engines NAME...         8 conversations of 3 turns: each conversation's turns answered
+                                           by one engine (X-ZCCP-Engine), the engines seen exactly NAME...
   compose_smoke.py keys CERT KEY           auth.mode keys: a wrong key is the SDKs' AuthenticationError,
                                            KEY (rpm 4) is served with the rate-limit headers, then
                                            RateLimitError with retry-after
@@ -211,10 +213,34 @@ def cmd_keys(cert: str, key: str) -> None:
     print("keys: wrong key 401 on both SDKs, the key served with its rate-limit headers, then 429 + retry-after")
 
 
+def cmd_engines(*names: str) -> None:
+    """Two engine containers behind one nginx (profile `two`, docs/engines.md)."""
+    seen: set[str] = set()
+    with httpx.Client(base_url=URL, timeout=60) as c:
+        for conv in range(8):
+            msgs: list[dict] = []
+            served = set()
+            for turn in range(3):
+                msgs.append({"role": "user", "content": f"Compose smoke conversation {conv}, turn {turn}."})
+                r = c.post("/v1/messages", json={"model": MODEL, "max_tokens": 8, "temperature": 0, "messages": msgs})
+                if r.status_code != 200 or not r.headers.get("x-zccp-engine"):
+                    fail(f"engines: conversation {conv} turn {turn}: {r.status_code} "
+                         f"X-ZCCP-Engine {r.headers.get('x-zccp-engine')!r} {r.text[:200]}")
+                served.add(r.headers["x-zccp-engine"])
+                text = "".join(b.get("text", "") for b in r.json()["content"])
+                msgs.append({"role": "assistant", "content": text or "..."})
+            if len(served) != 1:
+                fail(f"engines: conversation {conv}'s turns went to {sorted(served)}")
+            seen |= served
+    if seen != set(names):
+        fail(f"engines: answered by {sorted(seen)}, expected {sorted(names)}")
+    print(f"engines: 8 conversations x 3 turns, each on one engine; engines {sorted(seen)}")
+
+
 if __name__ == "__main__":
     cmds = {"health": cmd_health, "sdks": cmd_sdks, "cache-pair": cmd_cache_pair,
             "mask-add": cmd_mask_add, "wait-new-epoch": cmd_wait_new_epoch, "h2": cmd_h2,
-            "keys": cmd_keys}
+            "keys": cmd_keys, "engines": cmd_engines}
     if len(sys.argv) < 2 or sys.argv[1] not in cmds:
         fail(__doc__)
     cmds[sys.argv[1]](*sys.argv[2:])
