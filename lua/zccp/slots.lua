@@ -103,16 +103,16 @@ local function process_gone(pid)
     return libc.C.kill(pid, 0) ~= 0 and ffi.errno() == ESRCH
 end
 
--- Frees every claim this worker still holds: called as the worker exits (a reload's old
--- worker, a shutdown), when a claim can only be left by a request nginx ended without it.
-function _M.release_mine()
+-- Frees every claim whose holder `done(pid)` says is done with it; how many. A claim is
+-- deleted only if it still holds the value read (its worker may be writing it).
+local function free_claims(done)
     local d = dict()
-    local prefix = ngx.worker.pid() .. ":"
     local freed = 0
     for _, k in ipairs(d:get_keys(0)) do
         if str_match(k, "^s:") then
             local v = d:get(k)
-            if v and v:sub(1, #prefix) == prefix then
+            local pid = v and tonumber(str_match(v, "^(%d+):"))
+            if pid and done(pid) and d:get(k) == v then
                 d:delete(k)
                 d:incr(count_key(str_match(k, "^s:([^:]+):")), -1, 0)
                 freed = freed + 1
@@ -122,23 +122,17 @@ function _M.release_mine()
     return freed
 end
 
+-- Frees every claim this worker still holds: called as the worker exits (a reload's old
+-- worker, a shutdown), when a claim can only be left by a request nginx ended without it.
+function _M.release_mine()
+    local me = ngx.worker.pid()
+    return free_claims(function(pid) return pid == me end)
+end
+
 -- Frees the claims of workers that are gone (a crash, a kill): the only way a claim
 -- ends without its request. Returns how many were freed.
 function _M.reap()
-    local d = dict()
-    local freed = 0
-    for _, k in ipairs(d:get_keys(0)) do
-        if str_match(k, "^s:") then
-            local v = d:get(k)
-            local pid = v and tonumber(str_match(v, "^(%d+):"))
-            if pid and process_gone(pid) and d:get(k) == v then
-                d:delete(k)
-                d:incr(count_key(str_match(k, "^s:([^:]+):")), -1, 0)
-                freed = freed + 1
-            end
-        end
-    end
-    return freed
+    return free_claims(process_gone)
 end
 
 return _M
