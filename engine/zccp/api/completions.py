@@ -22,7 +22,7 @@ from . import openai
 from .codec import ApiCodec
 from .common import ParseLimits, dumps, random_id, sse
 from .fields import json_type
-from .openai import _bool, _err, _int, _type_err, _unsupported
+from .openai import _known_only, _bool, _err, _int, _type_err, _unsupported
 
 _FIELDS: Final = frozenset({
     "model", "prompt", "max_tokens", "temperature", "top_p", "n", "stream", "stream_options", "stop", "seed",
@@ -65,10 +65,7 @@ def _chat_body(obj: dict[str, Any], prompt: str) -> dict[str, Any]:
 
 
 def parse_document(obj: dict[str, Any], limits: ParseLimits) -> GenerationRequest:
-    unknown = [k for k in obj if k not in _FIELDS]
-    if unknown:
-        noun = "argument" if len(unknown) == 1 else "arguments"
-        raise _err(f"Unrecognized request {noun} supplied: {', '.join(unknown)}", None, None)
+    _known_only(obj, _FIELDS)
     if obj.get("prompt") is None:
         raise _err("Missing required parameter: 'prompt'.", "prompt", "missing_required_parameter")
     prompt = _prompt(obj["prompt"])

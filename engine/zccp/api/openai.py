@@ -7,6 +7,7 @@ OpenAIApiError, an ApiError that also carries OpenAI's `code`.
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from dataclasses import dataclass
 from typing import Any, Final
 
@@ -433,12 +434,17 @@ def parse_request(body: bytes | memoryview, limits: ParseLimits) -> GenerationRe
     return parse_document(decode_body(body), limits)
 
 
-def parse_document(obj: dict[str, Any], limits: ParseLimits) -> GenerationRequest:
-    """Validate an already-decoded body (decode_body) into a GenerationRequest."""
-    unknown = [k for k in obj if k not in _FIELDS]
+def _known_only(obj: dict[str, Any], fields: Collection[str]) -> None:
+    """OpenAI's refusal of body fields an endpoint does not know (every endpoint here)."""
+    unknown = [k for k in obj if k not in fields]
     if unknown:
         noun = "argument" if len(unknown) == 1 else "arguments"
         raise _err(f"Unrecognized request {noun} supplied: {', '.join(unknown)}", None, None)
+
+
+def parse_document(obj: dict[str, Any], limits: ParseLimits) -> GenerationRequest:
+    """Validate an already-decoded body (decode_body) into a GenerationRequest."""
+    _known_only(obj, _FIELDS)
 
     if obj.get("model") is None:
         raise _err("you must provide a model parameter", "model", None)

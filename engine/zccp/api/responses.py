@@ -24,7 +24,7 @@ from ..shared_types import ApiError, ChatInput, GenerationRequest, GenerationRes
 from . import openai
 from .codec import ApiCodec
 from .common import ParseLimits, dumps, random_id
-from .openai import _arr, _bool, _empty_array, _err, _int, _invalid_value, _missing, _obj, _str, _type_err
+from .openai import _known_only, _arr, _bool, _empty_array, _err, _int, _invalid_value, _missing, _obj, _str, _type_err
 
 _FIELDS: Final = frozenset({
     "model", "input", "instructions", "tools", "tool_choice", "max_output_tokens", "temperature", "top_p",
@@ -204,10 +204,7 @@ def chat_body(obj: dict[str, Any]) -> dict[str, Any]:
 
 
 def parse_document(obj: dict[str, Any], limits: ParseLimits) -> GenerationRequest:
-    unknown = [k for k in obj if k not in _FIELDS]
-    if unknown:
-        noun = "argument" if len(unknown) == 1 else "arguments"
-        raise _err(f"Unrecognized request {noun} supplied: {', '.join(unknown)}", None, None)
+    _known_only(obj, _FIELDS)
     if obj.get("previous_response_id") is not None:
         raise _refuse("previous_response_id", "previous_response_id")
     if (v := obj.get("store")) is not None and _bool(v, "store"):
