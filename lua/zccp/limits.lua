@@ -200,47 +200,45 @@ local function used_of(w, i)
     return math_max(0, b.seen - b.left)
 end
 
+-- Each API's rate-limit headers: per limit, its limit / remaining / reset names.
+local function header_names(fmt, ...)
+    local out = {}
+    for i, what in ipairs({ ... }) do
+        out[i] = { fmt:format(what, "limit"), fmt:format(what, "remaining"), fmt:format(what, "reset") }
+    end
+    return out
+end
+local ANTHROPIC_HEADERS = header_names("anthropic-ratelimit-%s-%s", "requests", "input-tokens", "output-tokens",
+                                       "tokens")
+local OPENAI_HEADERS = { { "x-ratelimit-limit-requests", "x-ratelimit-remaining-requests", "x-ratelimit-reset-requests" },
+                         { "x-ratelimit-limit-tokens", "x-ratelimit-remaining-tokens", "x-ratelimit-reset-tokens" } }
+
+-- One limit's three headers, when the limit is set.
+local function put_limit(names, limit, used, at)
+    if limit > 0 then
+        ngx_header[names[1]] = limit
+        ngx_header[names[2]] = math_max(0, limit - used)
+        ngx_header[names[3]] = at
+    end
+end
+
 -- The rate-limit headers of the API, from the key's own limits (counters 1-3).
 local function set_headers(api, w, now)
     local lims = w.lims
     local rpm, itpm, otpm = lims[1], lims[2], lims[3]
-    local tpm = itpm + otpm
-    local used_tokens = (itpm > 0 and used_of(w, 2) or 0) + (otpm > 0 and used_of(w, 3) or 0)
+    local used_in, used_out = itpm > 0 and used_of(w, 2) or 0, otpm > 0 and used_of(w, 3) or 0
+    local used_requests = rpm > 0 and used_of(w, 1) or 0
     if api == "anthropic" then
-        local at = resets(now).anthropic
-        if rpm > 0 then
-            ngx_header["anthropic-ratelimit-requests-limit"] = rpm
-            ngx_header["anthropic-ratelimit-requests-remaining"] = math_max(0, rpm - used_of(w, 1))
-            ngx_header["anthropic-ratelimit-requests-reset"] = at
-        end
-        if itpm > 0 then
-            ngx_header["anthropic-ratelimit-input-tokens-limit"] = itpm
-            ngx_header["anthropic-ratelimit-input-tokens-remaining"] = math_max(0, itpm - used_of(w, 2))
-            ngx_header["anthropic-ratelimit-input-tokens-reset"] = at
-        end
-        if otpm > 0 then
-            ngx_header["anthropic-ratelimit-output-tokens-limit"] = otpm
-            ngx_header["anthropic-ratelimit-output-tokens-remaining"] = math_max(0, otpm - used_of(w, 3))
-            ngx_header["anthropic-ratelimit-output-tokens-reset"] = at
-        end
-        if tpm > 0 then
-            ngx_header["anthropic-ratelimit-tokens-limit"] = tpm
-            ngx_header["anthropic-ratelimit-tokens-remaining"] = math_max(0, tpm - used_tokens)
-            ngx_header["anthropic-ratelimit-tokens-reset"] = at
-        end
+        local at, h = resets(now).anthropic, ANTHROPIC_HEADERS
+        put_limit(h[1], rpm, used_requests, at)
+        put_limit(h[2], itpm, used_in, at)
+        put_limit(h[3], otpm, used_out, at)
+        put_limit(h[4], itpm + otpm, used_in + used_out, at)
         return
     end
     local at = resets(now).openai
-    if rpm > 0 then
-        ngx_header["x-ratelimit-limit-requests"] = rpm
-        ngx_header["x-ratelimit-remaining-requests"] = math_max(0, rpm - used_of(w, 1))
-        ngx_header["x-ratelimit-reset-requests"] = at
-    end
-    if tpm > 0 then
-        ngx_header["x-ratelimit-limit-tokens"] = tpm
-        ngx_header["x-ratelimit-remaining-tokens"] = math_max(0, tpm - used_tokens)
-        ngx_header["x-ratelimit-reset-tokens"] = at
-    end
+    put_limit(OPENAI_HEADERS[1], rpm, used_requests, at)
+    put_limit(OPENAI_HEADERS[2], itpm + otpm, used_in + used_out, at)
 end
 
 local WHAT = { "requests per minute", "input tokens per minute", "output tokens per minute",
