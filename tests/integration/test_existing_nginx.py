@@ -184,9 +184,14 @@ def zccp(tmp_path: Path) -> Iterator[Stack]:
     server.listen, so the Stack's own checks (health, leaks) reach it there."""
     # tls: the Stack's own clients speak HTTP/2 over TLS to the operator's `ssl http2` server.
     # A 512 KiB body fits: limits.max_body_kb 600 (a 1 MiB slot's payload is 700 KiB).
-    over = {"limits": {"max_body_kb": 600}}
+    # The pool must hold what the clients can have in flight during a reload: each client's
+    # own request, and for a keep-alive (HTTP/2) client the copy it sends again after the
+    # old worker's GOAWAY while that worker still finishes the original (httpcore fails the
+    # stream; see NOT_ANSWERED below). The harness's 8 slots are fewer than 6 + 3: measured,
+    # a full pool of 8 live claims (6 in the exiting workers) answered 429 under CPU load.
+    over: dict = {"limits": {"max_body_kb": 600}, "shared_memory": {"segment_count": 2 * CLIENTS}}
     if AS_ROOT:
-        over["shared_memory"] = {"group": WORKER_USER}
+        over["shared_memory"]["group"] = WORKER_USER
     s = Stack(tmp_path / "zccp", over, with_redis=True, tls=True)
     try:
         yield s
