@@ -381,7 +381,7 @@ local function attempt(r, a, state, e)
         ngx_header["X-ZCCP-Engine"] = e.name
     end
     local outcome, res = relay.run(slot, state, r.deadline)
-    limits.observe(a:meta(slot.index))   -- the engine's exact counts, settled in the log phase
+    limits.observe(a:meta(slot.index), slot.cache)   -- the engine's exact counts, settled in the log phase
     if outcome == "done" and k then
         local kept, kerr = pcall(l1.keep, api, k, a:meta(slot.index), res)
         if not kept then

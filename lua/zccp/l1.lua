@@ -238,7 +238,7 @@ function _M.serve(api, k, final)
     ngx_header["Age"] = age > 0 and age or 0
     ngx_print(body)
     metrics.l1(api, "hit")
-    require("zccp.limits").observe_counts(pin, pout)
+    require("zccp.limits").observe_counts(pin, pout, "HIT")
     return true
 end
 

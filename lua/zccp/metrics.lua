@@ -6,7 +6,6 @@ local ngx = ngx
 local ngx_socket_tcp = ngx.socket.tcp
 local concat = table.concat
 local sort = table.sort
-local tostring = tostring
 local tonumber = tonumber
 local ipairs = ipairs
 local str_format = string.format
@@ -57,21 +56,50 @@ local function dict()
     return ngx.shared[DICT]
 end
 
+-- The dict key of series `name` {api, <its label>=value}: made once (every label value is
+-- from a fixed set), not concatenated on every request.
+local KEYS = {}
+local BYTES_IN = {}   -- api -> the key of zccp_nginx_bytes_in_total
+
+local function key_of(name, api, value)
+    local by_api = KEYS[name]
+    if not by_api then
+        by_api = {}
+        KEYS[name] = by_api
+    end
+    local by_value = by_api[api]
+    if not by_value then
+        by_value = {}
+        by_api[api] = by_value
+    end
+    local k = by_value[value]
+    if not k then
+        k = name .. SEP .. api .. SEP .. value
+        by_value[value] = k
+    end
+    return k
+end
+
 -- log_by_lua: one count per response, whoever answered it (Lua, error_page, engine).
 function _M.log(api)
     local d = dict()
     if not d then
         return
     end
-    d:incr("zccp_nginx_requests_total" .. SEP .. api .. SEP .. tostring(ngx.status), 1, 0)
-    d:incr("zccp_nginx_bytes_in_total" .. SEP .. api, tonumber(ngx.var.request_length) or 0, 0)
+    d:incr(key_of("zccp_nginx_requests_total", api, ngx.status), 1, 0)
+    local bytes_in = BYTES_IN[api]
+    if not bytes_in then
+        bytes_in = "zccp_nginx_bytes_in_total" .. SEP .. api
+        BYTES_IN[api] = bytes_in
+    end
+    d:incr(bytes_in, tonumber(ngx.var.request_length) or 0, 0)
 end
 
 -- zccp.l1: one lookup's or one store's result ("hit", "miss", "store").
 function _M.l1(api, result)
     local d = dict()
     if d then
-        d:incr("zccp_nginx_l1_total" .. SEP .. api .. SEP .. result, 1, 0)
+        d:incr(key_of("zccp_nginx_l1_total", api, result), 1, 0)
     end
 end
 
@@ -103,7 +131,7 @@ end
 function _M.count(name, api, value, n)
     local d = dict()
     if d and n ~= 0 then
-        d:incr(name .. SEP .. api .. SEP .. value, n or 1, 0)
+        d:incr(key_of(name, api, value), n or 1, 0)
     end
 end
 
