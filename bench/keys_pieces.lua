@@ -27,16 +27,26 @@ local body = ngx.req.get_body_data() or ""
 local out = {}
 local order = {}
 
+-- The least of REPEAT runs of n calls (the machine is shared: the least is the least disturbed).
+local REPEAT = tonumber(args.repeats) or 7
+
 local function time(name, f, n)
     n = n or N
     f()   -- warm (first use: caches, traces)
-    local t0 = libc.now_ns()
-    for _ = 1, n do
-        f()
+    local best
+    for _ = 1, REPEAT do
+        local t0 = libc.now_ns()
+        for _ = 1, n do
+            f()
+        end
+        local per = tonumber(libc.now_ns() - t0) / n
+        best = best and math.min(best, per) or per
+        ngx.sleep(0.06)   -- the flush timers run between runs (zccp.limits, zccp.metrics)
     end
-    local dt = tonumber(libc.now_ns() - t0)
-    out[name] = dt / n
-    order[#order + 1] = name
+    if not out[name] then
+        order[#order + 1] = name
+    end
+    out[name] = best
 end
 
 local function as(key)
@@ -58,32 +68,7 @@ time("limits.admit+settle (no limits)", function()
     limits.admit(plain, "anthropic", body)
     limits.settle()
 end, 5000)
-time("limits.settle alone (no limits)", function()
-    limits.admit(plain, "anthropic", body)
-    local t0 = libc.now_ns()
-    limits.settle()
-    return libc.now_ns() - t0
-end, 5000)
 time("ngx.status read", function() return ngx.status end)
-time("settle steps: ctx get/nil", function()
-    limits.admit(plain, "anthropic", body)
-    local ctx = ngx.ctx
-    local t = ctx.zccp_limits
-    ctx.zccp_limits = nil
-    return t
-end, 5000)
-time("settle steps: +acc", function()
-    limits.admit(plain, "anthropic", body)
-    local ctx = ngx.ctx
-    local t = ctx.zccp_limits
-    ctx.zccp_limits = nil
-    local status = ngx.status
-    local acc = t.w.acc
-    acc.requests = acc.requests + 1
-    acc.status[status] = (acc.status[status] or 0) + 1
-    acc.input_tokens = acc.input_tokens + 0
-    return usage_log.enabled()
-end, 5000)
 time("libc.now_ns x2", function() return libc.now_ns() - libc.now_ns() end)
 ngx.sleep(0.2)   -- the flusher sends what was queued
 as(args.limited)
@@ -96,12 +81,34 @@ time("limits.admit+settle (limits)", function()
     limits.settle()
 end, 5000)
 ngx.sleep(0.2)
+time("limits.admit+settle (limits), OpenAI: 6 headers", function()
+    limits.admit(limited, "openai", body)
+    limits.settle()
+end, 5000)
+ngx.sleep(0.2)
 ngx.header["X-ZCCP-Cache"] = "HIT"
 time("ngx.var.sent_http_x_zccp_cache", function() return ngx.var.sent_http_x_zccp_cache end)
 local t = { who = limited, api = "anthropic", request_id = "abc", day = "20260101" }
-time("usage_log.line", function() return usage_log.line(t, "abc", 200, 10, 20, 0, "HIT") end)
+local n_params = debug.getinfo(usage_log.line, "u").nparams   -- 6: the line before issue 18's speed-up
+time("usage_log.line", function()
+    if n_params == 6 then
+        return usage_log.line(t, 200, 10, 20, ngx.now() % 7, "HIT")
+    end
+    return usage_log.line(t, "abc", 200, 10, 20, ngx.now() % 7, "HIT")
+end)
 time("cjson.decode (the body)", function() return cjson.decode(body) end, 2000)
 time("ngx.header set x1 (override)", function() ngx.header["anthropic-ratelimit-requests-limit"] = 1000 end)
+local NAMES = {}
+for _, what in ipairs({ "requests", "input-tokens", "output-tokens", "tokens" }) do
+    for _, f in ipairs({ "limit", "remaining", "reset" }) do
+        NAMES[#NAMES + 1] = "anthropic-ratelimit-" .. what .. "-" .. f
+    end
+end
+time("ngx.header set x12 (Anthropic's rate-limit headers)", function()
+    for i = 1, 12 do
+        ngx.header[NAMES[i]] = i
+    end
+end, 2000)
 do
     local ffi = require "ffi"
     local base = require "resty.core.base"
@@ -114,12 +121,11 @@ do
     end)
     time("raw FFI get_request", function() return base.get_request() end)
 end
-local set_resp_header = require("resty.core.response").set_resp_header
-time("ngx.header set x1 (no override)", function()
-    set_resp_header(nil, "anthropic-ratelimit-requests-remaining", "999", true)
-end, 200)
 time("tostring(number)", function() return tostring(N + 12345) end)
 
+if args.jitv then
+    require("jit.v").off()   -- closes its file
+end
 ngx.header["Content-Type"] = "application/json"
 local on = jit.status()
 local rows = { { name = "jit " .. (on and "on" or "off") .. " " .. jit.version, ns = 0 } }

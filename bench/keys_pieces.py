@@ -14,7 +14,9 @@ import argparse
 import contextlib
 import json
 import os
+import re
 import signal
+import subprocess
 import tempfile
 import time
 from pathlib import Path
@@ -35,11 +37,17 @@ location = /zccp-bench/pieces {
 """
 
 
-def add_location(s: Stack) -> None:
-    """Appends the bench location to the rendered zccp_server.conf and reloads nginx."""
+def add_location(s: Stack, lua_dir: Path | None) -> None:
+    """Appends the bench location to the rendered zccp_server.conf (and, with lua_dir, loads
+    ZCCP's modules from there: another commit's lua/) and reloads nginx."""
     prefix, _ = nginx_paths(s.run_dir)
     conf = next(prefix.rglob("zccp_server.conf"))
     conf.write_text(conf.read_text() + LOCATION % (REPO / "bench" / "keys_pieces.lua"))
+    if lua_dir is not None:
+        http = next(prefix.rglob("zccp_http.conf"))
+        text, n = re.subn(r'lua_package_path "[^"]*";', f'lua_package_path "{lua_dir}/?.lua;;";', http.read_text())
+        assert n == 1
+        http.write_text(text)
     assert s.nginx is not None
     os.kill(s.nginx.proc.pid, signal.SIGHUP)
     end = time.monotonic() + 20
@@ -55,6 +63,10 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--n", type=int, default=20000)
     ap.add_argument("--jitv", help="write LuaJIT's trace log (jit.v) to this file")
+    ap.add_argument("--commit", help="measure this commit's lua/ (e.g. the one before a change)")
+    ap.add_argument("--repeats", type=int, default=7, help="runs per piece; the least is kept")
+    ap.add_argument("--out", type=Path, help="add the figures to this JSON file under --label")
+    ap.add_argument("--label", default="now")
     args = ap.parse_args()
     require_this_checkout()
     with tempfile.TemporaryDirectory() as tmp:
@@ -63,8 +75,16 @@ def main() -> None:
         try:
             plain = make_key(s, "keys")
             limited = make_key(s, "keys+limits")
-            add_location(s)
-            r = httpx.post(s.url(f"/zccp-bench/pieces?n={args.n}&plain={plain}&limited={limited}"
+            lua_dir = None
+            if args.commit:
+                lua_dir = Path(tmp) / "lua-at-commit"
+                lua_dir.mkdir()
+                archive = subprocess.run(["git", "-C", str(REPO), "archive", args.commit, "lua"], check=True,
+                                         capture_output=True).stdout
+                subprocess.run(["tar", "-x", "-C", str(lua_dir)], input=archive, check=True)
+                lua_dir = lua_dir / "lua"
+            add_location(s, lua_dir)
+            r = httpx.post(s.url(f"/zccp-bench/pieces?n={args.n}&repeats={args.repeats}&plain={plain}&limited={limited}"
                                  + (f"&jitv={args.jitv}" if args.jitv else "")),
                            content=body_1k().encode(), timeout=300)
             r.raise_for_status()
@@ -76,7 +96,11 @@ def main() -> None:
     print("| piece | ns per call |\n|---|---|")
     for row in rows:
         print(f"| {row['name']} | {row['ns']:.0f} |")
-    print(json.dumps(rows))
+    if args.out:
+        saved = json.loads(args.out.read_text()) if args.out.exists() else {}
+        saved[args.label] = {"commit": args.commit or "worktree", "load": os.getloadavg(), "n": args.n,
+                             "repeats": args.repeats, "rows": rows}
+        args.out.write_text(json.dumps(saved, indent=1))
 
 
 if __name__ == "__main__":

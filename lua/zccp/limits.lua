@@ -332,10 +332,6 @@ local FLUSH_S = 0.05
 local MAX_LINES = 10000
 local owed, lines, flusher = {}, {}, false
 local dirty = {}   -- the windows whose usage sums (w.acc) have not been sent
--- Tokens metered by API since the last flush (input, output, saved): into the Prometheus
--- counters (zccp_nginx_metered_tokens_total) at each flush, not one shared-dict write each.
-local metered = { anthropic = { 0, 0, 0 }, openai = { 0, 0, 0 } }
-local METERED = { "input", "output", "saved" }
 local STATUS_FIELD = setmetatable({}, { __index = function(t, status)
     local f = "status_" .. status
     t[status] = f
@@ -364,8 +360,8 @@ local function owe(tag, ck, d)
     end
 end
 
--- The windows' usage sums into `owed` (each into its key's and its tenant's hash), and the
--- metered tokens into their counters; the sums start again from zero.
+-- The windows' usage sums into `owed` (each into its key's and its tenant's hash); the
+-- sums start again from zero.
 local function fold_usage()
     local ws = dirty
     dirty = {}
@@ -388,14 +384,6 @@ local function fold_usage()
             add(h, "output_tokens", acc.output_tokens)
             add(h, "cache_hits", acc.cache_hits)
             add(h, "saved_tokens", acc.saved_tokens)
-        end
-    end
-    for api, m in pairs(metered) do
-        for k = 1, 3 do
-            if m[k] ~= 0 then
-                metrics.count("zccp_nginx_metered_tokens_total", api, METERED[k], m[k])
-                m[k] = 0
-            end
         end
     end
 end
@@ -694,10 +682,10 @@ function _M.settle()
         acc.cache_hits = acc.cache_hits + 1
     end
     acc.saved_tokens = acc.saved_tokens + saved
-    local m = metered[t.api]
-    if m then
-        m[1], m[2], m[3] = m[1] + used_in, m[2] + used_out, m[3] + saved
-    end
+    local api = t.api   -- Prometheus, summed in the worker (zccp.metrics.add)
+    metrics.add("zccp_nginx_metered_tokens_total", api, "input", used_in)
+    metrics.add("zccp_nginx_metered_tokens_total", api, "output", used_out)
+    metrics.add("zccp_nginx_metered_tokens_total", api, "saved", saved)
     if usage_log.enabled() then
         if #lines < MAX_LINES then
             lines[#lines + 1] = usage_log.line(t, ngx.var.zccp_request_id, status, used_in, used_out, saved, cache)

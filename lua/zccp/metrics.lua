@@ -8,6 +8,7 @@ local concat = table.concat
 local sort = table.sort
 local tonumber = tonumber
 local ipairs = ipairs
+local pairs = pairs
 local str_format = string.format
 local str_match = string.match
 local gmatch = string.gmatch
@@ -133,6 +134,41 @@ function _M.count(name, api, value, n)
     if d and n ~= 0 then
         d:incr(key_of(name, api, value), n or 1, 0)
     end
+end
+
+-- Counts of every request (keys checked, tokens metered) are summed in this worker and
+-- added to the shared dict every BATCH_S (and when the worker exits): one dict write per
+-- series per BATCH_S, not one per request. A scrape sees them at most BATCH_S late.
+local BATCH_S = 0.05
+local pending = {}     -- dict key -> what this worker has not added yet
+local batching = false
+
+local function flush_pending()
+    local d = dict()
+    for k, n in pairs(pending) do
+        pending[k] = nil
+        if d then
+            d:incr(k, n, 0)
+        end
+    end
+end
+
+-- Like count(), summed in this worker first (see BATCH_S).
+function _M.add(name, api, value, n)
+    n = n or 1
+    if n == 0 then
+        return
+    end
+    if not batching then
+        local ok, err = ngx.timer.every(BATCH_S, flush_pending)
+        if not ok then
+            ngx.log(ngx.ERR, "zccp: metrics batch timer: ", err)
+            return _M.count(name, api, value, n)
+        end
+        batching = true
+    end
+    local k = key_of(name, api, value)
+    pending[k] = (pending[k] or 0) + n
 end
 
 -- Series that exist from the start, at 0, so that a rate over them misses nothing.
