@@ -9,8 +9,12 @@ Rows: auth off | keys (a key without limits: verified from the worker's cache, m
 after the answer) | keys+limits (rpm, input and output tokens per minute, daily and monthly
 tokens, high enough never to refuse: reserved from the worker's leases, zccp.lease) |
 keys+limits+conc (the same and a concurrency limit: one Redis round trip per admission,
-as that limit is exact). All four stacks run at once; each round measures every row once,
-in turn, and the table shows each row's median over the rounds (the machine is shared).
+as that limit is exact). All four stacks run at once; each round measures every row once:
+the hit rows one after the other, then the miss rows, the modes' order rotated from round to
+round (no mode always first after a pause); the table shows each row's median over the
+rounds (the machine is shared), and each comparison with off is paired within its round.
+bench/keys_pieces.json (bench/keys_pieces.py), when there, adds the attribution table: ns
+per piece of the key check and the limits, inside a real nginx request.
 Writes bench/keys.md and bench/keys.json.
 """
 
@@ -18,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import re
 import subprocess
 import sys
@@ -59,6 +64,7 @@ def make_key(s: Stack, mode: str) -> str:
 def run_one(s: Stack, body_file: Path, conc: int, seconds: float, nocache: bool, key: str | None) -> dict:
     args_tail = ["no-cache" if nocache else "-"] + ([key] if key else [])
     nginx_pid = s.nginx.proc.pid if s.nginx else 0
+    load = os.getloadavg()[0]
     before = procs.snapshot(nginx_pid)
     t0 = time.perf_counter()
     res = wrk_with(s.base_url, body_file, conc, seconds, args_tail)
@@ -68,7 +74,7 @@ def run_one(s: Stack, body_file: Path, conc: int, seconds: float, nocache: bool,
     cpu = procs.delta(before, after)["cpu_s"]
     return {"rps": res["requests"] / (res["duration_us"] / 1e6), "p50_ms": res["p50_us"] / 1000,
             "p99_ms": res["p99_us"] / 1000, "non2xx": res["err_status"], "requests": res["requests"],
-            "nginx_cpu_us_per_req": cpu / n * 1e6, "wall_s": wall}
+            "nginx_cpu_us_per_req": cpu / n * 1e6, "wall_s": wall, "load1": (load + os.getloadavg()[0]) / 2}
 
 
 def wrk_with(url: str, body_file: Path, conc: int, seconds: float, tail: list[str]) -> dict:
@@ -94,6 +100,7 @@ def render(runs: dict[str, list[dict]], seconds: float, conc: int) -> str:
     rounds; the comparisons are paired: in each round, the row against off's run of that
     round (the machine's load drifts between rounds), and the median of those."""
     rounds = len(runs["off/hit"])
+    loads = [r.get("load1", float("nan")) for rs in runs.values() for r in rs]
     lines = ["# Keys and limits on vs off (bench/keys.py)", "",
              f"Four stacks at once (nginx 2 workers each, engine with the null model, its own redis-server), "
              f"loopback; wrk -c {conc} -t 2 for {seconds:g} s per row after a 1 s warm-up; one 1 KiB "
@@ -107,7 +114,10 @@ def render(runs: dict[str, list[dict]], seconds: float, conc: int) -> str:
              "(zccp.lease; a Redis round trip only when a lease runs low). keys+limits+conc: the same and a "
              "concurrency limit, which is exact: one Redis script per admission. nginx CPU: its processes' "
              "user+system time over the run / requests. The machine is shared (2 cores, other sessions' "
-             "tests running): read the numbers as indicative.", "",
+             "tests running): read the numbers as indicative. Each round measures the hit rows one after the "
+             "other, then the miss rows, the modes' order rotated from round to round.", "",
+             f"Machine load while measuring (1-minute load average, 2 cores): median {median(loads):.2f}, "
+             f"from {min(loads):.2f} to {max(loads):.2f}.", "",
              "| auth | path | req/s | p50 ms | p99 ms | non-2xx | nginx CPU µs/req | req/s of each round |",
              "|---|---|---|---|---|---|---|---|"]
     for mode in MODES:
@@ -126,7 +136,32 @@ def render(runs: dict[str, list[dict]], seconds: float, conc: int) -> str:
             cpu = median([a["nginx_cpu_us_per_req"] - b["nginx_cpu_us_per_req"] for a, b in zip(on, off, strict=True)])
             lines.append(f"* {path}, {mode}: {ratio * 100:.0f}% of off's req/s; nginx CPU {cpu:+.1f} µs per "
                          "request (paired medians).")
+    lines += attribution()
     return "\n".join(lines) + "\n"
+
+
+def attribution() -> list[str]:
+    """bench/keys_pieces.json as a table: ns per piece, a column per measured label."""
+    path = REPO / "bench" / "keys_pieces.json"
+    if not path.exists():
+        return []
+    saved = json.loads(path.read_text())
+    labels = list(saved)
+    names = [r["name"] for r in saved[labels[-1]]["rows"] if r["ns"] > 0]
+    out = ["", "## Attribution: ns per piece (bench/keys_pieces.py)", "",
+           "Each piece run N times inside one real request of a stack with keys on (nginx, null engine, Redis), "
+           "the least of several runs (the machine is shared); one key without limits, one with the limits of "
+           "the keys+limits row. The columns: " + "; ".join(
+               f"{label}: lua/ of {saved[label]['commit']}, load {saved[label]['load'][0]:.2f}" for label in labels)
+           + ".", "",
+           "| piece | " + " | ".join(labels) + " |", "|---|" + "---|" * len(labels)]
+    for name in names:
+        cells = []
+        for label in labels:
+            ns = next((r["ns"] for r in saved[label]["rows"] if r["name"] == name), None)
+            cells.append("-" if ns is None else f"{ns:.0f}")
+        out.append(f"| {name} | " + " | ".join(cells) + " |")
+    return out
 
 
 def main() -> None:
@@ -156,8 +191,8 @@ def main() -> None:
                 stacks[mode] = Stack(Path(tmp) / mode.replace("+", "_"), over, with_redis=True).start()
                 keys[mode] = make_key(stacks[mode], mode) if mode != "off" else None
             for rnd in range(args.rounds):
-                for mode in MODES:
-                    for path, nocache in (("hit", False), ("miss", True)):
+                for path, nocache in (("hit", False), ("miss", True)):
+                    for mode in MODES[rnd % len(MODES):] + MODES[:rnd % len(MODES)]:
                         s = stacks[mode]
                         run_one(s, body_file, args.conc, 1, nocache, keys[mode])   # warm-up (and the hit's store)
                         r = run_one(s, body_file, args.conc, args.seconds, nocache, keys[mode])

@@ -3,9 +3,13 @@
 that runs each piece N times inside a real request and reports ns per call. Two keys: one
 without limits (bench/keys.py's "keys" row) and one with them ("keys+limits").
 
-    PYTHONPATH=engine python -m bench.keys_pieces [--n 20000]
+    PYTHONPATH=engine python -m bench.keys_pieces [--n 5000] [--repeats 15] \
+        [--commit C] [--out bench/keys_pieces.json --label before|after]
 
-Prints a table (piece, ns per call); the figures feed bench/keys.md's attribution table.
+Each piece: the least of --repeats runs of --n calls (the machine is shared). --commit runs
+another commit's lua/ (git archive) in the same stack: the before of a change. Prints a
+table (piece, ns per call); with --out, adds it to that JSON under --label, which
+bench/keys.py renders as bench/keys.md's attribution table.
 """
 
 from __future__ import annotations
@@ -61,10 +65,10 @@ def add_location(s: Stack, lua_dir: Path | None) -> None:
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--n", type=int, default=20000)
+    ap.add_argument("--n", type=int, default=5000)
     ap.add_argument("--jitv", help="write LuaJIT's trace log (jit.v) to this file")
     ap.add_argument("--commit", help="measure this commit's lua/ (e.g. the one before a change)")
-    ap.add_argument("--repeats", type=int, default=7, help="runs per piece; the least is kept")
+    ap.add_argument("--repeats", type=int, default=15, help="runs per piece; the least is kept")
     ap.add_argument("--out", type=Path, help="add the figures to this JSON file under --label")
     ap.add_argument("--label", default="now")
     args = ap.parse_args()
