@@ -15,7 +15,9 @@ round (no mode always first after a pause); the table shows each row's median ov
 rounds (the machine is shared), and each comparison with off is paired within its round.
 bench/keys_pieces.json (bench/keys_pieces.py), when there, adds the attribution table: ns
 per piece of the key check and the limits, inside a real nginx request.
-Writes bench/keys.md and bench/keys.json.
+Writes bench/keys.md and bench/keys.json. --commit C: the same run with C's lua/ in every
+stack's nginx (git archive; the "before" of a change), written to bench/keys_before.json,
+which keys.md's "Before" lines then compare against.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ import argparse
 import json
 import os
 import re
+import signal
 import subprocess
 import sys
 import tempfile
@@ -59,6 +62,29 @@ def make_key(s: Stack, mode: str) -> str:
                           "--config", str(s.config_path), "--json"], capture_output=True, text=True,
                          timeout=60, env=ENGINE_ENV, check=True)
     return str(json.loads(out.stdout)["key"])
+
+
+def use_lua_of(commit: str, tmp: Path, stacks: list[Stack]) -> None:
+    """Every stack's nginx loads ZCCP's Lua modules from `commit`'s lua/ (its rendered
+    lua_package_path, then a reload); waits until the old workers are gone."""
+    root = tmp / "lua-at-commit"
+    root.mkdir()
+    archive = subprocess.run(["git", "-C", str(REPO), "archive", commit, "lua"], check=True, capture_output=True).stdout
+    subprocess.run(["tar", "-x", "-C", str(root)], input=archive, check=True)
+    for s in stacks:
+        assert s.nginx is not None
+        http = next((s.run_dir / "nginx").rglob("zccp_http.conf"))
+        text, n = re.subn(r'lua_package_path "[^"]*";', f'lua_package_path "{root / "lua"}/?.lua;;";',
+                          http.read_text())
+        assert n == 1
+        http.write_text(text)
+        master = s.nginx.proc.pid
+        old = set(procs.descendants(master)) - {master}
+        os.kill(master, signal.SIGHUP)
+        end = time.monotonic() + 30
+        while set(procs.descendants(master)) & old and time.monotonic() < end:
+            time.sleep(0.2)
+        assert not set(procs.descendants(master)) & old, "the old nginx workers did not exit"
 
 
 def run_one(s: Stack, body_file: Path, conc: int, seconds: float, nocache: bool, key: str | None) -> dict:
@@ -128,16 +154,31 @@ def render(runs: dict[str, list[dict]], seconds: float, conc: int) -> str:
                          f"{sum(r['non2xx'] for r in rs)} | {median([r['nginx_cpu_us_per_req'] for r in rs]):.1f} | "
                          f"{', '.join(str(round(r['rps'])) for r in rs)} |")
     lines.append("")
+    lines += paired(runs)
+    before = REPO / "bench" / "keys_before.json"
+    if before.exists():
+        saved = json.loads(before.read_text())
+        bl = [r.get("load1", float("nan")) for rs in saved["runs"].values() for r in rs]
+        lines += ["", f"Before (the same run with the lua/ of {saved['commit']}, measured just before this one; "
+                      f"load median {median(bl):.2f}, from {min(bl):.2f} to {max(bl):.2f}):", ""]
+        lines += paired(saved["runs"])
+    lines += attribution()
+    return "\n".join(lines) + "\n"
+
+
+def paired(runs: dict[str, list[dict]]) -> list[str]:
+    """Each mode against off, paired within each round: the median ratio of req/s and the
+    median difference of nginx CPU per request."""
+    out = []
     for path in ("hit", "miss"):
         off = runs[f"off/{path}"]
         for mode in MODES[1:]:
             on = runs[f"{mode}/{path}"]
             ratio = median([a["rps"] / b["rps"] for a, b in zip(on, off, strict=True)])
             cpu = median([a["nginx_cpu_us_per_req"] - b["nginx_cpu_us_per_req"] for a, b in zip(on, off, strict=True)])
-            lines.append(f"* {path}, {mode}: {ratio * 100:.0f}% of off's req/s; nginx CPU {cpu:+.1f} µs per "
-                         "request (paired medians).")
-    lines += attribution()
-    return "\n".join(lines) + "\n"
+            out.append(f"* {path}, {mode}: {ratio * 100:.0f}% of off's req/s; nginx CPU {cpu:+.1f} µs per "
+                       "request (paired medians).")
+    return out
 
 
 def attribution() -> list[str]:
@@ -170,6 +211,7 @@ def main() -> None:
     ap.add_argument("--conc", type=int, default=16)
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--render", action="store_true", help="only rewrite keys.md from keys.json")
+    ap.add_argument("--commit", help="run with this commit's lua/; writes bench/keys_before.json only")
     args = ap.parse_args()
     out_json = REPO / "bench" / "keys.json"
     if args.render:
@@ -190,6 +232,8 @@ def main() -> None:
                     over["auth"] = {"mode": "keys"}
                 stacks[mode] = Stack(Path(tmp) / mode.replace("+", "_"), over, with_redis=True).start()
                 keys[mode] = make_key(stacks[mode], mode) if mode != "off" else None
+            if args.commit:
+                use_lua_of(args.commit, Path(tmp), list(stacks.values()))
             for rnd in range(args.rounds):
                 for path, nocache in (("hit", False), ("miss", True)):
                     for mode in MODES[rnd % len(MODES):] + MODES[:rnd % len(MODES)]:
@@ -202,6 +246,11 @@ def main() -> None:
             for s in stacks.values():
                 s.stop()
     remove_socket_dirs()
+    if args.commit:
+        (REPO / "bench" / "keys_before.json").write_text(json.dumps(
+            {"commit": args.commit, "seconds": args.seconds, "conc": args.conc, "runs": runs}, indent=1))
+        print("\n".join(paired(runs)))
+        return
     out_json.write_text(json.dumps({"seconds": args.seconds, "conc": args.conc, "runs": runs}, indent=1))
     text = render(runs, args.seconds, args.conc)
     (REPO / "bench" / "keys.md").write_text(text)
