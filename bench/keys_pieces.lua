@@ -13,6 +13,10 @@ local ngx = ngx
 local tonumber = tonumber
 
 local args = ngx.req.get_uri_args()
+if args.nojit then   -- the interpreter only: how most of a real request's Lua runs (bench/keys.md)
+    jit.off()
+    jit.flush()
+end
 if args.jitv then   -- LuaJIT's trace log (aborts, NYI) into this file
     package.path = package.path .. ";/usr/share/luajit-2.1.0-beta3/?.lua"
     require("jit.v").start(args.jitv)
@@ -107,6 +111,15 @@ time("ngx.header set x12 (Anthropic's rate-limit headers)", function()
         ngx.header[NAMES[i]] = i
     end
 end, 2000)
+local ok_rh, resp_header = pcall(require, "zccp.resp_header")
+if ok_rh then
+    time("resp_header.put x12 (the same headers)", function()
+        local r = resp_header.request()
+        for i = 1, 12 do
+            resp_header.put(r, NAMES[i], "1234")
+        end
+    end, 2000)
+end
 do
     local ffi = require "ffi"
     local base = require "resty.core.base"
@@ -121,6 +134,9 @@ end
 
 if args.jitv then
     require("jit.v").off()   -- closes its file
+end
+if args.nojit then
+    jit.on()
 end
 ngx.header["Content-Type"] = "application/json"
 local on = jit.status()

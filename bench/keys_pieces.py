@@ -71,6 +71,7 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=15, help="runs per piece; the least is kept")
     ap.add_argument("--out", type=Path, help="add the figures to this JSON file under --label")
     ap.add_argument("--label", default="now")
+    ap.add_argument("--nojit", action="store_true", help="LuaJIT's interpreter only (jit.off() in that worker)")
     args = ap.parse_args()
     require_this_checkout()
     with tempfile.TemporaryDirectory() as tmp:
@@ -89,7 +90,7 @@ def main() -> None:
                 lua_dir = lua_dir / "lua"
             add_location(s, lua_dir)
             r = httpx.post(s.url(f"/zccp-bench/pieces?n={args.n}&repeats={args.repeats}&plain={plain}&limited={limited}"
-                                 + (f"&jitv={args.jitv}" if args.jitv else "")),
+                                 + (f"&jitv={args.jitv}" if args.jitv else "") + ("&nojit=1" if args.nojit else "")),
                            content=body_1k().encode(), timeout=300)
             r.raise_for_status()
             rows = r.json()
@@ -102,8 +103,8 @@ def main() -> None:
         print(f"| {row['name']} | {row['ns']:.0f} |")
     if args.out:
         saved = json.loads(args.out.read_text()) if args.out.exists() else {}
-        saved[args.label] = {"commit": args.commit or "worktree", "load": os.getloadavg(), "n": args.n,
-                             "repeats": args.repeats, "rows": rows}
+        saved[args.label] = {"commit": args.commit or "worktree", "jit": not args.nojit, "load": os.getloadavg(),
+                             "n": args.n, "repeats": args.repeats, "rows": rows}
         args.out.write_text(json.dumps(saved, indent=1))
 
 

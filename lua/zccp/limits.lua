@@ -26,6 +26,7 @@ local errors = require "zccp.errors"
 local usage_log = require "zccp.usage_log"
 local metrics = require "zccp.metrics"
 local lease = require "zccp.lease"
+local resp_header = require "zccp.resp_header"
 
 local ngx = ngx
 local ngx_now = ngx.now
@@ -42,6 +43,7 @@ local math_max = math.max
 local math_min = math.min
 local os_date = os.date
 local str_format = string.format
+local put_header = resp_header.put
 
 local _M = { _VERSION = "0.2.0" }
 
@@ -235,13 +237,25 @@ local ANTHROPIC_HEADERS = header_names("anthropic-ratelimit-%s-%s", "requests", 
 local OPENAI_HEADERS = { { "x-ratelimit-limit-requests", "x-ratelimit-remaining-requests", "x-ratelimit-reset-requests" },
                          { "x-ratelimit-limit-tokens", "x-ratelimit-remaining-tokens", "x-ratelimit-reset-tokens" } }
 
--- One limit's three headers, when the limit is set.
-local function put_limit(names, limit, used, at)
+-- One limit's three headers, when the limit is set (lim_s: the limit as a string, made
+-- once per window).
+local function put_limit(r, names, limit, lim_s, used, at)
     if limit > 0 then
-        ngx_header[names[1]] = limit
-        ngx_header[names[2]] = math_max(0, limit - used)
-        ngx_header[names[3]] = at
+        put_header(r, names[1], lim_s)
+        put_header(r, names[2], tostring(math_max(0, limit - used)))
+        put_header(r, names[3], at)
     end
+end
+
+-- The limits' headers' values as strings: requests, input, output, input + output.
+local function limit_strings(w)
+    local s = w.lim_s
+    if not s then
+        local lims = w.lims
+        s = { tostring(lims[1]), tostring(lims[2]), tostring(lims[3]), tostring(lims[2] + lims[3]) }
+        w.lim_s = s
+    end
+    return s
 end
 
 -- The rate-limit headers of the API, from the key's own limits (counters 1-3).
@@ -250,17 +264,18 @@ local function set_headers(api, w, now)
     local rpm, itpm, otpm = lims[1], lims[2], lims[3]
     local used_in, used_out = itpm > 0 and used_of(w, 2) or 0, otpm > 0 and used_of(w, 3) or 0
     local used_requests = rpm > 0 and used_of(w, 1) or 0
+    local r, ls = resp_header.request(), limit_strings(w)
     if api == "anthropic" then
         local at, h = resets(now).anthropic, ANTHROPIC_HEADERS
-        put_limit(h[1], rpm, used_requests, at)
-        put_limit(h[2], itpm, used_in, at)
-        put_limit(h[3], otpm, used_out, at)
-        put_limit(h[4], itpm + otpm, used_in + used_out, at)
+        put_limit(r, h[1], rpm, ls[1], used_requests, at)
+        put_limit(r, h[2], itpm, ls[2], used_in, at)
+        put_limit(r, h[3], otpm, ls[3], used_out, at)
+        put_limit(r, h[4], itpm + otpm, ls[4], used_in + used_out, at)
         return
     end
     local at = resets(now).openai
-    put_limit(OPENAI_HEADERS[1], rpm, used_requests, at)
-    put_limit(OPENAI_HEADERS[2], itpm + otpm, used_in + used_out, at)
+    put_limit(r, OPENAI_HEADERS[1], rpm, ls[1], used_requests, at)
+    put_limit(r, OPENAI_HEADERS[2], itpm + otpm, ls[4], used_in + used_out, at)
 end
 
 local WHAT = { "requests per minute", "input tokens per minute", "output tokens per minute",
