@@ -65,9 +65,49 @@ def test_completion_logprobs_legacy_shape(oai):
     assert lp.text_offset == sorted(lp.text_offset)
 
 
+def test_several_prompts_n_choices_each_streamed_and_not(oai, stack):
+    """Strings and token ids, n choices each: choices[i] is prompt i // n's (vLLM's numbering),
+    usage counts each prompt once and every completion; the stream carries the same texts,
+    a finish reason per choice, one usage chunk; logprobs per choice."""
+    from zccp.model.tokenizer import BOS
+
+    kw: dict[str, Any] = dict(model=MODEL, max_tokens=10, temperature=0)
+    one = [oai.completions.create(prompt=p, **kw) for p in ("Once", "Hello there")]
+    prompts = ["Once", "Hello there"]
+    r = oai.completions.create(prompt=prompts, n=2, logprobs=1, **kw)
+    # the same prompts as the ids the byte tokenizer makes of them: the same answers
+    ids = oai.completions.create(prompt=[[BOS, *p.encode()] for p in prompts], n=2, **kw)
+    assert [c.text for c in ids.choices] == [c.text for c in r.choices] and ids.usage == r.usage
+    assert [c.index for c in r.choices] == [0, 1, 2, 3]
+    assert [c.text for c in r.choices] == [one[0].choices[0].text] * 2 + [one[1].choices[0].text] * 2
+    assert all(len(c.logprobs.tokens) >= 1 and "".join(c.logprobs.tokens) == c.text for c in r.choices)
+    assert r.usage.prompt_tokens == one[0].usage.prompt_tokens + one[1].usage.prompt_tokens
+    assert r.usage.completion_tokens == 2 * (one[0].usage.completion_tokens + one[1].usage.completion_tokens)
+    chunks = list(oai.completions.create(prompt=prompts, n=2, logprobs=1, stream=True,
+                                         stream_options={"include_usage": True}, **kw))
+    texts, reasons, tokens = ["", "", "", ""], [[], [], [], []], [0, 0, 0, 0]
+    for x in chunks:
+        for c in x.choices:
+            texts[c.index] += c.text
+            tokens[c.index] += len(c.logprobs.tokens) if c.logprobs else 0
+            if c.finish_reason:
+                reasons[c.index].append(c.finish_reason)
+    assert texts == [c.text for c in r.choices]
+    assert reasons == [[c.finish_reason] for c in r.choices]
+    assert tokens == [len(c.logprobs.tokens) for c in r.choices]
+    assert [x.usage for x in chunks if x.usage] == [r.usage] and chunks[-1].choices == []
+    stack.assert_no_leaks()
+
+
+def test_token_id_prompt_out_of_the_vocabulary(oai):
+    with pytest.raises(openai.BadRequestError) as e:
+        oai.completions.create(model=MODEL, prompt=[[1, 2], [10**6]], max_tokens=4)
+    assert e.value.body["param"] == "prompt" and str(10**6) in e.value.body["message"]
+
+
 @pytest.mark.parametrize("extra,param", [
-    ({"echo": True}, "echo"), ({"suffix": "end"}, "suffix"), ({"n": 2}, "n"), ({"best_of": 3}, "best_of"),
-    ({"logprobs": 6}, "logprobs"), ({"prompt": ["a", "b"]}, "prompt"), ({"prompt": [1, 2, 3]}, "prompt"),
+    ({"echo": True}, "echo"), ({"suffix": "end"}, "suffix"), ({"n": 200}, "n"), ({"best_of": 3}, "best_of"),
+    ({"logprobs": 6}, "logprobs"), ({"prompt": ["a", 1]}, "prompt"), ({"prompt": []}, "prompt"),
 ])
 def test_completion_refusals_name_the_field(oai, extra, param):
     kw = dict(model=MODEL, prompt="hi", max_tokens=4) | extra
@@ -209,6 +249,24 @@ def test_cache_hits_per_endpoint_and_never_across(cstack, path, body):
     cstack.assert_no_leaks()
 
 
+def test_several_prompts_are_never_cached_nor_served_from_one(cstack):
+    """An answer of several choices is not an entry, nor is a one-prompt entry ever its answer."""
+    c = cstack.client()
+    body = {"model": MODEL, "prompt": "Tell me more", "max_tokens": 12, "temperature": 1}
+    assert c.post("/v1/completions", json=body).headers["x-zccp-cache"] == "MISS"
+    for prompt in (["Tell me more", "Tell me more"], ["Tell me more", "x"]):
+        for _ in range(2):
+            r = c.post("/v1/completions", json=dict(body, prompt=prompt))
+            assert r.status_code == 200 and r.headers["x-zccp-cache"] == "BYPASS"
+            assert [ch["index"] for ch in r.json()["choices"]] == [0, 1]
+    # a list of one prompt is its own body: a miss, then its own hit; the string's entry still one choice
+    listed = dict(body, prompt=["Tell me more"])
+    assert [c.post("/v1/completions", json=listed).headers["x-zccp-cache"] for _ in range(2)] == ["MISS", "HIT"]
+    again = c.post("/v1/completions", json=body)
+    assert again.headers["x-zccp-cache"] == "HIT" and len(again.json()["choices"]) == 1
+    cstack.assert_no_leaks()
+
+
 def test_keys_and_limits_apply(make_stack):
     s = make_stack({"model": {"backend": "null"}, "auth": {"mode": "keys", "cache_ttl_s": 1, "negative_ttl_s": 1}},
                    with_redis=True)
@@ -223,6 +281,12 @@ def test_keys_and_limits_apply(make_stack):
     assert raw.headers["x-ratelimit-remaining-requests"] == "0"
     with pytest.raises(openai.RateLimitError):
         client.completions.create(model=MODEL, prompt="hi", max_tokens=4)
+    # the output reservation is max_tokens for every choice: 2 prompts x n=2 x 30 > 100 tokens a minute
+    o = keys_cli(s, "create", "--tenant", "globex", "--otpm", "100")["key"]
+    client = openai.OpenAI(base_url=s.base_url + "/v1", api_key=o, max_retries=0)
+    assert len(client.completions.create(model=MODEL, prompt=["hi", "ho"], max_tokens=30).choices) == 2
+    with pytest.raises(openai.RateLimitError):
+        client.completions.create(model=MODEL, prompt=["hi", "ho"], n=2, max_tokens=30)
     s.assert_no_leaks()
 
 

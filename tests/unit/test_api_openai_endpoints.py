@@ -32,13 +32,36 @@ def test_completion_reads_the_prompt_as_is_with_openais_default_length():
 
 @pytest.mark.parametrize("doc,param", [
     ({"prompt": "x", "echo": True}, "echo"), ({"prompt": "x", "suffix": "y"}, "suffix"),
-    ({"prompt": ["a", "b"]}, "prompt"), ({"prompt": [[1, 2]]}, "prompt"), ({"prompt": 3}, "prompt"),
+    ({"prompt": ["a", 1]}, "prompt"), ({"prompt": [[1, 2], "b"]}, "prompt"), ({"prompt": 3}, "prompt"),
+    ({"prompt": []}, "prompt"), ({"prompt": [[]]}, "prompt[0]"), ({"prompt": [1, -2]}, "prompt"),
+    ({"prompt": [True]}, "prompt"), ({"prompt": ["a"] * 3, "n": 50}, "n"),
     ({}, "prompt"), ({"prompt": "x", "messages": []}, None), ({"prompt": "x", "logprobs": 9}, "logprobs"),
 ])
 def test_completion_refusals(doc, param):
     with pytest.raises(ApiError) as e:
         COMPLETIONS.parse({"model": MODEL, **doc}, LIMITS)
     assert e.value.status == 400 and e.value.param == param
+
+
+@pytest.mark.parametrize("prompt,prompts", [
+    ("a", ("a",)), (["a", "b"], ("a", "b")), ([1, 2], ((1, 2),)), ([[1], [2, 3]], ((1,), (2, 3))),
+])
+def test_completion_reads_openais_four_prompt_shapes(prompt, prompts):
+    req = COMPLETIONS.parse({"model": MODEL, "prompt": prompt, "n": 2, "stream": True}, LIMITS)
+    assert req.prompts == prompts and req.n == 2 and req.stream
+    assert req.prompt_text == (prompts[0] if isinstance(prompts[0], str) else None)
+
+
+def test_completion_choices_render_in_index_order_with_summed_usage():
+    req = COMPLETIONS.parse({"model": MODEL, "prompt": ["a", "b"], "n": 2}, LIMITS)
+    results = [GenerationResult(f"t{i}", "end_turn" if i else "max_tokens", None, 3, i + 1) for i in range(4)]
+    total = GenerationResult("", "end_turn", None, 7, 10, cached_tokens=2)
+    assert COMPLETIONS.render_choices is not None
+    out = orjson.loads(COMPLETIONS.render_choices(req, results, total, 0))
+    assert [(c["index"], c["text"], c["finish_reason"]) for c in out["choices"]] == [
+        (0, "t0", "length"), (1, "t1", "stop"), (2, "t2", "stop"), (3, "t3", "stop")]
+    assert out["usage"] == {"prompt_tokens": 7, "completion_tokens": 10, "total_tokens": 17,
+                            "prompt_tokens_details": {"cached_tokens": 2}}
 
 
 def test_completion_renders_legacy_logprobs():
