@@ -148,6 +148,26 @@ def test_response_create_and_stream_agree(oai, stack):
     stack.assert_no_leaks()
 
 
+def test_response_logprobs_streamed_and_not(oai, stack):
+    """include's logprobs: the output_text part's, and each delta event's (the SDK's types)."""
+    kw: dict[str, Any] = dict(model=MODEL, input="Hello", max_output_tokens=12, temperature=0, top_logprobs=2,
+                              include=["message.output_text.logprobs"])
+    r = oai.responses.create(**kw)
+    lps = r.output[0].content[0].logprobs
+    assert len(lps) == r.usage.output_tokens and "".join(x.token for x in lps) == r.output_text
+    assert all(x.logprob <= 0 and 1 <= len(x.top_logprobs) <= 2 and bytes(x.bytes) == x.token.encode()
+               for x in lps)
+    events = list(oai.responses.create(stream=True, **kw))
+    streamed = [x for e in events if e.type == "response.output_text.delta" for x in e.logprobs]
+    assert [(x.token, x.logprob) for x in streamed] == [(x.token, x.logprob) for x in lps]
+    done = next(e for e in events if e.type == "response.output_text.done")
+    assert [x.token for x in done.logprobs] == [x.token for x in events[-1].response.output[0].content[0].logprobs] \
+        == [x.token for x in lps]
+    plain = oai.responses.create(**{k: v for k, v in kw.items() if k not in ("include", "top_logprobs")})
+    assert plain.output[0].content[0].logprobs == [] and plain.output_text == r.output_text
+    stack.assert_no_leaks()
+
+
 def test_response_stream_helper_gets_the_final_response(oai):
     # a JSON schema makes the answer end: response.completed, which the helper waits for
     with oai.responses.stream(model=MODEL, input="Judge.", max_output_tokens=200,
@@ -200,7 +220,7 @@ def test_response_named_tool_choice_and_json_schema(oai):
     ({"tools": [{"type": "web_search"}]}, "tools[0].type"),
     ({"input": [{"type": "item_reference", "id": "msg_1"}]}, "input[0].type"),
     ({"input": [{"role": "robot", "content": "x"}]}, "input[0].role"),
-    ({"input": []}, "input"),
+    ({"input": []}, "input"), ({"top_logprobs": 21}, "top_logprobs"),
 ])
 def test_response_refusals_name_the_field(oai, extra, param):
     kw = dict(model=MODEL, input="hi", max_output_tokens=4) | extra

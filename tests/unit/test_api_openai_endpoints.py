@@ -121,6 +121,34 @@ def test_response_renders_items_and_stream_events():
     assert cut["status"] == "incomplete" and cut["incomplete_details"] == {"reason": "max_output_tokens"}
 
 
+def test_response_logprobs_from_include_or_top_logprobs():
+    from zccp.shared_types import TokenLogprob
+
+    base = {"model": MODEL, "input": "hi"}
+    assert RESPONSES.parse(base, LIMITS).sampling.logprobs is None
+    assert RESPONSES.parse(base | {"top_logprobs": 0}, LIMITS).sampling.logprobs is None
+    assert RESPONSES.parse(base | {"include": ["message.output_text.logprobs"]}, LIMITS).sampling.logprobs == 0
+    assert RESPONSES.parse(base | {"top_logprobs": 3}, LIMITS).sampling.logprobs == 3
+    for bad in ({"top_logprobs": 21}, {"include": "x"}, {"include": [1]}):
+        with pytest.raises(ApiError):
+            RESPONSES.parse(base | bad, LIMITS)
+    req = RESPONSES.parse(base | {"include": ["message.output_text.logprobs"], "top_logprobs": 1}, LIMITS)
+    lps = (TokenLogprob(b"a", -0.5, ((b"a", -0.5),)), TokenLogprob(b"b", -1.0, ((b"c", -0.1),)))
+    item = {"token": "a", "logprob": -0.5, "bytes": [97], "top_logprobs": [{"token": "a", "logprob": -0.5,
+                                                                            "bytes": [97]}]}
+    out = orjson.loads(RESPONSES.render(req, GenerationResult("ab", "end_turn", None, 1, 2, logprobs=lps), "r", 0))
+    part = out["output"][0]["content"][0]
+    assert part["logprobs"][0] == item and [x["token"] for x in part["logprobs"]] == ["a", "b"]
+    enc = RESPONSES.stream(req, "r", 0, 1)
+    raw = (enc.start() + enc.delta(TextDelta("a", lps[:1])) + enc.delta(TextDelta("", lps[1:]))
+           + enc.finish(GenerationResult("a", "end_turn", None, 1, 2, logprobs=lps)))
+    events = [orjson.loads(line[6:]) for line in raw.split(b"\n") if line.startswith(b"data: ")]
+    deltas = [e for e in events if e["type"] == "response.output_text.delta"]
+    assert [(e["delta"], len(e["logprobs"])) for e in deltas] == [("a", 1), ("", 1)]
+    done = next(e for e in events if e["type"] == "response.output_text.done")
+    assert done["logprobs"] == events[-1]["response"]["output"][0]["content"][0]["logprobs"] == part["logprobs"]
+
+
 def test_engine_keys_name_the_endpoint():
     doc = {"model": MODEL, "prompt": "x", "input": "x", "messages": [{"role": "user", "content": "x"}]}
     keys = {api: compute(api, None, doc=dict(doc)) for api in ("openai", "completions", "responses")}
