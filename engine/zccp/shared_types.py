@@ -45,12 +45,14 @@ class SamplingParams:
 @dataclass(frozen=True)
 class CacheMark:
     """One Anthropic cache_control breakpoint: the block it sits on and its TTL. `where` is
-    "tools", "system" or "messages"; block: the content block within messages[index]."""
+    "tools", "system" or "messages"; block: the content block within messages[index]; part:
+    the block within that tool_result's content (-1: the content block itself)."""
 
     where: Literal["tools", "system", "messages"]
     index: int
     block: int
     ttl_s: int
+    part: int = -1
 
 
 @dataclass(frozen=True)
