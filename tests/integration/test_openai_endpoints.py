@@ -321,6 +321,13 @@ def test_hf_backend_prompt_as_is_and_tools_through_its_template(hf_stack, hf_che
     oai = sdk_clients(hf_stack)[1]
     r = oai.completions.create(model=HF_MODEL, prompt="Once upon a time", max_tokens=8, temperature=0)
     assert r.usage.prompt_tokens == len(tok("Once upon a time").input_ids)
+    # several prompts, as texts and as the tokenizer's ids: the same answers, each prompt's own
+    texts = ["Once upon a time", "The weather today"]
+    many = oai.completions.create(model=HF_MODEL, prompt=texts, max_tokens=8, temperature=0)
+    ids = oai.completions.create(model=HF_MODEL, prompt=[tok(t).input_ids for t in texts], max_tokens=8,
+                                 temperature=0)
+    assert [c.text for c in many.choices] == [c.text for c in ids.choices] and many.choices[0].text == r.choices[0].text
+    assert many.usage.prompt_tokens == ids.usage.prompt_tokens == sum(len(tok(t).input_ids) for t in texts)
     r = oai.responses.create(model=HF_MODEL, input="Weather in Oslo?", tools=TOOLS, tool_choice="required",
                              max_output_tokens=200)
     calls = [o for o in r.output if o.type == "function_call"]
