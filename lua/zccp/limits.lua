@@ -496,8 +496,8 @@ local MAX_ROUNDS = 3   -- lease rounds (a grant may be spent by this worker's ot
 
 -- Whether this worker's leases cover `needs` with no Redis round trip (no concurrency limit).
 local function covered(w, needs)
-    if w.exact then
-        return false
+    if w.exact and needs[CONC] > 0 then
+        return false   -- counted in Redis at every admission
     end
     local keys, act, act_j = w.keys, w.act, w.act_j
     for a = 1, #act do
