@@ -19,6 +19,12 @@ import torch
 # Activation bytes per token are an estimate; never plan chunks below this.
 MIN_CHUNK = 64
 MAX_CHUNK = 1 << 15
+# Prompt tokens (padding included) that one CPU forward of several sequences' chunks aims
+# at: a CPU forward of a few hundred tokens already runs its matmuls at full speed
+# (measured, bench/peer.md: 16 prompts of ~70 tokens took 691 ms one by one, ~590 ms in
+# groups of 4 or 8, 619 ms as one group of 16), and a bigger group only holds back every
+# row's first token until the whole group is done.
+CPU_GROUP_TOKENS = 512
 
 
 @dataclass(frozen=True)
@@ -41,6 +47,11 @@ class Planner:
         if self.configured:
             tokens = min(tokens, self.configured)
         return max(self.block, tokens // self.block * self.block)
+
+    def group(self, chunk: int) -> int:
+        """Padded prompt tokens to put into one forward of several sequences' chunks: the
+        whole chunk on a GPU (more rows keep it busy), at most CPU_GROUP_TOKENS on the CPU."""
+        return chunk if self.device.type == "cuda" else min(chunk, CPU_GROUP_TOKENS)
 
     @staticmethod
     def chunk_end(pos: int, end: int, chunk: int) -> int:

@@ -19,7 +19,8 @@ A step is:
      prompt delays the running streams by one chunk per step, not by all of it; the
      next chunks of several waiting sequences go into ONE forward, padded to the
      longest (ModelBackend.prefill_many), as long as the padded rows fit the chunk
-     and are at most half padding; a sequence whose prefill completes samples its
+     and the planner's group size (Planner.group) and are at most half padding; each
+     group's first tokens are sent as soon as its forward ends; a sequence whose prefill completes samples its
      first token and joins;
   6. one decode forward for the batch; each row's token goes to its sink.
 
@@ -366,14 +367,16 @@ class BatchScheduler:
 
     def _group(self, chunk: int, budget: int) -> list[Sequence]:
         """The prefilling sequences (in order) whose next chunks go into one forward: the
-        rows padded to the longest chunk stay within the budget and at most half padding."""
+        rows padded to the longest chunk stay within the budget and the planner's group
+        size, and are at most half padding."""
         group: list[Sequence] = []
         width = real = 0
+        cap = min(budget, self.planner.group(chunk))
         for seq in self._prefilling:
             start = seq.done_tokens
             n = Planner.chunk_end(start, self._prompt_len(seq), chunk) - start
             w = max(width, n)
-            if group and ((len(group) + 1) * w > budget or (len(group) + 1) * w > 2 * (real + n)):
+            if group and ((len(group) + 1) * w > cap or (len(group) + 1) * w > 2 * (real + n)):
                 break
             group.append(seq)
             width, real = w, real + n

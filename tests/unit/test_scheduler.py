@@ -176,3 +176,11 @@ def test_cancelled_sequence_leaves_at_once():
     finally:
         sched.stop()
     assert not (sched._rows or sched._parked or sched._prefilling or sched._waiting)
+
+
+def test_prefill_groups_are_bounded_on_the_cpu_only():
+    from zccp.planner import CPU_GROUP_TOKENS
+
+    cpu = Planner(torch.device("cpu"), 512 << 20, 1, 0, 16)
+    assert cpu.group(4096) == CPU_GROUP_TOKENS and cpu.group(128) == 128
+    assert Planner(torch.device("cuda"), 512 << 20, 1, 0, 16).group(4096) == 4096
