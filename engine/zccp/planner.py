@@ -54,6 +54,24 @@ class Planner:
         return chunk if self.device.type == "cuda" else min(chunk, CPU_GROUP_TOKENS)
 
     @staticmethod
+    def group_rows(rows: list[tuple[int, int]], cap: int) -> list[int]:
+        """Which of the waiting sequences' next chunks, rows[i] = (tokens already in its KV,
+        chunk tokens), share one forward: the first always, then each later one (in order,
+        skipping those that do not fit) while the rows padded to the longest chunk stay within
+        `cap` tokens and are at most half padding, and the padding of the pasts to the longest
+        (the forward's KV) stays within the padded chunks (one long reused prefix is not copied
+        for every short prompt)."""
+        picked: list[int] = []
+        width = real = past = past_sum = 0
+        for i, (p, n) in enumerate(rows):
+            k, w, top = len(picked) + 1, max(width, n), max(past, p)
+            if picked and (k * w > cap or k * w > 2 * (real + n) or k * top - past_sum - p > k * w):
+                continue
+            picked.append(i)
+            width, real, past, past_sum = w, real + n, top, past_sum + p
+        return picked
+
+    @staticmethod
     def chunk_end(pos: int, end: int, chunk: int) -> int:
         """Where the chunk that starts at absolute position `pos` ends: the next multiple
         of `chunk` (0: one pass), at most `end`."""

@@ -19,8 +19,9 @@ A step is:
      prompt delays the running streams by one chunk per step, not by all of it; the
      next chunks of several waiting sequences go into ONE forward, padded to the
      longest (ModelBackend.prefill_many), as long as the padded rows fit the chunk
-     and the planner's group size (Planner.group) and are at most half padding; each
-     group's first tokens are sent as soon as its forward ends; a sequence whose prefill completes samples its
+     and the planner's group size (Planner.group) and are at most half padding, and
+     their pasts padded to the longest add no more (Planner.group_rows); each group's
+     first tokens are sent as soon as its forward ends; a sequence whose prefill completes samples its
      first token and joins;
   6. one decode forward for the batch; each row's token goes to its sink.
 
@@ -366,21 +367,13 @@ class BatchScheduler:
                 self._first_tokens(first)
 
     def _group(self, chunk: int, budget: int) -> list[Sequence]:
-        """The prefilling sequences (in order) whose next chunks go into one forward: the
-        rows padded to the longest chunk stay within the budget and the planner's group
-        size, and are at most half padding."""
-        group: list[Sequence] = []
-        width = real = 0
-        cap = min(budget, self.planner.group(chunk))
+        """The prefilling sequences whose next chunks go into one forward (Planner.group_rows)."""
+        rows = []
         for seq in self._prefilling:
             start = seq.done_tokens
-            n = Planner.chunk_end(start, self._prompt_len(seq), chunk) - start
-            w = max(width, n)
-            if group and ((len(group) + 1) * w > cap or (len(group) + 1) * w > 2 * (real + n)):
-                break
-            group.append(seq)
-            width, real = w, real + n
-        return group
+            rows.append((start, Planner.chunk_end(start, self._prompt_len(seq), chunk) - start))
+        seqs = list(self._prefilling)
+        return [seqs[i] for i in Planner.group_rows(rows, min(budget, self.planner.group(chunk)))]
 
     @staticmethod
     def _ids(seq: Sequence) -> torch.Tensor:
