@@ -1,11 +1,15 @@
-"""OpenAI's `n` > 1 (not streamed): n sequences of one request, one answer.
+"""Several choices in one answer: OpenAI's `n` > 1, and /v1/completions' several prompts
+(each prompt n choices; choice i = prompt i // n, its (i % n)-th sample, as vLLM numbers them).
 
 Each choice is its own sequence in the batch scheduler (its own sampler; a request seed
-s gives choice i the seed s + i, so the choices differ and each is reproducible). Its
-ChoiceSink assembles its text; when the last choice ends, the collector renders the one
-JSON answer (choices in index order, usage: the prompt once, the completions summed)
-into the slot and ends the request through its Outcome, once. A failure or an abandoned
-slot ends the request at once and cancels the other choices.
+s gives a prompt's choice j the seed s + j, so the choices differ and each is reproducible).
+Its ChoiceSink assembles its text (zccp.token_sink.AnswerText: logprobs included). Not
+streamed: when the last choice ends, the collector renders the one JSON answer (choices in
+index order) through the codec's render_choices. Streamed (an API with stream_choice:
+/v1/completions): each choice's chunks carry its index and go into the ring as they come,
+its finish chunk when it ends, the usage chunk and [DONE] once, after the last. Usage: each
+prompt once, every completion summed. The request ends through its Outcome, once; a failure
+or an abandoned slot ends it at once and cancels the other choices.
 """
 
 from __future__ import annotations
@@ -14,16 +18,22 @@ import time
 from collections.abc import Callable
 from dataclasses import replace
 
-from zccp.api.openai import render_choices
-from zccp.arena import SlotView
-from zccp.hermes_tools import HermesParser
+from zccp.api.codec import ApiCodec, ChoiceStream
 from zccp.model.prompt import Detokenizer
 from zccp.model.sampling import Drawn
 from zccp.outcome import Outcome
 from zccp.ring_writer import ResponseWriter, SlotAbandoned
-from zccp.shared_types import NO_WRITE, CacheWrite, GenerationRequest, GenerationResult, SamplingParams, StopReason
-from zccp.text_assembly import TextAssembler
-from zccp.token_sink import SlotOutput
+from zccp.shared_types import (
+    NO_WRITE,
+    CacheWrite,
+    GenerationRequest,
+    GenerationResult,
+    SamplingParams,
+    StopReason,
+    TextDelta,
+    ToolCall,
+)
+from zccp.token_sink import AnswerText, SlotOutput
 
 
 def choice_params(params: SamplingParams, index: int) -> SamplingParams:
@@ -31,37 +41,67 @@ def choice_params(params: SamplingParams, index: int) -> SamplingParams:
 
 
 class Choices(SlotOutput):
-    """The shared answer of n choices (the slot side: written once, ended once)."""
+    """The shared answer of every choice (the slot side: written once, ended once).
+    prompt_tokens: each prompt's length, in prompt order (req.n choices each)."""
 
-    def __init__(self, req: GenerationRequest, n: int, view: SlotView, writer: ResponseWriter,
-                 prompt_tokens: int, outcome: Outcome) -> None:
+    def __init__(self, codec: ApiCodec, req: GenerationRequest, prompt_tokens: list[int], writer: ResponseWriter,
+                 outcome: Outcome) -> None:
         super().__init__(writer, outcome)
+        assert codec.render_choices is not None      # programmer error: the API has one choice only
+        self._codec = codec
         self._req = req
-        self._view = view
         self._prompt_tokens = prompt_tokens
-        self._results: list[GenerationResult | None] = [None] * n
-        self._cached = 0
+        self._results: list[GenerationResult | None] = [None] * (len(prompt_tokens) * req.n)
+        self._cached = [0] * len(prompt_tokens)      # reused prompt tokens, per prompt
+        self._created = int(time.time())
+        self._encoders: list[ChoiceStream] = []
+        if req.stream:
+            assert codec.stream_choice is not None   # programmer error: the parser lets no such stream in
+            rid = codec.new_response_id()
+            self._encoders = [codec.stream_choice(req, rid, self._created, 0, 0, index=i)
+                              for i in range(len(self._results))]
         self.over = False          # failed or abandoned: the other choices are cancelled
 
-    def started(self, cached_tokens: int) -> None:
-        self._cached = max(self._cached, cached_tokens)
+    def encoder(self, index: int) -> ChoiceStream | None:
+        return self._encoders[index] if self._encoders else None
+
+    def started(self, index: int, cached_tokens: int) -> None:
+        p = index // self._req.n
+        self._cached[p] = max(self._cached[p], cached_tokens)
+        if self._encoders and not self._writer.started:
+            self._writer.begin(200, sse=True)
+
+    def send(self, enc: ChoiceStream, events: list[TextDelta | ToolCall]) -> None:
+        for ev in events:
+            out = enc.tool_call(ev) if isinstance(ev, ToolCall) else enc.delta(ev)
+            if out:
+                self._writer.write_nowait(out)
 
     def ended(self, index: int, result: GenerationResult) -> None:
+        if self.over:
+            return
         self._results[index] = result
-        if self.over or any(r is None for r in self._results):
+        if self._encoders:
+            self._writer.write_nowait(self._encoders[index].finish_choice(result))
+        if any(r is None for r in self._results):
             return
         results = [r for r in self._results if r is not None]
         out = sum(r.output_tokens for r in results)
-        self._writer.begin(200, sse=False)
-        self._writer.write_nowait(render_choices(self._req, results, self._prompt_tokens, self._cached,
-                                                 int(time.time())))
+        total = replace(results[0], input_tokens=sum(self._prompt_tokens), output_tokens=out,
+                        cached_tokens=sum(self._cached), logprobs=None)
+        if self._encoders:
+            self._writer.write_nowait(self._encoders[0].close(total))
+        else:
+            assert self._codec.render_choices is not None
+            self._writer.begin(200, sse=False)
+            self._writer.write_nowait(self._codec.render_choices(self._req, results, total, self._created))
         self._writer.set_meta(completion_len=out)   # only while the slot is this request's (issue 20)
-        self._result = replace(results[0], output_tokens=out, cached_tokens=self._cached)
+        self._result = total
 
     def fail(self) -> None:
         if not self.over:
             self.over = True
-            self._outcome.failed(None)
+            self._outcome.failed(self._encoders[0] if self._encoders else None)
 
     def abandoned(self, exc: SlotAbandoned) -> None:
         if not self.over:
@@ -70,30 +110,33 @@ class Choices(SlotOutput):
 
 
 class ChoiceSink:
-    """One choice's sequence: its text assembled here, its answer written by Choices."""
+    """One choice's sequence: its text assembled here, its part of the answer written by Choices."""
 
     def __init__(self, choices: Choices, index: int, req: GenerationRequest, prompt_tokens: int,
-                 detok: Detokenizer, tool_calls: bool) -> None:
+                 detok: Detokenizer, tool_calls: bool, token_bytes: Callable[[int], bytes] | None = None) -> None:
         self._choices = choices
         self._index = index
         self._prompt_tokens = prompt_tokens
-        self._asm = TextAssembler(detok, req.sampling.stop, HermesParser() if tool_calls else None)
+        self._text = AnswerText(req, detok, tool_calls, token_bytes)
+        self._enc = choices.encoder(index)
 
     def start(self, cached_tokens: int, plan_chunks: int, written: CacheWrite = NO_WRITE) -> None:
-        self._choices.started(cached_tokens)      # OpenAI's n: no breakpoints
+        self._choices.started(self._index, cached_tokens)      # OpenAI's n: no breakpoints
 
     def kept(self, tokens: int) -> None:
         pass
 
     def token(self, token: int, drawn: Drawn | None = None) -> bool:
-        self._asm.feed(token)
-        return self._asm.stop_sequence is not None
+        events = self._text.feed(token, drawn)
+        if self._enc is not None:
+            self._choices.send(self._enc, events)
+        return self._text.stopped
 
     def end(self, reason: StopReason, output_tokens: int) -> bool:
-        self._asm.finish()
-        self._choices.ended(self._index, GenerationResult(
-            text=self._asm.text, stop_reason=self._asm.stop_reason(reason), stop_sequence=self._asm.stop_sequence,
-            input_tokens=self._prompt_tokens, output_tokens=output_tokens, tool_calls=tuple(self._asm.tool_calls)))
+        events = self._text.finish()
+        if self._enc is not None:
+            self._choices.send(self._enc, events)
+        self._choices.ended(self._index, self._text.result(reason, self._prompt_tokens, output_tokens))
         return True
 
     def flush(self) -> bool:

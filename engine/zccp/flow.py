@@ -17,7 +17,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -84,6 +84,14 @@ class Prepared:
     doc: dict[str, Any]              # the parsed body (the fingerprint may reuse it, and mask it)
     host_ids: np.ndarray             # the prompt ids on the CPU (a view of the slot's array)
     pins: tuple[Pin, ...] = ()       # the prefixes its cache_control breakpoints pin (zccp.prompt_pins)
+    # every prompt's (input_ids, host_ids), in order (/v1/completions may send several); the first
+    # is input_ids/host_ids
+    prompts: tuple[tuple[torch.Tensor, np.ndarray], ...] = ()
+
+    @property
+    def choices(self) -> int:
+        """Sequences this request runs: n for each prompt."""
+        return max(1, len(self.prompts)) * self.req.n
 
 
 class RequestFlow:
@@ -109,8 +117,8 @@ class RequestFlow:
             return self._run_model(prep, None)
         flags = ctx.view.header.flags
         self._use = use = sampled_use(prep.req.sampling, deps.cache.cfg.sampled, flags)
-        # an entry holds one choice and no logprobs to replay
-        uncacheable = prep.req.sampling.logprobs is not None or prep.req.n > 1
+        # an entry holds one choice (one prompt, n = 1) and no logprobs to replay
+        uncacheable = prep.req.sampling.logprobs is not None or prep.choices > 1
         if flags & Flag.NO_CACHE and flags & Flag.NO_STORE or uncacheable or not (use.lookup or use.store):
             # Neither lookup nor store: no keys to compute, no Redis round trip.
             sampled = not (use.lookup or use.store)
@@ -201,7 +209,7 @@ class RequestFlow:
             return self.deps.spawn(self._run_upstream(prep, store, self.deps.upstream))
         # Streams always leave the loop: a full response ring makes the writer wait for
         # nginx's ack, and the loop must stay free to deliver the notices nginx waits for.
-        if self.deps.inline and not prep.req.stream and prep.req.n == 1:
+        if self.deps.inline and not prep.req.stream and prep.choices == 1:
             self._store(store, self._execute(prep))
             return self.outcome.done()
 
@@ -210,7 +218,7 @@ class RequestFlow:
                 self.deps.call_soon(self._store, store, completed)
             self.outcome.done()
 
-        if prep.req.n > 1:
+        if prep.choices > 1:
             return self._run_choices(prep)
         ctx, n = self.ctx, int(prep.input_ids.numel())
         reply = Reply(prep.codec, prep.req, ctx.view, ctx.writer, n,
@@ -240,24 +248,28 @@ class RequestFlow:
             self.outcome.done()
 
     def _run_choices(self, prep: Prepared) -> None:
-        """n > 1: n sequences, one answer (zccp.choices); not cached."""
-        ctx, req, n = self.ctx, prep.req, int(prep.input_ids.numel())
-        choices = Choices(req, req.n, ctx.view, ctx.writer, n, self.outcome)
-        on_done = all_done(req.n, self.outcome.done)
+        """Several choices (n > 1, several prompts): a sequence each, one answer (zccp.choices);
+        not cached."""
+        ctx, req, fmt = self.ctx, prep.req, self.deps.backend.prompt
+        prompts = prep.prompts or ((prep.input_ids, prep.host_ids),)
+        lengths = [int(ids.numel()) for ids, _ in prompts]
+        choices = Choices(prep.codec, req, lengths, ctx.writer, self.outcome)
+        total = len(lengths) * req.n
+        on_done = all_done(total, self.outcome.done)
         cancelled = lambda: ctx.cancelled() or choices.over   # noqa: E731
         salt = self._salt(prep)                 # the tenant's prefix blocks only
-        for i in range(req.n):
-            sink = ChoiceSink(choices, i, req, n, self.deps.backend.prompt.detokenizer(prep.host_ids[-8:].tolist()),
-                              self._tool_calls(req))
-            seq = Sequence(prep.input_ids, prep.host_ids, choice_params(req.sampling, i), sink, cancelled, on_done,
-                           salt=salt)
+        for i in range(total):
+            ids, host = prompts[i // req.n]
+            sink = ChoiceSink(choices, i, req, lengths[i // req.n], fmt.detokenizer(host[-8:].tolist()),
+                              self._tool_calls(req), fmt.token_bytes)
+            seq = Sequence(ids, host, choice_params(req.sampling, i % req.n), sink, cancelled, on_done, salt=salt)
             if not self.deps.model.submit(seq):
                 self.deps.metrics.queue_full.inc()
                 choices.over = True                 # the ones submitted are cancelled; they end as dropped
                 with self.outcome.guard():
                     self.outcome.client_error(ApiError(429, "rate_limit_error", "the model's queue is full "
                                                        "(model.max_queue requests wait already); retry shortly"))
-                for _ in range(req.n - i):
+                for _ in range(total - i):
                     on_done(None)
                 return
 
@@ -319,16 +331,18 @@ class RequestFlow:
         """Parse and tokenize. Client errors are answered here, through the slot: None."""
         prep: Prepared | None = None
         with self.outcome.guard():
-            req, input_ids, doc = self._parse_and_tokenize()
-            n = int(input_ids.numel())
-            host = self.ctx.tokens[:n].numpy()
+            req, spans, doc = self._parse_and_tokenize()
+            views = tuple((self.deps.input_view(self.ctx.tokens[at:at + n]), self.ctx.tokens[at:at + n].numpy())
+                          for at, n in spans)
+            input_ids, host = views[0]
             pins: tuple[Pin, ...] = ()
             if req.cache_marks and self.deps.model.prefix is not None:
                 pins = pin_points(self.deps.backend.prompt, doc, req, self.deps.limits, host)
-            prep = Prepared(self.codec, req, input_ids, doc, host, pins)
+            prep = Prepared(self.codec, req, input_ids, doc, host, pins, views if req.prompts else ())
         return prep
 
-    def _parse_and_tokenize(self) -> tuple[GenerationRequest, torch.Tensor, dict[str, Any]]:
+    def _parse_and_tokenize(self) -> tuple[GenerationRequest, list[tuple[int, int]], dict[str, Any]]:
+        """The request, and where each of its prompts lies in the slot's token array."""
         ctx, deps = self.ctx, self.deps
         doc = self.codec.decode(ctx.payload)
         req = self.codec.parse(doc, deps.limits)
@@ -336,21 +350,59 @@ class RequestFlow:
             self._check_forwardable(req)
         elif req.sampling.constraint is not None or req.sampling.logprobs is not None:
             self._check_needs_logits(req)
-        codec = self.codec
         try:
-            n = deps.backend.prompt.encode_into(Prompt(req, lambda: codec.chat_input(doc)), ctx.tokens)
+            spans = self._encode(req, doc)
         except PromptTooLong as exc:
             raise ApiError(413, "request_too_large",
                            f"prompt is {exc.needed} tokens; a slot holds at most {exc.capacity}") from None
-        if not ctx.writer.set_meta(prompt_len=n, max_tokens=req.sampling.max_tokens, gpu_device_id=deps.device_id):
+        total = sum(n for _, n in spans)
+        if not ctx.writer.set_meta(prompt_len=total, max_tokens=req.sampling.max_tokens,
+                                   gpu_device_id=deps.device_id):
             raise SlotAbandoned(f"slot {ctx.view.index}: claimed again while the request was parsed")
-        ctx.view.header.tokens_len = n
+        ctx.view.header.tokens_len = total
         limit = deps.backend.max_context
+        n = max(n for _, n in spans)
         if n + req.sampling.max_tokens > limit:
             raise ApiError(400, "invalid_request_error",
                            f"prompt is too long: {n} tokens + max_tokens {req.sampling.max_tokens} > {limit} maximum",
-                           param="max_tokens" if n < limit else "messages")
-        return req, deps.input_view(ctx.tokens[:n]), doc
+                           param="max_tokens" if n < limit else "prompt" if req.prompts else "messages")
+        return req, spans, doc
+
+    def _encode(self, req: GenerationRequest, doc: dict[str, Any]) -> list[tuple[int, int]]:
+        """Every prompt's ids into the slot's token array, one after the other: (start, length)
+        each. A chat has one prompt; /v1/completions' prompts are texts (no template) or ids."""
+        fmt, tokens, codec = self.deps.backend.prompt, self.ctx.tokens, self.codec
+        if not req.prompts:
+            return [(0, fmt.encode_into(Prompt(req, lambda: codec.chat_input(doc)), tokens))]
+        spans: list[tuple[int, int]] = []
+        at = 0
+        for i, p in enumerate(req.prompts):
+            try:
+                if isinstance(p, str):
+                    one = req if p is req.prompt_text else replace(req, prompt_text=p)
+                    n = fmt.encode_into(Prompt(one, lambda: codec.chat_input(doc)), tokens[at:])
+                else:
+                    n = self._write_ids(p, tokens[at:], i)
+            except PromptTooLong as exc:
+                raise PromptTooLong(at + exc.needed, int(tokens.numel())) from None
+            if n == 0:
+                raise ApiError(400, "invalid_request_error", f"prompt {i} is empty (no tokens)", param="prompt")
+            spans.append((at, n))
+            at += n
+        return spans
+
+    def _write_ids(self, ids: tuple[int, ...], out: torch.Tensor, index: int) -> int:
+        """A prompt given as token ids, as is (checked against the model's vocabulary)."""
+        vocab = self.deps.backend.vocab_size
+        if (bad := max(ids)) >= vocab:
+            raise ApiError(400, "invalid_request_error", f"Invalid 'prompt': token id {bad} (prompt {index}) is "
+                           f"out of range for {self.deps.backend.name}, whose vocabulary has {vocab} ids",
+                           param="prompt")
+        n = len(ids)
+        if n > out.numel():
+            raise PromptTooLong(n, int(out.numel()))
+        out.numpy()[:n] = ids
+        return n
 
     def _check_forwardable(self, req: GenerationRequest) -> None:
         """What an upstream backend does not forward (a forced tool call and JSON output are
@@ -361,6 +413,9 @@ class RequestFlow:
         if req.n > 1:
             raise ApiError(400, "invalid_request_error", f"n > 1 is not forwarded to {req.model}'s upstream",
                            param="n")
+        if len(req.prompts) > 1 or any(not isinstance(p, str) for p in req.prompts):
+            raise ApiError(400, "invalid_request_error", f"several prompts, or token ids, are not forwarded to "
+                           f"{req.model}'s upstream", param="prompt")
 
     def _check_needs_logits(self, req: GenerationRequest) -> None:
         """A grammar and logprobs need logits, and a forced tool call the parser that reads it."""

@@ -34,15 +34,18 @@ def worker_user(cfg: Config) -> str | None:
     """The user nginx's workers run as: None unless we are root (nginx ignores `user` then)."""
     if os.geteuid() != 0:
         return None
-    if cfg.server.user:
-        return cfg.server.user
+    return cfg.server.user or default_worker_user(f"{cfg.path}: server.user")
+
+
+def default_worker_user(setting: str) -> str:
+    """The first of DEFAULT_WORKER_USERS this host has; `setting` names what to set instead."""
     for name in DEFAULT_WORKER_USERS:
         try:
             pwd.getpwnam(name)
             return name
         except KeyError:
             continue
-    raise ConfigError(f"{cfg.path}: server.user: none of {', '.join(DEFAULT_WORKER_USERS)} exists; name a user")
+    raise ConfigError(f"{setting}: none of {', '.join(DEFAULT_WORKER_USERS)} exists; name a user")
 
 
 def can_traverse(user: str, group: str | None, path: Path) -> bool:

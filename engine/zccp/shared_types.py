@@ -45,12 +45,14 @@ class SamplingParams:
 @dataclass(frozen=True)
 class CacheMark:
     """One Anthropic cache_control breakpoint: the block it sits on and its TTL. `where` is
-    "tools", "system" or "messages"; block: the content block within messages[index]."""
+    "tools", "system" or "messages"; block: the content block within messages[index]; part:
+    the block within that tool_result's content (-1: the content block itself)."""
 
     where: Literal["tools", "system", "messages"]
     index: int
     block: int
     ttl_s: int
+    part: int = -1
 
 
 @dataclass(frozen=True)
@@ -95,9 +97,11 @@ class GenerationRequest:
     include_usage: bool = False       # OpenAI stream_options.include_usage
     user: str | None = None           # OpenAI `user` / Anthropic metadata.user_id (a cache tenant source)
     tool_use: bool = False            # tools were offered and tool_choice allows calling them
-    n: int = 1                        # OpenAI n: choices to generate (n > 1: not streamed)
+    n: int = 1                        # OpenAI n: choices to generate per prompt
     cache_marks: tuple[CacheMark, ...] = ()   # Anthropic cache_control breakpoints, in prompt order
     prompt_text: str | None = None    # /v1/completions: the prompt as is, no chat template (None: a chat)
+    # /v1/completions: every prompt in order, a text or token ids (each gets n choices); () for a chat
+    prompts: tuple[str | tuple[int, ...], ...] = ()
     # what the API echoes back in its answer (/v1/responses: instructions, tools, ...); None: nothing
     echo: dict[str, Any] | None = field(default=None, compare=False)
 

@@ -74,6 +74,59 @@ class SlotOutput:
         self._outcome.abandoned(exc)
 
 
+class AnswerText:
+    """One sequence's text: generated ids -> the TextAssembler's events (detokenizer, stop
+    sequences, tool calls), each text delta carrying the logprobs of the tokens since the
+    previous one when the request asks for logprobs (Reply's and each choice's)."""
+
+    def __init__(self, req: GenerationRequest, detok: Detokenizer, tool_calls: bool,
+                 token_bytes: Callable[[int], bytes] | None = None) -> None:
+        self._asm = TextAssembler(detok, req.sampling.stop, HermesParser() if tool_calls else None)
+        self._name = token_bytes or (lambda _: b"")
+        self._logprobs: list[TokenLogprob] | None = [] if req.sampling.logprobs is not None else None
+        self._unsent = 0                         # logprobs not sent yet (they go with the next delta)
+
+    @property
+    def stopped(self) -> bool:
+        """A stop sequence ended the text."""
+        return self._asm.stop_sequence is not None
+
+    def feed(self, token: int, drawn: Drawn | None) -> list[TextDelta | ToolCall]:
+        if self._logprobs is not None and drawn is not None:
+            name = self._name
+            self._logprobs.append(TokenLogprob(name(drawn[0]), drawn[1], tuple((name(i), lp) for i, lp in drawn[2])))
+        return self._attach(self._asm.feed(token))
+
+    def finish(self) -> list[TextDelta | ToolCall]:
+        """The held-back text; the last tokens' logprobs in a delta of their own when no text
+        is left to carry them."""
+        events = self._attach(self._asm.finish())
+        if self._logprobs and self._unsent < len(self._logprobs):
+            events.append(TextDelta("", tuple(self._logprobs[self._unsent:])))
+            self._unsent = len(self._logprobs)
+        return events
+
+    def _attach(self, events: list[TextDelta | ToolCall]) -> list[TextDelta | ToolCall]:
+        lps = self._logprobs
+        if not lps or self._unsent == len(lps):
+            return events
+        for i, ev in enumerate(events):
+            if isinstance(ev, TextDelta):
+                events[i] = TextDelta(ev.text, tuple(lps[self._unsent:]))
+                self._unsent = len(lps)
+                break
+        return events
+
+    def result(self, reason: StopReason, input_tokens: int, output_tokens: int, cached_tokens: int = 0,
+               cache_write: CacheWrite = NO_WRITE) -> GenerationResult:
+        asm = self._asm
+        return GenerationResult(
+            text=asm.text, stop_reason=asm.stop_reason(reason), stop_sequence=asm.stop_sequence,
+            input_tokens=input_tokens, output_tokens=output_tokens, tool_calls=tuple(asm.tool_calls),
+            cached_tokens=cached_tokens, cache_write=cache_write,
+            logprobs=tuple(self._logprobs) if self._logprobs is not None else None)
+
+
 class Reply(SlotOutput):
     """A generation's answer: tokens in, the API's bytes out."""
 
@@ -86,14 +139,11 @@ class Reply(SlotOutput):
         self._req = req
         self._view = view
         self._prompt_tokens = prompt_tokens
-        self._asm = TextAssembler(detok, req.sampling.stop, HermesParser() if tool_calls else None)
+        self._text = AnswerText(req, detok, tool_calls, token_bytes)
         self._encoder: StreamEncoder | None = None
         self._cached = 0
         self._written = NO_WRITE
         self._deltas: list[int] = []            # text delta lengths as streamed (cache replay)
-        self._token_bytes = token_bytes
-        self._logprobs: list[TokenLogprob] | None = [] if req.sampling.logprobs is not None else None
-        self._unsent = 0                         # logprobs not streamed yet (they go with the next delta)
 
     def start(self, cached_tokens: int, plan_chunks: int, written: CacheWrite = NO_WRITE) -> None:
         self._cached = cached_tokens
@@ -108,21 +158,12 @@ class Reply(SlotOutput):
             self._writer.write_nowait(self._encoder.start())
 
     def token(self, token: int, drawn: Drawn | None = None) -> bool:
-        if self._logprobs is not None and drawn is not None:
-            name = self._token_bytes or (lambda _: b"")
-            self._logprobs.append(TokenLogprob(name(drawn[0]), drawn[1], tuple((name(i), lp) for i, lp in drawn[2])))
-        self._send(self._asm.feed(token))
-        return self._asm.stop_sequence is not None
+        self._send(self._text.feed(token, drawn))
+        return self._text.stopped
 
     def end(self, reason: StopReason, output_tokens: int) -> Completed:
-        self._send(self._asm.finish())
-        if self._encoder is not None and self._logprobs and self._unsent < len(self._logprobs):
-            self._send([TextDelta("")])          # the last tokens' logprobs, with no text of their own
-        result = GenerationResult(
-            text=self._asm.text, stop_reason=self._asm.stop_reason(reason), stop_sequence=self._asm.stop_sequence,
-            input_tokens=self._prompt_tokens, output_tokens=output_tokens,
-            tool_calls=tuple(self._asm.tool_calls), cached_tokens=self._cached, cache_write=self._written,
-            logprobs=tuple(self._logprobs) if self._logprobs is not None else None)
+        self._send(self._text.finish())
+        result = self._text.result(reason, self._prompt_tokens, output_tokens, self._cached, self._written)
         if self._encoder is not None:
             self._writer.write_nowait(self._encoder.finish(result))
         else:
@@ -142,16 +183,12 @@ class Reply(SlotOutput):
         if enc is None:
             return
         for ev in events:
-            if isinstance(ev, TextDelta):
-                if self._logprobs and self._unsent < len(self._logprobs):
-                    ev = TextDelta(ev.text, tuple(self._logprobs[self._unsent:]))
-                    self._unsent = len(self._logprobs)
-                if ev.text or ev.logprobs:
-                    if ev.text:
-                        self._deltas.append(len(ev.text))
-                    self._writer.write_nowait(enc.delta(ev))
-            else:
+            if isinstance(ev, ToolCall):
                 self._writer.write_nowait(enc.tool_call(ev))
+            elif ev.text or ev.logprobs:
+                if ev.text:
+                    self._deltas.append(len(ev.text))
+                self._writer.write_nowait(enc.delta(ev))
 
 
 class WarmupReply(SlotOutput):

@@ -265,17 +265,31 @@ local function refuse(api, scope_name, j, limit, retry)
     return false
 end
 
--- max_tokens the body asks for (the output reservation; /v1/responses: max_output_tokens),
--- else the configured default.
+-- The choices a body asks for: OpenAI's n, times /v1/completions' prompts (an array of
+-- strings or of token-id arrays; one array of ids is one prompt). The engine bounds both.
+local function choices_of(doc)
+    local n = tonumber(doc.n)
+    n = (n and n >= 1) and math_min(math_floor(n), 128) or 1
+    local p = doc.prompt
+    if type(p) == "table" and type(p[1]) ~= "number" and #p > 1 then
+        n = n * math_min(#p, 128)
+    end
+    return n
+end
+
+-- max_tokens the body asks for (/v1/responses: max_output_tokens), else the configured
+-- default, once per choice: the output reservation.
 local function max_tokens_of(doc)
     local m = type(doc) == "table" and (tonumber(doc.max_tokens) or tonumber(doc.max_completion_tokens)
                                         or tonumber(doc.max_output_tokens))
     local s = settings.get().limits
     local cap = s and s.max_tokens_cap or 4096
     if not m or m < 1 then
-        return s and s.default_max_tokens or 256
+        m = s and s.default_max_tokens or 256
+    else
+        m = math_min(math_floor(m), cap)
     end
-    return math_min(math_floor(m), cap)
+    return type(doc) == "table" and m * choices_of(doc) or m
 end
 
 -- The output reservation of a body; the same bytes again (an L1 hit, a retry) are not

@@ -65,9 +65,49 @@ def test_completion_logprobs_legacy_shape(oai):
     assert lp.text_offset == sorted(lp.text_offset)
 
 
+def test_several_prompts_n_choices_each_streamed_and_not(oai, stack):
+    """Strings and token ids, n choices each: choices[i] is prompt i // n's (vLLM's numbering),
+    usage counts each prompt once and every completion; the stream carries the same texts,
+    a finish reason per choice, one usage chunk; logprobs per choice."""
+    from zccp.model.tokenizer import BOS
+
+    kw: dict[str, Any] = dict(model=MODEL, max_tokens=10, temperature=0)
+    one = [oai.completions.create(prompt=p, **kw) for p in ("Once", "Hello there")]
+    prompts = ["Once", "Hello there"]
+    r = oai.completions.create(prompt=prompts, n=2, logprobs=1, **kw)
+    # the same prompts as the ids the byte tokenizer makes of them: the same answers
+    ids = oai.completions.create(prompt=[[BOS, *p.encode()] for p in prompts], n=2, **kw)
+    assert [c.text for c in ids.choices] == [c.text for c in r.choices] and ids.usage == r.usage
+    assert [c.index for c in r.choices] == [0, 1, 2, 3]
+    assert [c.text for c in r.choices] == [one[0].choices[0].text] * 2 + [one[1].choices[0].text] * 2
+    assert all(len(c.logprobs.tokens) >= 1 and "".join(c.logprobs.tokens) == c.text for c in r.choices)
+    assert r.usage.prompt_tokens == one[0].usage.prompt_tokens + one[1].usage.prompt_tokens
+    assert r.usage.completion_tokens == 2 * (one[0].usage.completion_tokens + one[1].usage.completion_tokens)
+    chunks = list(oai.completions.create(prompt=prompts, n=2, logprobs=1, stream=True,
+                                         stream_options={"include_usage": True}, **kw))
+    texts, reasons, tokens = ["", "", "", ""], [[], [], [], []], [0, 0, 0, 0]
+    for x in chunks:
+        for c in x.choices:
+            texts[c.index] += c.text
+            tokens[c.index] += len(c.logprobs.tokens) if c.logprobs else 0
+            if c.finish_reason:
+                reasons[c.index].append(c.finish_reason)
+    assert texts == [c.text for c in r.choices]
+    assert reasons == [[c.finish_reason] for c in r.choices]
+    assert tokens == [len(c.logprobs.tokens) for c in r.choices]
+    assert [x.usage for x in chunks if x.usage] == [r.usage] and chunks[-1].choices == []
+    stack.assert_no_leaks()
+
+
+def test_token_id_prompt_out_of_the_vocabulary(oai):
+    with pytest.raises(openai.BadRequestError) as e:
+        oai.completions.create(model=MODEL, prompt=[[1, 2], [10**6]], max_tokens=4)
+    assert e.value.body["param"] == "prompt" and str(10**6) in e.value.body["message"]
+
+
 @pytest.mark.parametrize("extra,param", [
-    ({"echo": True}, "echo"), ({"suffix": "end"}, "suffix"), ({"n": 2}, "n"), ({"best_of": 3}, "best_of"),
-    ({"logprobs": 6}, "logprobs"), ({"prompt": ["a", "b"]}, "prompt"), ({"prompt": [1, 2, 3]}, "prompt"),
+    ({"echo": True}, "echo"), ({"suffix": "end"}, "suffix"), ({"n": 200}, "n"), ({"best_of": 3}, "best_of"),
+    ({"logprobs": 6}, "logprobs"), ({"prompt": ["a", 1]}, "prompt"), ({"prompt": []}, "prompt"),
 ])
 def test_completion_refusals_name_the_field(oai, extra, param):
     kw = dict(model=MODEL, prompt="hi", max_tokens=4) | extra
@@ -105,6 +145,26 @@ def test_response_create_and_stream_agree(oai, stack):
     final = events[-1].response
     assert deltas == r.output_text == final.output_text
     assert final.usage.output_tokens == r.usage.output_tokens
+    stack.assert_no_leaks()
+
+
+def test_response_logprobs_streamed_and_not(oai, stack):
+    """include's logprobs: the output_text part's, and each delta event's (the SDK's types)."""
+    kw: dict[str, Any] = dict(model=MODEL, input="Hello", max_output_tokens=12, temperature=0, top_logprobs=2,
+                              include=["message.output_text.logprobs"])
+    r = oai.responses.create(**kw)
+    lps = r.output[0].content[0].logprobs
+    assert len(lps) == r.usage.output_tokens and "".join(x.token for x in lps) == r.output_text
+    assert all(x.logprob <= 0 and 1 <= len(x.top_logprobs) <= 2 and bytes(x.bytes) == x.token.encode()
+               for x in lps)
+    events = list(oai.responses.create(stream=True, **kw))
+    streamed = [x for e in events if e.type == "response.output_text.delta" for x in e.logprobs]
+    assert [(x.token, x.logprob) for x in streamed] == [(x.token, x.logprob) for x in lps]
+    done = next(e for e in events if e.type == "response.output_text.done")
+    assert [x.token for x in done.logprobs] == [x.token for x in events[-1].response.output[0].content[0].logprobs] \
+        == [x.token for x in lps]
+    plain = oai.responses.create(**{k: v for k, v in kw.items() if k not in ("include", "top_logprobs")})
+    assert plain.output[0].content[0].logprobs == [] and plain.output_text == r.output_text
     stack.assert_no_leaks()
 
 
@@ -160,7 +220,7 @@ def test_response_named_tool_choice_and_json_schema(oai):
     ({"tools": [{"type": "web_search"}]}, "tools[0].type"),
     ({"input": [{"type": "item_reference", "id": "msg_1"}]}, "input[0].type"),
     ({"input": [{"role": "robot", "content": "x"}]}, "input[0].role"),
-    ({"input": []}, "input"),
+    ({"input": []}, "input"), ({"top_logprobs": 21}, "top_logprobs"),
 ])
 def test_response_refusals_name_the_field(oai, extra, param):
     kw = dict(model=MODEL, input="hi", max_output_tokens=4) | extra
@@ -209,6 +269,24 @@ def test_cache_hits_per_endpoint_and_never_across(cstack, path, body):
     cstack.assert_no_leaks()
 
 
+def test_several_prompts_are_never_cached_nor_served_from_one(cstack):
+    """An answer of several choices is not an entry, nor is a one-prompt entry ever its answer."""
+    c = cstack.client()
+    body = {"model": MODEL, "prompt": "Tell me more", "max_tokens": 12, "temperature": 1}
+    assert c.post("/v1/completions", json=body).headers["x-zccp-cache"] == "MISS"
+    for prompt in (["Tell me more", "Tell me more"], ["Tell me more", "x"]):
+        for _ in range(2):
+            r = c.post("/v1/completions", json=dict(body, prompt=prompt))
+            assert r.status_code == 200 and r.headers["x-zccp-cache"] == "BYPASS"
+            assert [ch["index"] for ch in r.json()["choices"]] == [0, 1]
+    # a list of one prompt is its own body: a miss, then its own hit; the string's entry still one choice
+    listed = dict(body, prompt=["Tell me more"])
+    assert [c.post("/v1/completions", json=listed).headers["x-zccp-cache"] for _ in range(2)] == ["MISS", "HIT"]
+    again = c.post("/v1/completions", json=body)
+    assert again.headers["x-zccp-cache"] == "HIT" and len(again.json()["choices"]) == 1
+    cstack.assert_no_leaks()
+
+
 def test_keys_and_limits_apply(make_stack):
     s = make_stack({"model": {"backend": "null"}, "auth": {"mode": "keys", "cache_ttl_s": 1, "negative_ttl_s": 1}},
                    with_redis=True)
@@ -223,6 +301,12 @@ def test_keys_and_limits_apply(make_stack):
     assert raw.headers["x-ratelimit-remaining-requests"] == "0"
     with pytest.raises(openai.RateLimitError):
         client.completions.create(model=MODEL, prompt="hi", max_tokens=4)
+    # the output reservation is max_tokens for every choice: 2 prompts x n=2 x 30 > 100 tokens a minute
+    o = keys_cli(s, "create", "--tenant", "globex", "--otpm", "100")["key"]
+    client = openai.OpenAI(base_url=s.base_url + "/v1", api_key=o, max_retries=0)
+    assert len(client.completions.create(model=MODEL, prompt=["hi", "ho"], max_tokens=30).choices) == 2
+    with pytest.raises(openai.RateLimitError):
+        client.completions.create(model=MODEL, prompt=["hi", "ho"], n=2, max_tokens=30)
     s.assert_no_leaks()
 
 
@@ -237,6 +321,13 @@ def test_hf_backend_prompt_as_is_and_tools_through_its_template(hf_stack, hf_che
     oai = sdk_clients(hf_stack)[1]
     r = oai.completions.create(model=HF_MODEL, prompt="Once upon a time", max_tokens=8, temperature=0)
     assert r.usage.prompt_tokens == len(tok("Once upon a time").input_ids)
+    # several prompts, as texts and as the tokenizer's ids: the same answers, each prompt's own
+    texts = ["Once upon a time", "The weather today"]
+    many = oai.completions.create(model=HF_MODEL, prompt=texts, max_tokens=8, temperature=0)
+    ids = oai.completions.create(model=HF_MODEL, prompt=[tok(t).input_ids for t in texts], max_tokens=8,
+                                 temperature=0)
+    assert [c.text for c in many.choices] == [c.text for c in ids.choices] and many.choices[0].text == r.choices[0].text
+    assert many.usage.prompt_tokens == ids.usage.prompt_tokens == sum(len(tok(t).input_ids) for t in texts)
     r = oai.responses.create(model=HF_MODEL, input="Weather in Oslo?", tools=TOOLS, tool_choice="required",
                              max_output_tokens=200)
     calls = [o for o in r.output if o.type == "function_call"]

@@ -18,9 +18,11 @@ from transformers import AutoTokenizer
 
 from tests.support.harness import Stack, sdk_clients
 from tests.support.hf_checkpoint import HF_MODEL
+from zccp.api.common import ParseLimits
 
 BLOCK = 16
 GREEDY = {"temperature": 0}
+_LIMITS = ParseLimits(frozenset({HF_MODEL}), max_tokens_cap=4096, default_max_tokens=16)
 
 
 def aligned(n: int) -> int:
@@ -255,3 +257,30 @@ def test_hf_usage_counts_tool_definitions(hf_clients, tok):
     assert o.usage.prompt_tokens == with_tools
     plain = oai.chat.completions.create(model=HF_MODEL, max_tokens=2, temperature=0, messages=msgs)
     assert plain.usage.prompt_tokens == without
+
+
+def test_hf_breakpoint_inside_a_tool_result(hf_clients, tok):
+    """cache_control on a tool_result's inner text block: the prefix ends after that block,
+    where the template puts it, before the tool_result's later blocks (Anthropic's rule)."""
+    from zccp.api import anthropic as codec
+
+    claude, _ = hf_clients
+    first = long_text("Station log line of the weather service. ", 6)
+
+    def doc(second: str) -> dict:
+        return {"model": HF_MODEL, "max_tokens": 3, "messages": [
+            {"role": "user", "content": "Weather in Oslo?"},
+            {"role": "assistant", "content": [{"type": "tool_use", "id": "tu_1", "name": "w", "input": {}}]},
+            {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "tu_1", "content": [
+                {"type": "text", "text": first, "cache_control": cc()}, {"type": "text", "text": second}]}]}]}
+
+    d = doc(long_text("Later readings. ", 6))
+    full = _ids(tok, codec.chat_input(d).messages)
+    cut = _ids(tok, codec.chat_input(codec.cut_at(d, codec.parse_document(d, _LIMITS).cache_marks[0])).messages,
+               generation=False)
+    shared = next((i for i, (a, b) in enumerate(zip(full, cut, strict=False)) if a != b), min(len(full), len(cut)))
+    assert 3 * BLOCK < shared < len(full) - 3 * BLOCK       # the breakpoint is inside the tool_result
+    u = claude.messages.create(**d, extra_body=GREEDY).usage
+    assert u.cache_creation_input_tokens == aligned(shared) and u.input_tokens + aligned(shared) == len(full)
+    again = claude.messages.create(**doc("Other readings."), extra_body=GREEDY).usage
+    assert again.cache_read_input_tokens >= aligned(shared) and again.cache_creation_input_tokens == 0

@@ -32,13 +32,36 @@ def test_completion_reads_the_prompt_as_is_with_openais_default_length():
 
 @pytest.mark.parametrize("doc,param", [
     ({"prompt": "x", "echo": True}, "echo"), ({"prompt": "x", "suffix": "y"}, "suffix"),
-    ({"prompt": ["a", "b"]}, "prompt"), ({"prompt": [[1, 2]]}, "prompt"), ({"prompt": 3}, "prompt"),
+    ({"prompt": ["a", 1]}, "prompt"), ({"prompt": [[1, 2], "b"]}, "prompt"), ({"prompt": 3}, "prompt"),
+    ({"prompt": []}, "prompt"), ({"prompt": [[]]}, "prompt[0]"), ({"prompt": [1, -2]}, "prompt"),
+    ({"prompt": [True]}, "prompt"), ({"prompt": ["a"] * 3, "n": 50}, "n"),
     ({}, "prompt"), ({"prompt": "x", "messages": []}, None), ({"prompt": "x", "logprobs": 9}, "logprobs"),
 ])
 def test_completion_refusals(doc, param):
     with pytest.raises(ApiError) as e:
         COMPLETIONS.parse({"model": MODEL, **doc}, LIMITS)
     assert e.value.status == 400 and e.value.param == param
+
+
+@pytest.mark.parametrize("prompt,prompts", [
+    ("a", ("a",)), (["a", "b"], ("a", "b")), ([1, 2], ((1, 2),)), ([[1], [2, 3]], ((1,), (2, 3))),
+])
+def test_completion_reads_openais_four_prompt_shapes(prompt, prompts):
+    req = COMPLETIONS.parse({"model": MODEL, "prompt": prompt, "n": 2, "stream": True}, LIMITS)
+    assert req.prompts == prompts and req.n == 2 and req.stream
+    assert req.prompt_text == (prompts[0] if isinstance(prompts[0], str) else None)
+
+
+def test_completion_choices_render_in_index_order_with_summed_usage():
+    req = COMPLETIONS.parse({"model": MODEL, "prompt": ["a", "b"], "n": 2}, LIMITS)
+    results = [GenerationResult(f"t{i}", "end_turn" if i else "max_tokens", None, 3, i + 1) for i in range(4)]
+    total = GenerationResult("", "end_turn", None, 7, 10, cached_tokens=2)
+    assert COMPLETIONS.render_choices is not None
+    out = orjson.loads(COMPLETIONS.render_choices(req, results, total, 0))
+    assert [(c["index"], c["text"], c["finish_reason"]) for c in out["choices"]] == [
+        (0, "t0", "length"), (1, "t1", "stop"), (2, "t2", "stop"), (3, "t3", "stop")]
+    assert out["usage"] == {"prompt_tokens": 7, "completion_tokens": 10, "total_tokens": 17,
+                            "prompt_tokens_details": {"cached_tokens": 2}}
 
 
 def test_completion_renders_legacy_logprobs():
@@ -96,6 +119,34 @@ def test_response_renders_items_and_stream_events():
     assert [o["content"][0]["text"] for o in final["output"] if o["type"] == "message"] == ["a", "b"]
     cut = orjson.loads(RESPONSES.render(req, GenerationResult("ab", "max_tokens", None, 1, 2), "r", 0))
     assert cut["status"] == "incomplete" and cut["incomplete_details"] == {"reason": "max_output_tokens"}
+
+
+def test_response_logprobs_from_include_or_top_logprobs():
+    from zccp.shared_types import TokenLogprob
+
+    base = {"model": MODEL, "input": "hi"}
+    assert RESPONSES.parse(base, LIMITS).sampling.logprobs is None
+    assert RESPONSES.parse(base | {"top_logprobs": 0}, LIMITS).sampling.logprobs is None
+    assert RESPONSES.parse(base | {"include": ["message.output_text.logprobs"]}, LIMITS).sampling.logprobs == 0
+    assert RESPONSES.parse(base | {"top_logprobs": 3}, LIMITS).sampling.logprobs == 3
+    for bad in ({"top_logprobs": 21}, {"include": "x"}, {"include": [1]}):
+        with pytest.raises(ApiError):
+            RESPONSES.parse(base | bad, LIMITS)
+    req = RESPONSES.parse(base | {"include": ["message.output_text.logprobs"], "top_logprobs": 1}, LIMITS)
+    lps = (TokenLogprob(b"a", -0.5, ((b"a", -0.5),)), TokenLogprob(b"b", -1.0, ((b"c", -0.1),)))
+    item = {"token": "a", "logprob": -0.5, "bytes": [97], "top_logprobs": [{"token": "a", "logprob": -0.5,
+                                                                            "bytes": [97]}]}
+    out = orjson.loads(RESPONSES.render(req, GenerationResult("ab", "end_turn", None, 1, 2, logprobs=lps), "r", 0))
+    part = out["output"][0]["content"][0]
+    assert part["logprobs"][0] == item and [x["token"] for x in part["logprobs"]] == ["a", "b"]
+    enc = RESPONSES.stream(req, "r", 0, 1)
+    raw = (enc.start() + enc.delta(TextDelta("a", lps[:1])) + enc.delta(TextDelta("", lps[1:]))
+           + enc.finish(GenerationResult("a", "end_turn", None, 1, 2, logprobs=lps)))
+    events = [orjson.loads(line[6:]) for line in raw.split(b"\n") if line.startswith(b"data: ")]
+    deltas = [e for e in events if e["type"] == "response.output_text.delta"]
+    assert [(e["delta"], len(e["logprobs"])) for e in deltas] == [("a", 1), ("", 1)]
+    done = next(e for e in events if e["type"] == "response.output_text.done")
+    assert done["logprobs"] == events[-1]["response"]["output"][0]["content"][0]["logprobs"] == part["logprobs"]
 
 
 def test_engine_keys_name_the_endpoint():

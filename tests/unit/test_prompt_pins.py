@@ -79,3 +79,32 @@ def test_shared_prefix():
     assert shared_prefix(a, np.array([1, 2, 9], dtype=np.int32)) == 2
     assert shared_prefix(a, a[:3]) == 3
     assert shared_prefix(a, np.array([], dtype=np.int32)) == 0
+
+
+def _tool_turns(inner: list[dict], own: dict | None = None) -> dict:
+    result = {"type": "tool_result", "tool_use_id": "tu_1", "content": inner, **({"cache_control": own} if own else {})}
+    return {"model": "m", "max_tokens": 5, "messages": [
+        {"role": "user", "content": "Weather?"},
+        {"role": "assistant", "content": [{"type": "tool_use", "id": "tu_1", "name": "w", "input": {}}]},
+        {"role": "user", "content": [result, {"type": "text", "text": "And now?"}]}]}
+
+
+def test_breakpoints_inside_a_tool_result():
+    """Anthropic takes cache_control on a tool_result's inner blocks too: a breakpoint each,
+    before the tool_result's own, counted against the 4 and checked as the others."""
+    inner = [{"type": "text", "text": "first", "cache_control": {**CC, "ttl": "1h"}}, {"type": "text", "text": "2nd"}]
+    doc = _tool_turns(inner, CC)
+    req = anthropic.parse_document(doc, LIMITS)
+    assert req.cache_marks == (CacheMark("messages", 2, 0, 3600, 0), CacheMark("messages", 2, 0, 300))
+    cut = anthropic.cut_at(doc, req.cache_marks[0])
+    assert cut["messages"][2]["content"] == [{**doc["messages"][2]["content"][0], "content": inner[:1]}]
+    assert cut["messages"][:2] == doc["messages"][:2]
+    # the byte format shows a tool_result as one marker: both breakpoints end after it
+    ids = _ids(doc)
+    end = len(ids) - len("\n\nAnd now?") - 1          # ... "[tool_result]" | "\n\nAnd now?" ASSISTANT
+    assert _pins(doc) == [(end, 3600), (end, 300)]
+    for bad in ({"type": "ephemeral", "ttl": "2h"}, {"type": "other"}):
+        with pytest.raises(ApiError):
+            anthropic.parse_document(_tool_turns([{"type": "text", "text": "x", "cache_control": bad}]), LIMITS)
+    with pytest.raises(ApiError):                      # 5 breakpoints, one of them inner
+        anthropic.parse_document(_tool_turns([{"type": "text", "text": "x", "cache_control": CC}] * 5), LIMITS)

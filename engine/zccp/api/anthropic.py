@@ -334,9 +334,9 @@ def _cache_ttl(block: Any, path: str) -> int | None:
 
 def _cache_marks(body: dict[str, Any]) -> tuple[CacheMark, ...]:
     """The cache_control breakpoints on tools, system blocks and message content blocks, in
-    the order the API lays the prompt out (tools, system, messages); at most 4, and a 1-hour
-    one never after a 5-minute one, as the API requires. Blocks nested in a tool_result's
-    content are not breakpoints here."""
+    the order the API lays the prompt out (tools, system, messages; a tool_result's inner
+    blocks before the tool_result's own); at most 4, and a 1-hour one never after a 5-minute
+    one, as the API requires."""
     marks: list[CacheMark] = []
     for i, tool in enumerate(body.get("tools") or ()):
         if (ttl := _cache_ttl(tool, f"tools.{i}")) is not None:
@@ -348,7 +348,13 @@ def _cache_marks(body: dict[str, Any]) -> tuple[CacheMark, ...]:
     for i, msg in enumerate(body["messages"]):
         if isinstance(content := msg["content"], list):
             for j, block in enumerate(content):
-                if (ttl := _cache_ttl(block, f"messages.{i}.content.{j}")) is not None:
+                path = f"messages.{i}.content.{j}"
+                if isinstance(block, dict) and block.get("type") == "tool_result" \
+                        and isinstance(inner := block.get("content"), list):
+                    for k, part in enumerate(inner):
+                        if (ttl := _cache_ttl(part, f"{path}.content.{k}")) is not None:
+                            marks.append(CacheMark("messages", i, j, ttl, k))
+                if (ttl := _cache_ttl(block, path)) is not None:
                     marks.append(CacheMark("messages", i, j, ttl))
     if len(marks) > _MAX_BREAKPOINTS:
         raise ApiError(400, "invalid_request_error",
@@ -380,8 +386,11 @@ def cut_at(body: dict[str, Any], mark: CacheMark) -> dict[str, Any]:
     if system is not None:
         cut["system"] = system
     msgs = body["messages"]
-    last = {**msgs[mark.index], "content": msgs[mark.index]["content"][: mark.block + 1]}
-    cut["messages"] = [*msgs[: mark.index], last]
+    blocks = msgs[mark.index]["content"][: mark.block + 1]
+    if mark.part >= 0:               # inside a tool_result: its content up to that block
+        result = blocks[-1]
+        blocks = [*blocks[:-1], {**result, "content": result["content"][: mark.part + 1]}]
+    cut["messages"] = [*msgs[: mark.index], {**msgs[mark.index], "content": blocks}]
     return cut
 
 

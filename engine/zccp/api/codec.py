@@ -26,6 +26,14 @@ class StreamEncoder(Protocol):
     def error(self, err: ApiError) -> bytes: ...
 
 
+class ChoiceStream(StreamEncoder, Protocol):
+    """One choice's part of a stream of several (start() and error() unused): its deltas and
+    finish_choice(); close() ends the whole stream once, with the total usage."""
+
+    def finish_choice(self, result: GenerationResult) -> bytes: ...
+    def close(self, total: GenerationResult) -> bytes: ...
+
+
 @dataclass(frozen=True)
 class ModelInfo:
     """A served model, as GET /v1/models lists it."""
@@ -53,6 +61,11 @@ class ApiCodec:
     # GET /v1/models in this API's shape, and GET /v1/models/{id}
     render_models: Callable[[list[ModelInfo]], bytes]
     render_model: Callable[[ModelInfo], bytes]
+    # several choices in one answer (OpenAI's n, several prompts): (req, results in index
+    # order, total usage, created) -> the body; None: one choice only
+    render_choices: Callable[[GenerationRequest, list[GenerationResult], GenerationResult, int], bytes] | None = None
+    # (req, response id, created, 0, 0, index=i) -> choice i's part of a stream of several; None: not streamed
+    stream_choice: Callable[..., ChoiceStream] | None = None
 
     def parse_body(self, body: bytes | memoryview, limits: ParseLimits) -> GenerationRequest:
         return self.parse(self.decode(body), limits)

@@ -307,7 +307,7 @@ def _logit_bias(v: Any) -> tuple[tuple[int, float], ...]:
 
 
 _MAX_TOP_LOGPROBS: Final = 20
-_MAX_N: Final = 128
+MAX_CHOICES: Final = 128          # n (and /v1/completions: prompts x n) in one request
 
 
 def _logprobs(obj: dict[str, Any]) -> int | None:
@@ -465,8 +465,8 @@ def parse_document(obj: dict[str, Any], limits: ParseLimits) -> GenerationReques
     stop = _stop(v) if (v := get("stop")) is not None else ()
     n = _int(v, "n", 1) if (v := get("n")) is not None else 1
     stream = _bool(v, "stream") if (v := get("stream")) is not None else False
-    if n > _MAX_N:
-        raise _err(f"Invalid 'n': integer above maximum value. Expected a value <= {_MAX_N}, but got {n} "
+    if n > MAX_CHOICES:
+        raise _err(f"Invalid 'n': integer above maximum value. Expected a value <= {MAX_CHOICES}, but got {n} "
                    "instead.", "n", "integer_above_max_value")
     if n > 1 and (stream or get("logprobs")):
         raise _unsupported("n", str(n), "1")    # n > 1 is served whole, without logprobs
@@ -644,9 +644,9 @@ def render_response(req: GenerationRequest, result: GenerationResult, response_i
     })
 
 
-def render_choices(req: GenerationRequest, results: list[GenerationResult], prompt_tokens: int,
-                   cached_tokens: int, created: int) -> bytes:
-    """An answer of n choices (n > 1, not streamed): usage counts the prompt once."""
+def render_choices(req: GenerationRequest, results: list[GenerationResult], total: GenerationResult,
+                   created: int) -> bytes:
+    """An answer of n choices (n > 1, not streamed); total: the usage (the prompt once)."""
     choices = []
     for i, r in enumerate(results):
         message: dict[str, Any] = {"role": "assistant", "content": r.text, "refusal": None}
@@ -655,12 +655,9 @@ def render_choices(req: GenerationRequest, results: list[GenerationResult], prom
             message["tool_calls"] = _tool_calls(r.tool_calls)
         choices.append({"index": i, "message": message, "logprobs": None,
                         "finish_reason": FINISH_REASON[r.stop_reason]})
-    out = sum(r.output_tokens for r in results)
     return dumps({
         "id": new_response_id(), "object": "chat.completion", "created": created, "model": req.model,
-        "choices": choices,
-        "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": out, "total_tokens": prompt_tokens + out,
-                  "prompt_tokens_details": {"cached_tokens": cached_tokens}},
+        "choices": choices, "usage": _usage(total),
     })
 
 
@@ -742,5 +739,5 @@ class StreamEncoder:
 CODEC: Final = ApiCodec(
     name="openai", decode=decode_body, parse=parse_document, render=render_response, stream=StreamEncoder,
     render_error=render_error, http_status=http_status, new_response_id=new_response_id,
-    chat_input=chat_input, render_models=render_models, render_model=render_model,
+    chat_input=chat_input, render_models=render_models, render_model=render_model, render_choices=render_choices,
 )

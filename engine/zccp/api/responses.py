@@ -13,6 +13,10 @@ response.created, response.in_progress, then per output item response.output_ite
 (message) response.content_part.added, response.output_text.delta*, response.output_text.done,
 response.content_part.done, (function call) response.function_call_arguments.delta/.done,
 response.output_item.done; and response.completed (response.incomplete at max_output_tokens).
+
+Logprobs (`include: ["message.output_text.logprobs"]`, or `top_logprobs` > 0): the chat
+path's (the sampler's, in the chat item shape: token, logprob, bytes, top_logprobs) on the
+output_text part and on each response.output_text.delta / .done event.
 """
 
 from __future__ import annotations
@@ -24,19 +28,34 @@ from ..shared_types import ApiError, ChatInput, GenerationRequest, GenerationRes
 from . import openai
 from .codec import ApiCodec
 from .common import ParseLimits, dumps, random_id
-from .openai import _known_only, _arr, _bool, _empty_array, _err, _int, _invalid_value, _missing, _obj, _str, _type_err
+from .openai import (
+    _arr,
+    _bool,
+    _empty_array,
+    _err,
+    _int,
+    _invalid_value,
+    _known_only,
+    _logprob_items,
+    _missing,
+    _obj,
+    _str,
+    _type_err,
+)
 
 _FIELDS: Final = frozenset({
     "model", "input", "instructions", "tools", "tool_choice", "max_output_tokens", "temperature", "top_p",
     "stream", "text", "user", "safety_identifier", "prompt_cache_key", "metadata", "parallel_tool_calls",
     "previous_response_id", "store", "conversation", "background", "prompt",
+    "include", "top_logprobs",
     # accepted and ignored
-    "include", "truncation", "reasoning", "service_tier", "top_logprobs", "max_tool_calls", "stream_options",
+    "truncation", "reasoning", "service_tier", "max_tool_calls", "stream_options",
 })
 _SHARED: Final = ("model", "temperature", "top_p", "stream", "user", "safety_identifier", "prompt_cache_key",
                   "metadata", "parallel_tool_calls")
 _ROLES: Final = ("user", "system", "developer", "assistant")
 _STATELESS: Final = "this server keeps no responses: send the whole conversation in 'input'"
+_LOGPROBS: Final = "message.output_text.logprobs"    # the `include` entry that asks for them
 
 
 def _refuse(param: str, what: str) -> ApiError:
@@ -200,7 +219,19 @@ def chat_body(obj: dict[str, Any]) -> dict[str, Any]:
         chat["max_tokens"] = _int(v, "max_output_tokens", 1)
     if (v := obj.get("text")) is not None and (rf := _response_format(v)) is not None:
         chat["response_format"] = rf
-    return chat
+    return chat | _logprobs(obj)
+
+
+def _logprobs(obj: dict[str, Any]) -> dict[str, Any]:
+    """include's logprobs entry (or top_logprobs > 0) as the chat body's logprobs fields."""
+    include = [_str(x, f"include[{i}]") for i, x in enumerate(_arr(obj["include"], "include"))] \
+        if obj.get("include") is not None else []
+    top = obj.get("top_logprobs")
+    if _LOGPROBS in include or (top is not None and _int(top, "top_logprobs", 0) > 0):
+        return {"logprobs": True, "top_logprobs": top} if top is not None else {"logprobs": True}
+    if top is not None:
+        _int(top, "top_logprobs", 0)
+    return {}
 
 
 def parse_document(obj: dict[str, Any], limits: ParseLimits) -> GenerationRequest:
@@ -217,9 +248,6 @@ def parse_document(obj: dict[str, Any], limits: ParseLimits) -> GenerationReques
     if obj.get("prompt") is not None:
         raise _err("Invalid 'prompt': stored prompt templates are not supported here.", "prompt",
                    "unsupported_value")
-    if (v := obj.get("top_logprobs")) is not None and _int(v, "top_logprobs", 0) > 0:
-        raise _err("Invalid 'top_logprobs': logprobs are not served on /v1/responses; use "
-                   "/v1/chat/completions.", "top_logprobs", "unsupported_value")
     req = openai.parse_document(chat_body(obj), limits)
     fmt = (obj.get("text") or {}).get("format") or {"type": "text"}
     echo = {
@@ -266,9 +294,9 @@ def _status(result: GenerationResult) -> str:
     return "incomplete" if result.stop_reason == "max_tokens" else "completed"
 
 
-def _message(mid: str, text: str, status: str) -> dict[str, Any]:
+def _message(mid: str, text: str, status: str, logprobs: list[dict[str, Any]] | None = None) -> dict[str, Any]:
     return {"type": "message", "id": mid, "status": status, "role": "assistant",
-            "content": [{"type": "output_text", "text": text, "annotations": [], "logprobs": []}]}
+            "content": [{"type": "output_text", "text": text, "annotations": [], "logprobs": logprobs or []}]}
 
 
 def _call(fid: str, call_id: str, call: ToolCall, status: str = "completed") -> dict[str, Any]:
@@ -280,7 +308,8 @@ def _output(result: GenerationResult) -> list[dict[str, Any]]:
     """The output items: the message (when there is text, or nothing else), then each call."""
     out = []
     if result.text or not result.tool_calls:
-        out.append(_message(random_id("msg_", 32), result.text, _status(result)))
+        lps = _logprob_items(result.logprobs) if result.logprobs else None
+        out.append(_message(random_id("msg_", 32), result.text, _status(result), lps))
     out += [_call(fid, cid, c) for (fid, cid), c in zip(_ids(len(result.tool_calls)), result.tool_calls,
                                                            strict=True)]
     return out
@@ -299,7 +328,7 @@ class StreamEncoder:
     """The semantic events of one streamed response; each event numbered (sequence_number).
     The final response's output is the items announced, in their order, with their ids."""
 
-    __slots__ = ("_req", "_rid", "_created", "_seq", "_items", "_text")
+    __slots__ = ("_req", "_rid", "_created", "_seq", "_items", "_text", "_lps")
 
     def __init__(self, req: GenerationRequest, response_id: str, created: int, input_tokens: int,
                  cached_tokens: int = 0) -> None:
@@ -308,6 +337,7 @@ class StreamEncoder:
         self._seq = 0
         self._items: list[dict[str, Any]] = []     # the output items so far, as the final response has them
         self._text: list[str] | None = None        # the open message's text (None: no message open)
+        self._lps: list[dict[str, Any]] = []       # the open message's logprobs, as streamed
 
     def _event(self, kind: str, **data: Any) -> bytes:
         payload = dumps({"type": kind, "sequence_number": self._seq, **data})
@@ -331,23 +361,27 @@ class StreamEncoder:
     def _close_message(self, status: str = "completed") -> bytes:
         assert self._text is not None
         text, self._text = "".join(self._text), None
+        lps, self._lps = self._lps, []
         i = len(self._items) - 1
         mid = self._items[i]["id"]
-        self._items[i] = item = _message(mid, text, status)
+        self._items[i] = item = _message(mid, text, status, lps)
         return (self._event("response.output_text.done", item_id=mid, output_index=i, content_index=0, text=text,
-                            logprobs=[])
+                            logprobs=lps)
                 + self._event("response.content_part.done", item_id=mid, output_index=i, content_index=0,
                               part=item["content"][0])
                 + self._event("response.output_item.done", output_index=i, item=item))
 
     def delta(self, d: TextDelta) -> bytes:
-        if not d.text:
+        # the last tokens' logprobs may come alone: with the open message's, else (a call's tokens) dropped
+        if not d.text and (not d.logprobs or self._text is None):
             return b""
         out = b"" if self._text is not None else self._open_message()
         assert self._text is not None
         self._text.append(d.text)
+        lps = _logprob_items(d.logprobs) if d.logprobs else []
+        self._lps += lps
         return out + self._event("response.output_text.delta", item_id=self._items[-1]["id"],
-                                 output_index=len(self._items) - 1, content_index=0, delta=d.text, logprobs=[])
+                                 output_index=len(self._items) - 1, content_index=0, delta=d.text, logprobs=lps)
 
     def tool_call(self, call: ToolCall) -> bytes:
         out = self._close_message() if self._text is not None else b""

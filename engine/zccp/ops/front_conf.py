@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import ipaddress
 import os
-import pwd
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -16,7 +15,7 @@ import yaml
 from zccp.config import ConfigError, _build_section, bounded
 from zccp.ops.nginx_conf import _fill, _safe, nameservers
 from zccp.paths import lua_dir, make_dirs, nginx_template
-from zccp.runtime import DEFAULT_WORKER_USERS
+from zccp.runtime import default_worker_user
 
 RESOLV_CONF = Path("/etc/resolv.conf")
 
@@ -89,16 +88,6 @@ def _is_ipv4(s: str) -> bool:
         return False
 
 
-def _default_user() -> str:
-    for name in DEFAULT_WORKER_USERS:
-        try:
-            pwd.getpwnam(name)
-            return name
-        except KeyError:
-            continue
-    raise ConfigError(f"front.user: none of {', '.join(DEFAULT_WORKER_USERS)} exists; name a user")
-
-
 def render_front(cfg: FrontConfig, out: Path, log_dir: Path | None = None) -> Path:
     """nginx.conf for the front into `out` (also its prefix: pid, temp files; logs in
     log_dir, default <out>/logs). Returns its path."""
@@ -107,7 +96,7 @@ def render_front(cfg: FrontConfig, out: Path, log_dir: Path | None = None) -> Pa
     for d in (out, logs, *(out / "tmp" / s for s in ("body", "proxy", "fastcgi", "uwsgi", "scgi"))):
         make_dirs(d)
     resolver, resolver_port = resolver_address(cfg)
-    user = cfg.user or (_default_user() if os.geteuid() == 0 else None)
+    user = cfg.user or (default_worker_user("front.user") if os.geteuid() == 0 else None)
     values = {
         "user_line": f"user {_safe(user, 'front.user')};" if user else "",
         "workers": str(cfg.workers),
