@@ -19,6 +19,12 @@ import torch
 # Activation bytes per token are an estimate; never plan chunks below this.
 MIN_CHUNK = 64
 MAX_CHUNK = 1 << 15
+# Prompt tokens (padding included) that one CPU forward of several sequences' chunks aims
+# at: a CPU forward of a few hundred tokens already runs its matmuls at full speed
+# (measured on bench/peer.md's checkpoint: 16 prompts of ~70 tokens took 691 ms one by
+# one, 609 ms in pairs, ~584 ms in groups of 4 or 8, 619 ms as one group of 16), and a
+# bigger group holds back every row's first token until the whole group is done.
+CPU_GROUP_TOKENS = 256
 
 
 @dataclass(frozen=True)
@@ -41,6 +47,29 @@ class Planner:
         if self.configured:
             tokens = min(tokens, self.configured)
         return max(self.block, tokens // self.block * self.block)
+
+    def group(self, chunk: int) -> int:
+        """Padded prompt tokens to put into one forward of several sequences' chunks: the
+        whole chunk on a GPU (more rows keep it busy), at most CPU_GROUP_TOKENS on the CPU."""
+        return chunk if self.device.type == "cuda" else min(chunk, CPU_GROUP_TOKENS)
+
+    @staticmethod
+    def group_rows(rows: list[tuple[int, int]], cap: int) -> list[int]:
+        """Which of the waiting sequences' next chunks, rows[i] = (tokens already in its KV,
+        chunk tokens), share one forward: the first always, then each later one (in order,
+        skipping those that do not fit) while the rows padded to the longest chunk stay within
+        `cap` tokens and are at most half padding, and the padding of the pasts to the longest
+        (the forward's KV) stays within the padded chunks (one long reused prefix is not copied
+        for every short prompt)."""
+        picked: list[int] = []
+        width = real = past = past_sum = 0
+        for i, (p, n) in enumerate(rows):
+            k, w, top = len(picked) + 1, max(width, n), max(past, p)
+            if picked and (k * w > cap or k * w > 2 * (real + n) or k * top - past_sum - p > k * w):
+                continue
+            picked.append(i)
+            width, real, past, past_sum = w, real + n, top, past_sum + p
+        return picked
 
     @staticmethod
     def chunk_end(pos: int, end: int, chunk: int) -> int:

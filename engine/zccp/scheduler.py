@@ -16,8 +16,13 @@ A step is:
      (prompt + max_tokens, padded to the longest row, with the KV buffers' spare
      room); reuse cached prefix blocks;
   5. prefill at most one planned chunk of prompt tokens (zccp.planner), so a long
-     prompt delays the running streams by one chunk per step, not by all of it;
-     a sequence whose prefill completes samples its first token and joins;
+     prompt delays the running streams by one chunk per step, not by all of it; the
+     next chunks of several waiting sequences go into ONE forward, padded to the
+     longest (ModelBackend.prefill_many), as long as the padded rows fit the chunk
+     and the planner's group size (Planner.group) and are at most half padding, and
+     their pasts padded to the longest add no more (Planner.group_rows); each group's
+     first tokens are sent as soon as its forward ends; a sequence whose prefill completes samples its
+     first token and joins;
   6. one decode forward for the batch; each row's token goes to its sink.
 
 A finished sequence leaves the batch; its sink may still hold bytes for a full ring,
@@ -327,36 +332,65 @@ class BatchScheduler:
         chunk = self.planner.chunk()
         budget = chunk
         while self._prefilling and budget > 0:
-            seq = self._prefilling[0]
-            assert seq.ids is not None
-            n = seq.ids.numel()
-            start = seq.done_tokens
-            end = Planner.chunk_end(start, n, chunk)
+            group = self._group(chunk, budget)
+            spans = [(seq.done_tokens, Planner.chunk_end(seq.done_tokens, self._prompt_len(seq), chunk))
+                     for seq in group]
+            chunks = [self._ids(seq)[a:b] for seq, (a, b) in zip(group, spans, strict=True)]
             try:
-                logits = self.backend.prefill(seq.state, seq.ids[start:end])
+                outs = self.backend.prefill_many([seq.state for seq in group], chunks)
             except Exception:
                 log.exception("prefill failed")
-                self._prefilling.popleft()
-                seq.state = seq.ids = None
-                seq.sink.fail()
-                self._done(seq, None)
+                for seq in group:
+                    self._prefilling.remove(seq)
+                    seq.state = seq.ids = None
+                    seq.sink.fail()
+                    self._done(seq, None)
                 continue
-            self.metrics.prefilled.inc(end - start)
-            budget -= end - start
-            seq.done_tokens = end
-            if end < n:
-                continue
-            self._prefilling.popleft()
-            seq.ids = None
-            self._sink_call(seq, seq.sink.kept, self._keep_prefix(seq))
-            if seq.state is None:
-                continue                                       # the slot was abandoned meanwhile
-            if seq.prefill_only or seq.params.max_tokens == 0:
-                seq.state = None
-                self._finish(seq, "end_turn" if seq.prefill_only else "max_tokens")
-                continue
-            tok = self._choose(logits.unsqueeze(0) if isinstance(logits, torch.Tensor) else [logits],
-                               [seq.sampler])[0]
+            budget -= len(group) * max(b - a for a, b in spans)
+            first: list[tuple[Sequence, torch.Tensor | int]] = []
+            for seq, (a, b), out in zip(group, spans, outs, strict=True):
+                self.metrics.prefilled.inc(b - a)
+                seq.done_tokens = b
+                if b < self._prompt_len(seq):
+                    continue                                   # more chunks in a later forward
+                self._prefilling.remove(seq)
+                seq.ids = None
+                self._sink_call(seq, seq.sink.kept, self._keep_prefix(seq))
+                if seq.state is None:
+                    continue                                   # the slot was abandoned meanwhile
+                if seq.prefill_only or seq.params.max_tokens == 0:
+                    seq.state = None
+                    self._finish(seq, "end_turn" if seq.prefill_only else "max_tokens")
+                    continue
+                first.append((seq, out))
+            if first:
+                self._first_tokens(first)
+
+    def _group(self, chunk: int, budget: int) -> list[Sequence]:
+        """The prefilling sequences whose next chunks go into one forward (Planner.group_rows)."""
+        rows = []
+        for seq in self._prefilling:
+            start = seq.done_tokens
+            rows.append((start, Planner.chunk_end(start, self._prompt_len(seq), chunk) - start))
+        seqs = list(self._prefilling)
+        return [seqs[i] for i in Planner.group_rows(rows, min(budget, self.planner.group(chunk)))]
+
+    @staticmethod
+    def _ids(seq: Sequence) -> torch.Tensor:
+        assert seq.ids is not None                             # set at admission, dropped once prefilled
+        return seq.ids
+
+    def _prompt_len(self, seq: Sequence) -> int:
+        return int(self._ids(seq).numel())
+
+    def _first_tokens(self, first: list[tuple[Sequence, torch.Tensor | int]]) -> None:
+        """The first token of each sequence whose prefill completed: sampled together, then
+        each joins the batch (or parks, or is done)."""
+        logits = [out for _, out in first if isinstance(out, torch.Tensor)]
+        rows: torch.Tensor | list[int] = (torch.stack(logits) if len(logits) == len(first)
+                                          else [int(out) for _, out in first])
+        toks = self._choose(rows, [seq.sampler for seq, _ in first])
+        for (seq, _), tok in zip(first, toks, strict=True):
             outcome = self._emit(seq, tok)
             if outcome == RUN:
                 self._batch.join(seq.state)

@@ -147,6 +147,108 @@ def test_prefix_reuse_gives_token_identical_greedy_output(hf):
     assert with_cache == without
 
 
+PREFILL_TEXTS = ("Hello world", "def add(a, b):\n    return a + b\n" * 3, "x", "日本語のテキスト",
+                 '{"name": "get_weather", "arguments": {"city": "Paris"}}', "Emoji 😀 " * 5)
+
+
+@torch.inference_mode()
+def test_batched_prefill_equals_each_alone(hf):
+    """Ragged chunks of several sequences in one forward, some on top of a past (a prefilled
+    first chunk): each row's logits, and its KV (the next token's logits), are its own."""
+    prompts = [hf.check_prompt(chat_ids(hf, t)) for t in PREFILL_TEXTS]
+    alone, states = [], []
+    for p in prompts:
+        state = hf.new_state()
+        alone.append(hf.prefill(state, p))
+        states.append(state)
+    # distinct rows: a swap or a row seeing another's tokens could not pass below
+    assert min(float((a - b).abs().max()) for i, a in enumerate(alone) for b in alone[i + 1:]) > 1e-2
+    for past in (0, 16):
+        batched = [hf.new_state() for _ in prompts]
+        for state, p in zip(batched[::2], prompts[::2], strict=False):       # every other row has a past
+            hf.prefill(state, p[:past]) if past else None
+        starts = [past if i % 2 == 0 else 0 for i in range(len(prompts))]
+        outs = hf.prefill_many(batched, [p[s:] for p, s in zip(prompts, starts, strict=True)])
+        assert [hf.state_length(s) for s in batched] == [p.numel() for p in prompts]
+        for out, ref in zip(outs, alone, strict=True):
+            assert int(out.argmax()) == int(ref.argmax())
+            assert float((out - ref).abs().max()) < 1e-4
+        for mine, ref_state, ref in zip(batched, states, alone, strict=True):   # the KV each row kept
+            nxt = torch.tensor([int(ref.argmax())])
+            assert float((hf.prefill(mine, nxt) - hf.prefill(hf.state_from_layers(
+                [(lay.keys, lay.values) for lay in ref_state.layers]), nxt)).abs().max()) < 1e-4
+
+
+def test_scheduler_prefills_arrivals_together_with_the_answers_of_each_alone(hf, monkeypatch):
+    """Prompts that arrive together are prefilled in one forward (some on top of reused
+    prefix blocks, some from nothing), and every greedy answer is the one it gets alone."""
+    system = "You are a careful assistant for the shared memory pipeline. " * 4
+    prompts = [chat_ids(hf, t, system if i % 2 else "") for i, t in enumerate(PREFILL_TEXTS)]
+    expected = [list(hf.generate(p, SamplingParams(max_tokens=12, temperature=0), lambda: False)) for p in prompts]
+    rows: list[int] = []
+    real = hf.prefill_many
+    pasts: set[int] = set()
+
+    def prefill_many(states, chunks):
+        rows.append(len(states))
+        if len(states) > 1:
+            pasts.update(hf.state_length(s) for s in states)
+        return real(states, chunks)
+
+    monkeypatch.setattr(hf, "prefill_many", prefill_many)
+    prefix = PrefixCache(64 << 20, 16, hf.identity)
+    sched = BatchScheduler(hf, BatchLimits(8, 8, 256 << 20), Planner(torch.device("cpu"), 256 << 20, 1, 256, 16),
+                           prefix, EngineMetrics())
+    gate = threading.Event()           # holds the model thread until every prompt is queued
+    tokens: list[list[int]] = [[] for _ in prompts]
+    done = threading.Semaphore(0)
+
+    class S:
+        blocked = False
+
+        def __init__(self, toks):
+            self.toks = toks
+
+        def start(self, cached, plan):
+            pass
+
+        def kept(self, n):
+            pass
+
+        def token(self, t):
+            self.toks.append(t)
+            return False
+
+        def end(self, reason, n):
+            return n
+
+        def flush(self):
+            return True
+
+        def fail(self):
+            raise AssertionError("failed")
+
+        def abandoned(self, exc):
+            raise AssertionError("abandoned")
+
+    try:
+        first = chat_ids(hf, "warm the prefix", system)      # alone: the odd rows reuse its system blocks
+        sched.submit(Sequence(first, first.numpy(), SamplingParams(max_tokens=2, temperature=0), S([]),
+                              lambda: False, lambda v: done.release()))
+        assert done.acquire(timeout=60)
+        for p, toks in zip(prompts, tokens, strict=True):
+            sched.submit(Sequence(p, p.numpy(), SamplingParams(max_tokens=12, temperature=0), S(toks),
+                                  lambda: not gate.wait(60), lambda v: done.release()))
+        gate.set()
+        for _ in prompts:
+            assert done.acquire(timeout=60)
+    finally:
+        sched.stop()
+    assert tokens == expected
+    assert max(rows) >= 3 and len(rows) < len(prompts) + 2   # together: fewer forwards than prompts
+    assert {0, 128} <= pasts                                  # rows on reused blocks beside new ones
+
+
 class TestDetokenizer:
     TEXTS = ["Emoji test 😀🎉👍🏽 done", "日本語のテキストです。中文文本，你好世界。", "Ελληνικά русский 𝄞 ∑"]
 

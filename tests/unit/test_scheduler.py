@@ -176,3 +176,23 @@ def test_cancelled_sequence_leaves_at_once():
     finally:
         sched.stop()
     assert not (sched._rows or sched._parked or sched._prefilling or sched._waiting)
+
+
+def test_prefill_groups_are_bounded_on_the_cpu_only():
+    from zccp.planner import CPU_GROUP_TOKENS
+
+    cpu = Planner(torch.device("cpu"), 512 << 20, 1, 0, 16)
+    assert cpu.group(4096) == CPU_GROUP_TOKENS and cpu.group(128) == 128
+    assert Planner(torch.device("cuda"), 512 << 20, 1, 0, 16).group(4096) == 4096
+
+
+def test_prefill_group_rows_bound_padding_and_skip_what_does_not_fit():
+    group = Planner.group_rows
+    assert group([(0, 70)] * 5, 256) == [0, 1, 2]                  # 3 x 70 padded tokens fit 256, 4 do not
+    # 3 x 200 for 240 real tokens is more than half padding: the third waits, the fourth fits
+    assert group([(0, 200), (0, 20), (0, 20), (0, 180)], 1024) == [0, 1, 3]
+    # a long reused prefix is not padded into every short prompt's KV; the short ones go together
+    assert group([(2048, 40), (0, 40), (0, 40), (16, 40)], 4096) == [0]
+    assert group([(0, 40), (2048, 40), (0, 40), (16, 40)], 4096) == [0, 2, 3]
+    assert group([(128, 64), (0, 38), (0, 37), (128, 16)], 256) == [0, 1, 3]
+    assert group([(0, 300)], 256) == [0]                           # the first always (a whole chunk)

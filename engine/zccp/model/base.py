@@ -101,6 +101,12 @@ class ModelBackend(ABC):
         to the state; the raw logits at the last position, [vocab] (or the next token,
         for a backend whose output is fixed)."""
 
+    def prefill_many(self, states: Sequence[Any], chunks: Sequence[torch.Tensor]) -> list[torch.Tensor | int]:
+        """prefill() of several sequences, chunks[i] appended to states[i]; each one's
+        output as prefill() gives it. This default runs them one by one; a backend whose
+        forward takes a padded batch does them in one forward (zccp.model.hf)."""
+        return [self.prefill(state, ids) for state, ids in zip(states, chunks, strict=True)]
+
     @abstractmethod
     def new_batch(self) -> DecodeBatch: ...
 

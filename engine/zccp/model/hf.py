@@ -28,7 +28,7 @@ import torch
 from zccp.model.checkpoint import checkpoint_problems
 from zccp.model.grammar import GrammarVocab
 from zccp.model.hf_prompt import HfChatFormat
-from zccp.model.kv import GrowingKv, TorchBackend
+from zccp.model.kv import GrowingKv, RaggedPrefill, TorchBackend
 
 DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
 
@@ -151,6 +151,25 @@ class HfBackend(TorchBackend):
         extra = {"logits_to_keep": 1} if self._keep_last else {}
         out = self.model(input_ids=ids.view(1, -1), use_cache=True, **{self._cache_kw: state}, **extra)
         return out.logits[0, -1].float()
+
+    @torch.inference_mode()
+    def prefill_many(self, states: Sequence[Any], chunks: Sequence[torch.Tensor]) -> list[torch.Tensor | int]:
+        """The chunks of several sequences in ONE forward (zccp.model.kv.RaggedPrefill);
+        each row's new KV columns are then appended to its own state."""
+        if len(states) == 1:
+            return [self.prefill(states[0], chunks[0])]
+        pasts = [self.state_length(s) for s in states]
+        batch = RaggedPrefill.build(pasts, chunks, self._device)
+        holder = self.state_from_layers(RaggedPrefill.padded_past([s.layers for s in states], pasts))
+        extra = {"logits_to_keep": 1} if self._keep_last else {}
+        out = self.model(input_ids=batch.ids, attention_mask=batch.mask, position_ids=batch.positions,
+                         use_cache=True, **{self._cache_kw: holder}, **extra)
+        for i, state in enumerate(states):
+            cols = batch.new_columns(i)
+            for mine, whole in zip(state.layers, holder.layers, strict=True):
+                mine.update(whole.keys[i : i + 1, :, cols], whole.values[i : i + 1, :, cols])
+        logits = out.logits[:, -1].float()
+        return list(logits.unbind(0))
 
     @torch.inference_mode()
     def decode_step(self, holder: Any, ids: torch.Tensor, mask: torch.Tensor | None,

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 from abc import abstractmethod
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 import torch
@@ -107,6 +108,60 @@ def join_blocks(blocks: Sequence[torch.Tensor]) -> list[tuple[torch.Tensor, torc
     whole = blocks[0] if len(blocks) == 1 else torch.cat(list(blocks), dim=3)   # [L, 2, H, n, D]
     return [(whole[i, 0].unsqueeze(0).contiguous(), whole[i, 1].unsqueeze(0).contiguous())
             for i in range(whole.shape[0])]
+
+
+@dataclass
+class RaggedPrefill:
+    """One forward over the next prompt chunks of several sequences (zccp.model.hf).
+
+    Row i's past (pasts[i] tokens of KV) is right-aligned in the first P = max(pasts)
+    columns of the KV, its chunk right-aligned in the L = max(chunk) new ones, so every
+    row's last real token is the last column (one logits row each) and the padding in
+    front of a past or a chunk is hidden by the 2-D mask; positions count each row's own
+    tokens. new_columns(i) is where row i's chunk lands in the forward's KV."""
+
+    ids: torch.Tensor                 # [B, L]
+    mask: torch.Tensor                # [B, P + L]
+    positions: torch.Tensor           # [B, L]
+    pasts: list[int]
+    lengths: list[int]                # each chunk's tokens
+
+    @classmethod
+    def build(cls, pasts: Sequence[int], chunks: Sequence[torch.Tensor], device: torch.device) -> RaggedPrefill:
+        lengths = [int(c.numel()) for c in chunks]
+        rows, width, past = len(chunks), max(lengths), max(pasts)
+        ids = torch.zeros((rows, width), dtype=torch.long, device=device)
+        positions = torch.zeros((rows, width), dtype=torch.long, device=device)
+        mask = torch.zeros((rows, past + width), dtype=torch.long, device=device)
+        for i, (p, n, chunk) in enumerate(zip(pasts, lengths, chunks, strict=True)):
+            ids[i, width - n:] = chunk
+            positions[i, width - n:] = torch.arange(p, p + n, device=device)
+            mask[i, past - p: past] = 1
+            mask[i, past + width - n:] = 1
+        return cls(ids, mask, positions, list(pasts), lengths)
+
+    @property
+    def past(self) -> int:
+        return max(self.pasts)
+
+    def new_columns(self, row: int) -> slice:
+        return slice(self.mask.shape[1] - self.lengths[row], None)
+
+    @staticmethod
+    def padded_past(states: Sequence[Sequence[Layer]], pasts: Sequence[int]) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """Every row's past KV, left-padded to the longest, per layer ([] when none has one)."""
+        past = max(pasts)
+        if not past:
+            return []
+        out = []
+        for layer in range(len(states[0])):
+            ks = [_lpad(s[layer].keys, past - p) if p else None for s, p in zip(states, pasts, strict=True)]
+            vs = [_lpad(s[layer].values, past - p) if p else None for s, p in zip(states, pasts, strict=True)]
+            like = next(k for k in ks if k is not None)
+            zero = like.new_zeros((1, like.shape[1], past, like.shape[3]))
+            out.append((torch.cat([zero if k is None else k for k in ks]),
+                        torch.cat([zero if v is None else v for v in vs])))
+        return out
 
 
 class PaddedBatch:
