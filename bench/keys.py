@@ -103,10 +103,10 @@ def run_one(s: Stack, body_file: Path, conc: int, seconds: float, nocache: bool,
             "nginx_cpu_us_per_req": cpu / n * 1e6, "wall_s": wall, "load1": (load + os.getloadavg()[0]) / 2}
 
 
-def wrk_with(url: str, body_file: Path, conc: int, seconds: float, tail: list[str]) -> dict:
+def wrk_with(url: str, body_file: Path, conc: int, seconds: float, tail: list[str], path: str = "/v1/messages") -> dict:
     """Like bench.run.wrk, with post.lua's extra arguments (no-cache flag, API key)."""
     cmd = ["wrk", "-t", str(min(2, conc)), "-c", str(conc), "-d", f"{max(1, round(seconds))}s", "--timeout", "30s",
-           "--latency", "-s", str(REPO / "bench" / "wrk" / "post.lua"), url + "/v1/messages", "--", str(body_file),
+           "--latency", "-s", str(REPO / "bench" / "wrk" / "post.lua"), url + path, "--", str(body_file),
            *tail]
     out = subprocess.run(cmd, capture_output=True, text=True, timeout=seconds + 60).stdout
     m = re.search(r"^WRKJSON (\{.*\})$", out, re.M)

@@ -27,13 +27,19 @@ from pathlib import Path
 
 import httpx
 
-from bench.keys import NULL, body_1k, make_key
+from bench.keys import NULL, body_1k, make_key, wrk_with
 from tests.support.checkout import REPO, require_this_checkout
 from tests.support.harness import Stack, remove_socket_dirs
 from zccp.ops.stack import nginx_paths
 
+PARTS = ("auth.admit", "limits.admit", "limits.settle", "usage_log.line (with the request id)")   # keys_once.lua
 LOCATION = """
 location = /zccp-bench/pieces {
+    client_max_body_size 64k;
+    client_body_buffer_size 64k;
+    content_by_lua_file %s;
+}
+location = /zccp-bench/once {
     client_max_body_size 64k;
     client_body_buffer_size 64k;
     content_by_lua_file %s;
@@ -46,7 +52,8 @@ def add_location(s: Stack, lua_dir: Path | None) -> None:
     ZCCP's modules from there: another commit's lua/) and reloads nginx."""
     prefix, _ = nginx_paths(s.run_dir)
     conf = next(prefix.rglob("zccp_server.conf"))
-    conf.write_text(conf.read_text() + LOCATION % (REPO / "bench" / "keys_pieces.lua"))
+    conf.write_text(conf.read_text() + LOCATION % (REPO / "bench" / "keys_pieces.lua",
+                                                   REPO / "bench" / "keys_once.lua"))
     if lua_dir is not None:
         http = next(prefix.rglob("zccp_http.conf"))
         text, n = re.subn(r'lua_package_path "[^"]*";', f'lua_package_path "{lua_dir}/?.lua;;";', http.read_text())
@@ -71,6 +78,9 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=15, help="runs per piece; the least is kept")
     ap.add_argument("--out", type=Path, help="add the figures to this JSON file under --label")
     ap.add_argument("--label", default="now")
+    ap.add_argument("--once", type=float, default=0,
+                    help="also: this many seconds of wrk on a location that runs the key check, the admission "
+                         "and the settlement once per request (keys_once.lua); their µs per request")
     ap.add_argument("--nojit", action="store_true", help="LuaJIT's interpreter only (jit.off() in that worker)")
     args = ap.parse_args()
     require_this_checkout()
@@ -94,6 +104,18 @@ def main() -> None:
                            content=body_1k().encode(), timeout=300)
             r.raise_for_status()
             rows = r.json()
+            if args.once:
+                with tempfile.NamedTemporaryFile("w", suffix=".jsonl") as bf:
+                    bf.write(body_1k() + "\n")
+                    bf.flush()
+                    for key, what in ((plain, "no limits"), (limited, "limits")):
+                        wrk_with(s.base_url, Path(bf.name), 16, 1, ["-", key], path="/zccp-bench/once")
+                        httpx.get(s.url("/zccp-bench/once?report=1"))   # the warm-up's sums dropped
+                        wrk_with(s.base_url, Path(bf.name), 16, args.once, ["-", key], path="/zccp-bench/once")
+                        once = httpx.get(s.url("/zccp-bench/once?report=1")).json()
+                        for part in PARTS:
+                            rows.append({"name": f"once per request ({once['requests']}), {what}: {part}",
+                                         "ns": once[part]})
         finally:
             s.stop()
     remove_socket_dirs()

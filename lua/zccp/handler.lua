@@ -503,7 +503,8 @@ local function prepare(api, kind, kind_name, s, len, state, who, endpoint)
     end
     local body = src.body
     -- the key's models and limits (zccp.auth, zccp.limits), before L1: a 404 or 429 either way
-    if kind ~= "models" and not auth.allow_model(who, api, body) or not limits.admit(who, api, body, kind) then
+    if kind ~= "models" and not auth.allow_model(who, api, body)
+            or not limits.admit(who, api, body, kind, state.request_id) then
         return nil
     end
     local flags = kind and 0 or cache_flags()

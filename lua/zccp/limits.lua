@@ -361,6 +361,11 @@ local FLUSH_S = 0.05
 local MAX_LINES = 10000
 local owed, lines, flusher = {}, {}, false
 local dirty = {}   -- the windows whose usage sums (w.acc) have not been sent
+-- Tokens metered by API since the last flush (input, output, saved): into the Prometheus
+-- counters (zccp_nginx_metered_tokens_total) at each flush; three additions per request,
+-- no call (most of a request's Lua is interpreted: a call costs more than the sums).
+local metered = { anthropic = { 0, 0, 0 }, openai = { 0, 0, 0 } }
+local METERED = { "input", "output", "saved" }
 local STATUS_FIELD = setmetatable({}, { __index = function(t, status)
     local f = "status_" .. status
     t[status] = f
@@ -389,8 +394,8 @@ local function owe(tag, ck, d)
     end
 end
 
--- The windows' usage sums into `owed` (each into its key's and its tenant's hash); the
--- sums start again from zero.
+-- The windows' usage sums into `owed` (each into its key's and its tenant's hash), and the
+-- metered tokens into their counters; the sums start again from zero.
 local function fold_usage()
     local ws = dirty
     dirty = {}
@@ -413,6 +418,14 @@ local function fold_usage()
             add(h, "output_tokens", acc.output_tokens)
             add(h, "cache_hits", acc.cache_hits)
             add(h, "saved_tokens", acc.saved_tokens)
+        end
+    end
+    for api, m in pairs(metered) do
+        for k = 1, 3 do
+            if m[k] ~= 0 then
+                metrics.count("zccp_nginx_metered_tokens_total", api, METERED[k], m[k])
+                m[k] = 0
+            end
         end
     end
 end
@@ -571,15 +584,17 @@ local NEEDS = { 1, 0, 0, 1, 0, 0 }
 
 -- Admit this request or answer it 429 (false). who: zccp.auth's caller. kind: nil for a
 -- generation; "count_tokens" or "models": one request against the requests per minute
--- (no model tokens, no concurrency count), metered as a request.
-function _M.admit(who, api, body, kind)
+-- (no model tokens, no concurrency count), metered as a request. rid: the request id (for
+-- the usage line; nil: read from ngx.var when the line is made).
+function _M.admit(who, api, body, kind, rid)
     if who.off then
         return true
     end
     local now = ngx_now()
     local w = windows(who, now)
     local est_in = not kind and body and math_ceil(#body / BYTES_PER_TOKEN) or 0
-    local ticket = { who = who, w = w, est_in = est_in, est_out = 0, admitted = false, kind = kind, api = api }
+    local ticket = { who = who, w = w, est_in = est_in, est_out = 0, admitted = false, kind = kind, api = api,
+                     rid = rid }
     ngx.ctx.zccp_limits = ticket   -- metered when the answer ends (zccp.limits.settle), refused or not
     if not _M.limited(who) then
         return true   -- nothing to reserve
@@ -711,13 +726,14 @@ function _M.settle()
         acc.cache_hits = acc.cache_hits + 1
     end
     acc.saved_tokens = acc.saved_tokens + saved
-    local api = t.api   -- Prometheus, summed in the worker (zccp.metrics.add)
-    metrics.add("zccp_nginx_metered_tokens_total", api, "input", used_in)
-    metrics.add("zccp_nginx_metered_tokens_total", api, "output", used_out)
-    metrics.add("zccp_nginx_metered_tokens_total", api, "saved", saved)
+    local m = metered[t.api]
+    if m then
+        m[1], m[2], m[3] = m[1] + used_in, m[2] + used_out, m[3] + saved
+    end
     if usage_log.enabled() then
         if #lines < MAX_LINES then
-            lines[#lines + 1] = usage_log.line(t, ngx.var.zccp_request_id, status, used_in, used_out, saved, cache)
+            lines[#lines + 1] = usage_log.line(t, t.rid or ngx.var.zccp_request_id, status, used_in, used_out, saved,
+                                               cache)
         else
             ngx.log(ngx.ERR, "zccp: limits: usage log queue full; one line dropped")
         end
