@@ -188,7 +188,7 @@ def attribution() -> list[str]:
         return []
     saved = json.loads(path.read_text())
     labels = list(saved)
-    names = [r["name"] for r in saved[labels[-1]]["rows"] if r["ns"] > 0]
+    names = list(dict.fromkeys(r["name"] for label in labels for r in saved[label]["rows"] if r["ns"] > 0))
     out = ["", "**Attribution: ns per piece (bench/keys_pieces.py).**", "",
            "Each piece run N times inside one real request of a stack with keys on (nginx, null engine, Redis), "
            "the least of several runs (the machine is shared); one key without limits, one with the limits of "
@@ -196,7 +196,10 @@ def attribution() -> list[str]:
                f"{label}: lua/ of {saved[label]['commit']}, load {saved[label]['load'][0]:.2f}" for label in labels)
            + ". The interpreter columns: LuaJIT's interpreter only (jit.off() in that worker); a real request's Lua "
            "runs largely interpreted (a perf profile of nginx on the hit path: libluajit 28% of its CPU, compiled "
-           "traces 4%), so its cost lies between the two kinds of column.", "",
+           "traces 4%), so its cost lies between the two kinds of column. The \"once per request\" rows: the key "
+           "check, the admission, the settlement and a usage line run once per request on a location driven by wrk "
+           "for 3 s (bench/keys_once.lua), as on ZCCP's own path: what they cost there, in ns per request, "
+           "including the garbage collection their allocations bring.", "",
            "| piece | " + " | ".join(labels) + " |", "|---|" + "---|" * len(labels)]
     for name in names:
         cells = []
