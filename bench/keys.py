@@ -9,16 +9,24 @@ Rows: auth off | keys (a key without limits: verified from the worker's cache, m
 after the answer) | keys+limits (rpm, input and output tokens per minute, daily and monthly
 tokens, high enough never to refuse: reserved from the worker's leases, zccp.lease) |
 keys+limits+conc (the same and a concurrency limit: one Redis round trip per admission,
-as that limit is exact). All four stacks run at once; each round measures every row once,
-in turn, and the table shows each row's median over the rounds (the machine is shared).
-Writes bench/keys.md and bench/keys.json.
+as that limit is exact). All four stacks run at once; each round measures every row once:
+the hit rows one after the other, then the miss rows, the modes' order rotated from round to
+round (no mode always first after a pause); the table shows each row's median over the
+rounds (the machine is shared), and each comparison with off is paired within its round.
+bench/keys_pieces.json (bench/keys_pieces.py), when there, adds the attribution table: ns
+per piece of the key check and the limits, inside a real nginx request.
+Writes bench/keys.md and bench/keys.json. --commit C: the same run with C's lua/ in every
+stack's nginx (git archive; the "before" of a change), written to bench/keys_before.json,
+which keys.md's "Before" lines then compare against.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import re
+import signal
 import subprocess
 import sys
 import tempfile
@@ -56,9 +64,33 @@ def make_key(s: Stack, mode: str) -> str:
     return str(json.loads(out.stdout)["key"])
 
 
+def use_lua_of(commit: str, tmp: Path, stacks: list[Stack]) -> None:
+    """Every stack's nginx loads ZCCP's Lua modules from `commit`'s lua/ (its rendered
+    lua_package_path, then a reload); waits until the old workers are gone."""
+    root = tmp / "lua-at-commit"
+    root.mkdir()
+    archive = subprocess.run(["git", "-C", str(REPO), "archive", commit, "lua"], check=True, capture_output=True).stdout
+    subprocess.run(["tar", "-x", "-C", str(root)], input=archive, check=True)
+    for s in stacks:
+        assert s.nginx is not None
+        http = next((s.run_dir / "nginx").rglob("zccp_http.conf"))
+        text, n = re.subn(r'lua_package_path "[^"]*";', f'lua_package_path "{root / "lua"}/?.lua;;";',
+                          http.read_text())
+        assert n == 1
+        http.write_text(text)
+        master = s.nginx.proc.pid
+        old = set(procs.descendants(master)) - {master}
+        os.kill(master, signal.SIGHUP)
+        end = time.monotonic() + 30
+        while set(procs.descendants(master)) & old and time.monotonic() < end:
+            time.sleep(0.2)
+        assert not set(procs.descendants(master)) & old, "the old nginx workers did not exit"
+
+
 def run_one(s: Stack, body_file: Path, conc: int, seconds: float, nocache: bool, key: str | None) -> dict:
     args_tail = ["no-cache" if nocache else "-"] + ([key] if key else [])
     nginx_pid = s.nginx.proc.pid if s.nginx else 0
+    load = os.getloadavg()[0]
     before = procs.snapshot(nginx_pid)
     t0 = time.perf_counter()
     res = wrk_with(s.base_url, body_file, conc, seconds, args_tail)
@@ -68,13 +100,13 @@ def run_one(s: Stack, body_file: Path, conc: int, seconds: float, nocache: bool,
     cpu = procs.delta(before, after)["cpu_s"]
     return {"rps": res["requests"] / (res["duration_us"] / 1e6), "p50_ms": res["p50_us"] / 1000,
             "p99_ms": res["p99_us"] / 1000, "non2xx": res["err_status"], "requests": res["requests"],
-            "nginx_cpu_us_per_req": cpu / n * 1e6, "wall_s": wall}
+            "nginx_cpu_us_per_req": cpu / n * 1e6, "wall_s": wall, "load1": (load + os.getloadavg()[0]) / 2}
 
 
-def wrk_with(url: str, body_file: Path, conc: int, seconds: float, tail: list[str]) -> dict:
+def wrk_with(url: str, body_file: Path, conc: int, seconds: float, tail: list[str], path: str = "/v1/messages") -> dict:
     """Like bench.run.wrk, with post.lua's extra arguments (no-cache flag, API key)."""
     cmd = ["wrk", "-t", str(min(2, conc)), "-c", str(conc), "-d", f"{max(1, round(seconds))}s", "--timeout", "30s",
-           "--latency", "-s", str(REPO / "bench" / "wrk" / "post.lua"), url + "/v1/messages", "--", str(body_file),
+           "--latency", "-s", str(REPO / "bench" / "wrk" / "post.lua"), url + path, "--", str(body_file),
            *tail]
     out = subprocess.run(cmd, capture_output=True, text=True, timeout=seconds + 60).stdout
     m = re.search(r"^WRKJSON (\{.*\})$", out, re.M)
@@ -94,6 +126,7 @@ def render(runs: dict[str, list[dict]], seconds: float, conc: int) -> str:
     rounds; the comparisons are paired: in each round, the row against off's run of that
     round (the machine's load drifts between rounds), and the median of those."""
     rounds = len(runs["off/hit"])
+    loads = [r.get("load1", float("nan")) for rs in runs.values() for r in rs]
     lines = ["# Keys and limits on vs off (bench/keys.py)", "",
              f"Four stacks at once (nginx 2 workers each, engine with the null model, its own redis-server), "
              f"loopback; wrk -c {conc} -t 2 for {seconds:g} s per row after a 1 s warm-up; one 1 KiB "
@@ -107,7 +140,10 @@ def render(runs: dict[str, list[dict]], seconds: float, conc: int) -> str:
              "(zccp.lease; a Redis round trip only when a lease runs low). keys+limits+conc: the same and a "
              "concurrency limit, which is exact: one Redis script per admission. nginx CPU: its processes' "
              "user+system time over the run / requests. The machine is shared (2 cores, other sessions' "
-             "tests running): read the numbers as indicative.", "",
+             "tests running): read the numbers as indicative. Each round measures the hit rows one after the "
+             "other, then the miss rows, the modes' order rotated from round to round.", "",
+             f"Machine load while measuring (1-minute load average, 2 cores): median {median(loads):.2f}, "
+             f"from {min(loads):.2f} to {max(loads):.2f}.", "",
              "| auth | path | req/s | p50 ms | p99 ms | non-2xx | nginx CPU µs/req | req/s of each round |",
              "|---|---|---|---|---|---|---|---|"]
     for mode in MODES:
@@ -118,15 +154,60 @@ def render(runs: dict[str, list[dict]], seconds: float, conc: int) -> str:
                          f"{sum(r['non2xx'] for r in rs)} | {median([r['nginx_cpu_us_per_req'] for r in rs]):.1f} | "
                          f"{', '.join(str(round(r['rps'])) for r in rs)} |")
     lines.append("")
+    lines += paired(runs)
+    before = REPO / "bench" / "keys_before.json"
+    if before.exists():
+        saved = json.loads(before.read_text())
+        bl = [r.get("load1", float("nan")) for rs in saved["runs"].values() for r in rs]
+        lines += ["", f"Before (the same run with the lua/ of {saved['commit']}, measured just before this one; "
+                      f"load median {median(bl):.2f}, from {min(bl):.2f} to {max(bl):.2f}):", ""]
+        lines += paired(saved["runs"])
+    lines += attribution()
+    return "\n".join(lines) + "\n"
+
+
+def paired(runs: dict[str, list[dict]]) -> list[str]:
+    """Each mode against off, paired within each round: the median ratio of req/s and the
+    median difference of nginx CPU per request."""
+    out = []
     for path in ("hit", "miss"):
         off = runs[f"off/{path}"]
         for mode in MODES[1:]:
             on = runs[f"{mode}/{path}"]
             ratio = median([a["rps"] / b["rps"] for a, b in zip(on, off, strict=True)])
             cpu = median([a["nginx_cpu_us_per_req"] - b["nginx_cpu_us_per_req"] for a, b in zip(on, off, strict=True)])
-            lines.append(f"* {path}, {mode}: {ratio * 100:.0f}% of off's req/s; nginx CPU {cpu:+.1f} µs per "
-                         "request (paired medians).")
-    return "\n".join(lines) + "\n"
+            out.append(f"* {path}, {mode}: {ratio * 100:.0f}% of off's req/s; nginx CPU {cpu:+.1f} µs per "
+                       "request (paired medians).")
+    return out
+
+
+def attribution() -> list[str]:
+    """bench/keys_pieces.json as a table: ns per piece, a column per measured label."""
+    path = REPO / "bench" / "keys_pieces.json"
+    if not path.exists():
+        return []
+    saved = json.loads(path.read_text())
+    labels = list(saved)
+    names = list(dict.fromkeys(r["name"] for label in labels for r in saved[label]["rows"] if r["ns"] > 0))
+    out = ["", "**Attribution: ns per piece (bench/keys_pieces.py).**", "",
+           "Each piece run N times inside one real request of a stack with keys on (nginx, null engine, Redis), "
+           "the least of several runs (the machine is shared); one key without limits, one with the limits of "
+           "the keys+limits row. The columns: " + "; ".join(
+               f"{label}: lua/ of {saved[label]['commit']}, load {saved[label]['load'][0]:.2f}" for label in labels)
+           + ". The interpreter columns: LuaJIT's interpreter only (jit.off() in that worker); a real request's Lua "
+           "runs largely interpreted (a perf profile of nginx on the hit path: libluajit 28% of its CPU, compiled "
+           "traces 4%), so its cost lies between the two kinds of column. The \"once per request\" rows: the key "
+           "check, the admission, the settlement and a usage line run once per request on a location driven by wrk "
+           "for 3 s (bench/keys_once.lua), as on ZCCP's own path: what they cost there, in ns per request, "
+           "including the garbage collection their allocations bring.", "",
+           "| piece | " + " | ".join(labels) + " |", "|---|" + "---|" * len(labels)]
+    for name in names:
+        cells = []
+        for label in labels:
+            ns = next((r["ns"] for r in saved[label]["rows"] if r["name"] == name), None)
+            cells.append("-" if ns is None else f"{ns:.0f}")
+        out.append(f"| {name} | " + " | ".join(cells) + " |")
+    return out
 
 
 def main() -> None:
@@ -135,6 +216,7 @@ def main() -> None:
     ap.add_argument("--conc", type=int, default=16)
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--render", action="store_true", help="only rewrite keys.md from keys.json")
+    ap.add_argument("--commit", help="run with this commit's lua/; writes bench/keys_before.json only")
     args = ap.parse_args()
     out_json = REPO / "bench" / "keys.json"
     if args.render:
@@ -155,9 +237,11 @@ def main() -> None:
                     over["auth"] = {"mode": "keys"}
                 stacks[mode] = Stack(Path(tmp) / mode.replace("+", "_"), over, with_redis=True).start()
                 keys[mode] = make_key(stacks[mode], mode) if mode != "off" else None
+            if args.commit:
+                use_lua_of(args.commit, Path(tmp), list(stacks.values()))
             for rnd in range(args.rounds):
-                for mode in MODES:
-                    for path, nocache in (("hit", False), ("miss", True)):
+                for path, nocache in (("hit", False), ("miss", True)):
+                    for mode in MODES[rnd % len(MODES):] + MODES[:rnd % len(MODES)]:
                         s = stacks[mode]
                         run_one(s, body_file, args.conc, 1, nocache, keys[mode])   # warm-up (and the hit's store)
                         r = run_one(s, body_file, args.conc, args.seconds, nocache, keys[mode])
@@ -167,6 +251,11 @@ def main() -> None:
             for s in stacks.values():
                 s.stop()
     remove_socket_dirs()
+    if args.commit:
+        (REPO / "bench" / "keys_before.json").write_text(json.dumps(
+            {"commit": args.commit, "seconds": args.seconds, "conc": args.conc, "runs": runs}, indent=1))
+        print("\n".join(paired(runs)))
+        return
     out_json.write_text(json.dumps({"seconds": args.seconds, "conc": args.conc, "runs": runs}, indent=1))
     text = render(runs, args.seconds, args.conc)
     (REPO / "bench" / "keys.md").write_text(text)

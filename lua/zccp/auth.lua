@@ -17,6 +17,8 @@ local sha256 = require "zccp.sha256"
 local tenant = require "zccp.tenant"
 local errors = require "zccp.errors"
 local redis = require "zccp.redis"
+local metrics = require "zccp.metrics"
+local limits = require "zccp.limits"
 
 local ngx = ngx
 local ngx_now = ngx.now
@@ -164,7 +166,7 @@ local function lookup(key)
 end
 
 local function count(api, result)
-    require("zccp.metrics").count("zccp_nginx_auth_total", api, result)
+    metrics.count("zccp_nginx_auth_total", api, result)
 end
 
 local function refuse(api, msg)
@@ -202,14 +204,14 @@ function _M.admit(api)
             or "invalid x-api-key: the key has expired")
     end
     ngx.ctx.zccp_tenant = rec.tenant_digest
-    count(api, "ok")
+    metrics.add("zccp_nginx_auth_total", api, "ok")   -- summed in the worker (zccp.metrics)
     return rec
 end
 
 -- Whether this caller's body must be read whole before it is sent on (not streamed into the
 -- slot): its key names models, or it has limits (max_tokens is reserved).
 function _M.wants_body(who)
-    return who.models ~= nil or require("zccp.limits").limited(who)
+    return who.models ~= nil or limits.limited(who)
 end
 
 local function model_of(body)

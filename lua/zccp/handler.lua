@@ -381,7 +381,7 @@ local function attempt(r, a, state, e)
         ngx_header["X-ZCCP-Engine"] = e.name
     end
     local outcome, res = relay.run(slot, state, r.deadline)
-    limits.observe(a:meta(slot.index))   -- the engine's exact counts, settled in the log phase
+    limits.observe(a:meta(slot.index), slot.cache)   -- the engine's exact counts, settled in the log phase
     if outcome == "done" and k then
         local kept, kerr = pcall(l1.keep, api, k, a:meta(slot.index), res)
         if not kept then
@@ -503,7 +503,8 @@ local function prepare(api, kind, kind_name, s, len, state, who, endpoint)
     end
     local body = src.body
     -- the key's models and limits (zccp.auth, zccp.limits), before L1: a 404 or 429 either way
-    if kind ~= "models" and not auth.allow_model(who, api, body) or not limits.admit(who, api, body, kind) then
+    if kind ~= "models" and not auth.allow_model(who, api, body)
+            or not limits.admit(who, api, body, kind, state.request_id) then
         return nil
     end
     local flags = kind and 0 or cache_flags()

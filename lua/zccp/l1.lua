@@ -27,6 +27,7 @@ local abi = require "zccp.abi"
 local settings = require "zccp.settings"
 local sha256 = require "zccp.sha256"
 local metrics = require "zccp.metrics"
+local limits = require "zccp.limits"
 local tenant_mod = require "zccp.tenant"
 local arena_mod = require "zccp.arena"
 
@@ -238,7 +239,7 @@ function _M.serve(api, k, final)
     ngx_header["Age"] = age > 0 and age or 0
     ngx_print(body)
     metrics.l1(api, "hit")
-    require("zccp.limits").observe_counts(pin, pout)
+    limits.observe_counts(pin, pout, "HIT")
     return true
 end
 

@@ -26,6 +26,7 @@ local errors = require "zccp.errors"
 local usage_log = require "zccp.usage_log"
 local metrics = require "zccp.metrics"
 local lease = require "zccp.lease"
+local resp_header = require "zccp.resp_header"
 
 local ngx = ngx
 local ngx_now = ngx.now
@@ -34,6 +35,7 @@ local type = type
 local tonumber = tonumber
 local tostring = tostring
 local ipairs = ipairs
+local setmetatable = setmetatable
 local pairs = pairs
 local math_floor = math.floor
 local math_ceil = math.ceil
@@ -41,6 +43,7 @@ local math_max = math.max
 local math_min = math.min
 local os_date = os.date
 local str_format = string.format
+local put_header = resp_header.put
 
 local _M = { _VERSION = "0.2.0" }
 
@@ -138,6 +141,13 @@ local function reset_in(j, now)
     return (days - t.day) * 86400 + left_today
 end
 
+-- A window's usage not yet sent: the same sums go to the key's and to the tenant's hash at
+-- the flush (one set of additions per request, not one per hash).
+local function new_acc()
+    return { dirty = false, requests = 0, input_tokens = 0, output_tokens = 0, cache_hits = 0, saved_tokens = 0,
+             status = {} }
+end
+
 -- The caller's counters in the current minute (12: 6 of the key, 6 of its tenant), their
 -- limits (0: none), the windows' ends and the keys' TTLs; kept on the caller's record
 -- and rebuilt when the minute turns (no per-request string building).
@@ -167,9 +177,23 @@ local function windows(who, now)
         w.names[s] = s == 1 and "key " .. who.id or "tenant " .. who.tenant
         w.scopes[s] = who.tenant .. "/" .. scopes[s]
     end
+    -- the leased counters (a limit set, not concurrency): what admit() and settle() walk
+    local act, act_j = {}, {}
+    for i = 1, 2 * N do
+        local j = (i - 1) % N + 1
+        if w.lims[i] > 0 then
+            if j == CONC then
+                w.exact = true
+            else
+                act[#act + 1], act_j[#act_j + 1] = i, j
+            end
+        end
+    end
+    w.act, w.act_j = act, act_j
     w.tenant_tag = who.tenant
     w.usage = { "zccp:use:{" .. who.tenant .. "}:k:" .. who.id .. ":" .. day,
                 "zccp:use:{" .. who.tenant .. "}:t:" .. day }
+    w.acc = new_acc()   -- this window's usage since the last flush (settle(), flush())
     who.zccp_windows = w
     return w
 end
@@ -213,13 +237,25 @@ local ANTHROPIC_HEADERS = header_names("anthropic-ratelimit-%s-%s", "requests", 
 local OPENAI_HEADERS = { { "x-ratelimit-limit-requests", "x-ratelimit-remaining-requests", "x-ratelimit-reset-requests" },
                          { "x-ratelimit-limit-tokens", "x-ratelimit-remaining-tokens", "x-ratelimit-reset-tokens" } }
 
--- One limit's three headers, when the limit is set.
-local function put_limit(names, limit, used, at)
+-- One limit's three headers, when the limit is set (lim_s: the limit as a string, made
+-- once per window).
+local function put_limit(r, names, limit, lim_s, used, at)
     if limit > 0 then
-        ngx_header[names[1]] = limit
-        ngx_header[names[2]] = math_max(0, limit - used)
-        ngx_header[names[3]] = at
+        put_header(r, names[1], lim_s)
+        put_header(r, names[2], tostring(math_max(0, limit - used)))
+        put_header(r, names[3], at)
     end
+end
+
+-- The limits' headers' values as strings: requests, input, output, input + output.
+local function limit_strings(w)
+    local s = w.lim_s
+    if not s then
+        local lims = w.lims
+        s = { tostring(lims[1]), tostring(lims[2]), tostring(lims[3]), tostring(lims[2] + lims[3]) }
+        w.lim_s = s
+    end
+    return s
 end
 
 -- The rate-limit headers of the API, from the key's own limits (counters 1-3).
@@ -228,17 +264,18 @@ local function set_headers(api, w, now)
     local rpm, itpm, otpm = lims[1], lims[2], lims[3]
     local used_in, used_out = itpm > 0 and used_of(w, 2) or 0, otpm > 0 and used_of(w, 3) or 0
     local used_requests = rpm > 0 and used_of(w, 1) or 0
+    local r, ls = resp_header.request(), limit_strings(w)
     if api == "anthropic" then
         local at, h = resets(now).anthropic, ANTHROPIC_HEADERS
-        put_limit(h[1], rpm, used_requests, at)
-        put_limit(h[2], itpm, used_in, at)
-        put_limit(h[3], otpm, used_out, at)
-        put_limit(h[4], itpm + otpm, used_in + used_out, at)
+        put_limit(r, h[1], rpm, ls[1], used_requests, at)
+        put_limit(r, h[2], itpm, ls[2], used_in, at)
+        put_limit(r, h[3], otpm, ls[3], used_out, at)
+        put_limit(r, h[4], itpm + otpm, ls[4], used_in + used_out, at)
         return
     end
     local at = resets(now).openai
-    put_limit(OPENAI_HEADERS[1], rpm, used_requests, at)
-    put_limit(OPENAI_HEADERS[2], itpm + otpm, used_in + used_out, at)
+    put_limit(r, OPENAI_HEADERS[1], rpm, ls[1], used_requests, at)
+    put_limit(r, OPENAI_HEADERS[2], itpm + otpm, ls[4], used_in + used_out, at)
 end
 
 local WHAT = { "requests per minute", "input tokens per minute", "output tokens per minute",
@@ -323,6 +360,23 @@ end
 local FLUSH_S = 0.05
 local MAX_LINES = 10000
 local owed, lines, flusher = {}, {}, false
+local dirty = {}   -- the windows whose usage sums (w.acc) have not been sent
+-- Tokens metered by API since the last flush (input, output, saved): into the Prometheus
+-- counters (zccp_nginx_metered_tokens_total) at each flush; three additions per request,
+-- no call (most of a request's Lua is interpreted: a call costs more than the sums).
+local metered = { anthropic = { 0, 0, 0 }, openai = { 0, 0, 0 } }
+local METERED = { "input", "output", "saved" }
+local STATUS_FIELD = setmetatable({}, { __index = function(t, status)
+    local f = "status_" .. status
+    t[status] = f
+    return f
+end })
+
+local function add(h, f, n)
+    if n ~= 0 then
+        h[f] = (h[f] or 0) + n
+    end
+end
 
 local function owed_of(tag)
     local t = owed[tag]
@@ -340,7 +394,44 @@ local function owe(tag, ck, d)
     end
 end
 
+-- The windows' usage sums into `owed` (each into its key's and its tenant's hash), and the
+-- metered tokens into their counters; the sums start again from zero.
+local function fold_usage()
+    local ws = dirty
+    dirty = {}
+    for n = 1, #ws do
+        local w = ws[n]
+        local acc = w.acc
+        w.acc = new_acc()
+        local u = owed_of(w.tenant_tag).usage
+        for s = 1, 2 do
+            local h = u[w.usage[s]]
+            if not h then
+                h = {}
+                u[w.usage[s]] = h
+            end
+            add(h, "requests", acc.requests)
+            for status, c in pairs(acc.status) do
+                add(h, STATUS_FIELD[status], c)
+            end
+            add(h, "input_tokens", acc.input_tokens)
+            add(h, "output_tokens", acc.output_tokens)
+            add(h, "cache_hits", acc.cache_hits)
+            add(h, "saved_tokens", acc.saved_tokens)
+        end
+    end
+    for api, m in pairs(metered) do
+        for k = 1, 3 do
+            if m[k] ~= 0 then
+                metrics.count("zccp_nginx_metered_tokens_total", api, METERED[k], m[k])
+                m[k] = 0
+            end
+        end
+    end
+end
+
 local function flush(premature)
+    fold_usage()
     lease.collect(ngx_now(), owed, premature)
     local out = lines
     lines = {}
@@ -418,15 +509,14 @@ local MAX_ROUNDS = 3   -- lease rounds (a grant may be spent by this worker's ot
 
 -- Whether this worker's leases cover `needs` with no Redis round trip (no concurrency limit).
 local function covered(w, needs)
-    local keys, lims = w.keys, w.lims
-    for i = 1, 2 * N do
-        local j = (i - 1) % N + 1
-        local need = needs[j]
-        if lims[i] > 0 and need > 0 then
-            if j == CONC then
-                return false
-            end
-            local b = lease.get(keys[i])
+    if w.exact and needs[CONC] > 0 then
+        return false   -- counted in Redis at every admission
+    end
+    local keys, act, act_j = w.keys, w.act, w.act_j
+    for a = 1, #act do
+        local need = needs[act_j[a]]
+        if need > 0 then
+            local b = lease.get(keys[act[a]])
             if not b or b.left < need then
                 return false
             end
@@ -439,9 +529,6 @@ end
 -- concurrency counts, exactly, in the first round). Returns true; or false, i, count
 -- (counter i refused); or nil, err. ticket.conc: the concurrency counters counted (or nil).
 local function reserve(w, needs, ticket, now)
-    if covered(w, needs) then
-        return true   -- the common case: nothing to ask Redis, nothing allocated
-    end
     local keys, lims = w.keys, w.lims
     local t = redis_target()
     for round = 1, MAX_ROUNDS do
@@ -488,64 +575,83 @@ local function reserve(w, needs, ticket, now)
     return false, nil, 0
 end
 
+-- The refusals this worker remembers (deny) all end before this time: until then, no lookup.
+local denied_until = 0
+
+-- A request's needs while nothing yields (the leases cover them): filled in place, no table
+-- per request. Indexes as NAMES: requests, input, output, in flight, day, month.
+local NEEDS = { 1, 0, 0, 1, 0, 0 }
+
 -- Admit this request or answer it 429 (false). who: zccp.auth's caller. kind: nil for a
 -- generation; "count_tokens" or "models": one request against the requests per minute
--- (no model tokens, no concurrency count), metered as a request.
-function _M.admit(who, api, body, kind)
+-- (no model tokens, no concurrency count), metered as a request. rid: the request id (for
+-- the usage line; nil: read from ngx.var when the line is made).
+function _M.admit(who, api, body, kind, rid)
     if who.off then
         return true
     end
     local now = ngx_now()
     local w = windows(who, now)
     local est_in = not kind and body and math_ceil(#body / BYTES_PER_TOKEN) or 0
-    local ticket = { who = who, w = w, est_in = est_in, est_out = 0, admitted = false, kind = kind,
-                     api = api, request_id = ngx.var.zccp_request_id }
+    local ticket = { who = who, w = w, est_in = est_in, est_out = 0, admitted = false, kind = kind, api = api,
+                     rid = rid }
     ngx.ctx.zccp_limits = ticket   -- metered when the answer ends (zccp.limits.settle), refused or not
     if not _M.limited(who) then
         return true   -- nothing to reserve
     end
-    if not deny then
-        deny = lrucache.new(10000)
-    end
     local scopes = w.scopes
-    for s = 1, 2 do
-        local d = deny:get(scopes[s])
-        if d and d[1] > now then
-            return refuse(api, w.names[s], d[2], d[3], d[1] - now)
+    if now < denied_until then
+        for s = 1, 2 do
+            local d = deny:get(scopes[s])
+            if d and d[1] > now then
+                return refuse(api, w.names[s], d[2], d[3], d[1] - now)
+            end
         end
     end
     local needs = NO_TOKENS
     if not kind then
         local est_out = output_reservation(body)
         ticket.est_out = est_out
-        needs = { 1, est_in, est_out, 1, est_in + est_out, est_in + est_out }
+        needs = NEEDS
+        needs[2], needs[3], needs[5], needs[6] = est_in, est_out, est_in + est_out, est_in + est_out
     end
     start_flusher()
-    local ok, i = reserve(w, needs, ticket, now)
-    if not ok then
-        for _, ck in ipairs(ticket.conc or NONE) do
-            owe(who.tenant, ck, -1)   -- counted in a round that did not admit: given back
+    if not covered(w, needs) then
+        if needs == NEEDS then   -- reserve() yields: this request's own copy
+            needs = { 1, NEEDS[2], NEEDS[3], 1, NEEDS[5], NEEDS[6] }
         end
-        if ok == nil then
-            ngx.log(ngx.ERR, "zccp: limits: redis: ", i)
-            return errors.send(api, 503, "overloaded_error", "the limits store is unreachable; retry shortly",
-                { ["Retry-After"] = "1" })
+        local ok, i = reserve(w, needs, ticket, now)
+        if not ok then
+            for _, ck in ipairs(ticket.conc or NONE) do
+                owe(who.tenant, ck, -1)   -- counted in a round that did not admit: given back
+            end
+            if ok == nil then
+                ngx.log(ngx.ERR, "zccp: limits: redis: ", i)
+                return errors.send(api, 503, "overloaded_error", "the limits store is unreachable; retry shortly",
+                    { ["Retry-After"] = "1" })
+            end
+            if not i then
+                return errors.send(api, 503, "overloaded_error", "limits busy; retry shortly",
+                    { ["Retry-After"] = "1" })
+            end
+            local s, j = i > N and 2 or 1, (i - 1) % N + 1
+            local limit = w.lims[i]
+            local retry = reset_in(j, now)
+            if j ~= CONC then   -- a concurrency count comes back within FLUSH_S: ask again
+                if not deny then
+                    deny = lrucache.new(10000)
+                end
+                deny:set(scopes[s], { now + retry, j, limit }, j == 1 and retry or DENY_CACHE_S)
+                denied_until = math_max(denied_until, now + retry)
+            end
+            return refuse(api, w.names[s], j, limit, retry)
         end
-        if not i then
-            return errors.send(api, 503, "overloaded_error", "limits busy; retry shortly", { ["Retry-After"] = "1" })
-        end
-        local s, j = i > N and 2 or 1, (i - 1) % N + 1
-        local limit = w.lims[i]
-        local retry = reset_in(j, now)
-        if j ~= CONC then   -- a concurrency count comes back within FLUSH_S: ask again
-            deny:set(scopes[s], { now + retry, j, limit }, j == 1 and retry or DENY_CACHE_S)
-        end
-        return refuse(api, w.names[s], j, limit, retry)
     end
-    for k = 1, 2 * N do
-        local j = (k - 1) % N + 1
-        if w.lims[k] > 0 and j ~= CONC and needs[j] > 0 then
-            lease.spend(w.keys[k], needs[j], now)
+    local keys, act, act_j = w.keys, w.act, w.act_j
+    for a = 1, #act do
+        local need = needs[act_j[a]]
+        if need > 0 then
+            lease.spend(keys[act[a]], need, now)
         end
     end
     ticket.admitted = true
@@ -554,78 +660,83 @@ function _M.admit(who, api, body, kind)
 end
 
 -- The engine's exact counts for this request: after the relay, its slot's meta
--- (prompt_len, completion_len); for an L1 hit, the counts its entry kept (what it saved).
-function _M.observe_counts(input, output)
+-- (prompt_len, completion_len) and the cache verdict it sent (X-ZCCP-Cache, or nil); for
+-- an L1 hit, the counts its entry kept (what it saved) and "HIT".
+function _M.observe_counts(input, output, cache)
     local t = ngx.ctx.zccp_limits
     if t then
-        t.input, t.output = tonumber(input), tonumber(output)
+        t.input, t.output, t.cache = tonumber(input), tonumber(output), cache
     end
 end
 
-function _M.observe(meta)
-    return _M.observe_counts(meta.prompt_len, meta.completion_len)
-end
-
-local function add(h, f, n)
-    if n ~= 0 then
-        h[f] = (h[f] or 0) + n
-    end
+function _M.observe(meta, cache)
+    return _M.observe_counts(meta.prompt_len, meta.completion_len, cache)
 end
 
 -- log_by_lua: settle the reservation into this worker's leases (what cannot be applied
--- there is owed to Redis) and meter this request.
+-- there is owed to Redis) and meter this request (added to its window's sums, sent by
+-- the flush).
 function _M.settle()
-    local t = ngx.ctx.zccp_limits
+    local ctx = ngx.ctx
+    local t = ctx.zccp_limits
     if not t then
         return
     end
-    ngx.ctx.zccp_limits = nil
+    ctx.zccp_limits = nil
     if not start_flusher() then
         return
     end
-    local status, cache = ngx.status, ngx.var.sent_http_x_zccp_cache or ""
+    local status, cache = ngx.status, t.cache
     local hit = cache == "HIT" or cache == "NEAR"     -- the engine's or L1's: zero model tokens
     local model = not hit and not t.kind             -- count_tokens, models: no model tokens
     local used_in = (model and t.input) or 0
     local used_out = (model and t.output) or 0
     local saved = hit and ((t.input or 0) + (t.output or 0)) or 0
-    local who, w = t.who, t.w
-    local tag = who.tenant
+    local w = t.w
     if t.admitted then
+        local tag = t.who.tenant
         local d_in, d_out = t.est_in - used_in, t.est_out - used_out     -- > 0: comes back
-        local back = { 0, d_in, d_out, 0, d_in + d_out, d_in + d_out }
-        for k = 1, 2 * N do
-            local j = (k - 1) % N + 1
-            if w.lims[k] > 0 and back[j] ~= 0 and j ~= CONC then
-                owe(tag, w.keys[k], -lease.refund(w.keys[k], back[j]))
+        if d_in ~= 0 or d_out ~= 0 then
+            local keys, act, act_j = w.keys, w.act, w.act_j
+            for a = 1, #act do
+                local j = act_j[a]
+                local back = j == 2 and d_in or j == 3 and d_out or j >= 5 and d_in + d_out or 0
+                if back ~= 0 then
+                    local ck = keys[act[a]]
+                    owe(tag, ck, -lease.refund(ck, back))
+                end
             end
         end
-        for _, ck in ipairs(t.conc or NONE) do
-            owe(tag, ck, -1)
+        if t.conc then
+            for _, ck in ipairs(t.conc) do
+                owe(tag, ck, -1)
+            end
         end
     end
-    local u = owed_of(tag).usage
-    for s = 1, 2 do
-        local h = u[w.usage[s]]
-        if not h then
-            h = {}
-            u[w.usage[s]] = h
-        end
-        add(h, "requests", 1)
-        add(h, "status_" .. status, 1)
-        add(h, "input_tokens", used_in)
-        add(h, "output_tokens", used_out)
-        add(h, "cache_hits", hit and 1 or 0)
-        add(h, "saved_tokens", saved)
+    local acc = w.acc
+    if not acc.dirty then
+        acc.dirty = true
+        dirty[#dirty + 1] = w
     end
-    metrics.count("zccp_nginx_metered_tokens_total", t.api, "input", used_in)
-    metrics.count("zccp_nginx_metered_tokens_total", t.api, "output", used_out)
-    metrics.count("zccp_nginx_metered_tokens_total", t.api, "saved", saved)
-    if #lines < MAX_LINES then
-        t.day = w.day
-        lines[#lines + 1] = usage_log.line(t, status, used_in, used_out, saved, cache)
-    else
-        ngx.log(ngx.ERR, "zccp: limits: usage log queue full; one line dropped")
+    acc.requests = acc.requests + 1
+    acc.status[status] = (acc.status[status] or 0) + 1
+    acc.input_tokens = acc.input_tokens + used_in
+    acc.output_tokens = acc.output_tokens + used_out
+    if hit then
+        acc.cache_hits = acc.cache_hits + 1
+    end
+    acc.saved_tokens = acc.saved_tokens + saved
+    local m = metered[t.api]
+    if m then
+        m[1], m[2], m[3] = m[1] + used_in, m[2] + used_out, m[3] + saved
+    end
+    if usage_log.enabled() then
+        if #lines < MAX_LINES then
+            lines[#lines + 1] = usage_log.line(t, t.rid or ngx.var.zccp_request_id, status, used_in, used_out, saved,
+                                               cache)
+        else
+            ngx.log(ngx.ERR, "zccp: limits: usage log queue full; one line dropped")
+        end
     end
 end
 

@@ -6,9 +6,9 @@ local ngx = ngx
 local ngx_socket_tcp = ngx.socket.tcp
 local concat = table.concat
 local sort = table.sort
-local tostring = tostring
 local tonumber = tonumber
 local ipairs = ipairs
+local pairs = pairs
 local str_format = string.format
 local str_match = string.match
 local gmatch = string.gmatch
@@ -57,21 +57,50 @@ local function dict()
     return ngx.shared[DICT]
 end
 
+-- The dict key of series `name` {api, <its label>=value}: made once (every label value is
+-- from a fixed set), not concatenated on every request.
+local KEYS = {}
+local BYTES_IN = {}   -- api -> the key of zccp_nginx_bytes_in_total
+
+local function key_of(name, api, value)
+    local by_api = KEYS[name]
+    if not by_api then
+        by_api = {}
+        KEYS[name] = by_api
+    end
+    local by_value = by_api[api]
+    if not by_value then
+        by_value = {}
+        by_api[api] = by_value
+    end
+    local k = by_value[value]
+    if not k then
+        k = name .. SEP .. api .. SEP .. value
+        by_value[value] = k
+    end
+    return k
+end
+
 -- log_by_lua: one count per response, whoever answered it (Lua, error_page, engine).
 function _M.log(api)
     local d = dict()
     if not d then
         return
     end
-    d:incr("zccp_nginx_requests_total" .. SEP .. api .. SEP .. tostring(ngx.status), 1, 0)
-    d:incr("zccp_nginx_bytes_in_total" .. SEP .. api, tonumber(ngx.var.request_length) or 0, 0)
+    d:incr(key_of("zccp_nginx_requests_total", api, ngx.status), 1, 0)
+    local bytes_in = BYTES_IN[api]
+    if not bytes_in then
+        bytes_in = "zccp_nginx_bytes_in_total" .. SEP .. api
+        BYTES_IN[api] = bytes_in
+    end
+    d:incr(bytes_in, tonumber(ngx.var.request_length) or 0, 0)
 end
 
 -- zccp.l1: one lookup's or one store's result ("hit", "miss", "store").
 function _M.l1(api, result)
     local d = dict()
     if d then
-        d:incr("zccp_nginx_l1_total" .. SEP .. api .. SEP .. result, 1, 0)
+        d:incr(key_of("zccp_nginx_l1_total", api, result), 1, 0)
     end
 end
 
@@ -103,8 +132,43 @@ end
 function _M.count(name, api, value, n)
     local d = dict()
     if d and n ~= 0 then
-        d:incr(name .. SEP .. api .. SEP .. value, n or 1, 0)
+        d:incr(key_of(name, api, value), n or 1, 0)
     end
+end
+
+-- Counts of every request (keys checked, tokens metered) are summed in this worker and
+-- added to the shared dict every BATCH_S (and when the worker exits): one dict write per
+-- series per BATCH_S, not one per request. A scrape sees them at most BATCH_S late.
+local BATCH_S = 0.05
+local pending = {}     -- dict key -> what this worker has not added yet
+local batching = false
+
+local function flush_pending()
+    local d = dict()
+    for k, n in pairs(pending) do
+        pending[k] = nil
+        if d then
+            d:incr(k, n, 0)
+        end
+    end
+end
+
+-- Like count(), summed in this worker first (see BATCH_S).
+function _M.add(name, api, value, n)
+    n = n or 1
+    if n == 0 then
+        return
+    end
+    if not batching then
+        local ok, err = ngx.timer.every(BATCH_S, flush_pending)
+        if not ok then
+            ngx.log(ngx.ERR, "zccp: metrics batch timer: ", err)
+            return _M.count(name, api, value, n)
+        end
+        batching = true
+    end
+    local k = key_of(name, api, value)
+    pending[k] = (pending[k] or 0) + n
 end
 
 -- Series that exist from the start, at 0, so that a rate over them misses nothing.

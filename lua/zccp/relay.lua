@@ -43,6 +43,7 @@ local function send_headers(slot, status, sse)
     local cache = CACHE_NAMES[tonumber(meta.cache_status)]
     if cache then
         ngx_header["X-ZCCP-Cache"] = cache
+        slot.cache = cache   -- the verdict sent, metered with the request (zccp.limits.observe)
         if cache == "NEAR" then
             ngx_header["X-ZCCP-Similarity"] = str_format("%.4f", tonumber(meta.similarity_ppm) / 1e6)
         end

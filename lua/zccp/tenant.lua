@@ -12,6 +12,8 @@ local str_match = string.match
 local str_lower = string.lower
 local str_gsub = string.gsub
 local str_find = string.find
+local str_byte = string.byte
+local str_sub = string.sub
 
 local _M = { _VERSION = "0.1.0" }
 
@@ -31,15 +33,35 @@ local function source_value(s, fp)
     return fp and fp.end_user   -- "user": metadata.user_id / user, when nginx decoded the body
 end
 
+-- Whether byte b is what %s matches (space, \t, \n, \v, \f, \r).
+local function is_space(b)
+    return b == 32 or (b >= 9 and b <= 13)
+end
+
 -- The caller's API key: x-api-key (Anthropic's), else the token of Authorization: Bearer
 -- (OpenAI's). A header that is present but empty (or blank) is no key: it falls through.
+-- The usual header (no surrounding blanks) is returned as it is: no pattern match, which
+-- LuaJIT does not compile, on every request.
 function _M.api_key()
     local key = ngx_var.http_x_api_key
-    if key and str_find(key, "%S") then
-        return str_match(key, "^%s*(.-)%s*$")
+    if key then
+        local n = #key
+        if n > 0 and not is_space(str_byte(key, 1)) and not is_space(str_byte(key, n)) then
+            return key
+        end
+        if str_find(key, "%S") then
+            return str_match(key, "^%s*(.-)%s*$")
+        end
     end
     local auth = ngx_var.http_authorization
-    return auth and str_match(auth, "^[Bb][Ee][Aa][Rr][Ee][Rr]%s+(%S+)%s*$")
+    if not auth then
+        return nil
+    end
+    -- "Bearer <token>" (the usual form): the token, when it holds no blank
+    if str_sub(auth, 1, 7) == "Bearer " and #auth > 7 and not str_find(auth, "[%s]", 8) then
+        return str_sub(auth, 8)
+    end
+    return str_match(auth, "^[Bb][Ee][Aa][Rr][Ee][Rr]%s+(%S+)%s*$")
 end
 
 -- fp: the request's fingerprint (zccp.fingerprint.compute), or nil. With keys on

@@ -11,6 +11,10 @@ local settings = require "zccp.settings"
 local ngx = ngx
 local io_open = io.open
 local concat = table.concat
+local setmetatable = setmetatable
+local str_find = string.find
+local cjson_encode = cjson.encode
+local ngx_now = ngx.now
 
 local _M = { _VERSION = "0.1.0" }
 
@@ -40,11 +44,61 @@ if settings.abi_header() then
     handle()
 end
 
--- One request's line (t: its zccp.limits ticket), without the newline.
-function _M.line(t, status, input, output, saved, cache)
-    return cjson.encode({ ts = ngx.now(), request_id = t.request_id, key_id = t.who.id, tenant = t.who.tenant,
-                          api = t.api, status = status, cache = cache ~= "" and cache or cjson.null,
-                          input_tokens = input, output_tokens = output, saved_tokens = saved })
+-- Whether lines are written (auth.usage_log set): settle() builds none otherwise.
+function _M.enabled()
+    local auth = settings.get().auth
+    local path = auth and auth.usage_log
+    return path ~= nil and path ~= ""
+end
+
+-- A string as a JSON value: as it is between quotes when nothing in it needs escaping.
+local function json_string(s)
+    if not str_find(s, '[%c"\\\128-\255]') then
+        return '"' .. s .. '"'
+    end
+    return cjson_encode(s)
+end
+
+-- The key's part of its lines ("key_id":...,"tenant":...), made once per cached record.
+local function key_part(who)
+    local p = who.zccp_usage_part
+    if not p then
+        p = '"key_id":' .. json_string(who.id) .. ',"tenant":' .. json_string(who.tenant)
+        who.zccp_usage_part = p
+    end
+    return p
+end
+
+-- The API's and the cache verdict's parts: from small fixed sets, each made once.
+local API_PART = setmetatable({}, { __index = function(t, api)
+    local p = ',"api":' .. json_string(api) .. ',"status":'
+    t[api] = p
+    return p
+end })
+local CACHE_PART = setmetatable({}, { __index = function(t, cache)
+    local p = ',"cache":' .. (cache ~= "" and json_string(cache) or "null") .. ',"input_tokens":'
+    t[cache] = p
+    return p
+end })
+
+-- The request id as a JSON value. Its characters are printable ASCII (zccp_request_id's
+-- map): only a quote or a backslash needs escaping (plain finds, which LuaJIT compiles).
+local function rid_json(rid)
+    if not rid then
+        return "null"
+    end
+    if str_find(rid, '"', 1, true) or str_find(rid, "\\", 1, true) then
+        return cjson_encode(rid)
+    end
+    return '"' .. rid .. '"'
+end
+
+-- One request's line (t: its zccp.limits ticket; rid: its request id; cache: its
+-- X-ZCCP-Cache verdict, or nil), without the newline: one concatenation, no table.
+function _M.line(t, rid, status, input, output, saved, cache)
+    return '{"ts":' .. ngx_now() .. ',"request_id":' .. rid_json(rid) .. ',' .. key_part(t.who)
+        .. API_PART[t.api] .. status .. CACHE_PART[cache or ""] .. input .. ',"output_tokens":' .. output
+        .. ',"saved_tokens":' .. saved .. '}'
 end
 
 -- Several lines in one write (zccp.limits flushes them together).

@@ -6,6 +6,8 @@ stops within auth.cache_ttl_s."""
 
 from __future__ import annotations
 
+import os
+import signal
 import subprocess
 import threading
 import time
@@ -185,3 +187,46 @@ def test_count_tokens_and_models_count_as_requests(make_stack):
     usage = keys_cli(s, "usage", "--tenant", "counted")["tenant"]
     assert usage["requests"] == 4 and usage["status_200"] == 3 and usage["status_429"] == 1, usage
     assert usage["input_tokens"] > 0 and usage["output_tokens"] > 0   # the generation's only
+
+
+def nginx_workers(master: int) -> set[int]:
+    """The nginx master's worker processes (its children), from /proc."""
+    out = set()
+    for d in Path("/proc").iterdir():
+        if d.name.isdigit():
+            try:
+                stat = (d / "stat").read_bytes()
+            except OSError:
+                continue
+            if int(stat[stat.rindex(b")") + 2:].split()[1]) == master:
+                out.add(int(d.name))
+    return out
+
+
+def test_a_reload_gives_the_exiting_workers_leases_back(make_stack):
+    """The workers a reload replaces give back what they leased and did not spend, as they
+    exit (lease.collect, all): nobody else could, as each lease lives in one worker's memory.
+    Requests go on until the reload is sent, so no lease is idle (lease.IDLE_S) before then."""
+    s = make_stack({"model": NULL, "auth": AUTH}, with_redis=True)
+    fresh_minute()
+    k = keys_cli(s, "create", "--tenant", "acme", "--rpm", "16000")
+    body = req("anthropic", [{"role": "user", "content": "hi"}], max_tokens=4)
+    r = redis.Redis.from_url(s.cfg.cache.redis_url)
+    assert s.nginx is not None
+    master = s.nginx.proc.pid
+    old = nginx_workers(master)
+    sent = 0
+    with s.client() as c:   # one client: its connections close with the old workers
+        for _ in range(20):
+            resp = c.post("/v1/messages", json=body, headers={"x-api-key": k["key"], "cache-control": "no-store"})
+            assert resp.status_code == 200, resp.text
+            sent += 1
+        assert counter(r, "acme", k["id"], "rpm") > sent    # the workers hold leases (1/SHARE of 16000)
+        os.kill(master, signal.SIGHUP)
+    deadline = time.monotonic() + 30
+    while nginx_workers(master) & old and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not nginx_workers(master) & old, "the old workers did not exit"
+    # Nothing after the reload leased (no request went to the new workers), and the old ones
+    # are gone: what they had not spent is back only if their exit gave it back.
+    assert counter(r, "acme", k["id"], "rpm") == sent

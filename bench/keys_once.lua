@@ -1,0 +1,53 @@
+-- bench/keys_pieces.py --once: the key check, the admission and the settlement run once per
+-- request, as on ZCCP's own path (so LuaJIT compiles, or does not, as it does there); each
+-- one's ns summed in the metrics dict. ?report=1: the means per request (JSON), and reset.
+local cjson = require "cjson.safe"
+local libc = require "zccp.libc"
+local auth = require "zccp.auth"
+local limits = require "zccp.limits"
+
+local ngx = ngx
+local tonumber = tonumber
+local d = ngx.shared.zccp_metrics
+local usage_log = require "zccp.usage_log"
+local PARTS = { "auth.admit", "limits.admit", "limits.settle", "usage_log.line (with the request id)" }
+
+if ngx.var.arg_report then
+    local n = d:get("bench:n") or 0
+    local out = { requests = n }
+    for _, p in ipairs(PARTS) do
+        out[p] = n > 0 and (d:get("bench:" .. p) or 0) / n or 0
+        d:delete("bench:" .. p)
+    end
+    d:delete("bench:n")
+    ngx.header["Content-Type"] = "application/json"
+    return ngx.print(cjson.encode(out))
+end
+
+ngx.req.read_body()
+local body = ngx.req.get_body_data() or ""
+local t0 = libc.now_ns()
+local who = auth.admit("anthropic")
+local t1 = libc.now_ns()
+if not who then
+    return
+end
+limits.admit(who, "anthropic", body)
+local t2 = libc.now_ns()
+limits.settle()
+local new_line = debug.getinfo(usage_log.line, "u").nparams == 7   -- this branch's (6: before it)
+local t3 = libc.now_ns()
+local line
+if new_line then
+    line = usage_log.line({ who = who, api = "anthropic" }, ngx.var.zccp_request_id, 200, 10, 20, 0, "HIT")
+else
+    line = usage_log.line({ who = who, api = "anthropic", request_id = ngx.var.zccp_request_id }, 200, 10, 20, 0,
+                          "HIT")
+end
+local t4 = libc.now_ns()
+d:incr("bench:usage_log.line (with the request id)", tonumber(t4 - t3), 0)
+d:incr("bench:auth.admit", tonumber(t1 - t0), 0)
+d:incr("bench:limits.admit", tonumber(t2 - t1), 0)
+d:incr("bench:limits.settle", tonumber(t3 - t2), 0)
+d:incr("bench:n", 1, 0)
+ngx.print(#line > 0 and "ok" or "")
