@@ -28,9 +28,27 @@ function _M.request()
     return direct and get_request() or nil
 end
 
+local proven = false   -- the first call runs under pcall: a lua-resty-core whose declaration
+                       -- differs from this call's arguments turns the direct path off
+
+local function set(r, name, value)
+    return C.ngx_http_lua_ffi_set_resp_header(r, name, #name, false, value, #value, nil, 0, 1, errmsg)
+end
+
 function _M.put(r, name, value)
     if r then
-        local rc = C.ngx_http_lua_ffi_set_resp_header(r, name, #name, false, value, #value, nil, 0, 1, errmsg)
+        local rc
+        if proven then
+            rc = set(r, name, value)
+        else
+            local ok, res = pcall(set, r, name, value)
+            if ok then
+                proven, rc = true, res
+            else
+                direct = false
+                ngx.log(ngx.WARN, "zccp: headers through ngx.header: ", res)
+            end
+        end
         if rc == 0 or rc == FFI_DECLINED then
             return
         end
