@@ -215,7 +215,7 @@ class AuthConfig:
     keys_file: str | None = None
     # One JSON line per request answered with a key (billing); None: usage.jsonl beside the
     # doorbell socket (a directory nginx's workers can write), "" : none
-    usage_log: str | None = None
+    usage_log: str | None = field(default=None, metadata={"empty_ok": True})
 
     @property
     def on(self) -> bool:
@@ -321,9 +321,10 @@ def _build_section(path: str, name: str, cls: type, raw: Any) -> Any:
         if key not in known:
             raise ConfigError(f"{path}: {name}.{key}: unknown key (known: {', '.join(sorted(known))})")
     values = {}
+    empty_ok = {f.name for f in dataclasses.fields(cls) if f.metadata.get("empty_ok")}
     for key, value in raw.items():
         where = f"{path}: {name}.{key}"
-        checked = _check_value(where, hints[key], value)
+        checked = "" if value == "" and key in empty_ok else _check_value(where, hints[key], value)
         bounds = bounds_of[key]
         if bounds is not None and checked is not None and not bounds[0] <= checked <= bounds[1]:
             raise ConfigError(f"{where}: {checked!r} is outside [{bounds[0]}, {bounds[1]}]")

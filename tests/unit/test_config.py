@@ -186,3 +186,13 @@ def test_tls_and_http2_are_checked_by_name(tmp_path):
     ]:
         with pytest.raises(ConfigError, match=needle):
             check_tls_files(parse_config({"server": {"tls": bad}}, "c.yaml"))
+
+
+def test_an_empty_usage_log_turns_it_off_and_other_strings_stay_non_empty(tmp_path):
+    """auth.usage_log: "" is documented as no usage log (nginx writes no line); elsewhere an
+    empty string is still refused, and the default puts the log beside the doorbell."""
+    off = runtime.resolve(parse_config({"auth": {"usage_log": ""}}), tmp_path)
+    assert off.auth.usage_log == ""
+    assert runtime.resolve(parse_config({}), tmp_path).auth.usage_log.endswith("usage.jsonl")
+    with pytest.raises(ConfigError, match="auth.keys_file: expected a non-empty string"):
+        parse_config({"auth": {"keys_file": ""}})
