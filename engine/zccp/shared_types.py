@@ -8,7 +8,11 @@ TextDelta values; the API layer renders those back into each API's bytes.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, Final, Literal
+
+# Choices one request may ask for: OpenAI's n (and /v1/completions: prompts x n). nginx
+# reserves max_tokens per choice up to this (limits.max_choices in zccp_http.conf).
+MAX_CHOICES: Final = 128
 
 # "openai" is Chat Completions; "completions" and "responses" the other OpenAI endpoints
 ApiKind = Literal["anthropic", "openai", "completions", "responses"]

@@ -303,15 +303,16 @@ local function refuse(api, scope_name, j, limit, retry)
 end
 
 -- The choices a body asks for: OpenAI's n, times /v1/completions' prompts (an array of
--- strings or of token-id arrays; one array of ids is one prompt). The engine bounds both.
-local function choices_of(doc)
+-- strings or of token-id arrays; one array of ids is one prompt), at most what the engine
+-- serves in one request (limits.max_choices: its MAX_CHOICES; more is refused there).
+local function choices_of(doc, most)
     local n = tonumber(doc.n)
-    n = (n and n >= 1) and math_min(math_floor(n), 128) or 1
+    n = (n and n >= 1) and math_floor(n) or 1
     local p = doc.prompt
     if type(p) == "table" and type(p[1]) ~= "number" and #p > 1 then
-        n = n * math_min(#p, 128)
+        n = n * #p
     end
-    return n
+    return math_min(n, most)
 end
 
 -- max_tokens the body asks for (/v1/responses: max_output_tokens), else the configured
@@ -326,7 +327,7 @@ local function max_tokens_of(doc)
     else
         m = math_min(math_floor(m), cap)
     end
-    return type(doc) == "table" and m * choices_of(doc) or m
+    return type(doc) == "table" and m * choices_of(doc, s and s.max_choices or 1) or m
 end
 
 -- The output reservation of a body; the same bytes again (an L1 hit, a retry) are not

@@ -18,12 +18,21 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any, Final
 
-from ..shared_types import ApiError, ChatInput, GenerationRequest, GenerationResult, TextDelta, TokenLogprob, ToolCall
+from ..shared_types import (
+    MAX_CHOICES,
+    ApiError,
+    ChatInput,
+    GenerationRequest,
+    GenerationResult,
+    TextDelta,
+    TokenLogprob,
+    ToolCall,
+)
 from . import openai
 from .codec import ApiCodec
 from .common import ParseLimits, dumps, random_id, sse
 from .fields import is_int
-from .openai import MAX_CHOICES, _bool, _empty_array, _err, _int, _known_only, _type_err, _unsupported, _usage
+from .openai import _bool, _empty_array, _err, _int, _known_only, _type_err, _unsupported, _usage
 
 _FIELDS: Final = frozenset({
     "model", "prompt", "max_tokens", "temperature", "top_p", "n", "stream", "stream_options", "stop", "seed",

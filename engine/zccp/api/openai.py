@@ -17,6 +17,7 @@ from ..shared_types import (
     ApiError,
     ChatInput,
     GenerationRequest,
+    MAX_CHOICES,
     GenerationResult,
     OutputConstraint,
     Role,
@@ -307,7 +308,6 @@ def _logit_bias(v: Any) -> tuple[tuple[int, float], ...]:
 
 
 _MAX_TOP_LOGPROBS: Final = 20
-MAX_CHOICES: Final = 128          # n (and /v1/completions: prompts x n) in one request
 
 
 def _logprobs(obj: dict[str, Any]) -> int | None:

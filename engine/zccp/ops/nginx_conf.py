@@ -11,6 +11,7 @@ from zccp.cache.redis_target import parse_redis_url
 from zccp.config import Config, auth_redis_url, check_tls_files, mask_state_path, model_names
 from zccp.paths import lua_dir, lua_file, make_dirs, nginx_template
 from zccp.runtime import worker_user
+from zccp.shared_types import MAX_CHOICES
 
 _PLACEHOLDER = re.compile(r"\{\{(\w+)\}\}")
 _LEVELS = {"debug": "info", "info": "warn", "warning": "warn", "error": "error"}
@@ -252,6 +253,7 @@ def render(cfg: Config, out: Path, standalone: bool = False, prefix: Path | None
         "resolver": resolver_line(cfg),
         "default_max_tokens": str(cfg.limits.default_max_tokens),
         "max_tokens_cap": str(cfg.limits.max_tokens_cap),
+        "max_choices": str(MAX_CHOICES),
         "admin_token_sha256": _admin_token_digest(cfg),
         "model_location": model_location(cfg),
         "model_log_path": " ".join(f"{p} 1;" for p in _model_paths(cfg)) or "# (no /v1/models/{id} location)",
