@@ -94,6 +94,37 @@ def test_chunked_prefill_equals_one_pass(hf):
         assert float((chunked - single).abs().max()) < 1e-4
 
 
+class _TokenSink:
+    """A scheduler sink that keeps the tokens it is given and the prefix reuse it is told of."""
+    blocked = False
+
+    def __init__(self, toks: list[int] | None = None):
+        self.toks: list[int] = [] if toks is None else toks
+        self.cached: int | None = None
+
+    def start(self, cached, plan):
+        self.cached = cached
+
+    def kept(self, n):
+        pass
+
+    def token(self, t):
+        self.toks.append(t)
+        return False
+
+    def end(self, reason, n):
+        return n
+
+    def flush(self):
+        return True
+
+    def fail(self):
+        raise AssertionError("failed")
+
+    def abandoned(self, exc):
+        raise AssertionError("abandoned")
+
+
 def _generate(hf, prompts, prefix):
     sched = BatchScheduler(hf, BatchLimits(8, 8, 256 << 20), Planner(torch.device("cpu"), 256 << 20, 1, 32, 16),
                            prefix, EngineMetrics())
@@ -102,37 +133,11 @@ def _generate(hf, prompts, prefix):
     try:
         for i, p in enumerate(prompts):          # one after the other: each can reuse the one before
             done = threading.Event()
-            toks: list[int] = []
-
-            class S:
-                blocked = False
-
-                def start(self, cached, plan, i=i):
-                    reused[i] = cached
-
-                def kept(self, n):
-                    pass
-
-                def token(self, t, toks=toks):
-                    toks.append(t)
-                    return False
-
-                def end(self, reason, n):
-                    return n
-
-                def flush(self):
-                    return True
-
-                def fail(self):
-                    raise AssertionError("failed")
-
-                def abandoned(self, exc):
-                    raise AssertionError("abandoned")
-
-            sched.submit(Sequence(p, p.numpy(), SamplingParams(max_tokens=24, temperature=0), S(), lambda: False,
+            sink = _TokenSink()
+            sched.submit(Sequence(p, p.numpy(), SamplingParams(max_tokens=24, temperature=0), sink, lambda: False,
                                   lambda v, done=done: done.set()))
             assert done.wait(60)
-            out[i] = toks
+            out[i], reused[i] = sink.toks, sink.cached
     finally:
         sched.stop()
     return out, reused
@@ -203,41 +208,13 @@ def test_scheduler_prefills_arrivals_together_with_the_answers_of_each_alone(hf,
     tokens: list[list[int]] = [[] for _ in prompts]
     done = threading.Semaphore(0)
 
-    class S:
-        blocked = False
-
-        def __init__(self, toks):
-            self.toks = toks
-
-        def start(self, cached, plan):
-            pass
-
-        def kept(self, n):
-            pass
-
-        def token(self, t):
-            self.toks.append(t)
-            return False
-
-        def end(self, reason, n):
-            return n
-
-        def flush(self):
-            return True
-
-        def fail(self):
-            raise AssertionError("failed")
-
-        def abandoned(self, exc):
-            raise AssertionError("abandoned")
-
     try:
         first = chat_ids(hf, "warm the prefix", system)      # alone: the odd rows reuse its system blocks
-        sched.submit(Sequence(first, first.numpy(), SamplingParams(max_tokens=2, temperature=0), S([]),
+        sched.submit(Sequence(first, first.numpy(), SamplingParams(max_tokens=2, temperature=0), _TokenSink(),
                               lambda: False, lambda v: done.release()))
         assert done.acquire(timeout=60)
         for p, toks in zip(prompts, tokens, strict=True):
-            sched.submit(Sequence(p, p.numpy(), SamplingParams(max_tokens=12, temperature=0), S(toks),
+            sched.submit(Sequence(p, p.numpy(), SamplingParams(max_tokens=12, temperature=0), _TokenSink(toks),
                                   lambda: not gate.wait(60), lambda v: done.release()))
         gate.set()
         for _ in prompts:
