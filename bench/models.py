@@ -128,9 +128,10 @@ def _system_prompt(seed: int, tokens: int, tok) -> str:
     return " ".join(words)
 
 
-def _turn(client: httpx.Client, model: str, system: str, messages: list[dict]) -> tuple[float, str, dict]:
-    """One streamed turn: (TTFT s, the answer text, usage)."""
-    body = {"model": model, "max_tokens": 16, "temperature": 0, "stream": True, "system": system,
+def _turn(client: httpx.Client, model: str, system: str | list[dict], messages: list[dict],
+          max_tokens: int = 16) -> tuple[float, str, dict]:
+    """One streamed turn, the model answering (no-cache): (TTFT s, the answer text, usage)."""
+    body = {"model": model, "max_tokens": max_tokens, "temperature": 0, "stream": True, "system": system,
             "messages": messages}
     t0 = time.perf_counter()
     first, text, usage = None, [], {}

@@ -43,7 +43,7 @@ from pathlib import Path
 
 import httpx
 
-from bench.models import WORDS, _system_prompt, hf_limits
+from bench.models import WORDS, _system_prompt, _turn, hf_limits
 from bench.run import commit_info, log, machine_info
 from bench.services import start_b, start_d
 from zccp.ops.stack import free_port
@@ -180,22 +180,8 @@ def cache_control_trials(url: str, model: str, ckpt: Path, trials: int, tokens: 
                        "cache_control": {"type": "ephemeral"}}]
             row: dict = {"trial": t}
             for call, question in enumerate(("What does the pipeline keep?", "Which block is pinned?")):
-                body = {"model": model, "max_tokens": 8, "temperature": 0, "stream": True, "system": system,
-                        "messages": [{"role": "user", "content": question}]}
-                t0 = time.perf_counter()
-                first, usage = None, {}
-                with client.stream("POST", "/v1/messages", json=body,
-                                   headers={"Cache-Control": "no-cache, no-store"}) as r:
-                    r.raise_for_status()
-                    for line in r.iter_lines():
-                        if not line.startswith("data: "):
-                            continue
-                        ev = json.loads(line[6:])
-                        if ev["type"] == "message_start":
-                            usage = ev["message"]["usage"]
-                        elif ev["type"] == "content_block_delta" and first is None:
-                            first = time.perf_counter()
-                row[f"ttft_{call + 1}_ms"] = ((first or time.perf_counter()) - t0) * 1000
+                ttft, _, usage = _turn(client, model, system, [{"role": "user", "content": question}], max_tokens=8)
+                row[f"ttft_{call + 1}_ms"] = ttft * 1000
                 row[f"usage_{call + 1}"] = usage
             row["speedup"] = row["ttft_1_ms"] / row["ttft_2_ms"]
             log(f"cache_control trial {t}: {row['ttft_1_ms']:.0f} ms -> {row['ttft_2_ms']:.0f} ms "
