@@ -120,6 +120,15 @@ def run_schemas(oai: openai.OpenAI, model: str, n: int, seed: int) -> dict:
             "wall_s": time.perf_counter() - t0}
 
 
+def _tally(res: dict, api: str, i: int, why: str | None) -> None:
+    """One forced tool call's verdict: counted valid, or its failure kept and logged."""
+    if why is None:
+        res[api]["valid"] += 1
+    else:
+        res["failures"].append({"i": i, "api": api, "why": why})
+        log(f"  tool {i} {api}: {why}")
+
+
 def run_tools(oai: openai.OpenAI, claude: anthropic.Anthropic, model: str, n: int, seed: int) -> dict:
     rng = random.Random(seed)
     res = {"openai": {"n": 0, "valid": 0}, "anthropic": {"n": 0, "valid": 0}, "failures": []}
@@ -146,11 +155,7 @@ def run_tools(oai: openai.OpenAI, claude: anthropic.Anthropic, model: str, n: in
                 why = _valid(calls[0].function.arguments, schemas[names.index(calls[0].function.name)])
         except openai.APIError as exc:
             why = f"openai API error: {exc}"
-        if why is None:
-            res["openai"]["valid"] += 1
-        else:
-            res["failures"].append({"i": i, "api": "openai", "why": why})
-            log(f"  tool {i} openai: {why}")
+        _tally(res, "openai", i, why)
         # Anthropic
         why = None
         atools = [{"name": nm, "description": "A record operation", "input_schema": s}
@@ -168,11 +173,7 @@ def run_tools(oai: openai.OpenAI, claude: anthropic.Anthropic, model: str, n: in
                 why = _valid(json.dumps(uses[0].input), schemas[names.index(uses[0].name)])
         except anthropic.APIError as exc:
             why = f"anthropic API error: {exc}"
-        if why is None:
-            res["anthropic"]["valid"] += 1
-        else:
-            res["failures"].append({"i": i, "api": "anthropic", "why": why})
-            log(f"  tool {i} anthropic: {why}")
+        _tally(res, "anthropic", i, why)
     res["failures"] = res["failures"][:10]
     return res
 
