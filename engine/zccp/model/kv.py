@@ -140,10 +140,6 @@ class RaggedPrefill:
             mask[i, past + width - n:] = 1
         return cls(ids, mask, positions, list(pasts), lengths)
 
-    @property
-    def past(self) -> int:
-        return max(self.pasts)
-
     def new_columns(self, row: int) -> slice:
         return slice(self.mask.shape[1] - self.lengths[row], None)
 
