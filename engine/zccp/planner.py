@@ -20,9 +20,8 @@ import torch
 MIN_CHUNK = 64
 MAX_CHUNK = 1 << 15
 # Prompt tokens (padding included) that one CPU forward of several sequences' chunks aims
-# at: a CPU forward of a few hundred tokens already runs its matmuls at full speed
-# (measured on bench/peer.md's checkpoint: 16 prompts of ~70 tokens took 691 ms one by
-# one, 609 ms in pairs, ~584 ms in groups of 4 or 8, 619 ms as one group of 16), and a
+# at: a CPU forward of a few hundred tokens already runs its matmuls at full speed (groups
+# of 2-8 short prompts gain most, one of 16 loses: bench/peer.md, "Batched prefill (branch hf-batch)"), and a
 # bigger group holds back every row's first token until the whole group is done.
 CPU_GROUP_TOKENS = 256
 
