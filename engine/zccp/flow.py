@@ -36,12 +36,14 @@ from zccp.cache.store import Lookup, ResponseCache
 from zccp.logs import RequestLog
 from zccp.metrics import EngineMetrics
 from zccp.model.base import ModelBackend
+from zccp.model.grammar import CompiledGrammar
+from zccp.model.grammar_cache import GrammarCompiler
 from zccp.model.prompt import Prompt
 from zccp.model.tokenizer import PromptTooLong
 from zccp.outcome import Outcome, RequestContext
 from zccp.ring_writer import SlotAbandoned
 from zccp.prompt_pins import pin_points
-from zccp.scheduler import BatchScheduler, Sequence
+from zccp.scheduler import Admission, BatchScheduler, Sequence
 from zccp.shared_types import ApiError, Completed, GenerationRequest, GenerationResult, Pin, TextDelta
 from zccp.choices import ChoiceSink, Choices, all_done, choice_params
 from zccp.text_assembly import generate_text
@@ -72,6 +74,7 @@ class FlowDeps:
     inflight: InFlight | None = None                     # identical misses wait for the first (None: off)
     coalesce_wait_s: float = 0.0                         # cache.coalesce_wait_ms: how long they wait
     upstream: UpstreamClient | None = None               # model.backend: upstream: misses go there
+    grammars: GrammarCompiler | None = None              # output schemas compiled off the loop (cached)
 
 
 @dataclass(frozen=True)
@@ -87,6 +90,7 @@ class Prepared:
     # every prompt's (input_ids, host_ids), in order (/v1/completions may send several); the first
     # is input_ids/host_ids
     prompts: tuple[tuple[torch.Tensor, np.ndarray], ...] = ()
+    grammar: CompiledGrammar | None = None   # req.sampling.constraint, compiled (zccp.model.grammar_cache)
 
     @property
     def choices(self) -> int:
@@ -112,6 +116,23 @@ class RequestFlow:
         prep = self._prepare()
         if prep is None:
             return self.outcome.done()
+        if prep.req.sampling.constraint is not None and self.deps.grammars is not None:
+            return self.deps.spawn(self._compile_then_serve(prep, self.deps.grammars))
+        self._serve(prep)
+
+    async def _compile_then_serve(self, prep: Prepared, grammars: GrammarCompiler) -> None:
+        """The output schema compiled in a worker thread (seconds for a large one), while the
+        loop serves everyone else; a schema refused or over its time budget is a 400."""
+        assert prep.req.sampling.constraint is not None
+        compiled: Prepared | None = None
+        with self.outcome.guard():
+            compiled = replace(prep, grammar=await grammars.compile(prep.req.sampling.constraint))
+        if compiled is None:
+            return self.outcome.done()
+        self._serve(compiled)
+
+    def _serve(self, prep: Prepared) -> None:
+        """Answer a prepared request from the cache or the model."""
         deps, ctx = self.deps, self.ctx
         if deps.cache is None or deps.masks is None:
             return self._run_model(prep, None)
@@ -226,7 +247,7 @@ class RequestFlow:
                       self._tool_calls(prep.req), self.outcome, lambda result: self._verdict(prep, result),
                       self.deps.backend.prompt.token_bytes)
         seq = Sequence(prep.input_ids, prep.host_ids, prep.req.sampling, reply, ctx.cancelled, finished,
-                       salt=self._salt(prep), pins=prep.pins)
+                       salt=self._salt(prep), pins=prep.pins, grammar=prep.grammar)
         if not self.deps.model.submit(seq):
             self.deps.metrics.queue_full.inc()
             with self.outcome.guard():
@@ -258,20 +279,25 @@ class RequestFlow:
         on_done = all_done(total, self.outcome.done)
         cancelled = lambda: ctx.cancelled() or choices.over   # noqa: E731
         salt = self._salt(prep)                 # the tenant's prefix blocks only
+        seqs = []
         for i in range(total):
             ids, host = prompts[i // req.n]
             sink = ChoiceSink(choices, i, req, lengths[i // req.n], fmt.detokenizer(host[-8:].tolist()),
                               self._tool_calls(req), fmt.token_bytes)
-            seq = Sequence(ids, host, choice_params(req.sampling, i % req.n), sink, cancelled, on_done, salt=salt)
-            if not self.deps.model.submit(seq):
-                self.deps.metrics.queue_full.inc()
-                choices.over = True                 # the ones submitted are cancelled; they end as dropped
-                with self.outcome.guard():
-                    self.outcome.client_error(ApiError(429, "rate_limit_error", "the model's queue is full "
-                                                       "(model.max_queue requests wait already); retry shortly"))
-                for _ in range(total - i):
-                    on_done(None)
-                return
+            seqs.append(Sequence(ids, host, choice_params(req.sampling, i % req.n), sink, cancelled, on_done,
+                                 salt=salt, grammar=prep.grammar))
+        # all the choices queue, or none: n counts as n in the queue (zccp.fair_queue)
+        got = self.deps.model.submit_all(seqs)
+        if got is not Admission.OK:
+            self.deps.metrics.queue_full.inc()
+            with self.outcome.guard():
+                self.outcome.client_error(
+                    ApiError(400, "invalid_request_error", f"this request runs {total} sequences (n x prompts); "
+                             f"the model's queue holds {self.deps.model.limits.max_queue} (model.max_queue)",
+                             param="n") if got is Admission.NEVER else
+                    ApiError(429, "rate_limit_error", "the model's queue is full (model.max_queue requests "
+                             "wait already); retry shortly"))
+            self.outcome.done()
 
     def _salt(self, prep: Prepared) -> bytes:
         """The prefix KV cache's salt: the request's tenant (zccp.prefix_cache), b"" for the

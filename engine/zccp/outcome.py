@@ -4,7 +4,7 @@ endpoint, a purge): every flow ends through its Outcome, once.
   answered(status, result)  the answer is written: the request metric and the log line
   client_error(err)         an ApiError, API-shaped through the slot, then answered(...)
   abandoned(exc)            nginx gave up on the slot (SlotAbandoned): counted, logged
-  failed(encoder)           anything else: a 500 (or the stream's error event), logged
+  failed(encoder, err)      anything else: a 500, or err when it is known (or the stream's error event)
   done()                    the slot's payload released, the engine told the job is over
 
 `guard()` wraps a step and maps what it raises onto those endings, so no flow repeats
@@ -90,13 +90,16 @@ class Outcome:
         self._metrics.abandoned.inc()
         log.info("request abandoned: %s", exc, extra=self.ctx.ids())
 
-    def failed(self, encoder: StreamEncoder | None) -> None:
-        self.answered(500)
-        err = ApiError(500, "api_error", "the engine failed while serving this request")
+    def failed(self, encoder: StreamEncoder | None, err: ApiError | None = None) -> None:
+        """The request failed: err (one sequence's own failure, zccp.scheduler) or the 500."""
+        if err is None:
+            err = ApiError(500, "api_error", "the engine failed while serving this request")
+        status = self.codec.http_status(err)
+        self.answered(status)
         writer = self.ctx.writer
         try:
             if not writer.started:
-                writer.begin(500, sse=False)
+                writer.begin(status, sse=False)
                 writer.write(self.codec.render_error(err))
             elif encoder is not None:
                 writer.write(encoder.error(err))

@@ -24,6 +24,7 @@ from zccp.ring_writer import ResponseWriter, SlotAbandoned
 from zccp.model.sampling import Drawn
 from zccp.shared_types import (
     NO_WRITE,
+    ApiError,
     CacheWrite,
     Completed,
     GenerationRequest,
@@ -67,8 +68,8 @@ class SlotOutput:
     def blocked(self) -> bool:
         return self._writer.pending > 0
 
-    def fail(self) -> None:
-        self._outcome.failed(None)
+    def fail(self, err: ApiError | None = None) -> None:
+        self._outcome.failed(None, err)
 
     def abandoned(self, exc: SlotAbandoned) -> None:
         self._outcome.abandoned(exc)
@@ -175,8 +176,8 @@ class Reply(SlotOutput):
         self._result = result
         return Completed(result, tuple(self._deltas))
 
-    def fail(self) -> None:
-        self._outcome.failed(self._encoder)
+    def fail(self, err: ApiError | None = None) -> None:
+        self._outcome.failed(self._encoder, err)
 
     def _send(self, events: list[TextDelta | ToolCall]) -> None:
         enc = self._encoder
