@@ -111,12 +111,26 @@ def compile_error(c: OutputConstraint, vocab: GrammarVocab | None) -> tuple[Comp
         if vocab is None:
             err, msgs = llguidance.LLMatcher.validate_grammar_with_warnings(grammar_text(c))
             return None, "; ".join(msgs) if err else None
-        m = llguidance.LLMatcher(vocab.lltok, grammar_text(c, vocab.tags), log_level=0)
+        m = llguidance.LLMatcher(vocab.lltok, grammar_text(c, vocab.tags), log_level=0, limits=_limits())
     except (ValueError, TypeError, RecursionError) as exc:
-        return None, str(exc) or type(exc).__name__
+        return None, _short(str(exc) or type(exc).__name__)
     if m.is_error():
-        return None, m.get_error()
+        return None, _short(m.get_error())
     return CompiledGrammar(m, vocab.n_vocab), None
+
+
+def _limits() -> Any:
+    import llguidance
+
+    # terse errors: a verbose one carries the whole grammar (a large schema's megabyte) into the answer
+    return llguidance.LLParserLimits(verbose_errors=False)
+
+
+MAX_ERROR_CHARS = 400
+
+
+def _short(message: str) -> str:
+    return message if len(message) <= MAX_ERROR_CHARS else message[:MAX_ERROR_CHARS] + "…"
 
 
 def invalid_schema(param: str, message: str) -> ApiError:
@@ -203,7 +217,11 @@ class GrammarMatcher:
 
     def allowed(self) -> torch.Tensor:
         """The tokens the grammar allows next, as a bool tensor of the vocabulary's width."""
-        bits = np.unpackbits(np.frombuffer(self._m.compute_bitmask(), np.uint8), bitorder="little")
+        mask = self._m.compute_bitmask()
+        if self._m.is_error():
+            raise ApiError(400, "invalid_request_error",
+                           f"the output grammar failed while generating: {_short(self._m.get_error())}")
+        bits = np.unpackbits(np.frombuffer(mask, np.uint8), bitorder="little")
         return torch.from_numpy(bits[: self._n].astype(np.bool_))
 
     def mask(self, logits: torch.Tensor) -> torch.Tensor:
@@ -216,8 +234,10 @@ class GrammarMatcher:
 
     def accept(self, token: int) -> None:
         # a token the grammar refuses leaves the matcher in error for good: this row ends here
+        # (a schema too complex to parse, e.g. a oneOf wider than llguidance's rows, ends here: a 400)
         if not self._m.consume_token(token) or self._m.is_error():
-            raise ApiError(500, "api_error", f"the output grammar refused a token: {self._m.get_error()}")
+            raise ApiError(400, "invalid_request_error",
+                           f"the output grammar failed while generating: {_short(self._m.get_error())}")
 
     @property
     def complete(self) -> bool:
