@@ -177,6 +177,11 @@ class UpstreamConfig:
     max_connections: int = bounded(256, 1, 65_536)   # pooled, reused connections (all URLs)
     health_interval_ms: int = bounded(2000, 50, 3_600_000)   # probes of a URL in cool-down
     cooldown_ms: int = bounded(5000, 0, 3_600_000)   # a failed URL is skipped this long, then probed
+    # The upstream is not trusted (zccp.upstream.http1.Bounds; docs/upstreams.md): what it may send
+    max_body_kb: int = bounded(16384, 1, 1 << 22)    # one answer's body, whole or streamed
+    max_header_kb: int = bounded(64, 1, 1024)       # the status line and headers together (any one line too)
+    max_event_kb: int = bounded(1024, 1, 1 << 16)   # one SSE line, and one event's lines together
+    max_interim: int = bounded(8, 0, 64)             # 1xx answers skipped before the real one
 
 
 @dataclass(frozen=True)
