@@ -11,6 +11,9 @@ local errors = require "zccp.errors"
 local ngx = ngx
 local ngx_var = ngx.var
 local str_match = string.match
+local io_open = io.open
+local error = error
+local tostring = tostring
 
 local _M = { _VERSION = "0.1.0" }
 
@@ -25,6 +28,27 @@ local function same(a, b)
         diff = bit.bor(diff, bit.bxor(a:byte(i), b:byte(i)))
     end
     return diff == 0
+end
+
+-- The admin token's digest for init_by_lua (settings.admin_token_sha256): read from the file
+-- the renderer wrote owner-only (zccp.ops.nginx_conf), never from the world-readable config.
+-- path "": no token. A named file that cannot be read stops nginx's start (failing open
+-- would serve the admin surface without its token).
+function _M.read_digest(path)
+    if path == "" then
+        return ""
+    end
+    local f, err = io_open(path, "rb")
+    if not f then
+        error("server.admin_token_file: cannot read the admin token's digest: " .. tostring(err))
+    end
+    local digest = f:read("*a")
+    f:close()
+    digest = digest and str_match(digest, "^(%x+)%s*$")
+    if not digest or #digest ~= 64 then
+        error("server.admin_token_file: " .. path .. " does not hold a SHA-256 digest")
+    end
+    return digest
 end
 
 -- true, or false once the request has been answered.
