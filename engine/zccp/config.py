@@ -55,11 +55,12 @@ class ServerConfig:
     # fixed one bounds the kernel memory a client that stops reading can pin.
     send_buffer_kb: int = bounded(0, 0, 1 << 16)
     # The admin listener (purge, warmup, L1 purge, keys, /metrics; docs/keys.md): a unix
-    # socket ("unix:/path") or an address; None: unix:<socket dir>/admin.sock. The public
+    # socket ("unix:/path") or an address; None: unix:<socket dir>/admin/admin.sock. The public
     # listener never serves those paths.
     admin_listen: str | None = None
     # A file holding the admin token (Authorization: Bearer <token> on the admin listener).
-    # Required when admin_listen is an address; optional on a unix socket (its file mode guards it).
+    # Required when admin_listen is an address; optional on a unix socket (its directory, which
+    # only its owner may enter, guards it: nginx makes the socket 0666). Mode 0600 or the start fails.
     admin_token_file: str | None = None
     tls: TlsConfig | None = None             # None: plain HTTP on `listen`
     # HTTP/2 on the TLS listener (ALPN h2, HTTP/1.1 still offered). None: on with tls. Needs
