@@ -121,3 +121,19 @@ def test_public_health_says_ok_or_not_and_nothing_else(tmp_path: Path) -> None:
         assert s.admin_client().get("/health").json()["reason"]
     finally:
         s.stop()
+
+
+def test_the_engine_makes_the_admin_directory_before_nginx_starts(tmp_path: Path) -> None:
+    """At boot the engine starts first (systemd) and nginx must find the admin socket's
+    directory there: the engine makes it 0700, whatever the umask."""
+    s = Stack(tmp_path, NULL)
+    old = os.umask(0)
+    try:
+        s.start_engine()
+    finally:
+        os.umask(old)
+    try:
+        d = Path(s.cfg.server.admin_listen[5:]).parent   # type: ignore[index]
+        assert d.is_dir() and stat.S_IMODE(d.stat().st_mode) == 0o700
+    finally:
+        s.stop()
