@@ -91,7 +91,12 @@ def admin_headers(cfg: Config) -> dict[str, str]:
 def admin_request(cfg: Config, method: str, path: str, body: bytes | None = None,
                   timeout: float = 5.0) -> tuple[int, bytes]:
     """(status, body). OSError when nothing listens there. cfg: resolved (zccp.runtime)."""
-    listen = cfg.server.admin_listen or ""
+    return request_to(cfg.server.admin_listen or "", admin_headers(cfg), method, path, body, timeout)
+
+
+def request_to(listen: str, headers: dict[str, str], method: str, path: str, body: bytes | None = None,
+               timeout: float = 5.0) -> tuple[int, bytes]:
+    """One request to an admin listener ("unix:/path" or host:port): (status, body)."""
     conn: http.client.HTTPConnection
     if listen.startswith("unix:"):
         conn = _UnixConnection(listen[5:], timeout)
@@ -99,8 +104,7 @@ def admin_request(cfg: Config, method: str, path: str, body: bytes | None = None
         host, _, port = listen.rpartition(":")
         conn = http.client.HTTPConnection(host.strip("[]") or "127.0.0.1", int(port), timeout=timeout)
     try:
-        headers = {"Content-Type": "application/json", **admin_headers(cfg)}
-        conn.request(method, path, body=body, headers=headers)
+        conn.request(method, path, body=body, headers={"Content-Type": "application/json", **headers})
         r = conn.getresponse()
         return r.status, r.read()
     finally:
