@@ -15,6 +15,7 @@ import stat
 from pathlib import Path
 
 from zccp.config import Config
+from zccp.paths import make_dirs
 
 MIN_TOKEN_CHARS = 16
 ADMIN_DIR_MODE = 0o700
@@ -54,7 +55,7 @@ def admin_socket_dir(cfg: Config, check: bool = True) -> Path | None:
     if not check and not ours:
         return d
     if not d.exists():
-        d.parent.mkdir(parents=True, exist_ok=True)
+        make_dirs(d.parent)              # 0755 whatever the umask, as the doorbell's directory
         d.mkdir(mode=ADMIN_DIR_MODE, exist_ok=True)
         d.chmod(ADMIN_DIR_MODE)          # whatever the umask, and no setgid from a 2770 parent
         return d
