@@ -11,6 +11,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import anthropic
 import pytest
 
 from tests.support.harness import Stack
@@ -142,6 +143,11 @@ def test_retry_after_is_honoured_not_retried_at_once(tmp_path: Path, status: int
             assert bad.requests == 1
             assert again.status_code == (429 if status == 429 else 503)
             assert 1 <= int(again.headers["retry-after"]) <= 7
+        # as an SDK sees it: the error of its kind, the Retry-After on it (what its retry waits)
+        sdk = anthropic.Anthropic(base_url=s.base_url, api_key="k", max_retries=0, timeout=30)
+        with pytest.raises(anthropic.RateLimitError if status == 429 else anthropic.APIStatusError) as exc:
+            sdk.messages.create(**BODY)
+        assert 1 <= int(exc.value.response.headers["retry-after"]) <= 7 and bad.requests == 1
     finally:
         s.stop()
         bad.close()
