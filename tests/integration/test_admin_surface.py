@@ -123,17 +123,33 @@ def test_public_health_says_ok_or_not_and_nothing_else(tmp_path: Path) -> None:
         s.stop()
 
 
-def test_the_engine_makes_the_admin_directory_before_nginx_starts(tmp_path: Path) -> None:
-    """At boot the engine starts first (systemd) and nginx must find the admin socket's
-    directory there: the engine makes it 0700, whatever the umask."""
-    s = Stack(tmp_path, NULL)
-    old = os.umask(0)
-    try:
-        s.start_engine()
-    finally:
-        os.umask(old)
+def test_nginx_makes_the_admin_directory_when_it_is_gone(tmp_path: Path) -> None:
+    """After a reboot /run is empty and nginx may run as another user than the one who
+    rendered (containers): nginx's master makes the admin socket's directory at init, 0700,
+    before it binds the socket (without it, nginx would not start)."""
+    import shutil
+    import signal
+
+    from zccp.ops.stack import Service, nginx_paths
+    from zccp.runtime import log_dir
+
+    s = Stack(tmp_path, NULL).start()
     try:
         d = Path(s.cfg.server.admin_listen[5:]).parent   # type: ignore[index]
-        assert d.is_dir() and stat.S_IMODE(d.stat().st_mode) == 0o700
+        assert s.nginx is not None
+        s.nginx.stop()
+        shutil.rmtree(d)
+        prefix, conf = nginx_paths(s.run_dir)
+        old = os.umask(0)
+        try:        # the same rendered configuration, not rendered again
+            s.nginx = Service("nginx", [shutil.which("nginx") or "/usr/sbin/nginx", "-p", str(prefix), "-c",
+                                        str(conf), "-g", "daemon off;"], log_dir(s.run_dir) / "nginx-error.log",
+                              stop_signal=signal.SIGQUIT)
+            s.nginx.start()
+        finally:
+            os.umask(old)
+        s.wait_healthy()
+        assert stat.S_IMODE(d.stat().st_mode) == 0o700 and d.stat().st_uid == os.geteuid()
+        assert s.admin_client().get("/metrics").status_code == 200
     finally:
         s.stop()

@@ -38,12 +38,12 @@ def read_admin_token(path: str) -> str:
     return token
 
 
-def admin_socket_dir(cfg: Config, check: bool = True) -> Path | None:
+def admin_socket_dir(cfg: Config) -> Path | None:
     """Make sure the admin socket's directory (server.admin_listen "unix:...") can be entered
     by its owner only; None when the admin listener is an address. A directory ZCCP makes
-    (the default, <socket dir>/admin) is made 0700; one the operator named must not be
-    enterable by every user (ValueError naming the key). check=False (the engine, which starts
-    before nginx at boot): only make the default directory, check nothing."""
+    (the default, <socket dir>/admin) is made 0700 (and again by nginx's master at init:
+    zccp.admin.make_socket_dir); one the operator named must not be enterable by every user
+    (ValueError naming the key)."""
     listen = cfg.server.admin_listen or ""
     if not listen.startswith("unix:"):
         return None
@@ -52,14 +52,10 @@ def admin_socket_dir(cfg: Config, check: bool = True) -> Path | None:
         raise ValueError(f"server.admin_listen: {sock} is longer than 107 bytes (a unix socket's limit)")
     d = sock.parent
     ours = cfg.server.socket_path is not None and d == Path(cfg.server.socket_path).parent / "admin"
-    if not check and not ours:
-        return d
     if not d.exists():
         make_dirs(d.parent)              # 0755 whatever the umask, as the doorbell's directory
         d.mkdir(mode=ADMIN_DIR_MODE, exist_ok=True)
         d.chmod(ADMIN_DIR_MODE)          # whatever the umask, and no setgid from a 2770 parent
-        return d
-    if not check:
         return d
     if ours and stat.S_IMODE(d.stat().st_mode) != ADMIN_DIR_MODE and d.stat().st_uid == os.geteuid():
         d.chmod(ADMIN_DIR_MODE)          # ours, from an older layout or umask: tightened

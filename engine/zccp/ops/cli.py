@@ -66,12 +66,6 @@ def engine_main(argv: list[str] | None = None) -> None:
     from zccp.logs import setup_logging
 
     setup_logging(cfg.logging.level, cfg.logging.file)
-    from zccp.ops.admin_client import admin_socket_dir
-
-    try:   # the engine starts before nginx at boot (systemd): the admin socket's 0700 directory is there
-        admin_socket_dir(cfg, check=False)
-    except (OSError, ValueError) as exc:
-        logging.getLogger("zccp.engine").warning("the admin socket's directory: %s", exc)
     try:
         run_engine(cfg)
     except ArenaError as exc:

@@ -271,7 +271,11 @@ def render(cfg: Config, out: Path, standalone: bool = False, prefix: Path | None
         "metrics_allow": " ".join(f"allow {a};" for a in cfg.server.metrics_allow.split()),
     }
     make_dirs(mask_state_path(cfg).parent)
-    admin_socket_dir(cfg)            # only its owner may enter it: nginx makes the socket 0666
+    admin_dir = admin_socket_dir(cfg)   # only its owner may enter it: nginx makes the socket 0666
+    # nginx's master makes it again at init when it is ZCCP's (<socket dir>/admin): /run is
+    # empty at boot, and nginx may run as another user than the renderer (containers)
+    default_dir = Path(cfg.server.socket_path).parent / "admin"
+    values["admin_socket_dir"] = _safe(str(admin_dir), "admin socket directory") if admin_dir == default_dir else ""
     http_conf = out / "zccp_http.conf"
     server_conf = out / "zccp_server.conf"
     http_conf.write_text(_fill(nginx_template("zccp_http.conf").read_text(), values, "zccp_http.conf"))
