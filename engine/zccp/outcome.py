@@ -32,7 +32,7 @@ from zccp.shared_types import ApiError, GenerationResult
 log = logging.getLogger("zccp.outcome")
 
 
-@dataclass
+@dataclass(slots=True)
 class RequestContext:
     """The slot side of one request."""
 
