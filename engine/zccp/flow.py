@@ -30,7 +30,7 @@ from zccp.cache.answer import CachedAnswer, literals_in
 from zccp.cache.inflight import InFlight
 from zccp.cache.keys import CacheKeys, keys_for, slot_masks
 from zccp.cache.mask_store import MaskSource
-from zccp.cache.sampled import SampledUse, sampled_use
+from zccp.cache.sampled import UNSAMPLED, SampledUse, sampled_use
 from zccp.cache.scope import tenant_digest
 from zccp.cache.store import Lookup, ResponseCache
 from zccp.logs import RequestLog
@@ -103,7 +103,7 @@ class RequestFlow:
         self._store_keys: CacheKeys | None = None    # set when the answer will be stored
         self._literals: tuple[str, ...] = ()         # the request's masked values the answer carries
         self._owned: bytes | None = None             # the in-flight key this request owns (coalescing)
-        self._use = SampledUse(False, True, True, True)   # what the cache may do with it (cache.sampled)
+        self._use: SampledUse = UNSAMPLED            # what the cache may do with it (cache.sampled)
 
     # -- the sequence ----------------------------------------------------------------------
 
