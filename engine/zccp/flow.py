@@ -30,7 +30,7 @@ from zccp.cache.answer import CachedAnswer, literals_in
 from zccp.cache.inflight import InFlight
 from zccp.cache.keys import CacheKeys, keys_for, slot_masks
 from zccp.cache.mask_store import MaskSource
-from zccp.cache.sampled import SampledUse, sampled_use
+from zccp.cache.sampled import UNSAMPLED, SampledUse, sampled_use
 from zccp.cache.scope import tenant_digest
 from zccp.cache.store import Lookup, ResponseCache
 from zccp.logs import RequestLog
@@ -77,7 +77,7 @@ class FlowDeps:
     grammars: GrammarCompiler | None = None              # output schemas compiled off the loop (cached)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Prepared:
     """A parsed, tokenized request, ready for the model."""
 
@@ -107,7 +107,7 @@ class RequestFlow:
         self._store_keys: CacheKeys | None = None    # set when the answer will be stored
         self._literals: tuple[str, ...] = ()         # the request's masked values the answer carries
         self._owned: bytes | None = None             # the in-flight key this request owns (coalescing)
-        self._use = SampledUse(False, True, True, True)   # what the cache may do with it (cache.sampled)
+        self._use: SampledUse = UNSAMPLED            # what the cache may do with it (cache.sampled)
 
     # -- the sequence ----------------------------------------------------------------------
 
@@ -358,13 +358,18 @@ class RequestFlow:
         prep: Prepared | None = None
         with self.outcome.guard():
             req, spans, doc = self._parse_and_tokenize()
-            views = tuple((self.deps.input_view(self.ctx.tokens[at:at + n]), self.ctx.tokens[at:at + n].numpy())
-                          for at, n in spans)
-            input_ids, host = views[0]
+            deps, tokens = self.deps, self.ctx.tokens
+            at, n = spans[0]
+            ids = tokens[at:at + n]                  # one view: the device's and the host's share it
+            input_ids, host = deps.input_view(ids), ids.numpy()
             pins: tuple[Pin, ...] = ()
-            if req.cache_marks and self.deps.model.prefix is not None:
-                pins = pin_points(self.deps.backend.prompt, doc, req, self.deps.limits, host)
-            prep = Prepared(self.codec, req, input_ids, doc, host, pins, views if req.prompts else ())
+            if req.cache_marks and deps.model.prefix is not None:
+                pins = pin_points(deps.backend.prompt, doc, req, deps.limits, host)
+            views: tuple[tuple[torch.Tensor, np.ndarray], ...] = ()
+            if req.prompts:                          # /v1/completions: every prompt's views
+                views = ((input_ids, host),) + tuple(
+                    (deps.input_view(t), t.numpy()) for t in (tokens[a:a + k] for a, k in spans[1:]))
+            prep = Prepared(self.codec, req, input_ids, doc, host, pins, views)
         return prep
 
     def _parse_and_tokenize(self) -> tuple[GenerationRequest, list[tuple[int, int]], dict[str, Any]]:
