@@ -300,3 +300,20 @@ def test_another_tenant_is_admitted_before_a_backlog_of_n_choices_drains(tiny):
         gate.set()
         sched.stop()
     assert order.index("B") <= 2, order[:5]            # not behind A's 63 waiting choices (FIFO: 64th)
+
+
+def test_validate_only_compiler_refuses_a_bad_schema_and_passes_a_good_one():
+    """model.backend: upstream validates the schema (off the loop) and forwards it: no grammar."""
+    compiler = GrammarCompiler(None)
+    good = OutputConstraint("json", json.dumps({"type": "object", "properties": {"a": {"type": "integer"}}}),
+                            param="response_format")
+    bad = OutputConstraint("json", json.dumps({"type": "no-such-type"}), param="response_format")
+
+    async def main():
+        assert await compiler.compile(good) is None
+        with pytest.raises(ApiError) as info:
+            await compiler.compile(bad)
+        assert info.value.status == 400 and info.value.param == "response_format"
+
+    asyncio.run(main())
+    compiler.close()
