@@ -22,6 +22,7 @@ from collections.abc import Iterable, Iterator
 from enum import Enum
 
 from zccp.sequences import Sequence
+from zccp.shared_types import ApiError
 
 
 SERVED_KEPT = 4096        # tenants whose last turn is remembered while they wait for nothing
@@ -31,6 +32,15 @@ class Admission(Enum):
     OK = "ok"
     FULL = "full"          # try again later (429)
     NEVER = "never"        # more sequences than the queue holds: it can never be queued (400)
+
+
+def refusal(got: Admission, count: int, max_queue: int) -> ApiError:
+    """The answer to a request the queue did not take: a 429 to retry, or a 400 when it never could be."""
+    if got is Admission.NEVER:
+        return ApiError(400, "invalid_request_error", f"this request runs {count} sequences (n x prompts); the "
+                        f"model's queue holds {max_queue} (model.max_queue)", param="n")
+    return ApiError(429, "rate_limit_error", "the model's queue is full (model.max_queue requests wait already); "
+                    "retry shortly")
 
 
 class FairQueue:

@@ -43,7 +43,8 @@ from zccp.model.tokenizer import PromptTooLong
 from zccp.outcome import Outcome, RequestContext
 from zccp.ring_writer import SlotAbandoned
 from zccp.prompt_pins import pin_points
-from zccp.scheduler import Admission, BatchScheduler, Sequence
+from zccp.fair_queue import Admission, refusal
+from zccp.scheduler import BatchScheduler, Sequence
 from zccp.shared_types import ApiError, Completed, GenerationRequest, GenerationResult, Pin, TextDelta
 from zccp.choices import ChoiceSink, Choices, all_done, choice_params
 from zccp.text_assembly import generate_text
@@ -248,11 +249,10 @@ class RequestFlow:
                       self.deps.backend.prompt.token_bytes)
         seq = Sequence(prep.input_ids, prep.host_ids, prep.req.sampling, reply, ctx.cancelled, finished,
                        salt=self._salt(prep), pins=prep.pins, grammar=prep.grammar)
-        if not self.deps.model.submit(seq):
+        if (got := self.deps.model.submit_all([seq])) is not Admission.OK:
             self.deps.metrics.queue_full.inc()
             with self.outcome.guard():
-                self.outcome.client_error(ApiError(429, "rate_limit_error", "the model's queue is full "
-                                                   "(model.max_queue requests wait already); retry shortly"))
+                self.outcome.client_error(refusal(got, 1, self.deps.model.limits.max_queue))
             self._release_owned()
             self.outcome.done()
 
@@ -279,7 +279,7 @@ class RequestFlow:
         on_done = all_done(total, self.outcome.done)
         cancelled = lambda: ctx.cancelled() or choices.over   # noqa: E731
         salt = self._salt(prep)                 # the tenant's prefix blocks only
-        seqs = []
+        seqs: list[Sequence] = []
         for i in range(total):
             ids, host = prompts[i // req.n]
             sink = ChoiceSink(choices, i, req, lengths[i // req.n], fmt.detokenizer(host[-8:].tolist()),
@@ -287,16 +287,10 @@ class RequestFlow:
             seqs.append(Sequence(ids, host, choice_params(req.sampling, i % req.n), sink, cancelled, on_done,
                                  salt=salt, grammar=prep.grammar))
         # all the choices queue, or none: n counts as n in the queue (zccp.fair_queue)
-        got = self.deps.model.submit_all(seqs)
-        if got is not Admission.OK:
+        if (got := self.deps.model.submit_all(seqs)) is not Admission.OK:
             self.deps.metrics.queue_full.inc()
             with self.outcome.guard():
-                self.outcome.client_error(
-                    ApiError(400, "invalid_request_error", f"this request runs {total} sequences (n x prompts); "
-                             f"the model's queue holds {self.deps.model.limits.max_queue} (model.max_queue)",
-                             param="n") if got is Admission.NEVER else
-                    ApiError(429, "rate_limit_error", "the model's queue is full (model.max_queue requests "
-                             "wait already); retry shortly"))
+                self.outcome.client_error(refusal(got, total, self.deps.model.limits.max_queue))
             self.outcome.done()
 
     def _salt(self, prep: Prepared) -> bytes:
