@@ -28,7 +28,6 @@ local pairs = pairs
 local ipairs = ipairs
 local decode = cjson.decode
 local table_concat = table.concat
-local setmetatable = setmetatable
 
 local _M = { _VERSION = "0.1.0" }
 
@@ -258,18 +257,22 @@ function _M.models_body(parts)
     if type(doc) ~= "table" or type(doc.data) ~= "table" then
         return nil
     end
-    local kept = setmetatable({}, cjson.array_mt)
+    local kept = {}
     for _, m in ipairs(doc.data) do
         if type(m) == "table" and allowed[m.id] then
             kept[#kept + 1] = m
         end
     end
-    doc.data = kept
+    doc.data = kept[1] and kept or nil
     if doc.first_id ~= nil then   -- Anthropic's page bounds
         doc.first_id = kept[1] and kept[1].id or cjson.null
         doc.last_id = kept[#kept] and kept[#kept].id or cjson.null
     end
-    return cjson.encode(doc)
+    local out = cjson.encode(doc)
+    if not kept[1] then   -- Debian's cjson has no empty array: [] written here, not {}
+        out = out == "{}" and '{"data":[]}' or '{"data":[],' .. out:sub(2)
+    end
+    return out
 end
 
 -- Forget every verified and unknown key of this worker (tests, an operator's reload).
