@@ -101,6 +101,9 @@ function _M.admit(who, api, body, kind, rid)
             for _, ck in ipairs(ticket.conc or NONE) do
                 owe(who.tenant, ck, -1)   -- counted in a round that did not admit: given back
             end
+            if ticket.undo then
+                flush.undo(who.tenant, ticket.undo)
+            end
             if ok == nil then
                 ngx.log(ngx.ERR, "zccp: limits: redis: ", i)
                 return errors.send(api, 503, "overloaded_error", "the limits store is unreachable; retry shortly",

@@ -8,7 +8,10 @@ error objects); GET /v1/models lists only the models the key may use."""
 from __future__ import annotations
 
 import json
+import os
+import signal
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import anthropic
@@ -136,3 +139,46 @@ def test_models_lists_only_what_the_key_may_use(make_stack):
     assert r.status_code == 200 and r.json()["data"] == []
     ra = c.get("/v1/models", headers={"x-api-key": only, "anthropic-version": "2023-06-01"})
     assert ra.status_code == 200 and ra.json()["data"] == [], ra.text
+
+
+def _counters(s, tenant: str, kid: str) -> dict[str, int]:
+    import redis
+
+    r = redis.Redis.from_url(s.cfg.auth.redis_url or s.cfg.cache.redis_url)
+    p = f"zccp:lim:{{{tenant}}}:k:{kid}:"
+    day = time.strftime("%Y%m%d", time.gmtime())
+    minute = int(time.time() // 60)
+    return {name: int(r.get(p + suffix) or 0)
+            for name, suffix in (("conc", "conc"), ("day", f"day:{day}"), ("rpm", f"rpm:{minute}"))}
+
+
+def test_nothing_is_left_held_after_redis_stalls(make_stack):
+    s = make_stack({"model": dict(NULL, null_token_delay_ms=10), "auth": AUTH}, with_redis=True)
+    assert s.redis is not None and s.redis.pid
+    fresh_minute()
+    rec = keys_cli(s, "create", "--tenant", "stall", "--concurrency", "2", "--daily-tokens", "600", "--rpm", "16")
+    k, kid = rec["key"], rec["id"]
+    body = req("anthropic", [{"role": "user", "content": "hi"}], max_tokens=8)
+
+    def one() -> int:
+        return status(s, "anthropic", body, x_api_key=k, cache_control="no-store").status_code
+
+    assert one() == 200
+    os.kill(s.redis.pid, signal.SIGSTOP)     # past auth.timeout_ms: the lease rounds time out
+    try:
+        with ThreadPoolExecutor(4) as ex:
+            codes = list(ex.map(lambda _: one(), range(4)))
+        time.sleep(0.5)
+    finally:
+        os.kill(s.redis.pid, signal.SIGCONT)  # the queued rounds run now: they must be given back
+    assert 503 in codes, codes
+    time.sleep(2.5)   # one flush gives the timed-out rounds back; idle leases go back after 1 s
+    with ThreadPoolExecutor(2) as ex:
+        assert list(ex.map(lambda _: one(), range(2))) == [200, 200]   # both concurrency slots free
+    time.sleep(2.5)
+    c = _counters(s, "stall", kid)
+    served = [x for x in usage_lines(s, "stall") if x["status"] == 200]
+    assert len(served) == 3, served
+    assert c["conc"] == 0, c
+    assert c["rpm"] == len(served), (c, len(served))
+    assert c["day"] == sum(x["input_tokens"] + x["output_tokens"] for x in served), (c, served)

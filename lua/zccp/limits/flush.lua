@@ -23,10 +23,12 @@ local _M = { _VERSION = "0.1.0" }
 
 local USAGE_TTL_S = 40 * 86400
 
--- KEYS: counters (nc), then usage hashes (nh). ARGV: nc, nh, usage ttl, a delta per counter
+-- KEYS: counters (nc), then usage hashes (nh), then the settlement's id (applied once: a
+-- settlement whose reply never came is sent again, and counts once). ARGV: nc, nh, usage ttl, a delta per counter
 -- (applied only while the counter's window lives; never below 0), then per hash: the
 -- number of fields, then field, n pairs.
 local FLUSH = [[
+if not redis.call('SET', KEYS[#KEYS], 1, 'NX', 'EX', 30) then return 0 end
 local nc, nh, ttl = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3])
 for i = 1, nc do
   local d = tonumber(ARGV[3 + i])
@@ -52,6 +54,9 @@ local FLUSH_SHA = sha256.hex(ngx.sha1_bin(FLUSH), 20)
 -- What this worker owes Redis, by tenant hash tag: counters' deltas (concurrency given
 -- back, overruns, unspent leases) and usage hashes' increments; sent every FLUSH_S.
 local FLUSH_S = 0.05
+local RESEND_S = 25        -- a settlement without a reply is sent again for so long (ids live 30 s)
+local NONE = {}
+local unsent = {}          -- { cmd, at }: settlements sent during a Redis stall
 local MAX_LINES = 10000
 local owed, lines, flusher = {}, {}, false
 local dirty = {}   -- the windows whose usage sums (w.acc) have not been sent
@@ -75,7 +80,7 @@ end
 local function owed_of(tag)
     local t = owed[tag]
     if not t then
-        t = { counters = {}, usage = {} }
+        t = { counters = {}, usage = {}, undo = {} }
         owed[tag] = t
     end
     return t
@@ -154,11 +159,15 @@ local function flush(premature)
                 hashes[#hashes + 1] = a
             end
         end
+        for _, rec in ipairs(t.undo or NONE) do
+            batch[#batch + 1] = lease.undo_cmd(rec)
+        end
         if #keys > 0 then
-            local cmd = { keys[1], "EVALSHA", FLUSH_SHA, #keys }
+            local cmd = { keys[1], "EVALSHA", FLUSH_SHA, #keys + 1 }
             for _, k in ipairs(keys) do
                 cmd[#cmd + 1] = k
             end
+            cmd[#cmd + 1] = lease.record(tag)   -- this settlement's id
             cmd[#cmd + 1] = nc
             cmd[#cmd + 1] = #keys - nc
             cmd[#cmd + 1] = USAGE_TTL_S
@@ -172,17 +181,34 @@ local function flush(premature)
         end
         owed[tag] = nil
     end
+    local now = ngx_now()
+    local again = unsent
+    unsent = {}
+    local ages = {}
+    for _, u in ipairs(again) do   -- settlements a Redis stall left without a reply: each applies once
+        if now - u.at < RESEND_S then
+            batch[#batch + 1] = u.cmd
+            ages[u.cmd] = u.at
+        end
+    end
     if #batch == 0 then
         return
     end
     local failed, err = redis_target():pipeline(batch)
     if failed > 0 and err and err:find("NOSCRIPT", 1, true) then
         redis_target():call_key(batch[1][1], "SCRIPT", "LOAD", FLUSH)
+        redis_target():call_key(batch[1][1], "SCRIPT", "LOAD", lease.UNDO)
         failed, err = redis_target():pipeline(batch)
     end
     if failed > 0 then
         ngx.log(ngx.ERR, "zccp: limits: ", failed, " tenant settlement(s) failed: ", err,
-                premature and " (worker exiting)" or "")
+                premature and " (worker exiting)" or "; sent again")
+        if not premature then
+            -- which of them ran is not known: all go again (ids and tombstones: once each)
+            for _, cmd in ipairs(batch) do
+                unsent[#unsent + 1] = { cmd = cmd, at = ages[cmd] or now }
+            end
+        end
     end
 end
 
@@ -228,6 +254,14 @@ function _M.now()
     if not soon then
         soon = ngx.timer.at(0, flush_soon) and true or false
     end
+end
+
+-- A lease round whose reply never came (grant record rec): given back at the next flush.
+function _M.undo(tag, rec)
+    local t = owed_of(tag)
+    local u = t.undo or {}   -- (a table zccp.lease.collect made has none)
+    t.undo = u
+    u[#u + 1] = rec
 end
 
 _M.owe = owe

@@ -136,11 +136,13 @@ local function reserve(w, needs, ticket, now)
         if #ak == 0 then
             return true
         end
-        local ok, k, c = lease.acquire(t, ak, al, aw, ax, att, ae, w.tenant_tag, now)
+        local rec = lease.record(w.tenant_tag)
+        local ok, k, c = lease.acquire(t, ak, al, aw, ax, att, ae, w.tenant_tag, now, rec)
         if not ok then
             if ok == false then
                 return false, at[k], c
             end
+            ticket.undo = rec   -- no reply: it may have happened; the flush gives it back
             return nil, k
         end
         if round == 1 then
