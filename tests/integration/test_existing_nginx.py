@@ -441,7 +441,11 @@ def test_zccp_joins_an_nginx_serving_other_sites_and_reloads_under_load(existing
         line = by_id.get(a.headers["x-request-id"])
         assert line is not None and line["status"] == a.status_code, (a.headers, line)
         assert line["context_id"] == a.headers["x-zccp-context-id"] and re.fullmatch("[0-9a-f]{16}", line["context_id"])
-    assert by_id[l1.headers["x-request-id"]]["cache"] == "HIT"
+    # the cache field says HIT for both layers; cache_layer tells nginx's L1 from Redis (L2)
+    l1_line = by_id[l1.headers["x-request-id"]]
+    assert (l1_line["cache"], l1_line["cache_layer"]) == ("HIT", "L1")
+    assert by_id[again[-1].headers["x-request-id"]]["cache_layer"] == "L2"
+    assert by_id[m.headers["x-request-id"]]["cache_layer"] == ""
     access = (e.prefix / "logs" / "access.log").read_text()
     assert '"GET /app/hello.txt HTTP/1.1" 200' in access and '"POST /v1/messages HTTP/2.0" 200' in access
     # nginx's master wrote the masks' last-good copy beside the socket (the engine reads it).
