@@ -1,7 +1,8 @@
 """A conversation keeps its replica (docs/engines.md, "What keeps a conversation on one
 replica"): Anthropic's recommended prompt caching (the breakpoint on the last block of the
-last message, so it moves every turn), an OpenAI conversation mixing streamed and whole
-turns under Cache-Control no-cache + no-store, and /v1/responses. Real nginx, three real
+last message, so it moves every turn), cached and no-store turns mixed, an OpenAI
+conversation mixing streamed and whole turns under Cache-Control no-cache + no-store, and
+/v1/responses. Real nginx, three real
 engine replicas (the null backend, each with its own reply)."""
 
 from __future__ import annotations
@@ -63,6 +64,15 @@ def test_a_prompt_caching_conversation_keeps_its_replica(replicas: Stack) -> Non
             assert len(seen) == 1, (conv, seen)      # on main: the moving breakpoint moves it
             used.update(seen)
     assert len(used) >= 2                             # conversations still spread
+
+
+def test_cached_and_no_store_turns_of_one_conversation_share_a_replica(replicas: Stack) -> None:
+    """A no-store turn (nginx computes no keys) gets the same route key as a cached one."""
+    with replicas.client() as c:
+        for conv in range(12):
+            seen = {_engine(c.post("/v1/messages", json=b, headers=NO_STORE if t % 2 else {}))
+                    for t, b in enumerate(_cached_turns(100 + conv, 4))}
+            assert len(seen) == 1, (conv, seen)
 
 
 def test_a_mixed_streamed_and_whole_no_store_conversation_keeps_its_replica(replicas: Stack) -> None:
