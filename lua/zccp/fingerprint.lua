@@ -20,10 +20,12 @@
 --   r.stream, r.include_usage   "stream": true, and OpenAI's stream_options.include_usage:
 --                not part of the fingerprint, but the answer shows them (zccp.l1)
 --   r.model      the body's "model" when a string (zccp.router: the engines that serve it)
---   r.route_key  32-byte string   the conversation's routing key (zccp.router; the front tier's
+--   r.route_key  32-byte string   the conversation's routing key (fp.route_key(api, body,
+--                endpoint): the same for a body keys() is not asked for) (zccp.router; the front tier's
 --                too): SHA-256 of "zccp-route-v1\n" and, from the canonical masked form (§6), the
 --                values of model, system and tools and the messages up to and including the
---                first "user" message (all of them when none is). Unlike prefix_key (all but the
+--                first "user" message (all of them when none is), every "cache_control"
+--                member left out (the breakpoint moves to the last block every turn). Unlike prefix_key (all but the
 --                final message, so a new one every turn) it stays the same across the turns of
 --                a conversation: each turn lands on the replica whose prefix cache holds the
 --                earlier ones. Not part of docs/fingerprint.md (nginx only; the engine never
@@ -51,6 +53,7 @@ local require = require
 local str_byte = string.byte
 local str_find = string.find
 local str_format = string.format
+local str_sub = string.sub
 local band, rshift = bit.band, bit.rshift
 
 local _M = { _VERSION = "0.2.0" }
@@ -212,6 +215,55 @@ end
 
 function _M.complete(r)
     return complete(r)
+end
+
+-- The route key of a body keys() was not asked for (zccp.router, zccp.front): a request
+-- that neither reads nor writes the cache (no-cache + no-store), /v1/responses
+-- (endpoint "responses": instructions, tools and `input` through its first user item
+-- play system, tools and messages; a string input is that user item), /v1/completions,
+-- or a body keys() refuses. A body it can decode gets keys()'s route key (masked, the same
+-- bytes), so a conversation mixing cached and no-store turns keeps its replica; any
+-- other body, its first ROUTE_RAW_BYTES bytes without the top-level "stream" and
+-- "stream_options" members (the OpenAI SDK writes them early: a conversation mixing
+-- streamed and whole turns must not move).
+local RAW_VOLATILE = [["stream"\s*:\s*(?:true|false|null)\s*,?|"stream_options"\s*:\s*(?:\{[^{}]*\}|null)\s*,?]]
+
+local function raw_route_key(body)
+    local head = str_sub(body, 1, _M.ROUTE_RAW_BYTES + 256)
+    local stripped = ngx.re.gsub(head, RAW_VOLATILE, "", "jo")
+    return str_sub(stripped or head, 1, _M.ROUTE_RAW_BYTES)
+end
+
+function _M.route_key(api, body, endpoint)
+    if type(body) ~= "string" then
+        return ""
+    end
+    local doc = (endpoint == nil or endpoint == "responses") and decode(body) or nil
+    if not doc then
+        return raw_route_key(body)
+    end
+    if endpoint == "responses" then
+        local input = doc.input
+        if type(input) == "string" then
+            input = { { role = "user", content = input } }
+        end
+        doc = { model = doc.model, system = doc.instructions, tools = doc.tools,
+                messages = type(input) == "table" and input or nil }
+    end
+    if not mask_apply then
+        mask_apply = require "zccp.mask_apply"
+    end
+    if mask_apply.apply_doc(doc) == nil then
+        return raw_route_key(body)
+    end
+    canonical.write(CBUF, api, doc)
+    local cp, clen = CBUF:ref()
+    local spans, nspans = canonical.route_spans()
+    local key = sha256.digest_spans(ROUTE_HEAD, ffi_cast(u8p, cp), spans, nspans)
+    if clen > KEEP then
+        CBUF:free()
+    end
+    return key or raw_route_key(body)
 end
 
 -- debug: also return r.canonical (CJ of the request) and r.prompt (the final user turn's

@@ -8,9 +8,10 @@
 -- The route key, in order:
 --   1. the fingerprint's route key (r.route_key: stable across a conversation's turns,
 --      the same key zccp.router uses between engine replicas);
---   2. bodies the fingerprint refuses (over its 64 KiB decode limit, not JSON, numbers
---      beyond 2^53): the body's first FALLBACK_BYTES bytes (an SDK writes a
---      conversation's start the same way every turn);
+--   2. other bodies (/v1/responses, /v1/completions, over the 64 KiB decode limit, not
+--      JSON, numbers beyond 2^53): fp.route_key (/v1/responses: the same conversation
+--      rule; else the body's first FALLBACK_BYTES bytes without "stream"/"stream_options":
+--      an SDK writes a conversation's start the same way every turn);
 --   3. no body (GET /v1/models, /health of a host): the request id, i.e. anywhere.
 local fp = require "zccp.fingerprint"
 local hosts = require "zccp.front_hosts"
@@ -22,12 +23,13 @@ local ngx = ngx
 local ngx_var = ngx.var
 local log = ngx.log
 local ERR, WARN = ngx.ERR, ngx.WARN
-local str_sub = string.sub
 local min = math.min
 
 local _M = { _VERSION = "0.1.0" }
 
 local FALLBACK_BYTES = fp.ROUTE_RAW_BYTES
+-- bodies keys() does not take: fp.route_key (a /v1/responses conversation keeps its host)
+local ENDPOINTS = { ["/v1/responses"] = "responses", ["/v1/completions"] = "completions" }
 _M.FALLBACK_BYTES = FALLBACK_BYTES
 
 local APIS = {
@@ -74,7 +76,7 @@ function _M.key_of(uri, body)
                 return r.route_key, "fingerprint"
             end
         end
-        return str_sub(body, 1, FALLBACK_BYTES), "body"
+        return fp.route_key(api or "openai", body, ENDPOINTS[uri]), "body"
     end
     return nil, "none"
 end

@@ -3,11 +3,11 @@
 --
 --   affinity (routing.policy, the default): rendezvous hashing (zccp.rendezvous) of the
 --     route key: the fingerprint's r.route_key (a conversation's system, tools and first
---     user message: the same every turn, so every turn lands on the replica whose prefix
---     cache holds the earlier ones); for a body nginx does not fingerprint (over 64 KiB,
---     Cache-Control no-cache + no-store, a number beyond 2^53): the CRC of its first 4 KiB,
---     where clients put model, system and the first messages, so such a conversation mostly
---     keeps its replica too, at no decode cost.
+--     user message, cache_control left out: the same every turn, so every turn lands on the
+--     replica whose prefix cache holds the earlier ones); for a body nginx did not
+--     fingerprint (Cache-Control no-cache + no-store, /v1/responses, ...):
+--     fingerprint.route_key, the same key from the decoded body when it is at most 64 KiB,
+--     else its first 4 KiB without "stream"/"stream_options".
 --   spill: when the preferred replica has at least routing.spill_load of its slots claimed
 --     (every worker's claims, zccp.slots.load) and another one is less loaded, the least
 --     loaded replica goes first instead (counted "spilled").
@@ -25,12 +25,11 @@ local settings = require "zccp.settings"
 local ngx = ngx
 local ngx_now = ngx.now
 local type = type
-local str_sub = string.sub
 
 local _M = { _VERSION = "0.1.0" }
 
 local DOWN_S = 1          -- how long a failed engine is skipped before it is tried again
-local RAW_KEY_BYTES = require("zccp.fingerprint").ROUTE_RAW_BYTES
+local fingerprint = require "zccp.fingerprint"
 local DEFAULT_ROUTING = { policy = "affinity", spill_load = 0.75 }
 local down_until = {}     -- engine name -> time (this worker's view)
 local rr = 0              -- round_robin's counter (per worker)
@@ -81,7 +80,11 @@ local function key_of(r)
         return fp.route_key
     end
     local body = r.src and r.src.body
-    return body and str_sub(body, 1, RAW_KEY_BYTES) or ""
+    if not body then
+        return ""
+    end
+    r.route_key = fingerprint.route_key(r.api, body, r.endpoint)   -- once per request
+    return r.route_key
 end
 
 local function rank(g, r, policy)

@@ -218,6 +218,20 @@ def test_a_conversations_later_turns_follow_its_first(both):
         assert len(hosts_seen) == 1, (i, hosts_seen)
 
 
+def _breakpoint_on_last_block(msgs: list) -> list:
+    """Anthropic's recommended prompt caching: every message as text blocks, cache_control
+    on the last block of the last message only (so it moves every turn)."""
+    out = [{"role": m["role"], "content": [{"type": "text", "text": m["content"]}]} for m in msgs]
+    out[-1]["content"][-1]["cache_control"] = {"type": "ephemeral"}
+    return out
+
+
+def test_a_prompt_caching_conversation_keeps_its_host(both):
+    for i in range(16):
+        hosts_seen = {served_by(both, "anthropic", _breakpoint_on_last_block(msgs)) for msgs in turns(i, 4)}
+        assert len(hosts_seen) == 1, (i, hosts_seen)   # on main: 5-7 of 16 moved
+
+
 def test_unfingerprinted_bodies_route_by_their_start(both):
     """A body the fingerprint does not decode (here: over its 64 KiB limit, by a long
     `user` field at its end) routes by its first 4 KiB: when a conversation starts with

@@ -13,7 +13,8 @@
 --   local spans, n = canonical.route_spans()   -- after write(): the route key's bytes
 --   -- (zccp.fingerprint r.route_key; not part of docs/fingerprint.md, nginx only): offset,
 --   -- length pairs into buf of the values of model, system and tools, and of `messages`
---   -- from its first element through its first "user" message (all of them without one).
+--   -- from its first element through its first "user" message (all of them without one),
+--   -- every "cache_control" member in them left out.
 local ffi = require "ffi"
 local bit = require "bit"
 local T = require "zccp.fp_tables"
@@ -150,6 +151,21 @@ end
 
 local cj
 
+-- While a member the route key hashes is written (`routing`), the bytes of every
+-- "cache_control" member (with its comma) are noted as a hole the route key skips:
+-- Anthropic's recommended breakpoint moves to the last block every turn, and the
+-- conversation must keep its replica (docs/engines.md).
+local routing = false
+local HOLES, nholes = {}, 0
+
+local function hole(from, to)
+    while nholes > 0 and HOLES[nholes - 1] >= from do   -- a hole inside this one
+        nholes = nholes - 2
+    end
+    HOLES[nholes + 1], HOLES[nholes + 2] = from, to
+    nholes = nholes + 2
+end
+
 -- An object: members sorted by key bytes, each value written by put_value(buf, key, value).
 local function put_object(buf, t, put_value)
     local keys, nk = {}, 0
@@ -163,14 +179,27 @@ local function put_object(buf, t, put_value)
     end
     sort(keys)
     buf:put("{")
+    local pending   -- a first-member cache_control's start: its hole takes the next comma
     for i = 1, nk do
         local k = keys[i]
+        local from = #buf
         if i > 1 then
             buf:put(",")
+            if pending then
+                hole(pending, #buf)
+                pending = nil
+            end
         end
         put_str(buf, k)
         buf:put(":")
         put_value(buf, k, t[k])
+        if routing and k == "cache_control" then
+            if i > 1 or nk == 1 then
+                hole(from, #buf)
+            else
+                pending = from
+            end
+        end
     end
     buf:put("}")
 end
@@ -230,12 +259,15 @@ end
 local function top_member(buf, k, v)
     if k ~= "messages" or type(v) ~= "table" or v[1] == nil then
         local from = #buf
+        routing = ROUTED[k] == true
         cj(buf, v)
+        routing = false
         if ROUTED[k] then
             span(from, #buf)
         end
         return
     end
+    routing = true
     local n = #v
     buf:put("[")
     local head, head_end = #buf, nil
@@ -250,12 +282,35 @@ local function top_member(buf, k, v)
     first = #buf
     cj(buf, v[n])
     stop = #buf
+    routing = false
     span(head, head_end or stop)
     buf:put("]")
 end
 
+-- The routed ranges without their holes (both in buffer order).
+local ROUTE = {}
+
 function _M.route_spans()
-    return SPANS, nspans
+    local n, h = 0, 1
+    for i = 1, nspans, 2 do
+        local a, b = SPANS[i], SPANS[i] + SPANS[i + 1]
+        while h < nholes and HOLES[h] < b do
+            local ha, hb = HOLES[h], HOLES[h + 1]
+            if hb > a then
+                if ha > a then
+                    ROUTE[n + 1], ROUTE[n + 2] = a, ha - a
+                    n = n + 2
+                end
+                a = hb
+            end
+            h = h + 2
+        end
+        if b > a then
+            ROUTE[n + 1], ROUTE[n + 2] = a, b - a
+            n = n + 2
+        end
+    end
+    return ROUTE, n
 end
 
 -- Writes CJ(top) of `doc` (decoded, masked) into buf (reset first); returns the place
@@ -273,7 +328,7 @@ function _M.write(buf, api, doc)
         top.max_completion_tokens = nil
     end
     buf:reset()
-    cut, first, stop, inexact, nspans = nil, nil, nil, false, 0
+    cut, first, stop, inexact, nspans, nholes, routing = nil, nil, nil, false, 0, 0, false
     put_object(buf, top, top_member)
     return cut, first, stop, inexact
 end
