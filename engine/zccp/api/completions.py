@@ -32,7 +32,9 @@ from . import openai
 from .codec import ApiCodec
 from .common import ParseLimits, dumps, random_id, sse
 from .fields import is_int
-from .openai import _bool, _empty_array, _err, _int, _known_only, _type_err, _unsupported, _usage
+from .openai.parse import _known_only
+from .openai.render import _usage
+from .openai.wording import _bool, _empty_array, _err, _int, _type_err, _unsupported
 
 _FIELDS: Final = frozenset({
     "model", "prompt", "max_tokens", "temperature", "top_p", "n", "stream", "stream_options", "stop", "seed",
