@@ -25,7 +25,8 @@ from ..common import (
     marker,
     merge_turns,
 )
-from ..constraints import json_output, tool_call
+from ..bounds import ANTHROPIC_MAX_STOP, MAX_TOOL_NAME, MAX_TOOLS, MAX_TOP_K, effective_temperature, stop_too_long
+from ..constraints import json_output, schema_json, tool_call
 from .wording import _bad, _dict, _int, _list, _no_extras, _required, _str, _unit
 
 _FIELDS: Final = frozenset({
@@ -164,8 +165,13 @@ def _messages(v: Any, allow_empty: bool = False) -> list[tuple[Role, str]]:
 
 def _stop_sequences(v: Any) -> tuple[str, ...]:
     seqs = _list(v, "stop_sequences")
+    if len(seqs) > ANTHROPIC_MAX_STOP:   # each is scanned on every token: bounded, as OpenAI's stop
+        raise _bad("stop_sequences", f"List should have at most {ANTHROPIC_MAX_STOP} items after validation, "
+                                     f"not {len(seqs)}")
     for i, s in enumerate(seqs):
         _str(s, f"stop_sequences.{i}")
+        if stop_too_long(s):
+            raise _bad(f"stop_sequences.{i}", "each stop sequence must be at most 256 bytes")
         if not s.strip():
             raise _bad(f"stop_sequences.{i}", "each stop sequence must contain non-whitespace characters")
     return tuple(seqs)
@@ -190,11 +196,16 @@ def _tools(body: dict[str, Any]) -> bool:
     """Check tools and tool_choice; True when tools are offered and may be called."""
     tools = body.get("tools")
     if tools is not None:
-        for i, tool in enumerate(_list(tools, "tools")):
+        tools = _list(tools, "tools")
+        if len(tools) > MAX_TOOLS:
+            raise _bad("tools", f"List should have at most {MAX_TOOLS} items after validation, not {len(tools)}")
+        for i, tool in enumerate(tools):
             tool = _dict(tool, f"tools.{i}")
-            _str(_required(tool, "name", f"tools.{i}.name"), f"tools.{i}.name")
+            name = _str(_required(tool, "name", f"tools.{i}.name"), f"tools.{i}.name")
+            if len(name) > MAX_TOOL_NAME:
+                raise _bad(f"tools.{i}.name", f"String should have at most {MAX_TOOL_NAME} characters")
             if (schema := tool.get("input_schema")) is not None:
-                _dict(schema, f"tools.{i}.input_schema")
+                schema_json(_dict(schema, f"tools.{i}.input_schema"), f"tools.{i}.input_schema")
             if (desc := tool.get("description")) is not None:
                 _str(desc, f"tools.{i}.description")
     choice = "auto"
@@ -405,6 +416,8 @@ def _parse(obj: dict[str, Any], limits: ParseLimits, fields: frozenset[str], for
     temperature = _unit(v, "temperature") if (v := get("temperature")) is not None else 1.0
     top_p = _unit(v, "top_p") if (v := get("top_p")) is not None else None
     top_k = _int(v, "top_k", 0) if (v := get("top_k")) is not None else None
+    if top_k is not None and top_k > MAX_TOP_K:
+        raise _bad("top_k", f"Input should be less than or equal to {MAX_TOP_K}")
     stream = get("stream")
     if stream is not None and not isinstance(stream, bool):
         raise _bad("stream", "Input should be a valid boolean")
@@ -430,7 +443,7 @@ def _parse(obj: dict[str, Any], limits: ParseLimits, fields: frozenset[str], for
         messages=merge_turns(turns),
         sampling=SamplingParams(
             max_tokens=max_tokens,
-            temperature=temperature,
+            temperature=effective_temperature(temperature),   # a tiny positive one is greedy
             top_p=top_p,
             top_k=top_k or None,          # 0 means "no top-k limit"
             stop=stop,

@@ -18,7 +18,20 @@ from ...shared_types import (
     SamplingParams,
 )
 from ..common import JOIN, BodyError, ParseLimits, decode_object, marker, merge_turns
-from ..constraints import json_output, tool_call
+from ..bounds import (
+    LOGIT_BIAS_RANGE,
+    MAX_LOGIT_BIAS,
+    MAX_SEED,
+    MAX_TOOL_NAME,
+    MAX_TOOLS,
+    MAX_TOP_LOGPROBS,
+    OPENAI_MAX_STOP,
+    effective_temperature,
+    never_fits,
+    stop_too_long,
+    token_id,
+)
+from ..constraints import json_output, schema_json, tool_call
 from .wording import (
     _ARTICLE,
     OpenAIApiError,
@@ -60,7 +73,7 @@ _PART_TYPES: Final[dict[str, tuple[str, ...]]] = {
     "assistant": ("text", "refusal"),
     "tool": ("text",),
 }
-_MAX_STOP: Final = 4
+_MAX_STOP: Final = OPENAI_MAX_STOP
 
 _INVALID_JSON: Final = (
     "We could not parse the JSON body of your request. (HINT: This likely means you aren't "
@@ -193,6 +206,9 @@ class _ToolCalls:
 
 def _stop(v: Any) -> tuple[str, ...]:
     if isinstance(v, str):
+        if stop_too_long(v):
+            raise _err("Invalid 'stop': string too long. Expected a string of at most 256 bytes.", "stop",
+                       "string_above_max_length")
         return (v,) if v else ()
     if not isinstance(v, list):
         raise _type_err("stop", "one of a string or array of strings", v)
@@ -201,20 +217,27 @@ def _stop(v: Any) -> tuple[str, ...]:
                    f"but got an array with length {len(v)} instead.", "stop", "array_above_max_length")
     for i, s in enumerate(v):
         _str(s, f"stop[{i}]")
+        if stop_too_long(s):
+            raise _err(f"Invalid 'stop[{i}]': string too long. Expected a string of at most 256 bytes.",
+                       f"stop[{i}]", "string_above_max_length")
     return tuple(s for s in v if s)   # an empty stop string would match everywhere
 
 
 def _logit_bias(v: Any) -> tuple[tuple[int, float], ...]:
     """logit_bias: {"<token id>": bias in [-100, 100]}."""
+    biases = _obj(v, "logit_bias")
+    if len(biases) > MAX_LOGIT_BIAS:    # the sampler applies each entry on every token
+        raise _err(f"Invalid 'logit_bias': too many entries. Expected at most {MAX_LOGIT_BIAS}, but got "
+                   f"{len(biases)} instead.", "logit_bias", "invalid_value")
     out = []
-    for key, bias in _obj(v, "logit_bias").items():
-        if not key.isdigit():
-            raise _err(f"Invalid key in 'logit_bias': {key}.", "logit_bias", "invalid_value")
-        out.append((int(key), _number(bias, f"logit_bias.{key}", -100.0, 100.0)))
+    for key, bias in biases.items():
+        if (tid := token_id(key)) is None:     # ASCII digits only; a 4,300-digit key is not an int()
+            raise _err(f"Invalid key in 'logit_bias': {key[:32]}.", "logit_bias", "invalid_value")
+        out.append((tid, _number(bias, f"logit_bias.{key}", -LOGIT_BIAS_RANGE, LOGIT_BIAS_RANGE)))
     return tuple(out)
 
 
-_MAX_TOP_LOGPROBS: Final = 20
+_MAX_TOP_LOGPROBS: Final = MAX_TOP_LOGPROBS
 
 
 def _logprobs(obj: dict[str, Any]) -> int | None:
@@ -288,7 +311,11 @@ def _tools(obj: dict[str, Any]) -> bool:
     """Check tools and tool_choice; True when tools are offered and may be called."""
     tools = obj.get("tools")
     if tools is not None:
-        for i, tool in enumerate(_arr(tools, "tools")):
+        tools = _arr(tools, "tools")
+        if len(tools) > MAX_TOOLS:
+            raise _err(f"Invalid 'tools': array too long. Expected an array with maximum length {MAX_TOOLS}, "
+                       f"but got an array with length {len(tools)} instead.", "tools", "array_above_max_length")
+        for i, tool in enumerate(tools):
             path = f"tools[{i}]"
             tool = _obj(tool, path)
             if tool.get("type") != "function":
@@ -298,11 +325,13 @@ def _tools(obj: dict[str, Any]) -> bool:
             fn = _obj(tool["function"], path + ".function")
             if "name" not in fn:
                 raise _missing(path + ".function.name")
-            _str(fn["name"], path + ".function.name")
+            if len(_str(fn["name"], path + ".function.name")) > MAX_TOOL_NAME:
+                raise _err(f"Invalid '{path}.function.name': string too long. Expected a string with maximum "
+                           f"length {MAX_TOOL_NAME}.", path + ".function.name", "string_above_max_length")
             if (d := fn.get("description")) is not None:
                 _str(d, path + ".function.description")
             if (params := fn.get("parameters")) is not None:
-                _obj(params, path + ".function.parameters")
+                schema_json(_obj(params, path + ".function.parameters"), path + ".function.parameters")
     choice = "auto"
     if (v := obj.get("tool_choice")) is not None:
         if isinstance(v, str):
@@ -367,6 +396,8 @@ def parse_document(obj: dict[str, Any], limits: ParseLimits) -> GenerationReques
     if n > MAX_CHOICES:
         raise _err(f"Invalid 'n': integer above maximum value. Expected a value <= {MAX_CHOICES}, but got {n} "
                    "instead.", "n", "integer_above_max_value")
+    if (why := never_fits(n, limits.max_queue)) is not None:
+        raise _err(f"Invalid 'n': {why}.", "n", "integer_above_max_value")
     if n > 1 and (stream or get("logprobs")):
         raise _unsupported("n", str(n), "1")    # n > 1 is served whole, without logprobs
     include_usage = False
@@ -379,7 +410,10 @@ def parse_document(obj: dict[str, Any], limits: ParseLimits) -> GenerationReques
             include_usage = _bool(u, "stream_options.include_usage")
         if (u := opts.get("include_obfuscation")) is not None:
             _bool(u, "stream_options.include_obfuscation")
-    seed = _int(v, "seed") if (v := get("seed")) is not None else None
+    seed = _int(v, "seed", -MAX_SEED - 1) if (v := get("seed")) is not None else None
+    if seed is not None and seed > MAX_SEED:      # an int64, as OpenAI's
+        raise _err(f"Invalid 'seed': integer above maximum value. Expected a value <= {MAX_SEED}, but got "
+                   f"{seed} instead.", "seed", "integer_above_max_value")
     user = _str(v, "user") if (v := get("user")) is not None else None
     tool_use = _tools(obj)
     _ignored(obj)
@@ -408,7 +442,7 @@ def parse_document(obj: dict[str, Any], limits: ParseLimits) -> GenerationReques
         system=JOIN.join(system),
         messages=merge_turns(turns),
         sampling=SamplingParams(
-            max_tokens=max_tokens, temperature=temperature, top_p=top_p, seed=seed, stop=stop,
+            max_tokens=max_tokens, temperature=effective_temperature(temperature), top_p=top_p, seed=seed, stop=stop,
             constraint=constraint, logit_bias=logit_bias, presence_penalty=presence, frequency_penalty=frequency,
             logprobs=logprobs,
         ),
