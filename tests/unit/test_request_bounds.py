@@ -50,6 +50,9 @@ def test_tiny_temperature_is_served_greedy(call) -> None:
     assert call(temperature=1e-300).sampling.temperature == 0.0
     assert call(temperature=B.MIN_TEMPERATURE / 2).sampling.temperature == 0.0
     assert call(temperature=0.5).sampling.temperature == 0.5
+    # top_p 0 (or tiny) kept no token in the sampler: greedy too
+    assert (call(top_p=0).sampling.temperature, call(top_p=1e-300).sampling.top_p) == (0.0, None)
+    assert call(top_p=0.5).sampling.top_p == 0.5
 
 
 def test_temperature_ranges_are_each_apis() -> None:

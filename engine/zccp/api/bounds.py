@@ -16,6 +16,9 @@ from typing import Any, Final
 # A positive temperature below this is served greedy (temperature 0): logits / 1e-300 is
 # inf and softmax NaN; at 1e-3 the distribution is already one-hot to float32 precision.
 MIN_TEMPERATURE: Final = 1e-3
+# top_p below this keeps only the most likely token: served greedy too (top_p 0 kept no
+# token at all in the sampler and the request hung to the 504).
+MIN_TOP_P: Final = 1e-3
 ANTHROPIC_MAX_TEMPERATURE: Final = 1.0      # Messages API: 0..1
 OPENAI_MAX_TEMPERATURE: Final = 2.0         # Chat Completions: 0..2
 MAX_TOP_K: Final = 1 << 20                  # more than any vocabulary: no top-k limit
@@ -88,9 +91,13 @@ def schema_size_problem(size: int) -> str | None:
     return None
 
 
-def effective_temperature(t: float) -> float:
-    """The temperature the sampler gets: one below MIN_TEMPERATURE is greedy (0)."""
-    return 0.0 if t < MIN_TEMPERATURE else t
+def effective_sampling(temperature: float, top_p: float | None) -> tuple[float, float | None]:
+    """The (temperature, top_p) the sampler gets: a temperature below MIN_TEMPERATURE or a
+    top_p below MIN_TOP_P is greedy (temperature 0, no top_p): the same answer, no division
+    by a tiny number and no empty nucleus."""
+    if temperature < MIN_TEMPERATURE or (top_p is not None and top_p < MIN_TOP_P):
+        return 0.0, None
+    return temperature, top_p
 
 
 def never_fits(choices: int, max_queue: int | None) -> str | None:

@@ -25,7 +25,7 @@ from ..common import (
     marker,
     merge_turns,
 )
-from ..bounds import ANTHROPIC_MAX_STOP, MAX_TOOL_NAME, MAX_TOOLS, MAX_TOP_K, effective_temperature, stop_too_long
+from ..bounds import ANTHROPIC_MAX_STOP, MAX_TOOL_NAME, MAX_TOOLS, MAX_TOP_K, effective_sampling, stop_too_long
 from ..constraints import json_output, schema_json, tool_call
 from .wording import _bad, _dict, _int, _list, _no_extras, _required, _str, _unit
 
@@ -415,6 +415,7 @@ def _parse(obj: dict[str, Any], limits: ParseLimits, fields: frozenset[str], for
     stop = _stop_sequences(v) if (v := get("stop_sequences")) is not None else ()
     temperature = _unit(v, "temperature") if (v := get("temperature")) is not None else 1.0
     top_p = _unit(v, "top_p") if (v := get("top_p")) is not None else None
+    temperature, top_p = effective_sampling(temperature, top_p)   # tiny ones are greedy
     top_k = _int(v, "top_k", 0) if (v := get("top_k")) is not None else None
     if top_k is not None and top_k > MAX_TOP_K:
         raise _bad("top_k", f"Input should be less than or equal to {MAX_TOP_K}")
@@ -443,7 +444,7 @@ def _parse(obj: dict[str, Any], limits: ParseLimits, fields: frozenset[str], for
         messages=merge_turns(turns),
         sampling=SamplingParams(
             max_tokens=max_tokens,
-            temperature=effective_temperature(temperature),   # a tiny positive one is greedy
+            temperature=temperature,
             top_p=top_p,
             top_k=top_k or None,          # 0 means "no top-k limit"
             stop=stop,

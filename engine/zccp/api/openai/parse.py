@@ -26,7 +26,7 @@ from ..bounds import (
     MAX_TOOLS,
     MAX_TOP_LOGPROBS,
     OPENAI_MAX_STOP,
-    effective_temperature,
+    effective_sampling,
     never_fits,
     stop_too_long,
     token_id,
@@ -390,6 +390,7 @@ def parse_document(obj: dict[str, Any], limits: ParseLimits) -> GenerationReques
         max_param, max_tokens = "max_completion_tokens", _int(v, "max_completion_tokens", 1)
     temperature = _number(v, "temperature", 0.0, 2.0) if (v := get("temperature")) is not None else 1.0
     top_p = _number(v, "top_p", 0.0, 1.0) if (v := get("top_p")) is not None else None
+    temperature, top_p = effective_sampling(temperature, top_p)   # tiny ones are greedy
     stop = _stop(v) if (v := get("stop")) is not None else ()
     n = _int(v, "n", 1) if (v := get("n")) is not None else 1
     stream = _bool(v, "stream") if (v := get("stream")) is not None else False
@@ -442,7 +443,7 @@ def parse_document(obj: dict[str, Any], limits: ParseLimits) -> GenerationReques
         system=JOIN.join(system),
         messages=merge_turns(turns),
         sampling=SamplingParams(
-            max_tokens=max_tokens, temperature=effective_temperature(temperature), top_p=top_p, seed=seed, stop=stop,
+            max_tokens=max_tokens, temperature=temperature, top_p=top_p, seed=seed, stop=stop,
             constraint=constraint, logit_bias=logit_bias, presence_penalty=presence, frequency_penalty=frequency,
             logprobs=logprobs,
         ),
