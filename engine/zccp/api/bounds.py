@@ -95,9 +95,9 @@ def effective_sampling(temperature: float, top_p: float | None) -> tuple[float, 
     """The (temperature, top_p) the sampler gets: a temperature below MIN_TEMPERATURE or a
     top_p below MIN_TOP_P is greedy (temperature 0, no top_p): the same answer, no division
     by a tiny number and no empty nucleus."""
-    if temperature < MIN_TEMPERATURE or (top_p is not None and top_p < MIN_TOP_P):
+    if top_p is not None and top_p < MIN_TOP_P:
         return 0.0, None
-    return temperature, top_p
+    return (0.0 if temperature < MIN_TEMPERATURE else temperature), top_p
 
 
 def never_fits(choices: int, max_queue: int | None) -> str | None:

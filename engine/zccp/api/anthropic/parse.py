@@ -25,7 +25,15 @@ from ..common import (
     marker,
     merge_turns,
 )
-from ..bounds import ANTHROPIC_MAX_STOP, MAX_TOOL_NAME, MAX_TOOLS, MAX_TOP_K, effective_sampling, stop_too_long
+from ..bounds import (
+    ANTHROPIC_MAX_STOP,
+    MAX_STOP_BYTES,
+    MAX_TOOL_NAME,
+    MAX_TOOLS,
+    MAX_TOP_K,
+    effective_sampling,
+    stop_too_long,
+)
 from ..constraints import json_output, schema_json, tool_call
 from .wording import _bad, _dict, _int, _list, _no_extras, _required, _str, _unit
 
@@ -171,7 +179,7 @@ def _stop_sequences(v: Any) -> tuple[str, ...]:
     for i, s in enumerate(seqs):
         _str(s, f"stop_sequences.{i}")
         if stop_too_long(s):
-            raise _bad(f"stop_sequences.{i}", "each stop sequence must be at most 256 bytes")
+            raise _bad(f"stop_sequences.{i}", f"each stop sequence must be at most {MAX_STOP_BYTES} bytes")
         if not s.strip():
             raise _bad(f"stop_sequences.{i}", "each stop sequence must contain non-whitespace characters")
     return tuple(seqs)

@@ -22,6 +22,7 @@ from ..bounds import (
     LOGIT_BIAS_RANGE,
     MAX_LOGIT_BIAS,
     MAX_SEED,
+    MAX_STOP_BYTES,
     MAX_TOOL_NAME,
     MAX_TOOLS,
     MAX_TOP_LOGPROBS,
@@ -207,8 +208,8 @@ class _ToolCalls:
 def _stop(v: Any) -> tuple[str, ...]:
     if isinstance(v, str):
         if stop_too_long(v):
-            raise _err("Invalid 'stop': string too long. Expected a string of at most 256 bytes.", "stop",
-                       "string_above_max_length")
+            raise _err(f"Invalid 'stop': string too long. Expected a string of at most {MAX_STOP_BYTES} bytes.",
+                       "stop", "string_above_max_length")
         return (v,) if v else ()
     if not isinstance(v, list):
         raise _type_err("stop", "one of a string or array of strings", v)
@@ -218,7 +219,7 @@ def _stop(v: Any) -> tuple[str, ...]:
     for i, s in enumerate(v):
         _str(s, f"stop[{i}]")
         if stop_too_long(s):
-            raise _err(f"Invalid 'stop[{i}]': string too long. Expected a string of at most 256 bytes.",
+            raise _err(f"Invalid 'stop[{i}]': string too long. Expected a string of at most {MAX_STOP_BYTES} bytes.",
                        f"stop[{i}]", "string_above_max_length")
     return tuple(s for s in v if s)   # an empty stop string would match everywhere
 
