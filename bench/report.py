@@ -353,6 +353,15 @@ def keys_section(out_dir: Path) -> str:
     return "\n\n".join(parts) if parts else "(not run: `python -m bench.keys`, `python -m bench.keys_burst`)"
 
 
+def engine_stages_section(out_dir: Path) -> str:
+    """bench/engine_stages.md (by hand, from `python -m bench.engine_stages` and `python -m
+    bench.guard`, issue 29) without its title, or how to make it."""
+    p = out_dir / "engine_stages.md"
+    if not p.exists():
+        return "(not run: `python -m bench.engine_stages`, `python -m bench.guard`)"
+    return p.read_text().split("\n", 1)[1].strip().replace("\n## ", "\n### ")
+
+
 def write(res: dict, out_dir: Path) -> None:
     plot(res, out_dir / "results.png")
     m, code, st = res["machine"], res["code"], res["settings"]
@@ -507,6 +516,10 @@ TTFT = request sent → first `content_block_delta` event.
 ## Keys and limits (issue 18)
 
 {keys_section(out_dir)}
+
+## The gateway's own cost per request (issue 29)
+
+{engine_stages_section(out_dir)}
 
 ## Engine profile (py-spy)
 

@@ -22,6 +22,7 @@ from pathlib import Path
 import yaml
 
 from zccp.config import load_config
+from zccp.ops.admin_client import request_to
 from zccp.runtime import resolve
 from zccp.ops.stack import Service, engine_service, free_port, http_get, nginx_service, redis_service
 
@@ -53,7 +54,8 @@ class Variant:
             return 0.0
         start = time.monotonic()
         while True:
-            status, body = http_get(self.url + "/health", 2)
+            # the slot counts are on the admin listener's /health (the public one says ok or not)
+            status, body = request_to(str(self.info["admin_listen"]), {}, "GET", "/health", timeout=2)
             h = json.loads(body) if status == 200 else {}
             if h.get("slots_claimed") == 0 and h.get("slots_busy") == 0:
                 return time.monotonic() - start
@@ -221,7 +223,8 @@ def start_d(run_dir: Path, lim: dict, slots: int, tls: Tls | None = None) -> Var
         if http_get(url + "/health", 2)[0] == 200:
             break
         time.sleep(0.1)
-    return Variant("D", url, services, {"config": raw, "socket_dir": str(Path(cfg.server.socket_path or "").parent)})
+    return Variant("D", url, services, {"config": raw, "socket_dir": str(Path(cfg.server.socket_path or "").parent),
+                                        "admin_listen": cfg.server.admin_listen or ""})
 
 
 def post(url: str, body: bytes, headers: dict[str, str] | None = None, timeout: float = 60) -> tuple[int, dict, bytes]:

@@ -4,7 +4,6 @@
   compose_smoke.py sdks                    both APIs through the official SDKs, streams, cache HIT
   compose_smoke.py cache-pair A B          two requests that differ only in A/B: print the 2nd's X-ZCCP-Cache
   compose_smoke.py mask-add FILE           add the smoke's mask to a mask_patterns.lua
-  compose_smoke.py wait-new-epoch EPOCH S  wait (at most S s) for /health 200 from another engine epoch
   compose_smoke.py h2 CERT                 over HTTPS + HTTP/2 (CERT: the CA to trust): a 512 KiB body,
                                            a stream and a cache HIT, each answered on HTTP/2
   compose_smoke.py engines NAME...         8 conversations of 3 turns: each conversation's turns answered
@@ -21,7 +20,6 @@ from __future__ import annotations
 import json
 import os
 import sys
-import time
 
 import httpx
 
@@ -130,17 +128,6 @@ def cmd_mask_add(path: str) -> None:
         f.truncate()
 
 
-def cmd_wait_new_epoch(old: str, limit: str) -> None:
-    start = time.monotonic()
-    while time.monotonic() - start < float(limit):
-        code, body = health()
-        if code == 200 and body.get("epoch") != old:
-            print(f"{time.monotonic() - start:.1f}")
-            return
-        time.sleep(0.1)
-    fail(f"no engine with a new epoch on /health after {limit} s (last: {body})")
-
-
 def cmd_h2(cert: str) -> None:
     """The TLS + HTTP/2 listener (server.tls, http2): the three things issue 21 names."""
     with httpx.Client(base_url=URL, http2=True, verify=cert, timeout=60) as c:
@@ -239,7 +226,7 @@ def cmd_engines(*names: str) -> None:
 
 if __name__ == "__main__":
     cmds = {"health": cmd_health, "sdks": cmd_sdks, "cache-pair": cmd_cache_pair,
-            "mask-add": cmd_mask_add, "wait-new-epoch": cmd_wait_new_epoch, "h2": cmd_h2,
+            "mask-add": cmd_mask_add, "h2": cmd_h2,
             "keys": cmd_keys, "engines": cmd_engines}
     if len(sys.argv) < 2 or sys.argv[1] not in cmds:
         fail(__doc__)

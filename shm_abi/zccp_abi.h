@@ -166,7 +166,9 @@ struct zccp_slot_meta {
     uint32_t cache_scope;       /* 204 engine: 0 shared by every caller, 1 this tenant's only */
     uint32_t cache_reason;      /* 208 engine: enum zccp_cache_reason */
     uint32_t retry_after_s;     /* 212 engine: Retry-After of a 429/503 answer (0: nginx's 1) */
-    uint8_t  reserved[40];      /* 216 */
+    uint64_t committed_mark;    /* 216 engine: (response_len << 32) | output tokens whose bytes are
+                                          committed up to that response_len (nginx settles from it) */
+    uint8_t  reserved[32];      /* 224 */
 };
 
 /* Bytes 384..895 of every slot: the full MinHash signature nginx computed, so the

@@ -2,6 +2,8 @@
 
   healthcheck.py engine [NAME]   the engine (NAME: that of engines:) answers a PING on its doorbell socket
   healthcheck.py nginx    GET /health is 200 (nginx is up and the engine answers it)
+  healthcheck.py admin    print the admin listener's /health (pids, epoch: what the public one no
+                          longer says); run it where the admin socket is, the nginx container
 """
 
 import os
@@ -9,6 +11,7 @@ import sys
 import urllib.error
 
 from zccp.config import load_config
+from zccp.ops.admin_client import admin_request
 from zccp.ops.stack import engine_ping, local_urlopen
 from zccp.runtime import engine_socket_path
 
@@ -28,4 +31,12 @@ if what == "nginx":
     except (urllib.error.URLError, OSError) as exc:
         print(f"/health: {exc}", file=sys.stderr)
         sys.exit(1)
-sys.exit("usage: healthcheck.py engine|nginx")
+if what == "admin":
+    from pathlib import Path
+
+    from zccp.runtime import resolve
+
+    status, body = admin_request(resolve(cfg, Path("/run/zccp")), "GET", "/health")
+    sys.stdout.write(body.decode("utf-8", "replace"))
+    sys.exit(0 if status == 200 else 1)
+sys.exit("usage: healthcheck.py engine|nginx|admin")

@@ -25,6 +25,7 @@ from zccp.outcome import Outcome
 from zccp.ring_writer import ResponseWriter, SlotAbandoned
 from zccp.shared_types import (
     NO_WRITE,
+    ApiError,
     CacheWrite,
     GenerationRequest,
     GenerationResult,
@@ -98,10 +99,10 @@ class Choices(SlotOutput):
         self._writer.set_meta(completion_len=out)   # only while the slot is this request's (issue 20)
         self._result = total
 
-    def fail(self) -> None:
+    def fail(self, err: ApiError | None = None) -> None:
         if not self.over:
             self.over = True
-            self._outcome.failed(self._encoders[0] if self._encoders else None)
+            self._outcome.failed(self._encoders[0] if self._encoders else None, err)
 
     def abandoned(self, exc: SlotAbandoned) -> None:
         if not self.over:
@@ -146,8 +147,8 @@ class ChoiceSink:
     def blocked(self) -> bool:
         return self._choices.blocked
 
-    def fail(self) -> None:
-        self._choices.fail()
+    def fail(self, err: ApiError | None = None) -> None:
+        self._choices.fail(err)
 
     def abandoned(self, exc: SlotAbandoned) -> None:
         self._choices.abandoned(exc)

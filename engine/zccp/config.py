@@ -55,11 +55,12 @@ class ServerConfig:
     # fixed one bounds the kernel memory a client that stops reading can pin.
     send_buffer_kb: int = bounded(0, 0, 1 << 16)
     # The admin listener (purge, warmup, L1 purge, keys, /metrics; docs/keys.md): a unix
-    # socket ("unix:/path") or an address; None: unix:<socket dir>/admin.sock. The public
+    # socket ("unix:/path") or an address; None: unix:<socket dir>/admin/admin.sock. The public
     # listener never serves those paths.
     admin_listen: str | None = None
     # A file holding the admin token (Authorization: Bearer <token> on the admin listener).
-    # Required when admin_listen is an address; optional on a unix socket (its file mode guards it).
+    # Required when admin_listen is an address; optional on a unix socket (its directory, which
+    # only its owner may enter, guards it: nginx makes the socket 0666). Mode 0600 or the start fails.
     admin_token_file: str | None = None
     tls: TlsConfig | None = None             # None: plain HTTP on `listen`
     # HTTP/2 on the TLS listener (ALPN h2, HTTP/1.1 still offered). None: on with tls. Needs
@@ -177,6 +178,11 @@ class UpstreamConfig:
     max_connections: int = bounded(256, 1, 65_536)   # pooled, reused connections (all URLs)
     health_interval_ms: int = bounded(2000, 50, 3_600_000)   # probes of a URL in cool-down
     cooldown_ms: int = bounded(5000, 0, 3_600_000)   # a failed URL is skipped this long, then probed
+    # The upstream is not trusted (zccp.upstream.http1.Bounds; docs/upstreams.md): what it may send
+    max_body_kb: int = bounded(16384, 1, 1 << 22)    # one answer's body, whole or streamed
+    max_header_kb: int = bounded(64, 1, 1024)       # the status line and headers together (any one line too)
+    max_event_kb: int = bounded(1024, 1, 1 << 16)   # one SSE line, and one event's lines together
+    max_interim: int = bounded(8, 0, 64)             # 1xx answers skipped before the real one
 
 
 @dataclass(frozen=True)

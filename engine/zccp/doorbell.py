@@ -85,12 +85,19 @@ class Cancellable(Protocol):
 
 
 class Connection:
-    """One nginx cosocket. Notices may be sent from worker threads (thread-safe)."""
+    """One nginx cosocket. Notices may be sent from worker threads (thread-safe).
+
+    Notices sent during one turn of the loop leave in one write (one send(2) for the
+    answers to every ring that one read brought, not one each): they wait in a list the
+    loop flushes once the callbacks ready now have run."""
+
+    __slots__ = ("_transport", "_loop", "_loop_thread", "_pending", "closed", "jobs")
 
     def __init__(self, transport: asyncio.WriteTransport, loop: asyncio.AbstractEventLoop) -> None:
         self._transport = transport
         self._loop = loop
         self._loop_thread = threading.get_ident()
+        self._pending: list[bytes] = []
         self.closed = False
         self.jobs: set[Cancellable] = set()   # jobs rung on this connection, cancelled on EOF
 
@@ -98,17 +105,33 @@ class Connection:
         if self.closed:
             return
         if threading.get_ident() == self._loop_thread:
-            self._transport.write(frame)
+            self._queue(frame)
         else:
             self._loop.call_soon_threadsafe(self._write_if_open, frame)
 
     def close(self) -> None:
+        self._flush()
         self.closed = True
         self._transport.close()
 
+    def _queue(self, frame: bytes) -> None:
+        pending = self._pending
+        pending.append(frame)
+        if len(pending) == 1:
+            self._loop.call_soon(self._flush)
+
+    def _flush(self) -> None:
+        pending = self._pending
+        if not pending or self.closed:
+            pending.clear()
+            return
+        data = pending[0] if len(pending) == 1 else b"".join(pending)
+        pending.clear()
+        self._transport.write(data)
+
     def _write_if_open(self, frame: bytes) -> None:
         if not self.closed:
-            self._transport.write(frame)
+            self._queue(frame)   # behind the loop's own pending notices: order kept
 
 
 RingHandler = Callable[[Connection, Ring], None]

@@ -30,6 +30,7 @@ from zccp.flow import FlowDeps, RequestFlow
 from zccp.logs import RequestLog
 from zccp.metrics import EngineMetrics, MetricsServer
 from zccp.model.base import ModelBackend
+from zccp.model.grammar_cache import GrammarCompiler
 from zccp.model.registry import backend_from_config
 from zccp.outcome import RequestContext
 from zccp.planner import Planner
@@ -146,6 +147,9 @@ class Engine:
             inflight=InFlight() if cfg.cache.enabled and cfg.cache.coalesce_wait_ms else None,
             coalesce_wait_s=cfg.cache.coalesce_wait_ms / 1000,
             upstream=self.upstream,
+            # schemas compiled off the loop, once each (validated only where nothing decodes here)
+            grammars=GrammarCompiler(self.backend.grammar_vocab
+                                     if self.upstream is None and self.backend.has_logits else None),
         )
         self.metrics_server = MetricsServer(self._socket_path + ".metrics", self.metrics, cfg.shared_memory.group)
 
@@ -346,6 +350,8 @@ class Engine:
             if self.upstream is not None:
                 await self.upstream.close()
             self._model.stop()
+            if self.deps.grammars is not None:
+                self.deps.grammars.close()
             self.device.close()
             self._tokens.clear()
             self.arena.close()

@@ -30,17 +30,20 @@ from zccp.cache.answer import CachedAnswer, literals_in
 from zccp.cache.inflight import InFlight
 from zccp.cache.keys import CacheKeys, keys_for, slot_masks
 from zccp.cache.mask_store import MaskSource
-from zccp.cache.sampled import SampledUse, sampled_use
+from zccp.cache.sampled import UNSAMPLED, SampledUse, sampled_use
 from zccp.cache.scope import tenant_digest
 from zccp.cache.store import Lookup, ResponseCache
 from zccp.logs import RequestLog
 from zccp.metrics import EngineMetrics
 from zccp.model.base import ModelBackend
+from zccp.model.grammar import CompiledGrammar
+from zccp.model.grammar_cache import GrammarCompiler
 from zccp.model.prompt import Prompt
 from zccp.model.tokenizer import PromptTooLong
 from zccp.outcome import Outcome, RequestContext
 from zccp.ring_writer import SlotAbandoned
 from zccp.prompt_pins import pin_points
+from zccp.fair_queue import Admission, refusal
 from zccp.scheduler import BatchScheduler, Sequence
 from zccp.shared_types import ApiError, Completed, GenerationRequest, GenerationResult, Pin, TextDelta
 from zccp.choices import ChoiceSink, Choices, all_done, choice_params
@@ -72,9 +75,10 @@ class FlowDeps:
     inflight: InFlight | None = None                     # identical misses wait for the first (None: off)
     coalesce_wait_s: float = 0.0                         # cache.coalesce_wait_ms: how long they wait
     upstream: UpstreamClient | None = None               # model.backend: upstream: misses go there
+    grammars: GrammarCompiler | None = None              # output schemas compiled off the loop (cached)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Prepared:
     """A parsed, tokenized request, ready for the model."""
 
@@ -87,6 +91,7 @@ class Prepared:
     # every prompt's (input_ids, host_ids), in order (/v1/completions may send several); the first
     # is input_ids/host_ids
     prompts: tuple[tuple[torch.Tensor, np.ndarray], ...] = ()
+    grammar: CompiledGrammar | None = None   # req.sampling.constraint, compiled (zccp.model.grammar_cache)
 
     @property
     def choices(self) -> int:
@@ -103,7 +108,7 @@ class RequestFlow:
         self._store_keys: CacheKeys | None = None    # set when the answer will be stored
         self._literals: tuple[str, ...] = ()         # the request's masked values the answer carries
         self._owned: bytes | None = None             # the in-flight key this request owns (coalescing)
-        self._use = SampledUse(False, True, True, True)   # what the cache may do with it (cache.sampled)
+        self._use: SampledUse = UNSAMPLED            # what the cache may do with it (cache.sampled)
 
     # -- the sequence ----------------------------------------------------------------------
 
@@ -112,6 +117,23 @@ class RequestFlow:
         prep = self._prepare()
         if prep is None:
             return self.outcome.done()
+        if prep.req.sampling.constraint is not None and self.deps.grammars is not None:
+            return self.deps.spawn(self._compile_then_serve(prep, self.deps.grammars))
+        self._serve(prep)
+
+    async def _compile_then_serve(self, prep: Prepared, grammars: GrammarCompiler) -> None:
+        """The output schema compiled in a worker thread (seconds for a large one), while the
+        loop serves everyone else; a schema refused or over its time budget is a 400."""
+        assert prep.req.sampling.constraint is not None
+        compiled: Prepared | None = None
+        with self.outcome.guard():
+            compiled = replace(prep, grammar=await grammars.compile(prep.req.sampling.constraint))
+        if compiled is None:
+            return self.outcome.done()
+        self._serve(compiled)
+
+    def _serve(self, prep: Prepared) -> None:
+        """Answer a prepared request from the cache or the model."""
         deps, ctx = self.deps, self.ctx
         if deps.cache is None or deps.masks is None:
             return self._run_model(prep, None)
@@ -226,12 +248,11 @@ class RequestFlow:
                       self._tool_calls(prep.req), self.outcome, lambda result: self._verdict(prep, result),
                       self.deps.backend.prompt.token_bytes)
         seq = Sequence(prep.input_ids, prep.host_ids, prep.req.sampling, reply, ctx.cancelled, finished,
-                       salt=self._salt(prep), pins=prep.pins)
-        if not self.deps.model.submit(seq):
+                       salt=self._salt(prep), pins=prep.pins, grammar=prep.grammar)
+        if (got := self.deps.model.submit_all([seq])) is not Admission.OK:
             self.deps.metrics.queue_full.inc()
             with self.outcome.guard():
-                self.outcome.client_error(ApiError(429, "rate_limit_error", "the model's queue is full "
-                                                   "(model.max_queue requests wait already); retry shortly"))
+                self.outcome.client_error(refusal(got, 1, self.deps.model.limits.max_queue))
             self._release_owned()
             self.outcome.done()
 
@@ -258,20 +279,19 @@ class RequestFlow:
         on_done = all_done(total, self.outcome.done)
         cancelled = lambda: ctx.cancelled() or choices.over   # noqa: E731
         salt = self._salt(prep)                 # the tenant's prefix blocks only
+        seqs: list[Sequence] = []
         for i in range(total):
             ids, host = prompts[i // req.n]
             sink = ChoiceSink(choices, i, req, lengths[i // req.n], fmt.detokenizer(host[-8:].tolist()),
                               self._tool_calls(req), fmt.token_bytes)
-            seq = Sequence(ids, host, choice_params(req.sampling, i % req.n), sink, cancelled, on_done, salt=salt)
-            if not self.deps.model.submit(seq):
-                self.deps.metrics.queue_full.inc()
-                choices.over = True                 # the ones submitted are cancelled; they end as dropped
-                with self.outcome.guard():
-                    self.outcome.client_error(ApiError(429, "rate_limit_error", "the model's queue is full "
-                                                       "(model.max_queue requests wait already); retry shortly"))
-                for _ in range(total - i):
-                    on_done(None)
-                return
+            seqs.append(Sequence(ids, host, choice_params(req.sampling, i % req.n), sink, cancelled, on_done,
+                                 salt=salt, grammar=prep.grammar))
+        # all the choices queue, or none: n counts as n in the queue (zccp.fair_queue)
+        if (got := self.deps.model.submit_all(seqs)) is not Admission.OK:
+            self.deps.metrics.queue_full.inc()
+            with self.outcome.guard():
+                self.outcome.client_error(refusal(got, total, self.deps.model.limits.max_queue))
+            self.outcome.done()
 
     def _salt(self, prep: Prepared) -> bytes:
         """The prefix KV cache's salt: the request's tenant (zccp.prefix_cache), b"" for the
@@ -332,13 +352,18 @@ class RequestFlow:
         prep: Prepared | None = None
         with self.outcome.guard():
             req, spans, doc = self._parse_and_tokenize()
-            views = tuple((self.deps.input_view(self.ctx.tokens[at:at + n]), self.ctx.tokens[at:at + n].numpy())
-                          for at, n in spans)
-            input_ids, host = views[0]
+            deps, tokens = self.deps, self.ctx.tokens
+            at, n = spans[0]
+            ids = tokens[at:at + n]                  # one view: the device's and the host's share it
+            input_ids, host = deps.input_view(ids), ids.numpy()
             pins: tuple[Pin, ...] = ()
-            if req.cache_marks and self.deps.model.prefix is not None:
-                pins = pin_points(self.deps.backend.prompt, doc, req, self.deps.limits, host)
-            prep = Prepared(self.codec, req, input_ids, doc, host, pins, views if req.prompts else ())
+            if req.cache_marks and deps.model.prefix is not None:
+                pins = pin_points(deps.backend.prompt, doc, req, deps.limits, host)
+            views: tuple[tuple[torch.Tensor, np.ndarray], ...] = ()
+            if req.prompts:                          # /v1/completions: every prompt's views
+                views = ((input_ids, host),) + tuple(
+                    (deps.input_view(t), t.numpy()) for t in (tokens[a:a + k] for a, k in spans[1:]))
+            prep = Prepared(self.codec, req, input_ids, doc, host, pins, views)
         return prep
 
     def _parse_and_tokenize(self) -> tuple[GenerationRequest, list[tuple[int, int]], dict[str, Any]]:

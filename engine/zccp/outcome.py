@@ -4,7 +4,7 @@ endpoint, a purge): every flow ends through its Outcome, once.
   answered(status, result)  the answer is written: the request metric and the log line
   client_error(err)         an ApiError, API-shaped through the slot, then answered(...)
   abandoned(exc)            nginx gave up on the slot (SlotAbandoned): counted, logged
-  failed(encoder)           anything else: a 500 (or the stream's error event), logged
+  failed(encoder, err)      anything else: a 500, or err when it is known (or the stream's error event)
   done()                    the slot's payload released, the engine told the job is over
 
 `guard()` wraps a step and maps what it raises onto those endings, so no flow repeats
@@ -15,9 +15,9 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from dataclasses import dataclass
+from types import TracebackType
 
 import torch
 
@@ -32,7 +32,7 @@ from zccp.shared_types import ApiError, GenerationResult
 log = logging.getLogger("zccp.outcome")
 
 
-@dataclass
+@dataclass(slots=True)
 class RequestContext:
     """The slot side of one request."""
 
@@ -50,6 +50,36 @@ class RequestContext:
         return {"context_id": self.context_id, "request_id": self.request_id}
 
 
+class _Guard:
+    """Outcome.guard's context manager: a plain object, not a generator (two per request)."""
+
+    __slots__ = ("_outcome", "_what")
+
+    def __init__(self, outcome: Outcome, what: str) -> None:
+        self._outcome = outcome
+        self._what = what
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, et: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None) -> bool:
+        if exc is None or not isinstance(exc, Exception):
+            return False
+        o = self._outcome
+        if isinstance(exc, ApiError):
+            try:
+                o.client_error(exc)
+                return True
+            except Exception as raised:   # the error's answer failed: that is the ending
+                exc = raised
+        if isinstance(exc, SlotAbandoned):
+            o.abandoned(exc)
+        else:
+            log.error(self._what, exc_info=exc, extra=o.ctx.ids())
+            o.failed(None)
+        return True
+
+
 class Outcome:
     """The endings of one request; `started` is when the engine took it."""
 
@@ -62,20 +92,10 @@ class Outcome:
         self._on_done = on_done
         self.started = time.perf_counter()
 
-    @contextmanager
-    def guard(self, what: str = "request failed") -> Iterator[None]:
+    def guard(self, what: str = "request failed") -> _Guard:
         """Run a step: an ApiError is answered through the slot, an abandoned slot is
         counted, anything else is logged (as `what`) and failed. Nothing propagates."""
-        try:
-            try:
-                yield
-            except ApiError as err:
-                self.client_error(err)
-        except SlotAbandoned as exc:
-            self.abandoned(exc)
-        except Exception:
-            log.exception(what, extra=self.ctx.ids())
-            self.failed(None)
+        return _Guard(self, what)
 
     def client_error(self, err: ApiError) -> None:
         """A client error, API-shaped, through the slot (raises SlotAbandoned)."""
@@ -90,13 +110,16 @@ class Outcome:
         self._metrics.abandoned.inc()
         log.info("request abandoned: %s", exc, extra=self.ctx.ids())
 
-    def failed(self, encoder: StreamEncoder | None) -> None:
-        self.answered(500)
-        err = ApiError(500, "api_error", "the engine failed while serving this request")
+    def failed(self, encoder: StreamEncoder | None, err: ApiError | None = None) -> None:
+        """The request failed: err (one sequence's own failure, zccp.scheduler) or the 500."""
+        if err is None:
+            err = ApiError(500, "api_error", "the engine failed while serving this request")
+        status = self.codec.http_status(err)
+        self.answered(status)
         writer = self.ctx.writer
         try:
             if not writer.started:
-                writer.begin(500, sse=False)
+                writer.begin(status, sse=False)
                 writer.write(self.codec.render_error(err))
             elif encoder is not None:
                 writer.write(encoder.error(err))

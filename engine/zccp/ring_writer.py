@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections import deque
 from collections.abc import Callable
 
 from zccp.abi import Flag, State
@@ -53,6 +54,10 @@ class ResponseWriter:
         self._cap = len(self._region)
         self._total = 0
         self._pending = bytearray()          # write_nowait's bytes the ring had no room for
+        # (end offset, output tokens) per write not yet wholly committed: meta.committed_mark
+        # names the tokens whose bytes are in the ring (nginx settles early endings from it)
+        self._marks: deque[tuple[int, int]] = deque()
+        self._tokens = 0
         self.started = False
         self.status = 0
 
@@ -117,6 +122,11 @@ class ResponseWriter:
         self._check_owner()
         self._total += n
         self._view.header.response_len = self._total & 0xFFFFFFFF
+        marks = self._marks
+        while marks and marks[0][0] <= self._total:
+            self._tokens = marks.popleft()[1]
+        # one aligned 64-bit store after response_len: nginx never sees a count without its bytes
+        self._view.meta.committed_mark = ((self._total & 0xFFFFFFFF) << 32) | (self._tokens & 0xFFFFFFFF)
         if notify:
             self._notify(self._total, False, self.status)
         return n
@@ -145,10 +155,13 @@ class ResponseWriter:
 
     # -- never waiting: the batch scheduler's writes ----------------------------------------
 
-    def write_nowait(self, data: bytes) -> None:
-        """Write what fits now and keep the rest for flush_pending(); never sleeps."""
+    def write_nowait(self, data: bytes, tokens: int | None = None) -> None:
+        """Write what fits now and keep the rest for flush_pending(); never sleeps.
+        tokens: the answer's output tokens once these bytes are committed (None: unchanged)."""
         if not self.started:
             raise RuntimeError("begin() first")  # programmer error
+        if tokens is not None:
+            self._marks.append((self._total + len(self._pending) + len(data), tokens))
         if self._pending:
             self._pending += data
             self.flush_pending()

@@ -115,7 +115,8 @@ def resolve(cfg: Config, run_dir: Path) -> Config:
     if len(socket.encode()) > SUN_PATH_MAX:
         raise ConfigError(f"{cfg.path}: server.socket_path: {socket} is longer than {SUN_PATH_MAX} bytes "
                           f"(a unix socket's limit); use a shorter --run-dir or set server.socket_path")
-    admin = cfg.server.admin_listen or "unix:" + str(Path(socket).parent / "admin.sock")
+    # in a directory of its own, which only its owner may enter (zccp.ops.admin_client)
+    admin = cfg.server.admin_listen or "unix:" + str(Path(socket).parent / "admin" / "admin.sock")
     token_file = cfg.server.admin_token_file
     if token_file is not None:   # relative to the config file, like mask_patterns
         token_file = str((Path(cfg.path).parent / token_file).resolve())

@@ -4,14 +4,16 @@ Every running sequence advances by one token per step, all of them in ONE forwar
 (zccp.model.base.DecodeBatch); sequences join and leave the batch between steps.
 A step is:
 
-  1. take new sequences from the inbox (submit() refuses beyond model.max_queue
-     waiting: the flow answers 429 with Retry-After, never an unbounded queue);
+  1. take new sequences from the inbox into the waiting queue, shared by tenant
+     (zccp.fair_queue: submit() refuses past a tenant's share of model.max_queue, the
+     flow answers 429; a request larger than the queue, a 400);
   2. drop cancelled sequences wherever they are (client gone, deadline, nginx's
      deadline_ns = 1): a batch row is freed at once;
   3. flush the response bytes a full ring held back; a sequence whose ring was full
      was parked out of the batch and joins again once nginx has acked room, so one
      slow client never stalls the thread or the others;
-  4. admit waiting sequences while the batch has rows (model.max_batch) and the KV
+  4. admit waiting sequences, the tenant holding the fewest rows first (round robin
+     among equals, zccp.fair_queue), while the batch has rows (model.max_batch) and the KV
      bound (model.kv_cache_mb) holds for every admitted sequence at its longest
      (prompt + max_tokens, padded to the longest row, with the KV buffers' spare
      room); reuse cached prefix blocks;
@@ -28,6 +30,11 @@ A step is:
 A finished sequence leaves the batch; its sink may still hold bytes for a full ring,
 which are flushed before on_done runs. One thread, because the model is the serial
 resource and torch parallelises inside each forward.
+
+A sequence's failure is its own (docs/isolation.md): a sampler, a grammar or a sink that
+raises for one row fails that sequence alone (its ApiError, or a 500, through its slot,
+which is released at once) and the others go on; a prefill group that fails is retried
+one sequence at a time. Only a forward of the whole batch failing fails its rows.
 """
 
 from __future__ import annotations
@@ -37,89 +44,27 @@ import queue
 import threading
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any
 
 import numpy as np
 import torch
 
+from zccp.fair_queue import Admission, FairQueue
 from zccp.metrics import EngineMetrics
 from zccp.model.base import DecodeBatch, ModelBackend
 from zccp.model.kv import room
-from zccp.model.sampling import Drawn, Sampler, sample_rows
+from zccp.model.sampling import Choice, Sampler, sample_rows
 from zccp.planner import Planner
 from zccp.prefix_cache import PrefixCache, cache_write
-from zccp.shared_types import NO_WRITE, CacheWrite, Pin, SamplingParams, StopReason
 from zccp.ring_writer import SlotAbandoned
+from zccp.sequences import BatchLimits, Sequence, Sink
+from zccp.shared_types import ApiError, CacheWrite, StopReason
+
+__all__ = ["Admission", "BatchLimits", "BatchScheduler", "Sequence", "Sink"]
 
 log = logging.getLogger("zccp.scheduler")
 
 IDLE_POLL_S = 0.002        # how often parked or draining sequences are looked at when nothing runs
-
-
-class Sink(Protocol):
-    """The output side of one sequence (zccp.token_sink): it renders and writes the answer."""
-
-    def start(self, cached_tokens: int, plan_chunks: int, written: CacheWrite = NO_WRITE) -> None:
-        """Admitted: the prompt's reused tokens, its prefill plan and (only for a sequence
-        with pins) what its breakpoints will write into the prefix cache are known."""
-
-    def kept(self, tokens: int) -> None:
-        """The prefill is done; the prefix cache now holds this many of its prompt tokens."""
-
-    def token(self, token: int, drawn: Drawn | None = None) -> bool:
-        """One generated token (and its logprobs when asked for); True when the answer is
-        complete (a stop sequence)."""
-
-    def end(self, reason: StopReason, output_tokens: int) -> Any:
-        """Generation is over; the value on_done receives once everything is written."""
-
-    def flush(self) -> bool:
-        """Write what a full ring held back; True when nothing is pending (and, after
-        end(), the answer is finished)."""
-
-    @property
-    def blocked(self) -> bool:
-        """Bytes are waiting for room in the response ring."""
-
-    def fail(self) -> None:
-        """The model failed: answer with an error."""
-
-    def abandoned(self, exc: SlotAbandoned) -> None:
-        """The slot is no longer ours."""
-
-
-@dataclass(eq=False)
-class Sequence:
-    """What the flow submits: one request's prompt and where its tokens go."""
-
-    input_ids: torch.Tensor | None        # the model's view of the slot's token array
-    host_ids: np.ndarray                  # the same ids on the CPU (prefix-block hashing)
-    params: SamplingParams
-    sink: Sink
-    cancelled: Callable[[], bool]
-    on_done: Callable[[Any], None]        # on the model thread; the sink's end() value, or None
-    prefill_only: bool = False            # a warm-up: prefill and keep the prefix blocks, no output
-    salt: bytes | None = None             # the tenant's prefix-cache salt; None: shared (a warm-up)
-    pins: tuple[Pin, ...] = ()            # prefixes to pin in the prefix cache (cache_control)
-    # -- the model thread's state ---------------------------------------------------------
-    state: Any = field(default=None, repr=False)
-    ids: torch.Tensor | None = field(default=None, repr=False)
-    keys: list[bytes] = field(default_factory=list, repr=False)
-    sampler: Sampler | None = field(default=None, repr=False)
-    done_tokens: int = 0                  # prompt tokens in the state (reused or prefilled)
-    reused: int = 0
-    produced: int = 0
-    last: int = 0
-    worst: int = 0                        # prompt + max_tokens: its longest possible row
-    result: Any = None
-
-
-@dataclass(frozen=True)
-class BatchLimits:
-    max_batch: int                        # rows decoded together (prefilling and parked included)
-    max_queue: int                        # sequences waiting for admission
-    kv_budget_bytes: int
 
 
 # What became of a sequence after one token.
@@ -135,9 +80,8 @@ class BatchScheduler:
         self.prefix = prefix
         self.metrics = metrics
         self._inbox: queue.SimpleQueue[Sequence | None] = queue.SimpleQueue()
-        self._lock = threading.Lock()
-        self._queued = 0                  # submitted, not yet admitted (guarded by _lock)
-        self._waiting: deque[Sequence] = deque()
+        self._waiting = FairQueue(limits.max_queue)      # submitted, not yet admitted
+        self._live: set[Sequence] = set()  # admitted and not done: what a failed step must answer
         self._prefilling: deque[Sequence] = deque()
         self._rows: list[Sequence] = []   # row i of the batch
         self._batch: DecodeBatch = backend.new_batch()
@@ -150,13 +94,18 @@ class BatchScheduler:
     # -- any thread ----------------------------------------------------------------------
 
     def submit(self, seq: Sequence) -> bool:
-        """Queue a sequence; False when model.max_queue sequences already wait."""
-        with self._lock:
-            if self._queued >= self.limits.max_queue:
-                return False
-            self._queued += 1
-        self._inbox.put(seq)
-        return True
+        """Queue a sequence; False when its tenant's share of the queue is taken."""
+        return self.submit_all([seq]) is Admission.OK
+
+    def submit_all(self, seqs: list[Sequence]) -> Admission:
+        """Queue one request's sequences (its n choices), all or none (zccp.fair_queue)."""
+        if not seqs:
+            return Admission.OK
+        got = self._waiting.reserve(seqs[0].tenant, len(seqs))
+        if got is Admission.OK:
+            for seq in seqs:
+                self._inbox.put(seq)
+        return got
 
     def stop(self, timeout: float = 10.0) -> None:
         self._inbox.put(None)
@@ -217,8 +166,6 @@ class BatchScheduler:
     def _reap(self) -> None:
         for seq in [s for s in self._waiting if s.cancelled()]:
             self._waiting.remove(seq)
-            with self._lock:
-                self._queued -= 1
             self._drop(seq)
         gone = [i for i, s in enumerate(self._rows) if s.cancelled()]
         if gone:
@@ -258,11 +205,12 @@ class BatchScheduler:
         except SlotAbandoned as exc:
             self._forget(seq)
             seq.sink.abandoned(exc)
+            self._done(seq, None)
+        except ApiError as err:                  # e.g. a tool parser refusing this answer
+            self._fail(seq, err)
         except Exception:
             log.exception("writing the answer failed")
-            self._forget(seq)
-            seq.sink.fail()
-        self._done(seq, None)
+            self._fail(seq)
         return None
 
     def _forget(self, seq: Sequence) -> None:
@@ -285,17 +233,17 @@ class BatchScheduler:
         return min(n + seq.params.max_tokens, self.backend.max_context)
 
     def _admit(self) -> None:
-        while self._waiting and self._fits(self._waiting[0]):
-            seq = self._waiting.popleft()
-            with self._lock:
-                self._queued -= 1
+        while (seq := self._waiting.next(self._active())) is not None and self._fits(seq):
+            self._waiting.pop(seq)
+            self._live.add(seq)
             try:
                 self._start(seq)
+            except ApiError as err:
+                self._fail(seq, err)
+                continue
             except Exception:
                 log.exception("admitting a sequence failed")
-                seq.state = seq.ids = seq.input_ids = None
-                seq.sink.fail()
-                self._done(seq, None)
+                self._fail(seq)
                 continue
             if seq.state is not None:
                 self._prefilling.append(seq)
@@ -317,7 +265,9 @@ class BatchScheduler:
         seq.state = backend.new_state(blocks)
         seq.ids = ids
         seq.done_tokens = seq.reused
-        seq.sampler = backend.sampler(seq.params)
+        if seq.params.constraint is not None and seq.grammar is None:
+            raise RuntimeError("a constrained sequence was submitted without its compiled grammar")
+        seq.sampler = backend.sampler(seq.params, seq.grammar)     # a copy of the compiled grammar
         self.metrics.prefix_reused.inc(seq.reused)
         # what breakpoints write: only a sequence with pins is told (a sink without them takes two arguments)
         written: tuple[CacheWrite, ...] = ()
@@ -336,19 +286,12 @@ class BatchScheduler:
             spans = [(seq.done_tokens, Planner.chunk_end(seq.done_tokens, self._prompt_len(seq), chunk))
                      for seq in group]
             chunks = [self._ids(seq)[a:b] for seq, (a, b) in zip(group, spans, strict=True)]
-            try:
-                outs = self.backend.prefill_many([seq.state for seq in group], chunks)
-            except Exception:
-                log.exception("prefill failed")
-                for seq in group:
-                    self._prefilling.remove(seq)
-                    seq.state = seq.ids = None
-                    seq.sink.fail()
-                    self._done(seq, None)
-                continue
+            outs = self._prefill_group(group, chunks)
             budget -= len(group) * max(b - a for a, b in spans)
             first: list[tuple[Sequence, torch.Tensor | int]] = []
             for seq, (a, b), out in zip(group, spans, outs, strict=True):
+                if out is None:
+                    continue                                   # its prefill failed: it was failed alone
                 self.metrics.prefilled.inc(b - a)
                 seq.done_tokens = b
                 if b < self._prompt_len(seq):
@@ -365,6 +308,21 @@ class BatchScheduler:
                 first.append((seq, out))
             if first:
                 self._first_tokens(first)
+
+    def _prefill_group(self, group: list[Sequence], chunks: list[torch.Tensor]) -> list[torch.Tensor | int | None]:
+        """One forward for the group; when it fails, each sequence alone, so that only the
+        ones whose own prefill fails are failed (None in their place)."""
+        try:
+            return list(self.backend.prefill_many([seq.state for seq in group], chunks))
+        except Exception:
+            log.exception("prefill failed" if len(group) == 1 else "group prefill failed; retrying each alone")
+        if len(group) == 1:
+            self._fail(group[0])
+            return [None]
+        outs: list[torch.Tensor | int | None] = []
+        for seq, ids in zip(group, chunks, strict=True):
+            outs.extend(self._prefill_group([seq], [ids]))
+        return outs
 
     def _group(self, chunk: int, budget: int) -> list[Sequence]:
         """The prefilling sequences whose next chunks go into one forward (Planner.group_rows)."""
@@ -441,10 +399,11 @@ class BatchScheduler:
         if leaving:
             self._leave(leaving)
 
-    def _choose(self, out: torch.Tensor | list[int], samplers: list[Sampler | None]) -> list[int]:
-        """Each row's next token: sampled from its logits, or the backend's own choice."""
+    def _choose(self, out: torch.Tensor | list[int], samplers: list[Sampler | None]) -> list[Choice]:
+        """Each row's next token: sampled from its logits, or the backend's own choice; a
+        row whose sampler failed has its exception instead (sample_rows)."""
         if isinstance(out, list):
-            return out
+            return list(out)
         ready = [s for s in samplers if s is not None]
         assert len(ready) == len(samplers)      # every running sequence got its sampler at admission
         return sample_rows(self.backend.process_logits(out), ready)
@@ -456,8 +415,14 @@ class BatchScheduler:
 
     # -- one token ---------------------------------------------------------------------------
 
-    def _emit(self, seq: Sequence, tok: int) -> str:
-        """Deliver a sampled token: RUN (keeps decoding), PARK (its ring is full) or OUT."""
+    def _emit(self, seq: Sequence, tok: Choice) -> str:
+        """Deliver a sampled token: RUN (keeps decoding), PARK (its ring is full) or OUT
+        (finished, or failed: a row whose sampling failed ends alone, with its error)."""
+        if isinstance(tok, Exception):
+            if not isinstance(tok, ApiError):
+                log.error("sampling failed for one sequence", exc_info=tok)
+            self._fail(seq, tok if isinstance(tok, ApiError) else None)
+            return OUT
         if tok in self.backend.eos_ids:
             self._finish(seq, "end_turn")
             return OUT
@@ -489,6 +454,7 @@ class BatchScheduler:
             self._draining.append(seq)
 
     def _done(self, seq: Sequence, value: Any) -> None:
+        self._live.discard(seq)
         try:
             seq.on_done(value)
         except BaseException:
@@ -496,21 +462,33 @@ class BatchScheduler:
 
     # -- failures ------------------------------------------------------------------------------
 
+    def _fail(self, seq: Sequence, err: ApiError | None = None) -> None:
+        """One sequence fails, alone: its error through its slot, its place everywhere but a
+        batch row freed (a row leaves with the step's leavers: its outcome is OUT)."""
+        self._forget(seq)
+        seq.input_ids = None
+        try:
+            seq.sink.fail(*(() if err is None else (err,)))   # a sink that never names an error takes none
+        except Exception:
+            log.exception("answering a failed sequence failed")
+        self._done(seq, None)
+
     def _fail_rows(self) -> None:
+        """The batch's forward failed: every row in it (nothing else) fails."""
         rows, self._rows = self._rows, []
         self._batch = self.backend.new_batch()
         for seq in rows:
-            seq.sink.fail()
-            self._done(seq, None)
+            self._fail(seq)
 
     def _fail_all(self) -> None:
+        """A step failed outside any one sequence's part (a bug): every admitted sequence,
+        wherever the step had put it, is answered, so none holds its slot to the deadline."""
         self._fail_rows()
-        for lst in (self._prefilling, self._parked, self._draining):
-            while lst:
-                seq = lst.pop()
-                seq.state = seq.ids = None
-                seq.sink.fail()
-                self._done(seq, None)
+        for seq in list(self._live):
+            self._fail(seq)
+        self._prefilling.clear()
+        self._parked.clear()
+        self._draining.clear()
 
 
 _NO_IDS = np.empty(0, dtype=np.int32)

@@ -29,6 +29,8 @@ class OutputConstraint:
     kind: Literal["json", "tool_call"]
     schema: str | None = None                        # json: the JSON schema as JSON text (None: any object)
     tools: tuple[tuple[str, str | None], ...] = ()   # tool_call: (name, parameters schema JSON) it may call
+    # the request field a compile error names (compiled off the loop, zccp.model.grammar_cache)
+    param: str = field(default="", compare=False)
 
 
 @dataclass(frozen=True)

@@ -24,6 +24,7 @@ from zccp.ring_writer import ResponseWriter, SlotAbandoned
 from zccp.model.sampling import Drawn
 from zccp.shared_types import (
     NO_WRITE,
+    ApiError,
     CacheWrite,
     Completed,
     GenerationRequest,
@@ -67,8 +68,8 @@ class SlotOutput:
     def blocked(self) -> bool:
         return self._writer.pending > 0
 
-    def fail(self) -> None:
-        self._outcome.failed(None)
+    def fail(self, err: ApiError | None = None) -> None:
+        self._outcome.failed(None, err)
 
     def abandoned(self, exc: SlotAbandoned) -> None:
         self._outcome.abandoned(exc)
@@ -144,6 +145,7 @@ class Reply(SlotOutput):
         self._cached = 0
         self._written = NO_WRITE
         self._deltas: list[int] = []            # text delta lengths as streamed (cache replay)
+        self._fed = 0                           # output tokens so far (meta.committed_mark)
 
     def start(self, cached_tokens: int, plan_chunks: int, written: CacheWrite = NO_WRITE) -> None:
         self._cached = cached_tokens
@@ -158,6 +160,7 @@ class Reply(SlotOutput):
             self._writer.write_nowait(self._encoder.start())
 
     def token(self, token: int, drawn: Drawn | None = None) -> bool:
+        self._fed += 1
         self._send(self._text.feed(token, drawn))
         return self._text.stopped
 
@@ -165,18 +168,18 @@ class Reply(SlotOutput):
         self._send(self._text.finish())
         result = self._text.result(reason, self._prompt_tokens, output_tokens, self._cached, self._written)
         if self._encoder is not None:
-            self._writer.write_nowait(self._encoder.finish(result))
+            self._writer.write_nowait(self._encoder.finish(result), output_tokens)
         else:
             self._writer.begin(200, sse=False)
             self._writer.write_nowait(self._codec.render(self._req, result, self._codec.new_response_id(),
-                                                         int(time.time())))
+                                                         int(time.time())), output_tokens)
             self._deltas = [len(result.text)] if result.text else []
         self._writer.set_meta(completion_len=output_tokens)
         self._result = result
         return Completed(result, tuple(self._deltas))
 
-    def fail(self) -> None:
-        self._outcome.failed(self._encoder)
+    def fail(self, err: ApiError | None = None) -> None:
+        self._outcome.failed(self._encoder, err)
 
     def _send(self, events: list[TextDelta | ToolCall]) -> None:
         enc = self._encoder
@@ -184,11 +187,11 @@ class Reply(SlotOutput):
             return
         for ev in events:
             if isinstance(ev, ToolCall):
-                self._writer.write_nowait(enc.tool_call(ev))
+                self._writer.write_nowait(enc.tool_call(ev), self._fed)
             elif ev.text or ev.logprobs:
                 if ev.text:
                     self._deltas.append(len(ev.text))
-                self._writer.write_nowait(enc.delta(ev))
+                self._writer.write_nowait(enc.delta(ev), self._fed)
 
 
 class WarmupReply(SlotOutput):

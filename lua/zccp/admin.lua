@@ -7,10 +7,20 @@
 local settings = require "zccp.settings"
 local sha256 = require "zccp.sha256"
 local errors = require "zccp.errors"
+local libc = require "zccp.libc"
+local ffi = require "ffi"
+
+pcall(ffi.cdef, [[
+int mkdir(const char *path, unsigned int mode);
+int chmod(const char *path, unsigned int mode);
+]])
 
 local ngx = ngx
 local ngx_var = ngx.var
 local str_match = string.match
+local io_open = io.open
+local error = error
+local tostring = tostring
 
 local _M = { _VERSION = "0.1.0" }
 
@@ -25,6 +35,50 @@ local function same(a, b)
         diff = bit.bor(diff, bit.bxor(a:byte(i), b:byte(i)))
     end
     return diff == 0
+end
+
+-- The admin token's digest for init_by_lua (settings.admin_token_sha256): read from the file
+-- the renderer wrote owner-only (zccp.ops.nginx_conf), never from the world-readable config.
+-- path "": no token. A named file that cannot be read stops nginx's start (failing open
+-- would serve the admin surface without its token).
+function _M.read_digest(path)
+    if path == "" then
+        return ""
+    end
+    local f, err = io_open(path, "rb")
+    if not f then
+        error("server.admin_token_file: cannot read the admin token's digest: " .. tostring(err))
+    end
+    local digest = f:read("*a")
+    f:close()
+    digest = digest and str_match(digest, "^(%x+)%s*$")
+    if not digest or #digest ~= 64 then
+        error("server.admin_token_file: " .. path .. " does not hold a SHA-256 digest")
+    end
+    return digest
+end
+
+local OWNER_ONLY = 448    -- 0700
+local EEXIST = 17
+
+-- The admin socket's directory, made by nginx's master at init (before it binds its listening
+-- sockets), so that it is there whoever starts nginx and whenever (at boot, /run is empty):
+-- nginx makes unix listen sockets 0666, so this directory, 0700 and the master's own, is what
+-- keeps every other user (nginx's workers' included) out. path "": an address or an
+-- operator's own directory (checked at render). A failure stops nginx's start.
+function _M.make_socket_dir(path)
+    if path == "" then
+        return true
+    end
+    local C = ffi.C
+    if C.mkdir(path, OWNER_ONLY) == 0 then
+        C.chmod(path, OWNER_ONLY)      -- no umask, no setgid from a 2770 parent
+        return true
+    end
+    if ffi.errno() ~= EEXIST then
+        error("server.admin_listen: cannot make " .. path .. ": " .. libc.errstr())
+    end
+    return true
 end
 
 -- true, or false once the request has been answered.

@@ -27,6 +27,7 @@ local tonumber = tonumber
 local pairs = pairs
 local ipairs = ipairs
 local decode = cjson.decode
+local table_concat = table.concat
 
 local _M = { _VERSION = "0.1.0" }
 
@@ -241,6 +242,37 @@ function _M.allow_model(who, api, body)
     end
     errors.send(api, 404, "not_found_error", "model: " .. m)
     return false
+end
+
+-- GET /v1/models for a key limited to some models: the engine's list (its bytes, parts)
+-- with only those, re-encoded; nil when the list needs no change (no such key, another
+-- request, a body that is not a list).
+function _M.models_body(parts)
+    local t = ngx.ctx.zccp_limits   -- zccp.limits' ticket: who asks, for what
+    local allowed = t and t.kind == "models" and t.who.models
+    if not allowed then
+        return nil
+    end
+    local doc = decode(table_concat(parts))
+    if type(doc) ~= "table" or type(doc.data) ~= "table" then
+        return nil
+    end
+    local kept = {}
+    for _, m in ipairs(doc.data) do
+        if type(m) == "table" and allowed[m.id] then
+            kept[#kept + 1] = m
+        end
+    end
+    doc.data = kept[1] and kept or nil
+    if doc.first_id ~= nil then   -- Anthropic's page bounds
+        doc.first_id = kept[1] and kept[1].id or cjson.null
+        doc.last_id = kept[#kept] and kept[#kept].id or cjson.null
+    end
+    local out = cjson.encode(doc)
+    if not kept[1] then   -- Debian's cjson has no empty array: [] written here, not {}
+        out = out == "{}" and '{"data":[]}' or '{"data":[],' .. out:sub(2)
+    end
+    return out
 end
 
 -- Forget every verified and unknown key of this worker (tests, an operator's reload).

@@ -186,7 +186,7 @@ local function fill_slot(a, i, src, flags, timeout_ms, fp, extra, rid)
     h.flags = flags
     meta.prompt_len, meta.completion_len, meta.cache_status = 0, 0, 0
     meta.similarity_ppm, meta.age_s, meta.plan_chunks, meta.error_code = 0, 0, 0, 0
-    meta.cache_ttl_s, meta.cache_scope, meta.cache_reason = 0, 0, 0
+    meta.cache_ttl_s, meta.cache_scope, meta.cache_reason, meta.committed_mark = 0, 0, 0, 0
     h.state = C.ZCCP_STATE_READY
     return gen
 end
@@ -296,8 +296,9 @@ local function respond(api, slot, outcome, r)
     end
     if outcome == "done" then
         if not r.sse then
-            ngx_header["Content-Length"] = r.acked
-            ngx_print(r.parts)
+            local body = auth.models_body(r.parts)   -- GET /v1/models: the key's models only
+            ngx_header["Content-Length"] = body and #body or r.acked
+            ngx_print(body or r.parts)
         end
         return
     end
@@ -381,7 +382,7 @@ local function attempt(r, a, state, e)
         ngx_header["X-ZCCP-Engine"] = e.name
     end
     local outcome, res = relay.run(slot, state, r.deadline)
-    limits.observe(a:meta(slot.index), slot.cache)   -- the engine's exact counts, settled in the log phase
+    limits.observe(a:meta(slot.index), slot.cache, outcome, res)   -- the engine's exact counts, settled in the log phase
     if outcome == "done" and k then
         local kept, kerr = pcall(l1.keep, api, k, a:meta(slot.index), res)
         if not kept then

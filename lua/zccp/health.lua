@@ -1,5 +1,7 @@
--- GET /health: 200 with the engine's status when it answers a ping, 503 otherwise (several
--- engines: see serve_engines).
+-- GET /health: 200 when the engine answers a ping, 503 otherwise (several engines: see
+-- serve_engines). On the public listener the answer says that and nothing else ({"status":
+-- "ok" | "degraded" | "unavailable"}): pids, slot counts, mask errors and the reasons (which
+-- name sockets and files) are the admin listener's (zccp_admin.conf: $zccp_admin, its token).
 local abi = require "zccp.abi"
 local arena_mod = require "zccp.arena"
 local slots = require "zccp.slots"
@@ -8,8 +10,10 @@ local settings = require "zccp.settings"
 local mask_store = require "zccp.mask_store"
 local cjson = require "cjson.safe"
 local engines = require "zccp.engines"
+local admin = require "zccp.admin"
 
 local ngx = ngx
+local ngx_var = ngx.var
 local tonumber = tonumber
 local tostring = tostring
 local ipairs = ipairs
@@ -23,10 +27,14 @@ local function masks_in_force()
 end
 
 local function reply(status, t)
-    t.worker_pid = ngx.worker.pid()
-    t.masks = masks_in_force()
     if status ~= 200 then
         t.status = "unavailable"
+    end
+    if ngx_var.zccp_admin ~= "1" then
+        t = { status = t.status }          -- the public listener: ok or not, no details
+    else
+        t.worker_pid = ngx.worker.pid()
+        t.masks = masks_in_force()
     end
     ngx.status = status
     ngx.header["Content-Type"] = "application/json"
@@ -127,6 +135,9 @@ local function serve_engines(list)
 end
 
 function _M.serve()
+    if ngx_var.zccp_admin == "1" and not admin.allowed("anthropic") then
+        return
+    end
     local list = engines.list()
     if #list > 1 then
         return serve_engines(list)

@@ -7,6 +7,7 @@ local ffi = require "ffi"
 local bit = require "bit"
 local abi = require "zccp.abi"
 local settings = require "zccp.settings"
+local limits_mark = require "zccp.limits.mark"
 
 local ngx = ngx
 local ngx_header = ngx.header
@@ -128,9 +129,15 @@ local function on_notice(slot, r, n)
         r.started = true
     end
     -- Committed length from the notice, cross-checked with the header.
-    local committed = tonumber(n.response_len)
-    if committed > tonumber(h.response_len) or committed < r.acked or committed - r.acked > a.response_cap then
+    local committed, now_len = tonumber(n.response_len), tonumber(h.response_len)
+    if committed > now_len or committed - r.acked > a.response_cap then
         return "engine committed an invalid response length"
+    end
+    -- The engine's mark (zccp_abi.h committed_mark): relayed up to it, the bytes sent carry
+    -- a known output-token count (zccp.limits settles a stream ended early from it).
+    local at, tokens = limits_mark.read(a:meta(i))
+    if at > committed and at <= now_len and at - r.acked <= a.response_cap then
+        committed = at   -- a later notice's bytes, relayed now
     end
     if r.sse and r.max_bytes > 0 and committed > r.max_bytes then
         return "stream_bytes"
@@ -141,6 +148,9 @@ local function on_notice(slot, r, n)
         h.response_acked = committed
         if r.sse then
             send_sse(r, chunk)
+            if at == committed and not r.stalled and not r.state.aborted then
+                r.sent_tokens = tokens
+            end
             if r.keep then   -- zccp.l1 may keep this answer: its bytes, up to r.keep of them
                 if committed > r.keep then
                     r.keep, r.parts, r.np = nil, {}, 0

@@ -327,6 +327,7 @@ def test_the_public_listener_never_serves_the_admin_surface(make_stack, tmp_path
     required (issue 18)."""
     token = tmp_path / "admin.token"
     token.write_text("admin-token-for-the-test-0123456789\n")
+    token.chmod(0o600)                   # only its owner may read it (or the stack refuses to start)
     s = make_stack({"model": NULL, "server": {"admin_listen": f"127.0.0.1:{free_port()}",
                                               "admin_token_file": str(token)}}, with_redis=True)
     stored(s, "anthropic", req("anthropic", CHAT))

@@ -43,7 +43,7 @@ def stack_process(tmp_path):
 
 
 def health(s: Stack) -> dict:
-    return httpx.get(s.url("/health"), timeout=5).json()
+    return s.health()          # the admin listener's: the public /health has no details
 
 
 # -- start-up -----------------------------------------------------------------------------
@@ -212,12 +212,12 @@ def test_a_stopped_stack_leaves_no_socket_directory(make_stack):
 def test_health_says_when_the_engine_is_not_running(make_stack):
     s = make_stack(NULL)
     s.stop_engine()                                  # stopped: no arena at all
-    h = httpx.get(s.url("/health"), timeout=5)
+    h = s.admin_client().get("/health")
     assert h.status_code == 503 and h.json()["reason"].startswith("engine not running"), h.text
     s.start_engine()
     s.wait_healthy()
     s.stop_engine(crash=True)                        # killed: a stale arena, nobody on the doorbell
-    h = httpx.get(s.url("/health"), timeout=5)
+    h = s.admin_client().get("/health")
     assert h.status_code == 503 and h.json()["reason"].startswith("engine not running"), h.text
 
 

@@ -198,7 +198,9 @@ class Stack:
         return ArenaReader(for_engine(self.cfg, engine).shared_memory.name)
 
     def health(self) -> dict[str, Any]:
-        return httpx.get(self.url("/health"), timeout=5, verify=self.verify).json()
+        """The admin listener's /health: pids, epoch, slot counts, masks (the public one says ok or not)."""
+        with self.admin_client(timeout=5) as c:
+            return c.get("/health").json()
 
     def assert_no_leaks(self, timeout: float = 5.0) -> None:
         """Every slot FREE in shared memory and unclaimed in nginx's dict."""

@@ -138,3 +138,22 @@ def test_with_later_a_writer_nobody_acks_gives_up(arena):
     w.finish()
     timers.pop(0)()
     assert not timers and view.header.state != State.DONE
+
+
+def test_the_committed_mark_counts_only_tokens_whose_bytes_are_in_the_ring(arena):
+    """meta.committed_mark = (response_len << 32) | tokens: a token whose bytes wait for room
+    (pending) is not counted until they are committed (nginx settles early endings from it)."""
+    notices: list = []
+    view, w = _writer(arena, notices)
+    cap = len(arena.response_region(view))
+    w.begin(200, sse=True)
+    w.write_nowait(b"start")                      # no tokens yet
+    assert view.meta.committed_mark == (5 << 32) | 0
+    w.write_nowait(b"a" * 10, 1)
+    assert view.meta.committed_mark == (15 << 32) | 1
+    w.write_nowait(b"b" * cap, 2)                 # only part fits: token 2 is not committed
+    mark = view.meta.committed_mark
+    assert mark >> 32 == cap and mark & 0xFFFFFFFF == 1
+    view.header.response_acked = cap              # nginx took it all: the rest goes in
+    assert w.flush_pending()
+    assert view.meta.committed_mark == ((15 + cap) << 32) | 2

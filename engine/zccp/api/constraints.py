@@ -1,11 +1,14 @@
 """The grammar a request asks for (JSON mode, a JSON schema, a forced tool call), from
-either API's fields, as an OutputConstraint (zccp.model.grammar runs it)."""
+either API's fields, as an OutputConstraint (zccp.model.grammar runs it).
+
+Nothing is compiled here (this runs on the event loop): the flow has the constraint
+compiled, and validated, by zccp.model.grammar_cache in a worker thread under a time
+budget; a schema the compiler refuses is a 400 naming `param` from there."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from ..model.grammar import check_constraint
 from ..shared_types import ApiError, OutputConstraint
 from .bounds import MAX_TOOLS_SCHEMA_BYTES, schema_problem, schema_size_problem
 from .common import dumps
@@ -28,11 +31,8 @@ def schema_json(schema: Any, param: str) -> str:
 
 def json_output(schema: dict[str, Any] | None, param: str) -> OutputConstraint:
     """JSON: any object (schema None), or one valid against `schema` (refused with a 400
-    naming `param` when the grammar compiler cannot take it)."""
-    c = OutputConstraint("json", schema_json(schema, param) if schema is not None else None)
-    if schema is not None:
-        check_constraint(c, param)
-    return c
+    naming `param` when it is too deep or large (here) or the grammar compiler cannot take it, off the loop)."""
+    return OutputConstraint("json", schema_json(schema, param) if schema is not None else None, param=param)
 
 
 def tool_call(tools: list[tuple[str, dict[str, Any] | None]], only: str | None, param: str) -> OutputConstraint:
@@ -41,6 +41,4 @@ def tool_call(tools: list[tuple[str, dict[str, Any] | None]], only: str | None, 
     if (total := sum(len(p) for _, p in chosen if p)) > MAX_TOOLS_SCHEMA_BYTES:
         raise _bad(param, f"the tools' schemas are {total} bytes together; at most {MAX_TOOLS_SCHEMA_BYTES} "
                           "are allowed")
-    c = OutputConstraint("tool_call", tools=tuple(chosen))
-    check_constraint(c, param)
-    return c
+    return OutputConstraint("tool_call", tools=tuple(chosen), param=param)

@@ -39,11 +39,15 @@ class SampledUse:
     l1: bool          # nginx may keep its answer: everyone would be served it (not sampled, or "on")
 
 
+# A greedy request's use (frozen, so one object serves every request that is not sampled)
+UNSAMPLED = SampledUse(False, True, True, True)
+
+
 def sampled_use(s: SamplingParams, setting: str, flags: int) -> SampledUse:
     """The cache's use of a request with these sampling parameters, under `cache.sampled`
     and the request's own X-ZCCP-Cache-Sampled (its flags)."""
     if not is_sampled(s):
-        return SampledUse(False, True, True, True)
+        return UNSAMPLED
     mode = "on" if flags & Flag.SAMPLED_ON else "off" if flags & Flag.SAMPLED_OFF else setting
     # L1 serves whoever sends the same request (nginx skips it only for SAMPLED_OFF): it may
     # keep a sample only when the setting serves samples to everyone

@@ -20,7 +20,7 @@ from typing import Any
 
 import torch
 
-from zccp.model.grammar import GrammarVocab
+from zccp.model.grammar import CompiledGrammar, GrammarVocab
 from zccp.model.prompt import BYTE_FORMAT, PromptFormat
 from zccp.model.sampling import Sampler, check_sampling
 from zccp.planner import Planner
@@ -132,10 +132,15 @@ class ModelBackend(ABC):
     def _make_grammar_vocab(self) -> GrammarVocab:
         raise NotImplementedError(f"{type(self).__name__} has no logits to constrain")
 
-    def sampler(self, params: SamplingParams) -> Sampler:
+    def sampler(self, params: SamplingParams, compiled: CompiledGrammar | None = None) -> Sampler:
         """The next-token chooser of one sequence (with its own grammar matcher when the
-        answer is constrained)."""
-        grammar = self.grammar_vocab().matcher(params.constraint) if params.constraint is not None else None
+        answer is constrained: a copy of `compiled`, or compiled here when not given,
+        generate()'s path; the scheduler always gives it)."""
+        grammar = None
+        if compiled is not None:
+            grammar = compiled.matcher()
+        elif params.constraint is not None:
+            grammar = self.grammar_vocab().matcher(params.constraint)
         return Sampler(params, self.device, grammar)
 
     def choose(self, out: torch.Tensor | int, sampler: Sampler) -> int:

@@ -101,16 +101,40 @@ def grammar_text(c: OutputConstraint, tags: tuple[int | None, int | None] = (Non
     return llguidance.grammar_from("lark", lark)
 
 
-def check_constraint(c: OutputConstraint, param: str) -> None:
-    """ApiError (400) for a schema the grammar compiler refuses, named by its request field."""
+def compile_error(c: OutputConstraint, vocab: GrammarVocab | None) -> tuple[CompiledGrammar | None, str | None]:
+    """Compile a constraint (validate only, without a vocabulary): (the compiled grammar,
+    None), or (None, the compiler's message). Slow for a large schema (seconds): run off
+    the event loop and off the model thread (zccp.model.grammar_cache)."""
     import llguidance
 
     try:
-        err, msgs = llguidance.LLMatcher.validate_grammar_with_warnings(grammar_text(c))
-    except ValueError as exc:
-        err, msgs = True, [str(exc)]
-    if err:
-        raise ApiError(400, "invalid_request_error", f"{param}: invalid JSON schema: {'; '.join(msgs)}", param)
+        if vocab is None:
+            err, msgs = llguidance.LLMatcher.validate_grammar_with_warnings(grammar_text(c))
+            return None, "; ".join(msgs) if err else None
+        m = llguidance.LLMatcher(vocab.lltok, grammar_text(c, vocab.tags), log_level=0, limits=_limits())
+    except (ValueError, TypeError, RecursionError) as exc:
+        return None, _short(str(exc) or type(exc).__name__)
+    if m.is_error():
+        return None, _short(m.get_error())
+    return CompiledGrammar(m, vocab.n_vocab), None
+
+
+def _limits() -> Any:
+    import llguidance
+
+    # terse errors: a verbose one carries the whole grammar (a large schema's megabyte) into the answer
+    return llguidance.LLParserLimits(verbose_errors=False)
+
+
+MAX_ERROR_CHARS = 400
+
+
+def _short(message: str) -> str:
+    return message if len(message) <= MAX_ERROR_CHARS else message[:MAX_ERROR_CHARS] + "…"
+
+
+def invalid_schema(param: str, message: str) -> ApiError:
+    return ApiError(400, "invalid_request_error", f"{param}: invalid JSON schema: {message}", param or None)
 
 
 class ByteTokens:
@@ -160,7 +184,26 @@ class GrammarVocab:
         return cls(lltok, n_vocab, (tags[0], tags[1]))
 
     def matcher(self, c: OutputConstraint) -> GrammarMatcher:
-        return GrammarMatcher(self, grammar_text(c, self.tags))
+        """A compiled matcher, here and now (generate()'s path; the scheduler's sequences
+        arrive with theirs compiled, CompiledGrammar)."""
+        compiled, err = compile_error(c, self)
+        if compiled is None:
+            raise ValueError(err)
+        return compiled.matcher()
+
+
+class CompiledGrammar:
+    """A constraint compiled once for one vocabulary; each sequence's matcher is a copy of
+    its initial state (LLMatcher.deep_copy, microseconds), so the model thread never compiles."""
+
+    __slots__ = ("_m", "_n")
+
+    def __init__(self, m: Any, n_vocab: int) -> None:
+        self._m = m
+        self._n = n_vocab
+
+    def matcher(self) -> GrammarMatcher:
+        return GrammarMatcher(self._m.deep_copy(), self._n)
 
 
 class GrammarMatcher:
@@ -168,17 +211,17 @@ class GrammarMatcher:
 
     __slots__ = ("_m", "_n")
 
-    def __init__(self, vocab: GrammarVocab, grammar: str) -> None:
-        import llguidance
-
-        self._m = llguidance.LLMatcher(vocab.lltok, grammar)
-        self._n = vocab.n_vocab
-        if self._m.is_error():
-            raise ValueError(self._m.get_error())
+    def __init__(self, m: Any, n_vocab: int) -> None:
+        self._m = m
+        self._n = n_vocab
 
     def allowed(self) -> torch.Tensor:
         """The tokens the grammar allows next, as a bool tensor of the vocabulary's width."""
-        bits = np.unpackbits(np.frombuffer(self._m.compute_bitmask(), np.uint8), bitorder="little")
+        mask = self._m.compute_bitmask()
+        if self._m.is_error():
+            raise ApiError(400, "invalid_request_error",
+                           f"the output grammar failed while generating: {_short(self._m.get_error())}")
+        bits = np.unpackbits(np.frombuffer(mask, np.uint8), bitorder="little")
         return torch.from_numpy(bits[: self._n].astype(np.bool_))
 
     def mask(self, logits: torch.Tensor) -> torch.Tensor:
@@ -190,7 +233,11 @@ class GrammarMatcher:
         return logits.masked_fill(~allowed[:width].to(logits.device), float("-inf"))
 
     def accept(self, token: int) -> None:
-        self._m.consume_token(token)
+        # a token the grammar refuses leaves the matcher in error for good: this row ends here
+        # (a schema too complex to parse, e.g. a oneOf wider than llguidance's rows, ends here: a 400)
+        if not self._m.consume_token(token) or self._m.is_error():
+            raise ApiError(400, "invalid_request_error",
+                           f"the output grammar failed while generating: {_short(self._m.get_error())}")
 
     @property
     def complete(self) -> bool:

@@ -3,6 +3,12 @@
 One Sampler per sequence (its own torch.Generator, so a seeded request draws the same
 tokens whatever else shares its batch); sample_rows() picks the next token of every
 row of a batched step, with one argmax for all the greedy rows.
+
+A row's failure is its own: no client number reaches a shared tensor unguarded (a
+temperature too small to divide by is greedy; logits are shifted by their maximum before
+they are scaled, so nothing overflows), and a row whose distribution is still invalid, or
+whose grammar allows no token, comes back from sample_rows() as its ApiError while every
+other row gets its token (docs/isolation.md).
 """
 
 from __future__ import annotations
@@ -13,7 +19,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from zccp.shared_types import SamplingParams
+from zccp.shared_types import ApiError, SamplingParams
 
 if TYPE_CHECKING:
     from zccp.model.grammar import GrammarMatcher
@@ -29,6 +35,22 @@ def check_sampling(params: SamplingParams) -> None:
         raise ValueError(f"top_k must be >= 1, got {params.top_k}")
     if params.top_p is not None and not (0.0 < params.top_p <= 1.0):
         raise ValueError(f"top_p must be in (0, 1], got {params.top_p}")
+
+
+# Below this a temperature is greedy: dividing by it would overflow float32 (1e-300 is 0.0
+# there), and the distribution it means is the argmax anyway.
+GREEDY_BELOW = 1e-5
+
+
+def no_token_allowed() -> ApiError:
+    """The error of a row that cannot go on: nothing its grammar (and the model's vocabulary)
+    allows is left, e.g. a schema whose next character the model cannot write."""
+    return ApiError(400, "invalid_request_error", "the output grammar allows no token the model can produce at "
+                    "this point: the JSON schema (or tool schema) cannot be completed with this model's vocabulary")
+
+
+def invalid_distribution(what: str) -> ApiError:
+    return ApiError(500, "api_error", f"sampling failed: the next-token distribution is invalid ({what})")
 
 
 # (token id, its logprob, ((alternative id, logprob), ...)) for one draw
@@ -49,7 +71,7 @@ class Sampler:
         self.counts: dict[int, int] = {}     # how often each token was drawn (the penalties)
         self.top_logprobs = params.logprobs  # None: no logprobs
         self.last: Drawn | None = None       # the last token's logprob and alternatives (when asked for)
-        self.greedy = params.temperature == 0
+        self.greedy = params.temperature < GREEDY_BELOW
         self.temperature = params.temperature
         self.top_k = params.top_k
         self.top_p = params.top_p
@@ -100,13 +122,25 @@ class Sampler:
         return logits
 
     def _draw(self, logits: torch.Tensor) -> int:
+        """One token; ApiError when the row has no valid choice (nothing allowed, or logits
+        that are not numbers): the caller fails this row alone."""
+        logits = logits.float()
+        top = float(logits.max())
+        if top == float("-inf"):
+            raise no_token_allowed()
+        if not math.isfinite(top):
+            raise invalid_distribution(f"maximum logit {top}")
         if self.greedy:
             return int(torch.argmax(logits))
-        logits = logits.float() / self.temperature
+        # shifted by the maximum first: every value <= 0, so dividing by a small temperature
+        # goes to -inf at worst, never to inf - inf = NaN
+        logits = (logits - top) / self.temperature
         if self.top_k is not None and self.top_k < logits.numel():
             kth = torch.topk(logits, self.top_k).values[-1]
             logits = logits.masked_fill(logits < kth, float("-inf"))
         probs = torch.softmax(logits, dim=-1)
+        if not bool(torch.isfinite(probs).all()):
+            raise invalid_distribution("not finite")
         if self.top_p is not None and self.top_p < 1.0:
             sorted_probs, order = torch.sort(probs, descending=True)
             # Drop a token when the tokens before it already cover top_p (keeps >= 1).
@@ -116,17 +150,23 @@ class Sampler:
         return int(torch.multinomial(probs, 1, generator=self.gen))
 
 
-def sample_rows(logits: torch.Tensor, samplers: Sequence[Sampler]) -> list[int]:
-    """The next token of every row of `logits` ([B, V]), row i by samplers[i]."""
+# A row's next token, or why that row cannot go on (the scheduler fails it alone).
+Choice = int | Exception
+
+
+def sample_rows(logits: torch.Tensor, samplers: Sequence[Sampler]) -> list[Choice]:
+    """The next token of every row of `logits` ([B, V]), row i by samplers[i]; a row whose
+    sampler raises gets its exception in its place, the others their tokens."""
     greedy = [i for i, s in enumerate(samplers) if s.plain]
-    out = [0] * len(samplers)
+    out: list[Choice] = [0] * len(samplers)
     if greedy:
-        if len(greedy) == len(samplers):
-            return torch.argmax(logits, dim=-1).tolist()
-        picks = torch.argmax(logits[greedy], dim=-1).tolist()
-        for i, t in zip(greedy, picks, strict=False):
+        picks = torch.argmax(logits[greedy] if len(greedy) < len(samplers) else logits, dim=-1).tolist()
+        for i, t in zip(greedy, picks, strict=True):
             out[i] = t
     for i, s in enumerate(samplers):
         if not s.plain:
-            out[i] = s(logits[i])
+            try:
+                out[i] = s(logits[i])
+            except Exception as exc:     # this row's failure, not the batch's
+                out[i] = exc
     return out

@@ -92,6 +92,35 @@ def encode_chat_into(system: str, messages: Sequence[ChatMessage], out: torch.Te
     the generation prompt (the final ASSISTANT marker) it is a prefix of every longer
     conversation that starts the same way (what a warm-up pre-loads).
     """
+    # The slot's array (1-D int32 on the CPU) is every request's: one check, not four.
+    if out.dtype is not torch.int32 or out.dim() != 1 or out.device.type != "cpu":
+        return _encode_chat_checked(system, messages, out, generation_prompt)
+    # One bytes object per segment (str.encode is a memcpy for ASCII text) read in place by
+    # numpy: no bytearray copy, no list of segments.
+    parts = [(SYSTEM, system.encode("utf-8", _ENCODE_ERRORS))] if system else []
+    parts += [(_marker(m.role), m.text.encode("utf-8", _ENCODE_ERRORS)) for m in messages]
+    needed = 1 + generation_prompt + len(parts) + sum(len(b) for _, b in parts)
+    buf = out.numpy()
+    if needed > len(buf):
+        raise PromptTooLong(needed, len(buf))
+    buf[0] = BOS
+    pos = 1
+    for marker, data in parts:
+        buf[pos] = marker
+        pos += 1
+        if data:
+            n = len(data)
+            buf[pos : pos + n] = np.frombuffer(data, dtype=np.uint8)
+            pos += n
+    if generation_prompt:
+        buf[pos] = ASSISTANT
+        pos += 1
+    return pos
+
+
+def _encode_chat_checked(system: str, messages: Sequence[ChatMessage], out: torch.Tensor,
+                         generation_prompt: bool) -> int:
+    """encode_chat_into for any other destination: checked, and on a device through torch."""
     if out.dim() != 1:
         raise ValueError(f"out must be 1-D, got shape {tuple(out.shape)}")
     if out.dtype.is_floating_point or out.dtype.is_complex or out.dtype == torch.bool:

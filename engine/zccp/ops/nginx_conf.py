@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -9,6 +10,7 @@ from pathlib import Path
 from zccp.abi import HEADER_PATH
 from zccp.cache.redis_target import parse_redis_url
 from zccp.config import Config, auth_redis_url, check_tls_files, mask_state_path, model_names
+from zccp.ops.admin_client import admin_socket_dir
 from zccp.paths import lua_dir, lua_file, make_dirs, nginx_template
 from zccp.runtime import worker_user
 from zccp.shared_types import MAX_CHOICES
@@ -133,21 +135,27 @@ def resolver_line(cfg: Config, resolv_conf: Path = Path("/etc/resolv.conf")) -> 
             f"   # auth.redis_url names {_safe(host, 'auth redis host')}")
 
 
-def _admin_token_digest(cfg: Config) -> str:
-    """SHA-256 (hex) of the admin token (server.admin_token_file), "" when there is none: nginx
-    keeps only the digest."""
+def _admin_digest_file(cfg: Config, out: Path) -> str:
+    """The file nginx reads the admin token's SHA-256 (hex) from at init ("" when there is no
+    server.admin_token_file): written owner-only (nginx's master reads it as root), so no
+    rendered config, which every local user may read, holds the secret or its digest."""
     import hashlib
 
+    from zccp.ops.admin_client import read_admin_token
+
+    digest_file = out / "zccp_admin_token.sha256"
     path = cfg.server.admin_token_file
     if path is None:
+        digest_file.unlink(missing_ok=True)
         return ""
+    digest = hashlib.sha256(read_admin_token(path).encode()).hexdigest()
+    fd = os.open(digest_file, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     try:
-        token = Path(path).read_text(encoding="utf-8").strip()
-    except OSError as exc:
-        raise ValueError(f"server.admin_token_file: cannot read {path}: {exc.strerror}") from None
-    if len(token) < 16:
-        raise ValueError(f"server.admin_token_file: {path} holds fewer than 16 characters")
-    return hashlib.sha256(token.encode()).hexdigest()
+        os.fchmod(fd, 0o600)
+        os.write(fd, digest.encode() + b"\n")
+    finally:
+        os.close(fd)
+    return _safe(str(digest_file), "admin digest file")
 
 
 def listen_flags(cfg: Config) -> str:
@@ -254,7 +262,7 @@ def render(cfg: Config, out: Path, standalone: bool = False, prefix: Path | None
         "default_max_tokens": str(cfg.limits.default_max_tokens),
         "max_tokens_cap": str(cfg.limits.max_tokens_cap),
         "max_choices": str(MAX_CHOICES),
-        "admin_token_sha256": _admin_token_digest(cfg),
+        "admin_digest_file": _admin_digest_file(cfg, out),
         "model_location": model_location(cfg),
         "model_log_path": " ".join(f"{p} 1;" for p in _model_paths(cfg)) or "# (no /v1/models/{id} location)",
         "engines": engines_settings(cfg),
@@ -263,6 +271,11 @@ def render(cfg: Config, out: Path, standalone: bool = False, prefix: Path | None
         "metrics_allow": " ".join(f"allow {a};" for a in cfg.server.metrics_allow.split()),
     }
     make_dirs(mask_state_path(cfg).parent)
+    admin_dir = admin_socket_dir(cfg)   # only its owner may enter it: nginx makes the socket 0666
+    # nginx's master makes it again at init when it is ZCCP's (<socket dir>/admin): /run is
+    # empty at boot, and nginx may run as another user than the renderer (containers)
+    default_dir = Path(cfg.server.socket_path).parent / "admin"
+    values["admin_socket_dir"] = _safe(str(admin_dir), "admin socket directory") if admin_dir == default_dir else ""
     http_conf = out / "zccp_http.conf"
     server_conf = out / "zccp_server.conf"
     http_conf.write_text(_fill(nginx_template("zccp_http.conf").read_text(), values, "zccp_http.conf"))

@@ -260,7 +260,10 @@ def nginx_service(cfg: Config, run_dir: Path) -> tuple[Service, RenderedNginx]:
     if not os.path.exists(exe):
         raise StackError("nginx not found (apt-get install nginx libnginx-mod-http-lua)")
     prefix, _ = nginx_paths(run_dir)
-    rendered = render(cfg, prefix, standalone=True, prefix=prefix, log_dir=log_dir(run_dir))
+    try:   # the admin surface's guards among them: the token file's mode, the socket's directory
+        rendered = render(cfg, prefix, standalone=True, prefix=prefix, log_dir=log_dir(run_dir))
+    except ValueError as exc:
+        raise StackError(f"nginx's configuration: {exc}") from None
     assert rendered.nginx_conf is not None and rendered.prefix is not None
     test = subprocess.run([exe, "-t", "-q", "-p", str(rendered.prefix), "-c", str(rendered.nginx_conf)],
                           capture_output=True, text=True)
@@ -414,11 +417,12 @@ def reload_masks(cfg: Config, run_dir: Path, timeout: float = 20.0) -> MasksInFo
     master = _nginx_master(run_dir)
     old = _workers_of(master)
     os.kill(master, signal.SIGHUP)
-    url = base_url(cfg) + "/health"
+    from zccp.ops.admin_client import admin_request
+
     end = time.monotonic() + timeout
     while time.monotonic() < end:
         with contextlib.suppress(OSError, ValueError):
-            _, body = http_get(url, 2.0)
+            _, body = admin_request(cfg, "GET", "/health", timeout=2.0)   # the details are the admin's
             h = json.loads(body)
             masks = h.get("masks") or {}
             if h.get("worker_pid") not in old and "digest" in masks:

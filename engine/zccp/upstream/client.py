@@ -1,7 +1,9 @@
 """The HTTP side of an upstream backend: keep-alive connections pooled per URL
 (zccp.upstream.http1), the fallback list, retries before the first byte, and
-the health of each URL (a failed one is skipped for upstream.cooldown_ms, then probed
-every upstream.health_interval_ms until it answers again).
+the health of each URL (a failed one is skipped for upstream.cooldown_ms, or for the
+Retry-After of its 429/503, then probed every upstream.health_interval_ms until it answers
+again). One request tries each URL at most once: a retry never wraps round to a URL that
+has just failed it.
 
 Runs on the engine's event loop only: nothing here blocks it or the model thread.
 """
@@ -13,6 +15,7 @@ import logging
 import os
 import time
 from collections.abc import AsyncIterator
+from email.utils import parsedate_to_datetime
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -20,13 +23,33 @@ import orjson
 
 from zccp.config import ConfigError, UpstreamConfig
 from zccp.shared_types import ApiError
-from zccp.upstream.http1 import HttpError, Pool, Response
+from zccp.upstream.http1 import Bounds, HttpError, Pool, Response
 from zccp.upstream.wire import ANTHROPIC_VERSION, Event, UpstreamBroken, reader_for
 
 log = logging.getLogger("zccp.upstream")
 
 PATHS = {"openai": "/chat/completions", "anthropic": "/messages"}
 RETRYABLE = frozenset({429, 500, 502, 503, 504, 529})
+HOLDING = frozenset({429, 503, 529})   # statuses whose Retry-After holds the URL back
+MAX_RETRY_AFTER_S = 3600               # a longer Retry-After is read as this
+WHOLE_OFF_LOOP = 256 << 10             # a whole answer larger than this is parsed off the event loop
+
+
+def retry_after_s(value: str | None) -> int | None:
+    """A Retry-After header in whole seconds (delta-seconds or an HTTP-date), at most
+    MAX_RETRY_AFTER_S; None when absent or unreadable."""
+    if not value:
+        return None
+    value = value.strip()
+    if value.isdigit():
+        return min(int(value), MAX_RETRY_AFTER_S)
+    try:
+        when = parsedate_to_datetime(value)
+    except (TypeError, ValueError):
+        return None
+    if when.tzinfo is None:
+        return None
+    return max(0, min(int(when.timestamp() - time.time() + 0.999), MAX_RETRY_AFTER_S))
 
 
 @dataclass
@@ -36,6 +59,8 @@ class Target:
     url: str
     down_until: float = 0.0          # monotonic seconds; 0: up
     failures: int = 0
+    held_until: float = 0.0          # monotonic seconds its Retry-After asked for (never tried before)
+    held: ApiError | None = None     # what it answered then (429 / 529), given while it holds
 
     @property
     def up(self) -> bool:
@@ -62,7 +87,7 @@ def _message(body: bytes) -> str:
     return str(msg)[:500] if msg else body[:200].decode("utf-8", "replace")
 
 
-def error_for(status: int, body: bytes, retry_after: str | None) -> ApiError:
+def error_for(status: int, body: bytes, retry_after: int | None) -> ApiError:
     """An upstream's HTTP error as the client's: what the client can fix stays a 4xx; the
     gateway's own trouble with the upstream (its key refused, its model unknown) is a 502
     that names no credentials; 429 keeps its retry-after; 5xx is the upstream's failure."""
@@ -76,10 +101,11 @@ def error_for(status: int, body: bytes, retry_after: str | None) -> ApiError:
     if status == 404:
         return ApiError(502, "api_error", f"the upstream does not serve this model or path (404): {msg}")
     if status == 429:
-        hdrs = {"retry-after": retry_after} if retry_after and retry_after.isdigit() else {"retry-after": "1"}
+        hdrs = {"retry-after": str(retry_after if retry_after is not None else 1)}
         return ApiError(429, "rate_limit_error", f"the upstream is rate limiting: {msg}", headers=hdrs)
     if status in (503, 529):
-        return ApiError(529, "overloaded_error", f"the upstream is overloaded ({status}): {msg}")
+        hdrs = {"retry-after": str(retry_after)} if retry_after is not None else {}
+        return ApiError(529, "overloaded_error", f"the upstream is overloaded ({status}): {msg}", headers=hdrs)
     if status >= 500:
         return ApiError(502, "api_error", f"the upstream failed ({status}): {msg}")
     return ApiError(502, "api_error", f"the upstream answered {status}: {msg}")
@@ -96,12 +122,16 @@ class UpstreamAnswer:
     async def events(self) -> AsyncIterator[Event]:
         if "text/event-stream" not in self.response.headers.get("content-type", ""):
             try:
-                data = await self.response.read()    # a whole answer (a non-streamed request)
+                data = await self.response.read()    # a whole answer (a non-streamed request), bounded
             except HttpError as exc:
                 raise UpstreamBroken(f"the upstream's answer broke off: {exc}") from None
             finally:
                 await self.response.close()
-            for ev in self._reader.whole(data):
+            if len(data) > WHOLE_OFF_LOOP:           # megabytes of JSON: not on the event loop
+                events = await asyncio.to_thread(lambda: list(self._reader.whole(data)))
+            else:
+                events = list(self._reader.whole(data))
+            for ev in events:
                 yield ev
             return
         try:
@@ -146,8 +176,10 @@ class UpstreamClient:
 
     def _client(self) -> Pool:
         if self._http is None:   # made on the loop that uses it
-            self._http = Pool(self.cfg.max_connections, self.cfg.connect_timeout_ms / 1000,
-                              self.cfg.read_timeout_ms / 1000)
+            c = self.cfg
+            self._http = Pool(c.max_connections, c.connect_timeout_ms / 1000, c.read_timeout_ms / 1000,
+                              Bounds(head=c.max_header_kb << 10, body=c.max_body_kb << 10,
+                                     event=c.max_event_kb << 10, interim=c.max_interim))
             self._health = asyncio.get_running_loop().create_task(self._health_loop())
         return self._http
 
@@ -162,9 +194,26 @@ class UpstreamClient:
 
     def _candidates(self) -> list[Target]:
         """Up URLs in order, then (a last resort, when every one failed) those cooling down,
-        the soonest back first."""
-        up = [t for t in self.targets if t.up]
-        return up + sorted((t for t in self.targets if not t.up), key=lambda t: t.down_until)
+        the soonest back first; never one whose Retry-After still holds."""
+        now = time.monotonic()
+        free = [t for t in self.targets if t.held_until <= now]
+        up = [t for t in free if t.up]
+        return up + sorted((t for t in free if not t.up), key=lambda t: t.down_until)
+
+    def _hold(self, t: Target, err: ApiError, for_s: int) -> None:
+        """The URL asked not to be called for for_s seconds (Retry-After): it is not, and
+        while every URL holds, requests get its answer with the time left."""
+        t.held_until = time.monotonic() + for_s
+        t.held = err
+        self._mark_down(t, f"Retry-After {for_s}s", float(for_s))
+
+    def _held_error(self) -> ApiError:
+        """Every URL holds: the answer of the one back soonest, its Retry-After what is left."""
+        t = min(self.targets, key=lambda t: t.held_until)
+        assert t.held is not None
+        left = max(1, int(t.held_until - time.monotonic() + 0.999))
+        return ApiError(t.held.status, t.held.kind, t.held.message, t.held.param,
+                        {**t.held.headers, "retry-after": str(left)})
 
     async def _health_loop(self) -> None:
         interval = self.cfg.health_interval_ms / 1000
@@ -201,9 +250,10 @@ class UpstreamClient:
         data = orjson.dumps(body)
         path = PATHS[self.cfg.api]
         last: ApiError | None = None
-        order = self._candidates()
-        for attempt in range(self.cfg.retries + 1):
-            t = order[attempt % len(order)]
+        order = self._candidates()[: self.cfg.retries + 1]   # each URL once: no wrapping round
+        if not order:
+            raise self._held_error()
+        for attempt, t in enumerate(order):
             if attempt:
                 self.stats.retried += 1
             self.stats.sent += 1
@@ -215,7 +265,7 @@ class UpstreamClient:
                     last = ApiError(502 if exc.connect else 504, "api_error",
                                     f"the upstream did not answer in time ({exc})")
                 else:
-                    last = ApiError(502, "api_error", f"the upstream cannot be reached ({exc})")
+                    last = ApiError(502, "api_error", f"the upstream cannot be reached or answered badly ({exc})")
                 continue
             status = resp.status
             self.stats.by_status[status] = self.stats.by_status.get(status, 0) + 1
@@ -229,12 +279,14 @@ class UpstreamClient:
                 raw = b""
             finally:
                 await resp.close()
-            last = error_for(status, raw, resp.headers.get("retry-after"))
+            after = retry_after_s(resp.headers.get("retry-after"))
+            last = error_for(status, raw, after)
             if status not in RETRYABLE:
                 raise last
-            retry_after = resp.headers.get("retry-after", "")
-            self._mark_down(t, f"HTTP {status}", float(retry_after) if status == 429 and retry_after.isdigit()
-                            else None)
+            if status in HOLDING and after:
+                self._hold(t, last, after)
+            else:
+                self._mark_down(t, f"HTTP {status}")
         assert last is not None
         raise last
 

@@ -5,6 +5,10 @@ into the response ring from the event loop without ever waiting on it.
 Before the first byte of the upstream's answer a failure is the client's API-shaped
 error (a status of its own); after it, a stream ends with the API's error event (a
 non-streamed answer, nothing written yet, still gets its status).
+
+A client that goes away (nginx cancels the job or takes the slot back) ends the exchange
+within CANCEL_POLL_S, whether or not the upstream is sending anything: the relay runs as a
+task of its own and a watch cancels it, closing the upstream connection.
 """
 
 from __future__ import annotations
@@ -27,6 +31,7 @@ log = logging.getLogger("zccp.upstream")
 
 HOLD_BYTES = 1 << 16     # held-back bytes (the ring full) past which reading the upstream pauses
 HOLD_POLL_S = 0.001
+CANCEL_POLL_S = 0.02     # how often a running exchange checks that its client is still there
 
 
 class UpstreamReply:
@@ -42,8 +47,30 @@ class UpstreamReply:
         self._verdict = verdict
         self._encoder: StreamEncoder | None = None
 
+    def _gone(self) -> bool:
+        return self._cancelled() or not self._writer.owned()
+
     async def run(self, client: UpstreamClient, chat: ChatInput) -> Completed | None:
         """The whole answer; never raises. A Completed when it is complete and successful."""
+        task = asyncio.ensure_future(self._exchange(client, chat))
+        try:
+            while True:
+                done, _ = await asyncio.wait({task}, timeout=CANCEL_POLL_S)
+                if done:
+                    return task.result()
+                if self._gone():
+                    break
+        except asyncio.CancelledError:
+            task.cancel()
+            raise
+        task.cancel()                  # its finally closes the upstream connection
+        await asyncio.wait({task})
+        if not task.cancelled() and task.exception() is None:
+            return task.result()       # it ended on its own meanwhile
+        self._outcome.abandoned(SlotAbandoned("the client went away while the upstream answered"))
+        return None
+
+    async def _exchange(self, client: UpstreamClient, chat: ChatInput) -> Completed | None:
         answer: UpstreamAnswer | None = None
         try:
             try:

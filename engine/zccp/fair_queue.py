@@ -1,0 +1,125 @@
+"""The sequences waiting for the model, shared by tenant instead of first in first out.
+
+Two halves (docs/isolation.md, "Fair share"):
+
+- reserve() (any thread) bounds the queue. A request takes as many places as it runs
+  sequences (n choices × prompts), all or none. Up to model.max_queue places anyone may
+  take; past that, a tenant still below its share (max_queue // tenants waiting) may
+  queue, so one tenant's burst cannot turn every other tenant away with 429s. Shares sum
+  to max_queue, so the queue never holds more than 2 × max_queue. A request larger than
+  max_queue could never be admitted: NEVER (a 400, not a 429 to retry).
+- next() (the model thread) picks the sequence to admit: the head of the waiting tenant
+  with the fewest sequences admitted (batch rows held), ties to the tenant served least
+  recently: round robin over tenants, one sequence each turn, weighted by what each
+  holds already. Within a tenant, first in first out.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import Counter, deque
+from collections.abc import Iterable, Iterator
+from enum import Enum
+
+from zccp.sequences import Sequence
+from zccp.shared_types import ApiError
+
+
+SERVED_KEPT = 4096        # tenants whose last turn is remembered while they wait for nothing
+
+
+class Admission(Enum):
+    OK = "ok"
+    FULL = "full"          # try again later (429)
+    NEVER = "never"        # more sequences than the queue holds: it can never be queued (400)
+
+
+def refusal(got: Admission, count: int, max_queue: int) -> ApiError:
+    """The answer to a request the queue did not take: a 429 to retry, or a 400 when it never could be."""
+    if got is Admission.NEVER:
+        return ApiError(400, "invalid_request_error", f"this request runs {count} sequences (n x prompts); the "
+                        f"model's queue holds {max_queue} (model.max_queue)", param="n")
+    return ApiError(429, "rate_limit_error", "the model's queue is full (model.max_queue requests wait already); "
+                    "retry shortly")
+
+
+class FairQueue:
+    def __init__(self, max_queue: int) -> None:
+        self.max_queue = max_queue
+        self._lock = threading.Lock()
+        self._places: Counter[bytes] = Counter()     # reserved and not yet admitted, per tenant (_lock)
+        self._total = 0                              # their sum (_lock)
+        # the model thread's
+        self._waiting: dict[bytes, deque[Sequence]] = {}
+        self._served: dict[bytes, int] = {}          # when each tenant was last admitted (a step count)
+        self._turn = 0
+
+    # -- any thread ------------------------------------------------------------------------
+
+    def reserve(self, tenant: bytes, count: int) -> Admission:
+        """Places for `count` sequences of `tenant`, all or none."""
+        if count > self.max_queue:
+            return Admission.NEVER
+        with self._lock:
+            if self._total + count > self.max_queue:
+                tenants = len(self._places) + (tenant not in self._places)
+                share = self.max_queue // tenants
+                if self._places[tenant] + count > share:
+                    return Admission.FULL
+            self._places[tenant] += count
+            self._total += count
+        return Admission.OK
+
+    def release(self, tenant: bytes, count: int = 1) -> None:
+        """Places given back: admitted, or dropped while waiting."""
+        with self._lock:
+            left = self._places[tenant] - count
+            if left > 0:
+                self._places[tenant] = left
+            else:
+                del self._places[tenant]
+            self._total -= count
+
+    @property
+    def reserved(self) -> int:
+        return self._total
+
+    # -- the model thread ------------------------------------------------------------------
+
+    def append(self, seq: Sequence) -> None:
+        self._waiting.setdefault(seq.tenant, deque()).append(seq)
+
+    def __len__(self) -> int:
+        return sum(len(q) for q in self._waiting.values())
+
+    def __bool__(self) -> bool:
+        return bool(self._waiting)
+
+    def __iter__(self) -> Iterator[Sequence]:
+        for q in list(self._waiting.values()):
+            yield from q
+
+    def next(self, admitted: Iterable[Sequence]) -> Sequence | None:
+        """The sequence whose turn it is (not removed: pop() it once it fits), None when
+        nothing waits. admitted: the sequences holding batch rows now."""
+        if not self._waiting:
+            return None
+        held = Counter(s.tenant for s in admitted)
+        tenant = min(self._waiting, key=lambda t: (held[t], self._served.get(t, -1)))
+        return self._waiting[tenant][0]
+
+    def pop(self, seq: Sequence) -> None:
+        """`seq` (the one next() gave) leaves the queue to be admitted."""
+        self.remove(seq)
+        self._turn += 1
+        self._served[seq.tenant] = self._turn
+
+    def remove(self, seq: Sequence) -> None:
+        """`seq` leaves the queue (admitted, or cancelled while waiting); its place is freed."""
+        q = self._waiting[seq.tenant]
+        q.remove(seq)
+        if not q:
+            del self._waiting[seq.tenant]
+            if len(self._served) > SERVED_KEPT:      # the turns of tenants gone quiet are forgotten
+                self._served = {t: n for t, n in self._served.items() if t in self._waiting}
+        self.release(seq.tenant)

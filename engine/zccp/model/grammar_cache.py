@@ -1,0 +1,114 @@
+"""Grammars compiled off the event loop, once per schema, under a time budget.
+
+A JSON schema (or a forced tool call's schemas) becomes an llguidance matcher in a
+worker thread (llguidance drops the GIL while it builds one), never on the asyncio loop
+and never on the model thread: the flow awaits compile() and hands the CompiledGrammar
+to the scheduler, whose sequences start from a copy of it. Clients send the same schema
+again and again, so the outcome, compiled or refused, is kept in an LRU keyed by the
+constraint's canonical bytes (the schema as the API layer re-serialised it); identical
+schemas compiling at the same time share one compile.
+
+The budget: a compile that has not ended COMPILE_BUDGET_S after it was asked for is a
+400 for the request that waits (its thread runs on, and its verdict, "too slow", is what
+the cache keeps, so the same schema is refused at once next time). docs/isolation.md.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import time
+from collections import OrderedDict
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+
+from zccp.model.grammar import CompiledGrammar, GrammarVocab, compile_error, invalid_schema
+from zccp.shared_types import ApiError, OutputConstraint
+
+COMPILE_BUDGET_S = 2.0      # longer than this is a 400 (a large oneOf takes seconds)
+CACHE_ENTRIES = 256         # compiled grammars kept (each holds llguidance's lexer and grammar)
+WORKERS = 2                 # compiles at a time; more wait in the pool's queue
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """One schema's compile: the grammar (None: validated only, or refused) or why not."""
+
+    grammar: CompiledGrammar | None
+    error: str | None
+    seconds: float
+
+
+def constraint_key(c: OutputConstraint) -> bytes:
+    h = hashlib.sha256(c.kind.encode())
+    for part in (c.schema, *(x for name, params in c.tools for x in (name, params))):
+        h.update(b"\0" if part is None else b"\1%d\1" % len(part) + part.encode())
+    return h.digest()
+
+
+class GrammarCompiler:
+    """compile() on the event loop; the compiling on WORKERS threads. vocab: the backend's
+    grammar vocabulary (built on first use, in a worker), or None for a backend that only
+    needs the schema validated (upstream: the constraint is forwarded)."""
+
+    def __init__(self, vocab: Callable[[], GrammarVocab] | None, budget_s: float = COMPILE_BUDGET_S,
+                 entries: int = CACHE_ENTRIES, workers: int = WORKERS) -> None:
+        self._vocab = vocab
+        self.budget_s = budget_s
+        self._entries = entries
+        self._pool = ThreadPoolExecutor(workers, thread_name_prefix="zccp-grammar")
+        # both only touched on the loop
+        self._cache: OrderedDict[bytes, Verdict] = OrderedDict()
+        self._running: dict[bytes, asyncio.Future[Verdict]] = {}
+        self.compiles = 0                       # compiles run (the cache's misses)
+
+    async def compile(self, c: OutputConstraint) -> CompiledGrammar | None:
+        """The compiled grammar of `c` (None when only validated); ApiError 400 naming
+        c.param when the compiler refuses it or it takes longer than the budget."""
+        key = constraint_key(c)
+        verdict = self._cache.get(key)
+        if verdict is not None:
+            self._cache.move_to_end(key)
+        else:
+            fut = self._running.get(key)
+            if fut is None:
+                fut = asyncio.wrap_future(self._pool.submit(self._build, c))
+                self._running[key] = fut
+                fut.add_done_callback(lambda f: self._settle(key, f))
+                self.compiles += 1
+            try:
+                # shielded: a request that stops waiting does not cancel its twins' compile
+                verdict = await asyncio.wait_for(asyncio.shield(fut), self.budget_s)
+            except TimeoutError:
+                raise self._too_slow(c) from None
+        if verdict.seconds > self.budget_s:
+            raise self._too_slow(c)
+        if verdict.error is not None:
+            raise invalid_schema(c.param, verdict.error)
+        return verdict.grammar
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=False, cancel_futures=True)
+
+    # -- a worker thread ------------------------------------------------------------------
+
+    def _build(self, c: OutputConstraint) -> Verdict:
+        t0 = time.perf_counter()
+        grammar, error = compile_error(c, self._vocab() if self._vocab is not None else None)
+        return Verdict(grammar, error, time.perf_counter() - t0)
+
+    # -- the loop -------------------------------------------------------------------------
+
+    def _settle(self, key: bytes, fut: asyncio.Future[Verdict]) -> None:
+        self._running.pop(key, None)
+        if fut.cancelled() or fut.exception() is not None:
+            return                               # not kept: the next request tries again
+        self._cache[key] = fut.result()
+        while len(self._cache) > self._entries:
+            self._cache.popitem(last=False)
+
+    def _too_slow(self, c: OutputConstraint) -> ApiError:
+        return ApiError(400, "invalid_request_error",
+                        f"{c.param}: the JSON schema is too complex: compiling it takes longer than "
+                        f"{self.budget_s:g} s", c.param or None)

@@ -1,0 +1,164 @@
+-- What a request reserves (zccp.limits): its output budget, decided by the engine's own
+-- rule, and the lease rounds that take it from Redis when this worker's leases fall short.
+--
+--   local m, err = reserve.output(body, api)   -- nil, err: a body nginx cannot decode
+--   reserve.covered(w, needs)                  -- the leases cover needs (no Redis)
+--   local ok, i, c = reserve.take(w, needs, ticket, now)
+local cjson = require "cjson.safe"
+local lrucache = require "resty.lrucache"
+local settings = require "zccp.settings"
+local lease = require "zccp.lease"
+local windows = require "zccp.limits.windows"
+
+local type = type
+local tonumber = tonumber
+local math_floor = math.floor
+local math_min = math.min
+
+local N, CONC = windows.N, windows.CONC
+local redis_target = windows.target
+
+local _M = { _VERSION = "0.1.0" }
+
+-- The choices a body asks for: OpenAI's n, times /v1/completions' prompts (an array of
+-- strings or of token-id arrays; one array of ids is one prompt), at most what the engine
+-- serves in one request (limits.max_choices: its MAX_CHOICES; more is refused there).
+local function choices_of(doc, most)
+    local n = tonumber(doc.n)
+    n = (n and n >= 1) and math_floor(n) or 1
+    local p = doc.prompt
+    if type(p) == "table" and type(p[1]) ~= "number" and #p > 1 then
+        n = n * #p
+    end
+    return math_min(n, most)
+end
+
+-- The output budget of a body, by the engine's rule (zccp/api): OpenAI's
+-- max_completion_tokens over max_tokens (JSON null: absent), /v1/responses'
+-- max_output_tokens, Anthropic's max_tokens only; else the configured default; capped as
+-- the engine caps it, once per choice.
+local function max_tokens_of(doc, api)
+    local s = settings.get().limits
+    local m
+    if api == "anthropic" then
+        m = tonumber(doc.max_tokens)
+    else
+        m = tonumber(doc.max_completion_tokens) or tonumber(doc.max_tokens) or tonumber(doc.max_output_tokens)
+    end
+    local cap = s and s.max_tokens_cap or 4096
+    if not m or m < 1 then
+        m = s and s.default_max_tokens or 256
+    else
+        m = math_min(math_floor(m), cap)
+    end
+    return m * choices_of(doc, s and s.max_choices or 1)
+end
+
+-- The output reservation of a body, or nil, err when nginx cannot decode it (the engine
+-- may: it is refused, never reserved at a default). The same bytes again (an L1 hit, a
+-- retry) are not decoded again: a body string is interned, so this lookup is by pointer.
+local SEEN_BODY_MAX = 4096
+local seen_bodies
+
+local function output_reservation(body, api)
+    if not body then
+        local s = settings.get().limits
+        return s and s.default_max_tokens or 256
+    end
+    local small = #body <= SEEN_BODY_MAX
+    if small then
+        if not seen_bodies then
+            seen_bodies = lrucache.new(512)
+        end
+        local m = seen_bodies:get(body)
+        if m and m[1] == api then
+            return m[2]
+        end
+    end
+    local doc, err = cjson.decode(body)
+    if type(doc) ~= "table" then
+        return nil, err or "not a JSON object"
+    end
+    local m = max_tokens_of(doc, api)
+    if small then
+        seen_bodies:set(body, { api, m })
+    end
+    return m
+end
+
+local MAX_ROUNDS = 3   -- lease rounds (a grant may be spent by this worker's other requests meanwhile)
+
+-- Whether this worker's leases cover `needs` with no Redis round trip (no concurrency limit).
+local function covered(w, needs)
+    if w.exact and needs[CONC] > 0 then
+        return false   -- counted in Redis at every admission
+    end
+    local keys, act, act_j = w.keys, w.act, w.act_j
+    for a = 1, #act do
+        local need = needs[act_j[a]]
+        if need > 0 then
+            local b = lease.get(keys[act[a]])
+            if not b or b.left < need then
+                return false
+            end
+        end
+    end
+    return true
+end
+
+-- Take this request's needs from the leases, asking Redis for what is short (and for the
+-- concurrency counts, exactly, in the first round). Returns true; or false, i, count
+-- (counter i refused); or nil, err. ticket.conc: the concurrency counters counted (or nil).
+local function reserve(w, needs, ticket, now)
+    local keys, lims = w.keys, w.lims
+    local t = redis_target()
+    for round = 1, MAX_ROUNDS do
+        local ak, al, aw, ax, att, ae = {}, {}, {}, {}, {}, {}
+        local at = {}
+        for i = 1, 2 * N do
+            local lim = lims[i]
+            local j = (i - 1) % N + 1
+            if lim > 0 and needs[j] > 0 then
+                local ask
+                if j == CONC then
+                    ask = round == 1
+                else
+                    local b = lease.get(keys[i])
+                    ask = not b or b.left < needs[j]
+                end
+                if ask then
+                    local n = #ak + 1
+                    ak[n], al[n], aw[n], ax[n], att[n], ae[n] = keys[i], lim, needs[j], j == CONC, w.ttls[i], w.ends[i]
+                    at[n] = i
+                end
+            end
+        end
+        if #ak == 0 then
+            return true
+        end
+        local rec = lease.record(w.tenant_tag)
+        local ok, k, c = lease.acquire(t, ak, al, aw, ax, att, ae, w.tenant_tag, now, rec)
+        if not ok then
+            if ok == false then
+                return false, at[k], c
+            end
+            ticket.undo = rec   -- no reply: it may have happened; the flush gives it back
+            return nil, k
+        end
+        if round == 1 then
+            for n = 1, #ak do
+                if ax[n] then
+                    local counted = ticket.conc or {}
+                    counted[#counted + 1] = ak[n]
+                    ticket.conc = counted
+                end
+            end
+        end
+    end
+    return false, nil, 0
+end
+
+_M.output = output_reservation
+_M.covered = covered
+_M.take = reserve
+return _M

@@ -1,0 +1,92 @@
+"""What a request does not pay for any more (issue 29): the answers to the rings of one loop
+turn leave the doorbell in one write, in order; the null model's fixed reply is detokenized
+once, not per request; the slot's token array is filled without the checked path."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+
+import torch
+
+from zccp.doorbell import Connection, encode_notice
+from zccp.model.null import NullBackend
+from zccp.model.tokenizer import BOS, USER, ASSISTANT, encode_chat_into
+from zccp.shared_types import ChatMessage, GenerationResult, SamplingParams
+from zccp.text_assembly import generate_text
+
+
+class _Transport:
+    def __init__(self) -> None:
+        self.writes: list[bytes] = []
+
+    def write(self, data: bytes) -> None:
+        self.writes.append(bytes(data))
+
+    def close(self) -> None:
+        pass
+
+
+def test_the_notices_of_one_loop_turn_leave_in_one_write_in_order() -> None:
+    async def main() -> _Transport:
+        t = _Transport()
+        conn = Connection(t, asyncio.get_running_loop())  # type: ignore[arg-type]
+        frames = [encode_notice(2, slot, 1, 10, 1, 200) for slot in range(5)]
+        for f in frames[:4]:
+            conn.send(f)                  # on the loop: queued for this turn
+        # one from another thread (the model thread's final notice) comes after them
+        th = threading.Thread(target=conn.send, args=(frames[4],))
+        th.start()
+        th.join()
+        assert t.writes == []             # nothing written yet: this turn is still running
+        for _ in range(3):
+            await asyncio.sleep(0)
+        assert b"".join(t.writes) == b"".join(frames)
+        assert len(t.writes) <= 2         # main wrote one frame per notice (5 writes)
+        return t
+
+    t = asyncio.run(main())
+    assert t.writes[0] == b"".join(encode_notice(2, s, 1, 10, 1, 200) for s in range(4))
+
+
+def test_a_connection_closed_with_notices_pending_writes_them_first() -> None:
+    async def main() -> _Transport:
+        t = _Transport()
+        conn = Connection(t, asyncio.get_running_loop())  # type: ignore[arg-type]
+        conn.send(encode_notice(2, 1, 1, 0, 1, 200))
+        conn.close()
+        conn.send(encode_notice(2, 2, 1, 0, 1, 200))   # after close: dropped
+        await asyncio.sleep(0)
+        return t
+
+    assert asyncio.run(main()).writes == [encode_notice(2, 1, 1, 0, 1, 200)]
+
+
+def test_the_fixed_reply_is_detokenized_once_not_per_request() -> None:
+    backend = NullBackend(reply="caché reply")
+    made = []
+    real = backend.prompt.detokenizer
+
+    def counting(ids):  # type: ignore[no-untyped-def]
+        made.append(1)
+        return real(ids)
+
+    backend.prompt.detokenizer = counting  # type: ignore[method-assign]
+    ids = torch.tensor([BOS, USER, 104, ASSISTANT], dtype=torch.int32)
+    results = []
+    for _ in range(3):
+        evs = list(generate_text(backend, ids, SamplingParams(max_tokens=7), lambda: False))
+        assert isinstance(evs[-1], GenerationResult)
+        results.append(evs[-1])
+    assert {r.text for r in results} == {"caché r"[:6]}     # 7 byte tokens: "cach" + é (2 bytes) + " "
+    assert len(made) <= 1                                    # main made one per request (3)
+
+
+def test_the_slot_fast_path_writes_what_the_checked_path_writes() -> None:
+    msgs = (ChatMessage("user", "héllo"), ChatMessage("assistant", ""), ChatMessage("user", "\udc80x"))
+    slot = torch.full((64,), -1, dtype=torch.int32)
+    other = torch.full((64,), -1, dtype=torch.int64)          # not the slot's dtype: the checked path
+    n = encode_chat_into("sys", msgs, slot)
+    assert encode_chat_into("sys", msgs, other) == n
+    assert slot[:n].tolist() == other[:n].tolist()
+    assert slot[n].item() == -1 and slot[n - 1].item() == ASSISTANT
