@@ -129,6 +129,7 @@ class Engine:
                 served_models=frozenset({cfg.model.name}),
                 max_tokens_cap=cfg.limits.max_tokens_cap,
                 default_max_tokens=cfg.limits.default_max_tokens,
+                max_queue=cfg.model.max_queue,
             ),
             input_view=self.device.input_view,
             device_id=self.device.device_id,

@@ -24,6 +24,7 @@ class ParseLimits:
     served_models: frozenset[str]   # model names this server answers to
     max_tokens_cap: int             # largest max_tokens a request may ask for
     default_max_tokens: int         # OpenAI: used when no max_(completion_)tokens is given
+    max_queue: int | None = None    # model.max_queue: more choices than this can never be queued
 
 
 class BodyError(ValueError):

@@ -29,10 +29,13 @@ from ..shared_types import (
     ToolCall,
 )
 from . import openai
+from .bounds import never_fits
 from .codec import ApiCodec
 from .common import ParseLimits, dumps, random_id, sse
 from .fields import is_int
-from .openai import _bool, _empty_array, _err, _int, _known_only, _type_err, _unsupported, _usage
+from .openai.parse import _known_only
+from .openai.render import _usage
+from .openai.wording import _bool, _empty_array, _err, _int, _type_err, _unsupported
 
 _FIELDS: Final = frozenset({
     "model", "prompt", "max_tokens", "temperature", "top_p", "n", "stream", "stream_options", "stop", "seed",
@@ -102,6 +105,8 @@ def parse_document(obj: dict[str, Any], limits: ParseLimits) -> GenerationReques
     if len(prompts) * n > MAX_CHOICES:
         raise _err(f"Invalid 'n': {len(prompts)} prompt(s) x n={n} is {len(prompts) * n} choices; at most "
                    f"{MAX_CHOICES} in one request.", "n", "integer_above_max_value")
+    if (why := never_fits(len(prompts) * n, limits.max_queue)) is not None:
+        raise _err(f"Invalid 'n': {why}.", "n", "integer_above_max_value")
     first = prompts[0]
     chat = _chat_body(obj, first if isinstance(first, str) else "")
     if chat.get("max_tokens") is None:

@@ -28,15 +28,15 @@ from ..shared_types import ApiError, ChatInput, GenerationRequest, GenerationRes
 from . import openai
 from .codec import ApiCodec
 from .common import ParseLimits, dumps, random_id
-from .openai import (
+from .openai.parse import _known_only
+from .openai.render import _error_obj, _logprob_items
+from .openai.wording import (
     _arr,
     _bool,
     _empty_array,
     _err,
     _int,
     _invalid_value,
-    _known_only,
-    _logprob_items,
     _missing,
     _obj,
     _str,
@@ -410,7 +410,7 @@ class StreamEncoder:
                                  response=r)
 
     def error(self, err: ApiError) -> bytes:
-        body = openai._error_obj(err)["error"]
+        body = _error_obj(err)["error"]
         return self._event("error", code=body.get("code") or body.get("type"), message=body["message"],
                            param=body.get("param"))
 

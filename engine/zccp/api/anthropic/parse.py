@@ -1,4 +1,4 @@
-"""Anthropic Messages API (`POST /v1/messages`): request parsing and rendering.
+"""Anthropic Messages API (`POST /v1/messages`): request parsing.
 
 Validation errors follow the real API's style: "<dotted.path>: <message>", e.g.
 "messages.1.content.0.text: Field required"; ApiError.param carries the path.
@@ -6,46 +6,36 @@ Validation errors follow the real API's style: "<dotted.path>: <message>", e.g.
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass, field
 from typing import Any, Final, cast
 
-from orjson import Fragment
-
-from ..shared_types import (
-    NO_WRITE,
+from ...shared_types import (
     ApiError,
     CacheMark,
-    CacheWrite,
-    ChatInput,
     GenerationRequest,
-    GenerationResult,
     OutputConstraint,
     Role,
     SamplingParams,
-    TextDelta,
-    ToolCall,
 )
-from .codec import ApiCodec, ModelInfo
-from .constraints import json_output, tool_call
-from .errors import KINDS
-from .common import (
+from ..common import (
     JOIN,
     BodyError,
     ParseLimits,
     decode_object,
-    dumps,
     marker,
     merge_turns,
-    random_id,
-    sse,
 )
-from .fields import FieldReader
-
-__all__ = [
-    "ParseLimits", "parse_request", "render_response", "render_error",
-    "StreamEncoder", "http_status", "new_response_id", "STATUS_BY_KIND", "CODEC",
-]
+from ..bounds import (
+    ANTHROPIC_MAX_STOP,
+    MAX_STOP_BYTES,
+    MAX_TOOL_NAME,
+    MAX_TOOLS,
+    MAX_TOP_K,
+    effective_sampling,
+    stop_too_long,
+)
+from ..constraints import json_output, schema_json, tool_call
+from .wording import _bad, _dict, _int, _list, _no_extras, _required, _str, _unit
 
 _FIELDS: Final = frozenset({
     "model", "messages", "max_tokens", "system", "stop_sequences", "temperature",
@@ -59,53 +49,6 @@ _FORMAT_FIELDS: Final = frozenset({"type", "schema"})
 _MESSAGE_FIELDS: Final = frozenset({"role", "content"})
 _METADATA_FIELDS: Final = frozenset({"user_id"})
 _ROLES: Final = frozenset({"user", "assistant"})
-
-STATUS_BY_KIND: Final = {k.name: k.status for k in KINDS.values()}
-
-
-def _bad(path: str, msg: str) -> ApiError:
-    return ApiError(400, "invalid_request_error", f"{path}: {msg}", path)
-
-
-def _required(obj: dict[str, Any], key: str, path: str) -> Any:
-    if key not in obj:
-        raise _bad(path, "Field required")
-    return obj[key]
-
-
-class _Wording:
-    """Field errors in the Messages API's (pydantic's) words."""
-
-    _TYPE = {"string": "a valid string", "array": "a valid list", "object": "a valid dictionary",
-             "integer": "a valid integer", "number": "a valid number", "boolean": "a valid boolean"}
-
-    def wrong_type(self, path: str, expected: str, value: Any) -> ApiError:
-        return _bad(path, f"Input should be {self._TYPE[expected]}")
-
-    def below(self, path: str, expected: str, lo: float, value: Any) -> ApiError:
-        return _bad(path, f"Input should be greater than or equal to {lo}")
-
-    def above(self, path: str, expected: str, hi: float, value: Any) -> ApiError:
-        return _bad(path, f"Input should be less than or equal to {hi}")
-
-
-_F: Final = FieldReader(_Wording())
-_str, _list, _dict = _F.string, _F.array, _F.object
-
-
-def _no_extras(obj: dict[str, Any], allowed: frozenset[str], prefix: str) -> None:
-    for key in obj:
-        if key not in allowed:
-            raise _bad(prefix + key, "Extra inputs are not permitted")
-
-
-def _int(v: Any, path: str, ge: int) -> int:
-    return _F.integer(v, path, ge)
-
-
-def _unit(v: Any, path: str) -> float:
-    """A number in [0, 1] (temperature, top_p)."""
-    return _F.number(v, path, 0, 1)
 
 
 # The content block types the Messages API accepts in a request (its discriminated union);
@@ -230,8 +173,13 @@ def _messages(v: Any, allow_empty: bool = False) -> list[tuple[Role, str]]:
 
 def _stop_sequences(v: Any) -> tuple[str, ...]:
     seqs = _list(v, "stop_sequences")
+    if len(seqs) > ANTHROPIC_MAX_STOP:   # each is scanned on every token: bounded, as OpenAI's stop
+        raise _bad("stop_sequences", f"List should have at most {ANTHROPIC_MAX_STOP} items after validation, "
+                                     f"not {len(seqs)}")
     for i, s in enumerate(seqs):
         _str(s, f"stop_sequences.{i}")
+        if stop_too_long(s):
+            raise _bad(f"stop_sequences.{i}", f"each stop sequence must be at most {MAX_STOP_BYTES} bytes")
         if not s.strip():
             raise _bad(f"stop_sequences.{i}", "each stop sequence must contain non-whitespace characters")
     return tuple(seqs)
@@ -256,11 +204,16 @@ def _tools(body: dict[str, Any]) -> bool:
     """Check tools and tool_choice; True when tools are offered and may be called."""
     tools = body.get("tools")
     if tools is not None:
-        for i, tool in enumerate(_list(tools, "tools")):
+        tools = _list(tools, "tools")
+        if len(tools) > MAX_TOOLS:
+            raise _bad("tools", f"List should have at most {MAX_TOOLS} items after validation, not {len(tools)}")
+        for i, tool in enumerate(tools):
             tool = _dict(tool, f"tools.{i}")
-            _str(_required(tool, "name", f"tools.{i}.name"), f"tools.{i}.name")
+            name = _str(_required(tool, "name", f"tools.{i}.name"), f"tools.{i}.name")
+            if len(name) > MAX_TOOL_NAME:
+                raise _bad(f"tools.{i}.name", f"String should have at most {MAX_TOOL_NAME} characters")
             if (schema := tool.get("input_schema")) is not None:
-                _dict(schema, f"tools.{i}.input_schema")
+                schema_json(_dict(schema, f"tools.{i}.input_schema"), f"tools.{i}.input_schema")
             if (desc := tool.get("description")) is not None:
                 _str(desc, f"tools.{i}.description")
     choice = "auto"
@@ -470,7 +423,10 @@ def _parse(obj: dict[str, Any], limits: ParseLimits, fields: frozenset[str], for
     stop = _stop_sequences(v) if (v := get("stop_sequences")) is not None else ()
     temperature = _unit(v, "temperature") if (v := get("temperature")) is not None else 1.0
     top_p = _unit(v, "top_p") if (v := get("top_p")) is not None else None
+    temperature, top_p = effective_sampling(temperature, top_p)   # tiny ones are greedy
     top_k = _int(v, "top_k", 0) if (v := get("top_k")) is not None else None
+    if top_k is not None and top_k > MAX_TOP_K:
+        raise _bad("top_k", f"Input should be less than or equal to {MAX_TOP_K}")
     stream = get("stream")
     if stream is not None and not isinstance(stream, bool):
         raise _bad("stream", "Input should be a valid boolean")
@@ -509,257 +465,3 @@ def _parse(obj: dict[str, Any], limits: ParseLimits, fields: frozenset[str], for
     )
 
 
-# --- the conversation for a chat template ---
-
-_SKIPPED_BLOCKS: Final = frozenset({"thinking", "redacted_thinking"})   # earlier turns' reasoning
-
-
-def _tool_result_text(block: dict[str, Any], path: str, media: list[tuple[str, str]]) -> str:
-    content = block.get("content", "")
-    if isinstance(content, str):
-        return content
-    parts = []
-    for k, item in enumerate(_list(content, path + ".content")):
-        item = _dict(item, f"{path}.content.{k}")
-        if item.get("type") == "text":
-            parts.append(_str(_required(item, "text", f"{path}.content.{k}.text"), f"{path}.content.{k}.text"))
-        else:
-            media.append((f"{path}.content.{k}", str(item.get("type"))))
-    return JOIN.join(parts)
-
-
-def chat_input(obj: dict[str, Any]) -> ChatInput:
-    """A validated body (parse_document) as chat-template messages: system first;
-    tool_use blocks become the assistant's tool_calls, tool_result blocks "tool"
-    messages, in block order; images and documents are listed in `media`."""
-    messages: list[dict[str, Any]] = []
-    media: list[tuple[str, str]] = []
-    if (v := obj.get("system")) is not None and (system := _system(v)):
-        messages.append({"role": "system", "content": system})
-    for i, msg in enumerate(obj["messages"]):
-        path, role, content = f"messages.{i}", msg["role"], msg["content"]
-        if isinstance(content, str):
-            messages.append({"role": role, "content": content})
-            continue
-        texts: list[str] = []
-        calls: list[dict[str, Any]] = []
-        for j, block in enumerate(content):
-            bpath = f"{path}.content.{j}"
-            btype = block["type"]
-            if btype == "text":
-                texts.append(block["text"])
-            elif btype == "tool_use" and role == "assistant":
-                calls.append({"id": _str(_required(block, "id", bpath + ".id"), bpath + ".id"), "type": "function",
-                              "function": {"name": _str(_required(block, "name", bpath + ".name"), bpath + ".name"),
-                                           "arguments": _dict(_required(block, "input", bpath + ".input"),
-                                                              bpath + ".input")}})
-            elif btype == "tool_result" and role == "user":
-                if texts:
-                    messages.append({"role": "user", "content": JOIN.join(texts)})
-                    texts = []
-                call_id = _str(_required(block, "tool_use_id", bpath + ".tool_use_id"), bpath + ".tool_use_id")
-                messages.append({"role": "tool", "tool_call_id": call_id,
-                                 "content": _tool_result_text(block, bpath, media)})
-            elif btype not in _SKIPPED_BLOCKS:
-                media.append((bpath, btype))
-        if role == "assistant":
-            messages.append({"role": "assistant", "content": JOIN.join(texts),
-                             **({"tool_calls": calls} if calls else {})})
-        elif texts:
-            messages.append({"role": "user", "content": JOIN.join(texts)})
-    tools: list[dict[str, Any]] | None = None
-    choice: str | dict[str, Any] | None = None
-    if obj.get("tools"):
-        tools = []
-        for i, tool in enumerate(obj["tools"]):
-            if tool.get("type", "custom") != "custom" or "input_schema" not in tool:
-                raise _bad(f"tools.{i}", f"tool type {tool.get('type', 'custom')!r} is not supported here: "
-                                         "only custom tools (name, description, input_schema)")
-            fn = {"name": tool["name"], "description": tool.get("description") or "",
-                  "parameters": tool["input_schema"]}
-            tools.append({"type": "function", "function": fn})
-        tc = obj.get("tool_choice") or {"type": "auto"}
-        choice = {"auto": "auto", "any": "required", "none": "none"}.get(tc["type"]) or \
-            {"type": "function", "function": {"name": tc.get("name")}}
-        if choice == "none":
-            tools = None                 # a turn that may not call tools is not shown them
-    return ChatInput(messages, tools, choice, tuple(media))
-
-
-# --- rendering ---
-
-def new_response_id() -> str:
-    return random_id("msg_")
-
-
-def http_status(err: ApiError) -> int:
-    """The HTTP status to send `err` with (Anthropic uses ApiError.status as is)."""
-    return err.status
-
-
-def _error_obj(err: ApiError) -> dict[str, Any]:
-    return {"type": "error", "error": {"type": err.kind, "message": err.message}}
-
-
-def render_error(err: ApiError) -> bytes:
-    return dumps(_error_obj(err))
-
-
-def _usage(input_tokens: int, cached_tokens: int, written: CacheWrite = NO_WRITE,
-           by_ttl: bool = True) -> dict[str, Any]:
-    """Anthropic's split of the prompt: cache_read_input_tokens were read from the prefix
-    cache, cache_creation_input_tokens written into it at the request's cache_control
-    breakpoints (by TTL in cache_creation), input_tokens are the rest (after the last
-    breakpoint); the three add up to the prompt."""
-    usage: dict[str, Any] = {"input_tokens": input_tokens - cached_tokens - written.total,
-                             "cache_creation_input_tokens": written.total,
-                             "cache_read_input_tokens": cached_tokens}
-    if by_ttl:
-        usage["cache_creation"] = {"ephemeral_5m_input_tokens": written.short,
-                                   "ephemeral_1h_input_tokens": written.long}
-    return usage
-
-
-def _tool_use_id() -> str:
-    return random_id("toolu_")
-
-
-def render_response(req: GenerationRequest, result: GenerationResult, response_id: str, created: int) -> bytes:
-    del created  # the Messages API has no timestamp field
-    content: list[dict[str, Any]] = []
-    if result.text or not result.tool_calls:
-        content.append({"type": "text", "text": result.text})
-    for call in result.tool_calls:
-        content.append({"type": "tool_use", "id": call.id or _tool_use_id(), "name": call.name,
-                        "input": Fragment(call.arguments)})
-    return dumps({
-        "id": response_id,
-        "type": "message",
-        "role": "assistant",
-        "model": req.model,
-        "content": content,
-        "stop_reason": result.stop_reason,
-        "stop_sequence": result.stop_sequence,
-        "usage": {**_usage(result.input_tokens, result.cached_tokens, result.cache_write),
-                  "output_tokens": result.output_tokens},
-    })
-
-
-def render_count(input_tokens: int) -> bytes:
-    """The POST /v1/messages/count_tokens answer."""
-    return dumps({"input_tokens": input_tokens})
-
-
-def render_models(models: list[ModelInfo]) -> bytes:
-    """GET /v1/models (a request carrying anthropic-version): Anthropic's list shape."""
-    data = [{"type": "model", "id": m.name, "display_name": m.name,
-             "created_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(m.created))} for m in models]
-    return dumps({"data": data, "has_more": False, "first_id": data[0]["id"] if data else None,
-                  "last_id": data[-1]["id"] if data else None})
-
-
-def render_model(model: ModelInfo) -> bytes:
-    """GET /v1/models/{id}."""
-    return dumps({"type": "model", "id": model.name, "display_name": model.name,
-                  "created_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(model.created))})
-
-
-_PING: Final = sse(b'{"type":"ping"}', "ping")
-_TEXT_START: Final = b'{"type":"content_block_start","index":%d,"content_block":{"type":"text","text":""}}'
-_BLOCK_STOP: Final = b'{"type":"content_block_stop","index":%d}'
-_MESSAGE_STOP: Final = sse(b'{"type":"message_stop"}', "message_stop")
-_DELTA_HEAD: Final = (b'event: content_block_delta\ndata: {"type":"content_block_delta",'
-                      b'"index":%d,"delta":{"type":"text_delta","text":')
-_DELTA_TAIL: Final = b"}}\n\n"
-
-
-class StreamEncoder:
-    """SSE bytes for one streamed message: start(), delta()* and tool_call()*, then
-    finish() or error(). Content blocks open as content arrives: a text block at the
-    first text (again after a tool call), one tool_use block per call; an answer with
-    neither still gets its (empty) text block. The ping follows the first block start."""
-
-    __slots__ = ("_req", "_id", "_input_tokens", "_cached", "_written", "_blocks", "_open")
-
-    def __init__(self, req: GenerationRequest, response_id: str, created: int, input_tokens: int,
-                 cached_tokens: int = 0, written: CacheWrite = NO_WRITE) -> None:
-        del created
-        self._req = req
-        self._id = response_id
-        self._input_tokens = input_tokens
-        self._cached = cached_tokens
-        self._written = written
-        self._blocks = 0          # content blocks started so far
-        self._open = False        # a text block is open
-
-    def start(self) -> bytes:
-        message_start = dumps({
-            "type": "message_start",
-            "message": {
-                "id": self._id,
-                "type": "message",
-                "role": "assistant",
-                "model": self._req.model,
-                "content": [],
-                "stop_reason": None,
-                "stop_sequence": None,
-                "usage": {**_usage(self._input_tokens, self._cached, self._written), "output_tokens": 1},
-            },
-        })
-        return sse(message_start, "message_start")
-
-    def _block_start(self, payload: bytes) -> bytes:
-        out = sse(payload, "content_block_start")
-        if self._blocks == 0:
-            out += _PING
-        self._blocks += 1
-        return out
-
-    def _close_text(self) -> bytes:
-        if not self._open:
-            return b""
-        self._open = False
-        return sse(_BLOCK_STOP % (self._blocks - 1), "content_block_stop")
-
-    def delta(self, d: TextDelta) -> bytes:
-        if not d.text:
-            return b""
-        head = b""
-        if not self._open:
-            head = self._block_start(_TEXT_START % self._blocks)
-            self._open = True
-        return head + _DELTA_HEAD % (self._blocks - 1) + dumps(d.text) + _DELTA_TAIL
-
-    def tool_call(self, call: ToolCall) -> bytes:
-        index = self._blocks
-        out = self._close_text() + self._block_start(dumps({
-            "type": "content_block_start", "index": index,
-            "content_block": {"type": "tool_use", "id": call.id or _tool_use_id(), "name": call.name, "input": {}}}))
-        out += sse(dumps({"type": "content_block_delta", "index": index,
-                          "delta": {"type": "input_json_delta", "partial_json": call.arguments}}),
-                   "content_block_delta")
-        return out + sse(_BLOCK_STOP % index, "content_block_stop")
-
-    def finish(self, result: GenerationResult) -> bytes:
-        out = self._close_text()
-        if self._blocks == 0:
-            out += self._block_start(_TEXT_START % 0) + sse(_BLOCK_STOP % 0, "content_block_stop")
-        message_delta = dumps({
-            "type": "message_delta",
-            "delta": {"stop_reason": result.stop_reason, "stop_sequence": result.stop_sequence},
-            # cumulative, as Anthropic sends it: the input and cache fields, not only output_tokens
-            # (its message_delta usage has no cache_creation breakdown: message_start has it)
-            "usage": {**_usage(result.input_tokens, result.cached_tokens, result.cache_write, by_ttl=False),
-                      "output_tokens": result.output_tokens},
-        })
-        return out + sse(message_delta, "message_delta") + _MESSAGE_STOP
-
-    def error(self, err: ApiError) -> bytes:
-        return sse(dumps(_error_obj(err)), "error")
-
-
-CODEC: Final = ApiCodec(
-    name="anthropic", decode=decode_body, parse=parse_document, render=render_response, stream=StreamEncoder,
-    render_error=render_error, http_status=http_status, new_response_id=new_response_id,
-    chat_input=chat_input, render_models=render_models, render_model=render_model,
-)

@@ -1,4 +1,4 @@
-"""OpenAI Chat Completions API (`POST /v1/chat/completions`): parsing and rendering.
+"""OpenAI Chat Completions API (`POST /v1/chat/completions`): request parsing.
 
 Validation errors use OpenAI's wording ("Invalid type for 'temperature': ...",
 "Missing required parameter: 'messages[0].role'.") and are raised as
@@ -8,62 +8,47 @@ OpenAIApiError, an ApiError that also carries OpenAI's `code`.
 from __future__ import annotations
 
 from collections.abc import Collection
-from dataclasses import dataclass
 from typing import Any, Final
 
-import orjson
-
-from ..shared_types import (
-    ApiError,
-    ChatInput,
-    GenerationRequest,
+from ...shared_types import (
     MAX_CHOICES,
-    GenerationResult,
+    GenerationRequest,
     OutputConstraint,
     Role,
     SamplingParams,
-    StopReason,
-    TextDelta,
-    TokenLogprob,
-    ToolCall,
 )
-from .codec import ApiCodec, ModelInfo
-from .constraints import json_output, tool_call
-from .errors import KINDS
-from .errors import kind as error_kind
-from .common import (
-    JOIN,
-    BodyError,
-    ParseLimits,
-    decode_object,
-    dumps,
-    fmt_num,
-    marker,
-    merge_turns,
-    random_id,
-    sse,
+from ..common import JOIN, BodyError, ParseLimits, decode_object, marker, merge_turns
+from ..bounds import (
+    LOGIT_BIAS_RANGE,
+    MAX_LOGIT_BIAS,
+    MAX_SEED,
+    MAX_STOP_BYTES,
+    MAX_TOOL_NAME,
+    MAX_TOOLS,
+    MAX_TOP_LOGPROBS,
+    OPENAI_MAX_STOP,
+    effective_sampling,
+    never_fits,
+    stop_too_long,
+    token_id,
 )
-from .fields import FieldReader, json_type
-
-__all__ = [
-    "ParseLimits", "OpenAIApiError", "parse_request", "render_response", "render_error",
-    "StreamEncoder", "http_status", "new_response_id", "FINISH_REASON", "CODEC",
-]
-
-
-@dataclass
-class OpenAIApiError(ApiError):
-    """ApiError plus OpenAI's machine-readable `code` (e.g. "invalid_type")."""
-
-    code: str | None = None
-
-
-FINISH_REASON: Final[dict[StopReason, str]] = {
-    "end_turn": "stop",
-    "stop_sequence": "stop",
-    "max_tokens": "length",
-    "tool_use": "tool_calls",
-}
+from ..constraints import json_output, schema_json, tool_call
+from .wording import (
+    _ARTICLE,
+    OpenAIApiError,
+    _arr,
+    _bool,
+    _empty_array,
+    _err,
+    _int,
+    _invalid_value,
+    _missing,
+    _number,
+    _obj,
+    _str,
+    _type_err,
+    _unsupported,
+)
 
 _FIELDS: Final = frozenset({
     "model", "messages", "max_tokens", "max_completion_tokens", "temperature", "top_p",
@@ -89,77 +74,13 @@ _PART_TYPES: Final[dict[str, tuple[str, ...]]] = {
     "assistant": ("text", "refusal"),
     "tool": ("text",),
 }
-_MAX_STOP: Final = 4
+_MAX_STOP: Final = OPENAI_MAX_STOP
 
 _INVALID_JSON: Final = (
     "We could not parse the JSON body of your request. (HINT: This likely means you aren't "
     "using your HTTP library correctly. The OpenAI API expects a JSON payload, but what was "
     "sent was not valid JSON.)"
 )
-
-# --- error constructors in OpenAI's wording ---
-
-def _err(message: str, param: str | None, code: str | None, status: int = 400) -> OpenAIApiError:
-    return OpenAIApiError(status, "invalid_request_error", message, param, code=code)
-
-
-_ARTICLE: Final = {
-    "string": "a string", "integer": "an integer", "number": "a decimal", "boolean": "a boolean",
-    "array": "an array", "object": "an object", "null": "null",
-}
-
-
-def _type_err(param: str, expected: str, value: Any) -> OpenAIApiError:
-    got = _ARTICLE[json_type(value)]
-    return _err(f"Invalid type for '{param}': expected {expected}, but got {got} instead.", param, "invalid_type")
-
-
-def _missing(param: str) -> OpenAIApiError:
-    return _err(f"Missing required parameter: '{param}'.", param, "missing_required_parameter")
-
-
-def _invalid_value(param: str, value: Any, allowed: tuple[str, ...]) -> OpenAIApiError:
-    quoted = [f"'{a}'" for a in allowed]
-    supported = quoted[0] if len(quoted) == 1 else ", ".join(quoted[:-1]) + ", and " + quoted[-1]
-    return _err(f"Invalid value: '{value}'. Supported values are: {supported}.", param, "invalid_value")
-
-
-def _unsupported(param: str, value: str, default: str) -> OpenAIApiError:
-    return _err(f"Unsupported value: '{param}' does not support {value} with this model. "
-                f"Only the default ({default}) value is supported.", param, "unsupported_value")
-
-
-def _empty_array(param: str) -> OpenAIApiError:
-    return _err(f"Invalid '{param}': empty array. Expected an array with minimum length 1, "
-                "but got an empty array instead.", param, "empty_array")
-
-
-# --- typed field readers ---
-
-class _Wording:
-    """Field errors in OpenAI's words (and codes)."""
-
-    _TYPE = {"string": "a string", "array": "an array", "object": "an object", "integer": "an integer",
-             "number": "a decimal", "boolean": "a boolean"}
-
-    def wrong_type(self, path: str, expected: str, value: Any) -> ApiError:
-        return _type_err(path, self._TYPE[expected], value)
-
-    def below(self, path: str, expected: str, lo: float, value: Any) -> ApiError:
-        if expected == "integer":
-            return _err(f"Invalid '{path}': integer below minimum value. Expected a value >= {lo}, "
-                        f"but got {value} instead.", path, "integer_below_min_value")
-        return _err(f"Invalid '{path}': decimal below minimum value. Expected a value >= {fmt_num(lo)}, "
-                    f"but got {fmt_num(value)} instead.", path, "decimal_below_min_value")
-
-    def above(self, path: str, expected: str, hi: float, value: Any) -> ApiError:
-        return _err(f"Invalid '{path}': decimal above maximum value. Expected a value <= {fmt_num(hi)}, "
-                    f"but got {fmt_num(value)} instead.", path, "decimal_above_max_value")
-
-
-_F: Final = FieldReader(_Wording())
-_number, _int, _bool, _str, _obj, _arr = _F.number, _F.integer, _F.boolean, _F.string, _F.object, _F.array
-
 
 # --- messages ---
 
@@ -286,6 +207,9 @@ class _ToolCalls:
 
 def _stop(v: Any) -> tuple[str, ...]:
     if isinstance(v, str):
+        if stop_too_long(v):
+            raise _err(f"Invalid 'stop': string too long. Expected a string of at most {MAX_STOP_BYTES} bytes.",
+                       "stop", "string_above_max_length")
         return (v,) if v else ()
     if not isinstance(v, list):
         raise _type_err("stop", "one of a string or array of strings", v)
@@ -294,20 +218,27 @@ def _stop(v: Any) -> tuple[str, ...]:
                    f"but got an array with length {len(v)} instead.", "stop", "array_above_max_length")
     for i, s in enumerate(v):
         _str(s, f"stop[{i}]")
+        if stop_too_long(s):
+            raise _err(f"Invalid 'stop[{i}]': string too long. Expected a string of at most {MAX_STOP_BYTES} bytes.",
+                       f"stop[{i}]", "string_above_max_length")
     return tuple(s for s in v if s)   # an empty stop string would match everywhere
 
 
 def _logit_bias(v: Any) -> tuple[tuple[int, float], ...]:
     """logit_bias: {"<token id>": bias in [-100, 100]}."""
+    biases = _obj(v, "logit_bias")
+    if len(biases) > MAX_LOGIT_BIAS:    # the sampler applies each entry on every token
+        raise _err(f"Invalid 'logit_bias': too many entries. Expected at most {MAX_LOGIT_BIAS}, but got "
+                   f"{len(biases)} instead.", "logit_bias", "invalid_value")
     out = []
-    for key, bias in _obj(v, "logit_bias").items():
-        if not key.isdigit():
-            raise _err(f"Invalid key in 'logit_bias': {key}.", "logit_bias", "invalid_value")
-        out.append((int(key), _number(bias, f"logit_bias.{key}", -100.0, 100.0)))
+    for key, bias in biases.items():
+        if (tid := token_id(key)) is None:     # ASCII digits only; a 4,300-digit key is not an int()
+            raise _err(f"Invalid key in 'logit_bias': {key[:32]}.", "logit_bias", "invalid_value")
+        out.append((tid, _number(bias, f"logit_bias.{key}", -LOGIT_BIAS_RANGE, LOGIT_BIAS_RANGE)))
     return tuple(out)
 
 
-_MAX_TOP_LOGPROBS: Final = 20
+_MAX_TOP_LOGPROBS: Final = MAX_TOP_LOGPROBS
 
 
 def _logprobs(obj: dict[str, Any]) -> int | None:
@@ -324,14 +255,6 @@ def _logprobs(obj: dict[str, Any]) -> int | None:
         raise _err("Invalid value for 'top_logprobs': 'logprobs' must be set to true if 'top_logprobs' is "
                    "provided.", "top_logprobs", "invalid_value")
     return top
-
-
-def _logprob_items(lps: tuple[TokenLogprob, ...]) -> list[dict[str, Any]]:
-    """OpenAI's logprobs.content entries: token (its text), logprob, bytes, top_logprobs."""
-    def one(token: bytes, lp: float) -> dict[str, Any]:
-        return {"token": token.decode("utf-8", "replace"), "logprob": lp, "bytes": list(token)}
-
-    return [{**one(t.token, t.logprob), "top_logprobs": [one(b, lp) for b, lp in t.top]} for t in lps]
 
 
 def _ignored(obj: dict[str, Any]) -> None:
@@ -389,7 +312,11 @@ def _tools(obj: dict[str, Any]) -> bool:
     """Check tools and tool_choice; True when tools are offered and may be called."""
     tools = obj.get("tools")
     if tools is not None:
-        for i, tool in enumerate(_arr(tools, "tools")):
+        tools = _arr(tools, "tools")
+        if len(tools) > MAX_TOOLS:
+            raise _err(f"Invalid 'tools': array too long. Expected an array with maximum length {MAX_TOOLS}, "
+                       f"but got an array with length {len(tools)} instead.", "tools", "array_above_max_length")
+        for i, tool in enumerate(tools):
             path = f"tools[{i}]"
             tool = _obj(tool, path)
             if tool.get("type") != "function":
@@ -399,11 +326,13 @@ def _tools(obj: dict[str, Any]) -> bool:
             fn = _obj(tool["function"], path + ".function")
             if "name" not in fn:
                 raise _missing(path + ".function.name")
-            _str(fn["name"], path + ".function.name")
+            if len(_str(fn["name"], path + ".function.name")) > MAX_TOOL_NAME:
+                raise _err(f"Invalid '{path}.function.name': string too long. Expected a string with maximum "
+                           f"length {MAX_TOOL_NAME}.", path + ".function.name", "string_above_max_length")
             if (d := fn.get("description")) is not None:
                 _str(d, path + ".function.description")
             if (params := fn.get("parameters")) is not None:
-                _obj(params, path + ".function.parameters")
+                schema_json(_obj(params, path + ".function.parameters"), path + ".function.parameters")
     choice = "auto"
     if (v := obj.get("tool_choice")) is not None:
         if isinstance(v, str):
@@ -462,12 +391,15 @@ def parse_document(obj: dict[str, Any], limits: ParseLimits) -> GenerationReques
         max_param, max_tokens = "max_completion_tokens", _int(v, "max_completion_tokens", 1)
     temperature = _number(v, "temperature", 0.0, 2.0) if (v := get("temperature")) is not None else 1.0
     top_p = _number(v, "top_p", 0.0, 1.0) if (v := get("top_p")) is not None else None
+    temperature, top_p = effective_sampling(temperature, top_p)   # tiny ones are greedy
     stop = _stop(v) if (v := get("stop")) is not None else ()
     n = _int(v, "n", 1) if (v := get("n")) is not None else 1
     stream = _bool(v, "stream") if (v := get("stream")) is not None else False
     if n > MAX_CHOICES:
         raise _err(f"Invalid 'n': integer above maximum value. Expected a value <= {MAX_CHOICES}, but got {n} "
                    "instead.", "n", "integer_above_max_value")
+    if (why := never_fits(n, limits.max_queue)) is not None:
+        raise _err(f"Invalid 'n': {why}.", "n", "integer_above_max_value")
     if n > 1 and (stream or get("logprobs")):
         raise _unsupported("n", str(n), "1")    # n > 1 is served whole, without logprobs
     include_usage = False
@@ -480,7 +412,10 @@ def parse_document(obj: dict[str, Any], limits: ParseLimits) -> GenerationReques
             include_usage = _bool(u, "stream_options.include_usage")
         if (u := opts.get("include_obfuscation")) is not None:
             _bool(u, "stream_options.include_obfuscation")
-    seed = _int(v, "seed") if (v := get("seed")) is not None else None
+    seed = _int(v, "seed", -MAX_SEED - 1) if (v := get("seed")) is not None else None
+    if seed is not None and seed > MAX_SEED:      # an int64, as OpenAI's
+        raise _err(f"Invalid 'seed': integer above maximum value. Expected a value <= {MAX_SEED}, but got "
+                   f"{seed} instead.", "seed", "integer_above_max_value")
     user = _str(v, "user") if (v := get("user")) is not None else None
     tool_use = _tools(obj)
     _ignored(obj)
@@ -521,223 +456,3 @@ def parse_document(obj: dict[str, Any], limits: ParseLimits) -> GenerationReques
     )
 
 
-# --- the conversation for a chat template ---
-
-def _parts_text(content: Any, path: str, media: list[tuple[str, str]]) -> str:
-    if content is None or isinstance(content, str):
-        return content or ""
-    pieces = []
-    for j, part in enumerate(content):
-        if part["type"] in ("text", "refusal"):
-            pieces.append(part.get("text") or part.get("refusal") or "")
-        else:
-            media.append((f"{path}.content[{j}]", part["type"]))
-    return JOIN.join(pieces)
-
-
-def _arguments(raw: Any) -> Any:
-    """Tool-call arguments as the template takes them: the object (a JSON string that is
-    not one stays a string)."""
-    if isinstance(raw, str):
-        try:
-            parsed = orjson.loads(raw)
-        except orjson.JSONDecodeError:
-            return raw
-        return parsed if isinstance(parsed, dict) else raw
-    return raw
-
-
-def chat_input(obj: dict[str, Any]) -> ChatInput:
-    """A validated body (parse_document) as chat-template messages: the system and
-    developer messages joined first (as GenerationRequest.system), then the turns in
-    order; image, audio and file parts are listed in `media`."""
-    system: list[str] = []
-    turns: list[dict[str, Any]] = []
-    media: list[tuple[str, str]] = []
-    for i, msg in enumerate(obj["messages"]):
-        path, role = f"messages[{i}]", msg["role"]
-        text = _parts_text(msg.get("content"), path, media)
-        if role in ("system", "developer"):
-            system.append(text)
-        elif role == "tool":
-            turns.append({"role": "tool", "tool_call_id": msg["tool_call_id"], "content": text})
-        elif role == "assistant":
-            m: dict[str, Any] = {"role": "assistant", "content": text}
-            if msg.get("tool_calls"):
-                m["tool_calls"] = [
-                    {"id": tc["id"], "type": "function",
-                     "function": {"name": tc["function"]["name"], "arguments": _arguments(tc["function"]["arguments"])}}
-                    for tc in msg["tool_calls"]]
-            turns.append(m)
-        else:
-            turns.append({"role": "user", "content": text})
-    messages = ([{"role": "system", "content": JOIN.join(system)}] if system else []) + turns
-    tools = obj.get("tools") or None
-    choice = obj.get("tool_choice") or ("auto" if tools else None)
-    if choice == "none":
-        tools = None                     # a turn that may not call tools is not shown them
-    return ChatInput(messages, tools, choice, tuple(media))
-
-
-# --- rendering ---
-
-def new_response_id() -> str:
-    return random_id("chatcmpl-", 29)
-
-
-def http_status(err: ApiError) -> int:
-    """The HTTP status to send `err` with: the kind's OpenAI status (overload is 503, not 529)."""
-    k = KINDS.get(err.kind)
-    return k.openai_status if k is not None and err.status == k.status else err.status
-
-
-def _error_obj(err: ApiError) -> dict[str, Any]:
-    k = error_kind(err.kind, err.status)
-    etype, code = k.openai_type, k.openai_code
-    if isinstance(err, OpenAIApiError) and err.code is not None:
-        code = err.code
-    elif err.kind == "not_found_error" and err.param == "model":
-        code = "model_not_found"
-    return {"error": {"message": err.message, "type": etype, "param": err.param, "code": code}}
-
-
-def render_error(err: ApiError) -> bytes:
-    return dumps(_error_obj(err))
-
-
-def _usage(result: GenerationResult) -> dict[str, Any]:
-    return {
-        "prompt_tokens": result.input_tokens,
-        "completion_tokens": result.output_tokens,
-        "total_tokens": result.input_tokens + result.output_tokens,
-        "prompt_tokens_details": {"cached_tokens": result.cached_tokens},
-    }
-
-
-def _call_id() -> str:
-    return random_id("call_")
-
-
-def _tool_calls(calls: tuple[ToolCall, ...]) -> list[dict[str, Any]]:
-    return [{"id": c.id or _call_id(), "type": "function", "function": {"name": c.name, "arguments": c.arguments}}
-            for c in calls]
-
-
-def render_response(req: GenerationRequest, result: GenerationResult, response_id: str, created: int) -> bytes:
-    message: dict[str, Any] = {"role": "assistant", "content": result.text, "refusal": None}
-    if result.tool_calls:
-        message["content"] = result.text or None
-        message["tool_calls"] = _tool_calls(result.tool_calls)
-    return dumps({
-        "id": response_id,
-        "object": "chat.completion",
-        "created": created,
-        "model": req.model,
-        "choices": [{
-            "index": 0,
-            "message": message,
-            "logprobs": None if result.logprobs is None else {"content": _logprob_items(result.logprobs),
-                                                              "refusal": None},
-            "finish_reason": FINISH_REASON[result.stop_reason],
-        }],
-        "usage": _usage(result),
-    })
-
-
-def render_choices(req: GenerationRequest, results: list[GenerationResult], total: GenerationResult,
-                   created: int) -> bytes:
-    """An answer of n choices (n > 1, not streamed); total: the usage (the prompt once)."""
-    choices = []
-    for i, r in enumerate(results):
-        message: dict[str, Any] = {"role": "assistant", "content": r.text, "refusal": None}
-        if r.tool_calls:
-            message["content"] = r.text or None
-            message["tool_calls"] = _tool_calls(r.tool_calls)
-        choices.append({"index": i, "message": message, "logprobs": None,
-                        "finish_reason": FINISH_REASON[r.stop_reason]})
-    return dumps({
-        "id": new_response_id(), "object": "chat.completion", "created": created, "model": req.model,
-        "choices": choices, "usage": _usage(total),
-    })
-
-
-def render_models(models: list[ModelInfo]) -> bytes:
-    """GET /v1/models: OpenAI's list shape."""
-    return dumps({"object": "list", "data": [_model(m) for m in models]})
-
-
-def _model(m: ModelInfo) -> dict[str, Any]:
-    return {"id": m.name, "object": "model", "created": m.created, "owned_by": "zccp"}
-
-
-def render_model(model: ModelInfo) -> bytes:
-    """GET /v1/models/{id}."""
-    return dumps(_model(model))
-
-
-_DONE: Final = b"data: [DONE]\n\n"
-_FIRST_CHOICE: Final = (b'{"index":0,"delta":{"role":"assistant","content":"","refusal":null},'
-                        b'"logprobs":null,"finish_reason":null}')
-_DELTA_HEAD: Final = b'{"index":0,"delta":{"content":'
-_DELTA_TAIL: Final = b'},"logprobs":null,"finish_reason":null}'
-
-
-class StreamEncoder:
-    """SSE bytes for one streamed completion: start(), delta()* and tool_call()*, then
-    finish() or error(). A tool call is two chunks: its id, type and name with empty
-    arguments, then the arguments (delta.tool_calls, indexed in call order)."""
-
-    __slots__ = ("_head", "_tail", "_include_usage", "_calls")
-
-    def __init__(self, req: GenerationRequest, response_id: str, created: int, input_tokens: int,
-                 cached_tokens: int = 0, written: object = None) -> None:
-        # usage is reported from the final GenerationResult (OpenAI has no cache writes)
-        del input_tokens, cached_tokens, written
-        # Every chunk is: _head + <choices items> + _tail.
-        self._head = (b'data: {"id":' + dumps(response_id)
-                      + b',"object":"chat.completion.chunk","created":' + str(int(created)).encode()
-                      + b',"model":' + dumps(req.model) + b',"choices":[')
-        self._include_usage = req.include_usage
-        self._tail = b'],"usage":null}\n\n' if req.include_usage else b"]}\n\n"
-        self._calls = 0
-
-    def start(self) -> bytes:
-        return self._head + _FIRST_CHOICE + self._tail
-
-    def delta(self, d: TextDelta) -> bytes:
-        if d.logprobs:
-            choice = {"index": 0, "delta": {"content": d.text},
-                      "logprobs": {"content": _logprob_items(d.logprobs), "refusal": None}, "finish_reason": None}
-            return self._head + dumps(choice) + self._tail
-        if not d.text:
-            return b""
-        return self._head + _DELTA_HEAD + dumps(d.text) + _DELTA_TAIL + self._tail
-
-    def _tool_chunk(self, item: dict[str, Any]) -> bytes:
-        choice = {"index": 0, "delta": {"tool_calls": [item]}, "logprobs": None, "finish_reason": None}
-        return self._head + dumps(choice) + self._tail
-
-    def tool_call(self, call: ToolCall) -> bytes:
-        index = self._calls
-        self._calls += 1
-        return (self._tool_chunk({"index": index, "id": call.id or _call_id(), "type": "function",
-                                  "function": {"name": call.name, "arguments": ""}})
-                + self._tool_chunk({"index": index, "function": {"arguments": call.arguments}}))
-
-    def finish(self, result: GenerationResult) -> bytes:
-        reason = FINISH_REASON[result.stop_reason].encode()
-        out = (self._head + b'{"index":0,"delta":{},"logprobs":null,"finish_reason":"'
-               + reason + b'"}' + self._tail)
-        if self._include_usage:
-            out += self._head + b'],"usage":' + dumps(_usage(result)) + b"}\n\n"
-        return out + _DONE
-
-    def error(self, err: ApiError) -> bytes:
-        return sse(dumps(_error_obj(err)))
-
-
-CODEC: Final = ApiCodec(
-    name="openai", decode=decode_body, parse=parse_document, render=render_response, stream=StreamEncoder,
-    render_error=render_error, http_status=http_status, new_response_id=new_response_id,
-    chat_input=chat_input, render_models=render_models, render_model=render_model, render_choices=render_choices,
-)

@@ -1,0 +1,71 @@
+"""OpenAI Chat Completions API: the SSE chunks of one streamed completion."""
+
+from __future__ import annotations
+
+from typing import Any, Final
+
+from ...shared_types import ApiError, GenerationRequest, GenerationResult, TextDelta, ToolCall
+from ..common import dumps, sse
+from .render import FINISH_REASON, _call_id, _error_obj, _logprob_items, _usage
+
+_DONE: Final = b"data: [DONE]\n\n"
+_FIRST_CHOICE: Final = (b'{"index":0,"delta":{"role":"assistant","content":"","refusal":null},'
+                        b'"logprobs":null,"finish_reason":null}')
+_DELTA_HEAD: Final = b'{"index":0,"delta":{"content":'
+_DELTA_TAIL: Final = b'},"logprobs":null,"finish_reason":null}'
+
+
+class StreamEncoder:
+    """SSE bytes for one streamed completion: start(), delta()* and tool_call()*, then
+    finish() or error(). A tool call is two chunks: its id, type and name with empty
+    arguments, then the arguments (delta.tool_calls, indexed in call order)."""
+
+    __slots__ = ("_head", "_tail", "_include_usage", "_calls")
+
+    def __init__(self, req: GenerationRequest, response_id: str, created: int, input_tokens: int,
+                 cached_tokens: int = 0, written: object = None) -> None:
+        # usage is reported from the final GenerationResult (OpenAI has no cache writes)
+        del input_tokens, cached_tokens, written
+        # Every chunk is: _head + <choices items> + _tail.
+        self._head = (b'data: {"id":' + dumps(response_id)
+                      + b',"object":"chat.completion.chunk","created":' + str(int(created)).encode()
+                      + b',"model":' + dumps(req.model) + b',"choices":[')
+        self._include_usage = req.include_usage
+        self._tail = b'],"usage":null}\n\n' if req.include_usage else b"]}\n\n"
+        self._calls = 0
+
+    def start(self) -> bytes:
+        return self._head + _FIRST_CHOICE + self._tail
+
+    def delta(self, d: TextDelta) -> bytes:
+        if d.logprobs:
+            choice = {"index": 0, "delta": {"content": d.text},
+                      "logprobs": {"content": _logprob_items(d.logprobs), "refusal": None}, "finish_reason": None}
+            return self._head + dumps(choice) + self._tail
+        if not d.text:
+            return b""
+        return self._head + _DELTA_HEAD + dumps(d.text) + _DELTA_TAIL + self._tail
+
+    def _tool_chunk(self, item: dict[str, Any]) -> bytes:
+        choice = {"index": 0, "delta": {"tool_calls": [item]}, "logprobs": None, "finish_reason": None}
+        return self._head + dumps(choice) + self._tail
+
+    def tool_call(self, call: ToolCall) -> bytes:
+        index = self._calls
+        self._calls += 1
+        return (self._tool_chunk({"index": index, "id": call.id or _call_id(), "type": "function",
+                                  "function": {"name": call.name, "arguments": ""}})
+                + self._tool_chunk({"index": index, "function": {"arguments": call.arguments}}))
+
+    def finish(self, result: GenerationResult) -> bytes:
+        reason = FINISH_REASON[result.stop_reason].encode()
+        out = (self._head + b'{"index":0,"delta":{},"logprobs":null,"finish_reason":"'
+               + reason + b'"}' + self._tail)
+        if self._include_usage:
+            out += self._head + b'],"usage":' + dumps(_usage(result)) + b"}\n\n"
+        return out + _DONE
+
+    def error(self, err: ApiError) -> bytes:
+        return sse(dumps(_error_obj(err)))
+
+
