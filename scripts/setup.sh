@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Installs what ZCCP needs on Debian 12 and makes the checkout's own virtual environment:
-# nginx + the Lua module, redis, luajit and wrk from apt; the Python package and its
+# nginx + the Lua module and libraries, redis, luajit and wrk from apt; the Python package and its
 # dependencies into .venv/ (never into the system Python: Debian's python3 refuses that,
 # PEP 668, and a per-checkout venv keeps two clones from breaking each other).
 # Idempotent: skips what is already there. Environment:
@@ -13,8 +13,13 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
+# lua-nginx-redis, lua-nginx-redis-connector, lua-nginx-dns: lua-resty-redis, its Sentinel
+# connector and lua-resty-dns (nginx's Redis and the front tier's DNS; docs/libraries.md);
+# redis-sentinel: the Sentinel failover tests.
 # systemd: only for `systemd-analyze verify` of deploy/systemd/ in the tests (nothing is started)
-APT_PACKAGES=(nginx libnginx-mod-http-lua lua-resty-core lua-resty-lrucache lua-cjson redis-server luajit2 wrk lua-check
+APT_PACKAGES=(nginx libnginx-mod-http-lua lua-resty-core lua-resty-lrucache lua-cjson
+              lua-nginx-redis lua-nginx-redis-connector lua-nginx-dns
+              redis-server redis-sentinel luajit2 wrk lua-check
               python3 python3-venv systemd)
 missing=()
 for p in "${APT_PACKAGES[@]}"; do

@@ -389,9 +389,12 @@ def _check_consistency(cfg: Config, given: frozenset[str] = frozenset()) -> None
             t = parse_redis_url(auth_redis_url(cfg))
         except ValueError as exc:
             raise ConfigError(f"{cfg.path}: auth.redis_url: {exc}") from None
-        if t.tls or t.topology == "sentinel":
-            raise ConfigError(f"{cfg.path}: auth.redis_url: nginx reads keys over redis://, unix:// or "
-                              "redis+cluster:// only (no TLS, no Sentinel): name one in auth.redis_url")
+        if t.tls:
+            raise ConfigError(f"{cfg.path}: auth.redis_url: nginx's Redis client (lua-resty-redis 0.27) has no "
+                              "TLS: name a redis://, unix://, redis+cluster:// or redis+sentinel:// URL")
+        if t.sentinel_username:
+            raise ConfigError(f"{cfg.path}: auth.redis_url: sentinel_username: nginx's Sentinel client "
+                              "(lua-resty-redis-connector 0.06) authenticates to Sentinels with a password only")
         if cfg.auth.keys_file is not None:
             from zccp.keystore import load_keys_file
 

@@ -1,164 +1,102 @@
--- A DNS client for one question: the A records of a name (RFC 1035 over UDP, with an
--- EDNS0 OPT record so that a few hundred hosts fit one answer). The front tier's host list
--- (zccp.front_hosts) comes from it: Debian packages no lua-resty-dns.
+-- The front tier's DNS question: the A records of one name, asked through lua-resty-dns
+-- (Debian's lua-nginx-dns installs it as nginx.dns.resolver; OpenResty's name is
+-- resty.dns.resolver). The library sends the query, reads past answers to other queries,
+-- retransmits after a timeout and retries over TCP when the UDP answer is truncated (a
+-- few hundred hosts do not fit 512 bytes). What stays ours: the answer is untrusted input,
+-- so a Lua error inside the library is an error here, and only well-formed IPv4 addresses
+-- of A records in class IN are taken.
 --
 --   local dns = require "zccp.front_dns"
 --   local ips, err = dns.query_a("zccp-hosts.ns.svc.cluster.local", "10.96.0.10", 53, 2000)
 --   -- ips: { "10.0.0.7", ... } in answer order (possibly empty: NODATA), or nil, err
---
--- The answer is untrusted input: every length is checked against the packet before use.
-local bit = require "bit"
+local ok_lib, resolver = pcall(require, "nginx.dns.resolver")
+if not ok_lib then
+    resolver = require "resty.dns.resolver"
+end
 
-local ngx = ngx
 local type = type
+local pcall = pcall
+local tonumber = tonumber
 local tostring = tostring
-local str_byte = string.byte
-local str_char = string.char
-local str_format = string.format
-local str_gmatch = string.gmatch
-local concat = table.concat
-local random = math.random
-local band, rshift = bit.band, bit.rshift
+local str_match = string.match
+local ceil = math.ceil
 
-local _M = { _VERSION = "0.1.0" }
+local _M = { _VERSION = "0.2.0" }
 
-local TYPE_A, CLASS_IN, TYPE_OPT = 1, 1, 41
-local UDP_SIZE = 4096            -- what the OPT record advertises, and what we receive
+local TYPE_A, CLASS_IN = resolver.TYPE_A, 1
+-- Two sends per question (the library's retransmission), each waiting half the timeout:
+-- a lost datagram is asked again, and one question still takes at most timeout_ms over UDP.
+local RETRANS = 2
 
-local function u16(n)
-    return str_char(rshift(n, 8), band(n, 0xff))
+-- rcodes the library names (resolver_errstrs), as our log says them
+local RCODE = { [1] = "format error", [2] = "server failure", [3] = "name not found (NXDOMAIN)",
+                [4] = "not implemented", [5] = "refused" }
+
+-- "a.b.c.d" with four octets 0..255, or nil: the library builds an A record's address from
+-- the bytes it finds, and a record cut short at the packet's end gives fewer than four.
+local function ipv4(s)
+    if type(s) ~= "string" then
+        return nil
+    end
+    local a, b, c, d = str_match(s, "^(%d+)%.(%d+)%.(%d+)%.(%d+)$")
+    if not a then
+        return nil
+    end
+    a, b, c, d = tonumber(a), tonumber(b), tonumber(c), tonumber(d)
+    if a > 255 or b > 255 or c > 255 or d > 255 then
+        return nil
+    end
+    return s
 end
 
--- The query packet for `name`'s A records with message id `id`, or nil, err.
-function _M.build_query(name, id)
-    if type(name) ~= "string" or name == "" or #name > 253 then
-        return nil, "bad name"
-    end
-    local parts = {
-        u16(id), u16(0x0100),    -- recursion desired
-        u16(1), u16(0), u16(0), u16(1),   -- one question, one additional (OPT)
-    }
-    for label in str_gmatch(name, "[^.]+") do
-        if #label > 63 then
-            return nil, "label longer than 63 bytes"
-        end
-        parts[#parts + 1] = str_char(#label) .. label
-    end
-    parts[#parts + 1] = "\0" .. u16(TYPE_A) .. u16(CLASS_IN)
-    -- OPT: root name, type 41, class = UDP payload size, ttl 0 (no DO), no options
-    parts[#parts + 1] = "\0" .. u16(TYPE_OPT) .. u16(UDP_SIZE) .. "\0\0\0\0" .. u16(0)
-    return concat(parts)
-end
-
--- The offset just past the (possibly compressed) name at `pos` (1-based), or nil. Names
--- are skipped, never read: a pointer ends the name where it stands, so no pointer is
--- followed (and none can loop).
-local function skip_name(p, pos, len)
-    while pos <= len do
-        local b = str_byte(p, pos)
-        if b == 0 then
-            return pos + 1
-        elseif b >= 0xc0 then    -- a pointer ends the name here
-            if pos + 1 > len then
-                return nil
-            end
-            return pos + 2
-        elseif b >= 0x40 then    -- 0x40/0x80: reserved label types
-            return nil
-        end
-        pos = pos + 1 + b
-    end
-    return nil
-end
-
-local function get16(p, pos)
-    local a, b = str_byte(p, pos, pos + 1)
-    return a * 256 + b
-end
-
--- The IPv4 addresses in an answer to query `id`, or nil, err. An answer whose id is not
--- `id` is "mismatched id" (the caller reads the next datagram).
-function _M.parse_a(p, id)
-    local len = #p
-    if len < 12 then
-        return nil, "short answer"
-    end
-    if get16(p, 1) ~= id then
-        return nil, "mismatched id"
-    end
-    local flags = get16(p, 3)
-    if band(flags, 0x8000) == 0 then
-        return nil, "not an answer"
-    end
-    if band(flags, 0x0200) ~= 0 then
-        return nil, "truncated answer"
-    end
-    local rcode = band(flags, 0x000f)
-    if rcode ~= 0 then
-        return nil, rcode == 3 and "name not found (NXDOMAIN)" or "server error (rcode " .. rcode .. ")"
-    end
-    local qd, an = get16(p, 5), get16(p, 7)
-    local pos = 13
-    for _ = 1, qd do
-        pos = skip_name(p, pos, len)
-        if not pos or pos + 3 > len then
-            return nil, "malformed question"
-        end
-        pos = pos + 4
+-- The IPv4 addresses in the library's answers table, or nil, err.
+function _M.addresses(answers)
+    if answers.errcode then
+        local code = answers.errcode
+        return nil, RCODE[code] or ("server error (rcode " .. tostring(code) .. ")")
     end
     local ips = {}
-    for _ = 1, an do
-        pos = skip_name(p, pos, len)
-        if not pos or pos + 9 > len then
-            return nil, "malformed answer"
+    for i = 1, #answers do
+        local ans = answers[i]
+        if ans.type == TYPE_A and ans.class == CLASS_IN then
+            local ip = ipv4(ans.address)
+            if not ip then
+                return nil, "malformed A record"
+            end
+            ips[#ips + 1] = ip
         end
-        local rtype, rclass, rdlen = get16(p, pos), get16(p, pos + 2), get16(p, pos + 8)
-        pos = pos + 10
-        if pos + rdlen - 1 > len then
-            return nil, "malformed answer"
-        end
-        if rtype == TYPE_A and rclass == CLASS_IN and rdlen == 4 then
-            local a, b, c, d = str_byte(p, pos, pos + 3)
-            ips[#ips + 1] = str_format("%d.%d.%d.%d", a, b, c, d)
-        end
-        pos = pos + rdlen
     end
     return ips
 end
 
--- Ask `server`:`port` for `name`'s A records (a cosocket: timers and request phases).
-function _M.query_a(name, server, port, timeout_ms)
-    local id = random(0, 65535)
-    local q, qerr = _M.build_query(name, id)
-    if not q then
-        return nil, qerr
-    end
-    local sock = ngx.socket.udp()
-    sock:settimeout(timeout_ms)
-    local ok, err = sock:setpeername(server, port)
-    if not ok then
+local function ask(name, server, port, timeout_ms)
+    local r, err = resolver:new({
+        nameservers = { { server, port } },
+        retrans = RETRANS,
+        timeout = ceil(timeout_ms / RETRANS),
+    })
+    if not r then
         return nil, "resolver " .. server .. ":" .. port .. ": " .. tostring(err)
     end
-    ok, err = sock:send(q)
+    local answers, qerr = r:query(name, { qtype = TYPE_A })
+    if not answers then
+        return nil, qerr
+    end
+    return _M.addresses(answers)
+end
+
+-- Ask `server`:`port` for `name`'s A records (a cosocket: timers and request phases).
+function _M.query_a(name, server, port, timeout_ms)
+    if type(name) ~= "string" or name == "" or #name > 253 then
+        return nil, "bad name"
+    end
+    -- the library indexes the packet without checking every length: a hostile answer can
+    -- raise inside it (a nil byte past the end); that is this answer's error, not the timer's
+    local ok, ips, err = pcall(ask, name, server, port, timeout_ms)
     if not ok then
-        sock:close()
-        return nil, "send: " .. tostring(err)
+        return nil, "malformed answer (" .. tostring(ips) .. ")"
     end
-    -- a late answer to an earlier query may arrive first: read past it
-    for _ = 1, 4 do
-        local data, rerr = sock:receive(UDP_SIZE)
-        if not data then
-            sock:close()
-            return nil, "receive: " .. tostring(rerr)
-        end
-        local ips, perr = _M.parse_a(data, id)
-        if ips or perr ~= "mismatched id" then
-            sock:close()
-            return ips, perr
-        end
-    end
-    sock:close()
-    return nil, "no answer with our id"
+    return ips, err
 end
 
 return _M

@@ -1,6 +1,6 @@
 -- The front tier's hosts (docs/scale-out.md, "The front tier"): the A records of one DNS
 -- name (a Kubernetes headless Service: one per ready Pod), all on one port. Worker 0
--- resolves the name every `interval_s` (zccp.front_dns) and publishes the sorted list in
+-- resolves the name every `interval_s` (zccp.front_dns, over lua-resty-dns) and publishes the sorted list in
 -- the shared dict; every worker rebuilds its rendezvous ring when the list's generation
 -- changes. A failed or empty resolution keeps the last good list: a DNS outage never
 -- empties the tier (a host that is gone then fails its connects and is skipped, zccp.front).

@@ -384,6 +384,10 @@ HOSTILE = {
     "no records (NODATA)": lambda q: _answer(q, count=0),
     "a few bytes": lambda q: q[:2] + b"\x81",
     "a query, not an answer": lambda q: q,
+    # past lua-resty-dns's own checks: an A record cut short at the packet's end (two of its
+    # four address bytes), and a record that ends right after its name
+    "an A record cut short": lambda q: _answer(q, records=_a("10.9.9.9")[:-2]),
+    "a record cut short after its name": lambda q: _answer(q, records=b"\x09abcdefghi\x00\x00"),
 }
 
 
@@ -401,6 +405,21 @@ def test_hostile_or_empty_dns_answers_keep_the_last_good_list(both, dns):
     dns.set_addresses([ADDRS["b"]])
     wait_for("the list after the hostile answers", lambda: both.hosts() == [ADDRS["b"]])
     assert set(placement(both).values()) == {"b"}
+
+
+def test_a_few_hundred_hosts_come_over_tcp_when_the_udp_answer_is_truncated(both, dns):
+    """300 A records do not fit a UDP answer: the server sets TC, lua-resty-dns asks again
+    over TCP and the front takes the whole list (loopback addresses: nothing is sent to them)."""
+    many = [f"127.1.{i // 250}.{i % 250 + 1}" for i in range(300)]
+    try:
+        tcp_before = dns.tcp_queries
+        dns.set_addresses(many)
+        wait_for("300 hosts in the front's list", lambda: len(both.hosts()) == 300)
+        assert sorted(both.hosts()) == sorted(many) and dns.tcp_queries > tcp_before
+    finally:
+        dns.set_addresses(list(ADDRS.values()))
+    wait_for("both hosts again", lambda: sorted(both.hosts()) == sorted(ADDRS.values()))
+    assert "runtime error" not in both.log()
 
 
 def test_a_host_whose_engine_is_down_is_passed_over_until_it_is_back(both, hosts):

@@ -23,6 +23,8 @@ from zccp.ops.stack import Service, StackError, free_port
 
 REDIS_SERVER = shutil.which("redis-server") or "/usr/bin/redis-server"
 REDIS_CLI = shutil.which("redis-cli") or "/usr/bin/redis-cli"
+# Debian's redis-sentinel package (scripts/setup.sh): the same binary started as Sentinel
+REDIS_SENTINEL = shutil.which("redis-sentinel") or "/usr/bin/redis-sentinel"
 
 
 def wait_for(what: str, check: Callable[[], bool], timeout: float = 30.0, every: float = 0.1) -> None:
@@ -62,7 +64,7 @@ class Node:
         if not conf.exists():   # a restart keeps the file (a sentinel rewrites it)
             conf.write_text("\n".join([f"port {self.port}", "bind 127.0.0.1", f"dir {self.dir}", "daemonize no",
                                        'save ""', "appendonly no", *self.settings]) + "\n")
-        cmd = [REDIS_SERVER, str(conf)] + (["--sentinel"] if self.sentinel else [])
+        cmd = [REDIS_SENTINEL if self.sentinel else REDIS_SERVER, str(conf)]
         self.service = Service(self.name, cmd, self.dir / "redis.log")
         self.service.start()
         self.service.wait_until(self._pong, 15, f"PING on {self.addr}")

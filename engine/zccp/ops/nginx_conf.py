@@ -64,6 +64,12 @@ def _auth_settings(cfg: Config) -> str:
         host, port = t.nodes[0]
         parts += [f"host = {_lua_str(host, 'auth redis host')}", f"port = {port}", "cluster = true"]
         user, password = t.username, t.password
+    elif t.topology == "sentinel":   # zccp.redis asks them for the master (lua-resty-redis-connector)
+        nodes = ", ".join(f"{{ host = {_lua_str(h, 'auth redis sentinel host')}, port = {p} }}" for h, p in t.nodes)
+        parts += [f"sentinels = {{ {nodes} }}", f"master_name = {_lua_str(t.service, 'auth redis master name')}"]
+        if t.sentinel_password:
+            parts.append(f"sentinel_password = {_lua_str(t.sentinel_password, 'auth redis sentinel password')}")
+        user, password = t.username, t.password
     else:
         u = urlsplit(t.url)
         if u.scheme == "unix":
@@ -85,7 +91,6 @@ def _auth_settings(cfg: Config) -> str:
 def _redis_host(cfg: Config) -> str | None:
     """The host name nginx's Redis client must resolve (auth on, a TCP URL naming a host, not an
     address), else None."""
-    import ipaddress
     from urllib.parse import urlsplit
 
     if not cfg.auth.on:
@@ -93,16 +98,24 @@ def _redis_host(cfg: Config) -> str | None:
     t = parse_redis_url(auth_redis_url(cfg))
     if t.topology == "cluster":
         host = t.nodes[0][0]
+    elif t.topology == "sentinel":
+        host = next((h for h, _ in t.nodes if not _is_address(h)), t.nodes[0][0])
     else:
         u = urlsplit(t.url)
         if u.scheme == "unix":
             return None
         host = u.hostname or "127.0.0.1"
+    return None if _is_address(host) else host
+
+
+def _is_address(host: str) -> bool:
+    import ipaddress
+
     try:
         ipaddress.ip_address(host)
-        return None
+        return True
     except ValueError:
-        return host
+        return False
 
 
 def nameservers(resolv_conf: Path = Path("/etc/resolv.conf")) -> list[str]:
