@@ -18,6 +18,7 @@ from typing import Any, Literal, TypeVar
 
 import yaml
 
+from zccp.plugins_config import PluginsConfig, PluginsError, parse_plugins
 from zccp.redis_url import parse_redis_url
 
 _N = TypeVar("_N", int, float)
@@ -261,6 +262,7 @@ class Config:
     # top-level model / shared_memory / gpu (what every config before it meant).
     engines: tuple[EngineEntry, ...] = ()
     upstream: UpstreamConfig = field(default_factory=UpstreamConfig)
+    plugins: PluginsConfig = field(default_factory=PluginsConfig)   # zccp.plugins_config
     path: str = "<defaults>"                 # where it was loaded from (not a YAML key)
 
 
@@ -452,7 +454,7 @@ def check_tls_files(cfg: Config) -> None:
             raise ConfigError(f"{where}: not a PEM file holding a {marker.lower()} (-----BEGIN ...{marker}-----)")
 
 
-_SECTIONS = {f.name: f.type for f in dataclasses.fields(Config) if f.name not in ("path", "engines")}
+_SECTIONS = {f.name: f.type for f in dataclasses.fields(Config) if f.name not in ("path", "engines", "plugins")}
 _ENGINE_NAME = re.compile(r"[a-z0-9][a-z0-9_-]{0,31}")
 # each but name: overrides of the top-level section
 _ENGINE_KEYS = ("name", "model", "shared_memory", "gpu", "upstream")
@@ -537,10 +539,14 @@ def parse_config(raw: Any, path: str = "<string>") -> Config:
         raise ConfigError(f"{path}: top level must be a mapping of sections")
     hints = typing.get_type_hints(Config)
     for key in raw:
-        if key not in _SECTIONS and key != "engines":
-            raise ConfigError(f"{path}: {key}: unknown section (known: {', '.join(_SECTIONS)}, engines)")
+        if key not in _SECTIONS and key not in ("engines", "plugins"):
+            raise ConfigError(f"{path}: {key}: unknown section (known: {', '.join(_SECTIONS)}, engines, plugins)")
     sections = {name: _build_section(path, name, hints[name], raw.get(name)) for name in _SECTIONS}
-    cfg = Config(**sections, engines=_parse_engines(raw, path), path=path)
+    try:
+        plugins = parse_plugins(raw.get("plugins"), path)
+    except PluginsError as exc:
+        raise ConfigError(str(exc)) from None
+    cfg = Config(**sections, engines=_parse_engines(raw, path), plugins=plugins, path=path)
     shm_raw = raw.get("shared_memory")
     _check_consistency(cfg, frozenset(shm_raw) if isinstance(shm_raw, dict) else frozenset())
     for e in cfg.engines:   # each engine's arena and model, as its own process will check them

@@ -25,6 +25,7 @@ end
 local function reply(status, t)
     t.worker_pid = ngx.worker.pid()
     t.masks = masks_in_force()
+    t.plugins = require("zccp.core.pipeline").status()   -- the chain in force, and what was refused
     if status ~= 200 then
         t.status = "unavailable"
     end

@@ -18,6 +18,7 @@ local tostring = tostring
 local loadfile = loadfile
 local io_open = io.open
 local concat = table.concat
+local setmetatable = setmetatable
 
 local _M = { _VERSION = "0.1.0" }
 
@@ -211,7 +212,8 @@ end
 
 -- For /health: the chain in force and what was refused at the last (re)load.
 function _M.status()
-    return { chain = loaded, errors = load_errors }
+    local empty = require("cjson.safe").empty_array_mt   -- [] in JSON when nothing was refused
+    return { chain = setmetatable(loaded, empty), errors = setmetatable(load_errors, empty) }
 end
 
 return _M
