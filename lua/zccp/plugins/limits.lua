@@ -6,6 +6,9 @@ local DONE = require("zccp.core.pipeline").DONE
 local _M = { name = "limits" }
 
 function _M.prepare(r)
+    if not r.who then   -- a chain without auth: no key, nothing to limit
+        return
+    end
     if not limits.admit(r.who, r.api, r.body, r.kind, r.request_id) then
         return DONE
     end
