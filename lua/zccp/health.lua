@@ -11,6 +11,7 @@ local mask_store = require "zccp.mask_store"
 local cjson = require "cjson.safe"
 local engines = require "zccp.engines"
 local admin = require "zccp.admin"
+local pipeline = require "zccp.core.pipeline"
 
 local ngx = ngx
 local ngx_var = ngx.var
@@ -35,6 +36,7 @@ local function reply(status, t)
     else
         t.worker_pid = ngx.worker.pid()
         t.masks = masks_in_force()
+        t.plugins = pipeline.status()   -- the chain in force, and what was refused
     end
     ngx.status = status
     ngx.header["Content-Type"] = "application/json"

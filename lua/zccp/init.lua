@@ -22,6 +22,9 @@ function _M.init(opts)
     -- Load the request-time modules here too, in the master (root under a distribution's
     -- nginx): the workers inherit them, so a worker user (www-data) needs no read access
     -- to the Lua files, only to the arena and the socket (docs/existing-nginx.md).
+    -- The plugin chain (config.yaml plugins:): an operator plugin that fails to load is
+    -- logged with its file and line, and its last good copy stays (zccp.core.pipeline).
+    require("zccp.core.pipeline").init(opts.plugins)
     require("zccp.handler")
     -- L1 outlives a reload (the dict is kept): the masks or cache.scope may have changed.
     require("zccp.l1").purge()

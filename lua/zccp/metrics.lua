@@ -38,10 +38,12 @@ local HELP = {
         .. "routing.spill_load, by engine",
     zccp_nginx_engine_failed_over_total = "Requests an engine took because a replica ranked above it was down "
         .. "or failed before answering, by engine",
+    zccp_nginx_plugin_errors_total = "Requests a plugin raised an error on (answered 500), by plugin",
 }
 -- Series whose first label is not api.
 local FIRST = { zccp_nginx_engine_routed_total = "engine", zccp_nginx_engine_spilled_total = "engine",
-                zccp_nginx_engine_failed_over_total = "engine" }
+                zccp_nginx_engine_failed_over_total = "engine",
+                zccp_nginx_plugin_errors_total = "plugin" }
 local ROUTED = { "zccp_nginx_engine_routed_total", "zccp_nginx_engine_spilled_total",
                  "zccp_nginx_engine_failed_over_total" }
 -- The second label of a series (the first is api): status unless named here. Every label
@@ -125,6 +127,14 @@ function _M.routed(name, spilled, failed_over)
     end
     if failed_over then
         d:incr(ROUTED[3] .. SEP .. name, 1, 0)
+    end
+end
+
+-- A plugin raised (zccp.core.pipeline): counted by its name, a bounded set (the chain).
+function _M.plugin_error(name)
+    local d = dict()
+    if d then
+        d:incr("zccp_nginx_plugin_errors_total" .. SEP .. name, 1, 0)
     end
 end
 

@@ -98,7 +98,7 @@ end
 function _M.line(t, rid, status, input, output, saved, cache)
     return '{"ts":' .. ngx_now() .. ',"request_id":' .. rid_json(rid) .. ',' .. key_part(t.who)
         .. API_PART[t.api] .. status .. CACHE_PART[cache or ""] .. input .. ',"output_tokens":' .. output
-        .. ',"saved_tokens":' .. saved .. '}'
+        .. ',"saved_tokens":' .. saved .. (t.fields or "") .. '}'   -- t.fields: plugins' (zccp.plugins.usage)
 end
 
 -- Several lines in one write (zccp.limits flushes them together).

@@ -11,6 +11,7 @@ from zccp.abi import HEADER_PATH
 from zccp.cache.redis_target import parse_redis_url
 from zccp.config import Config, auth_redis_url, check_tls_files, mask_state_path, model_names
 from zccp.ops.admin_client import admin_socket_dir
+from zccp.plugins_config import lua_settings
 from zccp.paths import lua_dir, lua_file, make_dirs, nginx_template
 from zccp.runtime import worker_user
 from zccp.shared_types import MAX_CHOICES
@@ -245,8 +246,11 @@ def render(cfg: Config, out: Path, standalone: bool = False, prefix: Path | None
         raise ValueError("server.socket_path is not resolved (zccp.runtime.resolve)")  # programmer error
     out = out.resolve()
     out.mkdir(parents=True, exist_ok=True)
+    (Path(cfg.server.socket_path).parent / "plugins.last_good").mkdir(parents=True, exist_ok=True)
     values = {
         "lua_dir": _safe(str(lua_dir()), "lua dir"),
+        # the plugin chain; good operator plugins are copied beside the masks' last good set
+        "plugins": lua_settings(cfg.plugins, Path(cfg.server.socket_path).parent / "plugins.last_good"),
         "abi_header": _safe(str(HEADER_PATH), "ABI header"),
         "shm_name": _safe(cfg.shared_memory.name, "shared_memory.name"),
         "socket_path": _safe(cfg.server.socket_path, "server.socket_path"),

@@ -1,0 +1,33 @@
+-- x-model-hint: NAME picks the model (the replica set of engines: serving NAME), as
+-- seed 001's routing header did. An unknown NAME is the client's 400, naming the header.
+-- Put it after "router" in plugins.chain (it overrides what the body's model chose).
+local engines = require "zccp.engines"
+local pipeline = require "zccp.core.pipeline"
+
+local ngx_var = ngx.var
+
+local _M = { name = "model_hint" }
+
+local models   -- the models engines: serve, built on the first request (engines is set by then)
+
+function _M.route(r, conf)
+    local hint = ngx_var[conf.variable or "http_x_model_hint"]
+    if not hint or not r.multi then
+        return
+    end
+    if not models then
+        models = {}
+        for _, e in ipairs(engines.list()) do
+            if e.model then   -- one engine without engines: serves whatever is named
+                models[e.model] = true
+            end
+        end
+    end
+    if not models[hint] then
+        return pipeline.refuse(r, 400, "invalid_request_error",
+            "x-model-hint: no engine serves model " .. hint)
+    end
+    r.model = hint
+end
+
+return _M

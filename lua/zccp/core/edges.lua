@@ -1,0 +1,78 @@
+-- The answers beside zccp.handler.serve: nginx's own refusals (413, 431), the catch-all
+-- 404, POST /v1/zccp/l1/purge, and the models path check.
+local errors = require "zccp.errors"
+local settings = require "zccp.settings"
+local admin_gate = require "zccp.admin"
+local l1 = require "zccp.l1"
+
+local ngx = ngx
+local ngx_var = ngx.var
+local ngx_header = ngx.header
+local ngx_print = ngx.print
+local str_find = string.find
+local str_match = string.match
+
+local _M = { _VERSION = "0.1.0" }
+
+-- nginx refused the body itself (client_max_body_size): same answer, API-shaped.
+function _M.too_large(api)
+    ngx_header["X-Request-ID"] = ngx_var.zccp_request_id
+    return errors.send(api, 413, "request_too_large",
+        "request body exceeds the limit of " .. settings.get().max_body .. " bytes")
+end
+
+-- nginx refused the request's header lines (large_client_header_buffers: error 494),
+-- answered 431 in the shape of the API the path names, and the connection is closed.
+function _M.header_too_large()
+    local uri = ngx_var.uri
+    local api = (uri == "/v1/chat/completions" or uri == "/v1/completions" or uri == "/v1/responses")
+                and "openai" or "anthropic"
+    return errors.send(api, 431, "invalid_request_error",
+        "request header fields too large: each header line must fit in nginx's large_client_header_buffers")
+end
+
+-- POST /v1/zccp/l1/purge (the admin listener, like the purge): empties this nginx's L1 and
+-- nothing else; `zccp-cache purge` calls it after purging Redis (docs/cache.md).
+function _M.purge_l1()
+    ngx_header["X-Request-ID"] = ngx_var.zccp_request_id
+    if not admin_gate.allowed("anthropic") then
+        return
+    end
+    local method = ngx.req.get_method()
+    if method ~= "POST" then
+        return errors.send("anthropic", 405, "invalid_request_error", "method " .. method .. " not allowed; use POST",
+            { Allow = "POST" })
+    end
+    l1.purge()
+    ngx_header["Content-Type"] = "application/json"
+    ngx_print('{"purged_l1":true}')
+end
+
+-- Any path ZCCP does not serve (the standalone server's catch-all): the API's own 404,
+-- OpenAI-shaped under /v1/chat/, Anthropic-shaped elsewhere.
+function _M.not_found()
+    ngx_header["X-Request-ID"] = ngx_var.zccp_request_id
+    local api = str_find(ngx_var.uri, "^/v1/chat/") and "openai" or "anthropic"
+    return errors.send(api, 404, "not_found_error", "no such endpoint: " .. ngx.req.get_method() .. " " .. ngx_var.uri)
+end
+
+-- The {id} of /v1/models/{id} (letters, digits and ._:-), or nil.
+function _M.model_id(uri)
+    return str_match(uri, "^/v1/models/([A-Za-z0-9._:-]+)$")
+end
+
+-- GET /v1/models (and /v1/models/{id}) (zccp.handler.serve_models): Anthropic's shape when the client says
+-- anthropic-version (the Anthropic SDK always does), OpenAI's otherwise.
+-- Returns the API to serve it in, or nil once answered 404.
+function _M.models_api()
+    local api = ngx_var.http_anthropic_version and "anthropic" or "openai"
+    local uri = ngx_var.uri
+    if uri ~= "/v1/models" and not _M.model_id(uri) then   -- the standalone's prefix location
+        ngx_header["X-Request-ID"] = ngx_var.zccp_request_id
+        errors.send(api, 404, "not_found_error", "no model path " .. uri .. "; use /v1/models/{id}")
+        return nil
+    end
+    return api
+end
+
+return _M

@@ -1,0 +1,204 @@
+-- The transport: claim a slot, fill it with one copy of the body, ring the engine,
+-- hang up, release. Plugins never touch a slot: only this module (and zccp.relay) does.
+local ffi = require "ffi"
+local abi = require "zccp.abi"
+local arena_mod = require "zccp.arena"
+local slots = require "zccp.slots"
+local doorbell = require "zccp.doorbell"
+local sha256 = require "zccp.sha256"
+local libc = require "zccp.libc"
+local settings = require "zccp.settings"
+local mask_store = require "zccp.mask_store"
+local body_mod = require "zccp.body"
+
+local ngx = ngx
+local ngx_log = ngx.log
+local ngx_ERR = ngx.ERR
+local ffi_copy = ffi.copy
+local ffi_fill = ffi.fill
+
+local _M = { _VERSION = "0.1.0" }
+
+local POLL_MS = 250     -- how often a waiting request checks its deadline and the client
+
+-- Cache keys for the engine: bounded work (bodies up to fingerprint.DECODE_LIMIT,
+-- at most 1024 prompt tokens). A body nginx does not fingerprint is not an error:
+-- the engine validates it, and fingerprints it itself when it is large.
+local function write_fingerprint(a, i, fp)
+    local C = abi.C
+    local h, meta, sig = a:header(i), a:meta(i), a:signature(i)
+    ffi_copy(meta.exact_key, fp.exact_key, 32)
+    ffi_copy(a:request(i).prefix_key, fp.prefix_key, 32)
+    meta.fp_tokens = fp.tokens
+    local f = C.ZCCP_FLAG_FP_VALID
+    if fp.near then   -- a text-only final user turn: its CSF, and near hits allowed
+        h.csf_key = fp.csf_key
+        for b = 1, C.ZCCP_CSF_BANDS do
+            meta.csf_bands[b - 1] = fp.bands[b]
+        end
+        ffi_copy(sig.minhash, fp.signature, C.ZCCP_SLOT_SIG_SIZE)
+        f = f + C.ZCCP_FLAG_FP_COMPLETE
+    end
+    if fp.masked then
+        f = f + C.ZCCP_FLAG_MASKED
+    end
+    return f
+end
+
+-- The request id and the mask set this worker applied (the engine follows it) into the
+-- request block `req`. Returns the flag it sets.
+local function write_ids(req, rid)
+    local C = abi.C
+    local n = #rid
+    if n > C.ZCCP_REQUEST_ID_MAX then
+        n = C.ZCCP_REQUEST_ID_MAX
+    end
+    req.request_id_len = n
+    ffi_copy(req.request_id, rid, n)
+    local digest = mask_store.digest_raw()
+    if not digest then
+        return 0
+    end
+    ffi_copy(req.mask_digest, digest, 32)
+    return C.ZCCP_FLAG_MASK_DIGEST
+end
+
+-- Fill the claimed slot and mark it READY. Returns the generation rung with, or nil,
+-- message[, status, kind] (a status when the client's body failed, not the arena).
+-- src: { body = string[, digest = its SHA-256 (zccp.l1)] } or { len = n, deadline = t }
+-- (streamed from the client socket);
+-- extra: nil, or { kind = enum zccp_request_kind, tenant = 32-byte digest,
+-- openai_api = enum zccp_openai_api }; rid: X-Request-ID.
+local function fill_slot(a, i, src, flags, timeout_ms, fp, extra, rid)
+    local C = abi.C
+    local h, meta = a:header(i), a:meta(i)
+    if h.magic ~= C.ZCCP_SLOT_MAGIC or h.payload_cap ~= a.payload_cap or h.response_cap ~= a.response_cap then
+        return nil, "slot " .. i .. " header is corrupt"
+    end
+    local gen = h.generation + 1
+    h.generation = gen
+    h.state = C.ZCCP_STATE_WRITING
+    h.owner_pid = ngx.worker.pid()
+    local now = libc.now_ns()
+    h.timestamp_ns = now   -- the sweeper leaves a slot alone until its deadline, upload included
+    h.deadline_ns = now + timeout_ms * 1000000ULL
+    local dst = a:payload_ptr(i)
+    local body = src.body
+    local n = body and #body or src.len
+    if body then
+        ffi_copy(dst, body, n)
+    else
+        local ok, status, kind, msg = body_mod.receive_into(dst, n, src.deadline)
+        if not ok then
+            return nil, msg, status or 499, kind
+        end
+    end
+    h.payload_len = n
+    if src.digest then
+        ffi_copy(h.sha256, src.digest, 32)
+    else
+        local ok, err = sha256.digest_into(dst, n, h.sha256)
+        if not ok then
+            return nil, err
+        end
+    end
+    ffi_copy(h.context_id, h.sha256, 8)
+    h.status, h.response_len, h.response_acked, h.tokens_len, h.csf_key = 0, 0, 0, 0, 0
+    meta.fp_tokens = 0
+    local req = a:request(i)
+    ffi_fill(req, C.ZCCP_SLOT_REQ_SIZE)   -- kind GENERATE, no request id, tenant or digest
+    if extra then
+        req.kind = extra.kind or C.ZCCP_KIND_GENERATE
+        req.openai_api = extra.openai_api or C.ZCCP_OPENAI_CHAT
+        if extra.tenant then
+            ffi_copy(req.tenant, extra.tenant, 32)
+            flags = flags + C.ZCCP_FLAG_TENANT
+        end
+    end
+    flags = flags + write_ids(req, rid)
+    if fp then
+        flags = flags + write_fingerprint(a, i, fp)
+    end
+    h.flags = flags
+    meta.prompt_len, meta.completion_len, meta.cache_status = 0, 0, 0
+    meta.similarity_ppm, meta.age_s, meta.plan_chunks, meta.error_code = 0, 0, 0, 0
+    meta.cache_ttl_s, meta.cache_scope, meta.cache_reason, meta.committed_mark = 0, 0, 0, 0
+    h.state = C.ZCCP_STATE_READY
+    return gen
+end
+
+-- Whether the slot is still this request's: its claim and the generation it filled.
+-- Every write to the slot after the fill is conditioned on it (issue 20).
+function _M.owned(slot)
+    return slot.header.generation == slot.generation and slots.owns(slot.arena, slot.index, slot.token)
+end
+
+-- The slot a request holds: claimed, filled and rung. release() frees it on every path,
+-- and touches nothing that is no longer this request's.
+function _M.release(slot)
+    if _M.owned(slot) then
+        slot.header.state = abi.C.ZCCP_STATE_FREE
+    end
+    slots.release(slot.arena, slot.index, slot.token)
+end
+
+-- Claims a slot of arena `a` and fills it: the slot record, or nil, status, kind, message.
+function _M.claim_and_fill(a, src, flags, fp, extra, rid)
+    local s = settings.get()
+    local i, token = slots.claim(a)
+    if not i then
+        return nil, 429, "rate_limit_error", "all " .. a.slot_count .. " slots are busy; retry shortly"
+    end
+    local gen, ferr, status, kind = fill_slot(a, i, src, flags, s.request_timeout_ms, fp, extra, rid)
+    if not gen then
+        local h = a:header(i)
+        if h.state == abi.C.ZCCP_STATE_WRITING then
+            h.state = abi.C.ZCCP_STATE_FREE
+        end
+        slots.release(a, i, token)
+        if status then   -- the client's body, not the arena
+            return nil, status, kind, ferr
+        end
+        ngx_log(ngx_ERR, "zccp: ", ferr)
+        return nil, 503, "overloaded_error", "engine arena unusable: " .. ferr
+    end
+    local h = a:header(i)
+    return { arena = a, index = i, token = token, header = h, generation = gen, ctx_hex = sha256.hex(h.context_id, 8),
+             request_id = rid }
+end
+
+-- Rings engine e for `slot` (slot.bell is the open doorbell): true, or nil, message.
+function _M.ring(slot, e)
+    local bell, berr = doorbell.open(e)
+    if not bell then
+        arena_mod.refresh(e)
+        return nil, berr
+    end
+    slot.bell = bell
+    local ok, rerr = bell:ring(slot.index, slot.generation)
+    if not ok then
+        return nil, "engine unavailable: doorbell send: " .. rerr
+    end
+    bell:set_read_timeout(POLL_MS)
+    return true
+end
+
+-- Hangs up the doorbell: back to the pool after a complete answer; otherwise closed,
+-- which makes the engine stop (and deadline_ns = 1 tells it even before it sees the close).
+function _M.hang_up(slot, complete)
+    local bell = slot.bell
+    slot.bell = nil
+    if not bell then
+        return
+    end
+    if complete then
+        bell:keep()
+    else
+        if _M.owned(slot) then
+            slot.header.deadline_ns = 1
+        end
+        bell:close()
+    end
+end
+
+return _M

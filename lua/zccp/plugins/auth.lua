@@ -1,0 +1,29 @@
+-- API keys (zccp.auth): the key before the body (401), its models once the body is read (404).
+local auth = require "zccp.auth"
+local DONE = require("zccp.core.pipeline").DONE
+
+local _M = { name = "auth" }
+
+function _M.access(r)
+    if r.admin then   -- the admin listener's token was checked by the core (zccp.admin)
+        r.who = auth.OFF
+        return
+    end
+    local who = auth.admit(r.api)
+    if not who then
+        return DONE
+    end
+    r.who = who
+end
+
+function _M.wants_body(r)
+    return auth.wants_body(r.who)
+end
+
+function _M.prepare(r)
+    if r.kind ~= "models" and not auth.allow_model(r.who, r.api, r.body) then
+        return DONE
+    end
+end
+
+return _M

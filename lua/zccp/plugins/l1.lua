@@ -1,0 +1,62 @@
+-- nginx's L1 (zccp.l1): the very same bytes before any fingerprint (prepare), the same
+-- request after its keys (keys), a streamed body's once it is in the slot (filled); the
+-- engine's answer kept (relayed). A hit is answered here and ends the chain.
+local l1 = require "zccp.l1"
+local attempts = require "zccp.core.attempts"
+local DONE = require("zccp.core.pipeline").DONE
+
+local ngx_log = ngx.log
+local ngx_ERR = ngx.ERR
+local pcall = pcall
+
+local _M = { name = "l1" }
+
+function _M.prepare(r)
+    if r.kind == "purge" then
+        l1.purge()   -- before the engine purges Redis, and again after (zccp.core.attempts)
+    end
+    if r.kind or r.endpoint then   -- /v1/completions, /v1/responses: keys name the API, not the endpoint
+        return
+    end
+    local k = l1.begin(r.api, r.body, r.flags)
+    if k and not k.pending and l1.serve(r.api, k) then
+        return DONE
+    end
+    r.l1 = k
+end
+
+function _M.keys(r)
+    local k = r.l1
+    if not k then
+        return
+    end
+    l1.exact(k, r.fp, r.tenant)
+    if not k.pending and l1.serve(r.api, k, true) then
+        return DONE
+    end
+    local state = r.state
+    state.l1, state.keep = k, l1.max_entry(k)
+    r.src.digest = k.digest
+end
+
+function _M.filled(r, _, slot)
+    local k = r.state.l1
+    if k and k.pending then   -- a streamed body: L1 by the digest of the bytes now in the slot
+        l1.digested(k, attempts.slot_digest(slot))
+        if l1.serve(r.api, k, true) then
+            return DONE
+        end
+    end
+end
+
+function _M.relayed(r, _, meta, outcome, res)
+    local k = r.state.l1
+    if outcome == "done" and k then
+        local kept, kerr = pcall(l1.keep, r.api, k, meta, res)
+        if not kept then
+            ngx_log(ngx_ERR, "zccp: L1 store failed: ", kerr)
+        end
+    end
+end
+
+return _M

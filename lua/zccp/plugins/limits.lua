@@ -1,0 +1,25 @@
+-- Admission limits and leases (zccp.limits, zccp.lease): admit with the body (429, and the
+-- rate-limit headers it sets), the engine's exact counts after the relay, settled in log.
+local limits = require "zccp.limits"
+local DONE = require("zccp.core.pipeline").DONE
+
+local _M = { name = "limits" }
+
+function _M.prepare(r)
+    if not r.who then   -- a chain without auth: no key, nothing to limit
+        return
+    end
+    if not limits.admit(r.who, r.api, r.body, r.kind, r.request_id) then
+        return DONE
+    end
+end
+
+function _M.relayed(r, _, meta, outcome, res)
+    limits.observe(meta, r.cache, outcome, res)   -- settles on what was sent, whatever the ending
+end
+
+function _M.log()
+    limits.settle()
+end
+
+return _M

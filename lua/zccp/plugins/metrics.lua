@@ -1,0 +1,12 @@
+-- Request metrics (zccp.metrics): one count per answer, in the log phase.
+local metrics = require "zccp.metrics"
+
+local _M = { name = "metrics" }
+
+function _M.log(api)
+    if api then   -- nil: the models location, counted by its limits only
+        metrics.log(api)
+    end
+end
+
+return _M
