@@ -149,7 +149,11 @@ class Stack:
         end = time.monotonic() + timeout
         last = None
         while time.monotonic() < end:
-            r = httpx.get(self.url("/health"), timeout=5, verify=self.verify)
+            try:
+                r = httpx.get(self.url("/health"), timeout=5, verify=self.verify)
+            except httpx.TransportError:   # a just (re)started nginx that does not listen yet
+                time.sleep(0.1)
+                continue
             last = r
             if r.status_code == 200:
                 return r.json()
