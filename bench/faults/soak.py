@@ -2,7 +2,7 @@
 
     python -m bench.faults.soak [--seconds 600] [--clients 64] [--cancel 0.1] [--stalled 0.05]
 
-Same stack as bench/faults/suite.py (null model streaming a token every 5 ms, cache on), with
+Same stack as the fault suite (bench/faults/harness.py: null model streaming a token every 5 ms, cache on), with
 96 slots for the 64 clients.
 c clients send the mixed traffic; a fraction (--cancel) of the requests are streams the
 client abandons after the first bytes, another (--stalled) readers that ask for a long stream
@@ -30,9 +30,8 @@ from pathlib import Path
 
 import httpx
 
-from bench.faults.suite import (
+from bench.faults.harness import (
     OUT,
-    REPO,
     REPORT,
     STALL_TOKENS,
     FaultStack,
@@ -40,9 +39,9 @@ from bench.faults.suite import (
     Traffic,
     _body,
     one_request,
-    streams_ended,
 )
-from tests.support.checkout import require_this_checkout
+from bench.faults.injections import streams_ended
+from tests.support.checkout import REPO, require_this_checkout
 
 SOAK_JSON = REPO / "bench" / "faults" / "soak.json"
 SOAK_PNG = REPO / "bench" / "faults" / "soak.png"

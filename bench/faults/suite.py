@@ -26,529 +26,60 @@ bench/faults/results.json and the tables in bench/faults/RESULTS.md.
 from __future__ import annotations
 
 import argparse
-import asyncio
 import json
 import os
 import platform
-import random
-import shutil
-import signal
-import socket
 import statistics
 import subprocess
 import sys
-import threading
 import time
-import uuid
 from collections import Counter
-from dataclasses import dataclass, field
-from pathlib import Path
 
-import httpx
-import yaml
-
-from tests.support.checkout import REPO, require_this_checkout
-from zccp.config import load_config
-from zccp.ops.admin_client import admin_request
-from zccp.paths import lua_file
-from zccp.runtime import resolve
-from zccp.ops.stack import (
-    Backoff,
-    Supervisor,
-    engine_service,
-    free_port,
-    nginx_service,
-    redis_service,
-    reload_masks,
+from bench.faults.harness import (
+    DEADLINE_MS,
+    HIT_PROMPTS,
+    OUT,
+    REPLY,
+    REPORT,
+    RESULTS_JSON,
+    RETRIED,
+    SLOTS,
+    SNDBUF_KB,
+    STALL_MS,
+    STALL_TOKENS,
+    FaultStack,
+    Outcome,
+    Traffic,
+    _body,
+    classify,
+    label_of,
+    one_request,
 )
-
-OUT = REPO / "bench" / "out" / "faults"
-RESULTS_JSON = REPO / "bench" / "faults" / "results.json"
-REPORT = REPO / "bench" / "faults" / "RESULTS.md"
-SLOTS = 48
-DEADLINE_MS = 3000
-HIT_PROMPTS = 8
-# Stalled readers (issue 20): a reply long enough that a stream outgrows a connection's kernel
-# send buffer (fixed at SNDBUF_KB: on loopback autotuning would grow it to megabytes), and a
-# stall limit inside the deadline.
-REPLY = "The null model's reply, long enough to stream for the whole request deadline. " * 20
-STALL_TOKENS = 1500
-STALL_MS = 1500
-SNDBUF_KB = 16
-
-
-# --- the traffic -----------------------------------------------------------------------------
-
-@dataclass
-class Outcome:
-    sent: float
-    done: float
-    cls: str            # "2xx", "api", "other"
-    status: str         # "200", "429", "200+sse-error", "reset", ...
-    normal: bool        # the mixed traffic (not a fault's own clients)
-
-
-def _body(api: str, size: int, stream: bool, hit: bool, rng: random.Random, max_tokens: int = 32) -> bytes:
-    prompt = f"prompt {rng.randrange(HIT_PROMPTS)}" if hit else f"unique {uuid.uuid4().hex}"
-    pad = max(0, size - 200 - len(prompt))
-    text = prompt + " " + "lorem ipsum " * (pad // 12)
-    doc = {"model": "zccp-tiny", "max_tokens": max_tokens, "temperature": 0, "stream": stream,
-           "messages": [{"role": "user", "content": text}]}
-    return json.dumps(doc).encode()
-
-
-def classify(api: str, stream: bool, status: int, headers: httpx.Headers, data: bytes) -> tuple[str, str]:
-    """(class, status label) of one complete answer."""
-    if status == 200 and stream:
-        if (b"event: message_stop" in data) if api == "anthropic" else (b"data: [DONE]" in data):
-            return "2xx", "200"
-        if (b"event: error" in data) if api == "anthropic" else (b'data: {"error"' in data):
-            return "api", "200+sse-error"
-        return "other", "200-cut-stream"
-    try:
-        doc = json.loads(data)
-    except ValueError:
-        return "other", f"{status}-not-json"
-    if status == 200:
-        ok = doc.get("type") == "message" if api == "anthropic" else doc.get("object") == "chat.completion"
-        return ("2xx", "200") if ok else ("other", "200-bad-body")
-    shaped = (doc.get("type") == "error" and "type" in doc.get("error", {})) if api == "anthropic" else \
-        isinstance(doc.get("error"), dict) and "message" in doc["error"]
-    if not shaped:
-        return "other", f"{status}-not-api"
-    if status in (429, 503) and "retry-after" not in headers:
-        return "other", f"{status}-no-retry-after"
-    return "api", str(status)
-
-
-class Traffic:
-    """c clients in one asyncio loop of its own thread; each sends one request after the other."""
-
-    def __init__(self, url: str, clients: int, seed: int = 0) -> None:
-        self.url = url
-        self.clients = clients
-        self.outcomes: list[Outcome] = []
-        self._rng = random.Random(seed)
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
-        self._extra: list = []
-
-    def start(self) -> None:
-        self._stop.clear()
-        self._thread = threading.Thread(target=lambda: asyncio.run(self._main()), daemon=True)
-        self._thread.start()
-
-    def stop(self) -> None:
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join(60)
-
-    async def _main(self) -> None:
-        limits = httpx.Limits(max_connections=self.clients * 4, max_keepalive_connections=self.clients * 4)
-        async with httpx.AsyncClient(base_url=self.url, timeout=DEADLINE_MS / 1000 + 10, limits=limits) as c:
-            await asyncio.gather(*(self._client(c, i) for i in range(self.clients)))
-
-    async def _client(self, c: httpx.AsyncClient, i: int) -> None:
-        rng = random.Random(self._rng.random())
-        while not self._stop.is_set():
-            api = rng.choice(["anthropic", "openai"])
-            stream = rng.random() < 0.5
-            body = _body(api, rng.choice([1024, 65536]), stream, rng.random() < 0.5, rng)
-            out = await one_request(c, api, body, stream, normal=True)
-            self.outcomes.append(out)
-            if out.cls != "2xx":
-                await asyncio.sleep(0.05)      # a client honouring Retry-After, only faster
-
-    def window(self, t0: float, t1: float, normal_only: bool = True) -> list[Outcome]:
-        return [o for o in list(self.outcomes) if t0 <= o.sent < t1 and (o.normal or not normal_only)]
-
-
-async def one_request(c: httpx.AsyncClient, api: str, body: bytes, stream: bool, normal: bool,
-                      abort_after_first_chunk: bool = False) -> Outcome:
-    path = "/v1/messages" if api == "anthropic" else "/v1/chat/completions"
-    sent = time.monotonic()
-    for attempt in (1, 2):
-        answered = False
-        try:
-            async with c.stream("POST", path, content=body, headers={"content-type": "application/json"}) as r:
-                answered = True
-                if abort_after_first_chunk and r.status_code == 200:
-                    async for _ in r.aiter_raw():
-                        break                       # the client goes away mid-stream
-                    return Outcome(sent, time.monotonic(), "aborted", "client-abort", normal)
-                data = await r.aread()
-            cls, label = classify(api, stream, r.status_code, r.headers, data)
-        except httpx.TimeoutException:
-            cls, label = "other", "hang"
-        except (httpx.RemoteProtocolError, httpx.ReadError, httpx.WriteError) as exc:
-            if not answered and attempt == 1:
-                # The connection closed before any byte of an answer: nginx closing an idle
-                # keepalive connection (a reload's old worker) just as the request went out.
-                # The official SDKs retry exactly this (max_retries); so does this client, once,
-                # and the retries are counted apart.
-                RETRIED[label_of(exc)] += 1
-                continue
-            cls, label = "other", type(exc).__name__ + ("" if answered else "-before-answer")
-        except httpx.HTTPError as exc:
-            cls, label = "other", type(exc).__name__
-        return Outcome(sent, time.monotonic(), cls, label, normal)
-    raise AssertionError("unreachable")
-
-
-RETRIED: Counter = Counter()       # connection closed before any answer, retried once
-
-
-def label_of(exc: Exception) -> str:
-    return type(exc).__name__
-
-
-# --- the stack ---------------------------------------------------------------------------------
-
-class FaultStack:
-    def __init__(self, run: Path, slots: int = SLOTS, redis_mb: int | None = None) -> None:
-        if run.exists():
-            shutil.rmtree(run)
-        run.mkdir(parents=True)
-        self.run = run
-        tag = uuid.uuid4().hex[:8]
-        self.masks = run / "mask_patterns.lua"
-        shutil.copy(lua_file("mask_patterns.lua"), self.masks)
-        raw = yaml.safe_load((REPO / "config.yaml").read_text())
-        raw["server"].update(listen=f"127.0.0.1:{free_port()}", socket_path=f"/tmp/zccp-faults-{tag}/doorbell.sock",
-                             send_buffer_kb=SNDBUF_KB)
-        raw["shared_memory"].update(name=f"/zccp.faults.{tag}", segment_count=slots)
-        raw["cache"].update(enabled=True, redis_url=f"redis://127.0.0.1:{free_port()}/0", mask_patterns=str(self.masks))
-        if redis_mb is not None:
-            raw["cache"]["redis_maxmemory_mb"] = redis_mb
-        raw["model"].update(backend="null", null_token_delay_ms=5, max_context=131072, null_reply=REPLY)
-        raw["limits"].update(request_timeout_ms=DEADLINE_MS, stream_stall_timeout_ms=STALL_MS)
-        raw.setdefault("logging", {})["level"] = "warning"
-        self.config_path = run / "config.yaml"
-        self.config_path.write_text(yaml.safe_dump(raw))
-        self.cfg = resolve(load_config(self.config_path), run)
-        self.url = f"http://{self.cfg.server.listen}"
-        self.redis = redis_service(self.cfg.cache.redis_url, run, self.cfg.cache.redis_maxmemory_mb,
-                                   self.cfg.cache.redis_maxmemory_policy)
-        self.engine = engine_service(self.config_path, self.cfg, run, {"OMP_NUM_THREADS": "1"})
-        self.nginx, _ = nginx_service(self.cfg, run)
-        self._stopping = threading.Event()
-        # the engine's restarts: the suite's own supervisor, in the main thread's lifetime
-        self.supervisor = Supervisor(self.cfg, self.engine, [], Backoff(first_s=0.2, max_s=1.0, stable_s=10.0))
-        self._sup = threading.Thread(target=self.supervisor.run, args=(self._stopping.is_set,), daemon=True)
-        self._sup.start()
-
-    def health(self) -> dict | None:
-        try:
-            r = httpx.get(self.url + "/health", timeout=2)
-            return r.json() if r.status_code == 200 else None
-        except (httpx.HTTPError, ValueError):
-            return None
-
-    def settle(self, timeout: float = 20.0) -> dict:
-        """Until no slot is claimed or busy (or timeout): the last /health seen."""
-        end = time.monotonic() + timeout
-        h: dict = {}
-        while time.monotonic() < end:
-            h = self.health() or {}
-            if h.get("slots_claimed") == 0 and h.get("slots_busy") == 0:
-                return h
-            time.sleep(0.1)
-        return h
-
-    def serving(self, timeout: float = 60.0) -> None:
-        end = time.monotonic() + timeout
-        while self.health() is None:
-            if time.monotonic() > end:
-                raise RuntimeError("the stack is not healthy")
-            time.sleep(0.1)
-
-    def stop(self) -> None:
-        self._stopping.set()
-        self._sup.join(5)
-        for svc in (self.nginx, self.engine, self.redis):
-            svc.stop()
-        shutil.rmtree(Path(self.cfg.server.socket_path).parent, ignore_errors=True)
-
-
-# --- the faults ----------------------------------------------------------------------------------
-
-@dataclass
-class FaultResult:
-    name: str
-    what: str
-    injections: list[float] = field(default_factory=list)      # monotonic times
-    t0: float = 0.0
-    t1: float = 0.0
-    extra: dict = field(default_factory=dict)
-    own: list[Outcome] = field(default_factory=list)           # the fault's own clients' requests
-
-
-def f_kill(s: FaultStack, t: Traffic, args) -> FaultResult:
-    r = FaultResult("engine SIGKILL", f"SIGKILL of the engine x{args.kills} at random moments (1-2.5 s "
-                    "after it serves again), streams in flight included")
-    rng = random.Random(7)
-    for _ in range(args.kills):
-        time.sleep(rng.uniform(1.0, 2.5))
-        pid = s.engine.pid
-        r.injections.append(time.monotonic())
-        os.kill(pid, signal.SIGKILL)
-        end = time.monotonic() + 30
-        while (s.engine.pid == pid or (s.health() or {}).get("engine_pid") != s.engine.pid) and time.monotonic() < end:
-            time.sleep(0.05)
-    time.sleep(1.0)
-    return r
-
-
-def f_stop(s: FaultStack, t: Traffic, args) -> FaultResult:
-    r = FaultResult("engine SIGSTOP 5 s", f"SIGSTOP of the engine for 5 s, then SIGCONT (deadline {DEADLINE_MS} ms)")
-    time.sleep(0.5)
-    r.injections.append(time.monotonic())
-    os.kill(s.engine.pid, signal.SIGSTOP)
-    time.sleep(5)
-    os.kill(s.engine.pid, signal.SIGCONT)
-    time.sleep(3)
-    return r
-
-
-def f_redis(s: FaultStack, t: Traffic, args) -> FaultResult:
-    r = FaultResult("Redis SIGKILL + restart", "SIGKILL of redis-server x5, restarted 1 s later, 3 s apart")
-    for _ in range(5):
-        time.sleep(2)
-        r.injections.append(time.monotonic())
-        s.redis.kill()
-        time.sleep(1)
-        s.redis = redis_service(s.cfg.cache.redis_url, s.run, s.cfg.cache.redis_maxmemory_mb,
-                                s.cfg.cache.redis_maxmemory_policy)
-    time.sleep(2)
-    return r
-
-
-BROKEN = '    { name = "broken_edit", pattern = [[(unclosed]], replacement = "x" },\n'
-
-
-def f_reload(s: FaultStack, t: Traffic, args) -> FaultResult:
-    r = FaultResult("nginx reload x10", "`nginx -s reload` (zccp-stack reload) x10, the 5th and 6th with a "
-                    "broken pattern added to the mask file, then the file restored")
-    good = s.masks.read_text()
-    refused = []
-    for n in range(10):
-        time.sleep(0.7)
-        if n == 4:
-            s.masks.write_text(good.replace("return {\n", "return {\n" + BROKEN, 1))
-        if n == 6:
-            s.masks.write_text(good)
-        r.injections.append(time.monotonic())
-        m = reload_masks(s.cfg, s.run)
-        refused.append(list(m.errors))
-    r.extra["refused per reload"] = [len(e) for e in refused]
-    time.sleep(1)
-    return r
-
-
-def f_exhaust(s: FaultStack, t: Traffic, args) -> FaultResult:
-    r = FaultResult("slot exhaustion", f"{2 * SLOTS} more clients ({2 * SLOTS} on {SLOTS} slots) sending "
-                    "long streams for 8 s, then gone")
-    hogs = Traffic(s.url, 2 * SLOTS, seed=3)
-
-    async def hog_main() -> None:
-        async with httpx.AsyncClient(base_url=s.url, timeout=DEADLINE_MS / 1000 + 10,
-                                     limits=httpx.Limits(max_connections=4 * SLOTS)) as c:
-            end = time.monotonic() + 8
-
-            async def one(i: int) -> None:
-                rng = random.Random(i)
-                while time.monotonic() < end:
-                    o = await one_request(c, "anthropic", _body("anthropic", 1024, True, False, rng, max_tokens=300),
-                                          True, normal=False)
-                    hogs.outcomes.append(o)
-            await asyncio.gather(*(one(i) for i in range(2 * SLOTS)))
-
-    r.injections.append(time.monotonic())
-    asyncio.run(hog_main())
-    r.extra["after"] = time.monotonic()
-    r.own = hogs.outcomes
-    r.extra["429 with Retry-After (all clients)"] = sum(1 for o in hogs.outcomes + t.outcomes if o.status == "429")
-    time.sleep(2)
-    return r
-
-
-def f_slow(s: FaultStack, t: Traffic, args) -> FaultResult:
-    r = FaultResult("slow-loris + slow uploads", "500 connections sending a header byte every 2 s and 50 "
-                    "uploads of a 64 KiB body at 1 KiB/s, for 10 s, while normal traffic runs")
-    host, port = s.cfg.server.listen.rsplit(":", 1)
-    socks: list[socket.socket] = []
-    r.injections.append(time.monotonic())
-    for k in range(550):
-        so = socket.create_connection((host, int(port)), timeout=5)
-        if k < 500:
-            so.sendall(b"POST /v1/messages HTTP/1.1\r\nHost: x\r\n")
-        else:
-            so.sendall(b"POST /v1/messages HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-                       b"Content-Length: 65536\r\n\r\n")
-        so.setblocking(False)
-        socks.append(so)
-    end = time.monotonic() + 10
-    n = 0
-    while time.monotonic() < end:
-        for k, so in enumerate(socks):
-            try:
-                if k < 500 and n % 2 == 0:
-                    so.send(b"X")
-                elif k >= 500:
-                    so.send(b" " * 1024)
-            except OSError:
-                pass
-        n += 1
-        time.sleep(1)
-    for so in socks:
-        so.close()
-    r.extra["slow connections"] = len(socks)
-    time.sleep(1)
-    return r
-
-
-def f_disconnect(s: FaultStack, t: Traffic, args) -> FaultResult:
-    r = FaultResult("1,000 mid-stream disconnects", "1,000 clients (50 at a time) that read the first bytes of "
-                    "a stream and close the connection")
-    own: list[Outcome] = []
-
-    async def main() -> None:
-        async with httpx.AsyncClient(base_url=s.url, timeout=DEADLINE_MS / 1000 + 10) as c:
-            sem = asyncio.Semaphore(50)
-
-            async def one(i: int) -> None:
-                async with sem:
-                    api = "anthropic" if i % 2 else "openai"
-                    # a fresh connection per client, closed mid-stream
-                    # until it gets a stream to walk away from (a 429 is retried, as Retry-After says)
-                    while True:
-                        async with httpx.AsyncClient(base_url=s.url, timeout=DEADLINE_MS / 1000 + 10) as cc:
-                            o = await one_request(cc, api, _body(api, 1024, True, False, random.Random(i),
-                                                                 max_tokens=200), True, normal=False,
-                                                  abort_after_first_chunk=True)
-                        own.append(o)
-                        if o.status != "429":
-                            break
-                        await asyncio.sleep(0.1)
-            await asyncio.gather(*(one(i) for i in range(1000)))
-            del c
-
-    r.injections.append(time.monotonic())
-    asyncio.run(main())
-    r.own = own
-    time.sleep(1)
-    return r
-
-
-def _stalled_connection(s: FaultStack, i: int) -> socket.socket:
-    """A client that asks for a long stream (STALL_TOKENS) on a 2 KiB receive buffer and never
-    reads: the connection stays open, the stream stops moving."""
-    host, port = s.cfg.server.listen.rsplit(":", 1)
-    so = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    so.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 2048)
-    so.connect((host, int(port)))
-    api = "anthropic" if i % 2 else "openai"
-    body = _body(api, 1024, True, False, random.Random(i), max_tokens=STALL_TOKENS)
-    path = "/v1/messages" if api == "anthropic" else "/v1/chat/completions"
-    so.sendall(f"POST {path} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-               f"Content-Length: {len(body)}\r\n\r\n".encode() + body)
-    return so
-
-
-def _closed_by_server(socks: list[socket.socket], guard_s: float = 10.0) -> int:
-    """How many of socks the server has closed (read to EOF; guard_s in all), then close them all."""
-    closed = 0
-    end = time.monotonic() + guard_s
-    for so in socks:
-        try:
-            so.settimeout(max(0.01, end - time.monotonic()))
-            while so.recv(65536):
-                pass
-            closed += 1
-        except OSError:
-            pass
-        so.close()
-    return closed
-
-
-def streams_ended(s: FaultStack, reason: str) -> int:
-    """nginx's zccp_nginx_streams_ended_total for `reason`, both APIs."""
-    try:
-        status, raw = admin_request(s.cfg, "GET", "/metrics")   # the admin listener's
-    except OSError:
-        return -1
-    text = raw.decode("utf-8", "replace") if status == 200 else ""
-    return sum(int(float(line.split()[-1])) for line in text.splitlines()
-               if line.startswith("zccp_nginx_streams_ended_total{") and f'reason="{reason}"' in line)
-
-
-def _stalled(s: FaultStack, r: FaultResult, n: int, hold_s: float, during=None) -> None:
-    """n stalled readers held for hold_s (during(): another fault meanwhile), then counted."""
-    before = streams_ended(s, "stalled")
-    socks = [_stalled_connection(s, i) for i in range(n)]
-    if during is not None:
-        during()
-    time.sleep(max(0.0, hold_s))
-    r.extra.update({"stalled connections": n, "streams nginx ended as stalled": streams_ended(s, "stalled") - before,
-                    "connections the server closed (the others got a whole answer, a 429 or an error that fit "
-                    "their buffers, and stay open as keepalive connections)": _closed_by_server(socks)})
-
-
-def f_stalled_1x(s: FaultStack, t: Traffic, args) -> FaultResult:
-    r = FaultResult(f"stalled readers x{SLOTS} + reloads",
-                    f"{SLOTS} clients (1x the slots) that ask for a {STALL_TOKENS}-token stream on a 2 KiB receive "
-                    f"buffer and never read, held 8 s, with `nginx -s reload` x3 meanwhile "
-                    f"(limits.stream_stall_timeout_ms {STALL_MS}, server.send_buffer_kb {SNDBUF_KB})")
-    r.injections.append(time.monotonic())
-
-    def reloads() -> None:
-        for _ in range(3):
-            time.sleep(1.0)
-            r.injections.append(time.monotonic())
-            reload_masks(s.cfg, s.run)
-
-    _stalled(s, r, SLOTS, 5.0, reloads)
-    return r
-
-
-def f_stalled_2x(s: FaultStack, t: Traffic, args) -> FaultResult:
-    r = FaultResult(f"stalled readers x{2 * SLOTS} + engine SIGKILL",
-                    f"{2 * SLOTS} stalled readers (2x the slots; as above) held 8 s, the engine SIGKILLed once "
-                    "meanwhile")
-    r.injections.append(time.monotonic())
-
-    def kill() -> None:   # once the first stalled readers have been ended (stall limit 1.5 s)
-        time.sleep(4.0)
-        r.injections.append(time.monotonic())
-        os.kill(s.engine.pid, signal.SIGKILL)
-
-    _stalled(s, r, 2 * SLOTS, 4.0, kill)
-    return r
-
-
-def f_trickle(s: FaultStack, t: Traffic, args) -> FaultResult:
-    r = FaultResult("readers of 1 byte/s", "20 clients that ask for a long stream and read it one byte a "
-                    "second, for 10 s")
-    before = streams_ended(s, "stalled")
-    socks = [_stalled_connection(s, 1000 + i) for i in range(20)]
-    r.injections.append(time.monotonic())
-    got = 0
-    for _ in range(10):
-        time.sleep(1.0)
-        for so in socks:
-            so.setblocking(False)
-            try:
-                got += len(so.recv(1))
-            except OSError:
-                pass
-    r.extra.update({"bytes read by them": got, "streams nginx ended as stalled": streams_ended(s, "stalled") - before,
-                    "connections the server closed": _closed_by_server(socks)})
-    return r
-
-
-FAULTS = {"kill": f_kill, "stop": f_stop, "redis": f_redis, "reload": f_reload, "exhaust": f_exhaust,
-          "slow": f_slow, "disconnect": f_disconnect, "stalled1x": f_stalled_1x, "stalled2x": f_stalled_2x,
-          "trickle": f_trickle}
+from bench.faults.injections import (
+    BROKEN,
+    FAULTS,
+    FaultResult,
+    f_disconnect,
+    f_exhaust,
+    f_kill,
+    f_redis,
+    f_reload,
+    f_slow,
+    f_stalled_1x,
+    f_stalled_2x,
+    f_stop,
+    f_trickle,
+    streams_ended,
+)
+from tests.support.checkout import REPO, require_this_checkout
+
+__all__ = [   # what bench.faults.suite offered before its stack, traffic and faults moved out
+    "BROKEN", "DEADLINE_MS", "FAULTS", "HIT_PROMPTS", "OUT", "REPLY", "REPO", "REPORT", "RESULTS_JSON", "RETRIED",
+    "SLOTS", "SNDBUF_KB", "STALL_MS", "STALL_TOKENS", "FaultResult", "FaultStack", "Outcome", "Traffic", "_body",
+    "classify", "f_disconnect", "f_exhaust", "f_kill", "f_redis", "f_reload", "f_slow", "f_stalled_1x",
+    "f_stalled_2x", "f_stop", "f_trickle", "label_of", "main", "one_request", "p99", "recovery", "run_fault",
+    "streams_ended", "write_report",
+]
 
 
 def p99(xs: list[Outcome]) -> float | None:
