@@ -2,88 +2,32 @@
 
 from __future__ import annotations
 
-import json
-import math
 import statistics
 from pathlib import Path
 
+from bench.cache_eval.decision import (
+    NUM_PERM,
+    THRESHOLD,
+    VERIFY_MARGIN,
+    is_hit,
+    p_near,
+    predicted,
+    wanted,
+)
 from bench.cache_eval.pairs import CATEGORIES, EXPECT, WHAT
+from bench.cache_eval.results_io import dump_results, load_results
 
-# fingerprint version 2's engine checked candidates this far below the threshold (this
-# report models that rule; the meaning rule is bench/cache_eval/meaning.py's)
-VERIFY_MARGIN = 0.10
+__all__ = [   # what this module offered before the decision model and results.json's format moved out
+    "BUCKETS", "NEAR_CATS", "NUM_PERM", "STRATA", "THRESHOLD", "V2_CATS", "VERIFY_MARGIN", "dump_results",
+    "is_hit", "load_results", "predicted", "render", "wanted",
+]
 
-THRESHOLD = 0.85
-NUM_PERM = 128
 NEAR_CATS = ["whitespace", "punctuation", "case", "one_word_edit", "appended_sentence", "openai", "multi_turn_chat"]
 V2_CATS = ["agent_loop", "agent_repeat", "tool_result", "tool_call_round", "image_bytes", "document_bytes",
            "multi_user_masked", "multi_turn_chat", "history_edit"]
 BUCKETS = [(0.0, 0.5, "< 0.50"), (0.5, 0.7, "0.50–0.70"), (0.7, 0.8, "0.70–0.80"), (0.8, 0.85, "0.80–0.85"),
            (0.85, 0.9, "0.85–0.90"), (0.9, 0.95, "0.90–0.95"), (0.95, 1.0, "0.95–<1"), (1.0, 1.01, "1.00")]
 STRATA = ["2-7", "8-31", "32-127", "128-511", "512-1024"]
-
-
-def dump_results(res: dict) -> str:
-    """results.json with the per-pair and per-query rows as columns + rows (about a third of the size)."""
-    out = dict(res)
-    for key, sub in (("pairs", None), ("unrelated", "rows")):
-        rows = res.get(key) if sub is None else (res.get(key) or {}).get(sub)
-        if not rows:
-            continue
-        cols = sorted({k for r in rows for k in r})
-        table = {"columns": cols, "rows": [[r.get(k) for k in cols] for r in rows]}
-        if sub is None:
-            out[key] = table
-        else:
-            out[key] = dict(res[key], **{sub: table})
-    text = json.dumps(out, separators=(",", ":"), ensure_ascii=False)
-    # one row per line, so that the file diffs and greps well
-    return text.replace("],[", "],\n[") + "\n"
-
-
-def load_results(path: Path) -> dict:
-    res = json.loads(path.read_text())
-
-    def rows(t):
-        if isinstance(t, dict) and "columns" in t:
-            return [{k: v for k, v in zip(t["columns"], r, strict=True) if v is not None or k == "similarity"}
-                    for r in t["rows"]]
-        return t
-    res["pairs"] = rows(res.get("pairs"))
-    if res.get("unrelated"):
-        res["unrelated"]["rows"] = rows(res["unrelated"]["rows"])
-    return res
-
-
-def is_hit(cache: str) -> bool:
-    return cache in ("HIT", "NEAR")
-
-
-def wanted(p: dict) -> bool | None:
-    """True: a hit is wanted; False: a hit is wrong; None: no target (near category, J < 0.85)."""
-    if p["expect"] == "never":
-        return False
-    if p["jaccard"] >= THRESHOLD:
-        return True
-    return None
-
-
-def predicted(p: dict) -> str:
-    """What the engine should answer by the design (docs/fingerprint.md, docs/cache.md, scope
-    `tenant`), from the fingerprints computed here in Python: exact key equal, and the same
-    tenant unless nothing was masked -> HIT; else the same prefix key and tenant, both final
-    turns near-able, >= 1 shared LSH band, a MinHash estimate >= threshold - VERIFY_MARGIN
-    and an exact Jaccard of the shingle-hash sets >= threshold -> NEAR (results from before
-    the exact check, without `verified_j`: estimate >= threshold)."""
-    tenant_ok = p.get("same_tenant", True)
-    if p["same_exact_key"] and (tenant_ok or not p.get("masked")):
-        return "HIT"
-    if not (p["same_scope"] and tenant_ok and p["complete"] and p["shared_band"]):
-        return "MISS"
-    if "verified_j" not in p:
-        return "NEAR" if p["est"] >= THRESHOLD - 1e-9 else "MISS"
-    ok = p["est"] >= THRESHOLD - VERIFY_MARGIN - 1e-9 and p["verified_j"] >= THRESHOLD - 1e-9
-    return "NEAR" if ok else "MISS"
 
 
 def _pct(k: int, n: int, digits: int = 1) -> str:
@@ -103,12 +47,6 @@ def _stratum(n: int) -> str:
         if lo <= n <= hi:
             return s
     return ">1024" if n > 1024 else "?"
-
-
-def _p_near(j: float) -> float:
-    """P(MinHash estimate >= threshold) for true Jaccard j, 128 independent slots."""
-    need = math.ceil(THRESHOLD * NUM_PERM - 1e-9)
-    return sum(math.comb(NUM_PERM, k) * j ** k * (1 - j) ** (NUM_PERM - k) for k in range(need, NUM_PERM + 1))
 
 
 def _counts(ps: list[dict], key: str = "var_cache") -> str:
@@ -364,7 +302,7 @@ def render(res: dict, out_dir: Path) -> None:
         mj = statistics.mean(p["jaccard"] for p in ps)
         est = statistics.mean(p["est"] for p in ps)
         band = sum(p["shared_band"] for p in ps)
-        pn = statistics.mean(_p_near(p["jaccard"]) for p in ps)
+        pn = statistics.mean(p_near(p["jaccard"]) for p in ps)
         brows.append([name, str(len(ps)), _counts(ps), _pct(h, len(ps)), f"{mj:.3f}", f"{est:.3f}",
                       _pct(band, len(ps), 0), f"{100 * pn:.1f}%"])
         plot_rows.append((name, len(ps), h / len(ps), mj, pn))
