@@ -25,10 +25,8 @@ import jsonschema
 import numpy as np
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "engine"))
-
-from tests.integration.test_structured_output import random_schema  # noqa: E402
-from tests.support.hf_checkpoint import build_checkpoint  # noqa: E402
+from tests.support.hf_checkpoint import build_checkpoint
+from tests.support.schemas import random_schema
 
 
 def run_llguidance(tok: Any, n_vocab: int, eos: int, schemas: list[dict], rng: random.Random) -> dict:
