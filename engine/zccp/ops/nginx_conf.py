@@ -246,7 +246,9 @@ def render(cfg: Config, out: Path, standalone: bool = False, prefix: Path | None
         raise ValueError("server.socket_path is not resolved (zccp.runtime.resolve)")  # programmer error
     out = out.resolve()
     out.mkdir(parents=True, exist_ok=True)
-    (Path(cfg.server.socket_path).parent / "plugins.last_good").mkdir(parents=True, exist_ok=True)
+    last_good = Path(cfg.server.socket_path).parent / "plugins.last_good"
+    last_good.mkdir(parents=True, exist_ok=True)
+    last_good.chmod(0o755)   # whatever the umask: nginx's master writes the copies, nobody else may
     values = {
         "lua_dir": _safe(str(lua_dir()), "lua dir"),
         # the plugin chain; good operator plugins are copied beside the masks' last good set
