@@ -4,8 +4,8 @@
     PYTHONPATH=engine .venv/bin/python -m bench.front_tier [-n 40] [--seconds 5] [--out bench]
 
 1. Routing decision, CPU per request, inside one nginx worker (os.clock, batches of 100
-   calls, median of 40 batches): zccp.front.key_of (the fingerprint's keys of the body:
-   decode, mask, canonical form, SHA-256) and zccp.front.first_pick (rendezvous over the
+   calls, median of 40 batches): zccp.front.tier.key_of (the fingerprint's keys of the body:
+   decode, mask, canonical form, SHA-256) and zccp.front.tier.first_pick (rendezvous over the
    hosts, skipping those marked down in the shared dict), for request bodies of 0.5 to
    64 KiB and 2 to 64 hosts. The same nginx + Lua the front runs (Debian nginx + lua module).
 2. Spread: 1,000 distinct conversations (Anthropic bodies, a first turn each: their own
@@ -63,7 +63,7 @@ http {{
     lua_package_path "{lua}/?.lua;;";
     lua_shared_dict zccp_front 1m;
     init_by_lua_block {{
-        require("zccp.front").init({{ name = "x", port = 8080, resolver = "127.0.0.1", resolver_port = 53,
+        require("zccp.front.tier").init({{ name = "x", port = 8080, resolver = "127.0.0.1", resolver_port = 53,
             interval_s = 5, timeout_ms = 100, tries = 3, down_s = 10, max_body = 1, dict = "zccp_front" }})
     }}
     server {{
@@ -72,7 +72,7 @@ http {{
         # first_pick and both, for the body POSTed
         location = /bench/decide {{
             content_by_lua_block {{
-                local front = require "zccp.front"
+                local front = require "zccp.front.tier"
                 local rendezvous = require "zccp.rendezvous"
                 local cjson = require "cjson"
                 ngx.req.read_body()
@@ -110,7 +110,7 @@ http {{
         # the addresses, for H = 2, 3, 4 -> JSON {{ "2": [..], "3": [..], "4": [..], how = {{..}} }}
         location = /bench/spread {{
             content_by_lua_block {{
-                local front = require "zccp.front"
+                local front = require "zccp.front.tier"
                 local rendezvous = require "zccp.rendezvous"
                 local cjson = require "cjson"
                 ngx.req.read_body()
@@ -305,7 +305,7 @@ def front_cpu(tmp: Path, seconds: float) -> dict:
                 text = re.sub(r"upstream zccp_hosts \{.*?\n    \}", "upstream zccp_hosts {\n"
                               f"        server 127.0.0.2:{port};\n        server 127.0.0.3:{port};\n"
                               "        keepalive 64;\n    }", text, flags=re.S)
-                text = text.replace('access_by_lua_block { require("zccp.front").route() }', "")
+                text = text.replace('access_by_lua_block { require("zccp.front.tier").route() }', "")
                 conf.write_text(text)
             proc = start_nginx(conf, conf.parent)
             try:

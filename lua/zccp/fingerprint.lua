@@ -61,7 +61,7 @@ local _M = { _VERSION = "0.2.0" }
 local DECODE_LIMIT = T.decode_limit
 _M.DECODE_LIMIT = DECODE_LIMIT
 _M.MAX_TOKENS = T.max_tokens
--- A body this module does not fingerprint routes by its first bytes (zccp.router, zccp.front):
+-- A body this module does not fingerprint routes by its first bytes (zccp.router, zccp.front.tier):
 -- an SDK writes a conversation's start the same way every turn.
 _M.ROUTE_RAW_BYTES = 4096
 
@@ -217,7 +217,7 @@ function _M.complete(r)
     return complete(r)
 end
 
--- The route key of a body keys() was not asked for (zccp.router, zccp.front): a request
+-- The route key of a body keys() was not asked for (zccp.router, zccp.front.tier): a request
 -- that neither reads nor writes the cache (no-cache + no-store), /v1/responses
 -- (endpoint "responses": instructions, tools and `input` through its first user item
 -- play system, tools and messages; a string input is that user item), /v1/completions,

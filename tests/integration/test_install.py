@@ -70,7 +70,7 @@ def test_installed_package_runs_the_stack_from_anywhere(tmp_path):
                        cwd=elsewhere, env=env, check=True, capture_output=True)
         front_conf = (elsewhere / "front" / "nginx.conf").read_text()
         assert f'lua_package_path "{prefix / "share" / "zccp" / "lua"}/?.lua;;"' in front_conf
-        assert (prefix / "share" / "zccp" / "lua" / "zccp" / "front_dns.lua").is_file()
+        assert (prefix / "share" / "zccp" / "lua" / "zccp" / "front" / "dns.lua").is_file()
     finally:
         os.killpg(proc.pid, signal.SIGINT)
         proc.wait(30)

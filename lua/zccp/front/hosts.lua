@@ -1,14 +1,14 @@
 -- The front tier's hosts (docs/scale-out.md, "The front tier"): the A records of one DNS
 -- name (a Kubernetes headless Service: one per ready Pod), all on one port. Worker 0
--- resolves the name every `interval_s` (zccp.front_dns, over lua-resty-dns) and publishes the sorted list in
+-- resolves the name every `interval_s` (zccp.front.dns, over lua-resty-dns) and publishes the sorted list in
 -- the shared dict; every worker rebuilds its rendezvous ring when the list's generation
 -- changes. A failed or empty resolution keeps the last good list: a DNS outage never
--- empties the tier (a host that is gone then fails its connects and is skipped, zccp.front).
+-- empties the tier (a host that is gone then fails its connects and is skipped, zccp.front.tier).
 --
 --   init({ name, port, resolver, resolver_port, interval_s, timeout_ms, dict })  -- init_by_lua
 --   init_worker()                       -- init_worker_by_lua
 --   local ring, addrs = current()       -- rendezvous ring over the hosts' addresses, or nil
-local dns = require "zccp.front_dns"
+local dns = require "zccp.front.dns"
 local rendezvous = require "zccp.rendezvous"
 
 local ngx = ngx
@@ -32,7 +32,7 @@ function _M.init(o)
     opts = o
     dict = ngx.shared[o.dict]
     if not dict then
-        error("zccp.front_hosts: no lua_shared_dict " .. tostring(o.dict))
+        error("zccp.front.hosts: no lua_shared_dict " .. tostring(o.dict))
     end
 end
 

@@ -6,7 +6,7 @@
 -- so a Lua error inside the library is an error here, and only well-formed IPv4 addresses
 -- of A records in class IN are taken.
 --
---   local dns = require "zccp.front_dns"
+--   local dns = require "zccp.front.dns"
 --   local ips, err = dns.query_a("zccp-hosts.ns.svc.cluster.local", "10.96.0.10", 53, 2000)
 --   -- ips: { "10.0.0.7", ... } in answer order (possibly empty: NODATA), or nil, err
 local ok_lib, resolver = pcall(require, "nginx.dns.resolver")

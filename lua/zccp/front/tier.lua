@@ -14,7 +14,7 @@
 --      an SDK writes a conversation's start the same way every turn);
 --   3. no body (GET /v1/models, /health of a host): the request id, i.e. anywhere.
 local fp = require "zccp.fingerprint"
-local hosts = require "zccp.front_hosts"
+local hosts = require "zccp.front.hosts"
 local errors = require "zccp.errors"
 local balancer = require "ngx.balancer"
 local cjson = require "cjson.safe"
