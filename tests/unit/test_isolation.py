@@ -268,6 +268,57 @@ def test_a_schema_over_the_compile_budget_is_a_400_and_stays_refused(tiny):
     assert compiler.compiles == 1
 
 
+def slow_schema(salt: int = 0) -> str:
+    """~10 KB that llguidance takes about a CPU-second to compile (3,600 merged objects)."""
+    return json.dumps({"type": "object", "allOf": [{"anyOf": [
+        {"properties": {f"a{j}_{q}": {"const": salt + i * 100 + q} for q in range(3)}} for i in range(60)]}
+        for j in range(2)]})
+
+
+def test_one_tenants_slow_schemas_hold_one_worker_and_another_tenant_compiles_meanwhile(tiny):
+    metrics = EngineMetrics()
+    compiler = GrammarCompiler(tiny.grammar_vocab, budget_s=600, metrics=metrics)
+    small = OutputConstraint("json", big_schema(2), param="p")
+
+    async def main():
+        a1 = asyncio.ensure_future(compiler.compile(OutputConstraint("json", slow_schema(), param="p"), b"A"))
+        a2 = asyncio.ensure_future(compiler.compile(OutputConstraint("json", big_schema(3), param="p"), b"A"))
+        await asyncio.sleep(0)
+        assert metrics.grammar_compiling.get() == 2
+        assert await compiler.compile(small, b"B") is not None
+        # B's compile did not wait for A's: A's second, small as it is, waits in A's lane
+        # behind A's first (without lanes it had the other worker, and B queued behind it)
+        order = (a1.done(), a2.done())
+        await asyncio.gather(a1, a2)
+        return order
+
+    assert asyncio.run(main()) == (False, False)
+    compiler.close()
+    assert metrics.grammar_compiles.get() == 3 and metrics.grammar_compiling.get() == 0
+
+
+def test_a_compile_whose_budget_ran_out_in_its_lane_is_not_started_nor_kept(tiny):
+    compiler = GrammarCompiler(tiny.grammar_vocab, budget_s=0.1)
+    slow = OutputConstraint("json", slow_schema(), param="p")
+    queued = OutputConstraint("json", big_schema(3), param="response_format")
+
+    async def main():
+        first = asyncio.ensure_future(compiler.compile(slow, b"A"))
+        await asyncio.sleep(0)
+        with pytest.raises(ApiError) as info:      # waited behind A's slow one past its budget
+            await compiler.compile(queued, b"A")
+        assert info.value.status == 400 and info.value.param == "response_format"
+        with pytest.raises(ApiError):
+            await first
+        while compiler.compiling:
+            await asyncio.sleep(0.01)
+        return await compiler.compile(queued, b"A")        # never tried, so not refused: compiled now
+
+    assert asyncio.run(main()) is not None
+    compiler.close()
+    assert compiler.compiles == 3
+
+
 # -- fair share ------------------------------------------------------------------------------------
 
 def test_queue_places_are_shared_by_tenant():
