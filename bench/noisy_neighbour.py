@@ -158,6 +158,8 @@ def main() -> None:
     ap.add_argument("--seconds", type=float, default=20)
     ap.add_argument("--json", default=str(Path(REPO) / "bench" / "noisy_neighbour.json"),
                     help="where the rows go (the table is printed; bench/noisy_neighbour.md holds the runs kept)")
+    ap.add_argument("--only", action="append", default=[],
+                    help="run only the hostile rows whose name contains this (repeatable); alone always runs")
     args = ap.parse_args()
     require_this_checkout()
     rows: dict[str, dict[str, Any]] = {}
@@ -171,6 +173,8 @@ def main() -> None:
             pids = {"engine": [s.engine.pid or 0], "nginx": [s.nginx.pid or 0]}
             rows["alone"] = run_row(s.base_url, args.seconds, pids)
             for name, (clients, path, make) in PATTERNS.items():
+                if args.only and not any(o in name for o in args.only):
+                    continue
                 rows[name] = run_row(s.base_url, args.seconds, pids, clients, path, make)
                 print(name, rows[name]["p50_ms"], rows[name]["p99_ms"], rows[name]["victim_errors"], flush=True)
         finally:
