@@ -108,7 +108,7 @@ class EngineMetrics:
         self.grammar_compiles = r.counter("zccp_engine_grammar_compiles_total",
                                           "Output schemas compiled (the grammar cache's misses)")
         self.grammar_compiling = r.gauge("zccp_engine_grammar_compiling",
-                                         "Output schemas compiling now, in the grammar worker threads")
+                                         "Output schema compiles not ended: running, or waiting in their tenant's lane")
 
     def render(self) -> str:
         return self.registry.render()

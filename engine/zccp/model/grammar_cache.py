@@ -121,7 +121,7 @@ class GrammarCompiler:
         try:
             async with lane:
                 if time.monotonic() >= deadline:
-                    raise _Expired               # every waiter gave up while it queued in its lane
+                    raise _Expired               # its first asker's budget ran out in the lane (twins with it)
                 return await asyncio.wrap_future(self._pool.submit(self._build, c))
         finally:
             self._in_lanes[tenant] -= 1
