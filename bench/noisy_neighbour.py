@@ -9,13 +9,18 @@ answered, under another API key (cache.tenant_source: api_key, so another tenant
 
     PYTHONPATH=engine python -m bench.noisy_neighbour [--seconds 20]
 
-Writes bench/noisy_neighbour.md and bench/noisy_neighbour.json (about 3 minutes at 20 s a row).
+Writes bench/noisy_neighbour.json (--json: elsewhere) and prints the table kept in
+bench/noisy_neighbour.md (about 3 minutes at 20 s a row). CPU per request: the engine's and
+nginx's CPU seconds (every thread and worker, /proc) while the victim ran, over every request
+answered then (victim's and hostile's): the cost a request adds, which a loaded machine's
+wall-clock latency alone does not show.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import tempfile
 import threading
@@ -34,28 +39,39 @@ VICTIM = {"model": "zccp-tiny", "max_tokens": 8, "temperature": 0, "messages": [
 BASE = {"model": "zccp-tiny", "max_tokens": 32, "messages": [{"role": "user", "content": "Tell me a story"}]}
 
 
-def _one_of(n: int, salt: int) -> dict[str, Any]:
-    return {"oneOf": [{"type": "object", "properties": {f"k{i}_{salt}": {"type": "integer"}, "v": {"const": f"x{i}"}},
-                       "required": [f"k{i}_{salt}"]} for i in range(n)]}
+def slow_schema(salt: int) -> dict[str, Any]:
+    """~10 KB, within the 64 KiB / depth-64 bounds, that llguidance takes about a CPU-second to
+    compile (allOf of two anyOfs of 60 objects: 3,600 merged objects); salt: a new one each time."""
+    return {"type": "object", "allOf": [{"anyOf": [{"properties": {f"a{j}_{q}": {"const": salt + i * 100 + q}
+                                                                   for q in range(3)}} for i in range(60)]}
+                                        for j in range(2)]}
 
 
 def _schema(schema: dict[str, Any]) -> dict[str, Any]:
     return {"type": "json_schema", "json_schema": {"name": "s", "schema": schema}}
 
 
-# name -> (hostile clients, body maker (a counter in, the body out))
-PATTERNS: dict[str, tuple[int, Callable[[int], dict[str, Any]]]] = {
-    "1. temperature 1e-300": (2, lambda i: {**BASE, "temperature": 1e-300}),
-    "1. json_schema const \"é\" (no token allowed)": (2, lambda i: {**BASE, "temperature": 0.8,
-                                                                     "response_format": _schema({"const": "é"})}),
-    # distinct keys naming the same ids ("7", "07", "007", ...): what int() of a key accepts
-    "2. logit_bias, 4,000 distinct keys": (1, lambda i: {**BASE, "logit_bias": {
-        str(t % 250).zfill(1 + t // 250): 1 for t in range(4000)}}),
-    "3. json_schema oneOf of 1,900 objects (new each time)": (1, lambda i: {
-        **BASE, "max_tokens": 4, "response_format": _schema(_one_of(1900, i))}),
-    "4. 40,000 stop sequences": (1, lambda i: {**BASE, "stop": [f"zz{t}" for t in range(40000)]}),
-    "5. n=64": (1, lambda i: {**BASE, "n": 64}),
-    "plain flood, 10x the victim's share": (10, lambda i: {**BASE, "max_tokens": 8}),
+def _stops(count: int, i: int) -> list[str]:
+    """count stop strings of 256 bytes (the bound) that never match: scanned on every token."""
+    return [(f"{i}-{t}-" * 64)[:256] for t in range(count)]
+
+
+MESSAGES = "/v1/messages"
+
+# name -> (hostile clients, path, body maker (a counter in, the body out)); each at the bound
+# the engine now enforces (docs/isolation.md): what is still allowed is what can still hurt
+PATTERNS: dict[str, tuple[int, str, Callable[[int], dict[str, Any]]]] = {
+    "1. temperature 1e-300": (2, CHAT, lambda i: {**BASE, "temperature": 1e-300}),
+    "1. json_schema const \"é\" (no token allowed)": (2, CHAT, lambda i: {
+        **BASE, "temperature": 0.8, "response_format": _schema({"const": "é"})}),
+    "2. logit_bias, 300 entries (the bound)": (1, CHAT, lambda i: {**BASE, "logit_bias": {
+        str(t): 1 for t in range(300)}}),
+    "3. json_schema of 10 KB, ~1 CPU-s to compile (new each time)": (1, CHAT, lambda i: {
+        **BASE, "max_tokens": 4, "response_format": _schema(slow_schema(i * 1000))}),
+    "4. stop_sequences: 16 x 256 bytes (the bound)": (1, MESSAGES, lambda i: {
+        **BASE, "stop_sequences": _stops(16, i)}),
+    "5. n=64": (1, CHAT, lambda i: {**BASE, "n": 64}),
+    "plain flood, 10x the victim's share": (10, CHAT, lambda i: {**BASE, "max_tokens": 8}),
 }
 
 
@@ -72,14 +88,15 @@ def _victim(url: str, seconds: float) -> tuple[list[float], dict[int, int]]:
     return lat, codes
 
 
-def _hostile(url: str, make: Callable[[int], dict[str, Any]], stop: threading.Event, codes: dict[int, int],
-             lock: threading.Lock, worker: int) -> None:
+def _hostile(url: str, path: str, make: Callable[[int], dict[str, Any]], stop: threading.Event,
+             codes: dict[int, int], lock: threading.Lock, worker: int) -> None:
     i = worker * 1_000_000
-    with httpx.Client(base_url=url, timeout=120, headers={"authorization": "Bearer sk-hostile"}) as c:
+    headers = {"authorization": "Bearer sk-hostile", "x-api-key": "sk-hostile", "anthropic-version": "2023-06-01"}
+    with httpx.Client(base_url=url, timeout=120, headers=headers) as c:
         while not stop.is_set():
             i += 1
             try:
-                status = c.post(CHAT, content=json.dumps(make(i))).status_code
+                status = c.post(path, content=json.dumps(make(i))).status_code
             except httpx.HTTPError:
                 status = 0
             with lock:
@@ -91,29 +108,58 @@ def _pct(xs: list[float], q: float) -> float:
     return xs[min(len(xs) - 1, int(q * len(xs)))] * 1000 if xs else float("nan")
 
 
-def run_row(url: str, seconds: float, clients: int = 0, make: Callable[[int], dict[str, Any]] | None = None
-            ) -> dict[str, Any]:
+def _cpu_s(pids: list[int]) -> float:
+    """CPU seconds (user + system, every thread) of these processes and their children."""
+    tick = os.sysconf("SC_CLK_TCK")
+    total, todo, seen = 0, list(pids), set()
+    while todo:
+        pid = todo.pop()
+        if pid in seen:
+            continue
+        seen.add(pid)
+        try:
+            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(") ", 1)[1].split()
+            total += int(fields[11]) + int(fields[12])
+            todo += [int(k) for k in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
+        except (FileNotFoundError, ProcessLookupError, IndexError, ValueError):
+            continue
+    return total / tick
+
+
+def run_row(url: str, seconds: float, pids: dict[str, list[int]], clients: int = 0, path: str = CHAT,
+            make: Callable[[int], dict[str, Any]] | None = None) -> dict[str, Any]:
     stop, lock = threading.Event(), threading.Lock()
     hostile: dict[int, int] = {}
-    threads = [threading.Thread(target=_hostile, args=(url, make, stop, hostile, lock, w), daemon=True)
+    threads = [threading.Thread(target=_hostile, args=(url, path, make, stop, hostile, lock, w), daemon=True)
                for w in range(clients)] if make else []
     for t in threads:
         t.start()
     if threads:
         time.sleep(1.0)                    # the hostile load is running before the victim's first request
+    cpu0 = {k: _cpu_s(v) for k, v in pids.items()}
+    load0 = os.getloadavg()[0]
     lat, codes = _victim(url, seconds)
+    cpu = {k: _cpu_s(v) - cpu0[k] for k, v in pids.items()}
+    load1 = os.getloadavg()[0]
     stop.set()
     for t in threads:
         t.join(150)
     errors = sum(n for c, n in codes.items() if c != 200)
+    answered = len(lat) + sum(hostile.values())
     return {"requests": len(lat), "p50_ms": _pct(lat, 0.5), "p99_ms": _pct(lat, 0.99),
             "mean_ms": statistics.fmean(lat) * 1000 if lat else float("nan"), "victim_errors": errors,
-            "victim_codes": codes, "hostile_codes": hostile}
+            "victim_codes": codes, "hostile_codes": hostile, "load": [load0, load1],
+            # every answered request (victim's and hostile's, the hostile ones counted at the end)
+            "cpu_us_per_request": {k: v * 1e6 / max(answered, 1) for k, v in cpu.items()}}
 
 
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--seconds", type=float, default=20)
+    ap.add_argument("--json", default=str(Path(REPO) / "bench" / "noisy_neighbour.json"),
+                    help="where the rows go (the table is printed; bench/noisy_neighbour.md holds the runs kept)")
+    ap.add_argument("--only", action="append", default=[],
+                    help="run only the hostile rows whose name contains this (repeatable); alone always runs")
     args = ap.parse_args()
     require_this_checkout()
     rows: dict[str, dict[str, Any]] = {}
@@ -123,32 +169,35 @@ def main() -> None:
                                     "shared_memory": {"segment_count": 128},
                                     "limits": {"request_timeout_ms": 60000}}).start()
         try:
-            rows["alone"] = run_row(s.base_url, args.seconds)
-            for name, (clients, make) in PATTERNS.items():
-                rows[name] = run_row(s.base_url, args.seconds, clients, make)
+            assert s.engine is not None and s.nginx is not None
+            pids = {"engine": [s.engine.pid or 0], "nginx": [s.nginx.pid or 0]}
+            rows["alone"] = run_row(s.base_url, args.seconds, pids)
+            for name, (clients, path, make) in PATTERNS.items():
+                if args.only and not any(o in name for o in args.only):
+                    continue
+                rows[name] = run_row(s.base_url, args.seconds, pids, clients, path, make)
                 print(name, rows[name]["p50_ms"], rows[name]["p99_ms"], rows[name]["victim_errors"], flush=True)
         finally:
             s.stop()
             remove_socket_dirs()
+    Path(args.json).write_text(json.dumps(rows, indent=1) + "\n")
+    print("\n".join(table(rows)))
+
+
+def table(rows: dict[str, dict[str, Any]]) -> list[str]:
     alone = rows["alone"]["p99_ms"]
-    out = Path(REPO) / "bench"
-    (out / "noisy_neighbour.json").write_text(json.dumps(rows, indent=1) + "\n")
-    lines = ["# Noisy neighbour: one tenant's latency while another misbehaves (issue 28)", "",
-             f"`python -m bench.noisy_neighbour --seconds {args.seconds:g}`: the tiny model behind nginx on this "
-             "machine (2 cores shared with other work), model.max_batch 16, max_queue 64, 128 slots. "
-             "The victim is one client sending "
-             "8-token greedy requests back to back under its own key; each hostile pattern runs on its own "
-             "clients under another key for the same time. Target: p99 ≤ 1.5 × alone, 0 victim errors.", "",
-             "| hostile tenant sends | victim requests | p50 ms | p99 ms | p99 / alone | victim errors "
-             "| hostile answers |", "|---|---:|---:|---:|---:|---:|---|"]
+    lines = ["| hostile tenant sends | victim requests | p50 ms | p99 ms | p99 / alone | victim errors "
+             "| hostile answers | engine CPU µs / request | nginx CPU µs / request | load (1 min) |",
+             "|---|---:|---:|---:|---:|---:|---|---:|---:|---:|"]
     for name, r in rows.items():
         ratio = r["p99_ms"] / alone if alone else float("nan")
         verdict = "" if name == "alone" else (" ✓" if ratio <= 1.5 and not r["victim_errors"] else " ✗")
         hostile = ", ".join(f"{c}: {n}" for c, n in sorted(r["hostile_codes"].items())) or "—"
+        cpu = r["cpu_us_per_request"]
         lines.append(f"| {name} | {r['requests']} | {r['p50_ms']:.1f} | {r['p99_ms']:.1f} | {ratio:.2f}{verdict} "
-                     f"| {r['victim_errors']} | {hostile} |")
-    (out / "noisy_neighbour.md").write_text("\n".join(lines) + "\n")
-    print("\n".join(lines))
+                     f"| {r['victim_errors']} | {hostile} | {cpu['engine']:.0f} | {cpu['nginx']:.0f} "
+                     f"| {r['load'][0]:.1f}–{r['load'][1]:.1f} |")
+    return lines
 
 
 if __name__ == "__main__":

@@ -149,7 +149,8 @@ class Engine:
             upstream=self.upstream,
             # schemas compiled off the loop, once each (validated only where nothing decodes here)
             grammars=GrammarCompiler(self.backend.grammar_vocab
-                                     if self.upstream is None and self.backend.has_logits else None),
+                                     if self.upstream is None and self.backend.has_logits else None,
+                                     metrics=self.metrics),
         )
         self.metrics_server = MetricsServer(self._socket_path + ".metrics", self.metrics, cfg.shared_memory.group)
 

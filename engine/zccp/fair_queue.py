@@ -12,6 +12,11 @@ Two halves (docs/isolation.md, "Fair share"):
   with the fewest sequences admitted (batch rows held), ties to the tenant served least
   recently: round robin over tenants, one sequence each turn, weighted by what each
   holds already. Within a tenant, first in first out.
+- spare_rows() keeps rows for a tenant that is not there yet: a running sequence is never
+  pre-empted, so a tenant that took every row (n=64 alone in the engine) would make the next
+  tenant wait for one of its answers to end. Once more than one tenant has been admitted,
+  no tenant holds more than max_batch - spare_rows(max_batch) rows (next()'s cap); an
+  engine that has only ever served one tenant (no keys, everyone anonymous) keeps them all.
 """
 
 from __future__ import annotations
@@ -26,6 +31,12 @@ from zccp.shared_types import ApiError
 
 
 SERVED_KEPT = 4096        # tenants whose last turn is remembered while they wait for nothing
+
+
+def spare_rows(max_batch: int) -> int:
+    """Batch rows one tenant leaves free for the others: an eighth, at least one (none when
+    the batch has a single row)."""
+    return 0 if max_batch < 2 else -(-max_batch // 8)
 
 
 class Admission(Enum):
@@ -99,13 +110,16 @@ class FairQueue:
         for q in list(self._waiting.values()):
             yield from q
 
-    def next(self, admitted: Iterable[Sequence]) -> Sequence | None:
+    def next(self, admitted: Iterable[Sequence], cap: int | None = None) -> Sequence | None:
         """The sequence whose turn it is (not removed: pop() it once it fits), None when
-        nothing waits. admitted: the sequences holding batch rows now."""
+        nothing waits or every waiting tenant holds `cap` rows already (applied once more
+        than one tenant has been admitted). admitted: the sequences holding batch rows now."""
         if not self._waiting:
             return None
         held = Counter(s.tenant for s in admitted)
         tenant = min(self._waiting, key=lambda t: (held[t], self._served.get(t, -1)))
+        if cap is not None and held[tenant] >= cap and len(self._served) > 1:
+            return None
         return self._waiting[tenant][0]
 
     def pop(self, seq: Sequence) -> None:

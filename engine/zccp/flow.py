@@ -127,7 +127,7 @@ class RequestFlow:
         assert prep.req.sampling.constraint is not None
         compiled: Prepared | None = None
         with self.outcome.guard():
-            compiled = replace(prep, grammar=await grammars.compile(prep.req.sampling.constraint))
+            compiled = replace(prep, grammar=await grammars.compile(prep.req.sampling.constraint, self._salt(prep)))
         if compiled is None:
             return self.outcome.done()
         self._serve(compiled)

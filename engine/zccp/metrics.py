@@ -105,6 +105,10 @@ class EngineMetrics:
                                      "Prefix cache bytes pinned by cache_control breakpoints (as of the last pin)")
         self.pins_refused = r.counter("zccp_engine_prefix_pins_refused_total",
                                       "cache_control pins not granted: the pinned bytes were at their cap")
+        self.grammar_compiles = r.counter("zccp_engine_grammar_compiles_total",
+                                          "Output schemas compiled (the grammar cache's misses)")
+        self.grammar_compiling = r.gauge("zccp_engine_grammar_compiling",
+                                         "Output schema compiles not ended: running, or waiting in their tenant's lane")
 
     def render(self) -> str:
         return self.registry.render()

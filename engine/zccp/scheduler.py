@@ -16,7 +16,8 @@ A step is:
      among equals, zccp.fair_queue), while the batch has rows (model.max_batch) and the KV
      bound (model.kv_cache_mb) holds for every admitted sequence at its longest
      (prompt + max_tokens, padded to the longest row, with the KV buffers' spare
-     room); reuse cached prefix blocks;
+     room), no tenant past max_batch - fair_queue.spare_rows() rows once several
+     tenants are seen (rows kept for the next tenant); reuse cached prefix blocks;
   5. prefill at most one planned chunk of prompt tokens (zccp.planner), so a long
      prompt delays the running streams by one chunk per step, not by all of it; the
      next chunks of several waiting sequences go into ONE forward, padded to the
@@ -49,7 +50,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from zccp.fair_queue import Admission, FairQueue
+from zccp.fair_queue import Admission, FairQueue, spare_rows
 from zccp.metrics import EngineMetrics
 from zccp.model.base import DecodeBatch, ModelBackend
 from zccp.model.kv import room
@@ -233,7 +234,8 @@ class BatchScheduler:
         return min(n + seq.params.max_tokens, self.backend.max_context)
 
     def _admit(self) -> None:
-        while (seq := self._waiting.next(self._active())) is not None and self._fits(seq):
+        cap = self.limits.max_batch - spare_rows(self.limits.max_batch)       # rows one tenant may hold
+        while (seq := self._waiting.next(self._active(), cap)) is not None and self._fits(seq):
             self._waiting.pop(seq)
             self._live.add(seq)
             try:

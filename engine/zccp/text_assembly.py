@@ -61,13 +61,22 @@ class StopMatcher:
         return out
 
     def _held_suffix(self, buf: str) -> int:
-        """Length of the longest suffix of buf that is a proper prefix of a stop."""
-        best = 0
+        """Length of the longest suffix of buf that is a proper prefix of a stop. Only the
+        lengths k whose prefix ends with buf's last character are compared (str.rfind finds
+        them): a few per stop, not one per length (16 stops of 256 bytes, every token)."""
+        best, last = 0, buf[-1:]
+        if not last:
+            return 0
         for s in self.stops:
-            for k in range(min(len(s) - 1, len(buf)), best, -1):
+            k = min(len(s) - 1, len(buf))
+            while k > best:
+                k = s.rfind(last, 0, k) + 1              # the longest k' <= k with s[k' - 1] == last
+                if k <= best:
+                    break
                 if buf.endswith(s[:k]):
                     best = k
                     break
+                k -= 1
         return best
 
 

@@ -60,6 +60,45 @@ def test_hostile_numbers_and_grammars_fail_nobody_else(make_stack):
     s.assert_no_leaks(10)
 
 
+def slow_schema() -> dict:
+    """~10 KB (within the 64 KiB and depth-64 bounds) that llguidance takes about a CPU-second
+    to compile: allOf of two anyOfs of 60 objects is 3,600 merged objects (measured in
+    docs/isolation.md; just under llguidance's own "schema too large" limit)."""
+    return {"type": "object", "allOf": [{"anyOf": [{"properties": {f"a{j}_{q}": {"const": i * 100 + q}
+                                                                   for q in range(3)}} for i in range(60)]}
+                                        for j in range(2)]}
+
+
+def test_a_slow_schema_compiles_while_another_tenant_is_served(make_stack):
+    """Tenant A's schema keeps a grammar worker busy; tenant B's plain request and its own small
+    schema are answered while A's compile is still running (the engine's gauge says so before and
+    after B's requests): the compile holds neither the event loop, nor the model thread, nor the
+    other worker. Facts of order, not of time: the compile costs ~100x B's requests in CPU, on an
+    idle machine or a loaded one alike."""
+    s = make_stack({"model": {"max_batch": 8}})
+    big = {"model": "zccp-tiny", "max_tokens": 4, "messages": MSG,
+           "response_format": {"type": "json_schema", "json_schema": {"name": "big", "schema": slow_schema()}}}
+    plain = {"model": "zccp-tiny", "max_tokens": 4, "temperature": 0, "messages": MSG}
+    small = {**plain, "max_tokens": 24, "response_format": {"type": "json_schema", "json_schema": {
+        "name": "small", "schema": {"type": "object", "properties": {"ok": {"type": "boolean"}},
+                                    "required": ["ok"]}}}}
+    a = httpx.Client(base_url=s.base_url, timeout=120, headers={"authorization": "Bearer sk-tenant-a"})
+    b = httpx.Client(base_url=s.base_url, timeout=120, headers={"authorization": "Bearer sk-tenant-b"})
+    with a, b:
+        t, out = _in_background(lambda: a.post("/v1/chat/completions", json=big))
+        _wait_for(lambda: _gauge(s, "zccp_engine_grammar_compiling") == 1, "tenant A's schema never compiled")
+        got = [b.post("/v1/chat/completions", json=body) for body in (plain, small)]
+        still = _gauge(s, "zccp_engine_grammar_compiling")
+        t.join(120)
+    assert [r.status_code for r in got] == [200, 200], [r.text for r in got]
+    assert json.loads(got[1].json()["choices"][0]["message"]["content"])["ok"] in (True, False)
+    assert still >= 1                          # A's compile was still running when B had both answers
+    # A's own answer: compiled within its budget, or refused for taking longer; never a 500
+    assert out[0].status_code == 200 or (out[0].status_code == 400 and "too complex" in out[0].text), out[0].text
+    assert _gauge(s, "zccp_engine_grammar_compiles_total") == 2
+    s.assert_no_leaks(10)
+
+
 def test_another_tenant_is_not_queued_behind_n_choices(make_stack):
     s = make_stack({"model": {"max_batch": 1, "max_queue": 64}})
     backlog = {"model": "zccp-tiny", "max_tokens": 40, "temperature": 0, "n": 16, "messages": MSG}

@@ -7,12 +7,13 @@ from __future__ import annotations
 
 import asyncio
 import json
+import random
 import threading
 
 import pytest
 import torch
 
-from zccp.fair_queue import Admission, FairQueue
+from zccp.fair_queue import Admission, FairQueue, spare_rows
 from zccp.metrics import EngineMetrics
 from zccp.model.grammar_cache import GrammarCompiler
 from zccp.model.sampling import Sampler, sample_rows
@@ -21,6 +22,7 @@ from zccp.model.tokenizer import encode_chat
 from zccp.planner import Planner
 from zccp.scheduler import BatchLimits, BatchScheduler, Sequence
 from zccp.shared_types import ApiError, ChatMessage, OutputConstraint, SamplingParams
+from zccp.text_assembly import StopMatcher
 
 
 class Sink:
@@ -268,6 +270,57 @@ def test_a_schema_over_the_compile_budget_is_a_400_and_stays_refused(tiny):
     assert compiler.compiles == 1
 
 
+def slow_schema(salt: int = 0) -> str:
+    """~10 KB that llguidance takes about a CPU-second to compile (3,600 merged objects)."""
+    return json.dumps({"type": "object", "allOf": [{"anyOf": [
+        {"properties": {f"a{j}_{q}": {"const": salt + i * 100 + q} for q in range(3)}} for i in range(60)]}
+        for j in range(2)]})
+
+
+def test_one_tenants_slow_schemas_hold_one_worker_and_another_tenant_compiles_meanwhile(tiny):
+    metrics = EngineMetrics()
+    compiler = GrammarCompiler(tiny.grammar_vocab, budget_s=600, metrics=metrics)
+    small = OutputConstraint("json", big_schema(2), param="p")
+
+    async def main():
+        a1 = asyncio.ensure_future(compiler.compile(OutputConstraint("json", slow_schema(), param="p"), b"A"))
+        a2 = asyncio.ensure_future(compiler.compile(OutputConstraint("json", big_schema(3), param="p"), b"A"))
+        await asyncio.sleep(0)
+        assert metrics.grammar_compiling.get() == 2
+        assert await compiler.compile(small, b"B") is not None
+        # B's compile did not wait for A's: A's second, small as it is, waits in A's lane
+        # behind A's first (without lanes it had the other worker, and B queued behind it)
+        order = (a1.done(), a2.done())
+        await asyncio.gather(a1, a2)
+        return order
+
+    assert asyncio.run(main()) == (False, False)
+    compiler.close()
+    assert metrics.grammar_compiles.get() == 3 and metrics.grammar_compiling.get() == 0
+
+
+def test_a_compile_whose_budget_ran_out_in_its_lane_is_not_started_nor_kept(tiny):
+    compiler = GrammarCompiler(tiny.grammar_vocab, budget_s=0.1)
+    slow = OutputConstraint("json", slow_schema(), param="p")
+    queued = OutputConstraint("json", big_schema(3), param="response_format")
+
+    async def main():
+        first = asyncio.ensure_future(compiler.compile(slow, b"A"))
+        await asyncio.sleep(0)
+        with pytest.raises(ApiError) as info:      # waited behind A's slow one past its budget
+            await compiler.compile(queued, b"A")
+        assert info.value.status == 400 and info.value.param == "response_format"
+        with pytest.raises(ApiError):
+            await first
+        while compiler.compiling:
+            await asyncio.sleep(0.01)
+        return await compiler.compile(queued, b"A")        # never tried, so not refused: compiled now
+
+    assert asyncio.run(main()) is not None
+    compiler.close()
+    assert compiler.compiles == 3
+
+
 # -- fair share ------------------------------------------------------------------------------------
 
 def test_queue_places_are_shared_by_tenant():
@@ -300,6 +353,82 @@ def test_another_tenant_is_admitted_before_a_backlog_of_n_choices_drains(tiny):
         gate.set()
         sched.stop()
     assert order.index("B") <= 2, order[:5]            # not behind A's 63 waiting choices (FIFO: 64th)
+
+
+class Timeline(Sink):
+    """Records ("start" | "end", name) on the model thread, in the order they happen."""
+
+    def __init__(self, name: str, events: list) -> None:
+        super().__init__(name)
+        self.events = events
+
+    def start(self, cached_tokens, plan_chunks):
+        self.events.append(("start", self.name))
+
+    def end(self, reason, output_tokens):
+        self.events.append(("end", self.name))
+        return reason
+
+
+def most_at_once(events: list, name: str) -> int:
+    running = peak = 0
+    for what, who in events:
+        if who == name:
+            running += 1 if what == "start" else -1
+            peak = max(peak, running)
+    return peak
+
+
+@pytest.mark.parametrize("other_tenant_seen", [True, False])
+def test_one_tenant_leaves_a_row_free_once_another_tenant_is_seen(tiny, other_tenant_seen):
+    assert [spare_rows(n) for n in (1, 2, 8, 9, 16, 64)] == [0, 1, 1, 2, 2, 8]
+    sched = scheduler(tiny, max_batch=2)
+    done = threading.Semaphore(0)
+    events: list = []
+    p = prompt("Hello there")
+    try:
+        if other_tenant_seen:
+            assert sched.submit(seq(p, SamplingParams(max_tokens=2, temperature=0), Timeline("B", events), done, b"B"))
+            assert done.acquire(timeout=60)
+        backlog = [seq(p, SamplingParams(max_tokens=6, temperature=0), Timeline("A", events), done, b"A")
+                   for _ in range(4)]
+        assert sched.submit_all(backlog) is Admission.OK
+        for _ in range(4):
+            assert done.acquire(timeout=60)
+    finally:
+        sched.stop()
+    # with B seen, A holds at most max_batch - 1 rows (one is kept for B); alone, A has both
+    assert most_at_once(events, "A") == (1 if other_tenant_seen else 2)
+
+
+def test_vectorised_logit_bias_and_penalties_equal_their_definition():
+    logits = torch.linspace(-3, 3, 12)
+    params = SamplingParams(max_tokens=4, logit_bias=((5, 2.0), (5, 1.0), (7, -100.0), (11, 0.5), (12, 9.0),
+                                                      (10**6, 5.0)), presence_penalty=0.5, frequency_penalty=0.25)
+    s = Sampler(params, torch.device("cpu"))
+    s.counts = {3: 2, 5: 1}
+    want = logits.clone()
+    for tok, b in params.logit_bias:
+        if tok < 12:                               # ids outside the vocabulary are ignored
+            want[tok] += b
+    for tok, c in s.counts.items():
+        want[tok] -= 0.25 * c + 0.5
+    for _ in range(2):                             # the bias tensors are made once, then reused
+        assert torch.allclose(s._adjusted(logits), want)
+    assert torch.equal(logits, torch.linspace(-3, 3, 12))      # the step's shared logits are untouched
+
+
+def test_the_stop_scanners_held_suffix_equals_the_one_length_at_a_time_definition():
+    def held(buf: str, stops: tuple[str, ...]) -> int:
+        return max([k for s in stops for k in range(1, min(len(s) - 1, len(buf)) + 1) if buf.endswith(s[:k])],
+                   default=0)
+
+    rng = random.Random(28)
+    for _ in range(5000):
+        stops = ["".join(rng.choice("ab-") for _ in range(rng.randint(1, 8))) for _ in range(rng.randint(1, 4))]
+        buf = "".join(rng.choice("ab-") for _ in range(rng.randint(0, 10)))
+        m = StopMatcher(stops)
+        assert m._held_suffix(buf) == held(buf, m.stops), (stops, buf)
 
 
 def test_validate_only_compiler_refuses_a_bad_schema_and_passes_a_good_one():

@@ -10,7 +10,13 @@ schemas compiling at the same time share one compile.
 
 The budget: a compile that has not ended COMPILE_BUDGET_S after it was asked for is a
 400 for the request that waits (its thread runs on, and its verdict, "too slow", is what
-the cache keeps, so the same schema is refused at once next time). docs/isolation.md.
+the cache keeps, so the same schema is refused at once next time).
+
+Shared by tenant: a tenant compiles one schema at a time (its next ones wait in its own
+lane, not in the workers' queue), so one tenant's stream of slow schemas holds at most one
+of the WORKERS threads and another tenant's schema finds a free one; a compile whose budget
+ran out while it waited in its lane is not started (nothing is cached: it was never tried).
+docs/isolation.md.
 """
 
 from __future__ import annotations
@@ -18,13 +24,17 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import time
-from collections import OrderedDict
+from collections import Counter, OrderedDict
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from zccp.model.grammar import CompiledGrammar, GrammarVocab, compile_error, invalid_schema
 from zccp.shared_types import ApiError, OutputConstraint
+
+if TYPE_CHECKING:
+    from zccp.metrics import EngineMetrics
 
 COMPILE_BUDGET_S = 2.0      # longer than this is a 400 (a large oneOf takes seconds)
 CACHE_ENTRIES = 256         # compiled grammars kept (each holds llguidance's lexer and grammar)
@@ -47,25 +57,33 @@ def constraint_key(c: OutputConstraint) -> bytes:
     return h.digest()
 
 
+class _Expired(Exception):
+    """A compile whose waiters' budget ran out before its tenant's lane let it start."""
+
+
 class GrammarCompiler:
     """compile() on the event loop; the compiling on WORKERS threads. vocab: the backend's
     grammar vocabulary (built on first use, in a worker), or None for a backend that only
     needs the schema validated (upstream: the constraint is forwarded)."""
 
     def __init__(self, vocab: Callable[[], GrammarVocab] | None, budget_s: float = COMPILE_BUDGET_S,
-                 entries: int = CACHE_ENTRIES, workers: int = WORKERS) -> None:
+                 entries: int = CACHE_ENTRIES, workers: int = WORKERS, metrics: EngineMetrics | None = None) -> None:
         self._vocab = vocab
         self.budget_s = budget_s
         self._entries = entries
         self._pool = ThreadPoolExecutor(workers, thread_name_prefix="zccp-grammar")
-        # both only touched on the loop
+        self._metrics = metrics
+        # only touched on the loop
         self._cache: OrderedDict[bytes, Verdict] = OrderedDict()
         self._running: dict[bytes, asyncio.Future[Verdict]] = {}
-        self.compiles = 0                       # compiles run (the cache's misses)
+        self._lanes: dict[bytes, asyncio.Lock] = {}          # per tenant: one compile at a time
+        self._in_lanes: Counter[bytes] = Counter()            # compiles holding or awaiting each lane
+        self.compiles = 0                       # compiles asked for (the cache's misses)
 
-    async def compile(self, c: OutputConstraint) -> CompiledGrammar | None:
+    async def compile(self, c: OutputConstraint, tenant: bytes = b"") -> CompiledGrammar | None:
         """The compiled grammar of `c` (None when only validated); ApiError 400 naming
-        c.param when the compiler refuses it or it takes longer than the budget."""
+        c.param when the compiler refuses it or it takes longer than the budget. tenant:
+        whose lane a compile waits in (the prefix cache's salt; b"" the anonymous)."""
         key = constraint_key(c)
         verdict = self._cache.get(key)
         if verdict is not None:
@@ -73,14 +91,15 @@ class GrammarCompiler:
         else:
             fut = self._running.get(key)
             if fut is None:
-                fut = asyncio.wrap_future(self._pool.submit(self._build, c))
+                fut = asyncio.ensure_future(self._in_lane(c, tenant, time.monotonic() + self.budget_s))
                 self._running[key] = fut
                 fut.add_done_callback(lambda f: self._settle(key, f))
                 self.compiles += 1
+                self._count(compiles=1)
             try:
                 # shielded: a request that stops waiting does not cancel its twins' compile
                 verdict = await asyncio.wait_for(asyncio.shield(fut), self.budget_s)
-            except TimeoutError:
+            except (TimeoutError, _Expired):
                 raise self._too_slow(c) from None
         if verdict.seconds > self.budget_s:
             raise self._too_slow(c)
@@ -88,8 +107,26 @@ class GrammarCompiler:
             raise invalid_schema(c.param, verdict.error)
         return verdict.grammar
 
+    @property
+    def compiling(self) -> int:
+        """Compiles asked for and not ended (running, or waiting in a lane or for a worker)."""
+        return len(self._running)
+
     def close(self) -> None:
         self._pool.shutdown(wait=False, cancel_futures=True)
+
+    async def _in_lane(self, c: OutputConstraint, tenant: bytes, deadline: float) -> Verdict:
+        lane = self._lanes.setdefault(tenant, asyncio.Lock())
+        self._in_lanes[tenant] += 1
+        try:
+            async with lane:
+                if time.monotonic() >= deadline:
+                    raise _Expired               # its first asker's budget ran out in the lane (twins with it)
+                return await asyncio.wrap_future(self._pool.submit(self._build, c))
+        finally:
+            self._in_lanes[tenant] -= 1
+            if not self._in_lanes[tenant]:
+                del self._in_lanes[tenant], self._lanes[tenant]      # a quiet tenant's lane is not kept
 
     # -- a worker thread ------------------------------------------------------------------
 
@@ -100,8 +137,14 @@ class GrammarCompiler:
 
     # -- the loop -------------------------------------------------------------------------
 
+    def _count(self, compiles: int = 0) -> None:
+        if self._metrics is not None:
+            self._metrics.grammar_compiles.inc(compiles)
+            self._metrics.grammar_compiling.set(len(self._running))
+
     def _settle(self, key: bytes, fut: asyncio.Future[Verdict]) -> None:
         self._running.pop(key, None)
+        self._count()
         if fut.cancelled() or fut.exception() is not None:
             return                               # not kept: the next request tries again
         self._cache[key] = fut.result()

@@ -61,11 +61,14 @@ class Sampler:
     """temperature -> top_k -> top_p -> multinomial; argmax when temperature == 0."""
 
     __slots__ = ("greedy", "temperature", "top_k", "top_p", "gen", "grammar", "bias", "presence", "frequency",
-                 "counts", "plain", "top_logprobs", "last")
+                 "counts", "plain", "top_logprobs", "last", "_bias_ids", "_bias_values")
 
     def __init__(self, params: SamplingParams, device: torch.device, grammar: GrammarMatcher | None = None) -> None:
         self.grammar = grammar               # masks what it does not allow, consumes each token drawn
         self.bias = params.logit_bias
+        # the bias as two tensors, made at the first step (when the vocabulary's width is known)
+        self._bias_ids: torch.Tensor | None = None
+        self._bias_values: torch.Tensor | None = None
         self.presence = params.presence_penalty
         self.frequency = params.frequency_penalty
         self.counts: dict[int, int] = {}     # how often each token was drawn (the penalties)
@@ -111,14 +114,21 @@ class Sampler:
 
     def _adjusted(self, logits: torch.Tensor) -> torch.Tensor:
         """logit_bias added, presence and frequency penalties subtracted (OpenAI's
-        definition, over the tokens generated so far); ids outside the vocabulary ignored."""
+        definition, over the tokens generated so far); ids outside the vocabulary ignored.
+        Two index_add_ per step, not a Python loop per entry (300 entries, every token, on
+        the model thread every row shares)."""
         logits = logits.float().clone()
-        n = logits.shape[-1]
-        for tok, b in self.bias:
-            if 0 <= tok < n:
-                logits[tok] += b
-        for tok, c in self.counts.items():
-            logits[tok] -= self.frequency * c + self.presence
+        if self.bias:
+            if self._bias_ids is None or self._bias_values is None:
+                n = logits.shape[-1]
+                kept = [(tok, b) for tok, b in self.bias if 0 <= tok < n]
+                self._bias_ids = torch.tensor([t for t, _ in kept], dtype=torch.long, device=logits.device)
+                self._bias_values = torch.tensor([b for _, b in kept], dtype=torch.float32, device=logits.device)
+            logits.index_add_(0, self._bias_ids, self._bias_values)
+        if self.counts:
+            ids = torch.tensor(list(self.counts), dtype=torch.long, device=logits.device)
+            drawn = torch.tensor(list(self.counts.values()), dtype=torch.float32, device=logits.device)
+            logits.index_add_(0, ids, drawn * -self.frequency - self.presence)
         return logits
 
     def _draw(self, logits: torch.Tensor) -> int:
