@@ -9,7 +9,11 @@ W=/root/walk
 mkdir -p "$W/blocks" "$W/out" "$W/before"
 T0=$(date +%s)
 say() { printf '[inside %4ds] %s\n' "$(($(date +%s) - T0))" "$*"; }
-fail() { printf '[FAIL] %s\n' "$*"; exit 1; }
+fail() {
+    printf '[FAIL] %s\n' "$*"
+    [ ! -f /var/log/nginx/error.log ] || { echo "--- error.log:"; tail -20 /var/log/nginx/error.log; }
+    exit 1
+}
 extract_blocks "$DOC" "$W/blocks"
 check_plan "$W/blocks"
 BLOCKS=("$W/blocks"/*)
@@ -162,6 +166,12 @@ run_block 9
 cp "$W/site-with-zccp" /etc/nginx/sites-enabled/example
 say "block 10 (step 7): the include and the two access_log lines, in /etc/nginx/sites-enabled/example"
 run_block 11
+# A reload is asynchronous: the old workers answer until the new ones run. An operator types
+# the next command seconds later; the script waits for the new workers' answer instead.
+for _ in $(seq 1 150); do
+    [ "$(curl -s -o /dev/null -w '%{http_code}' --cacert /etc/ssl/certs/example.pem https://your.host/health)" = 404 ] || break
+    sleep 0.2
+done
 
 # --- Verify over HTTPS + HTTP/2 (--cacert), and both
 run_block 13

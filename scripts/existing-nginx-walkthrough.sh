@@ -31,7 +31,7 @@
 # global.cert; PIP_FIND_LINKS or global.find-links with the CPU torch wheel).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-DOC=docs/existing-nginx.md
+DOC=${WALK_DOC:-docs/existing-nginx.md}   # WALK_DOC: another copy of the page (the unit test)
 
 # The plan: one entry per fenced block of the page, in order: LANG|FIRST WORDS|ACTION|why.
 # ACTION: run (the block as written), site (the operator's server {} of step 7), skip.
