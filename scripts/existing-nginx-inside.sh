@@ -38,6 +38,14 @@ for a in "$@"; do
     case $a in --now) now=1 ;; -*) ;; *) if [ -z "$verb" ]; then verb=$a; else units+=("${a%.service}"); fi ;; esac
 done
 unit() { echo "/etc/systemd/system/$1.service"; }
+# An init script's daemon (nginx's master keeps its stderr) must not hold the caller's pipe
+# open: its output goes through a file, printed afterwards.
+initd() {
+    local out rc=0; out=$(mktemp)
+    "/etc/init.d/$1" "$2" > "$out" 2>&1 < /dev/null || rc=$?
+    cat "$out"; rm -f "$out"
+    return $rc
+}
 key() { sed -n "s/^$2=//p" "$(unit "$1")" | tail -1; }
 running() { [ -s "$RUN/$1.pid" ] && kill -0 "$(cat "$RUN/$1.pid")" 2>/dev/null; }
 start() {
@@ -56,7 +64,7 @@ start() {
             --init-groups env "${env[@]}" $(key "$1" ExecStart)) >> "$LOGS/$1.log" 2>&1 < /dev/null &
         echo $! > "$RUN/$1.pid"
     elif [ -x "/etc/init.d/$1" ]; then
-        "/etc/init.d/$1" status >/dev/null 2>&1 || "/etc/init.d/$1" start
+        "/etc/init.d/$1" status >/dev/null 2>&1 || initd "$1" start
     else
         echo "systemctl (stand-in): Unit $1.service not found." >&2; exit 5
     fi
@@ -69,7 +77,7 @@ stop() {
         kill -KILL "$pid" 2>/dev/null || true
         rm -f "$RUN/$1.pid"
     elif [ -x "/etc/init.d/$1" ]; then
-        "/etc/init.d/$1" stop
+        initd "$1" stop
     fi
 }
 case $verb in
@@ -79,7 +87,7 @@ case $verb in
     start) for u in "${units[@]}"; do start "$u"; done ;;
     stop) for u in "${units[@]}"; do stop "$u"; done ;;
     reload|restart) for u in "${units[@]}"; do
-                        if [ -x "/etc/init.d/$u" ]; then "/etc/init.d/$u" "$verb"; else stop "$u"; start "$u"; fi
+                        if [ -x "/etc/init.d/$u" ]; then initd "$u" "$verb"; else stop "$u"; start "$u"; fi
                     done ;;
     status|is-active) for u in "${units[@]}"; do
                           if running "$u" || { [ -x "/etc/init.d/$u" ] && "/etc/init.d/$u" status >/dev/null 2>&1; }
@@ -106,6 +114,7 @@ run_block() {   # NUMBER [FILE]: one of the page's blocks, as written, stopping 
     IFS='|' read -r _ _ _ why <<<"${PLAN[$(($1 - 1))]}"
     say "block $n ($why): $(grep -v -e '^ *#' -e '^ *$' "$f" | head -1)"
     bash -euo pipefail -x "$f" 2>&1 | tee "$W/out/$n.txt" || fail "block $n of $DOC failed: $(tail -5 "$W/out/$n.txt")"
+    echo   # a block's last output line may lack its newline (curl)
 }
 expect() {   # NUMBER TEXT: the block's output holds TEXT
     grep -qF -- "$2" "$W/out/$1.txt" || fail "block $1's output lacks '$2'"
@@ -188,6 +197,12 @@ code=$(curl -s -o /dev/null -w '%{http_code}' --http2 --cacert /etc/ssl/certs/ex
 [ "$code" = 413 ] || fail "a 700 KB body: $code, not 413"
 grep -q '"request_id":"walk-413","context_id":"walk-413"' /var/log/nginx/zccp.log \
     || fail "zccp.log has no 413 line with the request id as context id: $(tail -3 /var/log/nginx/zccp.log)"
+# a cacheable answer (temperature 0: not sampled), so that Removal has cache keys to delete
+curl -s --http2 --cacert /etc/ssl/certs/example.pem https://your.host/v1/messages -H 'content-type: application/json' \
+    -d '{"model":"zccp-tiny","max_tokens":8,"temperature":0,"messages":[{"role":"user","content":"cache me"}]}' >/dev/null
+for _ in $(seq 1 50); do [ -z "$(redis-cli --scan --pattern 'zccp:*')" ] || break; sleep 0.2; done
+[ -n "$(redis-cli --scan --pattern 'zccp:*')" ] || fail "no zccp:* key in Redis after a cacheable answer"
+say "Redis holds $(redis-cli --scan --pattern 'zccp:*' | wc -l) zccp:* key(s) before Removal"
 grep -q '"status":200.*"cache"' /var/log/nginx/zccp.log || fail "zccp.log has no answer: $(cat /var/log/nginx/zccp.log)"
 say "verified: health, both APIs over HTTP/2, metrics on the admin socket, workers in group zccp, zccp.log (413's context id: its request id)"
 
