@@ -60,10 +60,11 @@ def _head(raw: bytes) -> tuple[int, dict[str, str]]:
     return int(lines[0].split()[1]), {k.lower(): v.strip() for k, _, v in (ln.partition(":") for ln in lines[1:])}
 
 
-def test_nginx_own_413_and_431_carry_the_request_id_as_context_id(stack: Stack) -> None:
+def test_nginx_own_413_431_and_400_carry_the_request_id_as_context_id(stack: Stack) -> None:
     """A body nginx refused from its Content-Length (never read: no content hash) and a header
     line over large_client_header_buffers: the answer's X-ZCCP-Context-ID and the log line's
-    context_id are the request id; an answered request keeps the engine's hash."""
+    context_id are the request id; so is the log's for nginx's own 400, which runs no Lua; an
+    answered request keeps the engine's hash."""
     over = stack.cfg.limits.max_body_kb * 1024 + 1
     with stack.client() as c:
         ok = c.post("/v1/messages", json={"model": "zccp-null", "max_tokens": 8,
@@ -78,13 +79,17 @@ def test_nginx_own_413_and_431_carry_the_request_id_as_context_id(stack: Stack) 
                   b"Content-Length: 2\r\nX-Big: " + b"b" * 64 * 1024 + b"\r\n\r\n{}")
     status431, headers431 = _head(_raw(stack, big_header))
     assert status431 == 431, headers431
+    # nginx's own 400 with no Lua at all (an HTTP/1.1 request without Host): no header names
+    # a context, the log line's context_id is the request id all the same (zccp_http.conf's map)
+    status400, headers400 = _head(_raw(stack, b"POST /v1/messages HTTP/1.1\r\nContent-Length: 2\r\n\r\n{}"))
+    assert status400 == 400 and "x-zccp-context-id" not in headers400, headers400
     # nginx logs a request it closes only after its lingering close: the client may have the
     # answer first, so wait for the line (a bound on the wait, not a timing being tested)
     end = time.monotonic() + 20
     while True:
         lines = _log_lines(stack)
         by_status = {(x["uri"], x["status"]): x for x in lines}
-        if ("/v1/messages", 431) in by_status or time.monotonic() > end:
+        if {("/v1/messages", 431), ("/v1/messages", 400)} <= by_status.keys() or time.monotonic() > end:
             break
         time.sleep(0.1)
     l413 = by_status[("/v1/chat/completions", 413)]
@@ -92,5 +97,7 @@ def test_nginx_own_413_and_431_carry_the_request_id_as_context_id(stack: Stack) 
     l431 = by_status.get(("/v1/messages", 431))
     assert l431, lines
     assert l431["context_id"] and l431["context_id"] == l431["request_id"], l431
+    l400 = by_status.get(("/v1/messages", 400))
+    assert l400 and l400["context_id"] and l400["context_id"] == l400["request_id"], lines
     l200 = next(x for x in lines if x["request_id"] == ok.headers["x-request-id"])
     assert l200["context_id"] == ok.headers["x-zccp-context-id"] and len(l200["context_id"]) == 16, l200
