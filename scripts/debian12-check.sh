@@ -6,6 +6,8 @@
 #   bash scripts/test.sh
 # Docker is installed and started if needed, the base image made with debootstrap if absent
 # (scripts/lib/docker.sh). Run as root (or with sudo). Takes ~10 minutes.
+#   ZCCP_CHECK_WALKTHROUGH=1  then also scripts/existing-nginx-walkthrough.sh (docs/existing-nginx.md
+#                   run as written in another fresh container, removal included; ~7 more minutes)
 #   ZCCP_CHECK_SHM  the container's /dev/shm (default 1g, as on a host: Docker's own default of
 #                   64 MB is too small for the default 128 MiB arena, and the engine says so)
 # This machine's pip settings travel in, as a user's would: its CA bundle (PIP_CERT, or pip's
@@ -95,4 +97,8 @@ docker run --rm --shm-size "${ZCCP_CHECK_SHM:-1g}" "${MOUNTS[@]}" "${ENVS[@]}" d
 rc=$?
 set -e
 grep -E '^\[in the container\]|passed|failed|error' "$LOG_DIR/container.log" | tail -25
+if [ "$rc" -eq 0 ] && [ "${ZCCP_CHECK_WALKTHROUGH:-0}" = 1 ]; then
+    say "existing-nginx-walkthrough.sh (docs/existing-nginx.md on a fresh Debian 12)"
+    bash scripts/existing-nginx-walkthrough.sh || rc=$?
+fi
 exit $rc

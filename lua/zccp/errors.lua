@@ -12,6 +12,10 @@ local pairs = pairs
 
 local _M = { _VERSION = "0.1.0" }
 
+-- nginx's own refusals (zccp.core.edges): a body over client_max_body_size, header lines
+-- over large_client_header_buffers; answered before any body byte is read.
+local NO_BODY_READ = { [413] = true, [431] = true }
+
 function _M.body(api, kind, message)
     if api == "openai" then
         local k = KINDS[kind] or KINDS.api_error
@@ -25,6 +29,11 @@ end
 function _M.send(api, status, kind, message, headers)
     ngx.status = status
     ngx.header["Content-Type"] = "application/json"
+    if NO_BODY_READ[status] and not ngx.header["X-ZCCP-Context-ID"] then
+        -- no body was read, so there is no content hash: the request id stands in for it
+        -- (docs/existing-nginx.md, "Logs"), and the zccp_json log line carries the same
+        ngx.header["X-ZCCP-Context-ID"] = ngx.var.zccp_request_id
+    end
     if headers then
         for k, v in pairs(headers) do
             ngx.header[k] = v

@@ -136,12 +136,18 @@ def test_zccp_joins_an_nginx_serving_other_sites_and_reloads_under_load(existing
 
     # zccp-nginx render, the two includes, nginx -t, reload: docs/existing-nginx.md, step by step.
     out = e.prefix / "zccp"
+    zccp_log = e.prefix / "logs" / "zccp.log"
+    # --log: the zccp_json log made as Debian's are (www-data:adm 0640), not by nginx as root
+    owner = "www-data:adm" if AS_ROOT else f"{pwd.getpwuid(os.getuid()).pw_name}:{grp.getgrgid(os.getgid()).gr_name}"
     r = subprocess.run([sys.executable, "-m", "zccp.ops.cli", "nginx", "render", "--config", str(s.config_path),
-                        "--out", str(out)], capture_output=True, text=True, timeout=60,
+                        "--out", str(out), "--log", str(zccp_log), "--log-owner", owner],
+                       capture_output=True, text=True, timeout=60,
                        env=dict(os.environ, PYTHONPATH=str(REPO / "engine"), **env))
     assert r.returncode == 0, r.stderr
     assert r.stdout.split() == [str(out / "zccp_http.conf"), str(out / "zccp_server.conf"),
-                                str(out / "zccp_admin.conf")]
+                                str(out / "zccp_admin.conf"), str(zccp_log)]
+    want_ids = (pwd.getpwnam(owner.split(":")[0]).pw_uid, grp.getgrnam(owner.split(":")[1]).gr_gid)
+    assert (stat.S_IMODE(zccp_log.stat().st_mode), zccp_log.stat().st_uid, zccp_log.stat().st_gid) == (0o640, *want_ids)
     assert f'lua_package_path "{zccp_home / "lua"}/?.lua;;";' in (out / "zccp_http.conf").read_text()
     # step 7's three pieces: the http include and the admin server (a unix socket) in
     # conf.d/, the include (and the logs) in the operator's server
@@ -205,7 +211,9 @@ def test_zccp_joins_an_nginx_serving_other_sites_and_reloads_under_load(existing
     assert r.status_code == 400 and "application/json" not in r.headers.get("content-type", ""), r.headers
     # Every answer ZCCP gave, L1's included, is a line of its JSON log (if=$zccp_log), with
     # its context id; the operator's requests are not.
-    zlog = [json.loads(ln) for ln in (e.prefix / "logs" / "zccp.log").read_text().splitlines()]
+    zlog = [json.loads(ln) for ln in zccp_log.read_text().splitlines()]
+    # nginx's master appended to the file render made: its owner and mode are still Debian's
+    assert (stat.S_IMODE(zccp_log.stat().st_mode), zccp_log.stat().st_uid, zccp_log.stat().st_gid) == (0o640, *want_ids)
     assert {x["uri"] for x in zlog} == {"/v1/messages", "/v1/chat/completions", "/v1/models/zccp-tiny"}, zlog
     by_id = {x["request_id"]: x for x in zlog}
     for a in zccp_answers:
@@ -278,15 +286,18 @@ def test_zccp_joins_an_nginx_serving_other_sites_and_reloads_under_load(existing
     _remove(e, s, out, env, conf_before.stdout)
 
 
+def _removal_redis_lines() -> list[str]:
+    """The redis-cli command lines of docs/existing-nginx.md's Removal block."""
+    doc = (REPO / "docs" / "existing-nginx.md").read_text()
+    block = doc.split("## Removal", 1)[1].split("```sh\n", 1)[1].split("```", 1)[0]
+    return [ln.split("  #")[0].strip() for ln in block.splitlines() if ln.startswith("redis-cli ")]
+
+
 def _remove(e: Existing, s: Stack, out: Path, env: dict[str, str], conf_before: str) -> None:
     """docs/existing-nginx.md, "Removal", in its order; then nginx is as it was before."""
-    purge = [sys.executable, "-m", "zccp.ops.cli", "cache", "purge", "--config", str(s.config_path), "--all"]
-    r = subprocess.run(purge, capture_output=True, text=True, timeout=60,
-                       env=dict(os.environ, PYTHONPATH=str(REPO / "engine"), **env))
-    assert r.returncode == 0 and r.stdout.startswith("purged "), (r.stdout, r.stderr)
     rc = redis.Redis.from_url(s.cfg.cache.redis_url)
-    rc.delete("zccp_purge_epoch")
-    assert list(rc.scan_iter("zccp*")) == []
+    rc.set("operator:own", "stays")             # the operator's key: the removal leaves it
+    assert rc.keys("zccp:*")                    # the cached answers: what the removal deletes
     (e.prefix / "conf.d" / "zccp.conf").unlink()
     (e.prefix / "conf.d" / "zccp-admin.conf").unlink()
     site = e.prefix / "sites-enabled" / "default"
@@ -299,6 +310,15 @@ def _remove(e: Existing, s: Stack, out: Path, env: dict[str, str], conf_before: 
     _wait(lambda: not (e.workers() & old) and len(e.workers()) == WORKERS, 30, "the reload's new workers")
     assert s.engine is not None
     s.engine.stop()
+    # the doc's own redis-cli lines, as written, on this Redis
+    lines = _removal_redis_lines()
+    assert len(lines) == 3, lines
+    for line in lines:
+        r = subprocess.run(["bash", "-c", line.replace("redis://127.0.0.1:6379/0", s.cfg.cache.redis_url)],
+                           capture_output=True, text=True, timeout=60)
+        assert r.returncode == 0 and r.stderr == "", (line, r.stderr)
+    assert r.stdout == ""                        # the last one: the scan finds nothing
+    assert list(rc.scan_iter("zccp*")) == [] and rc.get("operator:own") == b"stays"
     socket_dir = Path(s.cfg.server.socket_path).parent
     shutil.rmtree(socket_dir, ignore_errors=True)
     (Path("/dev/shm") / s.cfg.shared_memory.name.lstrip("/")).unlink(missing_ok=True)

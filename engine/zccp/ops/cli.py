@@ -90,6 +90,10 @@ def nginx_main(argv: list[str] | None = None) -> None:
     p.add_argument("--run-dir", default=".run", help=RUN_DIR_HELP)
     p.add_argument("--standalone", action="store_true", help="also render a complete nginx.conf")
     p.add_argument("--prefix", help="nginx prefix for --standalone (temp files; logs go to <prefix>/logs)")
+    p.add_argument("--log", metavar="FILE", help="also create the zccp_json access log FILE (if absent) as "
+                   "Debian's nginx logs are: --log-owner, mode 0640 (docs/existing-nginx.md, step 6)")
+    p.add_argument("--log-owner", metavar="USER:GROUP", default="www-data:adm",
+                   help="owner of the --log file (default www-data:adm, as Debian's logrotate makes them)")
     args = p.parse_args(args_in)
     if args.front:
         print(_render_front(args.front, Path(args.out)))
@@ -103,6 +107,14 @@ def nginx_main(argv: list[str] | None = None) -> None:
     for f in (r.http_conf, r.server_conf, r.admin_conf, r.nginx_conf):
         if f:
             print(f)
+    if args.log:
+        from zccp.ops.log_file import make_log_file
+
+        try:
+            print(make_log_file(Path(args.log), args.log_owner).path)
+        except (OSError, ValueError) as exc:
+            print(f"zccp-nginx: {exc}", file=sys.stderr)
+            sys.exit(2)
 
 
 def _render_front(path: str, out: Path) -> Path:
