@@ -37,16 +37,31 @@ INIT_WORKER = 'require("zccp.init").init_worker()'
 # jit.v per worker (one file each: the workers would truncate one shared file).
 JITV = 'require("jit.v").on("%s" .. ngx.worker.pid()); ' + INIT_WORKER
 # [TRACE --- (7/3) handler.lua:40 -- NYI: FastFunc coroutine.wrap at relay.lua:80]
+PHASES_LOCATION = """
+location = /zccp-bench/phases {
+    content_by_lua_block { require("jit_paths").report() }
+}
+"""
 ABORT = re.compile(r"^\[TRACE --- (?:\(\d+/\d+\) )?(\S+) -- (.*?)(?: at (\S+))?\]$")
 
 
-def reconfigure(v: Variant, lua_dir: Path, jitv: str | None, conf: Path, original: str) -> None:
+def reconfigure(v: Variant, lua_dir: Path, jitv: str | None, confs: dict[Path, str], phases: bool = False) -> None:
     """Rewrites the rendered zccp_http.conf (ZCCP's Lua from lua_dir; jit.v into files
-    jitv + PID, or off) and reloads nginx: new workers, fresh traces."""
-    text = original.replace(INIT_WORKER, JITV % jitv if jitv else INIT_WORKER)
-    text, n = re.subn(r'lua_package_path "[^"]*";', f'lua_package_path "{lua_dir}/?.lua;{JIT_LIB}/?.lua;;";', text)
-    assert n == 1, "no lua_package_path in the rendered zccp_http.conf"
-    conf.write_text(text)
+    jitv + PID, or off; phases: bench/jit_paths.lua's timed wrappers and their location)
+    and reloads nginx: new workers, fresh traces."""
+    for conf, original in confs.items():
+        text = original
+        if conf.name == "zccp_http.conf":
+            text = text.replace(INIT_WORKER, JITV % jitv if jitv else INIT_WORKER)
+            text, n = re.subn(r'lua_package_path "[^"]*";',
+                              f'lua_package_path "{lua_dir}/?.lua;{JIT_LIB}/?.lua;{REPO / "bench"}/?.lua;;";', text)
+            assert n == 1, "no lua_package_path in the rendered zccp_http.conf"
+            if phases:
+                text = text.replace("init_by_lua_block {", 'init_by_lua_block {\n    require("jit_paths").install()', 1)
+                text += "\nlua_shared_dict zccp_bench_phases 1m;\n"
+        elif phases:
+            text += PHASES_LOCATION
+        conf.write_text(text)
     nginx = v.services["nginx"].proc
     assert nginx is not None
     old = workers(nginx.pid)
@@ -78,6 +93,25 @@ def aborts(prefix: str) -> Counter[tuple[str, str, str]]:
     return c
 
 
+def phase_costs(v: Variant, body: Path, args: argparse.Namespace, nocache: bool, title: str) -> dict:
+    """µs of nginx CPU per request in each wrapped piece (bench/jit_paths.lua), beside the
+    whole request's (bench/procs, the wrappers' own cost included)."""
+    wrk(v.url, body, args.conc, 1, nocache)   # warm-up
+    v.wait_drained()
+    http_get(v.url + "/zccp-bench/phases?reset=1", 5)
+    r = measured_run(v, body, args.conc, args.seconds, nocache)
+    got = json.loads(http_get(v.url + "/zccp-bench/phases", 5)[1])
+    clock = got.pop("clock_overhead_ns")
+    n = max(got.get("phase log", {}).get("calls", 0), 1)
+    rows = {k: {"us": x["ns"] / n / 1e3, "calls_per_req": x["calls"] / n} for k, x in sorted(got.items())}
+    total = r["procs"]["nginx"]["cpu_s_per_req"] * 1e6
+    print(f"\n{title}: {n} requests, nginx {total:.1f} µs/req in all (wrappers included; "
+          f"a wrapped call's clock costs {clock / 1e3:.2f} µs, not subtracted)")
+    for k, x in rows.items():
+        print(f"  {x['us']:7.2f} µs/req  {x['calls_per_req']:4.2f} calls/req  {k}")
+    return {"total_us": total, "clock_us": clock / 1e3, "requests": n, "rows": rows}
+
+
 def lua_at(commit: str, into: Path) -> Path:
     into.mkdir(parents=True)
     archive = subprocess.run(["git", "-C", str(REPO), "archive", commit, "lua"], check=True,
@@ -93,6 +127,7 @@ def main() -> None:
     ap.add_argument("--conc", type=int, default=16)
     ap.add_argument("--commit", help="also run this commit's lua/ (the before of a change), interleaved")
     ap.add_argument("--no-jitv", action="store_true", help="only the CPU per request")
+    ap.add_argument("--phases", action="store_true", help="also nginx CPU per phase (bench/jit_paths.lua)")
     ap.add_argument("--json", type=Path)
     args = ap.parse_args()
     require_this_checkout()
@@ -108,20 +143,19 @@ def main() -> None:
     if args.commit:
         trees = {args.commit[:10]: lua_at(args.commit, tmp / "before"), **trees}
     v = start_d(tmp / "D", lim, 32)
-    out: dict = {"aborts": {}, "cpu": {}}
+    out: dict = {"aborts": {}, "cpu": {}, "phases": {}}
     try:
         status, _, data = post(v.url, body.read_bytes())
         if status != 200:
             raise RuntimeError(f"D answered {status}: {data[:300]!r}")
         prefix, _ = nginx_paths(tmp / "D")
-        conf = next(prefix.rglob("zccp_http.conf"))
-        original = conf.read_text()
+        confs = {c: c.read_text() for name in ("zccp_http.conf", "zccp_server.conf") for c in prefix.rglob(name)}
         for label, lua in trees.items():
             if args.no_jitv:
                 break
             for path, nocache in (("hit", False), ("miss", True)):
                 files = str(logs / f"{label}-{path}-")
-                reconfigure(v, lua, files, conf, original)
+                reconfigure(v, lua, files, confs)
                 wrk(v.url, body, args.conc, args.seconds, nocache)
                 if not list(logs.glob(f"{label}-{path}-*")):
                     raise RuntimeError(f"jit.v wrote nothing (see {tmp}/D/logs/nginx-error.log)")
@@ -133,7 +167,7 @@ def main() -> None:
                     print(f"  {n:5d}  {reason}  at {at}  (trace from {start})")
         for i in range(args.rounds):
             for label, lua in trees.items():
-                reconfigure(v, lua, None, conf, original)
+                reconfigure(v, lua, None, confs)
                 for path, nocache in (("hit", False), ("miss", True)):
                     wrk(v.url, body, args.conc, 1, nocache)   # warm-up: traces, L1
                     v.wait_drained()
@@ -145,6 +179,11 @@ def main() -> None:
                         {"nginx_us": us, "rps": r["rps"], "other_cores": r["other_cores"]})
                     print(f"round {i + 1} {label:10s} {path:4s} {r['rps']:8.0f} req/s  nginx {us:6.1f} µs/req"
                           f"  (other load {r['other_cores']:.2f} cores)", flush=True)
+        if args.phases:
+            for label, lua in trees.items():
+                reconfigure(v, lua, None, confs, phases=True)
+                for path, nocache in (("hit", False), ("miss", True)):
+                    out["phases"][f"{label} {path}"] = phase_costs(v, body, args, nocache, f"{label}, {path}")
     finally:
         v.stop()
     print("\n| lua/ | path | nginx µs per request (least of rounds) | median |\n|---|---|---|---|")

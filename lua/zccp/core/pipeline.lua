@@ -1,5 +1,7 @@
 -- The plugin chain: config.yaml's plugins.chain, built once at init into one array of
--- functions per phase (a phase no plugin implements is an empty array: one compare).
+-- functions per phase (a phase no plugin implements is an empty array: one compare). A
+-- plugin whose _active(conf) says false (its feature is off in this config) is listed
+-- but not in any phase: a request pays nothing for it.
 -- A plugin ends a request by answering it through zccp.core.answer and returning DONE;
 -- a plugin that raises is that request's 500 and zccp_nginx_plugin_errors_total{plugin}.
 -- Operators' plugins come from plugins.dir; one that fails to load is refused with its
@@ -33,9 +35,6 @@ local IS_PHASE = {}
 for _, p in ipairs(_M.PHASES) do
     IS_PHASE[p] = true
 end
-
--- Today's request path, in order (the default of plugins.chain).
-_M.DEFAULT = { "metrics", "auth", "limits", "l1", "fingerprint", "tenancy", "router", "usage" }
 
 local chains = {}        -- phase -> { n, fns, confs, names }
 local loaded = {}        -- the chain in force: { { name, file, phases } }
@@ -181,11 +180,15 @@ local function load_one(name, dir, last_good)
     return check(mod, name, "zccp/plugins/" .. name .. ".lua")
 end
 
--- opts (settings.plugins): chain (names, in order), dir (operators' plugins, or nil),
--- config (name -> its settings), last_good (where good operator plugins are copied).
+-- opts (settings.plugins, rendered from engine/zccp/plugins_config.py, the one source of
+-- the default chain): chain (names, in order), dir (operators' plugins, or nil), config
+-- (name -> its settings), last_good (where good operator plugins are copied).
 function _M.init(opts)
-    opts = opts or {}
-    local names = opts.chain or _M.DEFAULT
+    local names = type(opts) == "table" and opts.chain
+    if type(names) ~= "table" then
+        error("zccp.core.pipeline.init: no plugins.chain in the settings nginx was given "
+              .. "(render the config with zccp-nginx render: it always writes the chain)", 2)
+    end
     local conf = opts.config or {}
     load_errors, loaded = {}, {}
     for _, p in ipairs(_M.PHASES) do
@@ -195,16 +198,25 @@ function _M.init(opts)
         local mod, file = load_one(name, opts.dir, opts.last_good)
         if mod then
             local phases = {}
+            local active, why = true
+            if type(mod._active) == "function" then
+                active, why = pcall(mod._active, conf[name] or {})
+                if not active then   -- a broken _active: refused like a plugin that fails to load
+                    load_errors[#load_errors + 1] = { plugin = name, file = file, message = tostring(why) }
+                    ngx_log(ngx_ERR, "zccp: plugin ", name, " refused: ", tostring(why))
+                end
+                active = active and why and true or false
+            end
             for _, p in ipairs(_M.PHASES) do
                 local fn = mod[p]
-                if fn then
+                if fn and active then
                     local c = chains[p]
                     c.n = c.n + 1
                     c.fns[c.n], c.confs[c.n], c.names[c.n] = fn, conf[name] or {}, name
                     phases[#phases + 1] = p
                 end
             end
-            loaded[#loaded + 1] = { name = name, file = file, phases = phases }
+            loaded[#loaded + 1] = { name = name, file = file, phases = phases, active = active }
         end
     end
     return loaded, load_errors
