@@ -63,6 +63,17 @@ function _M.install()
     wrap(require("zccp.body"), "read", "core body.read (may yield)")
     wrap(require("zccp.router"), "order", "core router.order")
     wrap(require("zccp.arena"), "acquire", "core arena.acquire")
+    -- inside the phases (counted in them too)
+    local l1 = require "zccp.l1"
+    wrap(l1, "begin", "  in prepare: l1.begin")
+    wrap(l1, "serve", "  in prepare/keys: l1.serve")
+    wrap(l1, "keep", "  in relayed: l1.keep")
+    local fingerprint = require "zccp.fingerprint"
+    wrap(fingerprint, "keys", "  in prepare: fingerprint.keys")
+    wrap(fingerprint, "complete", "  in keys: fingerprint.complete")
+    wrap(require("zccp.tenant"), "digest", "  in prepare: tenant.digest")
+    wrap(require("zccp.metrics"), "log", "  in log: metrics.log")
+    wrap(require("zccp.metrics"), "l1", "  in prepare: metrics.l1")
 end
 
 -- GET: {name: {ns, calls}} summed over the workers; ?reset=1 empties the sums first.

@@ -35,6 +35,9 @@ local MODEL_KINDS = { count_tokens = "ZCCP_KIND_COUNT_TOKENS", models = "ZCCP_KI
 local ENDPOINTS = { completions = true, responses = true }
 
 local function is_json(ct)
+    if ct == "application/json" then   -- what nearly every client sends: no pattern, no copy
+        return true
+    end
     ct = str_lower(ct)   -- media types are case-insensitive
     return str_find(ct, "^%s*application/json") or str_find(ct, "^%s*application/[%w.-]+%+json")
 end
