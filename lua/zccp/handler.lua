@@ -11,7 +11,10 @@ local pipeline = require "zccp.core.pipeline"
 local core = require "zccp.core.attempts"
 local edges = require "zccp.core.edges"
 
+local get_request = require("resty.core.base").get_request
+
 local ngx = ngx
+local ngx_on_abort = ngx.on_abort
 local ngx_var = ngx.var
 local ngx_header = ngx.header
 local ngx_now = ngx.now
@@ -19,6 +22,7 @@ local str_find = string.find
 local str_lower = string.lower
 local tonumber = tonumber
 local error = error
+local setmetatable = setmetatable
 local run = pipeline.run
 local DONE = pipeline.DONE
 
@@ -31,6 +35,9 @@ local MODEL_KINDS = { count_tokens = "ZCCP_KIND_COUNT_TOKENS", models = "ZCCP_KI
 local ENDPOINTS = { completions = true, responses = true }
 
 local function is_json(ct)
+    if ct == "application/json" then   -- what nearly every client sends: no pattern, no copy
+        return true
+    end
     ct = str_lower(ct)   -- media types are case-insensitive
     return str_find(ct, "^%s*application/json") or str_find(ct, "^%s*application/[%w.-]+%+json")
 end
@@ -141,6 +148,18 @@ local function prepare(r, s, len)
     return r
 end
 
+-- The requests in progress, by their nginx request (the abort handler runs in its own
+-- light thread of the same request): one handler for every request instead of a closure
+-- per request (creating one stops LuaJIT's trace). Weak values: an entry goes with its
+-- request's state.
+local live = setmetatable({}, { __mode = "v" })
+local function on_abort()
+    local state = live[get_request()]
+    if state then
+        state.aborted = true
+    end
+end
+
 -- Content handler for POST /v1/messages ("anthropic") and /v1/chat/completions ("openai");
 -- kind: "purge" or "warmup" (admin listener), "count_tokens" or "models" (GET);
 -- endpoint: "completions" or "responses" (api "openai": /v1/completions, /v1/responses).
@@ -163,7 +182,8 @@ function _M.serve(api, kind, endpoint)
     if run("access", r) == DONE then   -- the API key: 401 before the body
         return
     end
-    ngx.on_abort(function() state.aborted = true end)
+    live[get_request()] = state
+    ngx_on_abort(on_abort)
     if not prepare(r, s, len) then
         return
     end

@@ -85,6 +85,13 @@ function _M.abi_header()
     return current and current.abi_header
 end
 
+-- Whether API keys are on (auth.mode "keys"; zccp.auth reads the same field): decides at
+-- init whether the auth and limits plugins are in the chain (zccp.core.pipeline).
+function _M.keys_on()
+    local a = current and current.auth
+    return type(a) == "table" and a.mode == "keys"
+end
+
 function _M.get()
     if not current then
         error("zccp.settings: not initialised (include zccp_http.conf)", 2)

@@ -14,6 +14,7 @@ local tostring = tostring
 local tonumber = tonumber
 local ipairs = ipairs
 local str_match = string.match
+local setmetatable = setmetatable
 
 local _M = { _VERSION = "0.1.0" }
 
@@ -25,15 +26,35 @@ local function dict()
 end
 
 -- Keys carry the engine's name and its arena's epoch: claims are per engine, and claims
--- made against a previous engine never block slots of the current one.
+-- made against a previous engine never block slots of the current one. Made once per
+-- arena, epoch and slot (a request looks its slot's key up three or four times; building
+-- it meant a tostring of the 64-bit epoch and four concatenations each time).
+local keys_of = setmetatable({}, { __mode = "k" })   -- arena -> { epoch = e, [i] = key }
 local function key(arena, i)
-    return "s:" .. arena.engine .. ":" .. tostring(arena.epoch) .. ":" .. i
+    local t = keys_of[arena]
+    local epoch = arena.epoch
+    if not t or t.epoch ~= epoch then
+        t = { epoch = epoch }
+        keys_of[arena] = t
+    end
+    local k = t[i]
+    if not k then
+        k = "s:" .. arena.engine .. ":" .. tostring(epoch) .. ":" .. i
+        t[i] = k
+    end
+    return k
 end
 
 -- Each engine's claims, counted beside them ("n:<engine>"): the router's load, read with
 -- one get (counting the slot keys would cost a get per slot per request).
+local count_keys = {}
 local function count_key(engine)
-    return "n:" .. engine
+    local k = count_keys[engine]
+    if not k then
+        k = "n:" .. engine
+        count_keys[engine] = k
+    end
+    return k
 end
 
 local function try_claim(d, arena, token)

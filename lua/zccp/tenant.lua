@@ -67,7 +67,7 @@ end
 -- fp: the request's fingerprint (zccp.fingerprint.compute), or nil. With keys on
 -- (zccp.auth) the tenant is the verified key's, whatever cache.tenant_source says.
 function _M.digest(fp)
-    local verified = ngx.ctx.zccp_tenant
+    local verified = settings.keys_on() and ngx.ctx.zccp_tenant   -- only auth sets it: no ngx.ctx without keys
     if verified then
         return verified
     end

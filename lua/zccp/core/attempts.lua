@@ -58,13 +58,14 @@ end
 
 -- Answers the client from the relay's outcome. Returns "retry" when the engine behind
 -- the arena changed before anything was sent (a stale ring).
-local function respond(api, slot, outcome, r)
+local function respond(api, slot, outcome, r, rkind)
     if STREAM_ENDS[outcome] then
         return end_stream(api, slot, outcome)
     end
     if outcome == "done" then
         if not r.sse then
-            local body = auth.models_body(r.parts)   -- GET /v1/models: the key's models only
+            -- GET /v1/models: the key's models only (asked only there: it reads ngx.ctx)
+            local body = rkind == "models" and auth.models_body(r.parts) or nil
             ngx_header["Content-Length"] = body and #body or r.acked
             ngx_print(body or r.parts)
         end
@@ -150,7 +151,7 @@ local function attempt(r, a, state, e)
         router.down(e)
         return "next", 503, "overloaded_error", "engine failed: " .. outcome
     end
-    return respond(api, slot, outcome, res)
+    return respond(api, slot, outcome, res, r.kind)
 end
 
 -- A bug in attempt() (it raised `err`) must not leak a slot or a doorbell connection.

@@ -1,5 +1,7 @@
 -- The plugin chain: config.yaml's plugins.chain, built once at init into one array of
--- functions per phase (a phase no plugin implements is an empty array: one compare).
+-- functions per phase (a phase no plugin implements is an empty array: one compare). A
+-- plugin whose _active(conf) says false (its feature is off in this config) is listed
+-- but not in any phase: a request pays nothing for it.
 -- A plugin ends a request by answering it through zccp.core.answer and returning DONE;
 -- a plugin that raises is that request's 500 and zccp_nginx_plugin_errors_total{plugin}.
 -- Operators' plugins come from plugins.dir; one that fails to load is refused with its
@@ -18,6 +20,8 @@ local tostring = tostring
 local loadfile = loadfile
 local io_open = io.open
 local concat = table.concat
+local load = load
+local assert = assert
 local setmetatable = setmetatable
 
 local _M = { _VERSION = "0.1.0" }
@@ -33,9 +37,6 @@ local IS_PHASE = {}
 for _, p in ipairs(_M.PHASES) do
     IS_PHASE[p] = true
 end
-
--- Today's request path, in order (the default of plugins.chain).
-_M.DEFAULT = { "metrics", "auth", "limits", "l1", "fingerprint", "tenancy", "router", "usage" }
 
 local chains = {}        -- phase -> { n, fns, confs, names }
 local loaded = {}        -- the chain in force: { { name, file, phases } }
@@ -58,44 +59,56 @@ local function failed(r, name, err)
     return DONE
 end
 
+-- Each phase's runner, made once per chain (compile): its plugins' calls one after the
+-- other, no loop (a loop of one to three turns is where LuaJIT's root traces give up).
+local runners = {}
+
+-- The source of one phase's runner, calling plugins 1..n. kind "run": DONE once a plugin
+-- answered (or raised), else nil; "any": true once a plugin says so; "log": every plugin.
+local function source(kind, n)
+    local out = { "local pcall, failed, DONE, fns, confs, names = ...\n" }
+    if kind == "log" then
+        out[#out + 1] = "return function(api)\n local ok, err\n"
+    else
+        out[#out + 1] = "return function(r, a1, a2, a3)\n local ok, res\n"
+    end
+    for i = 1, n do
+        if kind == "run" then
+            out[#out + 1] = (" ok, res = pcall(fns[%d], r, confs[%d], a1, a2, a3)\n"
+                .. " if not ok then return failed(r, names[%d], res) end\n"
+                .. " if res == DONE then return DONE end\n"):format(i, i, i)
+        elseif kind == "any" then
+            out[#out + 1] = (" ok, res = pcall(fns[%d], r, confs[%d])\n"
+                .. " if ok and res then return true elseif not ok then failed(nil, names[%d], res) end\n"):format(i, i, i)
+        else
+            out[#out + 1] = (" ok, err = pcall(fns[%d], api, confs[%d])\n"
+                .. " if not ok then failed(nil, names[%d], err) end\n"):format(i, i, i)
+        end
+    end
+    out[#out + 1] = kind == "any" and " return false\nend\n" or "end\n"
+    return concat(out)
+end
+
+local function compile(phase, c)
+    local kind = phase == "wants_body" and "any" or phase == "log" and "log" or "run"
+    local chunk = assert(load(source(kind, c.n), "=zccp.core.pipeline[" .. phase .. "]"))
+    runners[phase] = chunk(pcall, failed, DONE, c.fns, c.confs, c.names)
+end
+
 -- Runs phase `phase` for request r: DONE once a plugin answered (or raised), else nil.
 -- a1..a3: the phase's own arguments (fixed: no varargs on the hot path).
 function _M.run(phase, r, a1, a2, a3)
-    local c = chains[phase]
-    for i = 1, c.n do
-        local ok, res = pcall(c.fns[i], r, c.confs[i], a1, a2, a3)
-        if not ok then
-            return failed(r, c.names[i], res)
-        end
-        if res == DONE then
-            return DONE
-        end
-    end
+    return runners[phase](r, a1, a2, a3)
 end
 
 -- Whether any plugin asks for the whole body before it is read (phase wants_body).
 function _M.any(phase, r)
-    local c = chains[phase]
-    for i = 1, c.n do
-        local ok, res = pcall(c.fns[i], r, c.confs[i])
-        if ok and res then
-            return true
-        elseif not ok then
-            failed(nil, c.names[i], res)
-        end
-    end
-    return false
+    return runners[phase](r)
 end
 
 -- log_by_lua of the API locations (api nil: the models location, no request metrics).
 function _M.log(api)
-    local c = chains.log
-    for i = 1, c.n do
-        local ok, err = pcall(c.fns[i], api, c.confs[i])
-        if not ok then
-            failed(nil, c.names[i], err)
-        end
-    end
+    return runners.log(api)
 end
 
 local function read(path)
@@ -181,11 +194,15 @@ local function load_one(name, dir, last_good)
     return check(mod, name, "zccp/plugins/" .. name .. ".lua")
 end
 
--- opts (settings.plugins): chain (names, in order), dir (operators' plugins, or nil),
--- config (name -> its settings), last_good (where good operator plugins are copied).
+-- opts (settings.plugins, rendered from engine/zccp/plugins_config.py, the one source of
+-- the default chain): chain (names, in order), dir (operators' plugins, or nil), config
+-- (name -> its settings), last_good (where good operator plugins are copied).
 function _M.init(opts)
-    opts = opts or {}
-    local names = opts.chain or _M.DEFAULT
+    local names = type(opts) == "table" and opts.chain
+    if type(names) ~= "table" then
+        error("zccp.core.pipeline.init: no plugins.chain in the settings nginx was given "
+              .. "(render the config with zccp-nginx render: it always writes the chain)", 2)
+    end
     local conf = opts.config or {}
     load_errors, loaded = {}, {}
     for _, p in ipairs(_M.PHASES) do
@@ -195,17 +212,29 @@ function _M.init(opts)
         local mod, file = load_one(name, opts.dir, opts.last_good)
         if mod then
             local phases = {}
+            local active, why = true
+            if type(mod._active) == "function" then
+                active, why = pcall(mod._active, conf[name] or {})
+                if not active then   -- a broken _active: refused like a plugin that fails to load
+                    load_errors[#load_errors + 1] = { plugin = name, file = file, message = tostring(why) }
+                    ngx_log(ngx_ERR, "zccp: plugin ", name, " refused: ", tostring(why))
+                end
+                active = active and why and true or false
+            end
             for _, p in ipairs(_M.PHASES) do
                 local fn = mod[p]
-                if fn then
+                if fn and active then
                     local c = chains[p]
                     c.n = c.n + 1
                     c.fns[c.n], c.confs[c.n], c.names[c.n] = fn, conf[name] or {}, name
                     phases[#phases + 1] = p
                 end
             end
-            loaded[#loaded + 1] = { name = name, file = file, phases = phases }
+            loaded[#loaded + 1] = { name = name, file = file, phases = phases, active = active }
         end
+    end
+    for _, p in ipairs(_M.PHASES) do
+        compile(p, chains[p])
     end
     return loaded, load_errors
 end

@@ -4,6 +4,11 @@ local DONE = require("zccp.core.pipeline").DONE
 
 local _M = { name = "auth" }
 
+-- auth.mode off: not in the chain at all (r.who stays nil; limits are off with it).
+function _M._active()
+    return require("zccp.settings").keys_on()
+end
+
 function _M.access(r)
     if r.admin then   -- the admin listener's token was checked by the core (zccp.admin)
         r.who = auth.OFF

@@ -5,6 +5,11 @@ local DONE = require("zccp.core.pipeline").DONE
 
 local _M = { name = "limits" }
 
+-- Limits need a key (r.who): off with auth.mode off, and then not in the chain at all.
+function _M._active()
+    return require("zccp.settings").keys_on()
+end
+
 function _M.prepare(r)
     if not r.who then   -- a chain without auth: no key, nothing to limit
         return

@@ -8,6 +8,11 @@ local ngx_header = ngx.header
 
 local _M = { name = "router" }
 
+-- One engine: nothing to route (r.multi stays nil) and no X-ZCCP-Engine: not in the chain.
+function _M._active()
+    return engines.multi()
+end
+
 function _M.wants_body()
     return router.needs_body()
 end

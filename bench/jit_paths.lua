@@ -1,0 +1,102 @@
+-- bench/jit_paths.py --phases: nginx CPU per phase of a real request. install() runs in
+-- init_by_lua before zccp.init requires the request path, so the callers' cached locals
+-- (local run = pipeline.run) capture these timed wrappers. The clock is the worker's
+-- thread CPU time: a wrapped piece that yields would count other requests' work, so only
+-- the pieces that do not yield on a 1 KiB request without Redis are wrapped (body.read and
+-- ring are marked "may yield"); the rest of the request is the /proc total minus these.
+local ffi = require "ffi"
+require "zccp.libc"   -- declares clock_gettime and struct zccp_timespec
+
+local C = ffi.C
+local ts = ffi.new("struct zccp_timespec")
+local CLOCK_THREAD_CPUTIME_ID = 3
+local tonumber = tonumber
+
+local _M = {}
+
+local function now_ns()
+    C.clock_gettime(CLOCK_THREAD_CPUTIME_ID, ts)
+    return tonumber(ts.tv_sec) * 1e9 + tonumber(ts.tv_nsec)
+end
+
+local function add(name, ns)
+    local d = ngx.shared.zccp_bench_phases
+    d:incr(name, ns, 0)
+    d:incr(name .. "#", 1, 0)
+end
+
+local function wrap(mod, fn_name, label)
+    local f = mod[fn_name]
+    mod[fn_name] = function(a1, a2, a3, a4, a5, a6)
+        local t0 = now_ns()
+        local r1, r2, r3, r4 = f(a1, a2, a3, a4, a5, a6)
+        add(label, now_ns() - t0)
+        return r1, r2, r3, r4
+    end
+end
+
+function _M.install()
+    local pipeline = require "zccp.core.pipeline"
+    local run, any, log = pipeline.run, pipeline.any, pipeline.log
+    pipeline.run = function(phase, r, a1, a2, a3)
+        local t0 = now_ns()
+        local res = run(phase, r, a1, a2, a3)
+        add("phase " .. phase, now_ns() - t0)
+        return res
+    end
+    pipeline.any = function(phase, r)
+        local t0 = now_ns()
+        local res = any(phase, r)
+        add("phase " .. phase, now_ns() - t0)
+        return res
+    end
+    pipeline.log = function(api)
+        local t0 = now_ns()
+        log(api)
+        add("phase log", now_ns() - t0)
+    end
+    local transport = require "zccp.core.transport"
+    wrap(transport, "claim_and_fill", "core claim_and_fill")
+    wrap(transport, "ring", "core ring (may yield)")
+    wrap(transport, "hang_up", "core hang_up")
+    wrap(transport, "release", "core release")
+    wrap(require("zccp.body"), "read", "core body.read (may yield)")
+    wrap(require("zccp.router"), "order", "core router.order")
+    wrap(require("zccp.arena"), "acquire", "core arena.acquire")
+    -- inside the phases (counted in them too)
+    local l1 = require "zccp.l1"
+    wrap(l1, "begin", "  in prepare: l1.begin")
+    wrap(l1, "serve", "  in prepare/keys: l1.serve")
+    wrap(l1, "keep", "  in relayed: l1.keep")
+    local fingerprint = require "zccp.fingerprint"
+    wrap(fingerprint, "keys", "  in prepare: fingerprint.keys")
+    wrap(fingerprint, "complete", "  in keys: fingerprint.complete")
+    wrap(require("zccp.tenant"), "digest", "  in prepare: tenant.digest")
+    wrap(require("zccp.metrics"), "log", "  in log: metrics.log")
+    wrap(require("zccp.metrics"), "l1", "  in prepare: metrics.l1")
+end
+
+-- GET: {name: {ns, calls}} summed over the workers; ?reset=1 empties the sums first.
+function _M.report()
+    local d = ngx.shared.zccp_bench_phases
+    if ngx.var.arg_reset then
+        d:flush_all()
+        return ngx.say("{}")
+    end
+    local out = {}
+    for _, k in ipairs(d:get_keys(0)) do
+        if k:sub(-1) ~= "#" then
+            out[k] = { ns = d:get(k), calls = d:get(k .. "#") }
+        end
+    end
+    local t0 = now_ns()   -- the clock's own cost per wrapped call (two reads + two incr)
+    for _ = 1, 1000 do
+        add("clock", now_ns() - now_ns())
+    end
+    out.clock_overhead_ns = (now_ns() - t0) / 1000
+    d:delete("clock")
+    d:delete("clock#")
+    ngx.say(require("cjson").encode(out))
+end
+
+return _M
