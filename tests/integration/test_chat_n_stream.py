@@ -2,14 +2,19 @@
 the slot, the engine's batch scheduler, the tiny model): the choices stream interleaved,
 each chunk with its choice's `index`, a role chunk and a finish chunk per choice, then one
 usage chunk for the whole answer (stream_options.include_usage) and [DONE]; with the
-official openai SDK and as raw SSE."""
+official openai SDK and as raw SSE; a stream the client leaves frees its slot and is settled
+with the tokens of every choice that nginx sent."""
 
 from __future__ import annotations
 
 import json
+import time
+from pathlib import Path
 from typing import Any
 
+from tests.support.cache_requests import NULL
 from tests.support.harness import sdk_clients
+from tests.support.keys_helpers import keys_cli
 
 MODEL = "zccp-tiny"
 USER = [{"role": "user", "content": "Tell me a story about a lighthouse"}]
@@ -100,3 +105,35 @@ def test_a_client_that_leaves_an_n_stream_frees_everything(stack):
             if line.startswith("data: {") and json.loads(line[6:])["choices"][0]["delta"].get("content"):
                 break                                      # the first text: leave
     stack.assert_no_leaks()
+
+
+def test_a_cut_n_stream_is_settled_with_the_tokens_it_was_sent(make_stack):
+    """Each choice's writes carry the output tokens of all choices so far (the committed
+    mark): a key's usage for a stream left part way is what nginx sent, not 0 (before) nor
+    the 2 x 300 the engine was allowed."""
+    s = make_stack({"model": dict(NULL, null_token_delay_ms=20),
+                    "auth": {"mode": "keys", "cache_ttl_s": 1, "negative_ttl_s": 1}}, with_redis=True)
+    if time.time() % 60 > 45:                       # the minute's window: not across its end
+        time.sleep(61 - time.time() % 60)
+    k = keys_cli(s, "create", "--tenant", "ncut", "--otpm", "100000")["key"]
+    body = {"model": MODEL, "messages": USER, "max_tokens": 300, "n": 2, "stream": True}
+    read = 0
+    with s.client() as c, c.stream("POST", "/v1/chat/completions", json=body,
+                                   headers={"authorization": f"Bearer {k}"}) as r:
+        assert r.status_code == 200
+        for line in r.iter_lines():
+            if line.startswith("data: {") and json.loads(line[6:])["choices"][0]["delta"].get("content"):
+                read += 1
+                if read == 30:
+                    break
+    log = Path(s.cfg.auth.usage_log)
+    for _ in range(100):
+        lines = [x for x in map(json.loads, log.read_text().splitlines()) if x["tenant"] == "ncut"] \
+            if log.exists() else []
+        if lines:
+            break
+        time.sleep(0.05)
+    (line,) = lines
+    # at least what the client read (a token a chunk, the null model), a socket buffer more at most
+    assert read <= line["output_tokens"] <= read + 20, (read, line)
+    s.assert_no_leaks()
