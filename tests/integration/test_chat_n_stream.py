@@ -32,7 +32,8 @@ def _sse(text: str) -> list[Any]:
     return out
 
 
-def test_n_choices_stream_interleaved_and_assemble_to_the_whole_answer(stack):
+def test_n_choices_stream_interleaved_and_assemble_to_the_whole_answer(stack_any):
+    stack = stack_any                                      # over HTTP/1.1 and over HTTP/2 + TLS
     _, oai = sdk_clients(stack)
     whole = oai.chat.completions.create(**KW)
     assert [c.index for c in whole.choices] == [0, 1, 2]
@@ -65,10 +66,11 @@ def test_n_choices_stream_interleaved_and_assemble_to_the_whole_answer(stack):
     stack.assert_no_leaks()
 
 
-def test_n_choices_stream_as_raw_sse(stack):
+def test_n_choices_stream_as_raw_sse(stack_any):
     """The bytes as OpenAI sends them: one choice per chunk, `usage: null` on every chunk when
     include_usage (and no usage member without it), a role chunk first and a finish chunk
     last per choice, the usage chunk with no choices, then [DONE]."""
+    stack = stack_any
     body = {**KW, "n": 2, "stream": True, "stream_options": {"include_usage": True}}
     with stack.client() as c:
         r = c.post("/v1/chat/completions", json=body)
