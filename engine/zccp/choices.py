@@ -6,9 +6,11 @@ s gives a prompt's choice j the seed s + j, so the choices differ and each is re
 Its ChoiceSink assembles its text (zccp.token_sink.AnswerText: logprobs included). Not
 streamed: when the last choice ends, the collector renders the one JSON answer (choices in
 index order) through the codec's render_choices. Streamed (an API with stream_choice:
-/v1/completions): each choice's chunks carry its index and go into the ring as they come,
-its finish chunk when it ends, the usage chunk and [DONE] once, after the last. Usage: each
-prompt once, every completion summed. The request ends through its Outcome, once; a failure
+/v1/completions, /v1/chat/completions): each choice's chunks carry its index and go into the
+ring as they come (its opening chunk when it starts, if the API has one), its finish chunk
+when it ends, the usage chunk and [DONE] once, after the last; every write carries the
+output tokens of all choices so far (the committed mark nginx settles a cut stream on).
+Usage: each prompt once, every completion summed. The request ends through its Outcome, once; a failure
 or an abandoned slot ends it at once and cancels the other choices.
 """
 
@@ -62,6 +64,7 @@ class Choices(SlotOutput):
             self._encoders = [codec.stream_choice(req, rid, self._created, 0, 0, index=i)
                               for i in range(len(self._results))]
         self.over = False          # failed or abandoned: the other choices are cancelled
+        self.fed = 0               # output tokens of every choice so far (the committed mark)
 
     def encoder(self, index: int) -> ChoiceStream | None:
         return self._encoders[index] if self._encoders else None
@@ -69,21 +72,24 @@ class Choices(SlotOutput):
     def started(self, index: int, cached_tokens: int) -> None:
         p = index // self._req.n
         self._cached[p] = max(self._cached[p], cached_tokens)
-        if self._encoders and not self._writer.started:
-            self._writer.begin(200, sse=True)
+        if self._encoders:
+            if not self._writer.started:
+                self._writer.begin(200, sse=True)
+            if head := self._encoders[index].start():        # chat's role chunk; b"" for completions
+                self._writer.write_nowait(head, self.fed)
 
     def send(self, enc: ChoiceStream, events: list[TextDelta | ToolCall]) -> None:
         for ev in events:
             out = enc.tool_call(ev) if isinstance(ev, ToolCall) else enc.delta(ev)
             if out:
-                self._writer.write_nowait(out)
+                self._writer.write_nowait(out, self.fed)
 
     def ended(self, index: int, result: GenerationResult) -> None:
         if self.over:
             return
         self._results[index] = result
         if self._encoders:
-            self._writer.write_nowait(self._encoders[index].finish_choice(result))
+            self._writer.write_nowait(self._encoders[index].finish_choice(result), self.fed)
         if any(r is None for r in self._results):
             return
         results = [r for r in self._results if r is not None]
@@ -91,11 +97,11 @@ class Choices(SlotOutput):
         total = replace(results[0], input_tokens=sum(self._prompt_tokens), output_tokens=out,
                         cached_tokens=sum(self._cached), logprobs=None)
         if self._encoders:
-            self._writer.write_nowait(self._encoders[0].close(total))
+            self._writer.write_nowait(self._encoders[0].close(total), out)
         else:
             assert self._codec.render_choices is not None
             self._writer.begin(200, sse=False)
-            self._writer.write_nowait(self._codec.render_choices(self._req, results, total, self._created))
+            self._writer.write_nowait(self._codec.render_choices(self._req, results, total, self._created), out)
         self._writer.set_meta(completion_len=out)   # only while the slot is this request's (issue 20)
         self._result = total
 
@@ -128,6 +134,7 @@ class ChoiceSink:
         pass
 
     def token(self, token: int, drawn: Drawn | None = None) -> bool:
+        self._choices.fed += 1
         events = self._text.feed(token, drawn)
         if self._enc is not None:
             self._choices.send(self._enc, events)

@@ -26,6 +26,7 @@ from collections import Counter, deque
 from collections.abc import Iterable, Iterator
 from enum import Enum
 
+from zccp.api.bounds import never_fits
 from zccp.sequences import Sequence
 from zccp.shared_types import ApiError
 
@@ -46,10 +47,12 @@ class Admission(Enum):
 
 
 def refusal(got: Admission, count: int, max_queue: int) -> ApiError:
-    """The answer to a request the queue did not take: a 429 to retry, or a 400 when it never could be."""
+    """The answer to a request the queue did not take: a 429 to retry, or (NEVER) the 400 of
+    the one rule, zccp.api.bounds.never_fits. Every API's parser applies that rule to what it
+    queues (n, prompts x n) and refuses first, so NEVER here only guards a path that forgot to."""
     if got is Admission.NEVER:
-        return ApiError(400, "invalid_request_error", f"this request runs {count} sequences (n x prompts); the "
-                        f"model's queue holds {max_queue} (model.max_queue)", param="n")
+        why = never_fits(count, max_queue) or f"this request runs {count} sequences"
+        return ApiError(400, "invalid_request_error", f"Invalid 'n': {why}.", param="n")
     return ApiError(429, "rate_limit_error", "the model's queue is full (model.max_queue requests wait already); "
                     "retry shortly")
 

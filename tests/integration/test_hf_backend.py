@@ -40,7 +40,7 @@ def _template_len(tok, messages, tools=None) -> int:
 
 
 def _usage_prompt(u) -> int:
-    return u.input_tokens + (u.cache_read_input_tokens or 0)
+    return u.input_tokens + (u.cache_read_input_tokens or 0) + (u.cache_creation_input_tokens or 0)
 
 
 def test_anthropic_create_counts_exactly(claude, tok, hf_stack):
@@ -139,7 +139,9 @@ def test_images_are_refused_in_each_api_shape(claude, oai):
 
 
 def test_prefix_reuse_is_reported_and_changes_nothing(claude, oai, hf_stack):
-    kw = dict(model=HF_MODEL, max_tokens=20, extra_body=GREEDY, system=SYSTEM,
+    # Anthropic reports cache reads only to a request that asks for prompt caching (cache_control)
+    system = [{"type": "text", "text": SYSTEM, "cache_control": {"type": "ephemeral"}}]
+    kw = dict(model=HF_MODEL, max_tokens=20, extra_body=GREEDY, system=system,
               messages=[{"role": "user", "content": "First question about slots"}])
     cold = claude.messages.create(**kw)
     warm = claude.messages.create(**kw)
@@ -155,16 +157,17 @@ def test_prefix_reuse_is_reported_and_changes_nothing(claude, oai, hf_stack):
     assert r.usage.prompt_tokens == _usage_prompt(cold.usage)
 
 
-def test_warmup_preloads_a_prefix(hf_stack, claude):
+def test_warmup_preloads_a_prefix(hf_stack, oai):
     system = "Warm-up system prompt for the pipeline tests. " * 10
     r = hf_stack.admin_client().post("/v1/zccp/warmup", json={"model": HF_MODEL, "system": system, "messages": []})
     assert r.status_code == 200, r.text
     body = r.json()
     assert body["type"] == "warmup" and body["reused_tokens"] == 0
     assert body["cached_tokens"] == body["prompt_tokens"] // 16 * 16 > 64
-    msg = claude.messages.create(model=HF_MODEL, max_tokens=4, system=system,
-                                 messages=[{"role": "user", "content": "hi"}])
-    assert msg.usage.cache_read_input_tokens == body["cached_tokens"]
+    # OpenAI reports the automatic reuse (Anthropic's usage only reads at cache_control breakpoints)
+    r = oai.chat.completions.create(model=HF_MODEL, max_tokens=4, messages=[
+        {"role": "system", "content": system}, {"role": "user", "content": "hi"}])
+    assert r.usage.prompt_tokens_details.cached_tokens == body["cached_tokens"]
     again = hf_stack.admin_client().post("/v1/zccp/warmup", json={"model": HF_MODEL, "system": system, "messages": []})
     assert again.json()["reused_tokens"] == (body["prompt_tokens"] - 1) // 16 * 16
     bad = hf_stack.admin_client().post("/v1/zccp/warmup", json={"model": "nope", "messages": []})

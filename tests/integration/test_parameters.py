@@ -101,8 +101,9 @@ def test_openai_seed_makes_sampling_reproducible(stack):
 
 def test_openai_n_user_and_unknown_fields(stack):
     assert chat(stack, n=1, user="u-1")["choices"][0]["index"] == 0
-    r = stack.client().post("/v1/chat/completions", json={"model": MODEL, "n": 3, "stream": True, "messages": PROMPT})
-    assert r.status_code == 400 and r.json()["error"]["param"] == "n"      # n > 1 is not streamed
+    r = stack.client().post("/v1/chat/completions", json={"model": MODEL, "n": 3, "logprobs": True,
+                                                          "messages": PROMPT})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "n"      # n > 1 has no logprobs
     r = stack.client().post("/v1/chat/completions", json={"model": MODEL, "messages": PROMPT, "bogus": 1})
     assert r.status_code == 400 and "bogus" in r.json()["error"]["message"]
 

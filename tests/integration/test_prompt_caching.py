@@ -2,8 +2,10 @@
 with both official SDKs: cache_control breakpoints write their prefix into the prefix KV
 cache (usage.cache_creation_input_tokens, by TTL in cache_creation), a later call reads it
 (cache_read_input_tokens), input_tokens are the rest; a pinned prefix outlives LRU traffic;
-OpenAI's automatic prefix caching reports cached_tokens; a response-cache HIT is no model
-call and reports no cache reads or writes. Tool definitions count where the prompt holds them.
+OpenAI's automatic prefix caching reports cached_tokens, and Anthropic's usage reports no
+cache reads for a request without cache_control (the reuse is had, not billed as a read); a
+response-cache HIT is no model call and reports no cache reads or writes. Tool definitions
+count where the prompt holds them.
 
 The tiny model's prompt is bytes (zccp.model.tokenizer): BOS [SYSTEM system] USER text ...
 ASSISTANT, so every position below is exact arithmetic; blocks are 16 tokens."""
@@ -118,6 +120,58 @@ def test_one_hour_then_five_minutes_split_the_write(clients):
     assert msg.usage.cache_creation_input_tokens == aligned(doc_bp)
 
 
+@pytest.mark.parametrize("stream", [False, True], ids=["whole", "stream"])
+def test_without_cache_control_no_cache_read_is_reported(clients, stream):
+    """A request without breakpoints asked for no prompt caching: as Anthropic's, its usage
+    reports no cache read or write and the whole prompt as input_tokens, though its prefix
+    was reused (issue 31 item 4: 16 reused tokens came back as cache_read_input_tokens).
+    The reuse is still had: the OpenAI API, which reports automatic caching, sees the
+    blocks the Anthropic calls left."""
+    claude, oai = clients
+    system = long_text("Plain instructions, no cache_control. ", 12)
+
+    def usages(user: str) -> list[anthropic.types.Usage]:
+        kw = dict(model="zccp-tiny", max_tokens=4, system=system, extra_body=GREEDY,
+                  messages=[{"role": "user", "content": user}])
+        if not stream:
+            return [claude.messages.create(**kw).usage]
+        with claude.messages.stream(**kw) as s:
+            events = list(s)
+            final = s.get_final_message()
+        return [next(e for e in events if e.type == "message_start").message.usage,
+                next(e for e in events if e.type == "message_delta").usage, final.usage]
+
+    for user in ("First question", "Second question"):       # the second shares the system prompt
+        for u in usages(user):
+            assert (u.input_tokens, u.cache_read_input_tokens, u.cache_creation_input_tokens) == (
+                byte_prompt(system, user), 0, 0)
+    r = oai.chat.completions.create(model="zccp-tiny", max_tokens=2, temperature=0, messages=[
+        {"role": "system", "content": system}, {"role": "user", "content": "Third question"}])
+    assert r.usage.prompt_tokens_details.cached_tokens == aligned(2 + len(system.encode()) + 1)
+    assert r.usage.prompt_tokens == byte_prompt(system, "Third question")
+
+
+def test_with_a_breakpoint_the_three_add_up_to_the_prompt(clients):
+    """A conversation with its breakpoint on the last block (Anthropic's recommendation):
+    every turn's input + cache_read + cache_creation is the whole prompt, turn 2 reads what
+    turn 1 wrote."""
+    claude, _ = clients
+    doc = long_text("Conversation context line. ", 10)
+    turns: list[dict] = []
+    seen = []
+    for q in ("Question one", "Question two"):
+        turns.append({"role": "user", "content": [{"type": "text", "text": f"{doc} {q}", "cache_control": cc()}]})
+        msg = claude.messages.create(model="zccp-tiny", max_tokens=3, messages=turns, extra_body=GREEDY)
+        u = msg.usage
+        total = claude.messages.count_tokens(model="zccp-tiny", messages=turns).input_tokens
+        assert u.input_tokens + u.cache_read_input_tokens + u.cache_creation_input_tokens == total
+        seen.append(u)
+        turns[-1]["content"][0].pop("cache_control")          # the breakpoint moves to the next turn
+        turns.append({"role": "assistant", "content": msg.content[0].text or "ok"})
+    assert seen[0].cache_read_input_tokens == 0 and seen[0].cache_creation_input_tokens > 0
+    assert seen[1].cache_read_input_tokens >= seen[0].cache_creation_input_tokens
+
+
 def test_breakpoints_are_refused_where_anthropic_refuses_them(clients):
     claude, _ = clients
     five = [{"type": "text", "text": f"part {i}", "cache_control": cc()} for i in range(5)]
@@ -195,7 +249,10 @@ def test_a_pinned_prefix_outlives_lru_traffic(make_stack):
     for i in range(4):                                  # 4 x ~700 tokens through 512 tokens of room
         ask(long_text(f"Traffic {i}. ", 60), "go", False)
     assert ask(pinned, "again", True).cache_read_input_tokens == aligned(bp + 1)
-    assert ask(plain, "again", False).cache_read_input_tokens == 0
+    # the unpinned prefix was evicted: OpenAI's automatic caching, which reports any reuse, reads none
+    again = sdk_clients(s)[1].chat.completions.create(model="zccp-tiny", max_tokens=1, temperature=0, messages=[
+        {"role": "system", "content": plain}, {"role": "user", "content": "again"}])
+    assert again.usage.prompt_tokens_details.cached_tokens == 0
     metrics = s.admin_client().get("/metrics").text
     pinned_bytes = aligned(bp) * 2048                   # tiny: 2 layers x (K + V) x 128 floats a token
     assert f"zccp_engine_prefix_pinned_bytes {pinned_bytes}" in metrics

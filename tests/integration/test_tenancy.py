@@ -95,7 +95,9 @@ def test_prefix_kv_cache_is_salted_per_tenant_but_a_warmed_prefix_is_shared(make
 
     def send(key: str, question: str):
         if api == "anthropic":
-            body = {"model": "zccp-tiny", "max_tokens": 2, "temperature": 0, "system": SYSTEM,
+            # cache_control: Anthropic reports cache reads only where the request asks for caching
+            body = {"model": "zccp-tiny", "max_tokens": 2, "temperature": 0,
+                    "system": [{"type": "text", "text": SYSTEM, "cache_control": {"type": "ephemeral"}}],
                     "messages": [{"role": "user", "content": question}]}
         else:
             body = {"model": "zccp-tiny", "max_tokens": 2, "temperature": 0,

@@ -188,7 +188,7 @@ BAD_CASES: list[tuple[str, bytes, int, str | None, str | None, str]] = [
     ("stop-number", body(stop=5), 400, "stop", "invalid_type", "one of a string or array of strings"),
     ("stop-too-many", body(stop=["a", "b", "c", "d", "e"]), 400, "stop", "array_above_max_length", "maximum length 4"),
     ("stop-item-number", body(stop=["a", 1]), 400, "stop[1]", "invalid_type", "expected a string"),
-    ("n-two-streamed", body(n=2, stream=True), 400, "n", "unsupported_value", "'n' does not support 2"),
+    ("n-two-logprobs", body(n=2, logprobs=True), 400, "n", "unsupported_value", "'n' does not support 2"),
     ("n-too-many", body(n=129), 400, "n", "integer_above_max_value", "<= 128"),
     ("n-zero", body(n=0), 400, "n", "integer_below_min_value", ">= 1"),
     ("n-string", body(n="1"), 400, "n", "invalid_type", "expected an integer"),
@@ -407,7 +407,7 @@ def test_sdk_error_responses() -> None:
         c.chat.completions.create(model="nope", messages=[USER])
     assert nf.value.code == "model_not_found"
     with pytest.raises(openai.BadRequestError) as bad:
-        c.chat.completions.create(model=MODEL, messages=[USER], n=3, stream=True)
+        c.chat.completions.create(model=MODEL, messages=[USER], n=3, logprobs=True)
     assert (bad.value.param, bad.value.code) == ("n", "unsupported_value")
     with pytest.raises(openai.BadRequestError) as extra:
         c.chat.completions.create(model=MODEL, messages=[USER], extra_body={"top_k": 5})

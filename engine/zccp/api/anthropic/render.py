@@ -32,12 +32,16 @@ def render_error(err: ApiError) -> bytes:
     return dumps(_error_obj(err))
 
 
-def _usage(input_tokens: int, cached_tokens: int, written: CacheWrite = NO_WRITE,
+def _usage(req: GenerationRequest, input_tokens: int, cached_tokens: int, written: CacheWrite = NO_WRITE,
            by_ttl: bool = True) -> dict[str, Any]:
     """Anthropic's split of the prompt: cache_read_input_tokens were read from the prefix
     cache, cache_creation_input_tokens written into it at the request's cache_control
     breakpoints (by TTL in cache_creation), input_tokens are the rest (after the last
-    breakpoint); the three add up to the prompt."""
+    breakpoint); the three add up to the prompt. A request without breakpoints asked for no
+    prompt caching: as Anthropic's, it reports no cache read or write and the whole prompt as
+    input_tokens (the automatic prefix reuse still happens; it is not a cache read)."""
+    if not req.cache_marks:
+        cached_tokens, written = 0, NO_WRITE
     usage: dict[str, Any] = {"input_tokens": input_tokens - cached_tokens - written.total,
                              "cache_creation_input_tokens": written.total,
                              "cache_read_input_tokens": cached_tokens}
@@ -67,7 +71,7 @@ def render_response(req: GenerationRequest, result: GenerationResult, response_i
         "content": content,
         "stop_reason": result.stop_reason,
         "stop_sequence": result.stop_sequence,
-        "usage": {**_usage(result.input_tokens, result.cached_tokens, result.cache_write),
+        "usage": {**_usage(req, result.input_tokens, result.cached_tokens, result.cache_write),
                   "output_tokens": result.output_tokens},
     })
 

@@ -47,7 +47,7 @@ class StreamEncoder:
                 "content": [],
                 "stop_reason": None,
                 "stop_sequence": None,
-                "usage": {**_usage(self._input_tokens, self._cached, self._written), "output_tokens": 1},
+                "usage": {**_usage(self._req, self._input_tokens, self._cached, self._written), "output_tokens": 1},
             },
         })
         return sse(message_start, "message_start")
@@ -93,7 +93,8 @@ class StreamEncoder:
             "delta": {"stop_reason": result.stop_reason, "stop_sequence": result.stop_sequence},
             # cumulative, as Anthropic sends it: the input and cache fields, not only output_tokens
             # (its message_delta usage has no cache_creation breakdown: message_start has it)
-            "usage": {**_usage(result.input_tokens, result.cached_tokens, result.cache_write, by_ttl=False),
+            "usage": {**_usage(self._req, result.input_tokens, result.cached_tokens, result.cache_write,
+                                by_ttl=False),
                       "output_tokens": result.output_tokens},
         })
         return out + sse(message_delta, "message_delta") + _MESSAGE_STOP

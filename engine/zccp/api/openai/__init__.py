@@ -33,4 +33,5 @@ CODEC: Final = ApiCodec(
     name="openai", decode=decode_body, parse=parse_document, render=render_response, stream=StreamEncoder,
     render_error=render_error, http_status=http_status, new_response_id=new_response_id,
     chat_input=chat_input, render_models=render_models, render_model=render_model, render_choices=render_choices,
+    stream_choice=StreamEncoder,
 )

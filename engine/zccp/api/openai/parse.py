@@ -400,8 +400,8 @@ def parse_document(obj: dict[str, Any], limits: ParseLimits) -> GenerationReques
                    "instead.", "n", "integer_above_max_value")
     if (why := never_fits(n, limits.max_queue)) is not None:
         raise _err(f"Invalid 'n': {why}.", "n", "integer_above_max_value")
-    if n > 1 and (stream or get("logprobs")):
-        raise _unsupported("n", str(n), "1")    # n > 1 is served whole, without logprobs
+    if n > 1 and get("logprobs"):
+        raise _unsupported("n", str(n), "1")    # n > 1 is served without logprobs
     include_usage = False
     if (v := get("stream_options")) is not None:
         if not stream:

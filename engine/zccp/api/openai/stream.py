@@ -18,12 +18,16 @@ _DELTA_TAIL: Final = b'},"logprobs":null,"finish_reason":null}'
 class StreamEncoder:
     """SSE bytes for one streamed completion: start(), delta()* and tool_call()*, then
     finish() or error(). A tool call is two chunks: its id, type and name with empty
-    arguments, then the arguments (delta.tool_calls, indexed in call order)."""
+    arguments, then the arguments (delta.tool_calls, indexed in call order).
 
-    __slots__ = ("_head", "_tail", "_include_usage", "_calls")
+    One choice of several (n > 1, zccp.choices): `index` is the choice's, every chunk carries
+    it; start() is its role chunk, finish_choice() its finish chunk, and close() (called once,
+    on one of them) the usage chunk of the whole answer and [DONE]."""
+
+    __slots__ = ("_head", "_tail", "_include_usage", "_calls", "_index", "_first", "_delta_head")
 
     def __init__(self, req: GenerationRequest, response_id: str, created: int, input_tokens: int,
-                 cached_tokens: int = 0, written: object = None) -> None:
+                 cached_tokens: int = 0, written: object = None, index: int = 0) -> None:
         # usage is reported from the final GenerationResult (OpenAI has no cache writes)
         del input_tokens, cached_tokens, written
         # Every chunk is: _head + <choices items> + _tail.
@@ -33,21 +37,28 @@ class StreamEncoder:
         self._include_usage = req.include_usage
         self._tail = b'],"usage":null}\n\n' if req.include_usage else b"]}\n\n"
         self._calls = 0
+        self._index = index
+        if index == 0:
+            self._first, self._delta_head = _FIRST_CHOICE, _DELTA_HEAD
+        else:                                   # the same bytes with this choice's index
+            at = b'{"index":%d,' % index
+            self._first = _FIRST_CHOICE.replace(b'{"index":0,', at, 1)
+            self._delta_head = _DELTA_HEAD.replace(b'{"index":0,', at, 1)
 
     def start(self) -> bytes:
-        return self._head + _FIRST_CHOICE + self._tail
+        return self._head + self._first + self._tail
 
     def delta(self, d: TextDelta) -> bytes:
         if d.logprobs:
-            choice = {"index": 0, "delta": {"content": d.text},
+            choice = {"index": self._index, "delta": {"content": d.text},
                       "logprobs": {"content": _logprob_items(d.logprobs), "refusal": None}, "finish_reason": None}
             return self._head + dumps(choice) + self._tail
         if not d.text:
             return b""
-        return self._head + _DELTA_HEAD + dumps(d.text) + _DELTA_TAIL + self._tail
+        return self._head + self._delta_head + dumps(d.text) + _DELTA_TAIL + self._tail
 
     def _tool_chunk(self, item: dict[str, Any]) -> bytes:
-        choice = {"index": 0, "delta": {"tool_calls": [item]}, "logprobs": None, "finish_reason": None}
+        choice = {"index": self._index, "delta": {"tool_calls": [item]}, "logprobs": None, "finish_reason": None}
         return self._head + dumps(choice) + self._tail
 
     def tool_call(self, call: ToolCall) -> bytes:
@@ -57,13 +68,19 @@ class StreamEncoder:
                                   "function": {"name": call.name, "arguments": ""}})
                 + self._tool_chunk({"index": index, "function": {"arguments": call.arguments}}))
 
-    def finish(self, result: GenerationResult) -> bytes:
+    def finish_choice(self, result: GenerationResult) -> bytes:
         reason = FINISH_REASON[result.stop_reason].encode()
-        out = (self._head + b'{"index":0,"delta":{},"logprobs":null,"finish_reason":"'
-               + reason + b'"}' + self._tail)
+        return (self._head + b'{"index":%d,"delta":{},"logprobs":null,"finish_reason":"' % self._index
+                + reason + b'"}' + self._tail)
+
+    def close(self, total: GenerationResult) -> bytes:
+        """The end of the whole stream: the usage chunk (stream_options.include_usage), [DONE]."""
         if self._include_usage:
-            out += self._head + b'],"usage":' + dumps(_usage(result)) + b"}\n\n"
-        return out + _DONE
+            return self._head + b'],"usage":' + dumps(_usage(total)) + b"}\n\n" + _DONE
+        return _DONE
+
+    def finish(self, result: GenerationResult) -> bytes:
+        return self.finish_choice(result) + self.close(result)
 
     def error(self, err: ApiError) -> bytes:
         return sse(dumps(_error_obj(err)))
