@@ -31,9 +31,11 @@ from zccp.shared_types import (
     GenerationResult,
     SamplingParams,
     StopReason,
-    TextDelta,
+    ToolArgsDelta,
     ToolCall,
+    ToolCallStart,
 )
+from zccp.hermes_tools import Event
 from zccp.token_sink import AnswerText, SlotOutput
 
 
@@ -72,9 +74,14 @@ class Choices(SlotOutput):
         if self._encoders and not self._writer.started:
             self._writer.begin(200, sse=True)
 
-    def send(self, enc: ChoiceStream, events: list[TextDelta | ToolCall]) -> None:
+    def send(self, enc: ChoiceStream, events: list[Event]) -> None:
         for ev in events:
-            out = enc.tool_call(ev) if isinstance(ev, ToolCall) else enc.delta(ev)
+            if isinstance(ev, ToolCallStart):
+                out = enc.tool_start(ev)
+            elif isinstance(ev, ToolArgsDelta):
+                out = enc.tool_args(ev)
+            else:
+                out = enc.tool_call(ev) if isinstance(ev, ToolCall) else enc.delta(ev)
             if out:
                 self._writer.write_nowait(out)
 
