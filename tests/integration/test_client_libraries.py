@@ -272,12 +272,12 @@ def test_agents_sdk_chat_completions_model_runs_the_tool_then_answers(stack):
     _assert_two_turns(*_run_agent(OpenAIChatCompletionsModel(model=MODEL, openai_client=client)))
 
 
-@pytest.mark.parametrize("api", ["chat", "responses"])
-def test_agents_sdk_required_tool_at_a_tight_max_tokens(api, stack):
-    """{"city":"paris","unit":"c"} is 27 tokens; the frame around it is free (docs/tools.md)."""
+def test_agents_sdk_required_tool_at_a_tight_max_tokens(stack):
+    """{"city":"paris","unit":"c"} is 27 tokens; the frame around it is free (docs/tools.md).
+    Chat Completions only: the Responses model raises on any answer cut by max_output_tokens
+    (`response.incomplete`), and the second turn's text (the tiny model's noise) is one."""
     client = AsyncOpenAI(base_url=stack.base_url + "/v1", api_key="unused", max_retries=0)
-    model = (OpenAIChatCompletionsModel if api == "chat" else OpenAIResponsesModel)(model=MODEL, openai_client=client)
-    _assert_two_turns(*_run_agent(model, max_tokens=27))
+    _assert_two_turns(*_run_agent(OpenAIChatCompletionsModel(model=MODEL, openai_client=client), max_tokens=27))
 
 
 def test_agents_sdk_responses_model_runs_the_tool_then_answers(stack):

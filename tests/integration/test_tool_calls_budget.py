@@ -138,3 +138,69 @@ def test_responses_forced_function_call_at_every_max_output_tokens(oai, whole):
         final = events[-1].response
         assert [o.type for o in final.output] == ["function_call"] and final.output[0].arguments == "".join(pieces)
         assert final.usage.output_tokens == min(k, n)
+
+
+# -- the upstream backend: the call comes from a peer (a ZCCP engine on the tiny model) ---------
+
+@pytest.fixture(scope="module")
+def peer(tmp_path_factory):
+    from tests.support.harness import Stack
+
+    s = Stack(tmp_path_factory.mktemp("peer"), {})
+    try:
+        yield s.start()
+    finally:
+        s.stop()
+
+
+@pytest.fixture(scope="module", params=["openai", "anthropic"])
+def gateway(request, tmp_path_factory, peer):
+    """A gateway whose engine forwards to `peer` over the upstream API request.param."""
+    from tests.support.harness import Stack
+
+    s = Stack(tmp_path_factory.mktemp(f"gw_{request.param}"), {
+        "model": {"backend": "upstream", "name": "zccp-gw"},
+        "upstream": {"urls": [peer.base_url + "/v1"], "api": request.param, "model": MODEL,
+                     "connect_timeout_ms": 500, "read_timeout_ms": 20000}})
+    try:
+        yield s.start()
+    finally:
+        s.stop()
+
+
+def test_upstream_forced_tool_is_a_call_at_any_max_tokens(gateway):
+    import anthropic
+    import openai
+
+    a = anthropic.Anthropic(base_url=gateway.base_url, api_key="k", max_retries=0, timeout=60)
+    o = openai.OpenAI(base_url=gateway.base_url + "/v1", api_key="k", max_retries=0, timeout=60)
+    r = o.chat.completions.create(model="zccp-gw", messages=USER, tools=OAI_TOOLS, tool_choice="required",
+                                  max_tokens=200, temperature=0)
+    full, n = r.choices[0].message.tool_calls[0].function.arguments, r.usage.completion_tokens
+    assert n == len(full.encode())           # the peer's count, relayed: the arguments only
+    for k in sorted({1, 2, n // 2, n - 1, n, n + 1}):
+        kw: dict[str, Any] = dict(model="zccp-gw", messages=USER, max_tokens=k)
+        msg = a.messages.create(tools=TOOLS, tool_choice={"type": "any"}, extra_body={"temperature": 0}, **kw)
+        assert [b.type for b in msg.content] == ["tool_use"], (k, msg.content)
+        assert isinstance(msg.content[0].input, dict) and msg.usage.output_tokens == min(k, n)
+        assert msg.stop_reason == ("tool_use" if k >= n else "max_tokens")
+        with a.messages.stream(tools=TOOLS, tool_choice={"type": "any"}, extra_body={"temperature": 0}, **kw) as s:
+            pieces = [e.delta.partial_json for e in s
+                      if e.type == "content_block_delta" and e.delta.type == "input_json_delta"]
+            final = s.get_final_message()
+        _check_prefix("".join(pieces), full, k, n)
+        assert [b.type for b in final.content] == ["tool_use"] and final.stop_reason == msg.stop_reason
+        for stream in (False, True):
+            if stream:
+                chunks = list(o.chat.completions.create(tools=OAI_TOOLS, tool_choice="required", temperature=0,
+                                                        stream=True, **kw))
+                calls = [tc for ch in chunks if ch.choices for tc in ch.choices[0].delta.tool_calls or []]
+                args = "".join(tc.function.arguments or "" for tc in calls)
+                reason = chunks[-1].choices[0].finish_reason
+                assert all(ch.choices[0].delta.content is None for ch in chunks if ch.choices)
+            else:
+                c = o.chat.completions.create(tools=OAI_TOOLS, tool_choice="required", temperature=0, **kw).choices[0]
+                assert c.message.content is None and len(c.message.tool_calls) == 1
+                args, reason = c.message.tool_calls[0].function.arguments, c.finish_reason
+            _check_prefix(args, full, k, n)
+            assert reason == ("tool_calls" if k >= n else "length")
