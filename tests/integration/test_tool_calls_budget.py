@@ -162,6 +162,7 @@ def gateway(request, tmp_path_factory, peer):
         "model": {"backend": "upstream", "name": "zccp-gw"},
         "upstream": {"urls": [peer.base_url + "/v1"], "api": request.param, "model": MODEL,
                      "connect_timeout_ms": 500, "read_timeout_ms": 20000}})
+    s.upstream_api = request.param
     try:
         yield s.start()
     finally:
@@ -202,5 +203,10 @@ def test_upstream_forced_tool_is_a_call_at_any_max_tokens(gateway):
                 c = o.chat.completions.create(tools=OAI_TOOLS, tool_choice="required", temperature=0, **kw).choices[0]
                 assert c.message.content is None and len(c.message.tool_calls) == 1
                 args, reason = c.message.tool_calls[0].function.arguments, c.finish_reason
-            _check_prefix(args, full, k, n)
+            if gateway.upstream_api == "anthropic" and not stream:
+                # a whole Anthropic answer carries `input` as an object: the cut text closed into one
+                got = json.loads(args)
+                assert isinstance(got, dict) and (k < n or got == json.loads(full))
+            else:
+                _check_prefix(args, full, k, n)
             assert reason == ("tool_calls" if k >= n else "length")
