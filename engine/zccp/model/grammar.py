@@ -26,7 +26,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from zccp.hermes_tools import END, START
+from zccp.hermes_tools import END, START, is_forced_call, wrapper_tokens
 from zccp.shared_types import ApiError, OutputConstraint
 
 # Compact JSON: flexible whitespace lets a model pad an answer with whitespace until max_tokens.
@@ -86,6 +86,11 @@ def _tool_call_schema(tools: Sequence[tuple[str, str | None]]) -> dict[str, Any]
         "additionalProperties": False,
     } for name, params in tools]
     return options[0] if len(options) == 1 else {"anyOf": options}
+
+
+def frame_tokens(c: OutputConstraint | None) -> int:
+    """The room a forced call's frame takes beyond max_tokens (0 for any other answer)."""
+    return wrapper_tokens(c) if c is not None and is_forced_call(c) else 0
 
 
 def grammar_text(c: OutputConstraint, tags: tuple[int | None, int | None] = (None, None)) -> str:
