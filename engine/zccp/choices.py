@@ -33,9 +33,11 @@ from zccp.shared_types import (
     GenerationResult,
     SamplingParams,
     StopReason,
-    TextDelta,
+    ToolArgsDelta,
     ToolCall,
+    ToolCallStart,
 )
+from zccp.hermes_tools import Event
 from zccp.token_sink import AnswerText, SlotOutput
 
 
@@ -78,9 +80,14 @@ class Choices(SlotOutput):
             if head := self._encoders[index].start():        # chat's role chunk; b"" for completions
                 self._writer.write_nowait(head, self.fed)
 
-    def send(self, enc: ChoiceStream, events: list[TextDelta | ToolCall]) -> None:
+    def send(self, enc: ChoiceStream, events: list[Event]) -> None:
         for ev in events:
-            out = enc.tool_call(ev) if isinstance(ev, ToolCall) else enc.delta(ev)
+            if isinstance(ev, ToolCallStart):
+                out = enc.tool_start(ev)
+            elif isinstance(ev, ToolArgsDelta):
+                out = enc.tool_args(ev)
+            else:
+                out = enc.tool_call(ev) if isinstance(ev, ToolCall) else enc.delta(ev)
             if out:
                 self._writer.write_nowait(out, self.fed)
 

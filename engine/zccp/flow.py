@@ -36,7 +36,7 @@ from zccp.cache.store import Lookup, ResponseCache
 from zccp.logs import RequestLog
 from zccp.metrics import EngineMetrics
 from zccp.model.base import ModelBackend
-from zccp.model.grammar import CompiledGrammar
+from zccp.model.grammar import CompiledGrammar, frame_tokens
 from zccp.model.grammar_cache import GrammarCompiler
 from zccp.model.prompt import Prompt
 from zccp.model.tokenizer import PromptTooLong
@@ -387,9 +387,9 @@ class RequestFlow:
         ctx.view.header.tokens_len = total
         limit = deps.backend.max_context
         n = max(n for _, n in spans)
-        if n + req.sampling.max_tokens > limit:
-            raise ApiError(400, "invalid_request_error",
-                           f"prompt is too long: {n} tokens + max_tokens {req.sampling.max_tokens} > {limit} maximum",
+        if n + req.sampling.max_tokens + (frame := frame_tokens(req.sampling.constraint)) > limit:   # docs/tools.md
+            raise ApiError(400, "invalid_request_error", f"prompt is too long: {n} tokens + max_tokens "
+                           f"{req.sampling.max_tokens}{f' + {frame} (forced call)' if frame else ''} > {limit} maximum",
                            param="max_tokens" if n < limit else "prompt" if req.prompts else "messages")
         return req, spans, doc
 

@@ -5,12 +5,13 @@ batch's bounds."""
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
 import numpy as np
 import torch
 
+from zccp.hermes_tools import is_forced_call, wrapper_tokens
 from zccp.model.grammar import CompiledGrammar
 from zccp.model.sampling import Drawn, Sampler
 from zccp.ring_writer import SlotAbandoned
@@ -76,6 +77,13 @@ class Sequence:
     last: int = 0
     worst: int = 0                        # prompt + max_tokens: its longest possible row
     result: Any = None
+
+    def __post_init__(self) -> None:
+        # a forced call's max_tokens counts its arguments only (docs/tools.md): the scheduler's
+        # cap allows for the fixed wrapper; the sink stops the answer at the caller's budget
+        c = self.params.constraint
+        if is_forced_call(c) and c is not None and not self.prefill_only:
+            self.params = replace(self.params, max_tokens=self.params.max_tokens + wrapper_tokens(c))
 
     @property
     def tenant(self) -> bytes:

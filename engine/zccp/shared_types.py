@@ -141,11 +141,27 @@ class TextDelta:
 
 @dataclass(frozen=True)
 class ToolCall:
-    """One tool call the model made (parsed from its output by zccp.hermes_tools)."""
+    """One tool call the model made (parsed from its output by zccp.hermes_tools), complete
+    or cut short by max_tokens (truncated: the arguments as generated, not always JSON)."""
 
     name: str
-    arguments: str                    # the arguments object as JSON text
+    arguments: str                    # the arguments object as JSON text (truncated: its start)
     id: str | None = None             # the call's id when an upstream named it (None: a fresh one)
+    truncated: bool = False
+
+
+@dataclass(frozen=True)
+class ToolCallStart:
+    """A tool call's name is known: its arguments follow (ToolArgsDelta*), then its ToolCall."""
+
+    name: str
+
+
+@dataclass(frozen=True)
+class ToolArgsDelta:
+    """The next piece of the open tool call's arguments, as generated (JSON text)."""
+
+    text: str
 
 
 @dataclass(frozen=True)

@@ -23,7 +23,7 @@ import torch
 
 from zccp.model.prompt import Detokenizer
 from zccp.shared_types import GenerationResult, SamplingParams, StopReason, TextDelta, ToolCall
-from zccp.hermes_tools import HermesParser
+from zccp.hermes_tools import Event, HermesParser
 
 
 class StopMatcher:
@@ -81,34 +81,62 @@ class StopMatcher:
 
 
 class TextAssembler:
-    """One sequence's generated ids -> [TextDelta | ToolCall] events, in order."""
+    """One sequence's generated ids -> events (text, tool calls: zccp.hermes_tools), in order."""
 
-    def __init__(self, detok: Detokenizer, stops: Sequence[str], tools: HermesParser | None = None) -> None:
+    def __init__(self, detok: Detokenizer, stops: Sequence[str], tools: HermesParser | None = None,
+                 budget: int | None = None) -> None:
         self._detok = detok
         self._matcher = StopMatcher(stops)
         self._tools = tools
         self._text: list[str] = []
         self.tool_calls: list[ToolCall] = []
         self.stop_sequence: str | None = None     # set when a stop sequence ended the text
+        # a forced call's budget (docs/tools.md): max_tokens counts the tokens of its arguments
+        # only; the fixed wrapper around them is free (the scheduler's cap allows for it)
+        self.budget = budget if tools is not None else None
+        self.billed = 0                            # tokens counted against the budget so far
+        self.spent = False                         # a token past the budget arrived: the answer ends
+
+    @property
+    def done(self) -> bool:
+        """A stop sequence ended the text, or a forced call's budget is spent."""
+        return self.stop_sequence is not None or self.spent
 
     @property
     def text(self) -> str:
         return "".join(self._text)
 
-    def feed(self, token: int) -> list[TextDelta | ToolCall]:
+    def feed(self, token: int) -> list[Event]:
         """The events one more token releases (none once a stop sequence matched)."""
-        if self.stop_sequence is not None:
+        if self.done:
             return []
+        tools = self._tools
+        if self.budget is None or tools is None:
+            return self._step(token)
+        # billed: a token inside the arguments, or one that starts them; one more than the
+        # budget allows is not shown (it ends the answer, as max_tokens does)
+        inside, before = tools.in_args, tools.args_chars
+        if inside and self.billed >= self.budget:
+            self.spent = True
+            return []
+        events = self._step(token)
+        if inside or tools.args_chars > before:
+            self.billed += 1
+        return events
+
+    def _step(self, token: int) -> list[Event]:
         text = self._detok.step(token)
         if not text:
             return []
         released, self.stop_sequence = self._matcher.feed(text)
         return self._events(released, final=self.stop_sequence is not None)
 
-    def finish(self) -> list[TextDelta | ToolCall]:
+    def finish(self) -> list[Event]:
         """Release what is held back, at the end of the generation."""
         if self.stop_sequence is not None:
             return []
+        if self.spent:
+            return self._events("", final=True)
         # A dangling partial character becomes U+FFFD; it may still complete a stop.
         tail = self._detok.flush()
         released, self.stop_sequence = self._matcher.feed(tail) if tail else ("", None)
@@ -121,11 +149,13 @@ class TextAssembler:
         that ended with tool calls (not for one cut short by max_tokens)."""
         if self.stop_sequence is not None:
             reason = "stop_sequence"
+        if self.spent:
+            return "max_tokens"
         return "tool_use" if self.tool_calls and reason != "max_tokens" else reason
 
-    def _events(self, text: str, final: bool) -> list[TextDelta | ToolCall]:
+    def _events(self, text: str, final: bool) -> list[Event]:
         if self._tools is None:
-            out: list[TextDelta | ToolCall] = [TextDelta(text)] if text else []
+            out: list[Event] = [TextDelta(text)] if text else []
         else:
             out = self._tools.feed(text) if text else []
             if final:
@@ -133,7 +163,7 @@ class TextAssembler:
         for ev in out:
             if isinstance(ev, TextDelta):
                 self._text.append(ev.text)
-            else:
+            elif isinstance(ev, ToolCall):
                 self.tool_calls.append(ev)
         return out
 
@@ -144,7 +174,7 @@ def generate_text(
     params: SamplingParams,
     cancelled: Callable[[], bool],
     tools: bool = False,
-) -> Iterator[TextDelta | ToolCall | GenerationResult]:
+) -> Iterator[Event | GenerationResult]:
     """Stream a completion as TextDelta (and ToolCall) values, then one GenerationResult.
 
     `backend` needs generate() and prompt (a ModelBackend). Errors the backend raises

@@ -17,7 +17,7 @@ import orjson
 
 from zccp.api.codec import ApiCodec, StreamEncoder
 from zccp.arena import SlotView
-from zccp.hermes_tools import HermesParser
+from zccp.hermes_tools import Event, HermesParser, is_forced_call
 from zccp.model.prompt import Detokenizer
 from zccp.outcome import Outcome
 from zccp.ring_writer import ResponseWriter, SlotAbandoned
@@ -32,7 +32,9 @@ from zccp.shared_types import (
     StopReason,
     TextDelta,
     TokenLogprob,
+    ToolArgsDelta,
     ToolCall,
+    ToolCallStart,
 )
 from zccp.text_assembly import TextAssembler
 
@@ -81,24 +83,28 @@ class AnswerText:
     previous one when the request asks for logprobs (Reply's and each choice's)."""
 
     def __init__(self, req: GenerationRequest, detok: Detokenizer, tool_calls: bool,
-                 token_bytes: Callable[[int], bytes] | None = None) -> None:
-        self._asm = TextAssembler(detok, req.sampling.stop, HermesParser() if tool_calls else None)
+                 token_bytes: Callable[[int], bytes] | None = None, stream_tools: bool = False) -> None:
+        # a forced call (docs/tools.md): its arguments are the budget, stop sequences do not cut it
+        forced = tool_calls and is_forced_call(req.sampling.constraint)
+        self._asm = TextAssembler(detok, () if forced else req.sampling.stop,
+                                  HermesParser(stream_tools) if tool_calls else None,
+                                  req.sampling.max_tokens if forced else None)
         self._name = token_bytes or (lambda _: b"")
         self._logprobs: list[TokenLogprob] | None = [] if req.sampling.logprobs is not None else None
         self._unsent = 0                         # logprobs not sent yet (they go with the next delta)
 
     @property
     def stopped(self) -> bool:
-        """A stop sequence ended the text."""
-        return self._asm.stop_sequence is not None
+        """A stop sequence ended the text (or a forced call's budget is spent)."""
+        return self._asm.done
 
-    def feed(self, token: int, drawn: Drawn | None) -> list[TextDelta | ToolCall]:
+    def feed(self, token: int, drawn: Drawn | None) -> list[Event]:
         if self._logprobs is not None and drawn is not None:
             name = self._name
             self._logprobs.append(TokenLogprob(name(drawn[0]), drawn[1], tuple((name(i), lp) for i, lp in drawn[2])))
         return self._attach(self._asm.feed(token))
 
-    def finish(self) -> list[TextDelta | ToolCall]:
+    def finish(self) -> list[Event]:
         """The held-back text; the last tokens' logprobs in a delta of their own when no text
         is left to carry them."""
         events = self._attach(self._asm.finish())
@@ -107,7 +113,7 @@ class AnswerText:
             self._unsent = len(self._logprobs)
         return events
 
-    def _attach(self, events: list[TextDelta | ToolCall]) -> list[TextDelta | ToolCall]:
+    def _attach(self, events: list[Event]) -> list[Event]:
         lps = self._logprobs
         if not lps or self._unsent == len(lps):
             return events
@@ -121,6 +127,8 @@ class AnswerText:
     def result(self, reason: StopReason, input_tokens: int, output_tokens: int, cached_tokens: int = 0,
                cache_write: CacheWrite = NO_WRITE) -> GenerationResult:
         asm = self._asm
+        if asm.budget is not None:
+            output_tokens = asm.billed           # a forced call: the tokens of its arguments
         return GenerationResult(
             text=asm.text, stop_reason=asm.stop_reason(reason), stop_sequence=asm.stop_sequence,
             input_tokens=input_tokens, output_tokens=output_tokens, tool_calls=tuple(asm.tool_calls),
@@ -140,7 +148,7 @@ class Reply(SlotOutput):
         self._req = req
         self._view = view
         self._prompt_tokens = prompt_tokens
-        self._text = AnswerText(req, detok, tool_calls, token_bytes)
+        self._text = AnswerText(req, detok, tool_calls, token_bytes, stream_tools=req.stream)
         self._encoder: StreamEncoder | None = None
         self._cached = 0
         self._written = NO_WRITE
@@ -174,20 +182,24 @@ class Reply(SlotOutput):
             self._writer.write_nowait(self._codec.render(self._req, result, self._codec.new_response_id(),
                                                          int(time.time())), output_tokens)
             self._deltas = [len(result.text)] if result.text else []
-        self._writer.set_meta(completion_len=output_tokens)
+        self._writer.set_meta(completion_len=result.output_tokens)
         self._result = result
         return Completed(result, tuple(self._deltas))
 
     def fail(self, err: ApiError | None = None) -> None:
         self._outcome.failed(self._encoder, err)
 
-    def _send(self, events: list[TextDelta | ToolCall]) -> None:
+    def _send(self, events: list[Event]) -> None:
         enc = self._encoder
         if enc is None:
             return
         for ev in events:
             if isinstance(ev, ToolCall):
                 self._writer.write_nowait(enc.tool_call(ev), self._fed)
+            elif isinstance(ev, ToolCallStart):
+                self._writer.write_nowait(enc.tool_start(ev), self._fed)
+            elif isinstance(ev, ToolArgsDelta):
+                self._writer.write_nowait(enc.tool_args(ev), self._fed)
             elif ev.text or ev.logprobs:
                 if ev.text:
                     self._deltas.append(len(ev.text))

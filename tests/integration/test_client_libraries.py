@@ -124,6 +124,27 @@ def test_langchain_bind_tools_forced(which, lc_openai, lc_anthropic):
     assert isinstance(follow, AIMessage)
 
 
+# The largest Verdict's arguments, {"color":"green","ok":false,"level":1}: 39 tokens on the tiny
+# model (bytes). A forced call's frame is not counted (docs/tools.md), so this is room enough.
+TIGHT = 39
+
+
+@pytest.mark.parametrize("which", ["openai", "anthropic"])
+def test_langchain_structured_output_at_a_tight_max_tokens(which, stack):
+    kw: dict[str, Any] = dict(model=MODEL, api_key="unused", max_retries=0, temperature=0, timeout=60)
+    make = ((lambda n: ChatOpenAI(base_url=stack.base_url + "/v1", max_tokens=n, **kw)) if which == "openai"
+            else (lambda n: ChatAnthropic(base_url=stack.base_url, max_tokens=n, **kw)))
+    out = make(TIGHT).with_structured_output(Verdict, method="function_calling", include_raw=True).invoke(
+        [("user", "Judge this.")])
+    assert out["parsing_error"] is None, out
+    assert isinstance(out["parsed"], Verdict)
+    # cut inside the arguments: still the tool call (truncated), never markup as text
+    raw = make(5).with_structured_output(Verdict, method="function_calling", include_raw=True).invoke(
+        [("user", "Judge this.")])["raw"]
+    assert "<tool_call>" not in str(raw.content)
+    assert [c["name"] for c in raw.tool_calls + raw.invalid_tool_calls] == ["Verdict"]
+
+
 @pytest.mark.parametrize("method", ["function_calling", "json_schema"])
 def test_langchain_openai_structured_output(method, lc_openai):
     out = lc_openai.with_structured_output(Verdict, method=method, include_raw=True).invoke(
@@ -221,7 +242,7 @@ def test_litellm_response_format_json_schema(route, stack):
 # --------------------------------------------------------------------------- OpenAI Agents SDK
 
 
-def _run_agent(model: Any) -> tuple[Any, list[dict[str, str]]]:
+def _run_agent(model: Any, max_tokens: int = ROOM) -> tuple[Any, list[dict[str, str]]]:
     seen: list[dict[str, str]] = []
 
     @function_tool
@@ -231,7 +252,8 @@ def _run_agent(model: Any) -> tuple[Any, list[dict[str, str]]]:
         return get_weather(city, unit)
 
     agent = Agent(name="forecaster", instructions="Use the weather tool, then answer.", tools=[weather],
-                  model=model, model_settings=ModelSettings(tool_choice="required", max_tokens=ROOM, temperature=0))
+                  model=model, model_settings=ModelSettings(tool_choice="required", max_tokens=max_tokens,
+                                                           temperature=0))
     result = asyncio.run(Runner.run(agent, "Weather in Lima?", max_turns=4))
     return result, seen
 
@@ -248,6 +270,14 @@ def _assert_two_turns(result: Any, seen: list[dict[str, str]]) -> None:
 def test_agents_sdk_chat_completions_model_runs_the_tool_then_answers(stack):
     client = AsyncOpenAI(base_url=stack.base_url + "/v1", api_key="unused", max_retries=0)
     _assert_two_turns(*_run_agent(OpenAIChatCompletionsModel(model=MODEL, openai_client=client)))
+
+
+def test_agents_sdk_required_tool_at_a_tight_max_tokens(stack):
+    """{"city":"paris","unit":"c"} is 27 tokens; the frame around it is free (docs/tools.md).
+    Chat Completions only: the Responses model raises on any answer cut by max_output_tokens
+    (`response.incomplete`), and the second turn's text (the tiny model's noise) is one."""
+    client = AsyncOpenAI(base_url=stack.base_url + "/v1", api_key="unused", max_retries=0)
+    _assert_two_turns(*_run_agent(OpenAIChatCompletionsModel(model=MODEL, openai_client=client), max_tokens=27))
 
 
 def test_agents_sdk_responses_model_runs_the_tool_then_answers(stack):

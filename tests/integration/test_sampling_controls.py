@@ -65,6 +65,8 @@ def test_the_cache_keeps_every_output_control_apart(make_stack):
         {"tools": [TOOL], "tool_choice": "required"},
     ]):
         assert cache_of(s, "openai", {**base, **extra}) == "MISS", extra
+        if "tools" in extra:
+            continue                 # a forced call is a tool call, at any max_tokens: never stored
         stored(s, "openai", {**base, **extra, "max_tokens": 21 + n})
     other = {**SCHEMA, "properties": {"a": {"enum": ["z"]}}}
     assert cache_of(s, "openai", {**base, "response_format": {"type": "json_schema", "json_schema": {

@@ -63,7 +63,9 @@ def test_anthropic_stream_assembles_tool_use(claude):
     _check_blocks(final.content)
     assert final.stop_reason == "tool_use"
     deltas = [e for e in events if e.type == "content_block_delta" and e.delta.type == "input_json_delta"]
-    assert [e.index for e in deltas] == [1, 2]
+    # streamed as generated: several deltas per call (the null backend's tokens are bytes)
+    assert sorted(set(e.index for e in deltas)) == [1, 2] and len(deltas) > 2
+    assert json.loads("".join(e.delta.partial_json for e in deltas if e.index == 1)) == CALL_1
 
 
 def test_anthropic_tool_choice_none_and_no_tools_give_text(claude):
@@ -73,10 +75,41 @@ def test_anthropic_tool_choice_none_and_no_tools_give_text(claude):
         assert msg.stop_reason == "end_turn"
 
 
-def test_anthropic_max_tokens_inside_a_call_is_text(claude):
+def test_anthropic_max_tokens_before_a_calls_name_drops_the_markup(claude):
+    """Cut off inside `<tool_call>{"na`: nothing a client could run, and no markup as text."""
     msg = claude.messages.create(model="zccp-tiny", max_tokens=30, messages=USER, tools=TOOLS)
     assert [b.type for b in msg.content] == ["text"] and msg.stop_reason == "max_tokens"
-    assert msg.content[0].text == REPLY.encode()[:30].decode()
+    assert msg.content[0].text == "Let me check. "
+
+
+CUT = len(REPLY.encode()[:REPLY.encode().index(b'"Paris"') + 4])     # inside "Paris": `{"city": "Par`
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["plain", "stream"])
+def test_max_tokens_inside_an_auto_calls_arguments_is_a_truncated_call(claude, oai, stream):
+    """What the real APIs answer: the call, its arguments as far as they were generated."""
+    kw = dict(model="zccp-tiny", max_tokens=CUT, messages=USER)
+    if stream:
+        with claude.messages.stream(tools=TOOLS, **kw) as s:
+            partial = "".join(e.delta.partial_json for e in s
+                              if e.type == "content_block_delta" and e.delta.type == "input_json_delta")
+            msg = s.get_final_message()
+        # the SDK's partial-JSON reading of the deltas drops a cut string (as it does for Anthropic's)
+        assert partial == '{"city": "Par' and isinstance(msg.content[1].input, dict)
+    else:
+        msg = claude.messages.create(tools=TOOLS, **kw)
+        assert msg.content[1].input == {"city": "Par"}     # non-streamed: the longest valid prefix, closed
+    assert [b.type for b in msg.content] == ["text", "tool_use"] and msg.stop_reason == "max_tokens"
+    assert msg.content[0].text == "Let me check. " and msg.content[1].name == "get_weather"
+    if stream:
+        chunks = list(oai.chat.completions.create(tools=OAI_TOOLS, stream=True, **kw))
+        args = "".join(tc.function.arguments or "" for c in chunks if c.choices
+                       for tc in c.choices[0].delta.tool_calls or [])
+        reason = chunks[-1].choices[0].finish_reason
+    else:
+        c = oai.chat.completions.create(tools=OAI_TOOLS, **kw).choices[0]
+        args, reason = c.message.tool_calls[0].function.arguments, c.finish_reason
+    assert args == '{"city": "Par' and reason == "length"
 
 
 def test_openai_create_returns_tool_calls(oai):

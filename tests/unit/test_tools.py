@@ -10,7 +10,8 @@ import pytest
 from zccp.text_assembly import TextAssembler
 from zccp.model.prompt import BYTE_FORMAT
 from zccp.shared_types import TextDelta, ToolCall
-from zccp.hermes_tools import HermesParser
+from zccp.hermes_tools import HermesParser, partial_object
+from zccp.shared_types import ToolArgsDelta, ToolCallStart
 
 
 def parse(text: str, pieces: list[str] | None = None) -> tuple[str, list[tuple[str, dict]]]:
@@ -20,7 +21,8 @@ def parse(text: str, pieces: list[str] | None = None) -> tuple[str, list[tuple[s
         events += p.feed(piece)
     events += p.finish()
     out = "".join(e.text for e in events if isinstance(e, TextDelta))
-    calls = [(e.name, json.loads(e.arguments)) for e in events if isinstance(e, ToolCall)]
+    calls = [(e.name, e.arguments if e.truncated else json.loads(e.arguments)) for e in events
+             if isinstance(e, ToolCall)]
     return out, calls
 
 
@@ -47,7 +49,11 @@ CASES = [
      [("f", {"a": 1})]),
     ("no name is text", '<tool_call>{"arguments": {}}</tool_call>', '<tool_call>{"arguments": {}}</tool_call>', []),
     ("bad JSON is text", "<tool_call>{not json}</tool_call> ok", "<tool_call>{not json}</tool_call> ok", []),
-    ("cut off at the end is text", '<tool_call>{"name": "f", "argu', '<tool_call>{"name": "f", "argu', []),
+    # cut off (max_tokens): before the name nothing a client could run, so no markup either;
+    # inside the arguments a truncated call, its arguments as generated
+    ("cut off before the arguments is dropped", 'Hi <tool_call>{"name": "f", "argu', "Hi ", []),
+    ("cut off inside the arguments is a truncated call", '<tool_call>{"name": "f", "arguments": {"x": "ab',
+     "", [("f", '{"x": "ab')]),
     ("closed by the end of output", '<tool_call>{"name": "f", "arguments": {"x": [1, 2]}}', "", [("f", {"x": [1, 2]})]),
     ("held-back partial tag released", "ends with <tool_c", "ends with <tool_c", []),
 ]
@@ -81,3 +87,52 @@ def test_assembler_applies_stop_sequences_before_parsing():
     assert asm.text == "hi  " and asm.tool_calls == [ToolCall("f", "{}")]
     assert asm.stop_reason("end_turn") == "tool_use" and asm.stop_sequence == "END"
     assert asm.stop_reason("max_tokens") == "tool_use"  # the stop sequence ended it, not max_tokens
+
+
+def test_streamed_arguments_arrive_as_generated_and_concatenate_to_the_call():
+    text = 'a <tool_call>\n{"name": "w", "arguments": {"s": "</tool_call> {x}", "n": [1, {"m": 2}]}}\n</tool_call> b'
+    p = HermesParser(stream=True)
+    events = []
+    for ch in text:
+        events += p.feed(ch)
+    events += p.finish()
+    starts = [e for e in events if isinstance(e, ToolCallStart)]
+    pieces = [e.text for e in events if isinstance(e, ToolArgsDelta)]
+    calls = [e for e in events if isinstance(e, ToolCall)]
+    assert starts == [ToolCallStart("w")] and len(pieces) > 1
+    assert calls == [ToolCall("w", "".join(pieces))]
+    assert json.loads(calls[0].arguments) == {"s": "</tool_call> {x}", "n": [1, {"m": 2}]}
+    assert "".join(e.text for e in events if isinstance(e, TextDelta)) == "a  b"
+    # the start event comes before its arguments, the call after them
+    kinds = [type(e) for e in events if not isinstance(e, TextDelta)]
+    assert kinds[0] is ToolCallStart and kinds[-1] is ToolCall
+
+
+@pytest.mark.parametrize("cut,want", [
+    ('{"city": "Tok', {"city": "Tok"}), ('{"city": "Tokyo", ', {"city": "Tokyo"}), ('{"ci', {}), ("{", {}),
+    ('{"a": [1, 2', {"a": [1, 2]}), ('{"a": {"b": "x\\', {"a": {"b": "x"}}), ("", {}), ('{"a": 1}', {"a": 1}),
+])
+def test_a_truncated_object_closes_into_its_longest_valid_prefix(cut, want):
+    assert json.loads(partial_object(cut)) == want
+
+
+def test_a_forced_call_counts_its_arguments_against_max_tokens():
+    """The wrapper is free; the token after the budget's last is not shown; the answer is
+    a truncated call whatever the budget."""
+    ids = list('<tool_call>\n{"name":"f","arguments":{"x":"abcdef"}}\n</tool_call>'.encode())
+    whole = len('{"x":"abcdef"}')
+    for budget in range(1, whole + 2):
+        asm = TextAssembler(BYTE_FORMAT.detokenizer(()), (), HermesParser(), budget)
+        for t in ids:
+            asm.feed(t)
+            if asm.done:
+                break
+        asm.finish()
+        [call] = asm.tool_calls
+        assert call.name == "f" and asm.text == ""
+        if budget < whole:
+            assert call.truncated and call.arguments == '{"x":"abcdef"}'[:budget] and asm.billed == budget
+            assert asm.stop_reason("stop_sequence") == "max_tokens"
+        else:
+            assert not call.truncated and json.loads(call.arguments) == {"x": "abcdef"} and asm.billed == whole
+            assert asm.stop_reason("end_turn") == "tool_use"

@@ -12,7 +12,17 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from zccp.api.common import ParseLimits
-from zccp.shared_types import ApiError, ApiKind, ChatInput, GenerationRequest, GenerationResult, TextDelta, ToolCall
+from zccp.shared_types import (
+    ApiError,
+    ApiKind,
+    ChatInput,
+    GenerationRequest,
+    GenerationResult,
+    TextDelta,
+    ToolArgsDelta,
+    ToolCall,
+    ToolCallStart,
+)
 
 
 class StreamEncoder(Protocol):
@@ -22,6 +32,9 @@ class StreamEncoder(Protocol):
     def start(self) -> bytes: ...
     def delta(self, d: TextDelta) -> bytes: ...
     def tool_call(self, call: ToolCall) -> bytes: ...
+    # a tool call streamed as generated: tool_start(), tool_args()*, then tool_call() closes it
+    def tool_start(self, start: ToolCallStart) -> bytes: ...
+    def tool_args(self, piece: ToolArgsDelta) -> bytes: ...
     def finish(self, result: GenerationResult) -> bytes: ...
     def error(self, err: ApiError) -> bytes: ...
 

@@ -26,7 +26,9 @@ from ..shared_types import (
     GenerationResult,
     TextDelta,
     TokenLogprob,
+    ToolArgsDelta,
     ToolCall,
+    ToolCallStart,
 )
 from . import openai
 from .bounds import never_fits
@@ -189,6 +191,14 @@ class StreamEncoder:
     def tool_call(self, call: ToolCall) -> bytes:
         del call
         return b""                      # no tools on this endpoint
+
+    def tool_start(self, start: ToolCallStart) -> bytes:
+        del start
+        return b""
+
+    def tool_args(self, piece: ToolArgsDelta) -> bytes:
+        del piece
+        return b""
 
     def finish_choice(self, result: GenerationResult) -> bytes:
         return self._chunk([{"text": "", "index": self._index, "logprobs": None,

@@ -24,7 +24,16 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any, Final
 
-from ..shared_types import ApiError, ChatInput, GenerationRequest, GenerationResult, TextDelta, ToolCall
+from ..shared_types import (
+    ApiError,
+    ChatInput,
+    GenerationRequest,
+    GenerationResult,
+    TextDelta,
+    ToolArgsDelta,
+    ToolCall,
+    ToolCallStart,
+)
 from . import openai
 from .codec import ApiCodec
 from .common import ParseLimits, dumps, random_id
@@ -304,14 +313,18 @@ def _call(fid: str, call_id: str, call: ToolCall, status: str = "completed") -> 
             "arguments": call.arguments, "status": status}
 
 
+def _call_status(call: ToolCall) -> str:
+    return "incomplete" if call.truncated else "completed"
+
+
 def _output(result: GenerationResult) -> list[dict[str, Any]]:
     """The output items: the message (when there is text, or nothing else), then each call."""
     out = []
     if result.text or not result.tool_calls:
         lps = _logprob_items(result.logprobs) if result.logprobs else None
         out.append(_message(random_id("msg_", 32), result.text, _status(result), lps))
-    out += [_call(fid, cid, c) for (fid, cid), c in zip(_ids(len(result.tool_calls)), result.tool_calls,
-                                                           strict=True)]
+    out += [_call(fid, cid, c, _call_status(c)) for (fid, cid), c in zip(_ids(len(result.tool_calls)),
+                                                                         result.tool_calls, strict=True)]
     return out
 
 
@@ -328,7 +341,7 @@ class StreamEncoder:
     """The semantic events of one streamed response; each event numbered (sequence_number).
     The final response's output is the items announced, in their order, with their ids."""
 
-    __slots__ = ("_req", "_rid", "_created", "_seq", "_items", "_text", "_lps")
+    __slots__ = ("_req", "_rid", "_created", "_seq", "_items", "_text", "_lps", "_call")
 
     def __init__(self, req: GenerationRequest, response_id: str, created: int, input_tokens: int,
                  cached_tokens: int = 0) -> None:
@@ -338,6 +351,7 @@ class StreamEncoder:
         self._items: list[dict[str, Any]] = []     # the output items so far, as the final response has them
         self._text: list[str] | None = None        # the open message's text (None: no message open)
         self._lps: list[dict[str, Any]] = []       # the open message's logprobs, as streamed
+        self._call: int | None = None              # the open function_call item's index
 
     def _event(self, kind: str, **data: Any) -> bytes:
         payload = dumps({"type": kind, "sequence_number": self._seq, **data})
@@ -383,19 +397,34 @@ class StreamEncoder:
         return out + self._event("response.output_text.delta", item_id=self._items[-1]["id"],
                                  output_index=len(self._items) - 1, content_index=0, delta=d.text, logprobs=lps)
 
-    def tool_call(self, call: ToolCall) -> bytes:
+    def tool_start(self, start: ToolCallStart) -> bytes:
+        """A function_call item opens (its arguments stream, tool_args())."""
         out = self._close_message() if self._text is not None else b""
         fid, cid = _ids(1)[0]
-        item = _call(fid, cid, call)
-        self._items.append(item)
-        i = len(self._items) - 1
+        self._items.append({"type": "function_call", "id": fid, "call_id": cid, "name": start.name,
+                            "arguments": "", "status": "in_progress"})
+        self._call = len(self._items) - 1
+        return out + self._event("response.output_item.added", output_index=self._call, item=self._items[-1])
+
+    def tool_args(self, piece: ToolArgsDelta) -> bytes:
+        if not piece.text or self._call is None:
+            return b""
+        return self._event("response.function_call_arguments.delta", item_id=self._items[self._call]["id"],
+                           output_index=self._call, delta=piece.text)
+
+    def tool_call(self, call: ToolCall) -> bytes:
+        """The call is complete (or cut short: status incomplete); one not streamed (an
+        upstream's) opens and sends its arguments in one delta first."""
+        out = b""
+        if self._call is None:
+            out = self.tool_start(ToolCallStart(call.name)) + self.tool_args(ToolArgsDelta(call.arguments))
+        assert self._call is not None
+        i, self._call = self._call, None
+        opened = self._items[i]
+        self._items[i] = item = _call(opened["id"], opened["call_id"], call, _call_status(call))
         return out + (
-            self._event("response.output_item.added", output_index=i,
-                        item={**item, "arguments": "", "status": "in_progress"})
-            + self._event("response.function_call_arguments.delta", item_id=fid, output_index=i,
-                          delta=call.arguments)
-            + self._event("response.function_call_arguments.done", item_id=fid, output_index=i,
-                          name=call.name, arguments=call.arguments)
+            self._event("response.function_call_arguments.done", item_id=item["id"], output_index=i,
+                        name=call.name, arguments=call.arguments)
             + self._event("response.output_item.done", output_index=i, item=item))
 
     def finish(self, result: GenerationResult) -> bytes:

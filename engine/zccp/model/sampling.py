@@ -91,6 +91,14 @@ class Sampler:
 
     def __call__(self, logits: torch.Tensor) -> int:
         """The next token from one row of logits (1-D)."""
+        if self.grammar is not None and self.top_logprobs is None and (tok := self.grammar.forced()) is not None:
+            # fixed text (a forced call's wrapper): nothing to draw, if the model may write it at all
+            if not tok < logits.shape[-1] or float(logits[tok]) == float("-inf"):
+                raise no_token_allowed()
+            self.grammar.accept(tok)
+            if self.presence or self.frequency:
+                self.counts[tok] = self.counts.get(tok, 0) + 1
+            return tok
         if self.bias or self.presence or self.frequency:
             logits = self._adjusted(logits)
         if self.grammar is not None:

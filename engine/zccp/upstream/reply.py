@@ -17,6 +17,7 @@ import asyncio
 import logging
 import time
 from collections.abc import Callable
+from dataclasses import replace
 
 import orjson
 
@@ -150,10 +151,13 @@ class UpstreamReply:
 
     def _checked(self, call: ToolCall) -> ToolCall:
         """Arguments are a JSON object (the Anthropic renderers embed them as is); kept
-        byte for byte when they are."""
+        byte for byte when they are. The start of one is a call cut by max_tokens (the
+        upstream's answer ends with it, docs/tools.md): passed on as truncated."""
         try:
             ok = isinstance(orjson.loads(call.arguments), dict)
         except orjson.JSONDecodeError:
+            if call.arguments.lstrip().startswith("{"):
+                return replace(call, truncated=True)
             ok = False
         if not ok:
             raise UpstreamBroken(f"the upstream's tool call {call.name!r} has arguments that are not a JSON object")

@@ -5,9 +5,11 @@ from __future__ import annotations
 import time
 from typing import Any, Final
 
+import orjson
 from orjson import Fragment
 
-from ...shared_types import NO_WRITE, ApiError, CacheWrite, GenerationRequest, GenerationResult
+from ...hermes_tools import partial_object
+from ...shared_types import NO_WRITE, ApiError, CacheWrite, GenerationRequest, GenerationResult, ToolCall
 from ..codec import ModelInfo
 from ..common import dumps, random_id
 from ..errors import KINDS
@@ -55,6 +57,18 @@ def _tool_use_id() -> str:
     return random_id("toolu_")
 
 
+def _input(call: ToolCall) -> str:
+    """A tool_use block's input: an object always (a call cut short by max_tokens, or an
+    upstream's arguments that are not one, closed into the longest valid prefix)."""
+    if not call.truncated:
+        try:
+            if isinstance(orjson.loads(call.arguments), dict):
+                return call.arguments
+        except orjson.JSONDecodeError:
+            pass
+    return partial_object(call.arguments)
+
+
 def render_response(req: GenerationRequest, result: GenerationResult, response_id: str, created: int) -> bytes:
     del created  # the Messages API has no timestamp field
     content: list[dict[str, Any]] = []
@@ -62,7 +76,7 @@ def render_response(req: GenerationRequest, result: GenerationResult, response_i
         content.append({"type": "text", "text": result.text})
     for call in result.tool_calls:
         content.append({"type": "tool_use", "id": call.id or _tool_use_id(), "name": call.name,
-                        "input": Fragment(call.arguments)})
+                        "input": Fragment(_input(call))})
     return dumps({
         "id": response_id,
         "type": "message",

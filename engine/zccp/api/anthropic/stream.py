@@ -4,7 +4,17 @@ from __future__ import annotations
 
 from typing import Final
 
-from ...shared_types import NO_WRITE, ApiError, CacheWrite, GenerationRequest, GenerationResult, TextDelta, ToolCall
+from ...shared_types import (
+    NO_WRITE,
+    ApiError,
+    CacheWrite,
+    GenerationRequest,
+    GenerationResult,
+    TextDelta,
+    ToolArgsDelta,
+    ToolCall,
+    ToolCallStart,
+)
 from ..common import dumps, sse
 from .render import _error_obj, _tool_use_id, _usage
 
@@ -18,12 +28,13 @@ _DELTA_TAIL: Final = b"}}\n\n"
 
 
 class StreamEncoder:
-    """SSE bytes for one streamed message: start(), delta()* and tool_call()*, then
-    finish() or error(). Content blocks open as content arrives: a text block at the
-    first text (again after a tool call), one tool_use block per call; an answer with
+    """SSE bytes for one streamed message: start(), delta()* and tool calls (tool_start(),
+    tool_args()*, tool_call(); or tool_call() alone), then finish() or error(). Content
+    blocks open as content arrives: a text block at the first text (again after a tool
+    call), one tool_use block per call, its input streamed as generated; an answer with
     neither still gets its (empty) text block. The ping follows the first block start."""
 
-    __slots__ = ("_req", "_id", "_input_tokens", "_cached", "_written", "_blocks", "_open")
+    __slots__ = ("_req", "_id", "_input_tokens", "_cached", "_written", "_blocks", "_open", "_tool")
 
     def __init__(self, req: GenerationRequest, response_id: str, created: int, input_tokens: int,
                  cached_tokens: int = 0, written: CacheWrite = NO_WRITE) -> None:
@@ -35,6 +46,7 @@ class StreamEncoder:
         self._written = written
         self._blocks = 0          # content blocks started so far
         self._open = False        # a text block is open
+        self._tool: int | None = None   # the open tool_use block's index
 
     def start(self) -> bytes:
         message_start = dumps({
@@ -74,14 +86,26 @@ class StreamEncoder:
             self._open = True
         return head + _DELTA_HEAD % (self._blocks - 1) + dumps(d.text) + _DELTA_TAIL
 
+    def tool_start(self, start: ToolCallStart, call_id: str | None = None) -> bytes:
+        """A tool_use block opens (its input streams as input_json_delta, tool_args())."""
+        self._tool = self._blocks
+        return self._close_text() + self._block_start(dumps({
+            "type": "content_block_start", "index": self._tool,
+            "content_block": {"type": "tool_use", "id": call_id or _tool_use_id(), "name": start.name, "input": {}}}))
+
+    def tool_args(self, piece: ToolArgsDelta) -> bytes:
+        if not piece.text or self._tool is None:
+            return b""
+        return sse(dumps({"type": "content_block_delta", "index": self._tool,
+                          "delta": {"type": "input_json_delta", "partial_json": piece.text}}), "content_block_delta")
+
     def tool_call(self, call: ToolCall) -> bytes:
-        index = self._blocks
-        out = self._close_text() + self._block_start(dumps({
-            "type": "content_block_start", "index": index,
-            "content_block": {"type": "tool_use", "id": call.id or _tool_use_id(), "name": call.name, "input": {}}}))
-        out += sse(dumps({"type": "content_block_delta", "index": index,
-                          "delta": {"type": "input_json_delta", "partial_json": call.arguments}}),
-                   "content_block_delta")
+        """The call is complete (or cut short): its block closes; a call that was not
+        streamed (an upstream's) opens, sends its input in one delta and closes."""
+        out = b""
+        if self._tool is None:
+            out = self.tool_start(ToolCallStart(call.name), call.id) + self.tool_args(ToolArgsDelta(call.arguments))
+        index, self._tool = self._tool, None
         return out + sse(_BLOCK_STOP % index, "content_block_stop")
 
     def finish(self, result: GenerationResult) -> bytes:
