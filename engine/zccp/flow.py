@@ -47,12 +47,14 @@ from zccp.fair_queue import Admission, refusal
 from zccp.scheduler import BatchScheduler, Sequence
 from zccp.shared_types import ApiError, Completed, GenerationRequest, GenerationResult, Pin, TextDelta
 from zccp.choices import ChoiceSink, Choices, all_done, choice_params
-from zccp.text_assembly import generate_text
+from zccp.text_assembly import fixed_result, generate_text
 from zccp.token_sink import Reply
 from zccp.upstream.client import UpstreamClient
 from zccp.upstream.reply import UpstreamReply
 
 log = logging.getLogger("zccp.flow")
+
+_ANTHROPIC = codec_for("anthropic")      # the slot's API when ZCCP_FLAG_API_OPENAI is not set
 
 
 @dataclass(frozen=True)
@@ -78,9 +80,10 @@ class FlowDeps:
     grammars: GrammarCompiler | None = None              # output schemas compiled off the loop (cached)
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Prepared:
-    """A parsed, tokenized request, ready for the model."""
+    """A parsed, tokenized request, ready for the model (never changed once made: not frozen
+    only because a frozen dataclass's __init__ costs a setattr call per field, per request)."""
 
     codec: ApiCodec
     req: GenerationRequest
@@ -103,7 +106,8 @@ class RequestFlow:
     def __init__(self, ctx: RequestContext, deps: FlowDeps, on_done: Callable[[], None]) -> None:
         self.ctx = ctx
         self.deps = deps
-        self.codec = codec_for(api_for(bool(ctx.view.header.flags & Flag.API_OPENAI), ctx.view.request.openai_api))
+        openai = ctx.view.header.flags & Flag.API_OPENAI
+        self.codec = _ANTHROPIC if not openai else codec_for(api_for(True, ctx.view.request.openai_api))
         self.outcome = Outcome(ctx, self.codec, deps.metrics, deps.request_log, on_done)
         self._store_keys: CacheKeys | None = None    # set when the answer will be stored
         self._literals: tuple[str, ...] = ()         # the request's masked values the answer carries
@@ -460,11 +464,14 @@ class RequestFlow:
         ctx, codec, req, writer = self.ctx, prep.codec, prep.req, self.ctx.writer
         completed: Completed | None = None
         with self.outcome.guard():
-            result: GenerationResult | None = None
-            for ev in generate_text(self.deps.backend, prep.input_ids, req.sampling, ctx.cancelled,
-                                    self._tool_calls(req)):
-                if isinstance(ev, GenerationResult):
-                    result = ev
+            tools = self._tool_calls(req)
+            # the fixed reply whole (no generator, no events), else the token loop
+            result = None if ctx.cancelled() else fixed_result(self.deps.backend, int(prep.host_ids.shape[0]),
+                                                               req.sampling, tools)
+            if result is None:
+                for ev in generate_text(self.deps.backend, prep.input_ids, req.sampling, ctx.cancelled, tools):
+                    if isinstance(ev, GenerationResult):
+                        result = ev
             if result is None:
                 raise SlotAbandoned("generation stopped without a result")
             ctx.writer.set_meta(completion_len=result.output_tokens)
