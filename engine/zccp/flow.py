@@ -236,7 +236,9 @@ class RequestFlow:
         # Streams always leave the loop: a full response ring makes the writer wait for
         # nginx's ack, and the loop must stay free to deliver the notices nginx waits for.
         if self.deps.inline and not prep.req.stream and prep.choices == 1:
-            self._store(store, self._execute(prep))
+            completed = self._execute(prep, store is not None)
+            if store is not None or self._owned is not None:
+                self._store(store, completed)
             return self.outcome.done()
 
         def finished(completed: Completed | None) -> None:   # on the model thread
@@ -384,13 +386,15 @@ class RequestFlow:
         except PromptTooLong as exc:
             raise ApiError(413, "request_too_large",
                            f"prompt is {exc.needed} tokens; a slot holds at most {exc.capacity}") from None
-        total = sum(n for _, n in spans)
+        # one prompt (a chat: every request but /v1/completions' several): no generators
+        total, n = spans[0][1], spans[0][1]
+        if len(spans) > 1:
+            total, n = sum(k for _, k in spans), max(k for _, k in spans)
         if not ctx.writer.set_meta(prompt_len=total, max_tokens=req.sampling.max_tokens,
                                    gpu_device_id=deps.device_id):
             raise SlotAbandoned(f"slot {ctx.view.index}: claimed again while the request was parsed")
         ctx.view.header.tokens_len = total
         limit = deps.backend.max_context
-        n = max(n for _, n in spans)
         if n + req.sampling.max_tokens > limit:
             raise ApiError(400, "invalid_request_error",
                            f"prompt is too long: {n} tokens + max_tokens {req.sampling.max_tokens} > {limit} maximum",
@@ -457,10 +461,10 @@ class RequestFlow:
             raise ApiError(400, "invalid_request_error",
                            f"{what} needs model.tool_parser: hermes", param="tool_choice")
 
-    def _execute(self, prep: Prepared) -> Completed | None:
+    def _execute(self, prep: Prepared, keep: bool = True) -> Completed | None:
         """The inline path (the instant null backend, not streamed, on the loop): run the
         model and write the answer, start to finish; never raises; None unless the answer
-        is complete and successful."""
+        is complete and successful (and keep: to be stored; else always None)."""
         ctx, codec, req, writer = self.ctx, prep.codec, prep.req, self.ctx.writer
         completed: Completed | None = None
         with self.outcome.guard():
@@ -475,10 +479,12 @@ class RequestFlow:
             if result is None:
                 raise SlotAbandoned("generation stopped without a result")
             ctx.writer.set_meta(completion_len=result.output_tokens)
-            self._verdict(prep, result)
+            if self._store_keys is not None:
+                self._verdict(prep, result)
             writer.answer(200, False, codec.render(req, result, codec.new_response_id(), int(time.time())))
             self.outcome.answered(200, result)
-            completed = Completed(result, (len(result.text),) if result.text else ())
+            if keep:
+                completed = Completed(result, (len(result.text),) if result.text else ())
         return completed
 
     def _replay(self, prep: Prepared, answer: CachedAnswer, input_tokens: int = 0) -> None:
