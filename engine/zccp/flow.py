@@ -44,6 +44,7 @@ from zccp.outcome import Outcome, RequestContext
 from zccp.ring_writer import SlotAbandoned
 from zccp.prompt_pins import pin_points
 from zccp.fair_queue import Admission, refusal
+from zccp.flow_checks import check_forwardable, check_needs_logits
 from zccp.scheduler import BatchScheduler, Sequence
 from zccp.shared_types import ApiError, Completed, GenerationRequest, GenerationResult, Pin, TextDelta
 from zccp.choices import ChoiceSink, Choices, all_done, choice_params
@@ -378,9 +379,9 @@ class RequestFlow:
         doc = self.codec.decode(ctx.payload)
         req = self.codec.parse(doc, deps.limits)
         if deps.upstream is not None:
-            self._check_forwardable(req)
+            check_forwardable(req)
         elif req.sampling.constraint is not None or req.sampling.logprobs is not None:
-            self._check_needs_logits(req)
+            check_needs_logits(req, deps.backend.has_logits, deps.tool_parser)
         try:
             spans = self._encode(req, doc)
         except PromptTooLong as exc:
@@ -436,30 +437,6 @@ class RequestFlow:
             raise PromptTooLong(n, int(out.numel()))
         out.numpy()[:n] = ids
         return n
-
-    def _check_forwardable(self, req: GenerationRequest) -> None:
-        """What an upstream backend does not forward (a forced tool call and JSON output are
-        forwarded as the upstream's tool_choice and response_format)."""
-        if req.sampling.logprobs is not None:
-            raise ApiError(400, "invalid_request_error", f"logprobs are not forwarded to {req.model}'s upstream",
-                           param="logprobs")
-        if req.n > 1:
-            raise ApiError(400, "invalid_request_error", f"n > 1 is not forwarded to {req.model}'s upstream",
-                           param="n")
-        if len(req.prompts) > 1 or any(not isinstance(p, str) for p in req.prompts):
-            raise ApiError(400, "invalid_request_error", f"several prompts, or token ids, are not forwarded to "
-                           f"{req.model}'s upstream", param="prompt")
-
-    def _check_needs_logits(self, req: GenerationRequest) -> None:
-        """A grammar and logprobs need logits, and a forced tool call the parser that reads it."""
-        c = req.sampling.constraint
-        what = "logprobs" if c is None else "a forced tool call" if c.kind == "tool_call" else "structured output"
-        if not self.deps.backend.has_logits:
-            raise ApiError(400, "invalid_request_error",
-                           f"{what} needs a model with logits; {req.model} has none (model.backend: null)")
-        if c is not None and c.kind == "tool_call" and self.deps.tool_parser != "hermes":
-            raise ApiError(400, "invalid_request_error",
-                           f"{what} needs model.tool_parser: hermes", param="tool_choice")
 
     def _execute(self, prep: Prepared, keep: bool = True) -> Completed | None:
         """The inline path (the instant null backend, not streamed, on the loop): run the
