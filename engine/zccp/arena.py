@@ -128,6 +128,11 @@ class Arena:
         self._buf = ffi.from_buffer(self._mmap)
         self.control: CData = ffi.cast("struct zccp_control *", self._buf)
         self._slots = [self._make_view(i) for i in range(layout.slot_count)]
+        # One memoryview of the mapping, and each slot's response region cut from it once:
+        # a request slices its payload from it, never making views of the whole mapping.
+        self._mv = memoryview(self._mmap)
+        self._responses = [self._mv[v.base + layout.response_offset:
+                                    v.base + layout.response_offset + layout.response_cap] for v in self._slots]
         self._closed = False
 
     # -- set-up ---------------------------------------------------------------------------
@@ -204,7 +209,7 @@ class Arena:
     def payload(self, view: SlotView) -> memoryview:
         """The request body, zero-copy (length validated by validate())."""
         start = view.base + self.layout.payload_offset
-        return memoryview(self._mmap)[start : start + view.header.payload_len]
+        return self._mv[start : start + view.header.payload_len]
 
     def token_tensor(self, view: SlotView) -> torch.Tensor:
         """The slot's whole token array as a writable int32 tensor over the mmap (no copy)."""
@@ -216,8 +221,7 @@ class Arena:
         )
 
     def response_region(self, view: SlotView) -> memoryview:
-        start = view.base + self.layout.response_offset
-        return memoryview(self._mmap)[start : start + self.layout.response_cap]
+        return self._responses[view.index]
 
     def mapping(self) -> mmap.mmap:
         """The raw mapping (for device registration)."""
@@ -231,7 +235,10 @@ class Arena:
         self._closed = True
         self.control.engine_state = EngineState.STOPPING
         self.control.magic = 0
-        del self._slots, self.control, self._buf
+        for region in self._responses:
+            region.release()
+        self._mv.release()
+        del self._slots, self.control, self._buf, self._responses
         try:
             self._mmap.close()
         except BufferError:

@@ -46,13 +46,25 @@ class Job:
     """One ring being answered. cancel() may come from the loop or the sweeper; the model
     thread reads cancelled() (a flag: a plain attribute is enough under the GIL)."""
 
-    __slots__ = ("conn", "view", "generation", "_cancelled")
+    __slots__ = ("conn", "view", "generation", "_cancelled", "_on_done")
 
-    def __init__(self, conn: Connection, view: SlotView, generation: int) -> None:
+    def __init__(self, conn: Connection, view: SlotView, generation: int,
+                 on_done: Callable[[Job], None] | None = None) -> None:
         self.conn = conn
         self.view = view
         self.generation = generation
         self._cancelled = False
+        self._on_done = on_done
+
+    def notify(self, total: int, final: bool, status: int) -> None:
+        """The response ring's notice to the nginx worker that rang (the writer's notify)."""
+        self.conn.send(encode_notice(Op.NOTICE, self.view.index, self.generation, total & 0xFFFFFFFF, int(final),
+                                     status))
+
+    def done(self) -> None:
+        """The flow is over (its on_done): the engine drops the job."""
+        if self._on_done is not None:
+            self._on_done(self)
 
     def cancel(self) -> None:
         self._cancelled = True
@@ -108,6 +120,7 @@ class Engine:
             self.backend.to(self.device.torch_device)
         self.metrics = EngineMetrics()
         self.metrics.info.set(1, backend=cfg.model.backend, model=cfg.model.name, device=self.device.name)
+        self._rings = self.metrics.rings.series()
         # every model of the stack (engines:), so that any engine answers GET /v1/models for nginx
         self.models = [ModelInfo(name, int(time.time())) for name in model_names(cfg)]
         # Views made once: a request never allocates a tensor header for its slot.
@@ -121,6 +134,7 @@ class Engine:
         self._loop_thread = 0
         self.cache = ResponseCache(cfg.cache, self.metrics) if cfg.cache.enabled else None
         self._tasks: set[asyncio.Task[None]] = set()
+        self._give_up_s = cfg.limits.request_timeout_ms / 1000
         # model.backend: upstream: misses are forwarded over HTTP (zccp.upstream)
         self.upstream = UpstreamClient(cfg.upstream, cfg.model.name) if cfg.model.backend == "upstream" else None
         self.deps = FlowDeps(
@@ -166,7 +180,7 @@ class Engine:
         conn.send(encode_notice(Op.PONG, self.layout.slot_count, self.arena.epoch, 0, 1, 200))
 
     def _on_ring(self, conn: Connection, ring: Ring) -> None:
-        self.metrics.rings.inc()
+        self._rings.inc()
         try:
             view = self.arena.slot(ring.slot)
         except SlotError as exc:
@@ -189,7 +203,7 @@ class Engine:
             return self._reject(conn, ring, 400, str(exc))
         h.state = State.RUNNING
         view.meta.retry_after_s = 0   # a previous answer's; set again only by a 429/503 that names one
-        job = Job(conn, view, ring.generation)
+        job = Job(conn, view, ring.generation, self._finish_job)
         self._jobs[ring.slot] = job
         conn.jobs.add(job)
         self._start(job)
@@ -201,29 +215,17 @@ class Engine:
     # -- one job ---------------------------------------------------------------------------
 
     def _start(self, job: Job) -> None:
-        view, conn = job.view, job.conn
-
-        def notify(total: int, final: bool, status: int) -> None:
-            conn.send(encode_notice(Op.NOTICE, view.index, job.generation, total & 0xFFFFFFFF, int(final), status))
-
-        ctx = RequestContext(
-            view=view,
-            generation=job.generation,
-            payload=self.arena.payload(view),
-            tokens=self._tokens[view.index],
-            writer=ResponseWriter(self.arena, view, job.generation, notify, job.cancelled,
-                                  later=self._later if self._loop is not None else None,
-                                  give_up_s=self.cfg.limits.request_timeout_ms / 1000),
-            cancelled=job.cancelled,
-            context_id=bytes(view.header.context_id).hex(),
-            request_id=_request_id(view),
-        )
+        view = job.view
+        # positional: the context's and the writer's fields in their order (one per request)
+        ctx = RequestContext(view, job.generation, self.arena.payload(view), self._tokens[view.index],
+                             ResponseWriter(self.arena, view, job.generation, job.notify, job.cancelled,
+                                            self._later if self._loop is not None else None, self._give_up_s),
+                             job.cancelled, bytes(view.header.context_id).hex(), _request_id(view))
         kind = view.request.kind
         if kind == Kind.GENERATE:
-            return RequestFlow(ctx, self.deps, lambda: self._finish_job(job)).start()
+            return RequestFlow(ctx, self.deps, job.done).start()
         redis = self.cache.redis if self.cache is not None else None     # PURGE's
-        EndpointFlow(ctx, self.deps, lambda: self._finish_job(job), kind, self.models, redis,
-                     self.arena.set_purge_epoch).start()
+        EndpointFlow(ctx, self.deps, job.done, kind, self.models, redis, self.arena.set_purge_epoch).start()
 
     def _later(self, delay: float, fn: Callable[[], None]) -> None:
         """fn on the loop after delay seconds, from any thread (a writer may finish on the model thread)."""
@@ -253,15 +255,15 @@ class Engine:
             self._loop.call_soon_threadsafe(fn)
 
     def _finish_job(self, job: Job) -> None:
-        def drop() -> None:
-            if self._jobs.get(job.view.index) is job:
-                del self._jobs[job.view.index]
-            job.conn.jobs.discard(job)
-
         if self._loop is None or threading.get_ident() == self._loop_thread:
-            drop()
+            self._drop_job(job)
         else:
-            self._loop.call_soon_threadsafe(drop)
+            self._loop.call_soon_threadsafe(self._drop_job, job)
+
+    def _drop_job(self, job: Job) -> None:
+        if self._jobs.get(job.view.index) is job:
+            del self._jobs[job.view.index]
+        job.conn.jobs.discard(job)
 
     # -- sweeper ---------------------------------------------------------------------------
 

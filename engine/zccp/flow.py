@@ -44,15 +44,18 @@ from zccp.outcome import Outcome, RequestContext
 from zccp.ring_writer import SlotAbandoned
 from zccp.prompt_pins import pin_points
 from zccp.fair_queue import Admission, refusal
+from zccp.flow_checks import check_forwardable, check_needs_logits
 from zccp.scheduler import BatchScheduler, Sequence
 from zccp.shared_types import ApiError, Completed, GenerationRequest, GenerationResult, Pin, TextDelta
 from zccp.choices import ChoiceSink, Choices, all_done, choice_params
-from zccp.text_assembly import generate_text
+from zccp.text_assembly import fixed_result, generate_text
 from zccp.token_sink import Reply
 from zccp.upstream.client import UpstreamClient
 from zccp.upstream.reply import UpstreamReply
 
 log = logging.getLogger("zccp.flow")
+
+_ANTHROPIC = codec_for("anthropic")      # the slot's API when ZCCP_FLAG_API_OPENAI is not set
 
 
 @dataclass(frozen=True)
@@ -78,9 +81,10 @@ class FlowDeps:
     grammars: GrammarCompiler | None = None              # output schemas compiled off the loop (cached)
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Prepared:
-    """A parsed, tokenized request, ready for the model."""
+    """A parsed, tokenized request, ready for the model (never changed once made: not frozen
+    only because a frozen dataclass's __init__ costs a setattr call per field, per request)."""
 
     codec: ApiCodec
     req: GenerationRequest
@@ -103,7 +107,8 @@ class RequestFlow:
     def __init__(self, ctx: RequestContext, deps: FlowDeps, on_done: Callable[[], None]) -> None:
         self.ctx = ctx
         self.deps = deps
-        self.codec = codec_for(api_for(bool(ctx.view.header.flags & Flag.API_OPENAI), ctx.view.request.openai_api))
+        openai = ctx.view.header.flags & Flag.API_OPENAI
+        self.codec = _ANTHROPIC if not openai else codec_for(api_for(True, ctx.view.request.openai_api))
         self.outcome = Outcome(ctx, self.codec, deps.metrics, deps.request_log, on_done)
         self._store_keys: CacheKeys | None = None    # set when the answer will be stored
         self._literals: tuple[str, ...] = ()         # the request's masked values the answer carries
@@ -232,7 +237,9 @@ class RequestFlow:
         # Streams always leave the loop: a full response ring makes the writer wait for
         # nginx's ack, and the loop must stay free to deliver the notices nginx waits for.
         if self.deps.inline and not prep.req.stream and prep.choices == 1:
-            self._store(store, self._execute(prep))
+            completed = self._execute(prep, store is not None)
+            if store is not None or self._owned is not None:
+                self._store(store, completed)
             return self.outcome.done()
 
         def finished(completed: Completed | None) -> None:   # on the model thread
@@ -372,21 +379,23 @@ class RequestFlow:
         doc = self.codec.decode(ctx.payload)
         req = self.codec.parse(doc, deps.limits)
         if deps.upstream is not None:
-            self._check_forwardable(req)
+            check_forwardable(req)
         elif req.sampling.constraint is not None or req.sampling.logprobs is not None:
-            self._check_needs_logits(req)
+            check_needs_logits(req, deps.backend.has_logits, deps.tool_parser)
         try:
             spans = self._encode(req, doc)
         except PromptTooLong as exc:
             raise ApiError(413, "request_too_large",
                            f"prompt is {exc.needed} tokens; a slot holds at most {exc.capacity}") from None
-        total = sum(n for _, n in spans)
+        # one prompt (a chat: every request but /v1/completions' several): no generators
+        total, n = spans[0][1], spans[0][1]
+        if len(spans) > 1:
+            total, n = sum(k for _, k in spans), max(k for _, k in spans)
         if not ctx.writer.set_meta(prompt_len=total, max_tokens=req.sampling.max_tokens,
                                    gpu_device_id=deps.device_id):
             raise SlotAbandoned(f"slot {ctx.view.index}: claimed again while the request was parsed")
         ctx.view.header.tokens_len = total
         limit = deps.backend.max_context
-        n = max(n for _, n in spans)
         if n + req.sampling.max_tokens + (frame := frame_tokens(req.sampling.constraint)) > limit:   # docs/tools.md
             raise ApiError(400, "invalid_request_error", f"prompt is too long: {n} tokens + max_tokens "
                            f"{req.sampling.max_tokens}{f' + {frame} (forced call)' if frame else ''} > {limit} maximum",
@@ -429,49 +438,30 @@ class RequestFlow:
         out.numpy()[:n] = ids
         return n
 
-    def _check_forwardable(self, req: GenerationRequest) -> None:
-        """What an upstream backend does not forward (a forced tool call and JSON output are
-        forwarded as the upstream's tool_choice and response_format)."""
-        if req.sampling.logprobs is not None:
-            raise ApiError(400, "invalid_request_error", f"logprobs are not forwarded to {req.model}'s upstream",
-                           param="logprobs")
-        if req.n > 1:
-            raise ApiError(400, "invalid_request_error", f"n > 1 is not forwarded to {req.model}'s upstream",
-                           param="n")
-        if len(req.prompts) > 1 or any(not isinstance(p, str) for p in req.prompts):
-            raise ApiError(400, "invalid_request_error", f"several prompts, or token ids, are not forwarded to "
-                           f"{req.model}'s upstream", param="prompt")
-
-    def _check_needs_logits(self, req: GenerationRequest) -> None:
-        """A grammar and logprobs need logits, and a forced tool call the parser that reads it."""
-        c = req.sampling.constraint
-        what = "logprobs" if c is None else "a forced tool call" if c.kind == "tool_call" else "structured output"
-        if not self.deps.backend.has_logits:
-            raise ApiError(400, "invalid_request_error",
-                           f"{what} needs a model with logits; {req.model} has none (model.backend: null)")
-        if c is not None and c.kind == "tool_call" and self.deps.tool_parser != "hermes":
-            raise ApiError(400, "invalid_request_error",
-                           f"{what} needs model.tool_parser: hermes", param="tool_choice")
-
-    def _execute(self, prep: Prepared) -> Completed | None:
+    def _execute(self, prep: Prepared, keep: bool = True) -> Completed | None:
         """The inline path (the instant null backend, not streamed, on the loop): run the
         model and write the answer, start to finish; never raises; None unless the answer
-        is complete and successful."""
+        is complete and successful (and keep: to be stored; else always None)."""
         ctx, codec, req, writer = self.ctx, prep.codec, prep.req, self.ctx.writer
         completed: Completed | None = None
         with self.outcome.guard():
-            result: GenerationResult | None = None
-            for ev in generate_text(self.deps.backend, prep.input_ids, req.sampling, ctx.cancelled,
-                                    self._tool_calls(req)):
-                if isinstance(ev, GenerationResult):
-                    result = ev
+            tools = self._tool_calls(req)
+            # the fixed reply whole (no generator, no events), else the token loop
+            result = None if ctx.cancelled() else fixed_result(self.deps.backend, int(prep.host_ids.shape[0]),
+                                                               req.sampling, tools)
+            if result is None:
+                for ev in generate_text(self.deps.backend, prep.input_ids, req.sampling, ctx.cancelled, tools):
+                    if isinstance(ev, GenerationResult):
+                        result = ev
             if result is None:
                 raise SlotAbandoned("generation stopped without a result")
             ctx.writer.set_meta(completion_len=result.output_tokens)
-            self._verdict(prep, result)
+            if self._store_keys is not None:
+                self._verdict(prep, result)
             writer.answer(200, False, codec.render(req, result, codec.new_response_id(), int(time.time())))
             self.outcome.answered(200, result)
-            completed = Completed(result, (len(result.text),) if result.text else ())
+            if keep:
+                completed = Completed(result, (len(result.text),) if result.text else ())
         return completed
 
     def _replay(self, prep: Prepared, answer: CachedAnswer, input_tokens: int = 0) -> None:

@@ -24,6 +24,23 @@ def _fmt_labels(labels: Labels) -> str:
     return "{" + inner + "}"
 
 
+def _key(labels: dict[str, str]) -> Labels:
+    return tuple(sorted(labels.items()))
+
+
+class Series:
+    """Metric.series: inc() without building the label key again."""
+
+    __slots__ = ("_values", "_key")
+
+    def __init__(self, values: dict[Labels, float], key: Labels) -> None:
+        self._values = values
+        self._key = key
+
+    def inc(self, amount: float = 1.0) -> None:
+        self._values[self._key] += amount
+
+
 @dataclass
 class Metric:
     name: str
@@ -32,13 +49,18 @@ class Metric:
     values: dict[Labels, float] = field(default_factory=lambda: defaultdict(float))
 
     def inc(self, amount: float = 1.0, **labels: str) -> None:
-        self.values[tuple(sorted(labels.items()))] += amount
+        # several per request: no sort for the unlabelled and one-label series
+        self.values[_key(labels) if len(labels) > 1 else tuple(labels.items())] += amount
 
     def set(self, value: float, **labels: str) -> None:
-        self.values[tuple(sorted(labels.items()))] = value
+        self.values[_key(labels)] = value
 
     def get(self, **labels: str) -> float:
-        return self.values.get(tuple(sorted(labels.items())), 0.0)
+        return self.values.get(_key(labels), 0.0)
+
+    def series(self, **labels: str) -> Series:
+        """One label set's counter, its key made once (a hot path's fixed labels)."""
+        return Series(self.values, _key(labels))
 
     def seed(self, *label_sets: dict[str, str]) -> Metric:
         """Start these label sets at 0, so that a counter nothing has bumped yet still has a

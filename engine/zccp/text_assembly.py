@@ -229,11 +229,23 @@ def _whole(backend: Any, ids: Sequence[int], input_tokens: int,
            max_tokens: int) -> Iterator[TextDelta | GenerationResult]:
     """generate_text for an answer known whole in advance (no stops, no tools): the same
     events and result as the token loop, from one detokenization pass."""
-    text = _whole_text(backend.prompt, tuple(ids))
-    if text:
-        yield TextDelta(text)
-    yield GenerationResult(
-        text=text,
+    result = _whole_result(backend, ids, input_tokens, max_tokens)
+    if result.text:
+        yield TextDelta(result.text)
+    yield result
+
+
+def fixed_result(backend: Any, input_tokens: int, params: SamplingParams, tools: bool) -> GenerationResult | None:
+    """generate_text's final result, without its events, for a backend that knows its answer
+    whole (the null model's fixed reply); None: run generate_text (the inline path's shortcut)."""
+    fixed = getattr(backend, "fixed_reply", None)
+    ids = fixed(params) if fixed is not None and not tools and not params.stop else None
+    return None if ids is None else _whole_result(backend, ids, input_tokens, params.max_tokens)
+
+
+def _whole_result(backend: Any, ids: Sequence[int], input_tokens: int, max_tokens: int) -> GenerationResult:
+    return GenerationResult(
+        text=_whole_text(backend.prompt, tuple(ids)),
         stop_reason="max_tokens" if len(ids) >= max_tokens else "end_turn",
         stop_sequence=None,
         input_tokens=input_tokens,

@@ -1,6 +1,7 @@
 """What a request does not pay for any more (issue 29): the answers to the rings of one loop
 turn leave the doorbell in one write, in order; the null model's fixed reply is detokenized
-once, not per request; the slot's token array is filled without the checked path."""
+once, not per request; the slot's token array is filled without the checked path; the inline
+null path takes the fixed reply whole; counters key their labels without a sort per call."""
 
 from __future__ import annotations
 
@@ -10,10 +11,11 @@ import threading
 import torch
 
 from zccp.doorbell import Connection, encode_notice
+from zccp.metrics import EngineMetrics
 from zccp.model.null import NullBackend
 from zccp.model.tokenizer import BOS, USER, ASSISTANT, encode_chat_into
 from zccp.shared_types import ChatMessage, GenerationResult, SamplingParams
-from zccp.text_assembly import generate_text
+from zccp.text_assembly import fixed_result, generate_text
 
 
 class _Transport:
@@ -90,3 +92,32 @@ def test_the_slot_fast_path_writes_what_the_checked_path_writes() -> None:
     assert encode_chat_into("sys", msgs, other) == n
     assert slot[:n].tolist() == other[:n].tolist()
     assert slot[n].item() == -1 and slot[n - 1].item() == ASSISTANT
+
+
+def test_the_inline_shortcut_gives_generate_texts_result() -> None:
+    # fixed_result (the inline null path's shortcut) must be the token loop's final result, and
+    # must decline whatever the shortcut cannot honour: stop sequences, tools, a per-token delay
+    backend = NullBackend(reply="Hello, shortcut.")
+    ids = torch.tensor([BOS, USER, 104, ASSISTANT], dtype=torch.int32)
+    for max_tokens in (1, 5, 16, 64):
+        params = SamplingParams(max_tokens=max_tokens)
+        looped = list(generate_text(backend, ids, params, lambda: False))[-1]
+        assert fixed_result(backend, 4, params, False) == looped
+    assert fixed_result(backend, 4, SamplingParams(max_tokens=8, stop=("o",)), False) is None
+    assert fixed_result(backend, 4, SamplingParams(max_tokens=8), True) is None
+    assert fixed_result(NullBackend(token_delay_ms=1), 4, SamplingParams(max_tokens=8), False) is None
+
+
+def test_metric_keys_do_not_depend_on_the_labels_order_or_the_path() -> None:
+    m = EngineMetrics()
+    m.cache.inc(result="BYPASS", reason="no_cache")
+    m.cache.inc(reason="no_cache", result="BYPASS")
+    m.cache.series(reason="no_cache", result="BYPASS").inc(2)
+    m.rings.inc()
+    m.rings.series().inc()
+    m.tokens_in.inc(3, api="openai")
+    assert m.cache.get(result="BYPASS", reason="no_cache") == 4
+    assert m.rings.get() == 2 and m.tokens_in.get(api="openai") == 3
+    text = m.render()
+    assert 'zccp_engine_cache_total{reason="no_cache",result="BYPASS"} 4' in text
+    assert "zccp_engine_rings_total 2" in text

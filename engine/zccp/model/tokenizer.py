@@ -93,7 +93,7 @@ def encode_chat_into(system: str, messages: Sequence[ChatMessage], out: torch.Te
     conversation that starts the same way (what a warm-up pre-loads).
     """
     # The slot's array (1-D int32 on the CPU) is every request's: one check, not four.
-    if out.dtype is not torch.int32 or out.dim() != 1 or out.device.type != "cpu":
+    if out.dtype is not torch.int32 or out.dim() != 1 or not out.is_cpu:   # is_cpu: no torch.device made
         return _encode_chat_checked(system, messages, out, generation_prompt)
     # One bytes object per segment (str.encode is a memcpy for ASCII text) read in place by
     # numpy: no bytearray copy, no list of segments.
