@@ -8,12 +8,19 @@
 -- workers and stacks the reservations admitted in a window never pass the limit.
 --
 -- Concurrency counters are not leased: every admission with a concurrency limit asks Redis
--- (INCR if under the limit), so that limit is exact.
+-- (one more in flight if under the limit), so that limit is exact. A concurrency counter is
+-- a hash, one field per worker ("<count> <time>"): each worker also writes its own count
+-- as it knows it (absolute, at most every SYNC_S while it holds any, at once after a
+-- Redis failover), so a count lost in Redis (a give-back a demoted master took, a round
+-- that timed out) is mended within SYNC_S, and the count of a worker that died is not
+-- counted STALE_S after its last write, instead of leaking for the key's TTL.
 --
 --   local ok, i, c = lease.acquire(target, keys, lims, wants, exact, ttls, tag)
 --   lease.get(ck)                       -- this worker's budget of counter ck, or nil
 --   lease.spend(ck, n) / lease.refund(ck, n)   -- refund: nil when the budget is gone
 --   lease.collect(now, out, all)        -- unspent budgets to give back: out[tag][ck] -= left
+--   lease.conc_sent(ck, tag) / lease.conc_replied(ck, counted) / lease.conc_release(ck, now)
+--   lease.conc_collect(now, out, all)   -- this worker's in-flight counts to write: out[tag].conc
 local sha256 = require "zccp.sha256"
 
 local ngx = ngx
@@ -29,57 +36,106 @@ local _M = { _VERSION = "0.1.0" }
 local SHARE = 16     -- a lease takes about 1/SHARE of what is left in the window
 local RECORD_TTL_S = 30   -- a round's grant record: UNDO must reach Redis within this
 local IDLE_S = 1     -- an unused budget goes back to Redis after this
+local SYNC_S = 0.5   -- a worker writes its in-flight counts at least this often while it holds any
+local STALE_S = 5    -- a worker's in-flight count not written for this long is not counted
+local HASH_TTL_S = 120   -- an in-flight hash nobody writes goes (every write renews it)
 
 -- KEYS: the counters to lease from (or, exact: to count one request in flight), then this
--- round's grant record (its id: one per round). ARGV: n, share, record ttl, then per
--- counter: limit, want, exact ('1'/'0'), ttl. All pass: {1, granted_1, count_1, ...};
--- else {0, i, count_i} and nothing is granted; {0, 0, 0}: the round was undone before it
--- ran (UNDO came first). The record (counter -> granted) lets a round whose reply never
--- came (a timeout: it may have happened) be given back by UNDO, once, within its ttl.
+-- round's grant record (its id: one per round). ARGV: n, share, record ttl, this worker's
+-- id, STALE_S, then per counter: limit, want, exact ('1'/'0'), ttl. All pass: {1,
+-- granted_1, count_1, ...}; else {0, i, count_i} and nothing is granted; {0, 0, 0}: the
+-- round was undone before it ran (UNDO came first). The record (counter -> granted) lets a
+-- round whose reply never came (a timeout: it may have happened) be given back by UNDO,
+-- once, within its ttl. An exact counter is a hash of workers' counts ("<count> <time>",
+-- Redis' clock): the fresh ones are summed, the stale ones removed.
 local LEASE = [[
-local n, share = tonumber(ARGV[1]), tonumber(ARGV[2])
+local n, share, uid, stale = tonumber(ARGV[1]), tonumber(ARGV[2]), ARGV[4], tonumber(ARGV[5])
 local rec = KEYS[n + 1]
 if redis.call('EXISTS', rec) == 1 then return {0, 0, 0} end
-local cur = {}
+local now = tonumber(redis.call('TIME')[1])
+local cur, own = {}, {}
 for i = 1, n do
-  local b = 3 + (i - 1) * 4
-  local c = tonumber(redis.call('GET', KEYS[i]) or '0')
+  local b = 5 + (i - 1) * 4
+  local c = 0
+  if ARGV[b + 3] == '1' then
+    local f = redis.call('HGETALL', KEYS[i])
+    own[i] = 0
+    for j = 1, #f, 2 do
+      local v, t = string.match(f[j + 1], '^(%d+) (%d+)$')
+      if v and now - tonumber(t) <= stale then
+        c = c + tonumber(v)
+        if f[j] == uid then own[i] = tonumber(v) end
+      else
+        redis.call('HDEL', KEYS[i], f[j])
+      end
+    end
+  else
+    c = tonumber(redis.call('GET', KEYS[i]) or '0')
+  end
   if c + tonumber(ARGV[b + 2]) > tonumber(ARGV[b + 1]) then return {0, i, c} end
   cur[i] = c
 end
 local out = {1}
 for i = 1, n do
-  local b = 3 + (i - 1) * 4
+  local b = 5 + (i - 1) * 4
   local lim, g = tonumber(ARGV[b + 1]), tonumber(ARGV[b + 2])
-  if ARGV[b + 3] ~= '1' then
+  local v
+  if ARGV[b + 3] == '1' then
+    redis.call('HSET', KEYS[i], uid, (own[i] + g) .. ' ' .. now)
+    v = cur[i] + g
+  else
     local slice = math.ceil((lim - cur[i]) / share)
     if slice > g then g = slice end
+    v = redis.call('INCRBY', KEYS[i], g)
+    redis.call('HSET', rec, KEYS[i], g)
   end
-  local v = redis.call('INCRBY', KEYS[i], g)
   redis.call('EXPIRE', KEYS[i], tonumber(ARGV[b + 4]))
   out[#out + 1] = g
   out[#out + 1] = v
-  redis.call('HSET', rec, KEYS[i], g)
 end
 redis.call('EXPIRE', rec, tonumber(ARGV[3]))
 return out
 ]]
--- KEYS[1]: a grant record. Gives back what its round took (if it ran) and leaves a
--- tombstone (so a round still queued grants nothing). ARGV[1]: the tombstone's ttl.
+-- KEYS[1]: a grant record, then the windowed counters its round may have leased from
+-- (declared: every key a script touches is in KEYS). Gives back what the round took (if
+-- it ran) and leaves a tombstone (so a round still queued grants nothing). An in-flight
+-- count the round may have taken is mended by the worker's own write (SYNC). ARGV[1]: the
+-- tombstone's ttl.
 local UNDO = [[
 if redis.call('TYPE', KEYS[1]).ok == 'hash' then
-  local f = redis.call('HGETALL', KEYS[1])
-  for i = 1, #f, 2 do
-    if redis.call('EXISTS', f[i]) == 1 and redis.call('DECRBY', f[i], f[i + 1]) < 0 then
-      redis.call('SET', f[i], 0, 'KEEPTTL')
+  for i = 2, #KEYS do
+    local g = tonumber(redis.call('HGET', KEYS[1], KEYS[i]) or '0')
+    if g > 0 and redis.call('EXISTS', KEYS[i]) == 1 and redis.call('DECRBY', KEYS[i], g) < 0 then
+      redis.call('SET', KEYS[i], 0, 'KEEPTTL')
     end
   end
 end
 redis.call('SET', KEYS[1], 'x', 'EX', tonumber(ARGV[1]))
 return 1
 ]]
+-- KEYS: in-flight hashes (one tenant's). ARGV: this worker's id, the hashes' ttl, then per
+-- hash: '=' (this worker's count is) or '+' (changes by), and the number. 0: the field goes.
+local SYNC = [[
+local uid, ttl = ARGV[1], tonumber(ARGV[2])
+local now = redis.call('TIME')[1]
+for i = 1, #KEYS do
+  local v = tonumber(ARGV[2 + 2 * i])
+  if ARGV[1 + 2 * i] == '+' then
+    local cur = redis.call('HGET', KEYS[i], uid)
+    v = v + (cur and tonumber(string.match(cur, '^(%d+)')) or 0)
+  end
+  if v > 0 then
+    redis.call('HSET', KEYS[i], uid, v .. ' ' .. now)
+    redis.call('EXPIRE', KEYS[i], ttl)
+  else
+    redis.call('HDEL', KEYS[i], uid)
+  end
+end
+return 1
+]]
 local UNDO_SHA = sha256.hex(ngx.sha1_bin(UNDO), 20)
 local LEASE_SHA = sha256.hex(ngx.sha1_bin(LEASE), 20)
+local SYNC_SHA = sha256.hex(ngx.sha1_bin(SYNC), 20)
 
 -- ck -> { left, seen (the counter in Redis after our last lease), lim, used (last spend),
 -- ends (the window's end), tag (the tenant's hash tag) }
@@ -125,6 +181,8 @@ function _M.acquire(target, keys, lims, wants, exact, ttls, ends, tag, now, rec)
     cmd[#cmd + 1] = n
     cmd[#cmd + 1] = SHARE
     cmd[#cmd + 1] = RECORD_TTL_S
+    cmd[#cmd + 1] = _M.uid()
+    cmd[#cmd + 1] = STALE_S
     for i = 1, n do
         cmd[#cmd + 1] = lims[i]
         cmd[#cmd + 1] = wants[i]
@@ -184,29 +242,137 @@ function _M.collect(now, out, all)
     end
 end
 
--- A grant record's id, unique across workers and stacks (pid, start time, a sequence).
-local seq, uid_prefix = 0, nil
+-- This worker's id, unique across workers and stacks (pid, start time); a grant record's
+-- id adds a sequence.
+local seq, uid, uid_prefix = 0, nil, nil
+
+function _M.uid()
+    if not uid then
+        uid = ngx.worker.pid() .. "." .. math_floor(ngx.now() * 1000)
+        uid_prefix = uid .. "."
+    end
+    return uid
+end
 
 function _M.record(tag)
-    if not uid_prefix then
-        uid_prefix = ngx.worker.pid() .. "." .. math_floor(ngx.now() * 1000) .. "."
+    if not uid then
+        _M.uid()
     end
     seq = seq + 1
     return "zccp:lim:{" .. tag .. "}:g:" .. uid_prefix .. seq
 end
 
--- The command that gives back the round of grant record `rec` (a flush sends it).
-function _M.undo_cmd(rec)
-    return { rec, "EVALSHA", UNDO_SHA, 1, rec, RECORD_TTL_S }
+-- The command that gives back the round of grant record `rec` (a flush sends it); keys:
+-- the windowed counters of that round.
+function _M.undo_cmd(rec, keys)
+    local cmd = { rec, "EVALSHA", UNDO_SHA, 1 + #keys, rec }
+    for i = 1, #keys do
+        cmd[#cmd + 1] = keys[i]
+    end
+    cmd[#cmd + 1] = RECORD_TTL_S
+    return cmd
+end
+
+-- This worker's requests in flight by concurrency counter ck: { held (admitted, not yet
+-- ended), pending (rounds without a reply yet), back (given back since the last write),
+-- tag, last (last change), synced (last write), dirty (to write at the next flush) }.
+local inflight = {}
+
+function _M.conc_sent(ck, tag)
+    local e = inflight[ck]
+    if not e then
+        e = { held = 0, pending = 0, back = 0, tag = tag, last = 0, synced = 0, dirty = false }
+        inflight[ck] = e
+    end
+    e.pending = e.pending + 1
+end
+
+-- A round's reply: ok true (this request is one in flight), false (refused), nil (no
+-- reply: whether it ran is not known; the next write says what this worker holds).
+function _M.conc_replied(ck, ok, now)
+    local e = inflight[ck]
+    e.pending = e.pending - 1
+    e.last = now
+    if ok then
+        e.held = e.held + 1
+    elseif ok == nil then
+        e.dirty = true
+    end
+end
+
+function _M.conc_release(ck, now)
+    local e = inflight[ck]
+    e.held = e.held - 1
+    e.back = e.back - 1
+    e.last = now
+    e.dirty = true
+end
+
+-- After a Redis failover (or a write that failed): every count is written again.
+function _M.conc_resync()
+    for _, e in pairs(inflight) do
+        e.dirty = true
+    end
+end
+
+-- The in-flight counts to write now, appended to out[tag].conc as ck, mode, n: this
+-- worker's count itself ('=') when no round of its is on its way (else what changed,
+-- '+'), when it changed, and every SYNC_S while it holds any or changed within STALE_S
+-- (a write Redis lost is mended). `all` (the worker exits): 0 everywhere.
+function _M.conc_collect(now, out, all)
+    for ck, e in pairs(inflight) do
+        local mode, n
+        if all then
+            mode, n = "=", 0
+        elseif e.pending == 0 then
+            if e.dirty or (now - e.synced >= SYNC_S and (e.held > 0 or now - e.last < STALE_S)) then
+                mode, n = "=", e.held
+            end
+        elseif e.back ~= 0 or now - e.synced >= SYNC_S then
+            mode, n = "+", e.back
+        end
+        if mode then
+            e.back, e.dirty, e.synced = 0, false, now
+            local t = out[e.tag]
+            if not t then
+                t = { counters = {}, usage = {} }
+                out[e.tag] = t
+            end
+            local c = t.conc
+            if not c then
+                c = {}
+                t.conc = c
+            end
+            c[#c + 1], c[#c + 2], c[#c + 3] = ck, mode, n
+        elseif e.held == 0 and e.pending == 0 and now - e.last >= STALE_S then
+            inflight[ck] = nil
+        end
+    end
+end
+
+-- The command that writes one tenant's in-flight counts (list: ck, mode, n, ...).
+function _M.sync_cmd(list)
+    local keys, args = { list[1], "EVALSHA", SYNC_SHA, #list / 3 }, { _M.uid(), HASH_TTL_S }
+    for i = 1, #list, 3 do
+        keys[#keys + 1] = list[i]
+        args[#args + 1], args[#args + 2] = list[i + 1], list[i + 2]
+    end
+    for i = 1, #args do
+        keys[#keys + 1] = args[i]
+    end
+    return keys
 end
 
 _M.UNDO = UNDO
+_M.SYNC, _M.SYNC_SHA = SYNC, SYNC_SHA
 
 -- Forget every budget without giving it back (tests).
 function _M.drop_all()
     budgets = {}
 end
 
+
 _M.SHARE = SHARE
 _M.IDLE_S = IDLE_S
+_M.STALE_S = STALE_S
 return _M

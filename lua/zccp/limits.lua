@@ -99,10 +99,10 @@ function _M.admit(who, api, body, kind, rid)
         local ok, i = reserve.take(w, needs, ticket, now)
         if not ok then
             for _, ck in ipairs(ticket.conc or NONE) do
-                owe(who.tenant, ck, -1)   -- counted in a round that did not admit: given back
+                lease.conc_release(ck, now)   -- counted in a round that did not admit: given back
             end
             if ticket.undo then
-                flush.undo(who.tenant, ticket.undo)
+                flush.undo(who.tenant, ticket.undo, ticket.undo_keys)
             end
             if ok == nil then
                 ngx.log(ngx.ERR, "zccp: limits: redis: ", i)
@@ -197,8 +197,9 @@ function _M.settle()
             end
         end
         if t.conc then
+            local now = ngx_now()
             for _, ck in ipairs(t.conc) do
-                owe(tag, ck, -1)
+                lease.conc_release(ck, now)
             end
         end
         if overrun then

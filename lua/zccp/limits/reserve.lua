@@ -136,23 +136,38 @@ local function reserve(w, needs, ticket, now)
         if #ak == 0 then
             return true
         end
-        local rec = lease.record(w.tenant_tag)
-        local ok, k, c = lease.acquire(t, ak, al, aw, ax, att, ae, w.tenant_tag, now, rec)
-        if not ok then
-            if ok == false then
-                return false, at[k], c
+        local tag = w.tenant_tag
+        local rec = lease.record(tag)
+        for n = 1, #ak do
+            if ax[n] then
+                lease.conc_sent(ak[n], tag)
             end
-            ticket.undo = rec   -- no reply: it may have happened; the flush gives it back
-            return nil, k
         end
-        if round == 1 then
-            for n = 1, #ak do
-                if ax[n] then
+        local ok, k, c = lease.acquire(t, ak, al, aw, ax, att, ae, tag, now, rec)
+        for n = 1, #ak do
+            if ax[n] then
+                lease.conc_replied(ak[n], ok, now)
+                if ok then
                     local counted = ticket.conc or {}
                     counted[#counted + 1] = ak[n]
                     ticket.conc = counted
                 end
             end
+        end
+        if not ok then
+            if ok == false then
+                return false, at[k], c
+            end
+            -- no reply: it may have happened; the flush gives its windowed grants back
+            -- (UNDO), and this worker's next write its in-flight counts
+            local leased = {}
+            for n = 1, #ak do
+                if not ax[n] then
+                    leased[#leased + 1] = ak[n]
+                end
+            end
+            ticket.undo, ticket.undo_keys = rec, leased
+            return nil, k
         end
     end
     return false, nil, 0

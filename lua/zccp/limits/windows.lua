@@ -102,7 +102,7 @@ local function windows(who, now)
     local scopes = { "k:" .. who.id, "t" }
     for s = 1, 2 do
         local p = "zccp:lim:{" .. who.tenant .. "}:" .. scopes[s] .. ":"
-        local ks = { p .. "rpm:" .. minute, p .. "itpm:" .. minute, p .. "otpm:" .. minute, p .. "conc",
+        local ks = { p .. "rpm:" .. minute, p .. "itpm:" .. minute, p .. "otpm:" .. minute, p .. "inflight",
                      p .. "day:" .. day, p .. "month:" .. month }
         for j = 1, N do
             local i = (s - 1) * N + j
