@@ -7,8 +7,11 @@
 -- is nearly spent (another worker may need it), and when the worker exits. So across all
 -- workers and stacks the reservations admitted in a window never pass the limit.
 --
--- Concurrency counters are not leased: every admission with a concurrency limit asks Redis
--- (one more in flight if under the limit), so that limit is exact. A concurrency counter is
+-- Concurrency counters are counted in Redis at every admission (one more in flight if under
+-- the limit), except that when the limit is far (more than SHARE slots free) a round also
+-- gives the worker spare slots (1/SHARE of what is free) that its next admissions use
+-- without Redis: never past the limit; another worker may be refused early by at most the
+-- spare slots held elsewhere, which go back when not all needed for IDLE_S. A concurrency counter is
 -- a hash, one field per worker ("<count> <time>"): each worker also writes its own count
 -- as it knows it (absolute, at most every SYNC_S while it holds any, at once after a
 -- Redis failover), so a count lost in Redis (a give-back a demoted master took, a round
@@ -19,7 +22,8 @@
 --   lease.get(ck)                       -- this worker's budget of counter ck, or nil
 --   lease.spend(ck, n) / lease.refund(ck, n)   -- refund: nil when the budget is gone
 --   lease.collect(now, out, all)        -- unspent budgets to give back: out[tag][ck] -= left
---   lease.conc_sent(ck, tag) / lease.conc_replied(ck, counted) / lease.conc_release(ck, now)
+--   lease.conc_free(ck) / lease.conc_take(ck, now)   -- a spare slot of this worker's
+--   lease.conc_sent(ck, tag) / lease.conc_replied(ck, ok, now, granted) / lease.conc_release(ck, now)
 --   lease.conc_collect(now, out, all)   -- this worker's in-flight counts to write: out[tag].conc
 local sha256 = require "zccp.sha256"
 
@@ -81,6 +85,8 @@ for i = 1, n do
   local lim, g = tonumber(ARGV[b + 1]), tonumber(ARGV[b + 2])
   local v
   if ARGV[b + 3] == '1' then
+    local spare = math.floor((lim - cur[i] - g) / share)
+    if spare > 0 then g = g + spare end
     redis.call('HSET', KEYS[i], uid, (own[i] + g) .. ' ' .. now)
     v = cur[i] + g
   else
@@ -274,38 +280,74 @@ function _M.undo_cmd(rec, keys)
 end
 
 -- This worker's requests in flight by concurrency counter ck: { held (admitted, not yet
--- ended), pending (rounds without a reply yet), back (given back since the last write),
--- tag, last (last change), synced (last write), dirty (to write at the next flush) }.
+-- ended), slots (what its field in Redis says it holds: held, plus spare slots when the
+-- limit is far), spare (the last grant left room to keep spare slots), pending (rounds
+-- without a reply yet), back (slots given back since the last write), tag, last (last
+-- change), synced (last write), full (when all its slots were last in use), dirty (to write
+-- at the next flush) }.
 local inflight = {}
 
-function _M.conc_sent(ck, tag)
+local function entry(ck, tag)
     local e = inflight[ck]
     if not e then
-        e = { held = 0, pending = 0, back = 0, tag = tag, last = 0, synced = 0, dirty = false }
+        e = { held = 0, slots = 0, spare = false, pending = 0, back = 0, tag = tag, last = 0, synced = 0,
+              full = 0, dirty = false }
         inflight[ck] = e
     end
+    return e
+end
+
+-- Whether this worker holds a slot of ck it does not use (an admission without Redis).
+function _M.conc_free(ck)
+    local e = inflight[ck]
+    return e ~= nil and e.slots > e.held
+end
+
+-- One request in flight on a spare slot of this worker's (conc_free was true).
+function _M.conc_take(ck, now)
+    local e = inflight[ck]
+    local held = e.held + 1
+    e.held = held
+    e.last = now
+    if held == e.slots then
+        e.full = now
+    end
+end
+
+function _M.conc_sent(ck, tag)
+    local e = entry(ck, tag)
     e.pending = e.pending + 1
 end
 
--- A round's reply: ok true (this request is one in flight), false (refused), nil (no
--- reply: whether it ran is not known; the next write says what this worker holds).
-function _M.conc_replied(ck, ok, now)
+-- A round's reply: ok true (this request is one in flight; granted: the slots the round
+-- gave this worker, 1 + the spare ones), false (refused), nil (no reply: whether it ran
+-- is not known; the next write says what this worker holds).
+function _M.conc_replied(ck, ok, now, granted)
     local e = inflight[ck]
     e.pending = e.pending - 1
     e.last = now
     if ok then
         e.held = e.held + 1
+        e.slots = e.slots + granted
+        e.spare = granted > 1
+        e.full = now
     elseif ok == nil then
         e.dirty = true
     end
 end
 
+-- A request ends: its slot goes back to Redis at the next flush, unless the limit is far
+-- (the last grant had spare slots): then this worker keeps it for its next request, and
+-- gives back its spare slots when it has not needed them all for IDLE_S.
 function _M.conc_release(ck, now)
     local e = inflight[ck]
     e.held = e.held - 1
-    e.back = e.back - 1
     e.last = now
-    e.dirty = true
+    if not e.spare then
+        e.slots = e.slots - 1
+        e.back = e.back - 1
+        e.dirty = true
+    end
 end
 
 -- After a Redis failover (or a write that failed): every count is written again.
@@ -316,17 +358,22 @@ function _M.conc_resync()
 end
 
 -- The in-flight counts to write now, appended to out[tag].conc as ck, mode, n: this
--- worker's count itself ('=') when no round of its is on its way (else what changed,
--- '+'), when it changed, and every SYNC_S while it holds any or changed within STALE_S
--- (a write Redis lost is mended). `all` (the worker exits): 0 everywhere.
+-- worker's slots themselves ('=') when no round of its is on its way (else what changed,
+-- '+'), when they changed, and every SYNC_S while it holds any or changed within STALE_S
+-- (a write Redis lost is mended). Spare slots unused for IDLE_S go back. `all` (the
+-- worker exits): 0 everywhere.
 function _M.conc_collect(now, out, all)
     for ck, e in pairs(inflight) do
         local mode, n
+        if e.slots > e.held and now - e.full >= IDLE_S then   -- spare slots not all needed for IDLE_S
+            e.back = e.back - (e.slots - e.held)
+            e.slots, e.spare, e.dirty = e.held, false, true
+        end
         if all then
             mode, n = "=", 0
         elseif e.pending == 0 then
-            if e.dirty or (now - e.synced >= SYNC_S and (e.held > 0 or now - e.last < STALE_S)) then
-                mode, n = "=", e.held
+            if e.dirty or (now - e.synced >= SYNC_S and (e.slots > 0 or now - e.last < STALE_S)) then
+                mode, n = "=", e.slots
             end
         elseif e.back ~= 0 or now - e.synced >= SYNC_S then
             mode, n = "+", e.back
@@ -344,7 +391,7 @@ function _M.conc_collect(now, out, all)
                 t.conc = c
             end
             c[#c + 1], c[#c + 2], c[#c + 3] = ck, mode, n
-        elseif e.held == 0 and e.pending == 0 and now - e.last >= STALE_S then
+        elseif e.slots == 0 and e.pending == 0 and now - e.last >= STALE_S then
             inflight[ck] = nil
         end
     end

@@ -92,7 +92,11 @@ function _M.admit(who, api, body, kind, rid)
         needs[2], needs[3], needs[5], needs[6] = est_in, est_out, est_in + est_out, est_in + est_out
     end
     flush.start()
-    if not reserve.covered(w, needs) then
+    if reserve.covered(w, needs) then
+        if w.exact and needs[CONC] > 0 then
+            reserve.take_spare(w, ticket, now)
+        end
+    else
         if needs == NEEDS then   -- reserve() yields: this request's own copy
             needs = { 1, NEEDS[2], NEEDS[3], 1, NEEDS[5], NEEDS[6] }
         end

@@ -92,3 +92,24 @@ def test_a_worker_puts_right_a_count_redis_holds_wrongly_for_it(make_stack):
         x.join(60)
     assert codes == [200, 200], codes                       # both concurrency slots free
     assert "runtime error" not in s.error_log()
+
+
+def test_a_far_concurrency_limit_lends_a_worker_spare_slots_that_go_back(make_stack):
+    """Limit 1000, nothing in flight: the first admission's round gives its worker 1 + 62
+    spare slots (1/16 of what is free), so that its next admissions need no Redis; they go
+    back once the worker has not needed them all for 1 s (zccp.lease.IDLE_S)."""
+    s = make_stack({"model": NULL, "auth": AUTH}, with_redis=True)
+    r = redis.Redis.from_url(s.cfg.cache.redis_url)
+    rec = keys_cli(s, "create", "--tenant", "far", "--concurrency", "1000")
+    k, hk = rec["key"], inflight_key("far", rec["id"])
+    body = req("anthropic", [{"role": "user", "content": "hi"}], max_tokens=4)
+    seen: list[list[int]] = []
+    for _ in range(5):   # (read at once: a loaded machine may take 1 s between two requests)
+        assert status(s, "anthropic", body, x_api_key=k, cache_control="no-store").status_code == 200
+        seen.append([int(v.split()[0]) for v in r.hgetall(hk).values()])
+        if any(c > 1 for c in seen[-1]):
+            break
+    counts = seen[-1]
+    assert counts and max(counts) == 63 and sum(counts) <= 1000, seen
+    wait_for("the spare slots go back", lambda: not r.hgetall(hk))
+    assert "runtime error" not in s.error_log()
