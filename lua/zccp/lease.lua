@@ -339,15 +339,19 @@ end
 -- A request ends: its slot goes back to Redis at the next flush, unless the limit is far
 -- (the last grant had spare slots): then this worker keeps it for its next request, and
 -- gives back its spare slots when it has not needed them all for IDLE_S.
+-- Returns true when the slot goes back to Redis (the caller flushes at once: another
+-- request, maybe this client's next, may be refused until it is there).
 function _M.conc_release(ck, now)
     local e = inflight[ck]
     e.held = e.held - 1
     e.last = now
-    if not e.spare then
-        e.slots = e.slots - 1
-        e.back = e.back - 1
-        e.dirty = true
+    if e.spare then
+        return false
     end
+    e.slots = e.slots - 1
+    e.back = e.back - 1
+    e.dirty = true
+    return true
 end
 
 -- After a Redis failover (or a write that failed): every count is written again.

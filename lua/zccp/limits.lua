@@ -103,7 +103,9 @@ function _M.admit(who, api, body, kind, rid)
         local ok, i = reserve.take(w, needs, ticket, now)
         if not ok then
             for _, ck in ipairs(ticket.conc or NONE) do
-                lease.conc_release(ck, now)   -- counted in a round that did not admit: given back
+                if lease.conc_release(ck, now) then   -- counted in a round that did not admit: given back
+                    flush.now()
+                end
             end
             if ticket.undo then
                 flush.undo(who.tenant, ticket.undo, ticket.undo_keys)
@@ -203,11 +205,13 @@ function _M.settle()
         if t.conc then
             local now = ngx_now()
             for _, ck in ipairs(t.conc) do
-                lease.conc_release(ck, now)
+                -- given back at once, not with the 50 ms batch: a client's next request
+                -- (to another worker, maybe) must not find this one still counted
+                overrun = lease.conc_release(ck, now) or overrun
             end
         end
         if overrun then
-            flush.now()   -- an overrun reaches Redis before the next lease, not FLUSH_S later
+            flush.now()   -- an overrun (or a slot) reaches Redis before the next lease, not FLUSH_S later
         end
     end
     local acc = w.acc
