@@ -138,7 +138,8 @@ def render(runs: dict[str, list[dict]], seconds: float, conc: int) -> str:
              "the worker's cache, metered in the worker's batch sent every 50 ms). keys+limits: a key with rpm, "
              "itpm, otpm, daily and monthly tokens set (never refused): reserved from the worker's leases "
              "(zccp.lease; a Redis round trip only when a lease runs low). keys+limits+conc: the same and a "
-             "concurrency limit, which is exact: one Redis script per admission. nginx CPU: its processes' "
+             "concurrency limit of 100000: one Redis script per admission that finds no spare slot (a round "
+             "gives a worker 1/16 of the free slots while the limit is far; zccp.lease). nginx CPU: its processes' "
              "user+system time over the run / requests. The machine is shared (2 cores, other sessions' "
              "tests running): read the numbers as indicative. Each round measures the hit rows one after the "
              "other, then the miss rows, the modes' order rotated from round to round.", "",

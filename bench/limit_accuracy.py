@@ -138,7 +138,7 @@ def main() -> None:
                         lines[x["request_id"]] = x
             r = redis_py.Redis.from_url(a.cfg.cache.redis_url)
             p = f"zccp:lim:{{acc}}:k:{kid}:"
-            conc = int(r.get(p + "conc") or 0)
+            conc = sum(int(v.split()[0]) for v in r.hgetall(p + "inflight").values())   # workers' counts
             day = int(r.get(p + "day:" + time.strftime("%Y%m%d", time.gmtime())) or 0)
             report(args, results, lines, conc, day)
         finally:

@@ -92,17 +92,23 @@ function _M.admit(who, api, body, kind, rid)
         needs[2], needs[3], needs[5], needs[6] = est_in, est_out, est_in + est_out, est_in + est_out
     end
     flush.start()
-    if not reserve.covered(w, needs) then
+    if reserve.covered(w, needs) then
+        if w.exact and needs[CONC] > 0 then
+            reserve.take_spare(w, ticket, now)
+        end
+    else
         if needs == NEEDS then   -- reserve() yields: this request's own copy
             needs = { 1, NEEDS[2], NEEDS[3], 1, NEEDS[5], NEEDS[6] }
         end
         local ok, i = reserve.take(w, needs, ticket, now)
         if not ok then
             for _, ck in ipairs(ticket.conc or NONE) do
-                owe(who.tenant, ck, -1)   -- counted in a round that did not admit: given back
+                if lease.conc_release(ck, now) then   -- counted in a round that did not admit: given back
+                    flush.now()
+                end
             end
             if ticket.undo then
-                flush.undo(who.tenant, ticket.undo)
+                flush.undo(who.tenant, ticket.undo, ticket.undo_keys)
             end
             if ok == nil then
                 ngx.log(ngx.ERR, "zccp: limits: redis: ", i)
@@ -197,12 +203,15 @@ function _M.settle()
             end
         end
         if t.conc then
+            local now = ngx_now()
             for _, ck in ipairs(t.conc) do
-                owe(tag, ck, -1)
+                -- given back at once, not with the 50 ms batch: a client's next request
+                -- (to another worker, maybe) must not find this one still counted
+                overrun = lease.conc_release(ck, now) or overrun
             end
         end
         if overrun then
-            flush.now()   -- an overrun reaches Redis before the next lease, not FLUSH_S later
+            flush.now()   -- an overrun (or a slot) reaches Redis before the next lease, not FLUSH_S later
         end
     end
     local acc = w.acc

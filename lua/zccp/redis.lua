@@ -39,6 +39,7 @@ local ipairs = ipairs
 local unpack = unpack
 local str_match = string.match
 local str_find = string.find
+local io_open = io.open
 
 local _M = { _VERSION = "0.2.0" }
 
@@ -54,7 +55,9 @@ Target.__index = Target
 -- cluster = true (host, port: a startup node); or sentinels = { { host, port }, ... },
 -- master_name, sentinel_password (the master's address comes from them).
 function _M.target(opts)
-    local self = setmetatable({ opts = opts, moved = {}, pools = {}, master = nil }, Target)
+    -- epoch: how many times the Sentinels named a master other than the last one (a
+    -- caller that keeps state in Redis writes it again: the new master may have missed it)
+    local self = setmetatable({ opts = opts, moved = {}, pools = {}, master = nil, epoch = 0 }, Target)
     if opts.sentinels then
         local connector = lib("nginx.redis.connector", "resty.redis.connector")
         local list = {}
@@ -157,6 +160,22 @@ local function run(r, cmd, ...)
     return res
 end
 
+-- A Redis password from its owner-only file (engine/zccp/ops/nginx_conf.py writes it; the
+-- rendered config names the file, never the secret): read by nginx's master in init_by_lua,
+-- so workers inherit it whatever their user. A failure stops nginx's start.
+function _M.read_secret(path)
+    local f, err = io_open(path, "rb")
+    if not f then
+        error("auth.redis_url: cannot read the Redis password file: " .. tostring(err))
+    end
+    local s = f:read("*a")
+    f:close()
+    if not s or s == "" then
+        error("auth.redis_url: " .. path .. " is empty")
+    end
+    return s
+end
+
 -- Sentinel: the master's address, the one this worker was told within MASTER_TTL_S unless
 -- `fresh`. The connector connects to the first Sentinel that answers; the question is
 -- asked with our timeout on that connection.
@@ -184,7 +203,12 @@ local function master_of(self, fresh)
     end
     s:set_keepalive(POOL_IDLE_MS, POOL_SIZE)
     local port = tonumber(addr.port)
+    local last = self.last_master
+    if last and (last.host ~= addr.host or last.port ~= port) then
+        self.epoch = self.epoch + 1
+    end
     self.master = { host = addr.host, port = port, expires = t + MASTER_TTL_S }
+    self.last_master = self.master
     return addr.host, port
 end
 

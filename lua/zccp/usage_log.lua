@@ -107,7 +107,9 @@ function _M.write_lines(lines)
     if not f or #lines == 0 then
         return
     end
-    f:write(concat(lines, "\n"), "\n")
+    -- one string, so one write(2): unbuffered, two arguments are two writes, and another
+    -- worker's lines (O_APPEND, the same file) could land between a line and its newline
+    f:write(concat(lines, "\n") .. "\n")
 end
 
 return _M

@@ -34,10 +34,6 @@ def limit_keys(node: Node, tenant: str) -> list[bytes]:
         return list(c.scan_iter(match=f"zccp:lim:{{{tenant}}}*", count=1000))
 
 
-# Known bug, found when the Sentinel client met the stall-proof leases (grant records + UNDO):
-# after a failover some sequential requests of a concurrency-2 key are refused (seen:
-# [200, 429, 200, 429, 200]) in some runs. Kept as a test, not strict, until it is fixed.
-@pytest.mark.xfail(strict=False, reason="concurrency refusals after a Sentinel failover (open bug, issue 30/28)")
 def test_keys_and_a_concurrency_limit_through_sentinel_follow_a_failover(sentinel: LocalSentinel, tmp_path: Path):
     s = Stack(tmp_path / "a", {"model": NULL, "auth": {"mode": "keys", "cache_ttl_s": 1, "negative_ttl_s": 1},
                                "cache": {"enabled": True, "redis_url": sentinel.url(), "timeout_ms": 1000}}).start()

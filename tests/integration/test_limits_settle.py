@@ -148,8 +148,10 @@ def _counters(s, tenant: str, kid: str) -> dict[str, int]:
     p = f"zccp:lim:{{{tenant}}}:k:{kid}:"
     day = time.strftime("%Y%m%d", time.gmtime())
     minute = int(time.time() // 60)
-    return {name: int(r.get(p + suffix) or 0)
-            for name, suffix in (("conc", "conc"), ("day", f"day:{day}"), ("rpm", f"rpm:{minute}"))}
+    out = {name: int(r.get(p + suffix) or 0) for name, suffix in (("day", f"day:{day}"), ("rpm", f"rpm:{minute}"))}
+    # requests in flight: a hash of each worker's count ("<count> <time>", zccp.lease)
+    out["conc"] = sum(int(v.split()[0]) for v in r.hgetall(p + "inflight").values())
+    return out
 
 
 def test_nothing_is_left_held_after_redis_stalls(make_stack):

@@ -23,12 +23,18 @@ def cfg(tmp_path: Path, url: str):
 def test_a_sentinel_url_renders_its_sentinels_master_and_passwords(tmp_path: Path) -> None:
     c = cfg(tmp_path, "redis+sentinel://app:s3cret@127.0.0.1:26379,10.0.0.2:26380/zccp-main/2"
                       "?sentinel_password=watch")
-    s = _auth_settings(c)
+    out = tmp_path / "out"
+    out.mkdir()
+    s = _auth_settings(c, out)
     assert ('sentinels = { { host = "127.0.0.1", port = 26379 }, { host = "10.0.0.2", port = 26380 } }'
             in s), s
     assert 'master_name = "zccp-main"' in s and "db = 2" in s and "timeout_ms = 300" in s
-    assert 'sentinel_password = "watch"' in s
-    assert 'password = "s3cret"' in s and 'username = "app"' in s
+    # the passwords are in owner-only files the rendered config names, never in it
+    assert "watch" not in s and "s3cret" not in s and 'username = "app"' in s
+    assert f'sentinel_password = require("zccp.redis").read_secret("{out}/zccp_redis_sentinel_password")' in s
+    assert f'password = require("zccp.redis").read_secret("{out}/zccp_redis_password")' in s
+    for name, secret in (("zccp_redis_password", "s3cret"), ("zccp_redis_sentinel_password", "watch")):
+        assert (out / name).read_text() == secret and (out / name).stat().st_mode & 0o777 == 0o600
     assert "cluster = true" not in s and "host = " not in s.split("sentinels")[0]
 
 

@@ -52,10 +52,35 @@ def _lua_str(value: str, what: str) -> str:
     return '"' + _safe(value, what) + '"'
 
 
-def _auth_settings(cfg: Config) -> str:
-    """auth = {...} for init_by_lua (zccp.auth, zccp.redis): where the keys live."""
+# nginx's Redis passwords (auth.redis_url), owner-only beside the rendered config
+PASSWORD_FILE = "zccp_redis_password"
+SENTINEL_PASSWORD_FILE = "zccp_redis_sentinel_password"
+
+
+def _secret_file(out: Path, name: str, secret: str | None) -> str | None:
+    """`secret` written owner-only to out/name (removed when None); the Lua expression that
+    reads it in nginx's master at init (zccp.redis.read_secret), or None. The rendered
+    config, which every local user may read, names the file, never the secret."""
+    path = out / name
+    if not secret:
+        path.unlink(missing_ok=True)
+        return None
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    try:
+        os.fchmod(fd, 0o600)   # an older file of another mode: owner-only whatever the umask
+        os.write(fd, secret.encode())
+    finally:
+        os.close(fd)
+    return f'require("zccp.redis").read_secret({_lua_str(str(path), name)})'
+
+
+def _auth_settings(cfg: Config, out: Path) -> str:
+    """auth = {...} for init_by_lua (zccp.auth, zccp.redis): where the keys live. The Redis
+    passwords go to owner-only files in `out` (read by nginx's master at init)."""
     a = cfg.auth
     if not a.on:
+        for name in (PASSWORD_FILE, SENTINEL_PASSWORD_FILE):
+            _secret_file(out, name, None)
         return '{ mode = "off" }'
     from urllib.parse import unquote, urlsplit
 
@@ -68,8 +93,6 @@ def _auth_settings(cfg: Config) -> str:
     elif t.topology == "sentinel":   # zccp.redis asks them for the master (lua-resty-redis-connector)
         nodes = ", ".join(f"{{ host = {_lua_str(h, 'auth redis sentinel host')}, port = {p} }}" for h, p in t.nodes)
         parts += [f"sentinels = {{ {nodes} }}", f"master_name = {_lua_str(t.service, 'auth redis master name')}"]
-        if t.sentinel_password:
-            parts.append(f"sentinel_password = {_lua_str(t.sentinel_password, 'auth redis sentinel password')}")
         user, password = t.username, t.password
     else:
         u = urlsplit(t.url)
@@ -79,8 +102,12 @@ def _auth_settings(cfg: Config) -> str:
             parts += [f"host = {_lua_str(u.hostname or '127.0.0.1', 'auth redis host')}", f"port = {u.port or 6379}"]
         user = unquote(u.username) if u.username else None
         password = unquote(u.password) if u.password else None
-    if password:
-        parts.append(f"password = {_lua_str(password, 'auth redis password')}")
+    sentinel = _secret_file(out, SENTINEL_PASSWORD_FILE, t.sentinel_password if t.topology == "sentinel" else None)
+    if sentinel:
+        parts.append(f"sentinel_password = {sentinel}")
+    secret = _secret_file(out, PASSWORD_FILE, password)
+    if secret:
+        parts.append(f"password = {secret}")
         if user:
             parts.append(f"username = {_lua_str(user, 'auth redis user')}")
     usage = _lua_str(a.usage_log, "auth.usage_log") if a.usage_log else '""'
@@ -276,7 +303,7 @@ def render(cfg: Config, out: Path, standalone: bool = False, prefix: Path | None
         "l1_max_entry": str(cfg.cache.l1.max_entry_kb * 1024),
         "l1_ttl_s": str(cfg.cache.l1.ttl_s),
         "out": str(out),
-        "auth": _auth_settings(cfg),
+        "auth": _auth_settings(cfg, out),
         "resolver": resolver_line(cfg),
         "default_max_tokens": str(cfg.limits.default_max_tokens),
         "max_tokens_cap": str(cfg.limits.max_tokens_cap),

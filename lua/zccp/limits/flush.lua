@@ -50,6 +50,8 @@ end
 return 1
 ]]
 local FLUSH_SHA = sha256.hex(ngx.sha1_bin(FLUSH), 20)
+local SCRIPTS = { FLUSH, lease.UNDO, lease.SYNC }
+local epoch = 0   -- the Redis target's master epoch at the last flush (zccp.redis)
 
 -- What this worker owes Redis, by tenant hash tag: counters' deltas (concurrency given
 -- back, overruns, unspent leases) and usage hashes' increments; sent every FLUSH_S.
@@ -131,7 +133,14 @@ end
 
 local function flush(premature)
     fold_usage()
-    lease.collect(ngx_now(), owed, premature)
+    local t0 = ngx_now()
+    local target = redis_target()
+    if target.epoch ~= epoch then   -- a new master (Sentinel): it may have missed writes
+        epoch = target.epoch
+        lease.conc_resync()
+    end
+    lease.collect(t0, owed, premature)
+    lease.conc_collect(t0, owed, premature)
     local out = lines
     lines = {}
     usage_log.write_lines(out)
@@ -159,8 +168,12 @@ local function flush(premature)
                 hashes[#hashes + 1] = a
             end
         end
-        for _, rec in ipairs(t.undo or NONE) do
-            batch[#batch + 1] = lease.undo_cmd(rec)
+        local undo = t.undo or NONE
+        for u = 1, #undo, 2 do
+            batch[#batch + 1] = lease.undo_cmd(undo[u], undo[u + 1])
+        end
+        if t.conc then
+            batch[#batch + 1] = lease.sync_cmd(t.conc)
         end
         if #keys > 0 then
             local cmd = { keys[1], "EVALSHA", FLUSH_SHA, #keys + 1 }
@@ -194,19 +207,24 @@ local function flush(premature)
     if #batch == 0 then
         return
     end
-    local failed, err = redis_target():pipeline(batch)
+    local failed, err = target:pipeline(batch)
     if failed > 0 and err and err:find("NOSCRIPT", 1, true) then
-        redis_target():call_key(batch[1][1], "SCRIPT", "LOAD", FLUSH)
-        redis_target():call_key(batch[1][1], "SCRIPT", "LOAD", lease.UNDO)
-        failed, err = redis_target():pipeline(batch)
+        for _, script in ipairs(SCRIPTS) do
+            target:call_key(batch[1][1], "SCRIPT", "LOAD", script)
+        end
+        failed, err = target:pipeline(batch)
     end
     if failed > 0 then
         ngx.log(ngx.ERR, "zccp: limits: ", failed, " tenant settlement(s) failed: ", err,
                 premature and " (worker exiting)" or "; sent again")
         if not premature then
-            -- which of them ran is not known: all go again (ids and tombstones: once each)
+            -- which of them ran is not known: all go again (ids and tombstones: once each);
+            -- the in-flight counts are written again as they are then, not as they were
+            lease.conc_resync()
             for _, cmd in ipairs(batch) do
-                unsent[#unsent + 1] = { cmd = cmd, at = ages[cmd] or now }
+                if cmd[3] ~= lease.SYNC_SHA then
+                    unsent[#unsent + 1] = { cmd = cmd, at = ages[cmd] or now }
+                end
             end
         end
     end
@@ -256,12 +274,13 @@ function _M.now()
     end
 end
 
--- A lease round whose reply never came (grant record rec): given back at the next flush.
-function _M.undo(tag, rec)
+-- A lease round whose reply never came (grant record rec, its windowed counters keys):
+-- given back at the next flush.
+function _M.undo(tag, rec, keys)
     local t = owed_of(tag)
     local u = t.undo or {}   -- (a table zccp.lease.collect made has none)
     t.undo = u
-    u[#u + 1] = rec
+    u[#u + 1], u[#u + 2] = rec, keys or NONE
 end
 
 _M.owe = owe

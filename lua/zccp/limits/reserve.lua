@@ -88,12 +88,19 @@ end
 
 local MAX_ROUNDS = 3   -- lease rounds (a grant may be spent by this worker's other requests meanwhile)
 
--- Whether this worker's leases cover `needs` with no Redis round trip (no concurrency limit).
+-- Whether this worker's leases cover `needs` with no Redis round trip (a concurrency limit:
+-- a spare slot of this worker's, zccp.lease).
 local function covered(w, needs)
+    local keys = w.keys
     if w.exact and needs[CONC] > 0 then
-        return false   -- counted in Redis at every admission
+        local conc = w.conc
+        for c = 1, #conc do
+            if not lease.conc_free(keys[conc[c]]) then
+                return false
+            end
+        end
     end
-    local keys, act, act_j = w.keys, w.act, w.act_j
+    local act, act_j = w.act, w.act_j
     for a = 1, #act do
         local need = needs[act_j[a]]
         if need > 0 then
@@ -122,6 +129,13 @@ local function reserve(w, needs, ticket, now)
                 local ask
                 if j == CONC then
                     ask = round == 1
+                    if ask and lease.conc_free(keys[i]) then   -- a spare slot: no Redis for it
+                        lease.conc_take(keys[i], now)
+                        local counted = ticket.conc or {}
+                        counted[#counted + 1] = keys[i]
+                        ticket.conc = counted
+                        ask = false
+                    end
                 else
                     local b = lease.get(keys[i])
                     ask = not b or b.left < needs[j]
@@ -136,28 +150,56 @@ local function reserve(w, needs, ticket, now)
         if #ak == 0 then
             return true
         end
-        local rec = lease.record(w.tenant_tag)
-        local ok, k, c = lease.acquire(t, ak, al, aw, ax, att, ae, w.tenant_tag, now, rec)
-        if not ok then
-            if ok == false then
-                return false, at[k], c
+        local tag = w.tenant_tag
+        local rec = lease.record(tag)
+        for n = 1, #ak do
+            if ax[n] then
+                lease.conc_sent(ak[n], tag)
             end
-            ticket.undo = rec   -- no reply: it may have happened; the flush gives it back
-            return nil, k
         end
-        if round == 1 then
-            for n = 1, #ak do
-                if ax[n] then
+        local ok, k, c = lease.acquire(t, ak, al, aw, ax, att, ae, tag, now, rec)
+        for n = 1, #ak do
+            if ax[n] then
+                lease.conc_replied(ak[n], ok, now, ok and tonumber(k[2 * n]) or 1)
+                if ok then
                     local counted = ticket.conc or {}
                     counted[#counted + 1] = ak[n]
                     ticket.conc = counted
                 end
             end
         end
+        if not ok then
+            if ok == false then
+                return false, at[k], c
+            end
+            -- no reply: it may have happened; the flush gives its windowed grants back
+            -- (UNDO), and this worker's next write its in-flight counts
+            local leased = {}
+            for n = 1, #ak do
+                if not ax[n] then
+                    leased[#leased + 1] = ak[n]
+                end
+            end
+            ticket.undo, ticket.undo_keys = rec, leased
+            return nil, k
+        end
     end
     return false, nil, 0
 end
 
+-- The concurrency slots of an admission that covered() passed: this worker's spare ones.
+local function take_spare(w, ticket, now)
+    local keys, conc = w.keys, w.conc
+    local counted = ticket.conc or {}
+    for c = 1, #conc do
+        local ck = keys[conc[c]]
+        lease.conc_take(ck, now)
+        counted[#counted + 1] = ck
+    end
+    ticket.conc = counted
+end
+
+_M.take_spare = take_spare
 _M.output = output_reservation
 _M.covered = covered
 _M.take = reserve

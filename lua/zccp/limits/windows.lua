@@ -102,7 +102,7 @@ local function windows(who, now)
     local scopes = { "k:" .. who.id, "t" }
     for s = 1, 2 do
         local p = "zccp:lim:{" .. who.tenant .. "}:" .. scopes[s] .. ":"
-        local ks = { p .. "rpm:" .. minute, p .. "itpm:" .. minute, p .. "otpm:" .. minute, p .. "conc",
+        local ks = { p .. "rpm:" .. minute, p .. "itpm:" .. minute, p .. "otpm:" .. minute, p .. "inflight",
                      p .. "day:" .. day, p .. "month:" .. month }
         for j = 1, N do
             local i = (s - 1) * N + j
@@ -115,18 +115,19 @@ local function windows(who, now)
         w.scopes[s] = who.tenant .. "/" .. scopes[s]
     end
     -- the leased counters (a limit set, not concurrency): what admit() and settle() walk
-    local act, act_j = {}, {}
+    local act, act_j, conc = {}, {}, {}
     for i = 1, 2 * N do
         local j = (i - 1) % N + 1
         if w.lims[i] > 0 then
             if j == CONC then
                 w.exact = true
+                conc[#conc + 1] = i
             else
                 act[#act + 1], act_j[#act_j + 1] = i, j
             end
         end
     end
-    w.act, w.act_j = act, act_j
+    w.act, w.act_j, w.conc = act, act_j, conc   -- conc: the concurrency counters
     w.tenant_tag = who.tenant
     w.usage = { "zccp:use:{" .. who.tenant .. "}:k:" .. who.id .. ":" .. day,
                 "zccp:use:{" .. who.tenant .. "}:t:" .. day }
