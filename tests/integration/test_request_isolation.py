@@ -93,8 +93,11 @@ def test_a_slow_schema_compiles_while_another_tenant_is_served(make_stack):
     assert [r.status_code for r in got] == [200, 200], [r.text for r in got]
     assert json.loads(got[1].json()["choices"][0]["message"]["content"])["ok"] in (True, False)
     assert still >= 1                          # A's compile was still running when B had both answers
-    # A's own answer: compiled within its budget, or refused for taking longer; never a 500
-    assert out[0].status_code == 200 or (out[0].status_code == 400 and "too complex" in out[0].text), out[0].text
+    # A's own answer: compiled within its budget, or refused for taking longer, or its grammar
+    # failing while it generates (llguidance's row limit): its own 400, never a 5xx
+    assert out[0].status_code == 200 or (
+        out[0].status_code == 400 and out[0].json()["error"]["type"] == "invalid_request_error"
+        and ("too complex" in out[0].text or "grammar failed" in out[0].text)), out[0].text
     assert _gauge(s, "zccp_engine_grammar_compiles_total") == 2
     s.assert_no_leaks(10)
 
