@@ -44,15 +44,7 @@ say "clean clone of $(git rev-parse --short HEAD) ($(git -C "$WORK/zccp" ls-file
 
 MOUNTS=(-v "$WORK/zccp:/src:ro")
 ENVS=()
-pip_setting() { python3 -m pip config get "global.$1" 2>/dev/null || true; }
-CERT=${PIP_CERT:-$(pip_setting cert)}
-if [ -n "$CERT" ] && [ -f "$CERT" ]; then
-    MOUNTS+=(-v "$CERT:/etc/zccp-check/ca.crt:ro"); ENVS+=(-e PIP_CERT=/etc/zccp-check/ca.crt)
-fi
-LINKS=${PIP_FIND_LINKS:-$(pip_setting find-links)}
-if [ -n "$LINKS" ] && [ -d "$LINKS" ]; then
-    MOUNTS+=(-v "$LINKS:/opt/zccp-wheels:ro"); ENVS+=(-e PIP_FIND_LINKS=/opt/zccp-wheels)
-fi
+container_pip_settings
 [ -z "${TORCH_INDEX_URL:-}" ] || ENVS+=(-e "TORCH_INDEX_URL=$TORCH_INDEX_URL")
 
 # Inside: a user's shell in their clone. Everything below the cp is what the README says.

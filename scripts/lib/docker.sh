@@ -66,3 +66,19 @@ debian_base_image() {
     $_SUDO tar -C "$rootfs" -c . | docker import -c 'CMD ["bash"]' - debian:bookworm-slim >/dev/null
     $_SUDO rm -rf "$rootfs"
 }
+
+# This machine's pip settings (a CA certificate, a local find-links folder) handed to a
+# container: appends to the caller's MOUNTS and ENVS arrays (both scripts that run a clean
+# clone in debian:bookworm-slim install from the same registries as this machine).
+container_pip_settings() {
+    local cert links
+    _pip_setting() { python3 -m pip config get "global.$1" 2>/dev/null || true; }
+    cert=${PIP_CERT:-$(_pip_setting cert)}
+    if [ -n "$cert" ] && [ -f "$cert" ]; then
+        MOUNTS+=(-v "$cert:/etc/zccp-check/ca.crt:ro"); ENVS+=(-e PIP_CERT=/etc/zccp-check/ca.crt)
+    fi
+    links=${PIP_FIND_LINKS:-$(_pip_setting find-links)}
+    if [ -n "$links" ] && [ -d "$links" ]; then
+        MOUNTS+=(-v "$links:/opt/zccp-wheels:ro"); ENVS+=(-e PIP_FIND_LINKS=/opt/zccp-wheels)
+    fi
+}
