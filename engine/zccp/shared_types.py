@@ -155,6 +155,7 @@ class ToolCallStart:
     """A tool call's name is known: its arguments follow (ToolArgsDelta*), then its ToolCall."""
 
     name: str
+    id: str | None = None             # the call's id when an upstream named it (None: a fresh one)
 
 
 @dataclass(frozen=True)

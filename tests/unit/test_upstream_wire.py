@@ -10,7 +10,7 @@ import pytest
 
 from zccp.api import codec_for
 from zccp.api.common import ParseLimits
-from zccp.shared_types import TextDelta, ToolCall
+from zccp.shared_types import TextDelta, ToolArgsDelta, ToolCall, ToolCallStart
 from zccp.upstream.client import error_for
 from zccp.upstream.wire import (AnthropicReader, Finish, OpenAIReader, UpstreamBroken, UpstreamStreamError,
                                 anthropic_body, openai_body)
@@ -40,8 +40,37 @@ def test_openai_tool_call_fragments_join_per_index() -> None:
                                                         "prompt_tokens_details": {"cached_tokens": 3}}}),
                  b"[DONE]"):
         evs += list(r.feed(data))
-    assert evs == [TextDelta("hi"), ToolCall("f", '{"a": "é"}', "call_a"), ToolCall("g", "{}", "call_b"),
+    # each call streams (its start, its argument pieces as they came), then is released whole
+    assert evs == [TextDelta("hi"), ToolCallStart("f", "call_a"), ToolArgsDelta('{"a"'), ToolArgsDelta(': "é"}'),
+                   ToolCall("f", '{"a": "é"}', "call_a"), ToolCallStart("g", "call_b"), ToolCall("g", "{}", "call_b"),
                    Finish("tool_use", None, 9, 4, 3)]
+
+
+def test_openai_text_sent_while_a_call_streams_is_held_until_it_ends() -> None:
+    r = OpenAIReader()
+    evs = []
+    for data in (chunk({"tool_calls": [{"index": 0, "id": "c", "function": {"name": "f", "arguments": '{"a":'}}]}),
+                 chunk({"content": "aside"}),
+                 chunk({"tool_calls": [{"index": 0, "function": {"arguments": " 1}"}}]}),
+                 chunk({}, "tool_calls"), b"[DONE]"):
+        evs += list(r.feed(data))
+    assert evs[:5] == [ToolCallStart("f", "c"), ToolArgsDelta('{"a":'), ToolArgsDelta(" 1}"),
+                       ToolCall("f", '{"a": 1}', "c"), TextDelta("aside")]
+
+
+def test_openai_a_call_index_going_back_is_broken() -> None:
+    r = OpenAIReader()
+    list(r.feed(chunk({"tool_calls": [{"index": 1, "id": "b", "function": {"name": "g", "arguments": "{"}}]})))
+    with pytest.raises(UpstreamBroken):
+        list(r.feed(chunk({"tool_calls": [{"index": 0, "id": "a", "function": {"name": "f", "arguments": "{"}}]})))
+
+
+def test_anthropic_overlapping_tool_use_blocks_are_broken() -> None:
+    r = AnthropicReader()
+    start = {"type": "content_block_start", "content_block": {"type": "tool_use", "id": "t", "name": "f", "input": {}}}
+    list(r.feed(orjson.dumps({**start, "index": 0})))
+    with pytest.raises(UpstreamBroken):
+        list(r.feed(orjson.dumps({**start, "index": 1})))
 
 
 def test_openai_stream_without_finish_is_broken() -> None:
@@ -71,7 +100,8 @@ def test_anthropic_events() -> None:
         {"type": "message_stop"},
     ]
     out = [ev for e in events for ev in r.feed(orjson.dumps(e))]
-    assert out == [TextDelta("ok"), ToolCall("f", '{"x": [1]}', "toolu_1"), Finish("tool_use", None, 13, 12, 7)]
+    assert out == [TextDelta("ok"), ToolCallStart("f", "toolu_1"), ToolArgsDelta('{"x":'), ToolArgsDelta(" [1]}"),
+                   ToolCall("f", '{"x": [1]}', "toolu_1"), Finish("tool_use", None, 13, 12, 7)]
 
 
 def test_whole_answers() -> None:

@@ -24,7 +24,8 @@ import orjson
 from zccp.api.codec import ApiCodec, StreamEncoder
 from zccp.outcome import Outcome
 from zccp.ring_writer import ResponseWriter, SlotAbandoned
-from zccp.shared_types import ApiError, ChatInput, Completed, GenerationRequest, GenerationResult, TextDelta, ToolCall
+from zccp.shared_types import (ApiError, ChatInput, Completed, GenerationRequest, GenerationResult, TextDelta,
+                               ToolArgsDelta, ToolCall, ToolCallStart)
 from zccp.upstream.client import UpstreamAnswer, UpstreamClient
 from zccp.upstream.wire import Finish, UpstreamBroken, UpstreamStreamError, anthropic_body, openai_body
 
@@ -128,6 +129,12 @@ class UpstreamReply:
                 calls.append(ev)
                 if enc is not None:
                     writer.write(enc.tool_call(ev))
+            elif isinstance(ev, ToolCallStart):
+                if enc is not None:
+                    writer.write(enc.tool_start(ev))
+            elif isinstance(ev, ToolArgsDelta):
+                if enc is not None:
+                    writer.write(enc.tool_args(ev))
             else:
                 finish = ev
             if writer.pending > HOLD_BYTES:

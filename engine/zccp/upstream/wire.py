@@ -9,7 +9,10 @@ as such: OpenAI in, Anthropic out (or the reverse) is the same code as same-to-s
 A streamed request is streamed from the upstream, a whole one asked whole (no SSE to
 parse, no per-token notices upstream). Each API's reader turns the upstream's stream
 events, or its whole answer, into TextDelta, ToolCall (whole, in the upstream's order,
-its id and arguments kept) and one Finish.
+its id and arguments kept) and one Finish. A streamed answer's tool call also streams:
+ToolCallStart once its name is known, ToolArgsDelta for each piece of its arguments as the
+upstream sends them, then its ToolCall (docs/tools.md); one call streams at a time, and text
+the upstream sends while a call is open is held until that call ends.
 """
 
 from __future__ import annotations
@@ -20,7 +23,8 @@ from typing import Any
 
 import orjson
 
-from zccp.shared_types import ApiError, ChatInput, GenerationRequest, StopReason, TextDelta, ToolCall
+from zccp.shared_types import (ApiError, ChatInput, GenerationRequest, StopReason, TextDelta, ToolArgsDelta, ToolCall,
+                               ToolCallStart)
 
 # OpenAI finish_reason -> the engine's (Anthropic's) stop reason; content_filter has no
 # counterpart and ends the turn.
@@ -41,7 +45,7 @@ class Finish:
     cached_tokens: int = 0
 
 
-Event = TextDelta | ToolCall | Finish
+Event = TextDelta | ToolCallStart | ToolArgsDelta | ToolCall | Finish
 
 
 class UpstreamBroken(Exception):
@@ -185,21 +189,42 @@ def stream_error(doc: dict[str, Any]) -> ApiError:
 class OpenAIReader:
     """chat.completion.chunk events -> events. Tool-call fragments are gathered per
     `index` and each call is released whole, in index order, once the next one starts or
-    the answer finishes."""
+    the answer finishes; the lowest open index streams its arguments meanwhile."""
 
     def __init__(self) -> None:
         self._calls: dict[int, list[Any]] = {}     # index -> [id, name, argument pieces]
+        self._open: int | None = None              # the call whose arguments stream
+        self._held: list[str] = []                 # text sent while a call streams
         self._released = 0
         self._reason: StopReason | None = None
         self._usage: dict[str, Any] | None = None
         self.done = False
 
-    def _release(self, below: int) -> Iterator[ToolCall]:
+    def _release(self, below: int) -> Iterator[ToolCall | TextDelta]:
         for i in sorted(k for k in self._calls if k < below):
             cid, name, parts = self._calls.pop(i)
             if not name:
                 raise UpstreamBroken(f"tool call {i} without a name")
             yield ToolCall(name, "".join(parts) or "{}", cid)
+            if self._open == i:
+                self._open = None
+                if self._held:
+                    yield TextDelta("".join(self._held))
+                    self._held.clear()
+
+    def _stream(self, i: int, piece: str) -> Iterator[ToolCallStart | ToolArgsDelta]:
+        """Call i's arguments as they come: the open call's next piece, or its start (with
+        what came before it) once it is the lowest index left and its name is known."""
+        if self._open == i:
+            if piece:
+                yield ToolArgsDelta(piece)
+            return
+        cid, name, parts = self._calls[i]
+        if self._open is None and name and i == min(self._calls):
+            self._open = i
+            yield ToolCallStart(name, cid)
+            if text := "".join(parts):
+                yield ToolArgsDelta(text)
 
     def feed(self, data: bytes) -> Iterator[Event]:
         if data.strip() == b"[DONE]":
@@ -216,11 +241,16 @@ class OpenAIReader:
             delta = ch.get("delta") or {}
             text = delta.get("content")
             if isinstance(text, str) and text:
-                yield TextDelta(text)
+                if self._open is None:
+                    yield TextDelta(text)
+                else:
+                    self._held.append(text)
             for tc in delta.get("tool_calls") or ():
                 i = tc.get("index", 0)
                 if not isinstance(i, int):
                     raise UpstreamBroken("a tool call without an index")
+                if self._open is not None and i < self._open:
+                    raise UpstreamBroken(f"tool call {i} after call {self._open} began")
                 if i not in self._calls:
                     yield from self._release(i)
                     self._calls[i] = [None, "", []]
@@ -230,8 +260,11 @@ class OpenAIReader:
                     slot[0] = tc["id"]
                 if fn.get("name"):
                     slot[1] += fn["name"]
-                if isinstance(fn.get("arguments"), str):
-                    slot[2].append(fn["arguments"])
+                args = fn.get("arguments")
+                piece = args if isinstance(args, str) else ""
+                if piece:
+                    slot[2].append(piece)
+                yield from self._stream(i, piece)
             reason = ch.get("finish_reason")
             if isinstance(reason, str):
                 self._reason = FINISH_TO_STOP.get(reason, "end_turn")
@@ -271,10 +304,12 @@ class OpenAIReader:
 
 class AnthropicReader:
     """Messages stream events -> events: text deltas as they come, each tool_use block
-    released whole at its content_block_stop."""
+    streamed (its start, its input_json_delta pieces) and released whole at its
+    content_block_stop."""
 
     def __init__(self) -> None:
         self._tools: dict[int, list[Any]] = {}      # block index -> [id, name, json pieces]
+        self._held: list[str] = []                  # text sent while a tool_use block is open
         self._input: int | None = None
         self._cached = 0
         self._output: int | None = None
@@ -288,20 +323,34 @@ class AnthropicReader:
         if t == "content_block_delta":
             d = doc.get("delta") or {}
             if d.get("type") == "text_delta" and d.get("text"):
-                yield TextDelta(d["text"])
+                if self._tools:
+                    self._held.append(d["text"])
+                else:
+                    yield TextDelta(d["text"])
             elif d.get("type") == "input_json_delta" and doc.get("index") in self._tools:
-                self._tools[doc["index"]][2].append(d.get("partial_json") or "")
+                piece = d.get("partial_json")
+                if isinstance(piece, str) and piece:
+                    self._tools[doc["index"]][2].append(piece)
+                    yield ToolArgsDelta(piece)
         elif t == "content_block_start":
             b = doc.get("content_block") or {}
             if b.get("type") == "tool_use":
+                if self._tools:                      # one block at a time, as the API sends them
+                    raise UpstreamBroken("a tool_use block began before the last one ended")
+                if not b.get("name") or not isinstance(b["name"], str):
+                    raise UpstreamBroken("a tool_use block without a name")
                 pre = b.get("input")
-                self._tools[doc.get("index", -1)] = [b.get("id"), b.get("name") or "",
-                                                     [orjson.dumps(pre).decode()] if pre else []]
+                first = orjson.dumps(pre).decode() if pre else ""
+                self._tools[doc.get("index", -1)] = [b.get("id"), b["name"], [first] if first else []]
+                yield ToolCallStart(b["name"], b.get("id") if isinstance(b.get("id"), str) else None)
+                if first:
+                    yield ToolArgsDelta(first)
         elif t == "content_block_stop" and doc.get("index") in self._tools:
             cid, name, parts = self._tools.pop(doc["index"])
-            if not name:
-                raise UpstreamBroken("a tool_use block without a name")
             yield ToolCall(name, "".join(parts) or "{}", cid)
+            if self._held:
+                yield TextDelta("".join(self._held))
+                self._held.clear()
         elif t == "message_start":
             self._usage((doc.get("message") or {}).get("usage") or {})
         elif t == "message_delta":

@@ -91,7 +91,8 @@ class StreamEncoder:
         self._tool = self._blocks
         return self._close_text() + self._block_start(dumps({
             "type": "content_block_start", "index": self._tool,
-            "content_block": {"type": "tool_use", "id": call_id or _tool_use_id(), "name": start.name, "input": {}}}))
+            "content_block": {"type": "tool_use", "id": call_id or start.id or _tool_use_id(), "name": start.name,
+                              "input": {}}}))
 
     def tool_args(self, piece: ToolArgsDelta) -> bytes:
         if not piece.text or self._tool is None:

@@ -81,7 +81,7 @@ class StreamEncoder:
     def tool_start(self, start: ToolCallStart, call_id: str | None = None) -> bytes:
         """A call's first chunk: its id, type and name, arguments "" (they follow, tool_args())."""
         self._open = True
-        return self._tool_chunk({"index": self._calls, "id": call_id or _call_id(), "type": "function",
+        return self._tool_chunk({"index": self._calls, "id": call_id or start.id or _call_id(), "type": "function",
                                  "function": {"name": start.name, "arguments": ""}})
 
     def tool_args(self, piece: ToolArgsDelta) -> bytes:
