@@ -6,7 +6,7 @@ local errors = require "zccp.errors"
 local settings = require "zccp.settings"
 local body_mod = require "zccp.body"
 local fingerprint = require "zccp.fingerprint"
-local admin_gate = require "zccp.admin"
+local admin_gate = require "zccp.admin.gate"
 local pipeline = require "zccp.core.pipeline"
 local core = require "zccp.core.attempts"
 local edges = require "zccp.core.edges"
@@ -29,7 +29,7 @@ local DONE = pipeline.DONE
 local _M = { _VERSION = "0.2.0" }
 
 -- Admin requests (kinds "purge", "warmup") answer on the admin listener only, with its
--- token (zccp.admin); the model endpoints anyone may call: count_tokens, models.
+-- token (zccp.admin.gate); the model endpoints anyone may call: count_tokens, models.
 local ADMIN_KINDS = { purge = "ZCCP_KIND_PURGE", warmup = "ZCCP_KIND_WARMUP" }
 local MODEL_KINDS = { count_tokens = "ZCCP_KIND_COUNT_TOKENS", models = "ZCCP_KIND_MODELS" }
 local ENDPOINTS = { completions = true, responses = true }

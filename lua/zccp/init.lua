@@ -28,7 +28,7 @@ function _M.init(opts)
     require("zccp.handler")
     -- L1 outlives a reload (the dict is kept): the masks or cache.scope may have changed.
     require("zccp.l1").purge()
-    require("zccp.health")
+    require("zccp.admin.health")
     require("zccp.metrics")
     require("zccp.router")
 end

@@ -294,7 +294,7 @@ local function gather(text, name, fams, order)
 end
 
 function _M.serve()
-    if not require("zccp.admin").allowed("anthropic") then   -- the admin listener only
+    if not require("zccp.admin.gate").allowed("anthropic") then   -- the admin listener only
         return
     end
     ngx.header["Content-Type"] = "text/plain; version=0.0.4"

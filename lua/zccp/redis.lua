@@ -1,5 +1,5 @@
 -- nginx's Redis (the key lookups of zccp.auth, the counters of zccp.limits and zccp.lease,
--- zccp.admin_keys' records) over lua-resty-redis: Debian's lua-nginx-redis installs it as
+-- zccp.admin.keys' records) over lua-resty-redis: Debian's lua-nginx-redis installs it as
 -- nginx.redis (OpenResty's name, resty.redis, is taken where that one is missing). The
 -- library speaks RESP over a pooled cosocket; what stays ours is thin (docs/libraries.md):
 --   * one target object per Redis: a server (TCP or a unix socket), a Redis Cluster (any

@@ -42,7 +42,7 @@ def admin_socket_dir(cfg: Config) -> Path | None:
     """Make sure the admin socket's directory (server.admin_listen "unix:...") can be entered
     by its owner only; None when the admin listener is an address. A directory ZCCP makes
     (the default, <socket dir>/admin) is made 0700 (and again by nginx's master at init:
-    zccp.admin.make_socket_dir); one the operator named must not be enterable by every user
+    zccp.admin.gate.make_socket_dir); one the operator named must not be enterable by every user
     (ValueError naming the key)."""
     listen = cfg.server.admin_listen or ""
     if not listen.startswith("unix:"):

@@ -2,7 +2,7 @@
 -- 404, POST /v1/zccp/l1/purge, and the models path check.
 local errors = require "zccp.errors"
 local settings = require "zccp.settings"
-local admin_gate = require "zccp.admin"
+local admin_gate = require "zccp.admin.gate"
 local l1 = require "zccp.l1"
 
 local ngx = ngx

@@ -10,7 +10,7 @@ function _M._active()
 end
 
 function _M.access(r)
-    if r.admin then   -- the admin listener's token was checked by the core (zccp.admin)
+    if r.admin then   -- the admin listener's token was checked by the core (zccp.admin.gate)
         r.who = auth.OFF
         return
     end

@@ -11,7 +11,7 @@ local cjson = require "cjson.safe"
 local sha256 = require "zccp.sha256"
 local settings = require "zccp.settings"
 local redis = require "zccp.redis"
-local admin = require "zccp.admin"
+local admin = require "zccp.admin.gate"
 local errors = require "zccp.errors"
 
 local ngx = ngx

@@ -10,7 +10,7 @@ local settings = require "zccp.settings"
 local mask_store = require "zccp.mask_store"
 local cjson = require "cjson.safe"
 local engines = require "zccp.engines"
-local admin = require "zccp.admin"
+local admin = require "zccp.admin.gate"
 local pipeline = require "zccp.core.pipeline"
 
 local ngx = ngx
