@@ -47,7 +47,7 @@ BENCH_LOCATION = r"""
 location = /_fp/bench_body {
     content_by_lua_block {
         local fp = require "zccp.fingerprint"
-        local mask_apply = require "zccp.mask_apply"
+        local mask_apply = require "zccp.fp.mask_apply"
         local csf = require "zccp.fp.csf"
         local cjson = require "cjson"
         ngx.req.read_body()

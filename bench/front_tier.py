@@ -94,7 +94,7 @@ http {{
                     return ts[math.floor(nb / 2) + 1]
                 end
                 local key, how = front.key_of("/v1/messages", body)
-                local mask_apply = require "zccp.mask_apply"
+                local mask_apply = require "zccp.fp.mask_apply"
                 local dec = cjson.new()
                 ngx.print(cjson.encode({{
                     how = how,

@@ -1,5 +1,5 @@
 -- Fingerprints and cache keys (docs/fingerprint.md, version 3): decode the body (§1),
--- mask it (§2, zccp.mask_apply), then the prefix and exact keys (§6, zccp.fp.canonical), the
+-- mask it (§2, zccp.fp.mask_apply), then the prefix and exact keys (§6, zccp.fp.canonical), the
 -- final user turn (§3, zccp.fp.prompt) and, when it is text only, its CSF (§4-§5,
 -- zccp.fp.csf). engine/zccp/cache/fingerprint.py is the same algorithm in Python,
 -- checked byte for byte by the golden vectors and the identity test.
@@ -158,7 +158,7 @@ function _M.keys(api, body, debug, limit)
     local opts = doc.stream_options
     local stream, include_usage = doc.stream == true, type(opts) == "table" and opts.include_usage == true
     if not mask_apply then
-        mask_apply = require "zccp.mask_apply"
+        mask_apply = require "zccp.fp.mask_apply"
     end
     local masked, merr = mask_apply.apply_doc(doc)
     if masked == nil then
@@ -251,7 +251,7 @@ function _M.route_key(api, body, endpoint)
                 messages = type(input) == "table" and input or nil }
     end
     if not mask_apply then
-        mask_apply = require "zccp.mask_apply"
+        mask_apply = require "zccp.fp.mask_apply"
     end
     if mask_apply.apply_doc(doc) == nil then
         return raw_route_key(body)

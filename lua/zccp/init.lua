@@ -15,9 +15,9 @@ function _M.init(opts)
     settings.set(opts)
     abi.init(opts.abi_header)
     -- Compile the operator's mask patterns now: a broken one is logged by name and
-    -- the last good set stays in force (see zccp.mask_store).
-    require("zccp.mask_store").init({ path = opts.mask_patterns, last_good_path = opts.mask_last_good })
-    require("zccp.mask_apply")   -- zccp.fingerprint requires it lazily: load it here (below)
+    -- the last good set stays in force (see zccp.fp.mask_store).
+    require("zccp.fp.mask_store").init({ path = opts.mask_patterns, last_good_path = opts.mask_last_good })
+    require("zccp.fp.mask_apply")   -- zccp.fingerprint requires it lazily: load it here (below)
     require("zccp.fingerprint")
     -- Load the request-time modules here too, in the master (root under a distribution's
     -- nginx): the workers inherit them, so a worker user (www-data) needs no read access

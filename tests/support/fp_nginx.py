@@ -98,7 +98,7 @@ http {{
     keepalive_requests 100000;
     lua_package_path "{self.lua_root}/lua/?.lua;;";
     init_by_lua_block {{
-        require("zccp.mask_store").init({{ path = "{self.patterns}", last_good_path = "{self.last_good}" }})
+        require("zccp.fp.mask_store").init({{ path = "{self.patterns}", last_good_path = "{self.last_good}" }})
         require("zccp.fingerprint")
     }}
     server {{

@@ -47,7 +47,7 @@ raw \d [x] ]], s4 = [=[a]]b]=],
 
 
 def test_reader_lua_q_format_roundtrip():
-    # what zccp.mask_store writes with string.format("%q") for the last-good file
+    # what zccp.fp.mask_store writes with string.format("%q") for the last-good file
     assert parse_lua_data(b'return { "a\\\nb\\0c\\13\\"" }') == [b'a\nb\x00c\r"']
 
 
@@ -163,7 +163,7 @@ def write(path: Path, entries) -> None:
 
 
 def write_last_good(path: Path, entries) -> None:
-    # the format zccp.mask_store writes: string.format("%q")-style strings
+    # the format zccp.fp.mask_store writes: string.format("%q")-style strings
     def q(s: str) -> str:
         return '"' + s.replace("\\", "\\\\").replace('"', '\\"') + '"'
     path.write_text("return {\n" + "".join(

@@ -1,5 +1,5 @@
 """Mask sets and how they apply (docs/fingerprint.md §2): the Python side of
-lua/zccp/mask_apply.lua.
+lua/zccp/fp/mask_apply.lua.
 
 Masks rewrite volatile values (IDs, UUIDs, timestamps, e-mail addresses) in the
 prompt text before any cache key or fingerprint is computed (never in what the
@@ -103,7 +103,7 @@ class MaskSet:
     @property
     def digest(self) -> str:
         """Hex SHA-256 over name NUL pattern NUL replacement NUL, per pattern in order
-        (zccp.mask_store.digest() in Lua gives the same: compare them to detect drift)."""
+        (zccp.fp.mask_store.digest() in Lua gives the same: compare them to detect drift)."""
         h = hashlib.sha256()
         for p in self.patterns:
             h.update(p.name.encode("utf-8", "surrogateescape") + b"\0" + p.pattern + b"\0" + p.replacement + b"\0")

@@ -1,4 +1,4 @@
-"""The mask set in force, Python side of lua/zccp/mask_store.lua (docs/fingerprint.md §2).
+"""The mask set in force, Python side of lua/zccp/fp/mask_store.lua (docs/fingerprint.md §2).
 
 Loads the ONE pattern file, lua/zccp/mask_patterns.lua, with the literal-only reader
 (zccp.lua_data), resolves a pattern that does not compile through nginx's last-good
@@ -51,7 +51,7 @@ def default_last_good_path(path: Path) -> Path:
 
 
 def load_masks(path: str | Path | None = None, last_good_path: str | Path | None = None) -> MaskSet:
-    """The mask set nginx's zccp.mask_store has in force for the same files (docs/fingerprint.md):
+    """The mask set nginx's zccp.fp.mask_store has in force for the same files (docs/fingerprint.md):
 
     each entry of `path` (default lua/zccp/mask_patterns.lua) that compiles is used;
     one that does not is reported in `errors` by its name and replaced, at its

@@ -8,7 +8,7 @@ local doorbell = require "zccp.doorbell"
 local sha256 = require "zccp.sha256"
 local libc = require "zccp.libc"
 local settings = require "zccp.settings"
-local mask_store = require "zccp.mask_store"
+local mask_store = require "zccp.fp.mask_store"
 local body_mod = require "zccp.body"
 
 local ngx = ngx

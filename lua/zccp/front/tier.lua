@@ -55,7 +55,7 @@ local dict
 function _M.init(o)
     opts = o
     dict = ngx.shared[o.dict]
-    require("zccp.mask_store").init({ write_last_good = false })
+    require("zccp.fp.mask_store").init({ write_last_good = false })
     hosts.init(o)
 end
 

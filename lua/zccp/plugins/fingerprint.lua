@@ -1,4 +1,4 @@
--- Cache keys and masks (zccp.fingerprint, zccp.mask_store): bounded work, for a generation
+-- Cache keys and masks (zccp.fingerprint, zccp.fp.mask_store): bounded work, for a generation
 -- whose body nginx read and whose cache is not bypassed (no-cache + no-store).
 local bit = require "bit"
 local abi = require "zccp.abi"

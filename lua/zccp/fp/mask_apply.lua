@@ -1,8 +1,8 @@
--- Applies the mask set in force (zccp.mask_store) to prompt text (docs/fingerprint.md,
+-- Applies the mask set in force (zccp.fp.mask_store) to prompt text (docs/fingerprint.md,
 -- "Masks"): every pattern in order, each with ngx.re.gsub(s, pattern, replacement, "jo")
 -- on the result of the previous one, skipped where its prefilters find nothing.
 -- engine/zccp/cache/mask_apply.py (MaskSet.apply, mask_doc) masks byte for byte alike.
-local mask_store = require "zccp.mask_store"
+local mask_store = require "zccp.fp.mask_store"
 
 local ngx = ngx
 local type = type
@@ -68,7 +68,7 @@ end
 -- from `s`, or nil, err (a PCRE runtime failure such as the match limit).
 function _M.apply(s)
     if type(s) ~= "string" then
-        error("zccp.mask_apply.apply: string expected", 2)
+        error("zccp.fp.mask_apply.apply: string expected", 2)
     end
     return apply_set(mask_store.current(), s)
 end

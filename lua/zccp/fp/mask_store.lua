@@ -1,6 +1,6 @@
 -- The mask set in force (docs/fingerprint.md, "Masks"): loads the ordered list of PCRE
 -- patterns and replacements from lua/zccp/mask_patterns.lua, compiles it, keeps the
--- last-good set and names the set by its digest. zccp.mask_apply applies it (with
+-- last-good set and names the set by its digest. zccp.fp.mask_apply applies it (with
 -- ngx.re.gsub(s, pattern, replacement, "jo")) to the prompt text before any cache key
 -- or fingerprint is computed (never to what the model sees).
 --
@@ -148,7 +148,7 @@ end
 -- Compiles pattern and replacement template (into ngx.re's "o" cache): true or nil, err.
 local function try_compile(pattern, replacement)
     if not re_gsub then
-        return nil, "ngx.re is not available (zccp.mask_store runs inside nginx)"
+        return nil, "ngx.re is not available (zccp.fp.mask_store runs inside nginx)"
     end
     local ok, res, _, err = pcall(re_gsub, "", pattern, replacement, "jo")
     if not ok then
@@ -175,7 +175,7 @@ local function digest_of(patterns, n)
 end
 
 local function write_last_good(path, patterns, n)
-    local out = { "-- Written by zccp.mask_store: the mask patterns last in force. Do not edit;\n",
+    local out = { "-- Written by zccp.fp.mask_store: the mask patterns last in force. Do not edit;\n",
                   "-- edit mask_patterns.lua instead.\nreturn {\n" }
     for i = 1, n do
         local p = patterns[i]
@@ -207,12 +207,12 @@ end
 -- the init phase). Returns the number of patterns in force and the list of errors.
 function _M.init(opts)
     if opts ~= nil and type(opts) ~= "table" then
-        error("zccp.mask_store.init: opts must be a table", 2)
+        error("zccp.fp.mask_store.init: opts must be a table", 2)
     end
     opts = opts or {}
     local path = opts.path or default_path()
     if not path then
-        error("zccp.mask_store.init: zccp/mask_patterns.lua not found on package.path", 2)
+        error("zccp.fp.mask_store.init: zccp/mask_patterns.lua not found on package.path", 2)
     end
     local lg_path = opts.last_good_path or default_last_good(path)
     local write = opts.write_last_good
@@ -311,7 +311,7 @@ local function ensure()
     end
 end
 
--- The compiled set in force, for zccp.mask_apply (read-only): patterns[1..n] =
+-- The compiled set in force, for zccp.fp.mask_apply (read-only): patterns[1..n] =
 -- { name, pattern, replacement, requires = prefilters or nil }, any = the combined
 -- prefilter or nil. Loads the files (without writing the last-good one) if init() has
 -- not run.
