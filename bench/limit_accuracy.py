@@ -181,7 +181,7 @@ def report(args, results, lines, conc: int, day: int) -> None:
     md = Path(__file__).with_name("limit_accuracy.md")
     md.write_text(f"""# Limit accuracy (issue 28)
 
-`PYTHONPATH=engine .venv/bin/python -m bench.limit_accuracy --seconds {args.seconds:g} --otpm {args.otpm} \
+`PYTHONPATH=engine .venv/bin/python -m bench.limit_accuracy --seconds {args.seconds:g} --otpm {args.otpm} \\
 --itpm {args.itpm}`: one key (otpm
 {args.otpm}, itpm {args.itpm}, concurrency 6) on two stacks sharing one Redis, {args.clients} clients
 (OpenAI chat: full streams, streams cancelled after 20 deltas, `max_tokens: 1` +
