@@ -31,7 +31,7 @@ from tests.support.cache_requests import NULL, PATHS, req
 from tests.support.dns_server import DnsServer
 from tests.support.harness import SOCKET_DIRS, Stack
 from zccp.ops.front_conf import load_front, render_front
-from zccp.ops.stack import Service
+from zccp.ops.stack import Service, free_port
 
 NAME = "zccp-hosts.zccp.svc.cluster.local"
 ADDRS = {"a": "127.0.0.2", "b": "127.0.0.3"}
@@ -53,12 +53,6 @@ def port_free_on_both() -> int:
                 except OSError:
                     continue
     raise RuntimeError("no port free on both loopback aliases")
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class Front:

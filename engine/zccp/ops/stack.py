@@ -35,8 +35,37 @@ class StackError(RuntimeError):
     pass
 
 
+_HANDED: set[int] = set()   # ports this process already gave out (not bound yet, perhaps)
+
+
+def _ephemeral_low() -> int:
+    try:
+        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768
+
+
 def free_port() -> int:
-    with socket.socket() as s:
+    """A loopback TCP port free now, for a service that binds it a moment later.
+
+    Taken below the kernel's ephemeral range: a port the kernel itself handed out (bind to
+    0) can be handed again to any outgoing connection before the service binds it, which
+    is the EADDRINUSE a test run once hit. Ports given once are not given again here.
+    """
+    low = max(_ephemeral_low(), 2048)
+    start = 1024 + (os.getpid() * 7919) % (low - 1024)
+    for i in range(low - 1024):
+        port = 1024 + (start - 1024 + i * 7) % (low - 1024)
+        if port in _HANDED:
+            continue
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+        _HANDED.add(port)
+        return port
+    with socket.socket() as s:   # the low range is full: the kernel's choice, as before
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
 
