@@ -15,7 +15,7 @@ from typing import Any
 # The built-in plugins (lua/zccp/plugins/NAME.lua), in the default order: the request path
 # as it was before plugins. nginx gets the chain from here (settings.plugins.chain), always
 # rendered: zccp.core.pipeline keeps no copy and refuses to start without it.
-BUILTIN = ("metrics", "auth", "limits", "l1", "fingerprint", "tenancy", "router", "usage")
+BUILTIN = ("metrics", "auth", "limits", "ratelimit_headers", "l1", "fingerprint", "tenancy", "router", "usage")
 _NAME = re.compile(r"^[a-z][a-z0-9_]{0,63}$")
 
 

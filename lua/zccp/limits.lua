@@ -13,7 +13,9 @@
 -- A scope refused here is refused by this worker without Redis until its window resets
 -- (at most DENY_CACHE_S for token windows, which a settlement can reopen).
 --
---   local ok = limits.admit(who, api, body)   -- false: answered 429/503; headers set
+--   local ok, t = limits.admit(who, api, body)   -- false: answered 429/503, its headers set;
+--                                               -- t: an admitted reservation (its headers:
+--                                               -- plugins/ratelimit_headers)
 --   limits.observe(meta)                      -- after the relay: the engine's counts
 --   limits.observe_counts(input, output)      -- an L1 hit: the counts its entry kept
 --   limits.settle()                           -- log_by_lua: settle and meter (sent every 50 ms)
@@ -141,8 +143,8 @@ function _M.admit(who, api, body, kind, rid)
         end
     end
     ticket.admitted = true
-    headers.set(api, w, now)
-    return true
+    ticket.at = now   -- the rate-limit headers' clock (plugins/ratelimit_headers)
+    return true, ticket
 end
 
 -- The engine's exact counts for this request: after the relay, its slot's meta

@@ -41,17 +41,17 @@ INTERVAL_S = 0.5      # front.resolve_interval_s here: a changed answer is seen 
 
 
 def port_free_on_both() -> int:
-    """A port free on 127.0.0.2 and 127.0.0.3 (loopback aliases: all of 127/8 routes to lo)."""
+    """A port free on 127.0.0.2 and 127.0.0.3 (loopback aliases: all of 127/8 routes to lo),
+    from free_port's range below the ephemeral ports (no outgoing connection takes it first)."""
     for _ in range(50):
-        with socket.socket() as s:
-            s.bind((ADDRS["a"], 0))
-            port = s.getsockname()[1]
-            with socket.socket() as t:
-                try:
-                    t.bind((ADDRS["b"], port))
-                    return port
-                except OSError:
-                    continue
+        port = free_port()
+        with socket.socket() as s, socket.socket() as t:
+            try:
+                s.bind((ADDRS["a"], port))
+                t.bind((ADDRS["b"], port))
+                return port
+            except OSError:
+                continue
     raise RuntimeError("no port free on both loopback aliases")
 
 

@@ -17,11 +17,12 @@ from pathlib import Path
 from tests.support.cache_requests import NULL, metric
 from tests.support.harness import H2Conn, anthropic_body, dumps
 from tests.support.keys_helpers import keys_cli, status
+from zccp.plugins_config import BUILTIN as BUILTIN_CHAIN
 
 REPO = Path(__file__).resolve().parents[2]
 EXAMPLES = REPO / "examples" / "plugins"
 A = {"max_tokens": 4, "model": "model-a"}   # engine a serves model-a, b model-b
-BUILTIN = ["metrics", "auth", "limits", "l1", "fingerprint", "tenancy", "router", "usage"]
+BUILTIN = list(BUILTIN_CHAIN)
 
 # Records name:phase into the request, and answers it all in X-Trace (headers phase).
 TRACE = '''local _M = {{ name = "{name}" }}
@@ -160,3 +161,20 @@ def test_a_chain_naming_an_unknown_plugin_is_refused_by_name(tmp_path):
         assert "plugins.chain[1]: nosuch is not a built-in plugin" in str(exc)
     else:
         raise AssertionError("accepted")
+
+
+def test_without_ratelimit_headers_admitted_answers_go_without_them_and_429s_keep_them(make_stack):
+    chain = [p for p in BUILTIN if p != "ratelimit_headers"]
+    assert len(chain) == len(BUILTIN) - 1   # the default chain has it
+    s = make_stack({"model": NULL, "auth": {"mode": "keys", "cache_ttl_s": 1, "negative_ttl_s": 1},
+                    "plugins": {"chain": chain}}, with_redis=True)
+    if time.time() % 60 > 45:   # one minute window for the whole test
+        time.sleep(61 - time.time() % 60)
+    k = keys_cli(s, "create", "--tenant", "acme", "--rpm", "1")["key"]
+    body = {"model": "zccp-tiny", "max_tokens": 4, "messages": [{"role": "user", "content": "quiet"}]}
+    r = status(s, "anthropic", body, x_api_key=k, cache_control="no-store")
+    assert r.status_code == 200 and not [h for h in r.headers if "ratelimit" in h], dict(r.headers)
+    r = status(s, "anthropic", body, x_api_key=k, cache_control="no-store")
+    assert r.status_code == 429, r.text
+    assert r.headers["anthropic-ratelimit-requests-limit"] == "1"
+    assert r.headers["anthropic-ratelimit-requests-remaining"] == "0"

@@ -1,5 +1,6 @@
--- Admission limits and leases (zccp.limits, zccp.lease): admit with the body (429, and the
--- rate-limit headers it sets), the engine's exact counts after the relay, settled in log.
+-- Admission limits and leases (zccp.limits, zccp.lease): admit with the body (429, with its
+-- rate-limit headers; an admitted request's are plugins/ratelimit_headers'), the engine's
+-- exact counts after the relay, settled in log.
 local limits = require "zccp.limits"
 local DONE = require("zccp.core.pipeline").DONE
 
@@ -14,9 +15,11 @@ function _M.prepare(r)
     if not r.who then   -- a chain without auth: no key, nothing to limit
         return
     end
-    if not limits.admit(r.who, r.api, r.body, r.kind, r.request_id) then
+    local ok, ticket = limits.admit(r.who, r.api, r.body, r.kind, r.request_id)
+    if not ok then
         return DONE
     end
+    r.admitted = ticket   -- nil when no limit reserved anything (no rate-limit headers)
 end
 
 function _M.relayed(r, _, meta, outcome, res)
