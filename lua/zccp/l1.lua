@@ -75,7 +75,8 @@ local B62_OF = ffi.new("uint8_t[256]")   -- byte -> base62 character, as common.
 for b = 0, 255 do
     B62_OF[b] = str_byte(B62, b % 62 + 1)
 end
-local RAND = ffi.new("uint8_t[64]")
+local POOL_N = 4096
+local POOL = ffi.new("uint8_t[?]", POOL_N)   -- random bytes for the ids (fresh_id)
 local OUT = ffi.new("uint8_t[64]")
 local HEX = {}   -- byte -> two hex digits
 for b = 0, 255 do
@@ -206,28 +207,36 @@ function _M.max_entry(k)
     return k.cfg.max_entry
 end
 
--- One id's base62 characters, unrolled per API at load (a loop of 24 or 29 turns is
--- where LuaJIT's trace through serve() gave up).
+-- One id's base62 characters from the random pool at `at`, unrolled per API at load (a
+-- loop of 24 or 29 turns is where LuaJIT's trace through serve() gave up).
 local function make_fill(n)
-    local src = { "local OUT, B62_OF, RAND = ...\nreturn function()\n" }
+    local src = { "local OUT, B62_OF, POOL = ...\nreturn function(at)\n" }
     for i = 0, n - 1 do
-        src[#src + 1] = (" OUT[%d] = B62_OF[RAND[%d]]\n"):format(i, i)
+        src[#src + 1] = (" OUT[%d] = B62_OF[POOL[at + %d]]\n"):format(i, i)
     end
     src[#src + 1] = "end\n"
-    return assert(load(concat(src), "=zccp.l1.fill" .. n))(OUT, B62_OF, RAND)
+    return assert(load(concat(src), "=zccp.l1.fill" .. n))(OUT, B62_OF, POOL)
 end
 for _, a in pairs(APIS) do
     a.fill = make_fill(a.n)
     a.id_len = #a.prefix + a.n
 end
 
+-- A fresh response id: RAND_bytes drawn POOL_N bytes at a time (one libcrypto call per
+-- ~150 ids, not one per id). The pool is filled in the worker, at its first id: never
+-- copied from the master into several workers.
+local pool_at = POOL_N
+
 local function fresh_id(a)
     local n = a.n
-    local ok = sha256.random_into(RAND, n)
-    if not ok then
-        return nil
+    if pool_at + n > POOL_N then
+        if not sha256.random_into(POOL, POOL_N) then
+            return nil
+        end
+        pool_at = 0
     end
-    a.fill()
+    a.fill(pool_at)
+    pool_at = pool_at + n
     return a.prefix .. ffi_string(OUT, n)
 end
 
