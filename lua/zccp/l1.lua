@@ -273,6 +273,9 @@ local function parse(v)
         slots[#slots + 1] = #parts
         pos = at + 1
     end
+    if #ids == 0 then   -- keep() kept only answers with an id
+        return nil
+    end
     return { sse = str_byte(v, 1) == 83, born = born, pin = pin, pout = pout, parts = parts,   -- 83: "S"
              ids = ids, crs = crs, fixed = fixed }
 end
@@ -331,16 +334,23 @@ function _M.serve(api, k, final)
     end
     -- the replay's id and `created` into the entry's slots: nothing yields between here
     -- and ngx.print, so no other request sees these parts half-filled
+    -- (a JSON answer has one id and at most one `created`: no loop; an SSE one, several)
     local parts, ids, crs = e.parts, e.ids, e.crs
-    for j = 1, #ids do
-        parts[ids[j]] = id
+    local nid, ncr = #ids, #crs
+    parts[ids[1]] = id
+    if nid > 1 then
+        for j = 2, nid do
+            parts[ids[j]] = id
+        end
     end
     local now = ngx_time()
-    local ncr = #crs
     if ncr > 0 then
         local created = tostring(now)
-        for j = 1, ncr do
-            parts[crs[j]] = created
+        parts[crs[1]] = created
+        if ncr > 1 then
+            for j = 2, ncr do
+                parts[crs[j]] = created
+            end
         end
         ncr = ncr * #created
     end
@@ -351,7 +361,7 @@ function _M.serve(api, k, final)
         ngx_header["X-Accel-Buffering"] = "no"
     else
         ngx_header["Content-Type"] = "application/json"
-        ngx_header["Content-Length"] = e.fixed + #ids * a.id_len + ncr
+        ngx_header["Content-Length"] = e.fixed + nid * a.id_len + ncr
     end
     ngx_header["X-ZCCP-Cache"] = "HIT"
     ngx_header["X-ZCCP-Cache-Layer"] = "L1"
