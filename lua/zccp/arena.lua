@@ -205,20 +205,33 @@ function _M.release(self)
     end
 end
 
+-- Engine e's purge epoch (a cdata uint64), or nil (no live arena, or not read yet).
+local function epoch_of(e)
+    local a = current[e.name]
+    if live(a) then
+        local v = a.control.purge_epoch
+        if v ~= 0 then
+            return v
+        end
+    end
+    return nil
+end
+
 -- The cache's purge epoch the engines last read from Redis (a cdata uint64), or nil when
 -- unknown (no arena, an engine that changed, Redis unreadable): nginx's L1 then answers
 -- nothing. Several engines share one Redis: the highest any of them read (a purge any of
 -- them saw empties L1 at once). Read from the control pages on every L1 lookup: loads
 -- from shared memory.
 function _M.purge_epoch()
+    local list = engines.list()
+    if #list == 1 then   -- one engine (the usual case): no loop on every L1 lookup
+        return epoch_of(list[1])
+    end
     local best
-    for _, e in ipairs(engines.list()) do
-        local a = current[e.name]
-        if live(a) then
-            local v = a.control.purge_epoch
-            if v ~= 0 and (not best or v > best) then
-                best = v
-            end
+    for _, e in ipairs(list) do
+        local v = epoch_of(e)
+        if v and (not best or v > best) then
+            best = v
         end
     end
     return best

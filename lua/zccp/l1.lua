@@ -48,11 +48,15 @@ local str_byte = string.byte
 local concat = table.concat
 local tonumber = tonumber
 local tostring = tostring
+local pairs = pairs
+local load = load
+local assert = assert
 
 local _M = { _VERSION = "0.1.0" }
 
 local SEP = "\0"
-local ID, CREATED = "\1", "\2"   -- placeholders in a kept answer (JSON and SSE never hold raw control bytes)
+-- "\1" and "\2": the id's and `created`'s placeholders in a kept answer (JSON and SSE
+-- never hold raw control bytes)
 -- Kept in the slots' dict (settings.dict), which does not evict: the purge epoch (part of
 -- every key, so an answer relayed across a purge is never found again), the approximate
 -- entry count, and the once-a-second recount lock.
@@ -71,9 +75,13 @@ local B62_OF = ffi.new("uint8_t[256]")   -- byte -> base62 character, as common.
 for b = 0, 255 do
     B62_OF[b] = str_byte(B62, b % 62 + 1)
 end
-local RAND = ffi.new("uint8_t[64]")
+local POOL_N = 4096
+local POOL = ffi.new("uint8_t[?]", POOL_N)   -- random bytes for the ids (fresh_id)
 local OUT = ffi.new("uint8_t[64]")
-local REPL = {}   -- gsub's table for one replay (serve() never yields while it is in use)
+local HEX = {}   -- byte -> two hex digits
+for b = 0, 255 do
+    HEX[b] = string.format("%02x", b)
+end
 
 -- The cache.l1 settings and the dict, or nil when L1 is off.
 local function config()
@@ -109,18 +117,39 @@ end
 -- Keys carry the value read when the request began: an entry stored under it is never
 -- reached once a purge on any host has replaced it. The first request to see a new one
 -- empties this L1 (the entries nothing can reach any more would only take room).
+local last_e, last_s   -- the epoch last read and its string (tostring of a cdata: not compiled)
+
 local function purge_epoch()
     local e = arena_mod.purge_epoch()
     if not e then
         return nil
     end
-    e = tostring(e)
+    if e == last_e then
+        e = last_s
+    else
+        last_e, last_s = e, tostring(e)
+        e = last_s
+    end
     local md = meta_dict()
     if md:get(SHARED_EPOCH) ~= e then
         _M.purge()
         md:set(SHARED_EPOCH, e)
     end
     return e
+end
+
+-- The keys' common start (L1's epoch, the purge epoch, the API), made again only when
+-- an epoch changes.
+local PREFIX = {}   -- api -> { l1 epoch, purge epoch, the prefix }
+
+local function prefix(api, n, purged)
+    local p = PREFIX[api]
+    if p and p[1] == n and p[2] == purged then
+        return p[3]
+    end
+    local s = tostring(n) .. SEP .. purged .. SEP .. api
+    PREFIX[api] = { n, purged, s }
+    return s
 end
 
 function _M.begin(api, body, flags)
@@ -140,7 +169,7 @@ function _M.begin(api, body, flags)
     end
     local tenant = tenant_mod.digest(nil)
     local k = { dict = d, cfg = cfg, keys = {}, tried = 0, raw_tenant = tenant,
-                epoch = tostring(meta_dict():get(EPOCH) or 0) .. SEP .. purged .. SEP .. api }
+                epoch = prefix(api, meta_dict():get(EPOCH) or 0, purged) }
     if not body then
         k.pending = true
         return k
@@ -178,69 +207,173 @@ function _M.max_entry(k)
     return k.cfg.max_entry
 end
 
+-- One id's base62 characters from the random pool at `at`, unrolled per API at load (a
+-- loop of 24 or 29 turns is where LuaJIT's trace through serve() gave up).
+local function make_fill(n)
+    local src = { "local OUT, B62_OF, POOL = ...\nreturn function(at)\n" }
+    for i = 0, n - 1 do
+        src[#src + 1] = (" OUT[%d] = B62_OF[POOL[at + %d]]\n"):format(i, i)
+    end
+    src[#src + 1] = "end\n"
+    return assert(load(concat(src), "=zccp.l1.fill" .. n))(OUT, B62_OF, POOL)
+end
+for _, a in pairs(APIS) do
+    a.fill = make_fill(a.n)
+    a.id_len = #a.prefix + a.n
+end
+
+-- A fresh response id: RAND_bytes drawn POOL_N bytes at a time (one libcrypto call per
+-- ~150 ids, not one per id). The pool is filled in the worker, at its first id: never
+-- copied from the master into several workers.
+local pool_at = POOL_N
+
 local function fresh_id(a)
     local n = a.n
-    local ok = sha256.random_into(RAND, n)
-    if not ok then
+    if pool_at + n > POOL_N then
+        if not sha256.random_into(POOL, POOL_N) then
+            return nil
+        end
+        pool_at = 0
+    end
+    a.fill(pool_at)
+    pool_at = pool_at + n
+    return a.prefix .. ffi_string(OUT, n)
+end
+
+-- The context id (16 hex digits of the first 8 bytes of the digest), unrolled.
+local function hex8(d)
+    local b1, b2, b3, b4, b5, b6, b7, b8 = str_byte(d, 1, 8)
+    return HEX[b1] .. HEX[b2] .. HEX[b3] .. HEX[b4] .. HEX[b5] .. HEX[b6] .. HEX[b7] .. HEX[b8]
+end
+
+-- A kept entry, parsed: { sse, born, pin, pout, parts, ids, crs, fixed } (parts: the
+-- template's literal pieces with a slot at each placeholder; ids, crs: those slots'
+-- indexes; fixed: the literal pieces' length), or nil when it is not one keep() wrote.
+-- entry: "S" (SSE) or "J", the time the answer was born (Age), the engine's input and
+-- output token counts (what a hit saves, metered by zccp.limits), ":", the template
+local function parse(v)
+    local colon = str_find(v, ":", 2, true)
+    local b, pin, pout = str_match(str_sub(v, 2, colon and colon - 1 or 1), "^(%d+),(%d+),(%d+)$")
+    local born = tonumber(b)
+    if not born then
         return nil
     end
-    for i = 0, n - 1 do
-        OUT[i] = B62_OF[RAND[i]]
+    local parts, ids, crs, fixed = {}, {}, {}, 0
+    local pos, len = colon + 1, #v
+    while pos <= len + 1 do
+        local at = str_find(v, "[\1\2]", pos)
+        local piece = str_sub(v, pos, (at or len + 1) - 1)
+        parts[#parts + 1] = piece
+        fixed = fixed + #piece
+        if not at then
+            break
+        end
+        parts[#parts + 1] = false
+        local slots = str_byte(v, at) == 1 and ids or crs
+        slots[#slots + 1] = #parts
+        pos = at + 1
     end
-    return a.prefix .. ffi_string(OUT, n)
+    if #ids == 0 then   -- keep() kept only answers with an id
+        return nil
+    end
+    return { sse = str_byte(v, 1) == 83, born = born, pin = pin, pout = pout, parts = parts,   -- 83: "S"
+             ids = ids, crs = crs, fixed = fixed }
+end
+
+-- The entries this worker has parsed, by their bytes (the dict's value: the same bytes
+-- are the same entry), so that a hit parses nothing; emptied whole once it holds
+-- PARSED_MAX_BYTES of entries.
+local PARSED_MAX_BYTES = 8 * 1024 * 1024
+local parsed, parsed_bytes = {}, 0
+
+local function entry_of(v)
+    local e = parsed[v]
+    if e then
+        return e
+    end
+    e = parse(v)
+    if e then
+        if parsed_bytes + #v > PARSED_MAX_BYTES then
+            parsed, parsed_bytes = {}, 0
+        end
+        parsed[v], parsed_bytes = e, parsed_bytes + #v
+    end
+    return e
 end
 
 -- Answers the request from L1 when an entry under one of its keys not yet tried is
 -- there: true; false on a miss (counted once final: no more keys will come).
 function _M.serve(api, k, final)
     local d, keys = k.dict, k.keys
-    local v
-    for i = k.tried + 1, #keys do
-        v = d:get(keys[i])
-        if v then
-            break
+    local i, n = k.tried, #keys
+    k.tried = n
+    -- the keys not tried yet (two or four), without a loop: a loop left early is where
+    -- the trace through serve() was given up
+    local v = i < n and d:get(keys[i + 1])
+    if not v and i + 1 < n then
+        v = d:get(keys[i + 2])
+        if not v and i + 2 < n then
+            v = d:get(keys[i + 3])
+            if not v and i + 3 < n then
+                v = d:get(keys[i + 4])
+            end
         end
     end
-    k.tried = #keys
     if not v then
         if final then
             metrics.l1(api, "miss")
         end
         return false
     end
-    -- entry: "S" (SSE) or "J", the time the answer was born (Age), the engine's input and
-    -- output token counts (what a hit saves, metered by zccp.limits), ":", the template
-    local colon = str_find(v, ":", 2, true)
-    local b, pin, pout = str_match(str_sub(v, 2, colon and colon - 1 or 1), "^(%d+),(%d+),(%d+)$")
-    local born = tonumber(b)
+    local e = entry_of(v)
     local a = APIS[api]
-    local id = born and fresh_id(a)
+    local id = e and fresh_id(a)
     if not id then
         ngx_log(ngx_WARN, "zccp: L1 entry unusable; asking the engine")
         return false
     end
-    REPL[ID], REPL[CREATED] = id, tostring(ngx_time())
-    local body = str_gsub(str_sub(v, colon + 1), "[\1\2]", REPL)
+    -- the replay's id and `created` into the entry's slots: nothing yields between here
+    -- and ngx.print, so no other request sees these parts half-filled
+    -- (a JSON answer has one id and at most one `created`: no loop; an SSE one, several)
+    local parts, ids, crs = e.parts, e.ids, e.crs
+    local nid, ncr = #ids, #crs
+    parts[ids[1]] = id
+    if nid > 1 then
+        for j = 2, nid do
+            parts[ids[j]] = id
+        end
+    end
+    local now = ngx_time()
+    if ncr > 0 then
+        local created = tostring(now)
+        parts[crs[1]] = created
+        if ncr > 1 then
+            for j = 2, ncr do
+                parts[crs[j]] = created
+            end
+        end
+        ncr = ncr * #created
+    end
     ngx.status = 200
-    if str_byte(v, 1) == 83 then   -- "S"
+    if e.sse then
         ngx_header["Content-Type"] = "text/event-stream; charset=utf-8"
         ngx_header["Cache-Control"] = "no-cache"
         ngx_header["X-Accel-Buffering"] = "no"
     else
         ngx_header["Content-Type"] = "application/json"
-        ngx_header["Content-Length"] = #body
+        ngx_header["Content-Length"] = e.fixed + nid * a.id_len + ncr
     end
     ngx_header["X-ZCCP-Cache"] = "HIT"
     ngx_header["X-ZCCP-Cache-Layer"] = "L1"
     -- the engine's context id for these bytes (the first 8 bytes of their SHA-256): L1
     -- answers carry it too, for the logs (zccp_json) and the client
-    ngx_header["X-ZCCP-Context-Id"] = sha256.hex(k.digest, 8)
-    local age = ngx_time() - born
+    ngx_header["X-ZCCP-Context-Id"] = hex8(k.digest)
+    local age = now - e.born
     ngx_header["Age"] = age > 0 and age or 0
-    ngx_print(body)
+    ngx_print(parts)
     metrics.l1(api, "hit")
     if settings.keys_on() then   -- a metered request (zccp.limits' ticket in ngx.ctx); else no ngx.ctx
-        limits.observe_counts(pin, pout, "HIT")
+        limits.observe_counts(e.pin, e.pout, "HIT")
     end
     return true
 end
