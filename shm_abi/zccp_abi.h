@@ -130,7 +130,7 @@ struct zccp_slot_header {
     uint64_t magic;             /*   0 ZCCP_SLOT_MAGIC */
     uint32_t version;           /*   8 ZCCP_ABI_VERSION */
     uint32_t state;             /*  12 enum zccp_slot_state */
-    uint8_t  context_id[8];     /*  16 first 8 bytes of SHA-256(raw body) */
+    uint8_t  context_id[8];     /*  16 first 8 bytes of sha256; 8 random bytes when sha256 is zero */
     uint64_t timestamp_ns;      /*  24 CLOCK_REALTIME when the slot turned READY */
     uint64_t generation;        /*  32 bumped by nginx on every claim */
     uint64_t csf_key;           /*  40 64-bit hash of the MinHash signature */
@@ -144,7 +144,7 @@ struct zccp_slot_header {
     uint32_t response_cap;      /*  76 */
     int32_t  owner_pid;         /*  80 nginx worker that claimed the slot */
     uint32_t response_acked;    /*  84 response bytes nginx has consumed, cumulative */
-    uint8_t  sha256[32];        /*  88 SHA-256(raw body) */
+    uint8_t  sha256[32];        /*  88 SHA-256(raw body); all zero for NO_CACHE + NO_STORE (no key needs it) */
     uint64_t deadline_ns;       /* 120 CLOCK_REALTIME after which nginx has given up */
 };
 

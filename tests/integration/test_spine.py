@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import re
 import socket
 
 from tests.support.harness import anthropic_body, dumps
@@ -53,6 +54,33 @@ def test_slot_holds_exactly_the_bytes_sent(null_stack_any):
         assert slot.response_acked == slot.response_len > 0
     finally:
         reader.close()
+    null_stack.assert_no_leaks()
+
+
+def test_a_request_that_uses_no_cache_is_not_hashed(null_stack):
+    # no-cache + no-store: no cache key needs the body's SHA-256, so nginx leaves the slot's
+    # sha256 zero and gives the request a random context id: unique per request (the same
+    # bytes twice get two ids), and still the one the engine saw.
+    body = dumps(anthropic_body("no hash " * 64, max_tokens=5))
+    headers = {"content-type": "application/json", "cache-control": "no-cache, no-store"}
+    ids = []
+    for _ in range(2):
+        r = null_stack.client().post("/v1/messages", content=body, headers=headers)
+        assert r.status_code == 200, r.text
+        ids.append(r.headers["x-zccp-context-id"])
+        reader = null_stack.arena()
+        try:
+            slot = _find_slot(reader, ids[-1])
+            assert slot.sha256 == bytes(32)
+            assert reader.payload(slot.index) == body
+        finally:
+            reader.close()
+    digest = hashlib.sha256(body).digest()[:8].hex()
+    assert ids[0] != ids[1] and digest not in ids
+    assert all(re.fullmatch("[0-9a-f]{16}", i) for i in ids)
+    # either header alone still uses a cache: the digest, as before
+    r = null_stack.client().post("/v1/messages", content=body, headers=headers | {"cache-control": "no-store"})
+    assert r.headers["x-zccp-context-id"] == digest
     null_stack.assert_no_leaks()
 
 

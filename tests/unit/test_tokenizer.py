@@ -85,3 +85,19 @@ def test_encode_chat_and_decode_drop_specials():
 def test_unknown_role_rejected():
     with pytest.raises(ValueError):
         encode_chat_into("", [ChatMessage("tool", "x")], torch.zeros(8, dtype=torch.int32))  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("system", ["", "sys é"])
+@pytest.mark.parametrize("generation_prompt", [True, False])
+def test_many_messages_match_the_checked_path(system: str, generation_prompt: bool):
+    # the slot's path casts the whole prompt at once and writes the markers over placeholder
+    # bytes: every marker where the checked path (any other destination) puts it, empty and
+    # non-ASCII messages and a lone surrogate included
+    msgs = [ChatMessage("user" if k % 2 == 0 else "assistant", ("wörd \ud800 " * k)[: 3 * k]) for k in range(40)]
+    fast = torch.full((4096,), -7, dtype=torch.int32)
+    checked = torch.full((4096,), -7, dtype=torch.int64)
+    n = encode_chat_into(system, msgs, fast, generation_prompt)
+    assert n == encode_chat_into(system, msgs, checked, generation_prompt)
+    assert n == count_chat_tokens(system, msgs, generation_prompt)
+    assert fast.tolist() == checked.tolist()
+    assert fast[:n].tolist().count(USER) == 20 and fast[:n].tolist().count(ASSISTANT) == 20 + generation_prompt

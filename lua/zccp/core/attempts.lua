@@ -223,9 +223,10 @@ function _M.attempts(r, state)
             code, kind, msg = 503, "overloaded_error", "engine restarted; retry"
         end
     end
-    local body = r.src and r.src.body
+    local src = r.src
+    local body = src and src.body
     if body then   -- the context id an engine would have given it, for zccp_json and the client
-        local d = r.src.digest or sha256.digest(body, #body)
+        local d = src.digest or transport.trace_id(src, r.flags) or sha256.digest(body, #body)
         if d then
             ngx_header["X-ZCCP-Context-ID"] = sha256.hex(d, 8)
         end

@@ -16,6 +16,8 @@ local ngx_log = ngx.log
 local ngx_ERR = ngx.ERR
 local ffi_copy = ffi.copy
 local ffi_fill = ffi.fill
+local ffi_string = ffi.string
+local band = require("bit").band
 
 local _M = { _VERSION = "0.1.0" }
 
@@ -63,6 +65,31 @@ local function write_ids(req, rid)
     return C.ZCCP_FLAG_MASK_DIGEST
 end
 
+-- The context id of a request that uses no cache (no-cache + no-store: no lookup, no
+-- store, no L1): 8 random bytes (libcrypto's CSPRNG, well under a microsecond) instead of
+-- the body's SHA-256 (~470 us at 512 KiB), which only a cache key needs. Made once per
+-- request (kept in src), so every attempt and the 503 nobody answered carry the same id.
+-- nil for any other request (its id is the digest's first 8 bytes), or when RAND_bytes
+-- fails (the digest then, as before).
+local BYPASS  -- ZCCP_FLAG_NO_CACHE + ZCCP_FLAG_NO_STORE, once the ABI is loaded
+local TRACE = ffi.new("unsigned char[8]")
+
+function _M.trace_id(src, flags)
+    local id = src.trace
+    if id then
+        return id
+    end
+    if not BYPASS then
+        BYPASS = abi.C.ZCCP_FLAG_NO_CACHE + abi.C.ZCCP_FLAG_NO_STORE
+    end
+    if src.digest or band(flags, BYPASS) ~= BYPASS or not sha256.random_into(TRACE, 8) then
+        return nil
+    end
+    id = ffi_string(TRACE, 8)
+    src.trace = id
+    return id
+end
+
 -- Fill the claimed slot and mark it READY. Returns the generation rung with, or nil,
 -- message[, status, kind] (a status when the client's body failed, not the arena).
 -- src: { body = string[, digest = its SHA-256 (zccp.l1)] } or { len = n, deadline = t }
@@ -94,15 +121,18 @@ local function fill_slot(a, i, src, flags, timeout_ms, fp, extra, rid)
         end
     end
     h.payload_len = n
+    local trace = _M.trace_id(src, flags)
     if src.digest then
         ffi_copy(h.sha256, src.digest, 32)
+    elseif trace then   -- no cache key needs the digest: not computed (zccp_abi.h)
+        ffi_fill(h.sha256, 32)
     else
         local ok, err = sha256.digest_into(dst, n, h.sha256)
         if not ok then
             return nil, err
         end
     end
-    ffi_copy(h.context_id, h.sha256, 8)
+    ffi_copy(h.context_id, trace or h.sha256, 8)
     h.status, h.response_len, h.response_acked, h.tokens_len, h.csf_key = 0, 0, 0, 0, 0
     meta.fp_tokens = 0
     local req = a:request(i)

@@ -143,32 +143,47 @@ def _messages(v: Any, allow_empty: bool = False) -> list[tuple[Role, str]]:
         raise _bad("messages", "at least one message is required")
     turns: list[tuple[Role, str]] = []
     tool_turns: list[_ToolIds] = []
+    tooled = False          # a tool_use or tool_result block seen: the pairs are checked
     last = len(items) - 1
     for i, msg in enumerate(items):
-        path = f"messages.{i}"
-        msg = _dict(msg, path)
-        _no_extras(msg, _MESSAGE_FIELDS, path + ".")
-        role = _required(msg, "role", path + ".role")
-        if not isinstance(role, str) or role not in _ROLES:
-            raise _bad(path + ".role", "Input should be 'user' or 'assistant'")
-        content = _required(msg, "content", path + ".content")
-        if not tool_turns or tool_turns[-1].role != role:
-            tool_turns.append(_ToolIds(i, role))
-        if isinstance(content, str):
-            text = content
-        elif isinstance(content, list):
-            pieces = [_block_text(b, f"{path}.content.{j}", tool_turns[-1]) for j, b in enumerate(content)]
-            text = pieces[0] if len(pieces) == 1 else JOIN.join(pieces)
+        # the common message, exactly {"role": "user" | "assistant", "content": "<text>"}:
+        # accepted without the readers' error paths (four strings a message); any other
+        # shape is read field by field below, with the same errors as ever
+        if type(msg) is dict and len(msg) == 2 and type(text := msg.get("content")) is str \
+                and type(role := msg.get("role")) is str and role in _ROLES:
+            if not tool_turns or tool_turns[-1].role != role:
+                tool_turns.append(_ToolIds(i, role))
         else:
-            raise _bad(path + ".content", "Input should be a valid string or a list of content blocks")
+            role, text = _message(msg, f"messages.{i}", i, tool_turns)
+            tooled = tooled or bool(tool_turns[-1].uses or tool_turns[-1].results)
         is_prefill = i == last and role == "assistant"
         if not text and not is_prefill:
-            raise _bad(path, "all messages must have non-empty content except for the optional final assistant message")
+            raise _bad(f"messages.{i}",
+                       "all messages must have non-empty content except for the optional final assistant message")
         if is_prefill and text and text[-1].isspace():
-            raise _bad(path + ".content", "final assistant content cannot end with trailing whitespace")
+            raise _bad(f"messages.{i}.content", "final assistant content cannot end with trailing whitespace")
         turns.append((cast(Role, role), text))   # checked above: user or assistant
-    _check_tool_pairs(tool_turns)
+    if tooled:   # no tool block: every turn's pairs are empty, nothing to check
+        _check_tool_pairs(tool_turns)
     return turns
+
+
+def _message(msg: Any, path: str, i: int, tool_turns: list[_ToolIds]) -> tuple[str, str]:
+    """Message i read field by field: its role and text (its blocks' tool ids into its turn)."""
+    msg = _dict(msg, path)
+    _no_extras(msg, _MESSAGE_FIELDS, path + ".")
+    role = _required(msg, "role", path + ".role")
+    if not isinstance(role, str) or role not in _ROLES:
+        raise _bad(path + ".role", "Input should be 'user' or 'assistant'")
+    content = _required(msg, "content", path + ".content")
+    if not tool_turns or tool_turns[-1].role != role:
+        tool_turns.append(_ToolIds(i, role))
+    if isinstance(content, str):
+        return role, content
+    if isinstance(content, list):
+        pieces = [_block_text(b, f"{path}.content.{j}", tool_turns[-1]) for j, b in enumerate(content)]
+        return role, pieces[0] if len(pieces) == 1 else JOIN.join(pieces)
+    raise _bad(path + ".content", "Input should be a valid string or a list of content blocks")
 
 
 def _stop_sequences(v: Any) -> tuple[str, ...]:
