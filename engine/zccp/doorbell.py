@@ -88,14 +88,10 @@ class Connection:
     """One nginx cosocket. Notices may be sent from worker threads (thread-safe).
 
     Notices sent during one turn of the loop leave in one write (one send(2) for the
-    answers to every ring that one read brought, not one each): they wait in a list.
-    While the read that brought the rings is being handled (`reading`), the protocol
-    flushes the list itself when that read's frames are done: an answer made at once
-    (the inline null model) leaves in the same callback, with no callback scheduled for
-    it and no extra turn of the loop. Other notices (the model thread's, timers') are
-    flushed by a callback once those ready now have run."""
+    answers to every ring that one read brought, not one each): they wait in a list the
+    loop flushes once the callbacks ready now have run."""
 
-    __slots__ = ("_transport", "_loop", "_loop_thread", "_pending", "closed", "jobs", "reading")
+    __slots__ = ("_transport", "_loop", "_loop_thread", "_pending", "closed", "jobs")
 
     def __init__(self, transport: asyncio.WriteTransport, loop: asyncio.AbstractEventLoop) -> None:
         self._transport = transport
@@ -104,7 +100,6 @@ class Connection:
         self._pending: list[bytes] = []
         self.closed = False
         self.jobs: set[Cancellable] = set()   # jobs rung on this connection, cancelled on EOF
-        self.reading = False                  # in _RingProtocol.buffer_updated: it flushes
 
     def send(self, frame: bytes) -> None:
         if self.closed:
@@ -119,16 +114,10 @@ class Connection:
         self.closed = True
         self._transport.close()
 
-    def end_read(self) -> None:
-        """The read's frames are handled: their answers leave now, in one write."""
-        self.reading = False
-        if self._pending:
-            self._flush()
-
     def _queue(self, frame: bytes) -> None:
         pending = self._pending
         pending.append(frame)
-        if len(pending) == 1 and not self.reading:
+        if len(pending) == 1:
             self._loop.call_soon(self._flush)
 
     def _flush(self) -> None:
@@ -198,20 +187,16 @@ class _RingProtocol(asyncio.BufferedProtocol):
         assert conn is not None
         n = self._filled + nbytes
         end = n - n % RING_SIZE
-        conn.reading = True
-        try:
-            for off in range(0, end, RING_SIZE):
-                ring = Ring._make(_RING.unpack_from(buf, off))
-                if ring.op == Op.RING:
-                    server._on_ring(conn, ring)
-                elif ring.op == Op.PING:
-                    server._on_ping(conn)
-                else:
-                    log.warning("doorbell: unknown opcode %d, closing connection", ring.op)
-                    conn.close()
-                    return
-        finally:
-            conn.end_read()   # a raise above still sends the answers made before it
+        for off in range(0, end, RING_SIZE):
+            ring = Ring._make(_RING.unpack_from(buf, off))
+            if ring.op == Op.RING:
+                server._on_ring(conn, ring)
+            elif ring.op == Op.PING:
+                server._on_ping(conn)
+            else:
+                log.warning("doorbell: unknown opcode %d, closing connection", ring.op)
+                conn.close()
+                return
         self._filled = n - end
         if self._filled:
             buf[:self._filled] = buf[end:n]
