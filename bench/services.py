@@ -24,7 +24,7 @@ import yaml
 from zccp.config import load_config
 from zccp.ops.admin_client import request_to
 from zccp.runtime import resolve
-from zccp.ops.stack import Service, engine_service, free_port, http_get, nginx_service, redis_service
+from zccp.ops.stack import Service, engine_service, engine_services, free_port, http_get, nginx_service, redis_service
 
 BENCH = Path(__file__).resolve().parent
 REPO = BENCH.parent
@@ -185,9 +185,13 @@ def start_c(run_dir: Path, lim: dict, workers: int) -> Variant:
     return _start_proxied("C", "gunicorn", cmd, "gunicorn.log", run_dir, lim, workers)
 
 
-def start_d(run_dir: Path, lim: dict, slots: int, tls: Tls | None = None) -> Variant:
+def start_d(run_dir: Path, lim: dict, slots: int, tls: Tls | None = None, replicas: int = 0,
+            routing: dict | None = None) -> Variant:
     """The real ZCCP stack: redis + engine + nginx, everything on (cache enabled); tls:
-    server.tls (HTTPS + HTTP/2)."""
+    server.tls (HTTPS + HTTP/2); replicas: that many engines of the one model under one
+    nginx (an `engines:` list r1, r2, ..., each with `slots` slots; bench/replicas.py),
+    their services "engine-r1", "engine-r2", ...; 0: one engine, no `engines:` list;
+    routing: config.yaml's routing section (None: the default, affinity)."""
     run_dir.mkdir(parents=True, exist_ok=True)
     tag = uuid.uuid4().hex[:10]
     raw = {
@@ -204,14 +208,22 @@ def start_d(run_dir: Path, lim: dict, slots: int, tls: Tls | None = None) -> Var
     }
     if tls:
         raw["server"]["tls"] = {"certificate": str(tls[0]), "key": str(tls[1])}
+    if replicas:
+        raw["engines"] = [{"name": f"r{i + 1}"} for i in range(replicas)]
+    if routing:
+        raw["routing"] = routing
     config_path = run_dir / "config.yaml"
     config_path.write_text(yaml.safe_dump(raw))
     cfg = resolve(load_config(config_path), run_dir)
     services: dict[str, Service] = {}
     try:
         services["redis"] = redis_service(cfg.cache.redis_url, run_dir)
-        services["engine"] = engine_service(config_path, cfg, run_dir,
-                                            {"OMP_NUM_THREADS": str(lim.get("threads", 1))})
+        env = {"OMP_NUM_THREADS": str(lim.get("threads", 1))}
+        if cfg.engines:
+            for (svc, _), e in zip(engine_services(config_path, cfg, run_dir, env), cfg.engines, strict=True):
+                services[f"engine-{e.name}"] = svc
+        else:   # engine_service by name: bench/engine_ab.py swaps it for another tree's
+            services["engine"] = engine_service(config_path, cfg, run_dir, env)
         services["nginx"], _ = nginx_service(cfg, run_dir)
     except Exception:
         for svc in reversed(list(services.values())):

@@ -12,7 +12,6 @@ local bit = require "bit"
 local ngx_crc32 = ngx.crc32_long
 local bxor, rshift, tobit = bit.bxor, bit.rshift, bit.tobit
 local setmetatable = setmetatable
-local tsort = table.sort
 
 local _M = { _VERSION = "0.1.0" }
 local mt = { __index = _M }
@@ -33,7 +32,9 @@ function _M.new(names)
     for i = 1, #names do
         salts[i] = tobit(ngx_crc32(names[i]))
     end
-    return setmetatable({ names = names, salts = salts, n = #names }, mt)
+    -- scratch: rank()'s scores, reused (a worker runs one request's Lua at a time, and rank
+    -- does not yield)
+    return setmetatable({ names = names, salts = salts, n = #names, scratch = {} }, mt)
 end
 
 -- Member i's score for a key whose CRC is hk, as an unsigned number.
@@ -42,20 +43,21 @@ local function score(self, hk, i)
     return s < 0 and s + 4294967296 or s
 end
 
--- All member indices for `key`, best first.
+-- All member indices for `key`, best first (ties: the lower index). An insertion sort
+-- over the few members: no comparator closure and no scores table per call, as table.sort
+-- would need (this runs once per routed request).
 function _M.rank(self, key)
     local hk = tobit(ngx_crc32(key))
-    local order, scores = {}, {}
+    local order, scores = {}, self.scratch
     for i = 1, self.n do
-        order[i] = i
-        scores[i] = score(self, hk, i)
-    end
-    tsort(order, function(a, b)
-        if scores[a] ~= scores[b] then
-            return scores[a] > scores[b]
+        local s = score(self, hk, i)
+        local k = i - 1
+        while k > 0 and scores[k] < s do   -- equal scores keep the lower index first
+            order[k + 1], scores[k + 1] = order[k], scores[k]
+            k = k - 1
         end
-        return a < b
-    end)
+        order[k + 1], scores[k + 1] = i, s
+    end
     return order
 end
 

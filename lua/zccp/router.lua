@@ -24,6 +24,7 @@ local settings = require "zccp.settings"
 
 local ngx = ngx
 local ngx_now = ngx.now
+local next = next
 local type = type
 
 local _M = { _VERSION = "0.1.0" }
@@ -59,9 +60,18 @@ function _M.down(e)
     down_until[e.name] = ngx_now() + DOWN_S
 end
 
+-- An expired mark is dropped, so that with none down order() can see that at once (next).
 local function is_down(e)
-    local t = down_until[e.name]
-    return t and t > ngx_now()
+    local name = e.name
+    local t = down_until[name]
+    if not t then
+        return false
+    end
+    if t > ngx_now() then
+        return true
+    end
+    down_until[name] = nil
+    return false
 end
 
 -- Engine e's load: the fraction of its slots claimed now (nil: never mapped or gone).
@@ -89,13 +99,15 @@ end
 
 local function rank(g, r, policy)
     local members, n = g.members, #g.members
-    local order = {}
     if policy == "affinity" then
-        local idx = g.ring:rank(key_of(r))
+        local order = g.ring:rank(key_of(r))   -- a new table of indices: made the members in place
         for k = 1, n do
-            order[k] = members[idx[k]]
+            order[k] = members[order[k]]
         end
-    elseif policy == "round_robin" then
+        return order
+    end
+    local order = {}
+    if policy == "round_robin" then
         rr = rr + 1
         for k = 1, n do
             order[k] = members[(rr + k) % n + 1]
@@ -119,14 +131,17 @@ function _M.order(r)
     local routing = settings.get().routing or DEFAULT_ROUTING
     local policy = routing.policy
     local order = rank(g, r, policy)
-    -- down engines to the back, in rank order
-    local up, back = {}, {}
-    for k = 1, n do
-        local e = order[k]
-        if is_down(e) then
-            back[#back + 1] = e
-        else
-            up[#up + 1] = e
+    -- down engines to the back, in rank order (none marked: the order as ranked, no copies)
+    local up, back = order, nil
+    if next(down_until) ~= nil then
+        up, back = {}, {}
+        for k = 1, n do
+            local e = order[k]
+            if is_down(e) then
+                back[#back + 1] = e
+            else
+                up[#up + 1] = e
+            end
         end
     end
     local failed_over = up[1] ~= order[1]
@@ -151,8 +166,10 @@ function _M.order(r)
             end
         end
     end
-    for k = 1, #back do
-        up[#up + 1] = back[k]
+    if back then
+        for k = 1, #back do
+            up[#up + 1] = back[k]
+        end
     end
     return up, spilled, failed_over
 end
