@@ -111,10 +111,11 @@ def flow_runner(body: bytes, tokens: torch.Tensor, backend: NullBackend) -> Call
                            meta=SimpleNamespace(cache_status=0), index=0)
     writer = _Writer()
     done: list[int] = []
+    host = tokens.numpy()
 
     def one() -> None:
         ctx = RequestContext(view=view, generation=1, payload=memoryview(body), tokens=tokens,  # type: ignore[arg-type]
-                             writer=writer, cancelled=lambda: False, context_id="", request_id="")  # type: ignore[arg-type]
+                             host_tokens=host, writer=writer, cancelled=lambda: False, context_id="", request_id="")  # type: ignore[arg-type]
         RequestFlow(ctx, deps, lambda: done.append(1)).start()
 
     one()

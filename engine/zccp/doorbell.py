@@ -16,7 +16,7 @@ import socket
 import threading
 from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import NamedTuple, Protocol
+from typing import NamedTuple, Protocol, cast
 
 from zccp.abi import NOTICE_SIZE, RING_SIZE, Op, ffi, packer
 from zccp.paths import make_dirs
@@ -175,8 +175,8 @@ class _RingProtocol(asyncio.BufferedProtocol):
         self.conn: Connection | None = None
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        assert isinstance(transport, asyncio.WriteTransport)
-        self.conn = Connection(transport, asyncio.get_running_loop())
+        # asyncio's or uvloop's (whose transports do not subclass asyncio.WriteTransport)
+        self.conn = Connection(cast(asyncio.WriteTransport, transport), asyncio.get_running_loop())
         self._server._conns.add(self.conn)
 
     def get_buffer(self, sizehint: int) -> memoryview:

@@ -9,7 +9,7 @@ import os
 import signal
 import threading
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from pathlib import Path
 
 import torch
@@ -125,6 +125,7 @@ class Engine:
         self.models = [ModelInfo(name, int(time.time())) for name in model_names(cfg)]
         # Views made once: a request never allocates a tensor header for its slot.
         self._tokens = [self.arena.token_tensor(v) for v in self.arena.slots()]
+        self._host_tokens = [t.numpy() for t in self._tokens]   # the same memory; .numpy() is ~2 µs
         self._jobs: dict[int, Job] = {}
         # One model thread, decoding every running request in one batch; the loop stays free for rings.
         self._model = model_thread(cfg.model, self.backend, self.metrics)
@@ -218,6 +219,7 @@ class Engine:
         view = job.view
         # positional: the context's and the writer's fields in their order (one per request)
         ctx = RequestContext(view, job.generation, self.arena.payload(view), self._tokens[view.index],
+                             self._host_tokens[view.index],
                              ResponseWriter(self.arena, view, job.generation, job.notify, job.cancelled,
                                             self._later if self._loop is not None else None, self._give_up_s),
                              job.cancelled, bytes(view.header.context_id).hex(), _request_id(view))
@@ -357,6 +359,7 @@ class Engine:
                 self.deps.grammars.close()
             self.device.close()
             self._tokens.clear()
+            self._host_tokens.clear()
             self.arena.close()
             log.info("engine stopped; arena and socket removed")
 
@@ -400,4 +403,25 @@ def run_engine(cfg: Config) -> None:
         engine = Engine(cfg)
         await engine.serve(stop)
 
-    asyncio.run(main())
+    name, factory = event_loop()
+    log.info("event loop: %s", name)
+    with asyncio.Runner(loop_factory=factory) as runner:
+        runner.run(main())
+
+
+def event_loop(env: Mapping[str, str] = os.environ) -> tuple[str, Callable[[], asyncio.AbstractEventLoop] | None]:
+    """uvloop (libuv: the loop, its transports and its timers in C; bench/engine_stages.md,
+    round 6) unless ZCCP_EVENT_LOOP=asyncio asks for the standard library's. uvloop asked for
+    by name and missing is an error; by default, missing, the standard library's runs."""
+    choice = env.get("ZCCP_EVENT_LOOP", "")
+    if choice == "asyncio":
+        return "asyncio", None
+    if choice not in ("", "uvloop"):
+        raise SystemExit(f"ZCCP_EVENT_LOOP={choice!r}: expected uvloop or asyncio")
+    try:
+        import uvloop
+    except ImportError:
+        if choice:
+            raise SystemExit("ZCCP_EVENT_LOOP=uvloop but uvloop is not installed (pip install uvloop)") from None
+        return "asyncio (uvloop not installed)", None
+    return "uvloop", uvloop.new_event_loop

@@ -17,7 +17,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
@@ -88,14 +88,26 @@ class Prepared:
 
     codec: ApiCodec
     req: GenerationRequest
-    input_ids: torch.Tensor
+    input_view: Callable[[torch.Tensor], torch.Tensor]   # the device seam (FlowDeps.input_view)
     doc: dict[str, Any]              # the parsed body (the fingerprint may reuse it, and mask it)
     host_ids: np.ndarray             # the prompt ids on the CPU (a view of the slot's array)
     pins: tuple[Pin, ...] = ()       # the prefixes its cache_control breakpoints pin (zccp.prompt_pins)
-    # every prompt's (input_ids, host_ids), in order (/v1/completions may send several); the first
-    # is input_ids/host_ids
+    # every prompt's (input_ids, host_ids), in order (/v1/completions may send several); the first: the above
     prompts: tuple[tuple[torch.Tensor, np.ndarray], ...] = ()
     grammar: CompiledGrammar | None = None   # req.sampling.constraint, compiled (zccp.model.grammar_cache)
+    _input: torch.Tensor | None = field(default=None, init=False, repr=False)
+
+    @property
+    def input_ids(self) -> torch.Tensor:
+        """The prompt's ids as the model reads them (the device's view of host_ids), made on
+        first use: the null model's fixed reply and a cache answer never need a tensor."""
+        if self._input is None:
+            self._input = self.input_view(torch.from_numpy(self.host_ids))
+        return self._input
+
+    @property
+    def prompt_len(self) -> int:
+        return len(self.host_ids)
 
     @property
     def choices(self) -> int:
@@ -249,7 +261,7 @@ class RequestFlow:
 
         if prep.choices > 1:
             return self._run_choices(prep)
-        ctx, n = self.ctx, int(prep.input_ids.numel())
+        ctx, n = self.ctx, prep.prompt_len
         reply = Reply(prep.codec, prep.req, ctx.view, ctx.writer, n,
                       self.deps.backend.prompt.detokenizer(prep.host_ids[-8:].tolist()),
                       self._tool_calls(prep.req), self.outcome, lambda result: self._verdict(prep, result),
@@ -268,7 +280,7 @@ class RequestFlow:
         store and ending as a model's answer (zccp.upstream.reply)."""
         completed: Completed | None = None
         try:
-            reply = UpstreamReply(prep.codec, prep.req, self.ctx.writer, self.outcome, int(prep.input_ids.numel()),
+            reply = UpstreamReply(prep.codec, prep.req, self.ctx.writer, self.outcome, prep.prompt_len,
                                   self.ctx.cancelled, lambda result: self._verdict(prep, result))
             completed = await reply.run(client, prep.codec.chat_input(prep.doc))
         finally:
@@ -359,18 +371,16 @@ class RequestFlow:
         prep: Prepared | None = None
         with self.outcome.guard():
             req, spans, doc = self._parse_and_tokenize()
-            deps, tokens = self.deps, self.ctx.tokens
+            deps, tokens = self.deps, self.ctx.host_tokens
             at, n = spans[0]
-            ids = tokens[at:at + n]                  # one view: the device's and the host's share it
-            input_ids, host = deps.input_view(ids), ids.numpy()
+            host = tokens[at:at + n]                 # numpy: the torch view is made when a model reads it
             pins: tuple[Pin, ...] = ()
             if req.cache_marks and deps.model.prefix is not None:
                 pins = pin_points(deps.backend.prompt, doc, req, deps.limits, host)
-            views: tuple[tuple[torch.Tensor, np.ndarray], ...] = ()
+            prep = Prepared(self.codec, req, deps.input_view, doc, host, pins)
             if req.prompts:                          # /v1/completions: every prompt's views
-                views = ((input_ids, host),) + tuple(
-                    (deps.input_view(t), t.numpy()) for t in (tokens[a:a + k] for a, k in spans[1:]))
-            prep = Prepared(self.codec, req, input_ids, doc, host, pins, views)
+                prep.prompts = ((prep.input_ids, host),) + tuple(
+                    (deps.input_view(torch.from_numpy(t)), t) for t in (tokens[a:a + k] for a, k in spans[1:]))
         return prep
 
     def _parse_and_tokenize(self) -> tuple[GenerationRequest, list[tuple[int, int]], dict[str, Any]]:
@@ -407,7 +417,7 @@ class RequestFlow:
         each. A chat has one prompt; /v1/completions' prompts are texts (no template) or ids."""
         fmt, tokens, codec = self.deps.backend.prompt, self.ctx.tokens, self.codec
         if not req.prompts:
-            return [(0, fmt.encode_into(Prompt(req, lambda: codec.chat_input(doc)), tokens))]
+            return [(0, fmt.encode_into_slot(Prompt(req, lambda: codec.chat_input(doc)), tokens, self.ctx.host_tokens))]
         spans: list[tuple[int, int]] = []
         at = 0
         for i, p in enumerate(req.prompts):
@@ -447,7 +457,7 @@ class RequestFlow:
         with self.outcome.guard():
             tools = self._tool_calls(req)
             # the fixed reply whole (no generator, no events), else the token loop
-            result = None if ctx.cancelled() else fixed_result(self.deps.backend, int(prep.host_ids.shape[0]),
+            result = None if ctx.cancelled() else fixed_result(self.deps.backend, prep.prompt_len,
                                                                req.sampling, tools)
             if result is None:
                 for ev in generate_text(self.deps.backend, prep.input_ids, req.sampling, ctx.cancelled, tools):
@@ -473,7 +483,7 @@ class RequestFlow:
         tokens (0: this request's own)."""
         codec, req, writer = prep.codec, prep.req, self.ctx.writer
         with self.outcome.guard("cache replay failed"):
-            result = answer.result(input_tokens or int(prep.input_ids.numel()))
+            result = answer.result(input_tokens or prep.prompt_len)
             rid, created = codec.new_response_id(), int(time.time())
             if req.stream:
                 enc = codec.stream(req, rid, created, result.input_tokens)

@@ -47,10 +47,21 @@ class Metric:
     help: str
     kind: str  # "counter" | "gauge"
     values: dict[Labels, float] = field(default_factory=lambda: defaultdict(float))
+    # the sorted key of each label set as a call site spells it (label values are the code's
+    # own small sets: statuses, reasons; capped all the same)
+    _sorted: dict[Labels, Labels] = field(default_factory=dict, repr=False)
 
     def inc(self, amount: float = 1.0, **labels: str) -> None:
-        # several per request: no sort for the unlabelled and one-label series
-        self.values[_key(labels) if len(labels) > 1 else tuple(labels.items())] += amount
+        # several per request: no sort for the unlabelled and one-label series, one dict
+        # lookup for the others
+        key = tuple(labels.items())
+        if len(key) > 1:
+            if (known := self._sorted.get(key)) is None:
+                known = _key(labels)
+                if len(self._sorted) < 4096:
+                    self._sorted[key] = known
+            key = known
+        self.values[key] += amount
 
     def set(self, value: float, **labels: str) -> None:
         self.values[_key(labels)] = value

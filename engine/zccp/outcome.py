@@ -19,6 +19,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from types import TracebackType
 
+import numpy as np
 import torch
 
 from zccp.abi import CACHE_NAMES
@@ -40,6 +41,7 @@ class RequestContext:
     generation: int
     payload: memoryview            # the body in shared memory, validated length
     tokens: torch.Tensor           # the slot's whole token array (int32 view of the mmap)
+    host_tokens: np.ndarray        # the same memory as a numpy array (made once per slot)
     writer: ResponseWriter
     cancelled: Callable[[], bool]
     context_id: str

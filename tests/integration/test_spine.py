@@ -207,3 +207,19 @@ def test_the_models_endpoints(null_stack_any):
         err = r.json()["error"]
         assert r.status_code == 404 and err["type"] in ("not_found_error", "invalid_request_error"), r.text
     s.assert_no_leaks()
+
+
+def test_the_engine_runs_on_either_event_loop(make_stack, null_stack, monkeypatch):
+    # the default stack's engine runs uvloop; ZCCP_EVENT_LOOP=asyncio the standard library's,
+    # and both answer a whole and a streamed request
+    assert "event loop: uvloop" in null_stack.engine_log()
+    monkeypatch.setenv("ZCCP_EVENT_LOOP", "asyncio")
+    s = make_stack({"model": {"backend": "null"}})
+    assert "event loop: asyncio" in s.engine_log()
+    c = s.client()
+    r = c.post("/v1/messages", json=anthropic_body("which loop", max_tokens=5))
+    assert r.status_code == 200 and r.json()["content"][0]["type"] == "text", r.text
+    with c.stream("POST", "/v1/messages", json=anthropic_body("which loop", max_tokens=5, stream=True)) as sr:
+        events = "".join(sr.iter_text())
+    assert sr.status_code == 200 and "event: message_stop" in events
+    s.assert_no_leaks()

@@ -6,14 +6,19 @@ null path takes the fixed reply whole; counters key their labels without a sort 
 from __future__ import annotations
 
 import asyncio
+import os
 import threading
 
+import numpy as np
+import pytest
 import torch
 
+from zccp.api.common import random_id
 from zccp.doorbell import Connection, encode_notice
+from zccp.engine import event_loop
 from zccp.metrics import EngineMetrics
 from zccp.model.null import NullBackend
-from zccp.model.tokenizer import BOS, USER, ASSISTANT, encode_chat_into
+from zccp.model.tokenizer import BOS, USER, ASSISTANT, PromptTooLong, encode_chat_into, encode_chat_into_host
 from zccp.shared_types import ChatMessage, GenerationResult, SamplingParams
 from zccp.text_assembly import fixed_result, generate_text
 
@@ -121,3 +126,49 @@ def test_metric_keys_do_not_depend_on_the_labels_order_or_the_path() -> None:
     text = m.render()
     assert 'zccp_engine_cache_total{reason="no_cache",result="BYPASS"} 4' in text
     assert "zccp_engine_rings_total 2" in text
+
+
+def test_the_event_loop_choice() -> None:
+    import uvloop
+    assert event_loop({}) == ("uvloop", uvloop.new_event_loop)
+    assert event_loop({"ZCCP_EVENT_LOOP": "uvloop"}) == ("uvloop", uvloop.new_event_loop)
+    assert event_loop({"ZCCP_EVENT_LOOP": "asyncio"}) == ("asyncio", None)
+    with pytest.raises(SystemExit, match="expected uvloop or asyncio"):
+        event_loop({"ZCCP_EVENT_LOOP": "trio"})
+
+
+def test_response_ids_are_unique_base62_and_a_forked_child_makes_its_own() -> None:
+    ids = [random_id("msg_") for _ in range(5000)]
+    assert len(set(ids)) == len(ids)
+    assert all(len(i) == 28 and i[4:].isalnum() and i[4:].isascii() for i in ids)
+    assert len(random_id("x", 9000)) == 9001           # longer than the pool: made on its own
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:                                       # the child's next ids, to the parent
+        os.write(w, "".join(random_id("", 24) for _ in range(10)).encode())
+        os._exit(0)
+    os.close(w)
+    child = os.read(r, 1000).decode()
+    os.waitpid(pid, 0)
+    os.close(r)
+    mine = "".join(random_id("", 24) for _ in range(10))
+    assert len(child) == 240 and child != mine
+
+
+def test_the_slot_host_path_writes_what_the_torch_path_writes() -> None:
+    msgs = (ChatMessage("user", "héllo"), ChatMessage("assistant", "ok"))
+    slot = torch.full((64,), -1, dtype=torch.int32)
+    host = np.full(64, -1, dtype=np.int32)
+    n = encode_chat_into("", msgs, slot)
+    assert encode_chat_into_host("", msgs, host) == n
+    assert slot.tolist() == host.tolist()
+    with pytest.raises(PromptTooLong):
+        encode_chat_into_host("", msgs, np.zeros(4, dtype=np.int32))
+
+
+def test_a_metric_key_is_the_same_whichever_order_the_labels_come_in_after_the_first() -> None:
+    m = EngineMetrics()
+    for _ in range(3):
+        m.cache.inc(reason="a", result="HIT")
+        m.cache.inc(result="HIT", reason="a")
+    assert m.cache.get(result="HIT", reason="a") == 6 and len(m.cache.values) == 1

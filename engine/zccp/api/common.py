@@ -4,6 +4,7 @@ strict JSON type checks, turn merging and SSE framing."""
 from __future__ import annotations
 
 import os
+import threading
 from dataclasses import dataclass
 from typing import Any, Final
 
@@ -91,6 +92,30 @@ _B62 = "0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz"
 _B62_TABLE = bytes(ord(_B62[b % 62]) for b in range(256))
 
 
+# Ids are cut from 8 KiB of os.urandom made at a time (one getrandom(2) per ~340 ids, not one
+# per response); each character is used once. A forked child starts its own pool.
+_ID_POOL_BYTES: Final = 8192
+_id_lock = threading.Lock()
+_id_pool = ""
+_id_at = 0
+
+
+def _reset_id_pool() -> None:
+    global _id_pool, _id_at
+    _id_pool, _id_at = "", 0
+
+
+os.register_at_fork(after_in_child=_reset_id_pool)
+
+
 def random_id(prefix: str, n: int = 24) -> str:
-    """prefix + n base62 characters from os.urandom (one translate, no per-byte loop)."""
-    return prefix + os.urandom(n).translate(_B62_TABLE).decode("ascii")
+    """prefix + n base62 characters from os.urandom (one translate per pool, no per-byte loop)."""
+    global _id_pool, _id_at
+    if n > _ID_POOL_BYTES:
+        return prefix + os.urandom(n).translate(_B62_TABLE).decode("ascii")
+    with _id_lock:        # the model thread names responses too
+        at = _id_at
+        if at + n > len(_id_pool):
+            _id_pool, at = os.urandom(_ID_POOL_BYTES).translate(_B62_TABLE).decode("ascii"), 0
+        _id_at = at + n
+        return prefix + _id_pool[at:at + n]

@@ -15,9 +15,11 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
+import numpy as np
 import torch
 
-from zccp.model.tokenizer import count_chat_tokens, count_text_tokens, encode_chat_into, encode_text_into
+from zccp.model.tokenizer import (count_chat_tokens, count_text_tokens, encode_chat_into, encode_chat_into_host,
+                                   encode_text_into)
 from zccp.shared_types import ChatInput, GenerationRequest
 
 
@@ -46,6 +48,11 @@ class PromptFormat(ABC):
         Raises PromptTooLong when it does not fit, ApiError for content the model
         cannot take. Without the generation prompt the ids are a prefix of every
         longer conversation that starts the same way (a warm-up's prefix)."""
+
+    def encode_into_slot(self, prompt: Prompt, out: torch.Tensor, host: np.ndarray) -> int:
+        """encode_into for the slot's token array, given both as the torch view and as the
+        numpy view of the same memory (a format that writes with numpy skips the torch one)."""
+        return self.encode_into(prompt, out)
 
     @abstractmethod
     def count(self, prompt: Prompt) -> int:
@@ -90,6 +97,11 @@ class ByteFormat(PromptFormat):
         if prompt.req.prompt_text is not None:        # /v1/completions: the text as is
             return encode_text_into(prompt.req.prompt_text, out)
         return encode_chat_into(prompt.req.system, prompt.req.messages, out, generation_prompt)
+
+    def encode_into_slot(self, prompt: Prompt, out: torch.Tensor, host: np.ndarray) -> int:
+        if prompt.req.prompt_text is not None:
+            return encode_text_into(prompt.req.prompt_text, out)
+        return encode_chat_into_host(prompt.req.system, prompt.req.messages, host)
 
     def count(self, prompt: Prompt) -> int:
         if prompt.req.prompt_text is not None:
