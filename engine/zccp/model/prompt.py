@@ -99,8 +99,8 @@ class ByteFormat(PromptFormat):
         return encode_chat_into(prompt.req.system, prompt.req.messages, out, generation_prompt)
 
     def encode_into_slot(self, prompt: Prompt, out: torch.Tensor, host: np.ndarray) -> int:
-        if prompt.req.prompt_text is not None:
-            return encode_text_into(prompt.req.prompt_text, out)
+        if prompt.req.prompt_text is not None:        # a text: encode_into's own path
+            return self.encode_into(prompt, out)
         return encode_chat_into_host(prompt.req.system, prompt.req.messages, host)
 
     def count(self, prompt: Prompt) -> int:
