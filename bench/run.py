@@ -1,4 +1,4 @@
-"""ZCCP benchmark: every variant, one session, loopback, wrk, back to back, twice.
+"""ZCCP benchmark: every variant, one session, loopback, wrk, in interleaved rounds (twice).
 
     python -m bench.run            # full run (~13 min on 2 cores), writes bench/RESULTS.md + results.png
     python -m bench.run --quick    # smoke run (a few seconds per variant)
@@ -125,6 +125,11 @@ def probe(v: Variant, files: dict[str, Path], nocache: bool) -> dict[str, dict]:
 
 
 def run_matrix(args: argparse.Namespace, run_dir: Path, files: dict[str, Path], results: dict, save) -> None:
+    """Every variant's stack up at once, and each workload and concurrency measured in rounds:
+    one run of every variant per round, the order rotated from round to round. A variant's
+    runs are then seconds from the other variants' runs, not minutes: the ratios between
+    variants are taken under the same machine state (this host's speed drifts by 1.5-2x
+    over an hour, bench/RESULTS.md's history), as bench/guard.py does."""
     reply = canned_reply(NULL["model_name"])
     starters = {
         "A": lambda: start_a(run_dir / "A", NULL, reply),
@@ -133,37 +138,42 @@ def run_matrix(args: argparse.Namespace, run_dir: Path, files: dict[str, Path], 
         "C": lambda: start_c(run_dir / "C", NULL, args.c_workers),
         "D": lambda: start_d(run_dir / "D", NULL, args.slots),
     }
-    for key in args.variants:
-        log(f"variant {key}: starting")
-        v = starters[key]()
-        try:
+    stacks: dict[str, Variant] = {}
+    try:
+        for key in args.variants:
+            log(f"variant {key}: starting")
+            v = stacks[key] = starters[key]()
             # other engineers may change the tree during a session: identify the code each variant ran
             results["variants"][key] = {"url": v.url, "info": v.info, "roles": list(v.pids()),
                                         "started": time.strftime("%H:%M:%S"),
                                         "tree_digest": commit_info()["tree_digest"]}
-            modes = [("D", False), ("D-nocache", True)] if key == "D" else [(key, False)]
-            for label, nocache in modes:
-                results["probes"][label] = probe(v, files, nocache)
-                for wl, f in files.items():
-                    for conc in args.conc:
-                        # warm-up (not measured), then the measured runs back to back
+        modes = [(label, stacks[key], nocache) for key in args.variants
+                 for label, nocache in ([("D", False), ("D-nocache", True)] if key == "D" else [(key, False)])]
+        for label, v, nocache in modes:
+            results["probes"][label] = probe(v, files, nocache)
+        for wl, f in files.items():
+            for conc in args.conc:
+                for rep in range(args.repeats):
+                    k = rep % len(modes)
+                    for label, v, nocache in modes[k:] + modes[:k]:
+                        # warm-up (not measured): the previous run was another variant's
+                        drained = v.wait_drained()   # the previous run's requests are not this run's load
                         if args.warmup > 0:
-                            v.wait_drained()
                             wrk(v.url, f, conc, args.warmup, nocache)
-                        for rep in range(args.repeats):
-                            drained = v.wait_drained()   # the previous run's requests are not this run's load
-                            r = measured_run(v, f, conc, args.duration, nocache)
-                            r.update(variant=label, workload=wl, conc=conc, rep=rep + 1, drain_s=drained)
-                            results["rows"].append(r)
-                            log(f"{label:10s} {wl:8s} c={conc:<3d} run {rep + 1}: {r['rps']:9.1f} req/s  "
-                                f"p50 {r['p50_ms']:8.2f} ms  p99 {r['p99_ms']:8.2f} ms  "
-                                f"errors {r['errors']} {r['statuses'] or ''}"
-                                f"  (waited {drained * 1000:.0f} ms for the last run to drain)")
-                            save()
-            if key == "D" and args.profile:
-                results["profile"] = profile_engine(v, files, args)
-                save()
-        finally:
+                            drained += v.wait_drained()
+                        r = measured_run(v, f, conc, args.duration, nocache)
+                        r.update(variant=label, workload=wl, conc=conc, rep=rep + 1, drain_s=drained)
+                        results["rows"].append(r)
+                        log(f"{label:10s} {wl:8s} c={conc:<3d} run {rep + 1}: {r['rps']:9.1f} req/s  "
+                            f"p50 {r['p50_ms']:8.2f} ms  p99 {r['p99_ms']:8.2f} ms  "
+                            f"errors {r['errors']} {r['statuses'] or ''}"
+                            f"  (waited {drained * 1000:.0f} ms for the last run to drain)")
+                        save()
+        if "D" in stacks and args.profile:
+            results["profile"] = profile_engine(stacks["D"], files, args)
+            save()
+    finally:
+        for v in stacks.values():
             v.stop()
 
 
@@ -331,8 +341,8 @@ def main(argv: list[str] | None = None) -> None:
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true", help="smoke run: 2 s runs, one repeat, c=16 only")
     ap.add_argument("--duration", type=float, default=7.0, help="seconds per measured wrk run (default 7)")
-    ap.add_argument("--warmup", type=float, default=1.0, help="seconds of unmeasured wrk before each pair")
-    ap.add_argument("--repeats", type=int, default=2, help="measured runs back to back (default 2)")
+    ap.add_argument("--warmup", type=float, default=1.0, help="seconds of unmeasured wrk before each measured run")
+    ap.add_argument("--repeats", type=int, default=2, help="measured rounds: one run of every variant each (default 2)")
     ap.add_argument("--conc", default="16,64", help="wrk connections (default 16,64)")
     ap.add_argument("--variants", default=",".join(VARIANTS), help=f"subset of {','.join(VARIANTS)}")
     ap.add_argument("--workloads", default="1k,64k,512k,sharegpt")
