@@ -1,6 +1,6 @@
 """ZCCP benchmark: every variant, one session, loopback, wrk, in interleaved rounds (twice).
 
-    python -m bench.run            # full run (~13 min on 2 cores), writes bench/RESULTS.md + results.png
+    python -m bench.run            # full run (~16 min on 2 cores), writes bench/RESULTS.md + results.png
     python -m bench.run --quick    # smoke run (a few seconds per variant)
 
 See bench/README.md for what each variant is and how numbers are taken.
