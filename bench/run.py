@@ -156,9 +156,8 @@ def run_matrix(args: argparse.Namespace, run_dir: Path, files: dict[str, Path], 
                 for rep in range(args.repeats):
                     k = rep % len(modes)
                     for label, v, nocache in modes[k:] + modes[:k]:
-                        # warm-up (not measured): the previous run was another variant's
                         drained = v.wait_drained()   # the previous run's requests are not this run's load
-                        if args.warmup > 0:
+                        if args.warmup > 0:   # not measured: the previous run was another variant's
                             wrk(v.url, f, conc, args.warmup, nocache)
                             drained += v.wait_drained()
                         r = measured_run(v, f, conc, args.duration, nocache)
