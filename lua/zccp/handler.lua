@@ -10,6 +10,7 @@ local admin_gate = require "zccp.admin.gate"
 local pipeline = require "zccp.core.pipeline"
 local core = require "zccp.core.attempts"
 local edges = require "zccp.core.edges"
+local new_request_id = require("zccp.request_id").new
 
 local get_request = require("resty.core.base").get_request
 
@@ -165,8 +166,11 @@ end
 -- endpoint: "completions" or "responses" (api "openai": /v1/completions, /v1/responses).
 function _M.serve(api, kind, endpoint)
     local s = settings.get()
-    local rid = ngx_var.zccp_request_id
-    ngx_header["X-Request-ID"] = rid
+    local rid = ngx_var.zccp_caller_id   -- the caller's valid X-Request-ID, or ""
+    if rid == "" then
+        rid = new_request_id()
+    end
+    ngx_header["X-Request-ID"] = rid   -- $zccp_request_id (the log, error answers) is this header
     local kind_name = kind and (ADMIN_KINDS[kind] or MODEL_KINDS[kind]
                                 or error("zccp.handler.serve: unknown kind " .. kind, 2))
     if endpoint and not ENDPOINTS[endpoint] then

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import pwd
+import re
 import signal
 import socket
 import stat
@@ -343,6 +344,23 @@ def test_request_ids_are_unique_carried_and_returned(make_stack):
     access = [json.loads(line) for line in s.log("nginx-access.log").splitlines()]
     ids = {e["request_id"] for e in access}
     assert {"caller-42", "big-1", a.headers["x-request-id"], b.headers["x-request-id"]} <= ids
+
+
+def test_made_request_ids_are_random_hex_and_the_logs_say_the_answered_one(make_stack):
+    # Ids made for callers without one come from a per-worker pool of CSPRNG bytes
+    # (zccp.request_id, 128 per draw): across several draws every id is 32 lowercase hex
+    # digits, none repeats, and the access log and the engine log name the id answered.
+    s = make_stack(NULL)
+    with s.client() as c:
+        answers = [c.post("/v1/messages", json=anthropic_body(f"id {i}")) for i in range(300)]
+    ids = [r.headers["x-request-id"] for r in answers]
+    assert all(r.status_code == 200 for r in answers)
+    assert all(re.fullmatch(r"[0-9a-f]{32}", i) for i in ids), [i for i in ids if not re.fullmatch(r"[0-9a-f]{32}", i)]
+    assert len(set(ids)) == len(ids)
+    time.sleep(0.3)
+    access = {json.loads(line)["request_id"] for line in s.log("nginx-access.log").splitlines()}
+    engine = {json.loads(line)["request_id"] for line in s.engine_log().splitlines() if '"request done"' in line}
+    assert set(ids) <= access and set(ids) <= engine
 
 
 def test_access_log_duration_is_in_milliseconds(make_stack):
