@@ -26,22 +26,26 @@ end
 
 ngx.req.read_body()
 local body = ngx.req.get_body_data() or ""
+-- The request id before any timing, passed to the admission as zccp.handler passes it:
+-- its first read makes it (here nginx's $request_id, one RAND_bytes); read first inside
+-- settle, making it would be charged to the limits.
+local rid = ngx.var.zccp_request_id
 local t0 = libc.now_ns()
 local who = auth.admit("anthropic")
 local t1 = libc.now_ns()
 if not who then
     return
 end
-limits.admit(who, "anthropic", body)
+limits.admit(who, "anthropic", body, nil, rid)
 local t2 = libc.now_ns()
 limits.settle()
 local new_line = debug.getinfo(usage_log.line, "u").nparams == 7   -- this branch's (6: before it)
 local t3 = libc.now_ns()
 local line
 if new_line then
-    line = usage_log.line({ who = who, api = "anthropic" }, ngx.var.zccp_request_id, 200, 10, 20, 0, "HIT")
+    line = usage_log.line({ who = who, api = "anthropic" }, rid, 200, 10, 20, 0, "HIT")
 else
-    line = usage_log.line({ who = who, api = "anthropic", request_id = ngx.var.zccp_request_id }, 200, 10, 20, 0,
+    line = usage_log.line({ who = who, api = "anthropic", request_id = rid }, 200, 10, 20, 0,
                           "HIT")
 end
 local t4 = libc.now_ns()
