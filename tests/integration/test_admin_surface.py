@@ -119,6 +119,11 @@ def test_public_health_says_ok_or_not_and_nothing_else(tmp_path: Path) -> None:
         assert r.status_code == 503 and r.json() == {"status": "unavailable"}, r.text
         assert "/" not in r.text                                        # no path, no reason
         assert s.admin_client().get("/health").json()["reason"]
+        r = httpx.post(s.url("/v1/zccp/purge"), json={"all": True}, timeout=5)   # not served here
+        assert r.status_code == 404, r.text
+        # A probe every few seconds must not write a line each: no "uninitialized variable"
+        # warning from the public listener's reads of $zccp_admin.
+        assert "uninitialized" not in s.error_log(), s.error_log()[-2000:]
     finally:
         s.stop()
 
