@@ -10,6 +10,7 @@ local admin_gate = require "zccp.admin.gate"
 local pipeline = require "zccp.core.pipeline"
 local core = require "zccp.core.attempts"
 local edges = require "zccp.core.edges"
+local request_headers = require "zccp.core.request_headers"
 local new_request_id = require("zccp.request_id").new
 
 local get_request = require("resty.core.base").get_request
@@ -19,13 +20,13 @@ local ngx_on_abort = ngx.on_abort
 local ngx_var = ngx.var
 local ngx_header = ngx.header
 local ngx_now = ngx.now
-local str_find = string.find
-local str_lower = string.lower
 local tonumber = tonumber
 local error = error
 local setmetatable = setmetatable
 local run = pipeline.run
 local DONE = pipeline.DONE
+local is_json = request_headers.is_json
+local cache_flags = request_headers.cache_flags
 
 local _M = { _VERSION = "0.2.0" }
 
@@ -34,45 +35,6 @@ local _M = { _VERSION = "0.2.0" }
 local ADMIN_KINDS = { purge = "ZCCP_KIND_PURGE", warmup = "ZCCP_KIND_WARMUP" }
 local MODEL_KINDS = { count_tokens = "ZCCP_KIND_COUNT_TOKENS", models = "ZCCP_KIND_MODELS" }
 local ENDPOINTS = { completions = true, responses = true }
-
-local function is_json(ct)
-    if ct == "application/json" then   -- what nearly every client sends: no pattern, no copy
-        return true
-    end
-    ct = str_lower(ct)   -- media types are case-insensitive
-    return str_find(ct, "^%s*application/json") or str_find(ct, "^%s*application/[%w.-]+%+json")
-end
-
--- X-ZCCP-Cache-Sampled: on | off, the request's override of cache.sampled (docs/cache.md)
-local function sampled_flag(C)
-    local v = ngx_var.http_x_zccp_cache_sampled
-    if not v then
-        return 0
-    end
-    v = str_lower(v)
-    if str_find(v, "^%s*on%s*$") then
-        return C.ZCCP_FLAG_SAMPLED_ON
-    elseif str_find(v, "^%s*off%s*$") then
-        return C.ZCCP_FLAG_SAMPLED_OFF
-    end
-    return 0
-end
-
-local function cache_flags()
-    local C = abi.C
-    local cc = ngx_var.http_cache_control
-    local f = sampled_flag(C)
-    if not cc then
-        return f
-    end
-    if str_find(cc, "no-cache", 1, true) then
-        f = f + C.ZCCP_FLAG_NO_CACHE
-    end
-    if str_find(cc, "no-store", 1, true) then
-        f = f + C.ZCCP_FLAG_NO_STORE
-    end
-    return f
-end
 
 -- Step 1, before any body byte is read: who may call (admin kinds: the admin listener),
 -- the method, the content type and the declared size. Returns true and the declared
