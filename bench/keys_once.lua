@@ -30,6 +30,9 @@ local body = ngx.req.get_body_data() or ""
 -- its first read makes it (here nginx's $request_id, one RAND_bytes); read first inside
 -- settle, making it would be charged to the limits.
 local rid = ngx.var.zccp_request_id
+-- which usage_log.line this tree has, asked before the timing (debug.getinfo is not compiled
+-- and makes a table: inside the settle's interval it was charged to the settle)
+local new_line = debug.getinfo(usage_log.line, "u").nparams == 7   -- this branch's (6: before it)
 local t0 = libc.now_ns()
 local who = auth.admit("anthropic")
 local t1 = libc.now_ns()
@@ -39,7 +42,6 @@ end
 limits.admit(who, "anthropic", body, nil, rid)
 local t2 = libc.now_ns()
 limits.settle()
-local new_line = debug.getinfo(usage_log.line, "u").nparams == 7   -- this branch's (6: before it)
 local t3 = libc.now_ns()
 local line
 if new_line then
