@@ -59,10 +59,9 @@ local function dict()
     return ngx.shared[DICT]
 end
 
--- The dict key of series `name` {api, <its label>=value}: made once (every label value is
--- from a fixed set), not concatenated on every request.
+-- The dict key of series `name` {api, <its label>=value} (value nil: {api} alone): made
+-- once (every label value is from a fixed set), not concatenated on every request.
 local KEYS = {}
-local BYTES_IN = {}   -- api -> the key of zccp_nginx_bytes_in_total
 
 local function key_of(name, api, value)
     local by_api = KEYS[name]
@@ -75,35 +74,72 @@ local function key_of(name, api, value)
         by_value = {}
         by_api[api] = by_value
     end
-    local k = by_value[value]
+    local k = by_value[value or ""]
     if not k then
-        k = name .. SEP .. api .. SEP .. value
-        by_value[value] = k
+        k = value == nil and name .. SEP .. api or name .. SEP .. api .. SEP .. value
+        by_value[value or ""] = k
     end
     return k
 end
 
--- log_by_lua: one count per response, whoever answered it (Lua, error_page, engine).
-function _M.log(api)
+-- zccp.auth / zccp.limits: add n (default 1) to series `name` {api, <its label>=value}.
+function _M.count(name, api, value, n)
     local d = dict()
-    if not d then
-        return
+    if d and n ~= 0 then
+        d:incr(key_of(name, api, value), n or 1, 0)
     end
-    d:incr(key_of("zccp_nginx_requests_total", api, ngx.status), 1, 0)
-    local bytes_in = BYTES_IN[api]
-    if not bytes_in then
-        bytes_in = "zccp_nginx_bytes_in_total" .. SEP .. api
-        BYTES_IN[api] = bytes_in
-    end
-    d:incr(bytes_in, tonumber(ngx.var.request_length) or 0, 0)
 end
 
--- zccp.l1: one lookup's or one store's result ("hit", "miss", "store").
-function _M.l1(api, result)
+-- Counts of every request (responses, bytes in, L1 results, keys checked, tokens metered)
+-- are summed in this worker and added to the shared dict every BATCH_S (and when the
+-- worker exits): one dict write per series per BATCH_S, not one per request (each is a
+-- lock of the dict's mutex). A scrape waits SCRAPE_WAIT_S first (serve): every worker's
+-- timer has run by then, so the scrape counts every request answered before it began.
+local BATCH_S = 0.05
+local SCRAPE_WAIT_S = 2 * BATCH_S
+local pending = {}     -- dict key -> what this worker has not added yet
+local batching = false
+
+local function flush_pending()
     local d = dict()
-    if d then
-        d:incr(key_of("zccp_nginx_l1_total", api, result), 1, 0)
+    for k, n in pairs(pending) do
+        pending[k] = nil
+        if d then
+            d:incr(k, n, 0)
+        end
     end
+end
+
+-- Like count(), summed in this worker first (see BATCH_S).
+local function add(name, api, value, n)
+    n = n or 1
+    if n == 0 then
+        return
+    end
+    if not batching then
+        local ok, err = ngx.timer.every(BATCH_S, flush_pending)
+        if not ok then
+            ngx.log(ngx.ERR, "zccp: metrics batch timer: ", err)
+            return _M.count(name, api, value, n)
+        end
+        batching = true
+    end
+    local k = key_of(name, api, value)
+    pending[k] = (pending[k] or 0) + n
+end
+
+_M.add = add
+
+-- log_by_lua: one count per response, whoever answered it (Lua, error_page, engine);
+-- summed in the worker (add): no shared-dict write per request.
+function _M.log(api)
+    add("zccp_nginx_requests_total", api, ngx.status)
+    add("zccp_nginx_bytes_in_total", api, nil, tonumber(ngx.var.request_length) or 0)
+end
+
+-- zccp.l1: one lookup's or one store's result ("hit", "miss", "store"), summed in the worker.
+function _M.l1(api, result)
+    add("zccp_nginx_l1_total", api, result)
 end
 
 -- zccp.handler: a stream nginx ended for `reason` (one of STREAM_END_REASONS).
@@ -136,49 +172,6 @@ function _M.plugin_error(name)
     if d then
         d:incr("zccp_nginx_plugin_errors_total" .. SEP .. name, 1, 0)
     end
-end
-
--- zccp.auth / zccp.limits: add n (default 1) to series `name` {api, <its label>=value}.
-function _M.count(name, api, value, n)
-    local d = dict()
-    if d and n ~= 0 then
-        d:incr(key_of(name, api, value), n or 1, 0)
-    end
-end
-
--- Counts of every request (keys checked, tokens metered) are summed in this worker and
--- added to the shared dict every BATCH_S (and when the worker exits): one dict write per
--- series per BATCH_S, not one per request. A scrape sees them at most BATCH_S late.
-local BATCH_S = 0.05
-local pending = {}     -- dict key -> what this worker has not added yet
-local batching = false
-
-local function flush_pending()
-    local d = dict()
-    for k, n in pairs(pending) do
-        pending[k] = nil
-        if d then
-            d:incr(k, n, 0)
-        end
-    end
-end
-
--- Like count(), summed in this worker first (see BATCH_S).
-function _M.add(name, api, value, n)
-    n = n or 1
-    if n == 0 then
-        return
-    end
-    if not batching then
-        local ok, err = ngx.timer.every(BATCH_S, flush_pending)
-        if not ok then
-            ngx.log(ngx.ERR, "zccp: metrics batch timer: ", err)
-            return _M.count(name, api, value, n)
-        end
-        batching = true
-    end
-    local k = key_of(name, api, value)
-    pending[k] = (pending[k] or 0) + n
 end
 
 -- Series that exist from the start, at 0, so that a rate over them misses nothing.
@@ -297,6 +290,8 @@ function _M.serve()
     if not require("zccp.admin.gate").allowed("anthropic") then   -- the admin listener only
         return
     end
+    flush_pending()
+    ngx.sleep(SCRAPE_WAIT_S)   -- the other workers' sums (see BATCH_S)
     ngx.header["Content-Type"] = "text/plain; version=0.0.4"
     local list = engines.list()
     if not engines.multi() then
