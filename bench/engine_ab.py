@@ -3,10 +3,10 @@ two D stacks side by side, one running a base checkout's engine, one this checko
 in turns (base, new, then new, base, ...), each round's engine and nginx CPU µs per request
 from /proc (bench.run.measured_run).
 
-    PYTHONPATH=. .venv/bin/python -m bench.engine_ab BASE_ENGINE_DIR [rounds] [seconds] [conc]
+    PYTHONPATH=. .venv/bin/python -m bench.engine_ab BASE_ENGINE_DIR [rounds] [seconds] [conc] [workload]
 
 BASE_ENGINE_DIR: the other checkout's engine/ (e.g. a worktree of main); nginx and its Lua
-are this checkout's for both.
+are this checkout's for both. workload: 1k (default) or sharegpt (bench.run's 2000 prompts).
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import bench.services as S
-from bench.bodies import synthetic_body
+from bench.bodies import sharegpt_bodies, synthetic_body
 from bench.run import NULL, measured_run, wrk
 
 HERE = str(Path(__file__).resolve().parents[1] / "engine")
@@ -34,11 +34,15 @@ def make(tree: str) -> Any:
 
 def main() -> None:
     trees = {"base": sys.argv[1], "new": HERE}
-    args = sys.argv[2:] + ["8", "3", "16"][len(sys.argv) - 2:]
-    rounds, secs, conc = int(args[0]), float(args[1]), int(args[2])
+    args = sys.argv[2:] + ["8", "3", "16", "1k"][len(sys.argv) - 2:]
+    rounds, secs, conc, workload = int(args[0]), float(args[1]), int(args[2]), args[3]
     tmp = Path(tempfile.mkdtemp(prefix="zccp-ab-"))
-    body = tmp / "1k.jsonl"
-    body.write_text(synthetic_body(1024, str(NULL["model_name"])) + "\n")
+    body = tmp / f"{workload}.jsonl"
+    if workload == "sharegpt":
+        picked, _ = sharegpt_bodies(str(NULL["model_name"]), int(NULL["max_body_kb"]) * 1024, 2000)
+        body.write_text("\n".join(picked) + "\n")
+    else:
+        body.write_text(synthetic_body(1024, str(NULL["model_name"])) + "\n")
     lim = dict(NULL, segment_size_kb=1024, tokens_kb=256, max_body_kb=64)
     vs: dict[str, S.Variant] = {}
     try:
