@@ -84,6 +84,22 @@ def test_a_request_that_uses_no_cache_is_not_hashed(null_stack):
     null_stack.assert_no_leaks()
 
 
+def test_the_random_context_ids_stay_unique_across_the_pool_refills(null_stack):
+    # nginx cuts them from a pool of 128 ids per RAND_bytes in each worker: 300 requests
+    # refill at least one worker's pool; not one id may come back
+    headers = {"content-type": "application/json", "cache-control": "no-cache, no-store"}
+    body = dumps(anthropic_body("pooled ids", max_tokens=2))
+    ids = []
+    with null_stack.client() as c:
+        for _ in range(300):
+            r = c.post("/v1/messages", content=body, headers=headers)
+            assert r.status_code == 200, r.text
+            ids.append(r.headers["x-zccp-context-id"])
+    assert all(re.fullmatch("[0-9a-f]{16}", i) for i in ids)
+    assert len(set(ids)) == len(ids)
+    null_stack.assert_no_leaks()
+
+
 def test_generation_bumps_on_every_claim(make_stack):
     s = make_stack({"shared_memory": {"segment_count": 1}, "model": {"backend": "null"}})
     reader = s.arena()

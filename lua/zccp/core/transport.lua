@@ -70,9 +70,13 @@ end
 -- the body's SHA-256 (~470 us at 512 KiB), which only a cache key needs. Made once per
 -- request (kept in src), so every attempt and the 503 nobody answered carry the same id.
 -- nil for any other request (its id is the digest's first 8 bytes), or when RAND_bytes
--- fails (the digest then, as before).
+-- fails (the digest then, as before). Cut from a pool of TRACE_POOL bytes drawn in one
+-- call (each RAND_bytes is also a getpid(2): OpenSSL's fork check), in the worker, at
+-- its first id: never copied from the master into several workers.
 local BYPASS  -- ZCCP_FLAG_NO_CACHE + ZCCP_FLAG_NO_STORE, once the ABI is loaded
-local TRACE = ffi.new("unsigned char[8]")
+local TRACE_POOL = 1024
+local trace_pool = ffi.new("unsigned char[?]", TRACE_POOL)
+local trace_at = TRACE_POOL   -- the next id's offset in the pool
 
 function _M.trace_id(src, flags)
     local id = src.trace
@@ -82,10 +86,17 @@ function _M.trace_id(src, flags)
     if not BYPASS then
         BYPASS = abi.C.ZCCP_FLAG_NO_CACHE + abi.C.ZCCP_FLAG_NO_STORE
     end
-    if src.digest or band(flags, BYPASS) ~= BYPASS or not sha256.random_into(TRACE, 8) then
+    if src.digest or band(flags, BYPASS) ~= BYPASS then
         return nil
     end
-    id = ffi_string(TRACE, 8)
+    if trace_at + 8 > TRACE_POOL then
+        if not sha256.random_into(trace_pool, TRACE_POOL) then
+            return nil
+        end
+        trace_at = 0
+    end
+    id = ffi_string(trace_pool + trace_at, 8)
+    trace_at = trace_at + 8
     src.trace = id
     return id
 end
