@@ -201,6 +201,10 @@ class LimitsConfig:
 class LoggingConfig:
     level: Literal["debug", "info", "warning", "error"] = "info"
     file: str | None = None                  # None = stderr
+    # The standalone nginx's access log: lines kept in a 64 KiB buffer per worker and
+    # written at most this many ms later (one write(2) per batch, not per request; flushed
+    # at reload and stop); 0: each line written as its request ends
+    access_flush_ms: int = bounded(1000, 0, 60_000)
 
 
 @dataclass(frozen=True)

@@ -102,7 +102,9 @@ class Stack:
                       "sampled": "on"},
             "model": {"backend": "tiny", "name": "zccp-tiny", "max_context": 4096},
             "limits": {"max_body_kb": 256, "request_timeout_ms": 20000},
-            "logging": {"level": "info"},
+            # access_flush_ms 0: a test reads an access-log line as soon as its answer is out
+            # (the buffered default: tests/integration/test_log_fields.py)
+            "logging": {"level": "info", "access_flush_ms": 0},
         }
         if self.tls:
             cert, key = self_signed_certificate()

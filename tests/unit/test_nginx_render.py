@@ -57,6 +57,19 @@ def test_tls_and_http2_reach_the_standalone_listen_line(tmp_path: Path) -> None:
         assert "ssl" not in (out / "zccp_server.conf").read_text()
 
 
+def test_the_standalone_access_log_is_buffered_as_logging_access_flush_ms_says(tmp_path: Path) -> None:
+    server = {"socket_path": str(tmp_path / "run" / "doorbell.sock")}
+    for logging, line in [({}, "zccp_json buffer=64k flush=1000ms;"),   # the default
+                          ({"access_flush_ms": 250}, "zccp_json buffer=64k flush=250ms;"),
+                          ({"access_flush_ms": 0}, "nginx-access.log zccp_json;")]:
+        cfg = tmp_path / "config.yaml"
+        cfg.write_text(yaml.safe_dump({"server": server, "logging": logging}))
+        out = tmp_path / f"out{len(line)}"
+        nginx_main(["render", "--config", str(cfg), "--out", str(out), "--standalone", "--prefix", str(out)])
+        (access,) = [ln for ln in (out / "nginx.conf").read_text().splitlines() if ln.strip().startswith("access_log")]
+        assert access.endswith(line), access
+
+
 def test_a_redis_host_name_for_keys_gets_a_resolver_from_resolv_conf(tmp_path: Path) -> None:
     # A Lua cosocket resolves names only through nginx's `resolver`: without one, keys on with
     # auth.redis_url redis://redis:6379 (compose) fail closed on every request.

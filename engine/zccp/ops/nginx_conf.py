@@ -351,6 +351,8 @@ def render(cfg: Config, out: Path, standalone: bool = False, prefix: Path | None
             listen_flags=listen_flags(cfg),
             tls_lines=tls_lines(cfg),
             error_log_level=_LEVELS[cfg.logging.level],
+            access_log_buffer=(f" buffer=64k flush={cfg.logging.access_flush_ms}ms"
+                               if cfg.logging.access_flush_ms else ""),
             user_line=(f"user {_safe(user, 'server.user')} "
                        f"{_safe(cfg.shared_memory.group or user, 'shared_memory.group')};") if user else "",
         )
