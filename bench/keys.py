@@ -9,13 +9,17 @@ Rows: auth off | keys (a key without limits: verified from the worker's cache, m
 after the answer) | keys+limits (rpm, input and output tokens per minute, daily and monthly
 tokens, high enough never to refuse: reserved from the worker's leases, zccp.lease) |
 keys+limits+conc (the same and a concurrency limit: one Redis round trip per admission,
-as that limit is exact). All four stacks run at once; each round measures every row once:
+as that limit is exact) | A (nginx alone: cjson.decode of the body and a canned reply, bench.run's
+ceiling; hit rows only), so that each mode's hit is set against A in the same round (issue 30:
+>= 0.8x A with auth off, >= 0.75x with keys + limits). All five stacks run at once; each round measures every row once:
 the hit rows one after the other, then the miss rows, the modes' order rotated from round to
 round (no mode always first after a pause); the table shows each row's median over the
 rounds (the machine is shared), and each comparison with off is paired within its round.
 bench/keys_pieces.json (bench/keys_pieces.py), when there, adds the attribution table: ns
 per piece of the key check and the limits, inside a real nginx request.
-Writes bench/keys.md and bench/keys.json. --commit C: the same run with C's lua/ in every
+Writes bench/keys.md and bench/keys.json (--tag T: keys_T.md and keys_T.json, e.g. a second
+concurrency). Every stack's access log is buffered as config.yaml ships it (the tests' harness
+writes each line at once), as A's is. --commit C: the same run with C's lua/ in every
 stack's nginx (git archive; the "before" of a change), written to bench/keys_before.json,
 which keys.md's "Before" lines then compare against.
 """
@@ -34,6 +38,9 @@ import time
 from pathlib import Path
 
 from bench import procs
+from bench.run import NULL as RUN_NULL
+from bench.run import canned_reply
+from bench.services import Variant, start_a
 from tests.support.cache_requests import ENGINE_ENV
 from tests.support.checkout import REPO, require_this_checkout
 from tests.support.harness import Stack, remove_socket_dirs
@@ -43,6 +50,24 @@ LIMITS = ["--rpm", "10000000", "--itpm", "1000000000", "--otpm", "1000000000",
           "--daily-tokens", "100000000000", "--monthly-tokens", "100000000000"]
 CONC = ["--concurrency", "100000"]
 MODES = ("off", "keys", "keys+limits", "keys+limits+conc")
+CEILING = "A"   # nginx alone: cjson.decode of the body and a canned reply (bench.run's A), hit rows only
+
+
+class Ceiling:
+    """bench.run's variant A in the shape run_one() reads (base_url, nginx.proc)."""
+
+    def __init__(self, v: Variant) -> None:
+        self.variant = v
+        self.base_url = v.url
+        self.nginx = v.services["nginx"]
+
+    def stop(self) -> None:
+        self.variant.stop()
+
+
+def start_ceiling(run_dir: Path) -> Ceiling:
+    lim = dict(RUN_NULL, segment_size_kb=1024, tokens_kb=256, max_body_kb=64)   # as bench.guard's A
+    return Ceiling(start_a(run_dir, lim, canned_reply(str(RUN_NULL["model_name"]))))
 
 
 def body_1k() -> str:
@@ -87,7 +112,7 @@ def use_lua_of(commit: str, tmp: Path, stacks: list[Stack]) -> None:
         assert not set(procs.descendants(master)) & old, "the old nginx workers did not exit"
 
 
-def run_one(s: Stack, body_file: Path, conc: int, seconds: float, nocache: bool, key: str | None) -> dict:
+def run_one(s: Stack | Ceiling, body_file: Path, conc: int, seconds: float, nocache: bool, key: str | None) -> dict:
     args_tail = ["no-cache" if nocache else "-"] + ([key] if key else [])
     nginx_pid = s.nginx.proc.pid if s.nginx else 0
     load = os.getloadavg()[0]
@@ -128,7 +153,8 @@ def render(runs: dict[str, list[dict]], seconds: float, conc: int) -> str:
     rounds = len(runs["off/hit"])
     loads = [r.get("load1", float("nan")) for rs in runs.values() for r in rs]
     lines = ["# Keys and limits on vs off (bench/keys.py)", "",
-             f"Four stacks at once (nginx 2 workers each, engine with the null model, its own redis-server), "
+             f"Four ZCCP stacks and A at once (nginx 2 workers each, engine with the null model, its own "
+             "redis-server), "
              f"loopback; wrk -c {conc} -t 2 for {seconds:g} s per row after a 1 s warm-up; one 1 KiB "
              f"Anthropic body; {rounds} rounds, each measuring every row in turn. The table shows each row's "
              "medians over the rounds; the comparisons below are paired (each round's run against off's run "
@@ -142,13 +168,16 @@ def render(runs: dict[str, list[dict]], seconds: float, conc: int) -> str:
              "gives a worker 1/16 of the free slots while the limit is far; zccp.lease). nginx CPU: its processes' "
              "user+system time over the run / requests. The machine is shared (2 cores, other sessions' "
              "tests running): read the numbers as indicative. Each round measures the hit rows one after the "
-             "other, then the miss rows, the modes' order rotated from round to round.", "",
+             "other, then the miss rows, the modes' order rotated from round to round. A: nginx alone "
+             "(`cjson.decode` of the body and a canned reply, bench.run's ceiling, 2 workers), measured with "
+             "the hit rows of every round. Every nginx (the four stacks' and A's) writes its access log in 64 KiB "
+             "batches at most 1 s apart, as config.yaml ships ZCCP's.", "",
              f"Machine load while measuring (1-minute load average, 2 cores): median {median(loads):.2f}, "
              f"from {min(loads):.2f} to {max(loads):.2f}.", "",
              "| auth | path | req/s | p50 ms | p99 ms | non-2xx | nginx CPU µs/req | req/s of each round |",
              "|---|---|---|---|---|---|---|---|"]
-    for mode in MODES:
-        for path in ("hit", "miss"):
+    for mode in ((CEILING,) if f"{CEILING}/hit" in runs else ()) + MODES:
+        for path in ("hit",) if mode == CEILING else ("hit", "miss"):
             rs = runs[f"{mode}/{path}"]
             lines.append(f"| {mode} | {path} | {median([r['rps'] for r in rs]):.0f} | "
                          f"{median([r['p50_ms'] for r in rs]):.2f} | {median([r['p99_ms'] for r in rs]):.2f} | "
@@ -156,29 +185,49 @@ def render(runs: dict[str, list[dict]], seconds: float, conc: int) -> str:
                          f"{', '.join(str(round(r['rps'])) for r in rs)} |")
     lines.append("")
     lines += paired(runs)
+    lines += against_ceiling(runs)
     before = REPO / "bench" / "keys_before.json"
     if before.exists():
         saved = json.loads(before.read_text())
         bl = [r.get("load1", float("nan")) for rs in saved["runs"].values() for r in rs]
-        lines += ["", f"Before (the same run with the lua/ of {saved['commit']}, measured just before this one; "
-                      f"load median {median(bl):.2f}, from {min(bl):.2f} to {max(bl):.2f}):", ""]
+        lines += ["", f"Before: the lua/ of {saved['commit']} (bench/keys_before.json, written by the last "
+                      f"`--commit` run, not necessarily this session's; load median {median(bl):.2f}, from "
+                      f"{min(bl):.2f} to {max(bl):.2f}; without A):", ""]
         lines += paired(saved["runs"])
     lines += attribution()
     return "\n".join(lines) + "\n"
 
 
+def paired_medians(on: list[dict], base: list[dict]) -> tuple[float, float]:
+    """Two rows' runs paired round by round: the median ratio of req/s and the median
+    difference of nginx CPU per request."""
+    ratio = median([a["rps"] / b["rps"] for a, b in zip(on, base, strict=True)])
+    cpu = median([a["nginx_cpu_us_per_req"] - b["nginx_cpu_us_per_req"] for a, b in zip(on, base, strict=True)])
+    return ratio, cpu
+
+
 def paired(runs: dict[str, list[dict]]) -> list[str]:
-    """Each mode against off, paired within each round: the median ratio of req/s and the
-    median difference of nginx CPU per request."""
+    """Each mode against off, paired within each round."""
     out = []
     for path in ("hit", "miss"):
-        off = runs[f"off/{path}"]
         for mode in MODES[1:]:
-            on = runs[f"{mode}/{path}"]
-            ratio = median([a["rps"] / b["rps"] for a, b in zip(on, off, strict=True)])
-            cpu = median([a["nginx_cpu_us_per_req"] - b["nginx_cpu_us_per_req"] for a, b in zip(on, off, strict=True)])
+            ratio, cpu = paired_medians(runs[f"{mode}/{path}"], runs[f"off/{path}"])
             out.append(f"* {path}, {mode}: {ratio * 100:.0f}% of off's req/s; nginx CPU {cpu:+.1f} µs per "
                        "request (paired medians).")
+    return out
+
+
+def against_ceiling(runs: dict[str, list[dict]]) -> list[str]:
+    """Each mode's hit against A's run of the same round (issue 30: the L1 hit >= 0.8x A with
+    auth off, >= 0.75x A with keys + limits)."""
+    ceiling = runs.get(f"{CEILING}/hit")
+    if not ceiling:
+        return []
+    out = [""]
+    for mode in MODES:
+        ratio, cpu = paired_medians(runs[f"{mode}/hit"], ceiling)
+        out.append(f"* hit, {mode}: **{ratio:.2f}× A's req/s**; nginx CPU {cpu:+.1f} µs per request above A's "
+                   "(paired medians).")
     return out
 
 
@@ -217,32 +266,38 @@ def main() -> None:
     ap.add_argument("--conc", type=int, default=16)
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--render", action="store_true", help="only rewrite keys.md from keys.json")
+    ap.add_argument("--tag", default="", help="write keys_TAG.md and keys_TAG.json (e.g. c64)")
     ap.add_argument("--commit", help="run with this commit's lua/; writes bench/keys_before.json only")
     args = ap.parse_args()
-    out_json = REPO / "bench" / "keys.json"
+    stem = f"keys_{args.tag}" if args.tag else "keys"
+    out_json, out_md = REPO / "bench" / f"{stem}.json", REPO / "bench" / f"{stem}.md"
     if args.render:
         saved = json.loads(out_json.read_text())
-        (REPO / "bench" / "keys.md").write_text(render(saved["runs"], saved["seconds"], saved["conc"]))
+        out_md.write_text(render(saved["runs"], saved["seconds"], saved["conc"]))
         return
     require_this_checkout()
     runs: dict[str, list[dict]] = {}
     with tempfile.TemporaryDirectory() as tmp:
         body_file = Path(tmp) / "body.jsonl"
         body_file.write_text(body_1k() + "\n")
-        stacks: dict[str, Stack] = {}
-        keys: dict[str, str | None] = {}
+        stacks: dict[str, Stack | Ceiling] = {}
+        keys: dict[str, str | None] = {CEILING: None}
         try:
+            stacks[CEILING] = start_ceiling(Path(tmp) / "A")
             for mode in MODES:
-                over: dict = {"model": NULL, "shared_memory": {"segment_count": 64}}
+                # the access log buffered as config.yaml ships it (the harness writes at once)
+                over: dict = {"model": NULL, "shared_memory": {"segment_count": 64},
+                              "logging": {"access_flush_ms": 1000}}
                 if mode != "off":
                     over["auth"] = {"mode": "keys"}
                 stacks[mode] = Stack(Path(tmp) / mode.replace("+", "_"), over, with_redis=True).start()
                 keys[mode] = make_key(stacks[mode], mode) if mode != "off" else None
             if args.commit:
-                use_lua_of(args.commit, Path(tmp), list(stacks.values()))
+                use_lua_of(args.commit, Path(tmp), [s for s in stacks.values() if isinstance(s, Stack)])
             for rnd in range(args.rounds):
                 for path, nocache in (("hit", False), ("miss", True)):
-                    for mode in MODES[rnd % len(MODES):] + MODES[:rnd % len(MODES)]:
+                    rows = ((CEILING,) + MODES) if path == "hit" else MODES
+                    for mode in rows[rnd % len(rows):] + rows[:rnd % len(rows)]:
                         s = stacks[mode]
                         run_one(s, body_file, args.conc, 1, nocache, keys[mode])   # warm-up (and the hit's store)
                         r = run_one(s, body_file, args.conc, args.seconds, nocache, keys[mode])
@@ -259,7 +314,7 @@ def main() -> None:
         return
     out_json.write_text(json.dumps({"seconds": args.seconds, "conc": args.conc, "runs": runs}, indent=1))
     text = render(runs, args.seconds, args.conc)
-    (REPO / "bench" / "keys.md").write_text(text)
+    out_md.write_text(text)
     print(text)
 
 
