@@ -70,8 +70,9 @@ def start_ceiling(run_dir: Path) -> Ceiling:
     return Ceiling(start_a(run_dir, lim, canned_reply(str(RUN_NULL["model_name"]))))
 
 
-def body_1k() -> str:
-    filler = "The quick brown fox jumps over the lazy dog. "
+def body_1k(i: int = 0) -> str:
+    """A 1 KiB Anthropic body; i > 0: one of many distinct ones (its number leads the text)."""
+    filler = (f"#{i} " if i else "") + "The quick brown fox jumps over the lazy dog. "
     body = {"model": "zccp-tiny", "max_tokens": 16, "temperature": 0,
             "messages": [{"role": "user", "content": ""}]}
     base = len(json.dumps(body))
@@ -146,7 +147,7 @@ def median(xs: list[float]) -> float:
     return xs[n // 2] if n % 2 else (xs[n // 2 - 1] + xs[n // 2]) / 2
 
 
-def render(runs: dict[str, list[dict]], seconds: float, conc: int) -> str:
+def render(runs: dict[str, list[dict]], seconds: float, conc: int, bodies: int = 1) -> str:
     """keys.md from every run. Rows: each row's median req/s, latencies and nginx CPU over the
     rounds; the comparisons are paired: in each round, the row against off's run of that
     round (the machine's load drifts between rounds), and the median of those."""
@@ -155,8 +156,10 @@ def render(runs: dict[str, list[dict]], seconds: float, conc: int) -> str:
     lines = ["# Keys and limits on vs off (bench/keys.py)", "",
              f"Four ZCCP stacks and A at once (nginx 2 workers each, engine with the null model, its own "
              "redis-server), "
-             f"loopback; wrk -c {conc} -t 2 for {seconds:g} s per row after a 1 s warm-up; one 1 KiB "
-             f"Anthropic body; {rounds} rounds, each measuring every row in turn. The table shows each row's "
+             f"loopback; wrk -c {conc} -t 2 for {seconds:g} s per row after a 1 s warm-up; "
+             + ("one 1 KiB Anthropic body" if bodies == 1 else f"{bodies} distinct 1 KiB Anthropic bodies, cycled "
+                "(nginx's per-body work, e.g. the output reservation's decode, is paid per request)")
+             + f"; {rounds} rounds, each measuring every row in turn. The table shows each row's "
              "medians over the rounds; the comparisons below are paired (each round's run against off's run "
              "of the same round, then the median), as the shared machine's load drifts between rounds. "
              "hit: the same body every time (nginx's L1 answers); miss: `Cache-Control: no-cache, no-store` "
@@ -266,6 +269,7 @@ def main() -> None:
     ap.add_argument("--conc", type=int, default=16)
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--render", action="store_true", help="only rewrite keys.md from keys.json")
+    ap.add_argument("--bodies", type=int, default=1, help="distinct 1 KiB bodies, cycled (default 1)")
     ap.add_argument("--tag", default="", help="write keys_TAG.md and keys_TAG.json (e.g. c64)")
     ap.add_argument("--commit", help="run with this commit's lua/; writes bench/keys_before.json only")
     args = ap.parse_args()
@@ -273,13 +277,13 @@ def main() -> None:
     out_json, out_md = REPO / "bench" / f"{stem}.json", REPO / "bench" / f"{stem}.md"
     if args.render:
         saved = json.loads(out_json.read_text())
-        out_md.write_text(render(saved["runs"], saved["seconds"], saved["conc"]))
+        out_md.write_text(render(saved["runs"], saved["seconds"], saved["conc"], saved.get("bodies", 1)))
         return
     require_this_checkout()
     runs: dict[str, list[dict]] = {}
     with tempfile.TemporaryDirectory() as tmp:
         body_file = Path(tmp) / "body.jsonl"
-        body_file.write_text(body_1k() + "\n")
+        body_file.write_text("".join(body_1k(i + 1 if args.bodies > 1 else 0) + "\n" for i in range(args.bodies)))
         stacks: dict[str, Stack | Ceiling] = {}
         keys: dict[str, str | None] = {CEILING: None}
         try:
@@ -312,8 +316,9 @@ def main() -> None:
             {"commit": args.commit, "seconds": args.seconds, "conc": args.conc, "runs": runs}, indent=1))
         print("\n".join(paired(runs)))
         return
-    out_json.write_text(json.dumps({"seconds": args.seconds, "conc": args.conc, "runs": runs}, indent=1))
-    text = render(runs, args.seconds, args.conc)
+    out_json.write_text(json.dumps({"seconds": args.seconds, "conc": args.conc, "bodies": args.bodies, "runs": runs},
+                                   indent=1))
+    text = render(runs, args.seconds, args.conc, args.bodies)
     out_md.write_text(text)
     print(text)
 
