@@ -195,7 +195,7 @@ def render(runs: dict[str, list[dict]], seconds: float, conc: int, bodies: int =
         bl = [r.get("load1", float("nan")) for rs in saved["runs"].values() for r in rs]
         lines += ["", f"Before: the lua/ of {saved['commit']} (bench/keys_before.json, written by the last "
                       f"`--commit` run, not necessarily this session's; load median {median(bl):.2f}, from "
-                      f"{min(bl):.2f} to {max(bl):.2f}; without A):", ""]
+                      f"{min(bl):.2f} to {max(bl):.2f}; {saved.get('bodies', 1)} distinct bodies):", ""]
         lines += paired(saved["runs"])
     lines += attribution()
     return "\n".join(lines) + "\n"
@@ -313,7 +313,8 @@ def main() -> None:
     remove_socket_dirs()
     if args.commit:
         (REPO / "bench" / "keys_before.json").write_text(json.dumps(
-            {"commit": args.commit, "seconds": args.seconds, "conc": args.conc, "runs": runs}, indent=1))
+            {"commit": args.commit, "seconds": args.seconds, "conc": args.conc, "bodies": args.bodies, "runs": runs},
+            indent=1))
         print("\n".join(paired(runs)))
         return
     out_json.write_text(json.dumps({"seconds": args.seconds, "conc": args.conc, "bodies": args.bodies, "runs": runs},

@@ -9,6 +9,7 @@ local lrucache = require "resty.lrucache"
 local settings = require "zccp.settings"
 local lease = require "zccp.lease"
 local windows = require "zccp.limits.windows"
+local read_fields = require("zccp.limits.body_fields").read
 
 local type = type
 local tonumber = tonumber
@@ -20,30 +21,20 @@ local redis_target = windows.target
 
 local _M = { _VERSION = "0.1.0" }
 
--- The choices a body asks for: OpenAI's n, times /v1/completions' prompts (an array of
--- strings or of token-id arrays; one array of ids is one prompt), at most what the engine
--- serves in one request (limits.max_choices: its MAX_CHOICES; more is refused there).
-local function choices_of(doc, most)
-    local n = tonumber(doc.n)
-    n = (n and n >= 1) and math_floor(n) or 1
-    local p = doc.prompt
-    if type(p) == "table" and type(p[1]) ~= "number" and #p > 1 then
-        n = n * #p
-    end
-    return math_min(n, most)
-end
-
 -- The output budget of a body, by the engine's rule (zccp/api): OpenAI's
 -- max_completion_tokens over max_tokens (JSON null: absent), /v1/responses'
 -- max_output_tokens, Anthropic's max_tokens only; else the configured default; capped as
--- the engine caps it, once per choice.
-local function max_tokens_of(doc, api)
+-- the engine caps it, once per choice: OpenAI's n, times /v1/completions' prompts (an array
+-- of strings or of token-id arrays; one array of ids is one prompt), at most what the
+-- engine serves in one request (limits.max_choices: its MAX_CHOICES; more is refused there).
+-- The members as tonumber(doc.member) gives them; prompts: #doc.prompt when it counts, else 0.
+local function budget(api, max_tokens, max_completion_tokens, max_output_tokens, n, prompts)
     local s = settings.get().limits
     local m
     if api == "anthropic" then
-        m = tonumber(doc.max_tokens)
+        m = max_tokens
     else
-        m = tonumber(doc.max_completion_tokens) or tonumber(doc.max_tokens) or tonumber(doc.max_output_tokens)
+        m = max_completion_tokens or max_tokens or max_output_tokens
     end
     local cap = s and s.max_tokens_cap or 4096
     if not m or m < 1 then
@@ -51,12 +42,26 @@ local function max_tokens_of(doc, api)
     else
         m = math_min(math_floor(m), cap)
     end
-    return m * choices_of(doc, s and s.max_choices or 1)
+    n = (n and n >= 1) and math_floor(n) or 1
+    if prompts > 1 then
+        n = n * prompts
+    end
+    return m * math_min(n, s and s.max_choices or 1)
+end
+
+-- The same members from a decoded body (cjson's table).
+local function budget_of_doc(doc, api)
+    local p = doc.prompt
+    local prompts = (type(p) == "table" and type(p[1]) ~= "number") and #p or 0
+    return budget(api, tonumber(doc.max_tokens), tonumber(doc.max_completion_tokens),
+                  tonumber(doc.max_output_tokens), tonumber(doc.n), prompts)
 end
 
 -- The output reservation of a body, or nil, err when nginx cannot decode it (the engine
--- may: it is refused, never reserved at a default). The same bytes again (an L1 hit, a
--- retry) are not decoded again: a body string is interned, so this lookup is by pointer.
+-- may: it is refused, never reserved at a default). Read by zccp.limits.body_fields in one
+-- pass over the bytes; a body it cannot read as cjson would is decoded. The same bytes
+-- again (an L1 hit, a retry) are not read again: a body string is interned, so this lookup
+-- is by pointer.
 local SEEN_BODY_MAX = 4096
 local seen_bodies
 
@@ -75,11 +80,17 @@ local function output_reservation(body, api)
             return m[2]
         end
     end
-    local doc, err = cjson.decode(body)
-    if type(doc) ~= "table" then
-        return nil, err or "not a JSON object"
+    local m
+    local ok, v1, v2, v3, v4, prompts = read_fields(body)
+    if ok then
+        m = budget(api, v1, v2, v3, v4, prompts)
+    else
+        local doc, err = cjson.decode(body)
+        if type(doc) ~= "table" then
+            return nil, err or "not a JSON object"
+        end
+        m = budget_of_doc(doc, api)
     end
-    local m = max_tokens_of(doc, api)
     if small then
         seen_bodies:set(body, { api, m })
     end
