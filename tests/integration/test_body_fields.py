@@ -7,15 +7,13 @@ from __future__ import annotations
 
 import json
 import random
-import shutil
 from pathlib import Path
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tests.support.checkout import REPO
-from tests.support.fp_nginx import FpNginx, records
+from tests.support.fp_nginx import records, snippet_nginx
 
 SNIPPET = Path(__file__).resolve().parents[1] / "support" / "nginx" / "body_fields_test.conf"
 WANTED = ("max_tokens", "max_completion_tokens", "max_output_tokens", "n", "prompt")
@@ -23,11 +21,7 @@ WANTED = ("max_tokens", "max_completion_tokens", "max_output_tokens", "n", "prom
 
 @pytest.fixture(scope="module")
 def ngx(tmp_path_factory):
-    root = tmp_path_factory.mktemp("body_fields")
-    patterns = root / "mask_patterns.lua"
-    shutil.copy(REPO / "lua" / "zccp" / "mask_patterns.lua", patterns)
-    srv = FpNginx(root / "ngx", patterns, root / "last_good.lua", snippet=SNIPPET)
-    srv.start()
+    srv = snippet_nginx(tmp_path_factory.mktemp("body_fields"), SNIPPET)
     yield srv
     srv.stop()
 

@@ -5,24 +5,18 @@ key that keeps a conversation's turns on one replica (docs/engines.md)."""
 from __future__ import annotations
 
 import json
-import shutil
 from pathlib import Path
 
 import pytest
 
-from tests.support.checkout import REPO
-from tests.support.fp_nginx import FpNginx, records
+from tests.support.fp_nginx import records, snippet_nginx
 
 SNIPPET = Path(__file__).resolve().parents[1] / "support" / "nginx" / "route_test.conf"
 
 
 @pytest.fixture(scope="module")
 def ngx(tmp_path_factory):
-    root = tmp_path_factory.mktemp("route")
-    patterns = root / "mask_patterns.lua"
-    shutil.copy(REPO / "lua" / "zccp" / "mask_patterns.lua", patterns)
-    srv = FpNginx(root / "ngx", patterns, root / "last_good.lua", snippet=SNIPPET)
-    srv.start()
+    srv = snippet_nginx(tmp_path_factory.mktemp("route"), SNIPPET)
     yield srv
     srv.stop()
 

@@ -196,6 +196,15 @@ http {{
                 self.proc.wait(5)
 
 
+def snippet_nginx(root: Path, snippet: Path) -> FpNginx:
+    """A started FpNginx serving `snippet`'s test-only locations, with the shipped masks."""
+    patterns = root / "mask_patterns.lua"
+    shutil.copy(REPO / "lua" / "zccp" / "mask_patterns.lua", patterns)
+    srv = FpNginx(root / "ngx", patterns, root / "last_good.lua", snippet=snippet)
+    srv.start()
+    return srv
+
+
 def records(items, header) -> bytes:
     out = []
     for it in items:

@@ -18,8 +18,10 @@
 --   -- ok nil: decode the body instead; else each value as tonumber(doc.member) would give it
 --   -- (nil where absent, null, a bool, an object or an array), prompts: #doc.prompt when it is
 --   -- an array whose first element is not a number, else 0
+--   body_fields.of_doc(doc)   -- the same five from a decoded body (cjson's table)
 local ffi = require "ffi"
 
+local type = type
 local tonumber = tonumber
 local str_sub = string.sub
 local ffi_cast = ffi.cast
@@ -246,6 +248,14 @@ function _M.read(body)
         return nil
     end
     return true, v1, v2, v3, v4, prompts
+end
+
+-- The same members from a body cjson decoded (a body read() left to the decode).
+function _M.of_doc(doc)
+    local p = doc.prompt
+    local prompts = (type(p) == "table" and type(p[1]) ~= "number") and #p or 0
+    return tonumber(doc.max_tokens), tonumber(doc.max_completion_tokens), tonumber(doc.max_output_tokens),
+           tonumber(doc.n), prompts
 end
 
 return _M

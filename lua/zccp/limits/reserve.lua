@@ -9,7 +9,7 @@ local lrucache = require "resty.lrucache"
 local settings = require "zccp.settings"
 local lease = require "zccp.lease"
 local windows = require "zccp.limits.windows"
-local read_fields = require("zccp.limits.body_fields").read
+local body_fields = require "zccp.limits.body_fields"
 
 local type = type
 local tonumber = tonumber
@@ -49,14 +49,6 @@ local function budget(api, max_tokens, max_completion_tokens, max_output_tokens,
     return m * math_min(n, s and s.max_choices or 1)
 end
 
--- The same members from a decoded body (cjson's table).
-local function budget_of_doc(doc, api)
-    local p = doc.prompt
-    local prompts = (type(p) == "table" and type(p[1]) ~= "number") and #p or 0
-    return budget(api, tonumber(doc.max_tokens), tonumber(doc.max_completion_tokens),
-                  tonumber(doc.max_output_tokens), tonumber(doc.n), prompts)
-end
-
 -- The output reservation of a body, or nil, err when nginx cannot decode it (the engine
 -- may: it is refused, never reserved at a default). Read by zccp.limits.body_fields in one
 -- pass over the bytes; a body it cannot read as cjson would is decoded. The same bytes
@@ -81,7 +73,7 @@ local function output_reservation(body, api)
         end
     end
     local m
-    local ok, v1, v2, v3, v4, prompts = read_fields(body)
+    local ok, v1, v2, v3, v4, prompts = body_fields.read(body)
     if ok then
         m = budget(api, v1, v2, v3, v4, prompts)
     else
@@ -89,7 +81,7 @@ local function output_reservation(body, api)
         if type(doc) ~= "table" then
             return nil, err or "not a JSON object"
         end
-        m = budget_of_doc(doc, api)
+        m = budget(api, body_fields.of_doc(doc))
     end
     if small then
         seen_bodies:set(body, { api, m })
