@@ -103,8 +103,12 @@ def test_a_slow_schema_compiles_while_another_tenant_is_served(make_stack):
 
 
 def test_another_tenant_is_not_queued_behind_n_choices(make_stack):
+    """A's 16 choices are long enough that the test sees 10 or more of them waiting through
+    several /metrics scrapes (each waits 100 ms for the workers' sums): with max_tokens 600 the
+    tiny model ends each choice at temperature 0 after ~150 tokens, ~2,400 in all. With
+    max_tokens 40 the whole backlog drained in ~0.25 s here, between two scrapes (CI failed so)."""
     s = make_stack({"model": {"max_batch": 1, "max_queue": 64}})
-    backlog = {"model": "zccp-tiny", "max_tokens": 40, "temperature": 0, "n": 16, "messages": MSG}
+    backlog = {"model": "zccp-tiny", "max_tokens": 600, "temperature": 0, "n": 16, "messages": MSG}
     short = {"model": "zccp-tiny", "max_tokens": 2, "temperature": 0, "messages": MSG}
     done: list[str] = []
     a = httpx.Client(base_url=s.base_url, timeout=120, headers={"authorization": "Bearer sk-tenant-a"})
