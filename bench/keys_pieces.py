@@ -4,7 +4,7 @@ that runs each piece N times inside a real request and reports ns per call. Two 
 without limits (bench/keys.py's "keys" row) and one with them ("keys+limits").
 
     PYTHONPATH=engine python -m bench.keys_pieces [--n 5000] [--repeats 15] \
-        [--commit C] [--out bench/keys_pieces.json --label before|after]
+        [--commit C] [--once S [--bodies N]] [--out bench/keys_pieces.json --label before|after]
 
 Each piece: the least of --repeats runs of --n calls (the machine is shared). --commit runs
 another commit's lua/ (git archive) in the same stack: the before of a change. Prints a
@@ -81,6 +81,8 @@ def main() -> None:
     ap.add_argument("--once", type=float, default=0,
                     help="also: this many seconds of wrk on a location that runs the key check, the admission "
                          "and the settlement once per request (keys_once.lua); their µs per request")
+    ap.add_argument("--bodies", type=int, default=1,
+                    help="--once: this many distinct 1 KiB bodies, cycled (default 1: the same body every time)")
     ap.add_argument("--nojit", action="store_true", help="LuaJIT's interpreter only (jit.off() in that worker)")
     args = ap.parse_args()
     require_this_checkout()
@@ -106,7 +108,7 @@ def main() -> None:
             rows = r.json()
             if args.once:
                 with tempfile.NamedTemporaryFile("w", suffix=".jsonl") as bf:
-                    bf.write(body_1k() + "\n")
+                    bf.write("".join(body_1k(i + 1 if args.bodies > 1 else 0) + "\n" for i in range(args.bodies)))
                     bf.flush()
                     for key, what in ((plain, "no limits"), (limited, "limits")):
                         wrk_with(s.base_url, Path(bf.name), 16, 1, ["-", key], path="/zccp-bench/once")
@@ -114,7 +116,8 @@ def main() -> None:
                         wrk_with(s.base_url, Path(bf.name), 16, args.once, ["-", key], path="/zccp-bench/once")
                         once = httpx.get(s.url("/zccp-bench/once?report=1")).json()
                         for part in PARTS:
-                            rows.append({"name": f"once per request, {what}: {part}",
+                            rows.append({"name": f"once per request, {what}"
+                                                 + (f", {args.bodies} bodies" if args.bodies > 1 else "") + f": {part}",
                                          "ns": once[part]})
         finally:
             s.stop()

@@ -5,7 +5,6 @@
 --   reserve.covered(w, needs)                  -- the leases cover needs (no Redis)
 --   local ok, i, c = reserve.take(w, needs, ticket, now)
 local cjson = require "cjson.safe"
-local lrucache = require "resty.lrucache"
 local settings = require "zccp.settings"
 local lease = require "zccp.lease"
 local windows = require "zccp.limits.windows"
@@ -51,42 +50,25 @@ end
 
 -- The output reservation of a body, or nil, err when nginx cannot decode it (the engine
 -- may: it is refused, never reserved at a default). Read by zccp.limits.body_fields in one
--- pass over the bytes; a body it cannot read as cjson would is decoded. The same bytes
--- again (an L1 hit, a retry) are not read again: a body string is interned, so this lookup
--- is by pointer.
-local SEEN_BODY_MAX = 4096
-local seen_bodies
-
+-- pass over the bytes (~2 µs per 1 KiB body in nginx); a body it cannot read as cjson
+-- would is decoded. Read again for the same bytes (an L1 hit): a per-worker memo keyed by
+-- the body string cost more than it saved (bench/engine_stages.md round 12: 5.3 µs per new 1 KiB
+-- body against 0.2 µs for a seen one), as LuaJIT hashes a long string from a few of its
+-- bytes and same-length bodies that agree there share one hash chain.
 local function output_reservation(body, api)
     if not body then
         local s = settings.get().limits
         return s and s.default_max_tokens or 256
     end
-    local small = #body <= SEEN_BODY_MAX
-    if small then
-        if not seen_bodies then
-            seen_bodies = lrucache.new(512)
-        end
-        local m = seen_bodies:get(body)
-        if m and m[1] == api then
-            return m[2]
-        end
-    end
-    local m
     local ok, v1, v2, v3, v4, prompts = body_fields.read(body)
     if ok then
-        m = budget(api, v1, v2, v3, v4, prompts)
-    else
-        local doc, err = cjson.decode(body)
-        if type(doc) ~= "table" then
-            return nil, err or "not a JSON object"
-        end
-        m = budget(api, body_fields.of_doc(doc))
+        return budget(api, v1, v2, v3, v4, prompts)
     end
-    if small then
-        seen_bodies:set(body, { api, m })
+    local doc, err = cjson.decode(body)
+    if type(doc) ~= "table" then
+        return nil, err or "not a JSON object"
     end
-    return m
+    return budget(api, body_fields.of_doc(doc))
 end
 
 local MAX_ROUNDS = 3   -- lease rounds (a grant may be spent by this worker's other requests meanwhile)
