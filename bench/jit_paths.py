@@ -8,6 +8,7 @@ machine state. nginx CPU per request: the nginx processes' utime+stime over the 
 request count (bench/procs), jit.v off while it is measured.
 
     python -m bench.jit_paths [--seconds 3] [--rounds 3] [--conc 16] [--commit C] [--json F]
+        [--bodies N [--like-keys]]
 
 bench/jit_paths.md: the method and the figures.
 """
@@ -27,6 +28,7 @@ from collections import Counter
 from pathlib import Path
 
 from bench.bodies import synthetic_body
+from bench.keys import body_1k
 from bench.run import NULL, measured_run, wrk
 from bench.services import Variant, http_get, post, start_d
 from tests.support.checkout import REPO, require_this_checkout
@@ -131,12 +133,22 @@ def main() -> None:
     ap.add_argument("--commit", help="also run this commit's lua/ (the before of a change), interleaved")
     ap.add_argument("--no-jitv", action="store_true", help="only the CPU per request")
     ap.add_argument("--phases", action="store_true", help="also nginx CPU per phase (bench/jit_paths.lua)")
+    ap.add_argument("--bodies", type=int, default=1,
+                    help="distinct 1 KiB bodies, cycled (default 1); see --like-keys")
+    ap.add_argument("--like-keys", action="store_true",
+                    help="the bodies bench.keys --bodies sends (one template, the same length, a number at the "
+                         "front) instead of bench.bodies' random text")
     ap.add_argument("--json", type=Path)
     args = ap.parse_args()
     require_this_checkout()
     tmp = Path(tempfile.mkdtemp(prefix="zccp-jit-"))
     body = tmp / "1k.jsonl"
-    body.write_text(synthetic_body(1024, NULL["model_name"]) + "\n")
+    if args.like_keys:
+        model = json.dumps(NULL["model_name"])   # this stack's model in place of bench.keys' zccp-tiny
+        body.write_text("".join(body_1k(i + 1 if args.bodies > 1 else 0).replace('"zccp-tiny"', model) + "\n"
+                                for i in range(args.bodies)))
+    else:
+        body.write_text("".join(synthetic_body(1024, NULL["model_name"], seed=i) + "\n" for i in range(args.bodies)))
     lim = dict(NULL, segment_size_kb=1024, tokens_kb=256, max_body_kb=64)
     logs = tmp / "jitv"   # the workers run as the stack's nginx user (www-data under root)
     logs.mkdir()
@@ -148,7 +160,7 @@ def main() -> None:
     v = start_d(tmp / "D", lim, 32)
     out: dict = {"aborts": {}, "cpu": {}, "phases": {}}
     try:
-        status, _, data = post(v.url, body.read_bytes())
+        status, _, data = post(v.url, body.read_bytes().split(b"\n")[0])
         if status != 200:
             raise RuntimeError(f"D answered {status}: {data[:300]!r}")
         prefix, _ = nginx_paths(tmp / "D")
