@@ -15,6 +15,7 @@ int munmap(void *addr, size_t length);
 int getpid(void);
 int kill(int pid, int sig);
 char *strerror(int errnum);
+size_t strcspn(const uint8_t *s, const char *reject);
 typedef long zccp_time_t;
 struct zccp_timespec { zccp_time_t tv_sec; long tv_nsec; };
 int clock_gettime(int clk_id, struct zccp_timespec *tp);

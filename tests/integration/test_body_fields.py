@@ -98,11 +98,19 @@ def test_hostile_bodies_get_the_decodes_value_or_are_left_to_it(ngx):
         b'{"deep": ' + b"[" * 1010 + b"]" * 1010 + b', "max_tokens": 2000}',   # past cjson's depth: refused there
         b'{"deep": ' + b"[" * 400 + b"]" * 400 + b', "max_tokens": 2000}',
         b'\xef\xbb\xbf' + top, b"\t\r\n " + top + b"\r\n",
+        # raw NUL bytes (strings are skipped by libc's strcspn, which stops at a NUL): inside a
+        # string value, a member name, between members, and ending the body
+        b'{"s": "a\x00\\"max_tokens\\": 1", "max_tokens": 4096}', b'{"s\x00": 1, "max_tokens": 4096}',
+        b'{"s": "x\x00", "max_tokens": 4096}', b'{"max_tokens": 4096,\x00 "n": 2}', top + b"\x00",
+        b'{"s": "\x00\x00\\\x00', b'{"s": "' + b"\x00" * 300 + b'", "max_tokens": 7}',
     ]
     answers = check(ngx, bodies, malformed=True)
     assert answers[0] == "NIL" and answers[1] == "NIL"
     assert answers[2].startswith("OK 4096 ") and answers[3].startswith("OK 1 ")
     assert answers[4].startswith("OK 4096 ") and answers[5].startswith("OK 4096 ") and answers[6].startswith("OK 4096 ")
+    nul = answers[-7:]
+    assert nul[0].startswith("OK 4096 ") and nul[1].startswith("OK 4096 ") and nul[2].startswith("OK 4096 ")
+    assert nul[5] == "NIL" and nul[6].startswith("OK 7 ")   # a body ending inside its string; 300 NULs passed over
 
 
 # JSON documents whose top level names the wanted members among others, at any depth, with

@@ -26,6 +26,9 @@ local tonumber = tonumber
 local str_sub = string.sub
 local ffi_cast = ffi.cast
 local u8p = ffi.typeof("const uint8_t *")
+local C = ffi.C
+require "zccp.libc"   -- strcspn
+local STOPS = '"\\'   -- what ends a run of a string's plain bytes: a quote, a backslash
 
 local _M = { _VERSION = "0.1.0" }
 
@@ -47,11 +50,17 @@ local function skip_space(p, i, n)
 end
 
 -- The index after the string whose opening quote is at i, and whether it holds an escape;
--- nil when the body ends inside it.
+-- nil when the body ends inside it. libc's strcspn finds the next quote or backslash (most
+-- of a body's bytes are inside strings): a body string is NUL-terminated, and a NUL inside
+-- it is passed over as any other byte.
 local function string_end(p, i, n)
     local escaped = false
     i = i + 1
     while i < n do
+        i = i + tonumber(C.strcspn(p + i, STOPS))
+        if i >= n then
+            return nil
+        end
         local c = p[i]
         if c == QUOTE then
             return i + 1, escaped
@@ -59,7 +68,7 @@ local function string_end(p, i, n)
         if c == BACKSLASH then
             escaped = true
             i = i + 2
-        else
+        else   -- a NUL byte
             i = i + 1
         end
     end
