@@ -28,7 +28,7 @@ from collections import Counter
 from pathlib import Path
 
 from bench.bodies import synthetic_body
-from bench.keys import body_1k
+from bench.keys import bodies_1k
 from bench.run import NULL, measured_run, wrk
 from bench.services import Variant, http_get, post, start_d
 from tests.support.checkout import REPO, require_this_checkout
@@ -144,9 +144,7 @@ def main() -> None:
     tmp = Path(tempfile.mkdtemp(prefix="zccp-jit-"))
     body = tmp / "1k.jsonl"
     if args.like_keys:
-        model = json.dumps(NULL["model_name"])   # this stack's model in place of bench.keys' zccp-tiny
-        body.write_text("".join(body_1k(i + 1 if args.bodies > 1 else 0).replace('"zccp-tiny"', model) + "\n"
-                                for i in range(args.bodies)))
+        body.write_text(bodies_1k(args.bodies, str(NULL["model_name"])))
     else:
         body.write_text("".join(synthetic_body(1024, NULL["model_name"], seed=i) + "\n" for i in range(args.bodies)))
     lim = dict(NULL, segment_size_kb=1024, tokens_kb=256, max_body_kb=64)

@@ -70,16 +70,22 @@ def start_ceiling(run_dir: Path) -> Ceiling:
     return Ceiling(start_a(run_dir, lim, canned_reply(str(RUN_NULL["model_name"]))))
 
 
-def body_1k(i: int = 0) -> str:
+def body_1k(i: int = 0, model: str = "zccp-tiny") -> str:
     """A 1 KiB Anthropic body; i > 0: one of many distinct ones (its number leads the text)."""
     filler = (f"#{i} " if i else "") + "The quick brown fox jumps over the lazy dog. "
-    body = {"model": "zccp-tiny", "max_tokens": 16, "temperature": 0,
+    body = {"model": model, "max_tokens": 16, "temperature": 0,
             "messages": [{"role": "user", "content": ""}]}
     base = len(json.dumps(body))
     body["messages"][0]["content"] = (filler * 40)[: 1024 - base]
     out = json.dumps(body)
     assert len(out) == 1024, len(out)
     return out
+
+
+def bodies_1k(n: int, model: str = "zccp-tiny") -> str:
+    """wrk's body file (bench/wrk/post.lua: one body per line): body_1k once (n = 1), or n
+    distinct ones, cycled."""
+    return "".join(body_1k(i + 1 if n > 1 else 0, model) + "\n" for i in range(n))
 
 
 def make_key(s: Stack, mode: str) -> str:
@@ -284,7 +290,7 @@ def main() -> None:
     runs: dict[str, list[dict]] = {}
     with tempfile.TemporaryDirectory() as tmp:
         body_file = Path(tmp) / "body.jsonl"
-        body_file.write_text("".join(body_1k(i + 1 if args.bodies > 1 else 0) + "\n" for i in range(args.bodies)))
+        body_file.write_text(bodies_1k(args.bodies))
         stacks: dict[str, Stack | Ceiling] = {}
         keys: dict[str, str | None] = {CEILING: None}
         try:

@@ -27,7 +27,7 @@ from pathlib import Path
 
 import httpx
 
-from bench.keys import NULL, body_1k, make_key, wrk_with
+from bench.keys import NULL, bodies_1k, body_1k, make_key, wrk_with
 from tests.support.checkout import REPO, require_this_checkout
 from tests.support.harness import Stack, remove_socket_dirs
 from zccp.ops.stack import nginx_paths
@@ -108,7 +108,7 @@ def main() -> None:
             rows = r.json()
             if args.once:
                 with tempfile.NamedTemporaryFile("w", suffix=".jsonl") as bf:
-                    bf.write("".join(body_1k(i + 1 if args.bodies > 1 else 0) + "\n" for i in range(args.bodies)))
+                    bf.write(bodies_1k(args.bodies))
                     bf.flush()
                     for key, what in ((plain, "no limits"), (limited, "limits")):
                         wrk_with(s.base_url, Path(bf.name), 16, 1, ["-", key], path="/zccp-bench/once")

@@ -50,7 +50,7 @@ end
 
 -- The output reservation of a body, or nil, err when nginx cannot decode it (the engine
 -- may: it is refused, never reserved at a default). Read by zccp.limits.body_fields in one
--- pass over the bytes (~2 µs per 1 KiB body in nginx); a body it cannot read as cjson
+-- pass over the bytes (0.8 µs per 1 KiB body in nginx); a body it cannot read as cjson
 -- would is decoded. Read again for the same bytes (an L1 hit): a per-worker memo keyed by
 -- the body string cost more than it saved (bench/engine_stages.md round 12: 5.3 µs per new
 -- 1 KiB body against 0.2 µs for a seen one), as LuaJIT hashes a long string from a few of its
