@@ -239,7 +239,8 @@ end
 
 -- A pointer of type ptr_t at `offset` into slot i.
 local function slot_at(self, i, offset, ptr_t)
-    return ffi_cast(ptr_t, self.base + abi.C.ZCCP_PAGE_SIZE + i * self.slot_size + offset)
+    local p = ffi_cast(ptr_t, self.base + abi.C.ZCCP_PAGE_SIZE + i * self.slot_size + offset)
+    return p
 end
 
 function _M.header(self, i)

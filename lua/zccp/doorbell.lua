@@ -30,7 +30,8 @@ function _M.open(e)
         end
         return nil, "engine not running (doorbell " .. path .. ": " .. err .. ")"
     end
-    return setmetatable({ sock = sock }, mt)
+    local conn = setmetatable({ sock = sock }, mt)
+    return conn
 end
 
 local function frame(op, slot, generation)
@@ -40,7 +41,8 @@ local function frame(op, slot, generation)
     ring_buf.op = op
     ring_buf.slot = slot
     ring_buf.generation = generation
-    return ffi_string(ring_buf, abi.C.ZCCP_RING_SIZE)
+    local s = ffi_string(ring_buf, abi.C.ZCCP_RING_SIZE)
+    return s
 end
 
 function _M.ring(self, slot, generation)

@@ -231,7 +231,8 @@ local RAW_VOLATILE = [["stream"\s*:\s*(?:true|false|null)\s*,?|"stream_options"\
 local function raw_route_key(body)
     local head = str_sub(body, 1, _M.ROUTE_RAW_BYTES + 256)
     local stripped = ngx.re.gsub(head, RAW_VOLATILE, "", "jo")
-    return str_sub(stripped or head, 1, _M.ROUTE_RAW_BYTES)
+    local key = str_sub(stripped or head, 1, _M.ROUTE_RAW_BYTES)
+    return key
 end
 
 function _M.route_key(api, body, endpoint)
@@ -279,7 +280,8 @@ end
 
 -- 16 hex digits of a uint64_t cdata (for logs and tests)
 function _M.hex64(v)
-    return str_format("%08x%08x", tonumber(rshift(v, 32)), tonumber(band(v, 0xFFFFFFFFULL)))
+    local hex = str_format("%08x%08x", tonumber(rshift(v, 32)), tonumber(band(v, 0xFFFFFFFFULL)))
+    return hex
 end
 
 return _M

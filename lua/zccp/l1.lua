@@ -413,13 +413,13 @@ local function template(a, body)
 end
 
 -- An entry's first bytes, from its born time and counts. LuaJIT hashes a long string from
--- a few of its bytes, the first ones among them: entries that differ only in those
--- numbers (one answer to many prompts) shared one hash chain, and every hit's string and
--- its lookup in the parsed entries walked it (bench/string_hash.lua: 3.6 µs per hit with
--- 2,000 such entries, 38 with 16,000; 0.08 and 0.09 tagged). The same numbers give the
--- same tag, so identical entries stay one string (one parse per worker).
+-- a few of its bytes, the first among them: entries that differ only in those numbers
+-- (one answer to many prompts) shared one hash chain, walked by every hit's string and its
+-- lookup in the parsed entries (bench/string_hash.lua: 3.6 µs per hit with 2,000 such
+-- entries, 38 with 16,000; 0.08 and 0.09 tagged). Identical entries stay one string.
 local function tag_of(born, pin, pout)
-    return str_reverse(tohex(bxor(born, rol(pin, 11), rol(pout, 21))))   -- low digits first
+    local tag = str_reverse(tohex(bxor(born, rol(pin, 11), rol(pout, 21))))   -- low digits first
+    return tag
 end
 
 -- The entries now in the dict (expired ones freed first); at most once a second.

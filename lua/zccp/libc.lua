@@ -71,7 +71,8 @@ function _M.write_file(path, data, mode)
 end
 
 function _M.errstr()
-    return ffi.string(C.strerror(ffi.errno()))
+    local msg = ffi.string(C.strerror(ffi.errno()))
+    return msg
 end
 
 -- CLOCK_REALTIME in ns as a uint64 cdata (the engine compares it with time.time_ns()).

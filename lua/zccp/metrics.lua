@@ -14,6 +14,7 @@ local str_match = string.match
 local gmatch = string.gmatch
 local byte = string.byte
 local unpack = unpack
+local jit = jit
 local settings = require "zccp.settings"
 
 local _M = { _VERSION = "0.1.0" }
@@ -109,6 +110,10 @@ local function flush_pending()
         end
     end
 end
+-- Interpreted: it runs 20 times a second, so compiling it gains nothing, and LuaJIT's
+-- traces rooted at its entry stop at the loop ("inner loop in root trace"), an abort it
+-- retried every few seconds for as long as the worker lived (bench.jit_paths --steady).
+jit.off(flush_pending)
 
 -- Like count(), summed in this worker first (see BATCH_S).
 local function add(name, api, value, n)

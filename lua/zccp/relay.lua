@@ -77,7 +77,8 @@ local function take(a, i, from, to)
     local n = to - from
     local first = cap - pos
     if n <= first then
-        return ffi_string(base + pos, n)
+        local s = ffi_string(base + pos, n)
+        return s
     end
     return ffi_string(base + pos, first) .. ffi_string(base, n - first)
 end

@@ -23,7 +23,8 @@ local function fmix32(h)
     h = tobit(h * 0x85ebca6b)
     h = bxor(h, rshift(h, 13))
     h = tobit(h * 0xc2b2ae35)
-    return bxor(h, rshift(h, 16))
+    local mixed = bxor(h, rshift(h, 16))
+    return mixed
 end
 
 -- A ring over `names` (strings, the members' stable names: their scores derive from them).
@@ -34,7 +35,8 @@ function _M.new(names)
     end
     -- scratch: rank()'s scores, reused (a worker runs one request's Lua at a time, and rank
     -- does not yield)
-    return setmetatable({ names = names, salts = salts, n = #names, scratch = {} }, mt)
+    local set = setmetatable({ names = names, salts = salts, n = #names, scratch = {} }, mt)
+    return set
 end
 
 -- Member i's score for a key whose CRC is hk, as an unsigned number.

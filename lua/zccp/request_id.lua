@@ -27,7 +27,8 @@ function _M.new()
     end
     local i = at * 2 * BYTES
     at = at + 1
-    return str_sub(hex, i + 1, i + 2 * BYTES)
+    local id = str_sub(hex, i + 1, i + 2 * BYTES)
+    return id
 end
 
 return _M

@@ -48,7 +48,8 @@ function _M.hex(p, n)
     for k = 0, n - 1 do
         t[k + 1] = HEX[p[k]]
     end
-    return concat(t)
+    local hex = concat(t)
+    return hex
 end
 
 -- Digest of `len` bytes at `ptr` (a pointer or a Lua string) into `out` (32 bytes).
@@ -71,7 +72,8 @@ function _M.digest(ptr, len)
     if not ok then
         return nil, err
     end
-    return ffi_string(md, 32)
+    local d = ffi_string(md, 32)
+    return d
 end
 
 -- Digest of the concatenation of up to three ranges (a pointer or a Lua string, and a
@@ -86,7 +88,8 @@ function _M.digest_parts(p1, n1, p2, n2, p3, n3)
     if p2 and n2 > 0 then crypto.SHA256_Update(ctx, p2, n2) end
     if p3 and n3 > 0 then crypto.SHA256_Update(ctx, p3, n3) end
     crypto.SHA256_Final(md, ctx)
-    return ffi_string(md, 32)
+    local d = ffi_string(md, 32)
+    return d
 end
 
 -- Digest of `head` (a Lua string) then the spans of `base` (a pointer) that `spans` lists
@@ -105,7 +108,8 @@ function _M.digest_spans(head, base, spans, n)
         end
     end
     crypto.SHA256_Final(md, ctx)
-    return ffi_string(md, 32)
+    local d = ffi_string(md, 32)
+    return d
 end
 
 -- `n` random bytes from libcrypto's CSPRNG (the library loaded here) into `out`: true, or nil, err.

@@ -50,7 +50,8 @@ function _M.api_key()
             return key
         end
         if str_find(key, "%S") then
-            return str_match(key, "^%s*(.-)%s*$")
+            local trimmed = str_match(key, "^%s*(.-)%s*$")
+            return trimmed
         end
     end
     local auth = ngx_var.http_authorization
@@ -59,9 +60,11 @@ function _M.api_key()
     end
     -- "Bearer <token>" (the usual form): the token, when it holds no blank
     if str_sub(auth, 1, 7) == "Bearer " and #auth > 7 and not str_find(auth, "[%s]", 8) then
-        return str_sub(auth, 8)
+        local token = str_sub(auth, 8)
+        return token
     end
-    return str_match(auth, "^[Bb][Ee][Aa][Rr][Ee][Rr]%s+(%S+)%s*$")
+    local token = str_match(auth, "^[Bb][Ee][Aa][Rr][Ee][Rr]%s+(%S+)%s*$")
+    return token
 end
 
 -- fp: the request's fingerprint (zccp.fingerprint.compute), or nil. With keys on

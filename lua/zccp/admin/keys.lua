@@ -51,7 +51,8 @@ local function random_bytes(n)
     if not ok then
         return nil, err
     end
-    return ffi.string(buf, n)
+    local hex = ffi.string(buf, n)
+    return hex
 end
 
 local function new_secret()

@@ -236,7 +236,8 @@ end
 
 -- The bytes now in the slot's digest (for the filled phase; read through the core).
 function _M.slot_digest(slot)
-    return ffi_string(slot.header.sha256, 32)
+    local d = ffi_string(slot.header.sha256, 32)
+    return d
 end
 
 return _M

@@ -58,7 +58,8 @@ end
 
 -- The {id} of /v1/models/{id} (letters, digits and ._:-), or nil.
 function _M.model_id(uri)
-    return str_match(uri, "^/v1/models/([A-Za-z0-9._:-]+)$")
+    local id = str_match(uri, "^/v1/models/([A-Za-z0-9._:-]+)$")
+    return id
 end
 
 -- GET /v1/models (and /v1/models/{id}) (zccp.handler.serve_models): Anthropic's shape when the client says

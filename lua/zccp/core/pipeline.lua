@@ -86,7 +86,8 @@ local function source(kind, n)
         end
     end
     out[#out + 1] = kind == "any" and " return false\nend\n" or "end\n"
-    return concat(out)
+    local src = concat(out)
+    return src
 end
 
 local function compile(phase, c)

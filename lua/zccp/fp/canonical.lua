@@ -68,7 +68,8 @@ local function num(v)
     end
     -- an integer below 10^15 in magnitude: %.15g writes all its digits, as %d does
     if v % 1 == 0 and v < 1e15 and v > -1e15 then
-        return str_format("%d", v)
+        local s = str_format("%d", v)
+        return s
     end
     local s
     for i = 1, 3 do

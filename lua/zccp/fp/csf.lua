@@ -60,7 +60,8 @@ do
         local z = state
         z = bxor(z, rshift(z, 30)) * MIX1
         z = bxor(z, rshift(z, 27)) * MIX2
-        return bxor(z, rshift(z, 31))
+        local z2 = bxor(z, rshift(z, 31))
+        return z2
     end
     for i = 0, NUM_PERM - 1 do
         local row = i * NUM_PERM

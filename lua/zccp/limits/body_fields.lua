@@ -139,7 +139,8 @@ local function number_of(p, body, i, j)
         if escaped or e ~= j then
             return false
         end
-        return tonumber(str_sub(body, i + 2, j - 1))
+        local n = tonumber(str_sub(body, i + 2, j - 1))
+        return n
     end
     if c == LBRACE or c == LBRACKET then
         return nil
@@ -149,7 +150,8 @@ local function number_of(p, body, i, j)
         return nil
     end
     if tok:find("^%-?%d+%.?%d*[eE]?[%+%-]?%d*$") then   -- a plain JSON number (strtod and tonumber agree)
-        return tonumber(tok)
+        local n = tonumber(tok)
+        return n
     end
     return false
 end

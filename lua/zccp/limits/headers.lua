@@ -49,7 +49,8 @@ local function used_of(w, i)
     if not b then
         return 0
     end
-    return math_max(0, b.seen - b.left)
+    local used = math_max(0, b.seen - b.left)
+    return used
 end
 
 -- Each API's rate-limit headers: per limit, its limit / remaining / reset names.
