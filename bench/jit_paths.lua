@@ -76,12 +76,37 @@ function _M.install()
     wrap(require("zccp.metrics"), "l1", "  in prepare: metrics.l1")
 end
 
--- GET: {name: {ns, calls}} summed over the workers; ?reset=1 empties the sums first.
+-- bench/jit_paths.py --vmstate: LuaJIT's own sampling profiler (jit.profile, the one
+-- behind luajit -jp) in every worker, 1 ms of the worker's CPU time per sample. Each
+-- sample is counted by the VM's state when it was taken (N compiled trace, I interpreter,
+-- C a C function or nginx itself, G garbage collector, J the trace compiler) and, for the
+-- interpreter's, by the Lua line it was at: which request-path lines do not run compiled.
+function _M.profile()
+    local profile = require "jit.profile"
+    local dumpstack = profile.dumpstack
+    local d = ngx.shared.zccp_bench_phases
+    profile.start("li1", function(thread, samples, vmstate)
+        d:incr("vm " .. vmstate, samples, 0)
+        if vmstate == "I" then
+            d:incr("at " .. dumpstack(thread, "l", 1), samples, 0)
+        end
+    end)
+end
+
+-- GET: {name: {ns, calls}} summed over the workers; ?reset=1 empties the sums first;
+-- ?raw=1: {key: value}, the profiler's counts.
 function _M.report()
     local d = ngx.shared.zccp_bench_phases
     if ngx.var.arg_reset then
         d:flush_all()
         return ngx.say("{}")
+    end
+    if ngx.var.arg_raw then
+        local out = {}
+        for _, k in ipairs(d:get_keys(0)) do
+            out[k] = d:get(k)
+        end
+        return ngx.say(require("cjson").encode(out))
     end
     local out = {}
     for _, k in ipairs(d:get_keys(0)) do

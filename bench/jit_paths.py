@@ -8,7 +8,13 @@ machine state. nginx CPU per request: the nginx processes' utime+stime over the 
 request count (bench/procs), jit.v off while it is measured.
 
     python -m bench.jit_paths [--seconds 3] [--rounds 3] [--conc 16] [--commit C] [--json F]
-        [--bodies N [--like-keys]]
+        [--bodies N [--like-keys]] [--steady S] [--vmstate] [--phases] [--no-jitv]
+
+--steady S: after each jit.v run, S s more on the same workers, now warm: the aborts they
+still add (LuaJIT stops retrying a spot once it blacklists a root trace's start or a side
+exit's counter is spent, so a worker's first seconds list more spots than requests pay
+for later). --vmstate: LuaJIT's sampling profiler in every worker (jit.profile): the share
+of samples per VM state and the Lua lines the interpreter's samples were at.
 
 bench/jit_paths.md: the method and the figures.
 """
@@ -44,24 +50,31 @@ location = /zccp-bench/phases {
     content_by_lua_block { require("jit_paths").report() }
 }
 """
+# LuaJIT's sampling profiler in every worker (bench/jit_paths.lua: profile)
+PROFILE = 'require("jit_paths").profile(); ' + INIT_WORKER
+VMSTATES = {"N": "compiled traces", "I": "interpreter", "C": "C (nginx, the Lua module, FFI callees)",
+            "G": "garbage collector", "J": "trace compiler"}
 ABORT = re.compile(r"^\[TRACE --- (?:\(\d+/\d+\) )?(\S+) -- (.*?)(?: at (\S+))?\]$")
 
 
-def reconfigure(v: Variant, lua_dir: Path, jitv: str | None, confs: dict[Path, str], phases: bool = False) -> None:
+def reconfigure(v: Variant, lua_dir: Path, jitv: str | None, confs: dict[Path, str], phases: bool = False,
+                profile: bool = False) -> None:
     """Rewrites the rendered zccp_http.conf (ZCCP's Lua from lua_dir; jit.v into files
-    jitv + PID, or off; phases: bench/jit_paths.lua's timed wrappers and their location)
-    and reloads nginx: new workers, fresh traces."""
+    jitv + PID, or off; phases: bench/jit_paths.lua's timed wrappers and their location;
+    profile: its VM-state sampler in every worker, same location) and reloads nginx: new
+    workers, fresh traces."""
     for conf, original in confs.items():
         text = original
         if conf.name == "zccp_http.conf":
-            text = text.replace(INIT_WORKER, JITV % jitv if jitv else INIT_WORKER)
+            text = text.replace(INIT_WORKER, JITV % jitv if jitv else PROFILE if profile else INIT_WORKER)
             text, n = re.subn(r'lua_package_path "[^"]*";',
                               f'lua_package_path "{lua_dir}/?.lua;{JIT_LIB}/?.lua;{REPO / "bench"}/?.lua;;";', text)
             assert n == 1, "no lua_package_path in the rendered zccp_http.conf"
             if phases:
                 text = text.replace("init_by_lua_block {", 'init_by_lua_block {\n    require("jit_paths").install()', 1)
+            if phases or profile:
                 text += "\nlua_shared_dict zccp_bench_phases 1m;\n"
-        elif phases:
+        elif phases or profile:
             text += PHASES_LOCATION
         conf.write_text(text)
     nginx = v.services["nginx"].proc
@@ -83,12 +96,17 @@ def workers(master: int) -> set[int]:
     return set()
 
 
-def aborts(prefix: str) -> Counter[tuple[str, str, str]]:
-    """(trace start, reason, where) -> count, over every worker's jit.v file."""
-    c: Counter[tuple[str, str, str]] = Counter()
+def jitv_lines(prefix: str) -> dict[Path, list[str]]:
     d = Path(prefix).parent
-    for f in d.glob(Path(prefix).name + "*"):
-        for line in f.read_text(errors="replace").splitlines():
+    return {f: f.read_text(errors="replace").splitlines() for f in d.glob(Path(prefix).name + "*")}
+
+
+def aborts(prefix: str, after: dict[Path, int] | None = None) -> Counter[tuple[str, str, str]]:
+    """(trace start, reason, where) -> count, over every worker's jit.v file; after: only
+    the lines past each file's count there (what a later run added)."""
+    c: Counter[tuple[str, str, str]] = Counter()
+    for f, lines in jitv_lines(prefix).items():
+        for line in lines[(after or {}).get(f, 0):]:
             m = ABORT.match(line.strip())
             if m:
                 c[(m.group(1), m.group(2), m.group(3) or "")] += 1
@@ -116,6 +134,27 @@ def phase_costs(v: Variant, body: Path, args: argparse.Namespace, nocache: bool,
     return {"total_us": total, "clock_us": clock / 1e3, "requests": n, "rows": rows, "rest_us": rest}
 
 
+def vm_states(v: Variant, body: Path, args: argparse.Namespace, nocache: bool, title: str) -> dict:
+    """Shares of jit.profile's samples (1 per ms of a worker's CPU) per VM state over a
+    measured run after a warm-up, and the Lua lines the interpreter's samples were at."""
+    wrk(v.url, body, args.conc, 1, nocache)   # warm-up: traces, L1
+    v.wait_drained()
+    http_get(v.url + "/zccp-bench/phases?reset=1", 5)
+    r = measured_run(v, body, args.conc, args.seconds, nocache)
+    got = json.loads(http_get(v.url + "/zccp-bench/phases?raw=1", 5)[1])
+    states = {k[3:]: n for k, n in got.items() if k.startswith("vm ")}
+    total = max(sum(states.values()), 1)
+    lines = sorted(((n, k[3:]) for k, n in got.items() if k.startswith("at ")), reverse=True)
+    print(f"\n{title}: {total} samples over {r['requests']} requests (nginx "
+          f"{r['procs']['nginx']['cpu_s_per_req'] * 1e6:.1f} µs/req, the sampler's own cost included)")
+    for st, n in sorted(states.items(), key=lambda x: -x[1]):
+        print(f"  {100 * n / total:5.1f} %  {VMSTATES.get(st, st)}")
+    interp = max(states.get("I", 0), 1)
+    for n, where in lines[:12]:
+        print(f"      {100 * n / interp:5.1f} % of the interpreter's  {where}")
+    return {"samples": states, "requests": r["requests"], "interpreted_at": dict((w, n) for n, w in lines)}
+
+
 def lua_at(commit: str, into: Path) -> Path:
     into.mkdir(parents=True)
     # shm_abi/ beside lua/: a module required before zccp.abi.init finds the header there
@@ -133,6 +172,10 @@ def main() -> None:
     ap.add_argument("--commit", help="also run this commit's lua/ (the before of a change), interleaved")
     ap.add_argument("--no-jitv", action="store_true", help="only the CPU per request")
     ap.add_argument("--phases", action="store_true", help="also nginx CPU per phase (bench/jit_paths.lua)")
+    ap.add_argument("--steady", type=float, default=0.0, metavar="S",
+                    help="after each jit.v run, S s more on the same (warm) workers: the aborts they add")
+    ap.add_argument("--vmstate", action="store_true",
+                    help="also LuaJIT's profiler: the share of samples per VM state, interpreted lines")
     ap.add_argument("--bodies", type=int, default=1,
                     help="distinct 1 KiB bodies, cycled (default 1); see --like-keys")
     ap.add_argument("--like-keys", action="store_true",
@@ -156,7 +199,7 @@ def main() -> None:
     if args.commit:
         trees = {args.commit[:10]: lua_at(args.commit, tmp / "before"), **trees}
     v = start_d(tmp / "D", lim, 32)
-    out: dict = {"aborts": {}, "cpu": {}, "phases": {}}
+    out: dict = {"aborts": {}, "steady": {}, "cpu": {}, "phases": {}, "vmstate": {}}
     try:
         status, _, data = post(v.url, body.read_bytes().split(b"\n")[0])
         if status != 200:
@@ -175,9 +218,25 @@ def main() -> None:
                 found = aborts(files)
                 out["aborts"][f"{label} {path}"] = [
                     {"start": k[0], "reason": k[1], "at": k[2], "count": n} for k, n in found.most_common()]
-                print(f"\n{label}, {path}: {sum(found.values())} trace aborts")
+                print(f"\n{label}, {path}: {sum(found.values())} trace aborts in the workers' first "
+                      f"{args.seconds:g} s")
                 for (start, reason, at), n in found.most_common():
                     print(f"  {n:5d}  {reason}  at {at}  (trace from {start})")
+                if args.steady:
+                    # the same workers, warm: what LuaJIT still tries and gives up once every spot
+                    # it gave up on is blacklisted (a root trace's start) or spent (a side exit's
+                    # counter, 255 tries at most)
+                    marks = {f: len(lines) for f, lines in jitv_lines(files).items()}
+                    r = measured_run(v, body, args.conc, args.steady, nocache)
+                    steady = aborts(files, marks)
+                    out["steady"][f"{label} {path}"] = {
+                        "seconds": args.steady, "requests": r["requests"],
+                        "aborts": [{"start": k[0], "reason": k[1], "at": k[2], "count": n}
+                                   for k, n in steady.most_common()]}
+                    print(f"{label}, {path}, warm: {sum(steady.values())} trace aborts in {r['requests']} "
+                          f"requests over the next {args.steady:g} s")
+                    for (start, reason, at), n in steady.most_common():
+                        print(f"  {n:5d}  {reason}  at {at}  (trace from {start})")
         for i in range(args.rounds):
             for label, lua in trees.items():
                 reconfigure(v, lua, None, confs)
@@ -192,6 +251,11 @@ def main() -> None:
                         {"nginx_us": us, "rps": r["rps"], "other_cores": r["other_cores"]})
                     print(f"round {i + 1} {label:10s} {path:4s} {r['rps']:8.0f} req/s  nginx {us:6.1f} µs/req"
                           f"  (other load {r['other_cores']:.2f} cores)", flush=True)
+        if args.vmstate:
+            for label, lua in trees.items():
+                reconfigure(v, lua, None, confs, profile=True)
+                for path, nocache in (("hit", False), ("miss", True)):
+                    out["vmstate"][f"{label} {path}"] = vm_states(v, body, args, nocache, f"{label}, {path}")
         if args.phases:
             for label, lua in trees.items():
                 reconfigure(v, lua, None, confs, phases=True)
