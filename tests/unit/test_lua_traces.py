@@ -67,7 +67,7 @@ def tail_calls_to_builtins(root: Path, base: Path = REPO) -> list[str]:
         for line in lines:
             m = ALIAS.match(line)
             if m:
-                for name, expr in zip(m.group(1).split(","), m.group(2).split(",")):
+                for name, expr in zip(m.group(1).split(","), m.group(2).split(","), strict=False):   # local a, b = f()
                     if _builtin(expr):
                         aliases.add(name.strip())
         for no, line in enumerate(lines, 1):
