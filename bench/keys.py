@@ -202,7 +202,8 @@ def render(runs: dict[str, list[dict]], seconds: float, conc: int, bodies: int =
         bl = [r.get("load1", float("nan")) for rs in saved["runs"].values() for r in rs]
         lines += ["", f"Before: the lua/ of {saved['commit']} (bench/keys_before.json, written by the last "
                       f"`--commit` run, not necessarily this session's; load median {median(bl):.2f}, from "
-                      f"{min(bl):.2f} to {max(bl):.2f}; {saved.get('bodies', 1)} distinct bodies; c = {saved.get('conc', '?')}):", ""]
+                      f"{min(bl):.2f} to {max(bl):.2f}; {saved.get('bodies', 1)} distinct bodies; "
+                      f"c = {saved.get('conc', '?')}):", ""]
         lines += paired(saved["runs"])
     lines += attribution()
     return "\n".join(lines) + "\n"

@@ -51,8 +51,8 @@ local function random_bytes(n)
     if not ok then
         return nil, err
     end
-    local hex = ffi.string(buf, n)
-    return hex
+    local bytes = ffi.string(buf, n)
+    return bytes
 end
 
 local function new_secret()
