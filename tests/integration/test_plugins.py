@@ -2,13 +2,15 @@
 engine: the shipped example plugins and operators' plugins from a temporary directory, in
 order and by phase; a refusal from a plugin in both APIs' shapes and over HTTP/2; a plugin
 that raises (that request's 500, the next one fine, counted); a plugin that fails to load
-on reload (refused with its file and line, the last good copy stays, /health names it)."""
+on reload (refused with its file and line, the last good copy stays, /health names it); a
+client gone while a plugin waits is never sent to the engine."""
 
 from __future__ import annotations
 
 import json
 import os
 import shutil
+import socket
 import subprocess
 import sys
 import time
@@ -48,6 +50,13 @@ function _M.prepare(r, conf)
         return pipeline.refuse(r, 403, "permission_error", "messages: the gate refuses " .. conf.word)
     end
 end
+return _M
+'''
+
+
+# Waits in prepare, as a plugin's Redis call or lookup would.
+SLOW = '''local _M = { name = "slow" }
+function _M.prepare(r) ngx.sleep(1.5) end
 return _M
 '''
 
@@ -178,3 +187,34 @@ def test_without_ratelimit_headers_admitted_answers_go_without_them_and_429s_kee
     assert r.status_code == 429, r.text
     assert r.headers["anthropic-ratelimit-requests-limit"] == "1"
     assert r.headers["anthropic-ratelimit-requests-remaining"] == "0"
+
+
+def _sum(s, prefix: str) -> float:
+    return sum(float(line.rsplit(" ", 1)[1]) for line in s.admin_client().get("/metrics").text.splitlines()
+               if line.startswith(prefix))
+
+
+def test_a_client_gone_while_a_plugin_waits_is_not_sent_to_the_engine(make_stack, tmp_path):
+    d = tmp_path / "plugins"
+    d.mkdir()
+    (d / "slow.lua").write_text(SLOW)
+    s = make_stack({"model": {"backend": "null"}, "plugins": {"chain": [*BUILTIN, "slow"], "dir": str(d)}})
+    engine0, nginx0 = _sum(s, "zccp_engine_requests_total"), _sum(s, "zccp_nginx_requests_total")
+    body = dumps(anthropic_body("a question nobody waits for"))
+    host, port = s.cfg.server.listen.rsplit(":", 1)
+    conn = socket.create_connection((host, int(port)), timeout=10)
+    conn.sendall((f"POST /v1/messages HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                  f"Content-Length: {len(body)}\r\n\r\n").encode() + body)
+    time.sleep(0.3)   # the request is in the plugin's wait
+    conn.close()
+    deadline = time.monotonic() + 10
+    while _sum(s, "zccp_nginx_requests_total") == nginx0 and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert _sum(s, "zccp_nginx_requests_total") == nginx0 + 1   # its log phase ran
+    time.sleep(2)         # past the plugin's wait: had the request gone on, the engine has it now
+    assert _sum(s, "zccp_engine_requests_total") == engine0
+    assert _sum(s, "zccp_engine_abandoned_total") == 0
+    s.assert_no_leaks()
+    r = s.client().post("/v1/messages", content=body, headers={"content-type": "application/json"})
+    assert r.status_code == 200, r.text
+    assert _sum(s, "zccp_engine_requests_total") == engine0 + 1
