@@ -80,15 +80,16 @@ end
 -- behind luajit -jp) in every worker, 1 ms of the worker's CPU time per sample. Each
 -- sample is counted by the VM's state when it was taken (N compiled trace, I interpreter,
 -- C a C function or nginx itself, G garbage collector, J the trace compiler) and, for the
--- interpreter's, by the Lua line it was at: which request-path lines do not run compiled.
+-- interpreter's and the collector's, by the Lua line it was at: which request-path lines do
+-- not run compiled, and where a GC step ran (inside an allocation: where requests allocate).
 function _M.profile()
     local profile = require "jit.profile"
     local dumpstack = profile.dumpstack
     local d = ngx.shared.zccp_bench_phases
     profile.start("li1", function(thread, samples, vmstate)
         d:incr("vm " .. vmstate, samples, 0)
-        if vmstate == "I" then
-            d:incr("at " .. dumpstack(thread, "l", 1), samples, 0)
+        if vmstate == "I" or vmstate == "G" then   -- G: the line whose allocation ran a GC step
+            d:incr("at " .. vmstate .. " " .. dumpstack(thread, "l", 1), samples, 0)
         end
     end)
 end

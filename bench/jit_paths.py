@@ -14,7 +14,8 @@ request count (bench/procs), jit.v off while it is measured.
 still add (LuaJIT stops retrying a spot once it blacklists a root trace's start or a side
 exit's counter is spent, so a worker's first seconds list more spots than requests pay
 for later). --vmstate: LuaJIT's sampling profiler in every worker (jit.profile): the share
-of samples per VM state and the Lua lines the interpreter's samples were at.
+of samples per VM state and the Lua lines the interpreter's and the collector's samples were
+at (a GC step runs inside an allocation).
 
 bench/jit_paths.md: the method and the figures.
 """
@@ -136,7 +137,8 @@ def phase_costs(v: Variant, body: Path, args: argparse.Namespace, nocache: bool,
 
 def vm_states(v: Variant, body: Path, args: argparse.Namespace, nocache: bool, title: str) -> dict:
     """Shares of jit.profile's samples (1 per ms of a worker's CPU) per VM state over a
-    measured run after a warm-up, and the Lua lines the interpreter's samples were at."""
+    measured run after a warm-up, and the Lua lines the interpreter's and the collector's
+    samples were at."""
     wrk(v.url, body, args.conc, 1, nocache)   # warm-up: traces, L1
     v.wait_drained()
     http_get(v.url + "/zccp-bench/phases?reset=1", 5)
@@ -144,7 +146,8 @@ def vm_states(v: Variant, body: Path, args: argparse.Namespace, nocache: bool, t
     got = json.loads(http_get(v.url + "/zccp-bench/phases?raw=1", 5)[1])
     states = {k[3:]: n for k, n in got.items() if k.startswith("vm ")}
     total = max(sum(states.values()), 1)
-    lines = sorted(((n, k[3:]) for k, n in got.items() if k.startswith("at ")), reverse=True)
+    lines = sorted(((n, k[5:]) for k, n in got.items() if k.startswith("at I ")), reverse=True)
+    gc_lines = sorted(((n, k[5:]) for k, n in got.items() if k.startswith("at G ")), reverse=True)
     print(f"\n{title}: {total} samples over {r['requests']} requests (nginx "
           f"{r['procs']['nginx']['cpu_s_per_req'] * 1e6:.1f} µs/req, the sampler's own cost included)")
     for st, n in sorted(states.items(), key=lambda x: -x[1]):
@@ -152,7 +155,11 @@ def vm_states(v: Variant, body: Path, args: argparse.Namespace, nocache: bool, t
     interp = max(states.get("I", 0), 1)
     for n, where in lines[:12]:
         print(f"      {100 * n / interp:5.1f} % of the interpreter's  {where}")
-    return {"samples": states, "requests": r["requests"], "interpreted_at": dict((w, n) for n, w in lines)}
+    gc = max(states.get("G", 0), 1)
+    for n, where in gc_lines[:12]:
+        print(f"      {100 * n / gc:5.1f} % of the collector's  {where}")
+    return {"samples": states, "requests": r["requests"], "interpreted_at": dict((w, n) for n, w in lines),
+            "collected_at": dict((w, n) for n, w in gc_lines)}
 
 
 def lua_at(commit: str, into: Path) -> Path:
