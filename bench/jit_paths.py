@@ -114,6 +114,14 @@ def aborts(prefix: str, after: dict[Path, int] | None = None) -> Counter[tuple[s
     return c
 
 
+def report_aborts(found: Counter[tuple[str, str, str]], title: str) -> list[dict]:
+    """Prints the aborts under title, most frequent first; their rows for the JSON."""
+    print(title)
+    for (start, reason, at), n in found.most_common():
+        print(f"  {n:5d}  {reason}  at {at}  (trace from {start})")
+    return [{"start": k[0], "reason": k[1], "at": k[2], "count": n} for k, n in found.most_common()]
+
+
 def phase_costs(v: Variant, body: Path, args: argparse.Namespace, nocache: bool, title: str) -> dict:
     """µs of nginx CPU per request in each wrapped piece (bench/jit_paths.lua), beside the
     whole request's (bench/procs, the wrappers' own cost included)."""
@@ -146,20 +154,18 @@ def vm_states(v: Variant, body: Path, args: argparse.Namespace, nocache: bool, t
     got = json.loads(http_get(v.url + "/zccp-bench/phases?raw=1", 5)[1])
     states = {k[3:]: n for k, n in got.items() if k.startswith("vm ")}
     total = max(sum(states.values()), 1)
-    lines = sorted(((n, k[5:]) for k, n in got.items() if k.startswith("at I ")), reverse=True)
-    gc_lines = sorted(((n, k[5:]) for k, n in got.items() if k.startswith("at G ")), reverse=True)
     print(f"\n{title}: {total} samples over {r['requests']} requests (nginx "
           f"{r['procs']['nginx']['cpu_s_per_req'] * 1e6:.1f} µs/req, the sampler's own cost included)")
     for st, n in sorted(states.items(), key=lambda x: -x[1]):
         print(f"  {100 * n / total:5.1f} %  {VMSTATES.get(st, st)}")
-    interp = max(states.get("I", 0), 1)
-    for n, where in lines[:12]:
-        print(f"      {100 * n / interp:5.1f} % of the interpreter's  {where}")
-    gc = max(states.get("G", 0), 1)
-    for n, where in gc_lines[:12]:
-        print(f"      {100 * n / gc:5.1f} % of the collector's  {where}")
-    return {"samples": states, "requests": r["requests"], "interpreted_at": dict((w, n) for n, w in lines),
-            "collected_at": dict((w, n) for n, w in gc_lines)}
+    out = {"samples": states, "requests": r["requests"]}
+    for st, whose, key in (("I", "interpreter's", "interpreted_at"), ("G", "collector's", "collected_at")):
+        lines = sorted(((n, k[5:]) for k, n in got.items() if k.startswith(f"at {st} ")), reverse=True)
+        of = max(states.get(st, 0), 1)
+        for n, where in lines[:12]:
+            print(f"      {100 * n / of:5.1f} % of the {whose}  {where}")
+        out[key] = {where: n for n, where in lines}
+    return out
 
 
 def lua_at(commit: str, into: Path) -> Path:
@@ -223,12 +229,9 @@ def main() -> None:
                 if not list(logs.glob(f"{label}-{path}-*")):
                     raise RuntimeError(f"jit.v wrote nothing (see {tmp}/D/logs/nginx-error.log)")
                 found = aborts(files)
-                out["aborts"][f"{label} {path}"] = [
-                    {"start": k[0], "reason": k[1], "at": k[2], "count": n} for k, n in found.most_common()]
-                print(f"\n{label}, {path}: {sum(found.values())} trace aborts in the workers' first "
-                      f"{args.seconds:g} s")
-                for (start, reason, at), n in found.most_common():
-                    print(f"  {n:5d}  {reason}  at {at}  (trace from {start})")
+                out["aborts"][f"{label} {path}"] = report_aborts(
+                    found, f"\n{label}, {path}: {sum(found.values())} trace aborts in the workers' first "
+                           f"{args.seconds:g} s")
                 if args.steady:
                     # the same workers, warm: what LuaJIT still tries and gives up once every spot
                     # it gave up on is blacklisted (a root trace's start) or spent (a side exit's
@@ -238,12 +241,9 @@ def main() -> None:
                     steady = aborts(files, marks)
                     out["steady"][f"{label} {path}"] = {
                         "seconds": args.steady, "requests": r["requests"],
-                        "aborts": [{"start": k[0], "reason": k[1], "at": k[2], "count": n}
-                                   for k, n in steady.most_common()]}
-                    print(f"{label}, {path}, warm: {sum(steady.values())} trace aborts in {r['requests']} "
-                          f"requests over the next {args.steady:g} s")
-                    for (start, reason, at), n in steady.most_common():
-                        print(f"  {n:5d}  {reason}  at {at}  (trace from {start})")
+                        "aborts": report_aborts(steady, f"{label}, {path}, warm: {sum(steady.values())} trace "
+                                                        f"aborts in {r['requests']} requests over the next "
+                                                        f"{args.steady:g} s")}
         for i in range(args.rounds):
             for label, lua in trees.items():
                 reconfigure(v, lua, None, confs)

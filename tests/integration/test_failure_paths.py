@@ -14,6 +14,7 @@ import openai
 import pytest
 import redis
 
+from tests.support.cache_requests import metric_samples
 from tests.support.harness import Stack, anthropic_body
 
 FAIL_AFTER = 5
@@ -47,8 +48,7 @@ def redis_keys(s: Stack) -> list[bytes]:
 
 
 def metric(s: Stack, line_prefix: str) -> float:
-    text = s.admin_client().get("/metrics").text
-    values = [float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line.startswith(line_prefix)]
+    values = metric_samples(s, line_prefix)
     assert values, f"no sample {line_prefix!r} in /metrics"
     return sum(values)
 

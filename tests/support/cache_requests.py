@@ -42,6 +42,12 @@ def eventually(s, api, body, **headers) -> str:
     return "MISS"
 
 
+def metric_samples(s, line_prefix: str) -> list[float]:
+    """The values of every /metrics sample whose line starts with line_prefix."""
+    return [float(line.rsplit(" ", 1)[1]) for line in s.admin_client().get("/metrics").text.splitlines()
+            if line.startswith(line_prefix)]
+
+
 def metric(s, name: str, **labels) -> float:
     want = ",".join(f'{k}="{v}"' for k, v in sorted(labels.items()))
     for line in s.admin_client().get("/metrics").text.splitlines():
