@@ -73,6 +73,13 @@ def _check_consistency(cfg: Config, given: frozenset[str] = frozenset()) -> None
         if not re.fullmatch(r"all|unix:|[0-9A-Fa-f.:]+(/[0-9]{1,3})?", token):
             raise ConfigError(f"{cfg.path}: server.metrics_allow: {token!r} is not an address, a CIDR, "
                               "'unix:' or 'all'")
+    for key in ("health", "metrics"):
+        value = getattr(cfg.server.paths, key)
+        if value is not None and not re.fullmatch(r"(/[A-Za-z0-9._~-]+)+", value):
+            raise ConfigError(f"{cfg.path}: server.paths.{key}: {value!r} must be an absolute path of "
+                              "letters, digits and ._~- segments (an exact nginx location)")
+        if value is not None and value.startswith("/v1/"):
+            raise ConfigError(f"{cfg.path}: server.paths.{key}: {value!r} is under /v1/, the API's own paths")
     admin = cfg.server.admin_listen
     if admin is not None:
         if admin == cfg.server.listen:

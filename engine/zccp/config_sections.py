@@ -37,6 +37,18 @@ class TlsConfig:
 
 
 @dataclass(frozen=True)
+class PathsConfig:
+    """server.paths: the paths that commonly collide with a site's own (docs/existing-nginx.md)."""
+    # GET health check on the public server; None: /health on the standalone stack,
+    # /zccp/health in the includes for an existing server (a site's /health stays its own).
+    health: str | None = None
+    metrics: str = "/metrics"                # GET /metrics on the admin listener
+    # GET /v1/models and /v1/models/<model.name> in the includes; false: the site keeps
+    # them (the standalone stack always serves them).
+    models: bool = True
+
+
+@dataclass(frozen=True)
 class ServerConfig:
     listen: str = "127.0.0.1:8080"          # nginx listen address (loopback by default)
     workers: int = bounded(2, 1, 64)   # nginx worker processes
@@ -64,6 +76,7 @@ class ServerConfig:
     # tls: nginx 1.22 speaks cleartext HTTP/2 only to prior-knowledge clients, and then no
     # HTTP/1.1 on that port.
     http2: bool | None = None
+    paths: PathsConfig = field(default_factory=PathsConfig)
 
     @property
     def speaks_http2(self) -> bool:

@@ -79,6 +79,11 @@ def nginx_main(argv: list[str] | None = None) -> None:
     args_in = sys.argv[1:] if argv is None else argv
     # `zccp-nginx render ...` is the documented form; the bare `zccp-nginx --config ...`
     # (what older scripts and the container entrypoint call) is its alias.
+    if args_in[:1] in (["check"], ["check-site"]):
+        from zccp.ops.nginx_cli import check_main, check_site_main
+
+        main = check_main if args_in[0] == "check" else check_site_main
+        sys.exit(main(args_in[1:], lambda path, run_dir: _load(path, run_dir, check_host=False)))
     if args_in[:1] == ["render"]:
         args_in = args_in[1:]
     p = argparse.ArgumentParser(prog="zccp-nginx render", description="Render ZCCP's nginx includes from config.yaml "

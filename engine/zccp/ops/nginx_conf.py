@@ -232,21 +232,49 @@ def _model_paths(cfg: Config) -> list[str]:
     return [f"/v1/models/{name}" for name in model_names(cfg) if _MODEL_ID.fullmatch(name)]
 
 
-def model_location(cfg: Config) -> str:
-    """`location = /v1/models/<name>` (GET one model) for each model served, or a comment
-    for a name that is not a single path segment of letters, digits and ._:- (then only
-    /v1/models lists it)."""
-    out = []
+_MODELS_LOCATION = """location = /v1/models {
+    lua_socket_log_errors off;
+    error_page 400 429 500 502 503 504 @zccp_error_models;
+    content_by_lua_block { require("zccp.handler").serve_models() }
+    log_by_lua_block { require("zccp.handler").log(nil) }   # a request for the key's limits and usage
+}"""
+
+
+def models_locations(cfg: Config, standalone: bool = False) -> str:
+    """`location = /v1/models` and `location = /v1/models/<name>` (GET one model) for each
+    model served, or a comment for a name that is not a single path segment of letters,
+    digits and ._:- (then only /v1/models lists it). None in the includes with
+    server.paths.models false (the site keeps those paths)."""
+    if not (standalone or cfg.server.paths.models):
+        return "# (no /v1/models locations: server.paths.models is false, the server's own answer them)"
+    out = [_MODELS_LOCATION]
     for name in model_names(cfg):
         if not _MODEL_ID.fullmatch(name):
             out.append(f"# (none: model name {name!r} is not a path segment of letters, digits and ._:-)")
             continue
         out.append(f"location = /v1/models/{name} {{\n"
                    "    lua_socket_log_errors off;\n"
+                   "    error_page 400 429 500 502 503 504 @zccp_error_models;\n"
                    '    content_by_lua_block { require("zccp.handler").serve_models() }\n'
                    '    log_by_lua_block { require("zccp.limits").settle() }\n'
                    "}")
-    return "\n".join(out)
+    return "\n\n".join(out)
+
+
+API_PATHS = ("/v1/messages", "/v1/chat/completions", "/v1/completions", "/v1/responses",
+             "/v1/messages/count_tokens")
+
+
+def health_path(cfg: Config, standalone: bool) -> str:
+    """The public health check's path: server.paths.health, else /health on the standalone
+    stack and /zccp/health in an existing server (whose own /health stays its own)."""
+    return cfg.server.paths.health or ("/health" if standalone else "/zccp/health")
+
+
+def server_paths(cfg: Config, standalone: bool = False) -> list[str]:
+    """Every exact path zccp_server.conf adds to the server that includes it."""
+    models = ["/v1/models", *_model_paths(cfg)] if standalone or cfg.server.paths.models else []
+    return [*API_PATHS, *models, health_path(cfg, standalone)]
 
 
 def engines_settings(cfg: Config) -> str:
@@ -309,8 +337,10 @@ def render(cfg: Config, out: Path, standalone: bool = False, prefix: Path | None
         "max_tokens_cap": str(cfg.limits.max_tokens_cap),
         "max_choices": str(MAX_CHOICES),
         "admin_digest_file": _admin_digest_file(cfg, out),
-        "model_location": model_location(cfg),
+        "models_locations": models_locations(cfg, standalone),
         "model_log_path": " ".join(f"{p} 1;" for p in _model_paths(cfg)) or "# (no /v1/models/{id} location)",
+        "health_path": health_path(cfg, standalone),
+        "metrics_path": cfg.server.paths.metrics,
         "engines": engines_settings(cfg),
         "routing_policy": cfg.routing.policy,
         "routing_spill_load": repr(cfg.routing.spill_load),

@@ -302,7 +302,9 @@ def nginx_service(cfg: Config, run_dir: Path) -> tuple[Service, RenderedNginx]:
     svc = Service("nginx", [exe, "-p", str(rendered.prefix), "-c", str(rendered.nginx_conf), "-g", "daemon off;"],
                   log_dir(run_dir) / "nginx-error.log", stop_signal=signal.SIGQUIT)
     svc.start()
-    url = base_url(cfg) + "/health"
+    from zccp.ops.nginx_conf import health_path
+
+    url = base_url(cfg) + health_path(cfg, standalone=True)
 
     def listening() -> bool:
         with contextlib.suppress(OSError):

@@ -11,6 +11,7 @@ local ngx_header = ngx.header
 local ngx_print = ngx.print
 local str_find = string.find
 local str_match = string.match
+local tonumber = tonumber
 
 local _M = { _VERSION = "0.1.0" }
 
@@ -19,6 +20,35 @@ function _M.too_large(api)
     ngx_header["X-Request-ID"] = ngx_var.zccp_request_id
     return errors.send(api, 413, "request_too_large",
         "request body exceeds the limit of " .. settings.get().max_body .. " bytes")
+end
+
+-- What nginx itself answers on ZCCP's locations (error_page ... @zccp_error_<api>), by
+-- $status: the error kind and whether a client should come back later (retry-after).
+local NGINX_ERRORS = {
+    [400] = { "invalid_request_error", "nginx could not read the request" },
+    [429] = { "rate_limit_error", "too many requests: refused by this server's request limits", true },
+    [500] = { "api_error", "internal error in the gateway" },
+    [502] = { "api_error", "bad gateway" },
+    [503] = { "overloaded_error", "service unavailable: refused by this server's request limits", true },
+    [504] = { "api_error", "gateway timeout" },
+}
+local RETRY_AFTER_S = "1"
+
+-- error_page's named location: the status nginx meant (a server-level limit_req or
+-- limit_conn's 429/503, client_max_body_size's 413, ...) in the API's shape, never its HTML
+-- page. api nil: /v1/models, whose shape the anthropic-version header picks.
+function _M.nginx_error(api)
+    local status = tonumber(ngx_var.status) or 500
+    api = api or (ngx_var.http_anthropic_version and "anthropic" or "openai")
+    if status == 413 then
+        return _M.too_large(api)
+    end
+    ngx_header["X-Request-ID"] = ngx_var.zccp_request_id
+    local e = NGINX_ERRORS[status]
+    if not e then
+        e = { status < 500 and "invalid_request_error" or "api_error", "HTTP " .. status }
+    end
+    return errors.send(api, status, e[1], e[2], e[3] and { ["Retry-After"] = RETRY_AFTER_S } or nil)
 end
 
 -- nginx refused the request's header lines (large_client_header_buffers: error 494),

@@ -27,6 +27,8 @@ local os_rename = os.rename
 local os_remove = os.remove
 local str_format = string.format
 local str_find = string.find
+local str_match = string.match
+local str_gmatch = string.gmatch
 local concat = table.concat
 local package = package
 
@@ -202,6 +204,27 @@ local function write_last_good(path, patterns, n)
     return true
 end
 
+-- The line of the patterns file where the entry `name` is named (name = "..."), or nil
+-- (a file that does not load names its own line in its message).
+local function line_of(path, name)
+    local src = read_file(path)
+    if not src then
+        return nil
+    end
+    local line = 1
+    for text in str_gmatch(src, "([^\n]*)\n?") do
+        local q = str_match(text, "name%s*=%s*([\"'])")
+        if q and str_find(text, q .. name .. q, 1, true) then
+            return line
+        end
+        line = line + 1
+        if line > 100000 then
+            return nil
+        end
+    end
+    return nil
+end
+
 -- opts: path (default: zccp/mask_patterns.lua on package.path), last_good_path
 -- (default: <path without .lua>.last_good.lua), write_last_good (default: true in
 -- the init phase). Returns the number of patterns in force and the list of errors.
@@ -222,8 +245,10 @@ function _M.init(opts)
 
     local errors = {}
     local function report(name, msg)
-        errors[#errors + 1] = { name = name, message = msg }
-        log(ngx and ngx.ERR, "zccp masks: pattern \"", name, "\" rejected: ", msg)
+        local line = line_of(path, name)
+        local where = line and (path .. ":" .. line) or path
+        errors[#errors + 1] = { name = name, message = msg, file = path, line = line }
+        log(ngx and ngx.ERR, "zccp masks: ", where, ": pattern \"", name, "\" rejected: ", msg)
     end
 
     -- the previous good set
@@ -336,7 +361,7 @@ function _M.errors()
     ensure()
     local out = {}
     for i, e in ipairs(state.errors) do
-        out[i] = { name = e.name, message = e.message }
+        out[i] = { name = e.name, message = e.message, file = e.file, line = e.line }
     end
     return out
 end

@@ -1,0 +1,55 @@
+-- `zccp-nginx check` (engine/zccp/ops/nginx_check.py): run by init_by_lua of a throwaway
+-- nginx (the operator's own binary, no listener), so the mask patterns are compiled by the
+-- PCRE and the plugins loaded by the LuaJIT that nginx will use. Nothing is written but the
+-- report: no last-good file, no plugin copy kept. One line per refusal, "file:line: why".
+local ipairs = ipairs
+local pcall = pcall
+local tostring = tostring
+local io_open = io.open
+local str_sub = string.sub
+local str_gsub = string.gsub
+local concat = table.concat
+
+local _M = { _VERSION = "0.1.0" }
+
+local function starts(s, prefix)
+    return str_sub(s, 1, #prefix) == prefix
+end
+
+-- opts: mask_patterns (file), plugins (settings.plugins as rendered, last_good an empty
+-- scratch directory), settings (what a plugin may read while it loads), report (the file
+-- to write).
+function _M.run(opts)
+    local out = {}
+    require("zccp.settings").set(opts.settings)
+    require("zccp.abi").init(opts.settings.abi_header)   -- what the built-in plugins' modules read
+    local mask_store = require "zccp.fp.mask_store"
+    -- a last-good path that does not exist: a broken pattern is reported, not replaced
+    local n, errs = mask_store.init({ path = opts.mask_patterns, last_good_path = opts.report .. ".none",
+                                      write_last_good = false })
+    for _, e in ipairs(errs) do
+        local where = e.line and (e.file .. ":" .. e.line) or e.file
+        local msg = str_gsub(tostring(e.message), "[\r\n\t]", " ")
+        out[#out + 1] = starts(msg, e.file) and ("mask\t" .. msg) or
+            ("mask\t" .. where .. ": pattern \"" .. tostring(e.name) .. "\": " .. msg)
+    end
+    out[#out + 1] = "masks\t" .. n
+    local ok, loaded, perrs = pcall(require("zccp.core.pipeline").init, opts.plugins)
+    if not ok then
+        out[#out + 1] = "plugin\t" .. tostring(loaded)
+    else
+        for _, e in ipairs(perrs or {}) do
+            local file, msg = tostring(e.file), str_gsub(tostring(e.message), "[\r\n\t]", " ")
+            out[#out + 1] = "plugin\t" .. (starts(msg, file) and msg or (file .. ": plugin " .. tostring(e.plugin)
+                                                                      .. ": " .. msg))
+        end
+        out[#out + 1] = "plugins\t" .. #(loaded or {})
+    end
+    local f = io_open(opts.report, "wb")
+    if f then
+        f:write(concat(out, "\n"), "\n")
+        f:close()
+    end
+end
+
+return _M
