@@ -12,8 +12,19 @@ local concat = table.concat
 
 local _M = { _VERSION = "0.1.0" }
 
+local str_match = string.match
+
 local function starts(s, prefix)
     return str_sub(s, 1, #prefix) == prefix
+end
+
+-- "file:line: why" with the whole file name: Lua shortens a long chunk name to "...tail".
+local function located(file, msg)
+    local head, line, why = str_match(msg, "^(.-):(%d+): (.*)$")
+    if head and starts(head, "...") and str_sub(file, -(#head - 3)) == str_sub(head, 4) then
+        return file .. ":" .. line .. ": " .. why
+    end
+    return msg
 end
 
 -- opts: mask_patterns (file), plugins (settings.plugins as rendered, last_good an empty
@@ -29,7 +40,7 @@ function _M.run(opts)
                                       write_last_good = false })
     for _, e in ipairs(errs) do
         local where = e.line and (e.file .. ":" .. e.line) or e.file
-        local msg = str_gsub(tostring(e.message), "[\r\n\t]", " ")
+        local msg = located(e.file, (str_gsub(tostring(e.message), "[\r\n\t]", " ")))
         out[#out + 1] = starts(msg, e.file) and ("mask\t" .. msg) or
             ("mask\t" .. where .. ": pattern \"" .. tostring(e.name) .. "\": " .. msg)
     end
@@ -39,7 +50,8 @@ function _M.run(opts)
         out[#out + 1] = "plugin\t" .. tostring(loaded)
     else
         for _, e in ipairs(perrs or {}) do
-            local file, msg = tostring(e.file), str_gsub(tostring(e.message), "[\r\n\t]", " ")
+            local file = tostring(e.file)
+            local msg = located(file, (str_gsub(tostring(e.message), "[\r\n\t]", " ")))
             out[#out + 1] = "plugin\t" .. (starts(msg, file) and msg or (file .. ": plugin " .. tostring(e.plugin)
                                                                       .. ": " .. msg))
         end

@@ -23,6 +23,7 @@ import pytest
 from tests.support.harness import REPO, Stack, StackProcess, alive, anthropic_body
 from zccp.cache.mask_store import load_masks
 from zccp.paths import lua_file
+from zccp.plugins_config import BUILTIN
 
 NULL = {"model": {"backend": "null"}}
 
@@ -303,8 +304,27 @@ def test_reload_reports_a_broken_pattern_and_keeps_the_rest(make_stack, tmp_path
     out = subprocess.run([sys.executable, "-m", "zccp.ops.cli", "stack", "reload", "--config", str(s.config_path),
                           "--run-dir", str(s.run_dir)], capture_output=True, text=True, timeout=60,
                          env=dict(os.environ, PYTHONPATH=str(REPO / "engine")))
-    assert out.returncode == 1 and "refused: bad:" in out.stderr, out.stdout + out.stderr
+    # refused by file and line before the reload (zccp-nginx check): nginx not reloaded
+    line = masks.read_text().splitlines().index('    { name = "bad", pattern = "([" },') + 1
+    assert out.returncode == 1 and f'{masks}:{line}: pattern "bad": pcre_compile() failed' in out.stderr, \
+        out.stdout + out.stderr
+    assert "not reloaded" in out.stderr
     assert health(s)["masks"]["digest"] == digest                  # the set in force is unchanged
+    assert s.client().post("/v1/messages", json=anthropic_body()).status_code == 200
+
+
+def test_reload_refuses_a_plugin_that_does_not_load(make_stack, tmp_path):
+    plugins = tmp_path / "plugins"
+    plugins.mkdir()
+    (plugins / "mine.lua").write_text('local _M = { name = "mine" }\nfunction _M.prepare(r)\n    return nil nil\nend\n'
+                                      "return _M\n")
+    chain = [*BUILTIN, "mine"]
+    s = make_stack({"model": {"backend": "null"}, "plugins": {"dir": str(plugins), "chain": chain}})
+    out = subprocess.run([sys.executable, "-m", "zccp.ops.cli", "stack", "reload", "--config", str(s.config_path),
+                          "--run-dir", str(s.run_dir)], capture_output=True, text=True, timeout=60,
+                         env=dict(os.environ, PYTHONPATH=str(REPO / "engine")))
+    assert out.returncode == 1 and f"{plugins / 'mine.lua'}:3: 'end' expected" in out.stderr, out.stdout + out.stderr
+    assert "not reloaded" in out.stderr
     assert s.client().post("/v1/messages", json=anthropic_body()).status_code == 200
 
 

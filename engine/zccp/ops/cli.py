@@ -197,8 +197,19 @@ def _stack_up(cfg: Config, config_path: Path, run_dir: Path) -> int:
 
 def _stack_reload(cfg: Config, run_dir: Path) -> int:
     from zccp.config import mask_state_path
+    from zccp.ops.nginx_check import CheckError, run_check
     from zccp.ops.stack import StackError, reload_masks
 
+    try:   # what nginx would refuse, by file and line: then no reload (zccp-nginx check)
+        check = run_check(cfg)
+    except CheckError as exc:
+        print(f"zccp-stack: {exc}", file=sys.stderr)
+        return 1
+    if not check.ok:
+        for e in check.errors:
+            print(e, file=sys.stderr)
+        print("zccp-stack: not reloaded: nginx would refuse the above (fix them, then reload)", file=sys.stderr)
+        return 1
     try:
         m = reload_masks(cfg, run_dir)
     except StackError as exc:
