@@ -291,6 +291,17 @@ local function gather(text, name, fams, order)
     end
 end
 
+-- What nginx refused at its last start or reload (every worker has the master's lists).
+local function config_errors()
+    local masks = #require("zccp.fp.mask_store").errors()
+    local plugins = #require("zccp.core.pipeline").status().errors
+    return "# HELP zccp_nginx_config_errors Mask patterns and plugins refused at nginx's last (re)load "
+        .. "(their last good version, if any, in force; the error log names file and line)\n"
+        .. "# TYPE zccp_nginx_config_errors gauge\n"
+        .. 'zccp_nginx_config_errors{kind="mask"} ' .. masks .. "\n"
+        .. 'zccp_nginx_config_errors{kind="plugin"} ' .. plugins .. "\n"
+end
+
 function _M.serve()
     if not require("zccp.admin.gate").allowed("anthropic") then   -- the admin listener only
         return
@@ -298,6 +309,7 @@ function _M.serve()
     flush_pending()
     ngx.sleep(SCRAPE_WAIT_S)   -- the other workers' sums (see BATCH_S)
     ngx.header["Content-Type"] = "text/plain; version=0.0.4"
+    ngx.print(config_errors())
     local list = engines.list()
     if not engines.multi() then
         local text, err = engine_text(list[1])
