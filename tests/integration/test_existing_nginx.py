@@ -71,7 +71,7 @@ def zccp(tmp_path: Path) -> Iterator[Stack]:
     over: dict = {"limits": {"max_body_kb": 600}, "shared_memory": {"segment_count": 2 * CLIENTS}}
     if AS_ROOT:
         over["shared_memory"]["group"] = WORKER_USER
-    s = Stack(tmp_path / "zccp", over, with_redis=True, tls=True)
+    s = Stack(tmp_path / "zccp", over, with_redis=True, tls=True, health_path="/zccp/health")
     try:
         yield s
     finally:

@@ -165,7 +165,7 @@ def _requests(client_no: int, n: int) -> list[tuple[str, str, dict | None, Calla
          lambda r: "event: message_stop" in r.text),
         ("GET", "/", None, lambda r: r.text == INDEX),
         ("GET", "/app/hello.txt", None, lambda r: r.text == UPSTREAM_TEXT),
-        ("GET", "/health", None, lambda r: r.json()["status"] == "ok"),
+        ("GET", "/zccp/health", None, lambda r: r.json()["status"] == "ok"),
     ]
 
 

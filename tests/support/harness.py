@@ -78,6 +78,7 @@ class Stack:
     overrides: dict[str, Any] = field(default_factory=dict)
     with_redis: bool = False
     tls: bool = False            # HTTPS + HTTP/2 on the listener (server.tls, self_signed_certificate)
+    health_path: str = "/health"   # the public health check (included in an existing server: /zccp/health)
     cfg: Config = field(init=False)
     config_path: Path = field(init=False)
     engine: Service | None = field(default=None, init=False)   # the (first) engine
@@ -152,7 +153,7 @@ class Stack:
         last = None
         while time.monotonic() < end:
             try:
-                r = httpx.get(self.url("/health"), timeout=5, verify=self.verify)
+                r = httpx.get(self.url(self.health_path), timeout=5, verify=self.verify)
             except httpx.TransportError:   # a just (re)started nginx that does not listen yet
                 time.sleep(0.1)
                 continue
