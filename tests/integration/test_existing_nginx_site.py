@@ -39,7 +39,6 @@ server {{
     location = /50x.html {{
         root {p}/www;
     }}
-    include {out}/zccp_server.conf;
 }}
 """
 APP_HEALTH = "app ok\n"
@@ -72,7 +71,7 @@ def site(tmp_path: Path) -> Iterator[tuple[Existing, Stack]]:
                            timeout=60, env=dict(os.environ, PYTHONPATH=str(REPO / "engine")))
         assert r.returncode == 0, r.stderr
         (prefix / "sites-enabled" / "example").write_text(
-            SITE.format(listen=e.listen, upstream=up, p=prefix, out=out).replace(f"    include {out}/zccp_server.conf;\n", ""))
+            SITE.format(listen=e.listen, upstream=up, p=prefix))
         s.engine = engine_service(s.config_path, s.cfg, s.run_dir)
         e.nginx = Service("nginx", [NGINX, "-p", str(prefix), "-c", str(e.conf), "-g", "daemon off;"],
                           prefix / "logs" / "nginx.log", stop_signal=signal.SIGQUIT)

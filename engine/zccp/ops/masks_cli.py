@@ -115,9 +115,9 @@ def main(argv: list[str] | None = None) -> None:
             print(f"{r.name}: WARNING: matched nothing in the samples")
         for before, after in r.changes:
             print(f"{r.name}: {before!r} -> {after!r}")
-    for before, after in zip(samples, texts, strict=True):
-        if before != after:
-            print(f"masked: {_s(after)!r}")
+    for sample, masked in zip(samples, texts, strict=True):
+        if sample != masked:
+            print(f"masked: {_s(masked)!r}")
     sys.exit(1 if bad else 0)
 
 

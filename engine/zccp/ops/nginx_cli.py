@@ -5,12 +5,15 @@ from __future__ import annotations
 import argparse
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 from zccp.config import Config
 
+Loader = Callable[[str, str], Config]   # (config path, run dir) -> the resolved config
 
-def check_main(argv: list[str], load: "callable[[str, str], Config]") -> int:   # type: ignore[valid-type]
+
+def check_main(argv: list[str], load: Loader) -> int:
     p = argparse.ArgumentParser(prog="zccp-nginx check", description="Compile the mask patterns and load the "
                                 "plugin chain with this host's nginx (its PCRE and LuaJIT); exit 1 with file:line "
                                 "for each refusal (docs/existing-nginx.md: before every reload).")
@@ -32,7 +35,7 @@ def check_main(argv: list[str], load: "callable[[str, str], Config]") -> int:   
     return 0 if res.ok else 1
 
 
-def check_site_main(argv: list[str], load: "callable[[str, str], Config]") -> int:   # type: ignore[valid-type]
+def check_site_main(argv: list[str], load: Loader) -> int:
     p = argparse.ArgumentParser(prog="zccp-nginx check-site", description="Name every location of the running "
                                 "nginx that ZCCP's includes would shadow (exact and prefix matches of ZCCP's paths "
                                 "in the same server); exit 1 when one would. Run before adding the includes.")
