@@ -81,7 +81,7 @@ def test_a_victim_is_answered_while_hostile_tenants_fill_the_batch(make_stack, h
             _, out = _in_background(lambda c=c: c.post("/v1/chat/completions", json=hog_body))
             answers.append(out)
             held = rows - spare + i      # the first hog all but the spare rows, each later one a spare row
-            _wait_for(lambda held=held: _gauge(s, "zccp_engine_batch_rows") == held, f"hog{i} never held its rows")
+            _wait_for(lambda held=held: _gauge(s, "zccp_engine_batch_rows") >= held, f"hog{i} never held its rows")
         r = victim.post("/v1/chat/completions", json=short)
         waiting = _gauge(s, "zccp_engine_queue_waiting")
         ended = [out for out in answers if out]
