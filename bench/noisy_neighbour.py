@@ -32,6 +32,7 @@ from typing import Any
 import httpx
 
 from tests.support.checkout import REPO, require_this_checkout
+from zccp.model.tokenizer import EOS
 from tests.support.harness import Stack, remove_socket_dirs
 
 CHAT = "/v1/chat/completions"
@@ -72,7 +73,12 @@ PATTERNS: dict[str, tuple[int, str, Callable[[int], dict[str, Any]]]] = {
         **BASE, "stop_sequences": _stops(16, i)}),
     "5. n=64": (1, CHAT, lambda i: {**BASE, "n": 64}),
     "plain flood, 10x the victim's share": (10, CHAT, lambda i: {**BASE, "max_tokens": 8}),
+    # two tenants (the workers alternate keys), 16 clients each, answers of 1,500 tokens
+    # (EOS banned): together they would fill the batch and keep it filled
+    "two colluding tenants, 16 clients each, 1,500 tokens": (32, CHAT, lambda i: {
+        **BASE, "max_tokens": 1500, "logit_bias": {str(EOS): -100}}),
 }
+HOSTILE_TENANTS = {"two colluding tenants, 16 clients each, 1,500 tokens": 2}    # other rows: one
 
 
 def _victim(url: str, seconds: float) -> tuple[list[float], dict[int, int]]:
@@ -89,9 +95,10 @@ def _victim(url: str, seconds: float) -> tuple[list[float], dict[int, int]]:
 
 
 def _hostile(url: str, path: str, make: Callable[[int], dict[str, Any]], stop: threading.Event,
-             codes: dict[int, int], lock: threading.Lock, worker: int) -> None:
+             codes: dict[int, int], lock: threading.Lock, worker: int, tenants: int = 1) -> None:
     i = worker * 1_000_000
-    headers = {"authorization": "Bearer sk-hostile", "x-api-key": "sk-hostile", "anthropic-version": "2023-06-01"}
+    key = "sk-hostile" if tenants == 1 else f"sk-hostile-{worker % tenants}"
+    headers = {"authorization": f"Bearer {key}", "x-api-key": key, "anthropic-version": "2023-06-01"}
     with httpx.Client(base_url=url, timeout=120, headers=headers) as c:
         while not stop.is_set():
             i += 1
@@ -127,10 +134,10 @@ def _cpu_s(pids: list[int]) -> float:
 
 
 def run_row(url: str, seconds: float, pids: dict[str, list[int]], clients: int = 0, path: str = CHAT,
-            make: Callable[[int], dict[str, Any]] | None = None) -> dict[str, Any]:
+            make: Callable[[int], dict[str, Any]] | None = None, tenants: int = 1) -> dict[str, Any]:
     stop, lock = threading.Event(), threading.Lock()
     hostile: dict[int, int] = {}
-    threads = [threading.Thread(target=_hostile, args=(url, path, make, stop, hostile, lock, w), daemon=True)
+    threads = [threading.Thread(target=_hostile, args=(url, path, make, stop, hostile, lock, w, tenants), daemon=True)
                for w in range(clients)] if make else []
     for t in threads:
         t.start()
@@ -175,7 +182,7 @@ def main() -> None:
             for name, (clients, path, make) in PATTERNS.items():
                 if args.only and not any(o in name for o in args.only):
                     continue
-                rows[name] = run_row(s.base_url, args.seconds, pids, clients, path, make)
+                rows[name] = run_row(s.base_url, args.seconds, pids, clients, path, make, HOSTILE_TENANTS.get(name, 1))
                 print(name, rows[name]["p50_ms"], rows[name]["p99_ms"], rows[name]["victim_errors"], flush=True)
         finally:
             s.stop()

@@ -68,6 +68,11 @@ class Choices(SlotOutput):
         self.over = False          # failed or abandoned: the other choices are cancelled
         self.fed = 0               # output tokens of every choice so far (the committed mark)
 
+    def generated(self) -> None:
+        """Every choice's tokens so far, in the slot's completion_len (a whole answer's only:
+        a stream's are in its committed mark)."""
+        self._writer.set_meta(completion_len=self.fed)
+
     def encoder(self, index: int) -> ChoiceStream | None:
         return self._encoders[index] if self._encoders else None
 
@@ -145,6 +150,8 @@ class ChoiceSink:
         events = self._text.feed(token, drawn)
         if self._enc is not None:
             self._choices.send(self._enc, events)
+        else:                          # a whole answer: the count nginx settles if it times out first
+            self._choices.generated()
         return self._text.stopped
 
     def end(self, reason: StopReason, output_tokens: int) -> bool:

@@ -11,12 +11,16 @@ Two halves (docs/isolation.md, "Fair share"):
 - next() (the model thread) picks the sequence to admit: the head of the waiting tenant
   with the fewest sequences admitted (batch rows held), ties to the tenant served least
   recently: round robin over tenants, one sequence each turn, weighted by what each
-  holds already. Within a tenant, first in first out.
-- spare_rows() keeps rows for a tenant that is not there yet: a running sequence is never
-  pre-empted, so a tenant that took every row (n=64 alone in the engine) would make the next
-  tenant wait for one of its answers to end. Once more than one tenant has been admitted,
-  no tenant holds more than max_batch - spare_rows(max_batch) rows (next()'s cap); an
-  engine that has only ever served one tenant (no keys, everyone anonymous) keeps them all.
+  holds already (a max-min fair share of the rows). Within a tenant, first in first out.
+- spare_rows() are kept for tenants holding no row: a running sequence is never
+  pre-empted, so tenants that took every row between them (two tenants each sending a
+  batch of long answers) would make the next tenant wait for one of their answers to end.
+  Once more than one tenant has been admitted, a tenant that holds a row already is
+  admitted only while more than spare_rows(max_batch) rows stay free; a tenant holding
+  none takes any free row. However many tenants there are, together they hold at most
+  max_batch - spare_rows rows plus the one row each that a newcomer took from the spare
+  ones, and a freed row refills the spare ones before anyone's second row. An engine that
+  has only ever served one tenant (no keys, everyone anonymous) keeps every row for it.
 """
 
 from __future__ import annotations
@@ -35,7 +39,7 @@ SERVED_KEPT = 4096        # tenants whose last turn is remembered while they wai
 
 
 def spare_rows(max_batch: int) -> int:
-    """Batch rows one tenant leaves free for the others: an eighth, at least one (none when
+    """Batch rows kept free for a tenant holding none: an eighth, at least one (none when
     the batch has a single row)."""
     return 0 if max_batch < 2 else -(-max_batch // 8)
 
@@ -113,16 +117,18 @@ class FairQueue:
         for q in list(self._waiting.values()):
             yield from q
 
-    def next(self, admitted: Iterable[Sequence], cap: int | None = None) -> Sequence | None:
+    def next(self, admitted: Iterable[Sequence], max_batch: int | None = None) -> Sequence | None:
         """The sequence whose turn it is (not removed: pop() it once it fits), None when
-        nothing waits or every waiting tenant holds `cap` rows already (applied once more
-        than one tenant has been admitted). admitted: the sequences holding batch rows now."""
+        nothing waits or when the waiting tenant whose turn it is holds a row already and
+        only spare rows are free (applied once more than one tenant has been admitted).
+        admitted: the sequences holding batch rows now; max_batch: the batch's rows."""
         if not self._waiting:
             return None
         held = Counter(s.tenant for s in admitted)
         tenant = min(self._waiting, key=lambda t: (held[t], self._served.get(t, -1)))
-        if cap is not None and held[tenant] >= cap and len(self._served) > 1:
-            return None
+        if max_batch is not None and held[tenant] and len(self._served) > 1:
+            if max_batch - held.total() <= spare_rows(max_batch):
+                return None                      # the rows left are kept for a tenant holding none
         return self._waiting[tenant][0]
 
     def pop(self, seq: Sequence) -> None:

@@ -121,6 +121,7 @@ class Outcome:
         writer = self.ctx.writer
         try:
             if not writer.started:
+                writer.set_meta(completion_len=0)     # an error answer: the tokens counted so far were not sent
                 writer.begin(status, sse=False)
                 writer.write(self.codec.render_error(err))
             elif encoder is not None:

@@ -16,8 +16,8 @@ A step is:
      among equals, zccp.fair_queue), while the batch has rows (model.max_batch) and the KV
      bound (model.kv_cache_mb) holds for every admitted sequence at its longest
      (prompt + max_tokens, padded to the longest row, with the KV buffers' spare
-     room), no tenant past max_batch - fair_queue.spare_rows() rows once several
-     tenants are seen (rows kept for the next tenant); reuse cached prefix blocks;
+     room), the last fair_queue.spare_rows() rows kept for a tenant holding none once
+     several tenants are seen (zccp.admission); reuse cached prefix blocks;
   5. prefill at most one planned chunk of prompt tokens (zccp.planner), so a long
      prompt delays the running streams by one chunk per step, not by all of it; the
      next chunks of several waiting sequences go into ONE forward, padded to the
@@ -47,19 +47,18 @@ from collections import deque
 from collections.abc import Callable
 from typing import Any
 
-import numpy as np
 import torch
 
-from zccp.fair_queue import Admission, FairQueue, spare_rows
+from zccp.admission import Admitting
+from zccp.fair_queue import Admission, FairQueue
 from zccp.metrics import EngineMetrics
 from zccp.model.base import DecodeBatch, ModelBackend
-from zccp.model.kv import room
 from zccp.model.sampling import Choice, Sampler, sample_rows
 from zccp.planner import Planner
-from zccp.prefix_cache import PrefixCache, cache_write
+from zccp.prefix_cache import PrefixCache
 from zccp.ring_writer import SlotAbandoned
 from zccp.sequences import BatchLimits, Sequence, Sink
-from zccp.shared_types import ApiError, CacheWrite, StopReason
+from zccp.shared_types import ApiError, StopReason
 
 __all__ = ["Admission", "BatchLimits", "BatchScheduler", "Sequence", "Sink"]
 
@@ -72,7 +71,7 @@ IDLE_POLL_S = 0.002        # how often parked or draining sequences are looked a
 RUN, PARK, OUT = "run", "park", "out"
 
 
-class BatchScheduler:
+class BatchScheduler(Admitting):
     def __init__(self, backend: ModelBackend, limits: BatchLimits, planner: Planner,
                  prefix: PrefixCache | None, metrics: EngineMetrics, name: str = "zccp-model") -> None:
         self.backend = backend
@@ -219,64 +218,6 @@ class BatchScheduler:
             if seq in lst:
                 lst.remove(seq)
         seq.state = seq.ids = None
-
-    # -- 4. admission ---------------------------------------------------------------------
-
-    def _fits(self, seq: Sequence) -> bool:
-        active = self._active()
-        if len(active) >= self.limits.max_batch:
-            return False
-        worst = room(max([s.worst for s in active] + [self._worst(seq)]))     # spare columns included
-        return (len(active) + 1) * worst * self.backend.kv_bytes_per_token <= self.limits.kv_budget_bytes
-
-    def _worst(self, seq: Sequence) -> int:
-        n = int(seq.input_ids.numel()) if seq.input_ids is not None else 0
-        return min(n + seq.params.max_tokens, self.backend.max_context)
-
-    def _admit(self) -> None:
-        cap = self.limits.max_batch - spare_rows(self.limits.max_batch)       # rows one tenant may hold
-        while (seq := self._waiting.next(self._active(), cap)) is not None and self._fits(seq):
-            self._waiting.pop(seq)
-            self._live.add(seq)
-            try:
-                self._start(seq)
-            except ApiError as err:
-                self._fail(seq, err)
-                continue
-            except Exception:
-                log.exception("admitting a sequence failed")
-                self._fail(seq)
-                continue
-            if seq.state is not None:
-                self._prefilling.append(seq)
-
-    def _start(self, seq: Sequence) -> None:
-        backend = self.backend
-        assert seq.input_ids is not None
-        seq.worst = self._worst(seq)
-        ids = backend.check_prompt(seq.input_ids)
-        seq.input_ids = None                       # the slot's views are not kept
-        n = ids.numel()
-        blocks: list[torch.Tensor] = []
-        if self.prefix is not None:
-            seq.keys = self.prefix.chain(seq.host_ids, n // self.prefix.block, seq.salt)
-            match = self.prefix.match(seq.host_ids, seq.salt)
-            blocks = match.blocks
-            seq.reused = match.count * self.prefix.block
-        seq.host_ids = _NO_IDS
-        seq.state = backend.new_state(blocks)
-        seq.ids = ids
-        seq.done_tokens = seq.reused
-        if seq.params.constraint is not None and seq.grammar is None:
-            raise RuntimeError("a constrained sequence was submitted without its compiled grammar")
-        seq.sampler = backend.sampler(seq.params, seq.grammar)     # a copy of the compiled grammar
-        self.metrics.prefix_reused.inc(seq.reused)
-        # what breakpoints write: only a sequence with pins is told (a sink without them takes two arguments)
-        written: tuple[CacheWrite, ...] = ()
-        if seq.pins and self.prefix is not None:
-            written = (cache_write(seq.pins, seq.reused, self.prefix.block),)
-        self._sink_call(seq, seq.sink.start, seq.reused, Planner.chunks(seq.reused, n, self.planner.chunk()),
-                        *written)
 
     # -- 5. prefill ------------------------------------------------------------------------
 
@@ -492,5 +433,3 @@ class BatchScheduler:
         self._parked.clear()
         self._draining.clear()
 
-
-_NO_IDS = np.empty(0, dtype=np.int32)

@@ -159,10 +159,14 @@ end
 
 -- outcome, r: the relay's (zccp.relay.run). A stream that ended before its end is settled
 -- with the output tokens of the bytes sent to the client (the engine's committed mark),
--- not what the engine went on to generate, nor 0.
+-- not what the engine went on to generate, nor 0. A request that ran out of time is
+-- settled with what was generated until then: a whole answer's tokens so far (the engine
+-- keeps completion_len current while it generates one), or a stream's sent ones.
 function _M.observe(meta, cache, outcome, r)
     local out = meta.completion_len
-    if outcome and outcome ~= "done" then
+    if outcome == "timeout" then
+        out = math_max(r and r.sent_tokens or 0, tonumber(out))
+    elseif outcome and outcome ~= "done" then
         out = r and r.sent_tokens or 0
     end
     return _M.observe_counts(meta.prompt_len, out, cache)
