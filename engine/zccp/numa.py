@@ -9,7 +9,6 @@ from __future__ import annotations
 import logging
 import os
 import platform
-from pathlib import Path
 
 import cffi
 

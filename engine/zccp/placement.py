@@ -5,9 +5,9 @@ host's topology in sysfs (pure functions over a sysfs root, so fake trees test t
 device's NUMA node; without one, the online CPUs are split: nginx's share of each node
 (`nginx_share`) first, the rest among the engines of that node, engines spread over the
 nodes in turn. A fixed placement (`cpus`, `numa_node`) is checked against the host.
-nginx's workers go on the CPUs no engine holds (or, when an engine takes them all, on
-everything), one node's CPUs per worker in turn, so a worker sits beside the engines
-of its node.
+nginx's workers go on the CPUs no engine holds on the engines' nodes (else on any node's;
+when the engines take them all, on everything), one node's CPUs per worker in turn, so a
+worker sits beside the engines it rings.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from zccp.config_sections import Config, ConfigError, PlacementConfig
+from zccp.config_sections import Config, ConfigError, GpuConfig, PlacementConfig
 
 NVIDIA = "0x10de"
 GPU_CLASSES = ("0x0300", "0x0302")       # VGA, 3D controller
@@ -196,8 +196,11 @@ def plan(topo: Topology, asks: Sequence[EngineAsk], nginx_workers: int, path: st
             out.engines[a.name] = None
     held = {c for p in out.engines.values() if p is not None for c in p.cpus}
     if held:
-        per_node = [tuple(c for c in cpus if c not in held) for cpus in topo.nodes.values()]
-        per_node = [cpus for cpus in per_node if cpus] or [tuple(topo.online)]
+        # the nodes the engines sit on first: a worker beside the engines it rings
+        near = {p.numa_node for p in out.engines.values() if p is not None}
+        free = {node: tuple(c for c in cpus if c not in held) for node, cpus in topo.nodes.items()}
+        per_node = [cpus for node, cpus in free.items() if cpus and node in near] or \
+            [cpus for cpus in free.values() if cpus] or [tuple(topo.online)]
         out.nginx_workers = [per_node[i % len(per_node)] for i in range(nginx_workers)]
     return out
 
@@ -213,8 +216,8 @@ def worker_cpu_affinity(workers: Sequence[Sequence[int]]) -> str | None:
 def asks(cfg: Config) -> list[EngineAsk]:
     """Every engine of the stack as the planner sees it (the same list in each engine
     process and in nginx's rendering, so all agree on the split)."""
-    def gpu(g: object) -> int | None:
-        return None if getattr(g, "enabled") == "off" else int(getattr(g, "device_id"))
+    def gpu(g: GpuConfig) -> int | None:
+        return None if g.enabled == "off" else g.device_id
 
     if not cfg.engines:
         return [EngineAsk("default", cfg.placement, gpu(cfg.gpu))]
@@ -236,3 +239,14 @@ def placement_for(cfg: Config, sysfs: Path = Path("/sys")) -> EnginePlacement | 
 def nginx_affinity(cfg: Config, sysfs: Path = Path("/sys")) -> str | None:
     """The `worker_cpu_affinity` argument for cfg's nginx (None: no engine is placed)."""
     return worker_cpu_affinity(plan(read_topology(sysfs), asks(cfg), cfg.server.workers, cfg.path).nginx_workers)
+
+
+def systemd_dropin(p: EnginePlacement | None) -> str:
+    """The unit drop-in that applies placement p before the engine starts (systemd's own
+    CPUAffinity= and NUMAPolicy=; the engine applies the same again, a no-op then)."""
+    if p is None:
+        return "# placement: none (nothing to add)\n"
+    lines = ["[Service]", f"CPUAffinity={p.cpulist}"]
+    if p.numa_node is not None:
+        lines += ["NUMAPolicy=preferred", f"NUMAMask={p.numa_node}"]
+    return "\n".join(lines) + "\n"

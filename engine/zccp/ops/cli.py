@@ -49,6 +49,8 @@ def engine_main(argv: list[str] | None = None) -> None:
     p.add_argument("--check", action="store_true", help="validate the config against this host and exit")
     p.add_argument("--engine", help="the engine of config.yaml's engines: list this process serves "
                    "(required when the list is there)")
+    p.add_argument("--systemd-placement", action="store_true", help="print the systemd drop-in of this engine's "
+                   "placement (CPUAffinity=, NUMAPolicy=, NUMAMask=) and exit")
     p.add_argument("--standby", action="store_true", help="import everything, then wait for a line 'go' on "
                    "stdin before starting (zccp-stack's warm standby; EOF: exit)")
     args = p.parse_args(argv)
@@ -61,6 +63,15 @@ def engine_main(argv: list[str] | None = None) -> None:
         sys.exit(2)
     if args.check:
         print(f"{args.config}: ok")
+        return
+    if args.systemd_placement:
+        from zccp.placement import placement_for, systemd_dropin
+
+        try:
+            print(systemd_dropin(placement_for(cfg)), end="")
+        except ConfigError as exc:
+            print(f"zccp: config error: {exc}", file=sys.stderr)
+            sys.exit(2)
         return
     if args.standby:
         _stand_by(cfg.model.backend)

@@ -69,7 +69,7 @@ class _Tended:
     waiting: bool = False
     served: bool = True          # the stack started it and waited for its PING
     spare: Service | None = None
-    spare_failures: int = 0      # standbys that died waiting: after 3, none more
+    spare_failures: int = 0      # standbys that died waiting: after 3, none until the engine restarts
     plain: Service | None = None  # the engine as first started: what a restart without standby runs
 
     def __post_init__(self) -> None:
@@ -141,7 +141,7 @@ class Supervisor:
                 t.svc.start()
             t.waiting = True
         if t.waiting and t.svc.alive and engine_ping(t.socket_path, 0.5) is not None:
-            t.waiting, t.served = False, True
+            t.waiting, t.served, t.spare_failures = False, True, 0
             _say(f"{t.svc.name} serving again (pid {t.svc.pid}), {time.monotonic() - t.died_at:.1f} s after it "
                  f"exited")
         if t.spare is not None and not t.spare.alive:
