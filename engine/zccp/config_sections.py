@@ -246,7 +246,7 @@ class PlacementConfig:
     `none`, or a mapping: {cpus: "2-7", numa_node: 1} (fixed), {mode: auto, nginx_share: 0.5}."""
     mode: Literal["none", "auto", "fixed"] = "none"
     cpus: str | None = None                  # fixed: a cpulist ("2-7,10")
-    numa_node: int | None = bounded(None, 0, 1023)   # type: ignore[arg-type]  # fixed: its memory node
+    numa_node: int | None = field(default=None, metadata={"bounds": (0, 1023)})   # fixed: its memory node
     # auto: the share of each node's online CPUs kept for nginx's workers (at least one, never all)
     nginx_share: float = bounded(0.25, 0.0, 0.9)
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 import logging
 import os
 import platform
+from typing import Any
 
 import cffi
 
@@ -24,7 +25,7 @@ _SYSCALLS = {"x86_64": (237, 238), "aarch64": (235, 237)}
 
 _ffi = cffi.FFI()
 _ffi.cdef("long syscall(long number, ...);")
-_libc = _ffi.dlopen(None)
+_libc: Any = _ffi.dlopen(None)
 
 
 def _nodemask(node: int) -> tuple[object, int]:

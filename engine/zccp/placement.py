@@ -198,9 +198,9 @@ def plan(topo: Topology, asks: Sequence[EngineAsk], nginx_workers: int, path: st
     if held:
         # the nodes the engines sit on first: a worker beside the engines it rings
         near = {p.numa_node for p in out.engines.values() if p is not None}
-        free = {node: tuple(c for c in cpus if c not in held) for node, cpus in topo.nodes.items()}
-        per_node = [cpus for node, cpus in free.items() if cpus and node in near] or \
-            [cpus for cpus in free.values() if cpus] or [tuple(topo.online)]
+        left = {node: tuple(c for c in cpus if c not in held) for node, cpus in topo.nodes.items()}
+        per_node = [cpus for node, cpus in left.items() if cpus and node in near] or \
+            [cpus for cpus in left.values() if cpus] or [tuple(topo.online)]
         out.nginx_workers = [per_node[i % len(per_node)] for i in range(nginx_workers)]
     return out
 
