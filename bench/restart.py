@@ -1,14 +1,11 @@
 """Kill -9 of the engine to the first 200 after it, under `zccp-stack up` as a user runs it.
 
-    python -m bench.restart [--kills 10] [--backend tiny] [--no-standby] [--load 2]
+    PYTHONPATH=engine:. python -m bench.restart [--kills 10] [--backend tiny] [--no-standby] [--load 2]
 
-Each round: a steady request on the side (a small non-streaming POST every 20 ms; `--load`
-more clients sending misses), SIGKILL to the serving engine (the process `zccp-stack`
-runs without --standby), then the probe's first 200: kill -> first 200, and the stack's
-own "serving again" figure. Also the engine's start: zccp-stack's first healthy /health
-from its launch is not an engine figure (redis and nginx start too), so the engine's
-start is taken from its own log ("event loop" line -> "engine serving") and the process
-launch (first line of the log is the process' first log line; see bench/restart.md).
+Each round: clients sending misses on the side (`--load`), the standby ready (its own log
+line; without one, the engine serving), SIGKILL to the serving engine (the admin /health's
+engine_pid), then a probe POST every 20 ms until a 200: kill -> first 200. Also zccp-stack's
+own "serving again" figure. Method and results: bench/restart.md.
 """
 
 from __future__ import annotations
