@@ -56,6 +56,9 @@ def test_auto_placement_is_in_force_and_read_back(placed):
     assert f"engine default (pid {pid}): CPUs {want.cpulist} " in out.stdout
     assert f"policy prefer:{want.numa_node}, pages on node {want.numa_node}:" in out.stdout
     assert f"nginx worker (pid {workers[0]}): CPUs {format_cpulist(allowed_cpus(workers[0]))}" in out.stdout
+    h = s.health()          # the admin /health says the same
+    assert h["engine_cpus"] == want.cpulist
+    assert h["worker_cpus"] == format_cpulist(allowed_cpus(h["worker_pid"]))
 
 
 def test_placement_none_leaves_everything_where_it_was(tmp_path):
