@@ -7,6 +7,10 @@ CPU. Then the hf backend on cuda (--hf PATH, or the tests' on-the-fly checkpoint
 chat template writes the ids into the slot, the model reads them through the registered
 arena, greedy tokens match the CPU's (float32, TF32 off), batched decoding on the GPU
 matches decoding alone, and the planner sizes a prefill chunk from torch.cuda.mem_get_info.
+Then placement (docs/engines.md): `auto` for an engine on GPU 0 takes that device's NUMA
+node and CPUs local to it (sysfs), applied to this process, and an arena made after it has
+its pages on that node (numa_maps) and registers with CUDA from there. (Not yet run: no GPU
+has been lent since it was written.)
 Prints one line per check and exits non-zero on the first failure.
 """
 
@@ -82,6 +86,40 @@ def check_hf(d: CudaMappedDevice, tokens: torch.Tensor, path: str | None) -> Non
     print(f"ok: planner chunk {plan.chunk()} tokens from {free >> 20} MiB free of {total >> 20} MiB")
 
 
+def check_placement() -> None:
+    import os
+
+    from zccp import numa
+    from zccp.config import PlacementConfig
+    from zccp.ops.placement_status import arena_numa
+    from zccp.placement import EngineAsk, plan, read_topology
+
+    topo = read_topology()
+    assert topo.gpus, "sysfs lists no NVIDIA PCI device"
+    gpu = topo.gpus[0]
+    p = plan(topo, [EngineAsk("gpu0", PlacementConfig(mode="auto"), gpu=0)], 1).engines["gpu0"]
+    assert p is not None and set(p.cpus) <= set(gpu.local_cpus or topo.online), (p, gpu)
+    assert gpu.numa_node < 0 or p.numa_node == gpu.numa_node, (p, gpu)
+    print(f"ok: placement auto for GPU {gpu.pci} (node {gpu.numa_node}): CPUs {p.cpulist}, node {p.numa_node}")
+    numa.pin_threads(set(p.cpus))
+    assert os.sched_getaffinity(0) == set(p.cpus)
+    node = p.numa_node if p.numa_node is not None else 0
+    assert numa.prefer_node(node), "set_mempolicy refused"
+    name = f"/zccp.gpucheck.p{uuid.uuid4().hex[:8]}"
+    layout = SlotLayout.build(2, 1 << 20, 256 << 10, 64 << 10)
+    arena = Arena(name, layout)
+    try:
+        assert numa.bind_range(arena.address(), layout.arena_size, node), "mbind refused"
+        where = arena_numa(os.getpid(), name)
+        assert where is not None and where.policy == f"prefer:{node}" and set(where.pages) == {node}, where
+        d = select_device(GpuConfig(enabled="on"), arena.mapping())
+        assert isinstance(d, CudaMappedDevice), d
+        print(f"ok: the arena's pages on node {node} ({sum(where.pages.values())}), registered on {d.name}")
+        d.close()
+    finally:
+        arena.close()
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--hf", help="an hf checkpoint directory (default: build the tests' small one)")
@@ -113,6 +151,7 @@ def main() -> int:
         check_hf(d, tokens, args.hf)
         del on_gpu, tokens
         d.close()
+        check_placement()
         return 0
     finally:
         arena.close()

@@ -22,9 +22,8 @@ from tests.support.checkout import REPO
 from zccp.config import load_config
 from zccp.paths import lua_file
 from zccp.runtime import resolve
+from zccp.ops.supervisor import Supervisor
 from zccp.ops.stack import (
-    Backoff,
-    Supervisor,
     engine_service,
     free_port,
     nginx_service,
@@ -202,7 +201,7 @@ class FaultStack:
         self.nginx, _ = nginx_service(self.cfg, run)
         self._stopping = threading.Event()
         # the engine's restarts: the suite's own supervisor, in the main thread's lifetime
-        self.supervisor = Supervisor(self.cfg, self.engine, [], Backoff(first_s=0.2, max_s=1.0, stable_s=10.0))
+        self.supervisor = Supervisor(self.cfg, [(self.engine, self.cfg.server.socket_path or "")], [])
         self._sup = threading.Thread(target=self.supervisor.run, args=(self._stopping.is_set,), daemon=True)
         self._sup.start()
 

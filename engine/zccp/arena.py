@@ -227,6 +227,10 @@ class Arena:
         """The raw mapping (for device registration)."""
         return self._mmap
 
+    def address(self) -> int:
+        """Where the mapping starts in this process (for its memory policy: zccp.numa)."""
+        return int(ffi.cast("uintptr_t", self._buf))
+
     # -- tear-down ------------------------------------------------------------------------
 
     def close(self, unlink: bool = True) -> None:

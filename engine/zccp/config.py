@@ -28,6 +28,7 @@ from zccp.config_sections import (
     LimitsConfig as LimitsConfig,
     LoggingConfig as LoggingConfig,
     ModelConfig as ModelConfig,
+    PlacementConfig as PlacementConfig,
     RoutingConfig as RoutingConfig,
     ServerConfig as ServerConfig,
     SharedMemoryConfig as SharedMemoryConfig,
@@ -165,10 +166,31 @@ def check_tls_files(cfg: Config) -> None:
             raise ConfigError(f"{where}: not a PEM file holding a {marker.lower()} (-----BEGIN ...{marker}-----)")
 
 
-_SECTIONS = {f.name: f.type for f in dataclasses.fields(Config) if f.name not in ("path", "engines", "plugins")}
+_SECTIONS = {f.name: f.type for f in dataclasses.fields(Config)
+             if f.name not in ("path", "engines", "plugins", "placement")}
 _ENGINE_NAME = re.compile(r"[a-z0-9][a-z0-9_-]{0,31}")
 # each but name: overrides of the top-level section
-_ENGINE_KEYS = ("name", "model", "shared_memory", "gpu", "upstream")
+_ENGINE_KEYS = ("name", "model", "shared_memory", "gpu", "upstream", "placement")
+
+
+def parse_placement(raw: Any, path: str, where: str = "placement") -> PlacementConfig:
+    """`auto`, `none` (or absent), or a mapping: cpus / numa_node (a fixed placement), or
+    mode: auto with nginx_share."""
+    if raw is None or raw in ("none", "auto"):
+        return PlacementConfig(mode=raw or "none")
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{path}: {where}: expected auto, none or a mapping (cpus, numa_node; or mode: auto, "
+                          f"nginx_share), got {raw!r}")
+    p = _build_section(path, where, PlacementConfig, raw)
+    fixed = p.cpus is not None or p.numa_node is not None
+    if "mode" not in raw:
+        if not fixed:
+            raise ConfigError(f"{path}: {where}: a mapping names cpus or numa_node (or mode: auto)")
+        return dataclasses.replace(p, mode="fixed")
+    if fixed != (p.mode == "fixed"):
+        raise ConfigError(f"{path}: {where}.mode: {p.mode!r} with{'' if fixed else 'out'} cpus/numa_node "
+                          f"(cpus and numa_node are a fixed placement's)")
+    return p
 
 
 def _overlay(base: Any, over: Any, where: str) -> dict[str, Any]:
@@ -187,7 +209,7 @@ def _parse_engines(raw: dict[str, Any], path: str) -> tuple[EngineEntry, ...]:
     out: list[EngineEntry] = []
     for n, item in enumerate(items):
         if not isinstance(item, dict):
-            raise ConfigError(f"{path}: engines[{n}]: expected a mapping (name, model, shared_memory, gpu, upstream)")
+            raise ConfigError(f"{path}: engines[{n}]: expected a mapping ({', '.join(_ENGINE_KEYS)})")
         for key in item:
             if key not in _ENGINE_KEYS:
                 raise ConfigError(f"{path}: engines[{n}].{key}: unknown key (known: {', '.join(_ENGINE_KEYS)})")
@@ -210,6 +232,8 @@ def _parse_engines(raw: dict[str, Any], path: str) -> tuple[EngineEntry, ...]:
                                _overlay(raw.get("gpu"), item.get("gpu"), f"{path}: {where}.gpu")),
             upstream=_build_section(path, f"{where}.upstream", UpstreamConfig,
                                     _overlay(raw.get("upstream"), item.get("upstream"), f"{path}: {where}.upstream")),
+            placement=parse_placement(item["placement"], path, f"{where}.placement") if "placement" in item
+            else parse_placement(raw.get("placement"), path),
         ))
     shm_names = [e.shared_memory.name for e in out]
     for n, e in enumerate(out):
@@ -225,7 +249,7 @@ def for_engine(cfg: Config, name: str) -> Config:
     for e in cfg.engines:
         if e.name == name:
             return dataclasses.replace(cfg, model=e.model, shared_memory=e.shared_memory, gpu=e.gpu,
-                                       upstream=e.upstream,
+                                       upstream=e.upstream, placement=e.placement,
                                        server=dataclasses.replace(cfg.server, socket_path=e.socket_path
                                                                   or cfg.server.socket_path))
     known = ", ".join(e.name for e in cfg.engines) or "none: config.yaml has no engines list"
@@ -250,14 +274,16 @@ def parse_config(raw: Any, path: str = "<string>") -> Config:
         raise ConfigError(f"{path}: top level must be a mapping of sections")
     hints = typing.get_type_hints(Config)
     for key in raw:
-        if key not in _SECTIONS and key not in ("engines", "plugins"):
-            raise ConfigError(f"{path}: {key}: unknown section (known: {', '.join(_SECTIONS)}, engines, plugins)")
+        if key not in _SECTIONS and key not in ("engines", "plugins", "placement"):
+            raise ConfigError(f"{path}: {key}: unknown section (known: {', '.join(_SECTIONS)}, engines, plugins, "
+                              "placement)")
     sections = {name: _build_section(path, name, hints[name], raw.get(name)) for name in _SECTIONS}
     try:
         plugins = parse_plugins(raw.get("plugins"), path)
     except PluginsError as exc:
         raise ConfigError(str(exc)) from None
-    cfg = Config(**sections, engines=_parse_engines(raw, path), plugins=plugins, path=path)
+    cfg = Config(**sections, engines=_parse_engines(raw, path), plugins=plugins,
+                 placement=parse_placement(raw.get("placement"), path), path=path)
     shm_raw = raw.get("shared_memory")
     _check_consistency(cfg, frozenset(shm_raw) if isinstance(shm_raw, dict) else frozenset())
     for e in cfg.engines:   # each engine's arena and model, as its own process will check them

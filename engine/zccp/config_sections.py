@@ -254,6 +254,17 @@ class RoutingConfig:
 
 
 @dataclass(frozen=True)
+class PlacementConfig:
+    """placement: where an engine runs (docs/engines.md, "Placement"). In YAML: `auto`,
+    `none`, or a mapping: {cpus: "2-7", numa_node: 1} (fixed), {mode: auto, nginx_share: 0.5}."""
+    mode: Literal["none", "auto", "fixed"] = "none"
+    cpus: str | None = None                  # fixed: a cpulist ("2-7,10")
+    numa_node: int | None = field(default=None, metadata={"bounds": (0, 1023)})   # fixed: its memory node
+    # auto: the share of each node's online CPUs kept for nginx's workers (at least one, never all)
+    nginx_share: float = bounded(0.25, 0.0, 0.9)
+
+
+@dataclass(frozen=True)
 class EngineEntry:
     """One engine process of `engines:` (several engines under one nginx, docs/engines.md):
     its model, arena and device. The doorbell socket is derived (runtime.resolve):
@@ -264,6 +275,7 @@ class EngineEntry:
     gpu: GpuConfig
     upstream: UpstreamConfig = field(default_factory=UpstreamConfig)   # model.backend: upstream
     socket_path: str | None = None           # set by runtime.resolve
+    placement: PlacementConfig = field(default_factory=PlacementConfig)   # its own, or the top-level one
 
 
 @dataclass(frozen=True)
@@ -282,6 +294,7 @@ class Config:
     engines: tuple[EngineEntry, ...] = ()
     upstream: UpstreamConfig = field(default_factory=UpstreamConfig)
     plugins: PluginsConfig = field(default_factory=PluginsConfig)   # zccp.plugins_config
+    placement: PlacementConfig = field(default_factory=PlacementConfig)   # zccp.config.parse_placement
     path: str = "<defaults>"                 # where it was loaded from (not a YAML key)
 
 

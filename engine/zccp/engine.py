@@ -15,6 +15,7 @@ from pathlib import Path
 import torch
 
 from zccp.abi import REQUEST_ID_MAX, EngineState, Kind, Op, SlotLayout, State, ffi
+from zccp import numa
 from zccp.api.codec import ModelInfo
 from zccp.api.common import ParseLimits
 from zccp.arena import Arena, SlotError, SlotView
@@ -111,9 +112,13 @@ class Engine:
         if cfg.server.socket_path is None:   # programmer error: zccp.runtime.resolve sets it
             raise ConfigError(f"{cfg.path}: server.socket_path: not resolved for a run directory")
         self._socket_path = cfg.server.socket_path
-        torch.set_num_threads(cfg.model.threads)
+        # Placement first: the threads torch starts inherit the CPUs, the arena's pages the node.
+        self.placement = numa.apply(cfg)
+        torch.set_num_threads(len(self.placement.cpus) if self.placement else cfg.model.threads)
         self.layout = layout_from_config(cfg)
         self.arena = Arena(cfg.shared_memory.name, self.layout, cfg.shared_memory.group)
+        if self.placement is not None and self.placement.numa_node is not None:
+            numa.bind_range(self.arena.address(), self.layout.arena_size, self.placement.numa_node)
         self.device = select_device(cfg.gpu, self.arena.mapping())
         self.backend = backend_from_config(cfg.model, str(self.device.torch_device))
         if self.device.device_id >= 0:

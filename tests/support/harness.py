@@ -65,7 +65,7 @@ def tls_client_context() -> ssl.SSLContext:
 def _merge(base: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any]:
     out = {k: dict(v) if isinstance(v, dict) else v for k, v in base.items()}
     for section, values in extra.items():
-        if isinstance(values, list):   # engines: a list, given whole
+        if not isinstance(values, dict):   # engines: a list, placement: a word; given whole
             out[section] = values
         else:
             out.setdefault(section, {}).update(values)

@@ -29,6 +29,11 @@ def _exec_paths(unit: Path) -> list[str]:
 
 @pytest.mark.parametrize("unit", UNITS, ids=lambda p: p.name)
 def test_unit_verifies_cleanly(unit: Path, tmp_path: Path) -> None:
+    _verify(unit, unit.name, tmp_path)
+
+
+def _verify(unit: Path, name: str, tmp_path: Path, dropin: str | None = None) -> None:
+    """systemd-analyze verify of instance `name` of unit (with a drop-in's text, if any)."""
     root = tmp_path / "root"
     (root / "usr/lib/systemd").mkdir(parents=True)
     shutil.copytree(SYSTEM_UNITS, root / "usr/lib/systemd/system", symlinks=True)
@@ -43,7 +48,10 @@ def test_unit_verifies_cleanly(unit: Path, tmp_path: Path) -> None:
         stub.chmod(0o755)
     (root / "etc/systemd/system").mkdir(parents=True)
     shutil.copy(unit, root / "etc/systemd/system" / unit.name)
-    r = subprocess.run([ANALYZE, "verify", "--man=no", f"--root={root}", unit.name],
+    if dropin is not None:
+        (root / f"etc/systemd/system/{name}.d").mkdir()
+        (root / f"etc/systemd/system/{name}.d/placement.conf").write_text(dropin)
+    r = subprocess.run([ANALYZE, "verify", "--man=no", f"--root={root}", name],
                        capture_output=True, text=True, timeout=60)
     assert r.returncode == 0 and not r.stdout.strip() and not r.stderr.strip(), r.stdout + r.stderr
 
@@ -93,3 +101,17 @@ def test_the_runtime_directory_is_setgid() -> None:
     it in group zccp, which the engine (user zccp) reads it through."""
     unit = (ROOT / "deploy/systemd/zccp-engine.service").read_text()
     assert "RuntimeDirectoryMode=2770" in unit.splitlines()
+
+
+def test_the_placement_drop_in_verifies(tmp_path: Path) -> None:
+    """`zccp-engine --systemd-placement` for an engine with a fixed placement: its drop-in
+    (CPUAffinity=, NUMAPolicy=, NUMAMask=) on zccp-engine@a.service verifies cleanly."""
+    from zccp.config import for_engine, parse_config
+    from zccp.placement import placement_for, systemd_dropin
+
+    cfg = parse_config({"engines": [{"name": "a", "placement": {"cpus": "0", "numa_node": 0}}]}, "c.yaml")
+    dropin = systemd_dropin(placement_for(for_engine(cfg, "a")))
+    assert dropin == "[Service]\nCPUAffinity=0\nNUMAPolicy=preferred\nNUMAMask=0\n"
+    _verify(ROOT / "deploy/systemd/zccp-engine@.service", "zccp-engine@a.service", tmp_path, dropin)
+    unit = (ROOT / "deploy/systemd/zccp-engine@.service").read_text().splitlines()
+    assert "Slice=zccp-%i.slice" in unit and "RestartSec=100ms" in unit and "MemoryMax=90%" in unit

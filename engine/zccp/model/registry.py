@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 from collections.abc import Callable
 from typing import Any
@@ -100,6 +101,19 @@ def backend_from_config(m: ModelConfig, device: str | None = None) -> ModelBacke
     if device is not None and "device" in names:
         options["device"] = device
     return build_backend(m.backend, **options)
+
+
+_MODULES = {"tiny": "zccp.model.tiny", "null": "zccp.model.null", "hf": "zccp.model.hf",
+            "upstream": "zccp.upstream.backend"}
+
+
+def preload_backend(kind: str) -> None:
+    """Import the module of backend `kind` now (a standby engine's preparation); a missing
+    one is the start's error to report, not this."""
+    import importlib
+
+    with contextlib.suppress(ImportError, KeyError):
+        importlib.import_module(_MODULES[kind])
 
 
 def available_kinds() -> tuple[str, ...]:

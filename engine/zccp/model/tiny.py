@@ -27,7 +27,6 @@ from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
-from torch.nn.attention.bias import causal_lower_right
 
 from zccp.config import ModelConfig
 from zccp.model.kv import KvLayer, TorchBackend
@@ -232,7 +231,7 @@ class TinyTransformer(TorchBackend):
         if t == 1 or start == 0:
             mask, is_causal = None, t > 1
         else:
-            mask, is_causal = causal_lower_right(t, end), False
+            mask, is_causal = _causal_lower_right(t, end), False
         cos, sin = self._cos[start:end], self._sin[start:end]
         h = self._blocks(ids.view(1, t), cos, sin, state.layers, mask, is_causal)
         return self._rms_norm(h[0, -1], self._final_norm) @ self._head
@@ -277,6 +276,12 @@ class TinyTransformer(TorchBackend):
             x = self._rms_norm(h, layer.mlp_norm)
             h = h + F.gelu(x @ layer.w1) @ layer.w2
         return h
+
+
+def _causal_lower_right(t: int, end: int) -> torch.Tensor:
+    """The mask of t new queries after end - t cached positions: query i sees keys up to
+    end - t + i. Written out: torch.nn.attention.bias imports torch._dynamo (~3 s of start)."""
+    return torch.ones(t, end, dtype=torch.bool).tril(end - t)
 
 
 class _State:

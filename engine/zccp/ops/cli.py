@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import signal
 import sys
 from pathlib import Path
@@ -48,6 +49,10 @@ def engine_main(argv: list[str] | None = None) -> None:
     p.add_argument("--check", action="store_true", help="validate the config against this host and exit")
     p.add_argument("--engine", help="the engine of config.yaml's engines: list this process serves "
                    "(required when the list is there)")
+    p.add_argument("--systemd-placement", action="store_true", help="print the systemd drop-in of this engine's "
+                   "placement (CPUAffinity=, NUMAPolicy=, NUMAMask=) and exit")
+    p.add_argument("--standby", action="store_true", help="import everything, then wait for a line 'go' on "
+                   "stdin before starting (zccp-stack's warm standby; EOF: exit)")
     args = p.parse_args(argv)
     cfg = _load(args.config, args.run_dir)
     try:
@@ -59,6 +64,18 @@ def engine_main(argv: list[str] | None = None) -> None:
     if args.check:
         print(f"{args.config}: ok")
         return
+    if args.systemd_placement:
+        from zccp.placement import placement_for, systemd_dropin
+
+        try:
+            print(systemd_dropin(placement_for(cfg)), end="")
+        except ConfigError as exc:
+            print(f"zccp: config error: {exc}", file=sys.stderr)
+            sys.exit(2)
+        return
+    if args.standby:
+        _stand_by(cfg.model.backend)
+        return engine_main([a for a in (sys.argv[1:] if argv is None else argv) if a != "--standby"])
     import logging
 
     from zccp.arena import ArenaError
@@ -73,6 +90,19 @@ def engine_main(argv: list[str] | None = None) -> None:
         if cfg.logging.file:
             print(f"zccp-engine: {exc}", file=sys.stderr)
         sys.exit(1)
+
+
+def _stand_by(backend: str) -> None:
+    """The standby's wait: the request path and the backend's module imported (torch: the
+    seconds of a start), then a line on stdin. Taking over, the engine reads config.yaml
+    again, as a fresh start would."""
+    import zccp.engine  # noqa: F401
+    from zccp.model.registry import preload_backend
+
+    preload_backend(backend)
+    print(f"zccp-engine: standby ready (pid {os.getpid()})", file=sys.stderr, flush=True)
+    if sys.stdin.readline().strip() != "go":
+        sys.exit(0)
 
 
 def nginx_main(argv: list[str] | None = None) -> None:
@@ -132,7 +162,7 @@ def _render_front(path: str, out: Path) -> Path:
         sys.exit(2)
 
 
-def _stack_up(cfg: Config, config_path: Path, run_dir: Path) -> int:
+def _stack_up(cfg: Config, config_path: Path, run_dir: Path, standby: bool = True) -> int:
     from urllib.parse import urlparse
 
     from zccp.cache.redis_target import parse_redis_url
@@ -140,13 +170,13 @@ def _stack_up(cfg: Config, config_path: Path, run_dir: Path) -> int:
     from zccp.ops.stack import (
         Service,
         StackError,
-        Supervisor,
         base_url,
         engine_services,
         ensure_free,
         nginx_service,
         redis_service,
     )
+    from zccp.ops.supervisor import Supervisor
 
     stopping = False
 
@@ -183,7 +213,11 @@ def _stack_up(cfg: Config, config_path: Path, run_dir: Path) -> int:
         signal.signal(signal.SIGINT, stop)
         signal.signal(signal.SIGTERM, stop)
         others = [s for s in started if all(s is not e for e, _ in engines)]
-        return Supervisor(cfg, engines, others).run(lambda: stopping)
+        sup = Supervisor(cfg, engines, others, standby=standby)
+        try:
+            return sup.run(lambda: stopping)
+        finally:
+            sup.stop_engines()
     except StackError as exc:
         print(f"zccp-stack: {exc}", file=sys.stderr)
         return 1
@@ -193,6 +227,31 @@ def _stack_up(cfg: Config, config_path: Path, run_dir: Path) -> int:
     finally:
         for s in reversed(started):
             s.stop()
+
+
+def _stack_status(cfg: Config, run_dir: Path) -> int:
+    import posix_ipc
+
+    from zccp.arena_reader import ArenaReader
+    from zccp.config import for_engine
+    from zccp.ops.placement_status import describe
+    from zccp.ops.stack import StackError, _nginx_master, _workers_of
+
+    try:
+        master = _nginx_master(run_dir)
+    except StackError as exc:
+        print(f"zccp-stack: {exc}", file=sys.stderr)
+        return 1
+    engines = []
+    for name, c in [(e.name, for_engine(cfg, e.name)) for e in cfg.engines] or [("default", cfg)]:
+        try:
+            reader = ArenaReader(c.shared_memory.name)     # held while its control page is read
+            engines.append((name, int(reader.control.engine_pid), c.shared_memory.name))
+        except (OSError, ValueError, posix_ipc.Error) as exc:
+            print(f"engine {name}: no arena {c.shared_memory.name} ({exc})")
+    for line in describe(engines, sorted(_workers_of(master))):
+        print(line)
+    return 0
 
 
 def _stack_reload(cfg: Config, run_dir: Path) -> int:
@@ -224,15 +283,20 @@ def _stack_reload(cfg: Config, run_dir: Path) -> int:
 
 def stack_main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(prog="zccp-stack", description="Run redis + engine + nginx on loopback.")
-    p.add_argument("command", choices=["up", "reload"],
-                   help="up: start the stack and keep it running; reload: reload the running stack's mask patterns")
+    p.add_argument("command", choices=["up", "reload", "status"],
+                   help="up: start the stack and keep it running; reload: reload the running stack's mask patterns; "
+                        "status: the placement in force (each engine's CPUs and arena node, nginx workers' CPUs)")
     p.add_argument("--config", default="config.yaml")
     p.add_argument("--run-dir", default=".run", help=RUN_DIR_HELP)
+    p.add_argument("--no-standby", action="store_true", help="no warm standby engine per engine (saves its "
+                   "memory; a restart then imports torch again: seconds instead of a tenth)")
     args = p.parse_args(argv)
     run_dir = Path(args.run_dir).resolve()
     cfg = _load(args.config, str(run_dir))
     if args.command == "up":
-        sys.exit(_stack_up(cfg, Path(args.config).resolve(), run_dir))
+        sys.exit(_stack_up(cfg, Path(args.config).resolve(), run_dir, standby=not args.no_standby))
+    if args.command == "status":
+        sys.exit(_stack_status(cfg, run_dir))
     sys.exit(_stack_reload(cfg, run_dir))
 
 

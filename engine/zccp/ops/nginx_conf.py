@@ -293,6 +293,14 @@ def engines_settings(cfg: Config) -> str:
     return "{ " + ", ".join(rows) + " }"
 
 
+def _affinity_line(cfg: Config) -> str:
+    """The workers beside the engines they serve (zccp.placement), when an engine is placed."""
+    from zccp.placement import nginx_affinity
+
+    mask = nginx_affinity(cfg)
+    return f"worker_cpu_affinity {mask};" if mask else ""
+
+
 def render(cfg: Config, out: Path, standalone: bool = False, prefix: Path | None = None,
            log_dir: Path | None = None) -> RenderedNginx:
     """cfg must be resolved for its run directory (zccp.runtime.resolve). log_dir: where the
@@ -376,6 +384,7 @@ def render(cfg: Config, out: Path, standalone: bool = False, prefix: Path | None
             temp_dir=_safe(str(temp), "nginx temp directory"),
             log_dir=_safe(str(logs), "log directory"),
             workers=str(cfg.server.workers),
+            worker_cpu_affinity=_affinity_line(cfg),
             listen=_safe(cfg.server.listen, "server.listen"),
             admin_listen=_safe(cfg.server.admin_listen or "", "server.admin_listen"),
             listen_flags=listen_flags(cfg),

@@ -106,13 +106,15 @@ class Service:
     env: dict[str, str] | None = None
     proc: subprocess.Popen[bytes] | None = field(default=None, init=False)
     stop_signal: int = signal.SIGTERM
+    stdin_pipe: bool = False      # a standby engine waits for its word on stdin
     started_at: float = field(default=0.0, init=False)
 
     def start(self) -> None:
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         log = open(self.log_path, "ab")
         self.proc = subprocess.Popen(self.cmd, stdout=log, stderr=subprocess.STDOUT, env=self.env,
-                                     stdin=subprocess.DEVNULL, start_new_session=True,
+                                     stdin=subprocess.PIPE if self.stdin_pipe else subprocess.DEVNULL,
+                                     start_new_session=True,
                                      preexec_fn=_die_with_parent())
         log.close()
         self.started_at = time.monotonic()
@@ -322,93 +324,6 @@ def base_url(cfg: Config) -> str:
         host = "127.0.0.1"
     scheme = "https" if cfg.server.tls is not None else "http"
     return f"{scheme}://[{host}]:{port}" if ":" in host else f"{scheme}://{host}:{port}"
-
-
-# -- supervision ------------------------------------------------------------------------------
-
-
-@dataclass
-class Backoff:
-    """The delay before restarting a service that died: none after a life of at least
-    stable_s, then doubling from first_s up to max_s while it keeps dying young."""
-
-    first_s: float = 0.5
-    max_s: float = 30.0
-    stable_s: float = 10.0
-    delay_s: float = field(default=0.0, init=False)
-
-    def after(self, lived_s: float) -> float:
-        if lived_s >= self.stable_s:
-            self.delay_s = 0.0
-        else:
-            self.delay_s = min(max(self.delay_s * 2, self.first_s), self.max_s)
-        return self.delay_s
-
-
-def _say(msg: str) -> None:
-    print(f"zccp-stack: {msg}", file=sys.stderr, flush=True)
-
-
-@dataclass
-class _Tended:
-    """One engine under supervision: its service, doorbell and restart state."""
-
-    svc: Service
-    socket_path: str
-    backoff: Backoff = field(default_factory=Backoff)
-    restart_at: float | None = None
-    died_at: float = 0.0
-    waiting: bool = False
-
-
-@dataclass
-class Supervisor:
-    """Keeps a started stack running: each engine is restarted with backoff when it dies
-    (nginx stays up, routes its model's requests to the other replicas, or answers 503 when
-    there is none, and maps the new arena by itself); redis or nginx dying stops the stack
-    with a non-zero status and the cause."""
-
-    cfg: Config
-    engines: list[tuple[Service, str]]      # each engine and its doorbell socket
-    others: list[Service]
-    restarts: int = field(default=0, init=False)
-    _tended: list[_Tended] = field(default_factory=list, init=False)
-
-    def __post_init__(self) -> None:
-        self._tended = [_Tended(svc, sock) for svc, sock in self.engines]
-
-    def run(self, stopping: Callable[[], bool], poll_s: float = 0.1) -> int:
-        """Until stopping() says so (0) or a service other than an engine exits (1)."""
-        while not stopping():
-            for svc in self.others:
-                if not svc.alive:
-                    _say(f"{svc.name} exited ({svc.exit_reason()}); stopping the rest. "
-                         f"Its log, {svc.log_path}:\n{_tail(svc.log_path)}")
-                    return 1
-            for t in self._tended:
-                self._tend_engine(t)
-            time.sleep(poll_s)
-        return 0
-
-    def _tend_engine(self, t: _Tended) -> None:
-        now = time.monotonic()
-        eng = t.svc
-        if t.restart_at is None and not eng.alive:
-            lived = now - eng.started_at
-            delay = t.backoff.after(lived)
-            t.died_at, t.restart_at = now, now + delay
-            meanwhile = "its replicas take its requests, or nginx answers 503" if len(self._tended) > 1 \
-                else "nginx answers 503 meanwhile"
-            _say(f"{eng.name} exited ({eng.exit_reason()}) after {lived:.1f} s; restarting it in {delay:.1f} s "
-                 f"({meanwhile})")
-        if t.restart_at is not None and now >= t.restart_at:
-            t.restart_at = None
-            self.restarts += 1
-            eng.start()
-            t.waiting = True
-        if t.waiting and eng.alive and engine_ping(t.socket_path, 0.5) is not None:
-            t.waiting = False
-            _say(f"{eng.name} serving again (pid {eng.pid}), {time.monotonic() - t.died_at:.1f} s after it exited")
 
 
 # -- reloading the masks -------------------------------------------------------------------

@@ -19,12 +19,25 @@ local tonumber = tonumber
 local tostring = tostring
 local ipairs = ipairs
 local pairs = pairs
+local io_open = io.open
 
 local _M = { _VERSION = "0.1.0" }
 
 -- The mask set this worker applies (zccp-stack reload waits for a new worker's).
 local function masks_in_force()
     return { digest = mask_store.digest(), patterns = mask_store.count(), errors = mask_store.errors() }
+end
+
+-- Cpus_allowed_list of process pid ("self": this worker) from /proc: the placement in
+-- force (docs/engines.md, "Placement"); a read of a few hundred bytes, admin only.
+local function cpus_of(pid)
+    local f = io_open("/proc/" .. tostring(pid) .. "/status", "r")
+    if not f then
+        return nil
+    end
+    local text = f:read("*a")
+    f:close()
+    return text and text:match("Cpus_allowed_list:%s*([%d,%-]+)")
 end
 
 local function reply(status, t)
@@ -35,6 +48,7 @@ local function reply(status, t)
         t = { status = t.status }          -- the public listener: ok or not, no details
     else
         t.worker_pid = ngx.worker.pid()
+        t.worker_cpus = cpus_of("self")
         t.masks = masks_in_force()
         t.plugins = pipeline.status()   -- the chain in force, and what was refused
     end
@@ -102,6 +116,9 @@ local function engine_status(e)
         payload_cap = a.payload_cap,
         response_cap = a.response_cap,
     }
+    if ngx_var.zccp_admin == "1" then   -- the details are the admin's
+        out.engine_cpus = cpus_of(out.engine_pid)
+    end
     a:release()
     return out
 end
