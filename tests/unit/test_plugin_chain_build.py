@@ -1,7 +1,7 @@
 """How zccp.core.pipeline builds the chain (run here by a standalone LuaJIT with a stub
 ngx, as bench/plugins_cost.lua does): no chain is refused (the default lives only in
 engine/zccp/plugins_config.py), a plugin whose _active says false is in no phase, and an
-_active that raises is refused by name."""
+_active that raises refuses the chain (fails closed) naming the file."""
 
 from __future__ import annotations
 
@@ -21,7 +21,8 @@ local out = {{}}
 out.no_chain = select(2, pcall(p.init, {{}}))
 out.no_opts = select(2, pcall(p.init, nil))
 calls = {{}}
-local loaded, errs = p.init({{ chain = {{ "on", "off", "broken" }}, dir = "{dir}" }})
+out.broken = select(2, pcall(p.init, {{ chain = {{ "on", "off", "broken" }}, dir = "{dir}" }}))
+local loaded, errs = p.init({{ chain = {{ "on", "off" }}, dir = "{dir}" }})
 out.loaded = {{}}
 for _, l in ipairs(loaded) do out.loaded[#out.loaded + 1] = {{ l.name, l.active, #l.phases }} end
 out.errors = {{}}
@@ -49,6 +50,7 @@ def test_the_chain_is_built_from_the_rendered_list_and_leaves_inactive_plugins_o
                                     check=True).stdout)
     for refused in (out["no_chain"], out["no_opts"]):
         assert "no plugins.chain" in refused
-    assert out["loaded"] == [["on", True, 1], ["off", False, 0], ["broken", False, 0]]
-    assert out["errors"] == ["broken"]
+    assert "broken.lua: _active:" in out["broken"] and "no way" in out["broken"]
+    assert out["loaded"] == [["on", True, 1], ["off", False, 0]]
+    assert not out["errors"]   # {}: cjson writes an empty table as an object
     assert out["calls"] == ["on"]   # only the active plugin's phase ran
