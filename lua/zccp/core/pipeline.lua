@@ -195,7 +195,7 @@ function _M.init(opts)
     load_errors, loaded = {}, {}
     local refused, mods, files, confs, actives = {}, {}, {}, {}, {}
     for i, name in ipairs(names) do
-        local mod, file, err = loader.load(name, opts.dir, opts.last_good, is_builtin(name), IS_PHASE, _M.PHASES)
+        local mod, file, err, bad = loader.load(name, opts.dir, opts.last_good, is_builtin(name), IS_PHASE, _M.PHASES)
         local c, active = nil, true
         if mod then
             local cerr
@@ -212,7 +212,7 @@ function _M.init(opts)
             active = on and true or false
         end
         if err then
-            load_errors[#load_errors + 1] = { plugin = name, file = file, message = err }
+            load_errors[#load_errors + 1] = { plugin = name, file = bad or file, message = err }
             ngx_log(ngx_ERR, "zccp: plugin ", name, " refused: ", err,
                     mod and ("; the last good copy stays in force (" .. file .. ")") or "")
         end

@@ -8,7 +8,7 @@ local next = next
 local ipairs = ipairs
 local pcall = pcall
 local tostring = tostring
-local loadfile = loadfile
+local load = load
 local io_open = io.open
 local concat = table.concat
 local sort = table.sort
@@ -62,22 +62,29 @@ local function check(mod, name, file, is_phase, phases)
     return mod
 end
 
--- An operator's plugin from file: loadfile names the file and line of a syntax error,
--- pcall those of an error while it loads.
+-- An operator's plugin from file, its chunk named NAME.lua (Lua cuts a long path short in
+-- its messages); a syntax error or a raise while it loads is named by the whole path and line.
 local function load_file(file, name, is_phase, phases)
-    local chunk, err = loadfile(file)
+    local src = read(file)
+    local short = name .. ".lua"
+    local chunk, err = load(src or "", "=" .. short)
     if not chunk then
-        return nil, err
+        return nil, file .. tostring(err):sub(#short + 1)
     end
     local ok, mod = pcall(chunk)
     if not ok then
-        return nil, tostring(mod)
+        local msg = tostring(mod)
+        if msg:sub(1, #short + 1) == short .. ":" then
+            msg = file .. msg:sub(#short + 1)
+        end
+        return nil, msg
     end
     return check(mod, name, file, is_phase, phases)
 end
 
 -- Returns mod, file (the file in force), err (why the operator's file was refused, also
--- when its last good copy stands in); or nil, file, err when nothing can be loaded.
+-- when its last good copy stands in), the refused file; or nil, file, err when nothing can
+-- be loaded.
 function _M.load(name, dir, last_good, builtin, is_phase, phases)
     local file = dir and dir ~= "" and (dir .. "/" .. name .. ".lua") or nil
     if builtin then
@@ -114,7 +121,7 @@ function _M.load(name, dir, last_good, builtin, is_phase, phases)
     if kept and read(kept) then
         mod = load_file(kept, name, is_phase, phases)
         if mod then
-            return mod, kept, err
+            return mod, kept, err, file
         end
     end
     return nil, file, err
