@@ -20,7 +20,7 @@ import httpx
 import pytest
 import yaml
 
-from tests.support.cache_requests import NULL, metric, metric_samples
+from tests.support.cache_requests import NULL, metric_samples
 from tests.support.harness import anthropic_body
 from zccp.plugins_config import BUILTIN
 

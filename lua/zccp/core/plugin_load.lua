@@ -140,7 +140,8 @@ local function sorted_keys(t)
         out[#out + 1] = tostring(k)
     end
     sort(out)
-    return concat(out, ", ")
+    local list = concat(out, ", ")
+    return list
 end
 
 local function check_scalar(v, want, enum, where)

@@ -59,7 +59,8 @@ local function valid_utf8(s)
             i = i + 1
         end
     end
-    return concat(out)
+    local valid = concat(out)
+    return valid
 end
 _M.valid_utf8 = valid_utf8
 
