@@ -13,6 +13,9 @@ local pcall = pcall
 -- in prepare: nothing after l1 runs in prepare then).
 local _M = { name = "l1", after = { "auth", "limits", "ratelimit_headers" } }
 
+-- POST /v1/zccp/l1/purge (zccp.core.edges) empties L1 through this hook.
+_M._provides = { purge_l1 = l1.purge }
+
 function _M.prepare(r)
     if r.kind == "purge" then
         l1.purge()   -- before the engine purges Redis, and again after (zccp.core.attempts)
