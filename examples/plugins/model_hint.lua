@@ -1,17 +1,23 @@
 -- x-model-hint: NAME picks the model (the replica set of engines: serving NAME), as
 -- seed 001's routing header did. An unknown NAME is the client's 400, naming the header.
--- Put it after "router" in plugins.chain (it overrides what the body's model chose).
 local engines = require "zccp.engines"
 local pipeline = require "zccp.core.pipeline"
 
 local ngx_var = ngx.var
+local ipairs = ipairs
 
-local _M = { name = "model_hint" }
+local _M = {
+    name = "model_hint",
+    after = { "router" },   -- it overrides what the body's model chose
+    schema = {
+        variable = { type = "string", default = "http_x_model_hint" },   -- the nginx variable read
+    },
+}
 
 local models   -- the models engines: serve, built on the first request (engines is set by then)
 
 function _M.route(r, conf)
-    local hint = ngx_var[conf.variable or "http_x_model_hint"]
+    local hint = ngx_var[conf.variable]
     if not hint or not r.multi then
         return
     end

@@ -1,17 +1,26 @@
 -- Tags each request's usage record with the caller's x-team header ("team": ... in the
--- usage line; requests with an API key and auth.usage_log set). Settings: field (the
--- record's key, default "team"), header (the nginx variable, default http_x_team).
--- Put it after "limits" in plugins.chain: the usage record exists once limits admitted.
-local usage = require "zccp.plugins.usage"
+-- usage line; requests with an API key and auth.usage_log set). A header's bytes are
+-- written as valid UTF-8; a field named like one of the line's own is refused.
+local usage_fields = require "zccp.limits.usage_fields"
 
 local ngx_var = ngx.var
 
-local _M = { name = "tag" }
+local _M = {
+    name = "tag",
+    after = { "limits" },   -- the usage record exists once limits admitted
+    schema = {
+        field = { type = "string", default = "team" },           -- the record's key
+        header = { type = "string", default = "http_x_team" },   -- the nginx variable read
+    },
+}
 
 function _M.prepare(_, conf)
-    local v = ngx_var[conf.header or "http_x_team"]
+    local v = ngx_var[conf.header]
     if v then
-        usage._field(conf.field or "team", v)
+        local ok, err = usage_fields.add(conf.field, v)
+        if not ok and err ~= "no usage record for this request" then
+            ngx.log(ngx.WARN, "tag: ", err)
+        end
     end
 end
 

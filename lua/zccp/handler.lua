@@ -5,12 +5,13 @@ local abi = require "zccp.abi"
 local errors = require "zccp.errors"
 local settings = require "zccp.settings"
 local body_mod = require "zccp.body"
-local fingerprint = require "zccp.fingerprint"
+local DECODE_LIMIT = require("zccp.fp_tables").decode_limit
 local admin_gate = require "zccp.admin.gate"
 local pipeline = require "zccp.core.pipeline"
 local core = require "zccp.core.attempts"
 local edges = require "zccp.core.edges"
 local request_headers = require "zccp.core.request_headers"
+local R_MT = require("zccp.core.request_view").MT
 local new_request_id = require("zccp.request_id").new
 
 local get_request = require("resty.core.base").get_request
@@ -72,7 +73,7 @@ local function payload(api, kind, len, max_body, deadline, whole)
     if kind == "models" then
         return { body = edges.model_id(ngx_var.uri) or "" }
     end
-    if body_mod.streamable(len, fingerprint.DECODE_LIMIT) and not whole then
+    if body_mod.streamable(len, DECODE_LIMIT) and not whole then
         return { len = len, deadline = deadline }
     end
     local body, code, err_kind, msg = body_mod.read(max_body, deadline)
@@ -91,7 +92,11 @@ end
 local function prepare(r, s, len)
     local kind = r.kind
     r.deadline = ngx_now() + s.request_timeout_ms / 1000
-    local src = payload(r.api, kind, len, s.max_body, r.deadline, pipeline.any("wants_body", r))
+    local whole = pipeline.any("wants_body", r)
+    if whole == DONE then   -- a plugin raised: its 500 is the answer
+        return nil
+    end
+    local src = payload(r.api, kind, len, s.max_body, r.deadline, whole)
     if not src then
         return nil
     end
@@ -138,13 +143,16 @@ function _M.serve(api, kind, endpoint)
     if endpoint and not ENDPOINTS[endpoint] then
         error("zccp.handler.serve: unknown endpoint " .. endpoint, 2)
     end
+    -- r: the request's one home, for every phase (the log and response phases find it in
+    -- ngx.ctx.zccp); r.state is the transport's part (the abort flag, the slot held).
+    local state = { aborted = false, request_id = rid }
+    local r = setmetatable({ api = api, kind = kind, kind_name = kind_name, endpoint = endpoint, request_id = rid,
+                             admin = ADMIN_KINDS[kind or ""] ~= nil, state = state }, R_MT)
+    ngx.ctx.zccp = r
     local admitted, len = admit(api, kind, s)
     if not admitted then
         return
     end
-    local state = { aborted = false, request_id = rid }
-    local r = { api = api, kind = kind, kind_name = kind_name, endpoint = endpoint, request_id = rid,
-                admin = ADMIN_KINDS[kind or ""] ~= nil, state = state }
     if run("access", r) == DONE then   -- the API key: 401 before the body
         return
     end
@@ -160,8 +168,9 @@ function _M.serve(api, kind, endpoint)
     return core.attempts(r, state)
 end
 
--- log_by_lua of the API locations: the plugins' log phase (api nil: no request metrics).
-_M.log = pipeline.log
+-- log_by_lua of the API locations: the plugins' log phase (api nil: no request metrics);
+-- header_filter_by_lua: their response phase, for every answer.
+_M.log, _M.response = pipeline.log, pipeline.response
 
 -- The answers beside serve (zccp.core.edges): nginx's own refusals, 404s, models, L1 purge.
 _M.too_large, _M.header_too_large, _M.not_found = edges.too_large, edges.header_too_large, edges.not_found

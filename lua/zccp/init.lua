@@ -24,7 +24,12 @@ function _M.init(opts)
     -- to the Lua files, only to the arena and the socket (docs/existing-nginx.md).
     -- The plugin chain (config.yaml plugins:): an operator plugin that fails to load is
     -- logged with its file and line, and its last good copy stays (zccp.core.pipeline).
+    -- A plugin that does not load with no good copy in force stops nginx here (a reload
+    -- under HUP keeps going with it refusing its requests: zccp.core.pipeline).
     require("zccp.core.pipeline").init(opts.plugins)
+    if os.getenv("ZCCP_CHECK_ONLY") == "1" then   -- zccp.ops.stack_reload's check: loaded, done
+        os.exit(0)
+    end
     require("zccp.handler")
     -- L1 outlives a reload (the dict is kept): the masks or cache.scope may have changed.
     require("zccp.l1").purge()

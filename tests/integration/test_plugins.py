@@ -41,7 +41,7 @@ return _M
 '''
 # Refuses a body that says BLOCKME (403, naming the field); raises on one that says BOOM.
 GATE = '''local pipeline = require "zccp.core.pipeline"
-local _M = { name = "gate" }
+local _M = { name = "gate", schema = { word = { type = "string", required = true } } }
 function _M.prepare(r, conf)
     if r.body and r.body:find("BOOM", 1, true) then
         error("gate exploded")
@@ -135,7 +135,8 @@ def test_operator_plugins_order_phases_refusals_errors_and_a_failed_load(make_st
     # a plugin that no longer loads: the reload refuses it with file and line, its last good
     # copy stays in force, and /health on the admin listener names it
     (d / "trace_a.lua").write_text('local _M = { name = "trace_a" }\nfunction _M.access(r)\n  return r +\nend\n')
-    reload(s)
+    done = reload(s)
+    assert done.returncode == 1 and "trace_a.lua:4:" in done.stderr, done.stderr   # refused: not a clean reload
     health = admin_health(s)
     errs = health["plugins"]["errors"]
     assert [e["plugin"] for e in errs] == ["trace_a"], health   # refused, by name

@@ -258,6 +258,7 @@ def _stack_reload(cfg: Config, run_dir: Path) -> int:
     from zccp.config import mask_state_path
     from zccp.ops.nginx_check import CheckError, run_check
     from zccp.ops.stack import StackError, reload_masks
+    from zccp.ops.stack_reload import RenderError, plugins_refused, rerender_nginx
 
     try:   # what nginx would refuse, by file and line: then no reload (zccp-nginx check)
         check = run_check(cfg)
@@ -269,22 +270,27 @@ def _stack_reload(cfg: Config, run_dir: Path) -> int:
             print(e, file=sys.stderr)
         print("zccp-stack: not reloaded: nginx would refuse the above (fix them, then reload)", file=sys.stderr)
         return 1
-    try:
+    try:   # config.yaml again: the plugin chain, its settings, the rest of nginx's config
+        rerender_nginx(cfg, run_dir)
         m = reload_masks(cfg, run_dir)
-    except StackError as exc:
+    except (StackError, RenderError) as exc:
         print(f"zccp-stack: {exc}", file=sys.stderr)
         return 1
+    refused = plugins_refused(cfg)
+    for e in refused:
+        print(f"  plugin refused: {e} (its last good copy stays in force)", file=sys.stderr)
     print(f"nginx reloaded: {m.patterns} mask pattern(s) in force, digest {m.digest[:16]}; the engine "
           f"follows with the next request (it loads {mask_state_path(cfg)})")
     for e in m.errors:
         print(f"  refused: {e} (its previous version, if any, stays in force)", file=sys.stderr)
-    return 1 if m.errors else 0
+    return 1 if m.errors or refused else 0
 
 
 def stack_main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(prog="zccp-stack", description="Run redis + engine + nginx on loopback.")
     p.add_argument("command", choices=["up", "reload", "status"],
-                   help="up: start the stack and keep it running; reload: reload the running stack's mask patterns; "
+                   help="up: start the stack and keep it running; reload: check, render nginx's configuration "
+                        "again (the plugin chain and settings), test it and reload nginx: plugins and mask patterns; "
                         "status: the placement in force (each engine's CPUs and arena node, nginx workers' CPUs)")
     p.add_argument("--config", default="config.yaml")
     p.add_argument("--run-dir", default=".run", help=RUN_DIR_HELP)

@@ -237,6 +237,7 @@ _MODELS_LOCATION = """location = /v1/models {
     error_page 400 429 500 502 503 504 @zccp_error_models;
     content_by_lua_block { require("zccp.handler").serve_models() }
     log_by_lua_block { require("zccp.handler").log(nil) }   # a request for the key's limits and usage
+    header_filter_by_lua_block { require("zccp.handler").response() }
 }"""
 
 

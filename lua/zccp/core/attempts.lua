@@ -1,14 +1,14 @@
 -- The core's request loop: attempt() claims, fills and rings one engine and relays its
 -- answer (zccp.core.transport, zccp.relay); attempts() walks the engines the router
--- ranks. The plugin phases filled, headers and relayed run here (zccp.core.pipeline).
+-- ranks. The plugin phases filled, headers and relayed run here (zccp.core.pipeline); what
+-- the core takes from a plugin (the engines' order, the key's models) comes through the
+-- chain's hooks (pipeline.hooks), never by requiring a plugin.
 local arena_mod = require "zccp.arena"
 local errors = require "zccp.errors"
 local relay = require "zccp.relay"
 local settings = require "zccp.settings"
 local metrics = require "zccp.metrics"
-local router = require "zccp.router"
-local l1 = require "zccp.l1"
-local auth = require "zccp.auth"
+local engines = require "zccp.engines"
 local sha256 = require "zccp.sha256"
 local transport = require "zccp.core.transport"
 local pipeline = require "zccp.core.pipeline"
@@ -27,7 +27,21 @@ local DONE = pipeline.DONE
 local claim_and_fill, ring, hang_up, release = transport.claim_and_fill, transport.ring, transport.hang_up,
                                                transport.release
 
+local hooks = pipeline.hooks
+
 local _M = { _VERSION = "0.1.0" }
+
+-- Without a plugin that ranks engines (router): the one engine, or every engine in order.
+local function own_order()
+    return engines.everyone().members, false, false
+end
+-- An engine that failed: the ranking plugin's to remember (engine_down), else nothing.
+local function engine_down(e)
+    local down = hooks.engine_down
+    if down then
+        down(e)
+    end
+end
 
 local MAX_ATTEMPTS = 2  -- a ring rejected as stale after an engine restart is retried once
 local RETRY_AFTER = { ["Retry-After"] = "1" }
@@ -64,8 +78,9 @@ local function respond(api, slot, outcome, r, rkind)
     end
     if outcome == "done" then
         if not r.sse then
-            -- GET /v1/models: the key's models only (asked only there: it reads ngx.ctx)
-            local body = rkind == "models" and auth.models_body(r.parts) or nil
+            -- GET /v1/models: the key's models only (hook models_body, from auth; it reads ngx.ctx)
+            local models_body = rkind == "models" and hooks.models_body
+            local body = models_body and models_body(r.parts) or nil
             ngx_header["Content-Length"] = body and #body or r.acked
             ngx_print(body or r.parts)
         end
@@ -125,15 +140,21 @@ local function attempt(r, a, state, e)
         state.slot = nil
         return
     end
+    -- before the ring: a plugin that raises here ends the request before the engine
+    -- generates anything (its 500 is the answer; nothing is relayed after it)
+    if run("headers", r, e) == DONE then
+        release(slot)
+        state.slot = nil
+        return
+    end
     local ok, rerr = ring(slot, e)
     if not ok then
         hang_up(slot, false)
         release(slot)
         state.slot = nil
-        router.down(e)
+        engine_down(e)
         return "next", 503, "overloaded_error", rerr
     end
-    run("headers", r, e)   -- before the answer's first byte
     local outcome, res = relay.run(slot, state, r.deadline)
     -- the engine's counts and the answer: settlement, L1 (a raise here is logged, the answer stands)
     r.cache = slot.cache   -- the verdict the relay sent (X-ZCCP-Cache)
@@ -148,7 +169,7 @@ local function attempt(r, a, state, e)
     if not NOT_ENGINE_FAILURES[outcome] and not ngx.headers_sent then
         ngx_log(ngx_ERR, "zccp: request ", slot.request_id, " (context ", slot.ctx_hex, ") on engine ", e.name,
                 " slot ", slot.index, ": ", outcome)
-        router.down(e)
+        engine_down(e)
         return "next", 503, "overloaded_error", "engine failed: " .. outcome
     end
     return respond(api, slot, outcome, res, r.kind)
@@ -174,7 +195,7 @@ end
 -- last refusal when none could.
 function _M.attempts(r, state)
     local api = r.api
-    local order, spilled, failed_over = router.order(r)
+    local order, spilled, failed_over = (hooks.order or own_order)(r)
     local code, kind, msg = 503, "overloaded_error", "engine restarted; retry"
     local passed_busy, passed_failed = false, false   -- what the engines ranked above the one that takes it did
     for k = 1, #order do
@@ -182,7 +203,7 @@ function _M.attempts(r, state)
         for _ = 1, MAX_ATTEMPTS do
             local a, err = arena_mod.acquire(e)
             if not a then
-                router.down(e)
+                engine_down(e)
                 code, kind, msg = 503, "overloaded_error", err
                 passed_failed = true
                 break
@@ -194,9 +215,6 @@ function _M.attempts(r, state)
                     .. " bytes")
             end
             local ok, res, rcode, rkind, rmsg = pcall(attempt, r, a, state, e)
-            if r.kind == "purge" then
-                l1.purge()   -- what was relayed from Redis while it was purged is gone too
-            end
             if not ok then
                 return abandon(r, a, state, res)
             end

@@ -3,7 +3,7 @@
 local errors = require "zccp.errors"
 local settings = require "zccp.settings"
 local admin_gate = require "zccp.admin.gate"
-local l1 = require "zccp.l1"
+local hooks = require("zccp.core.pipeline").hooks
 
 local ngx = ngx
 local ngx_var = ngx.var
@@ -73,7 +73,10 @@ function _M.purge_l1()
         return errors.send("anthropic", 405, "invalid_request_error", "method " .. method .. " not allowed; use POST",
             { Allow = "POST" })
     end
-    l1.purge()
+    local purge = hooks.purge_l1   -- from the l1 plugin; without it L1 is out of the path: nothing kept
+    if purge then
+        purge()
+    end
     ngx_header["Content-Type"] = "application/json"
     ngx_print('{"purged_l1":true}')
 end

@@ -1,13 +1,13 @@
--- The plugin chain: config.yaml's plugins.chain, built once at init into one array of
--- functions per phase (a phase no plugin implements is an empty array: one compare). A
--- plugin whose _active(conf) says false (its feature is off in this config) is listed
--- but not in any phase: a request pays nothing for it.
--- A plugin ends a request by answering it through zccp.core.answer and returning DONE;
--- a plugin that raises is that request's 500 and zccp_nginx_plugin_errors_total{plugin}.
--- Operators' plugins come from plugins.dir; one that fails to load is refused with its
--- file and line, and the last good chain (copied beside it, like the masks') stays.
+-- The plugin chain: config.yaml's plugins.chain, built once at init into one runner per
+-- phase (a phase no plugin implements is an empty runner). A plugin whose _active(conf)
+-- says false (its feature is off in this config) is listed but in no phase: a request pays
+-- nothing for it. Loading and checking each plugin: zccp.core.plugin_load.
+-- A plugin ends a request with refuse() (or answers it itself and returns DONE); a plugin
+-- that raises is that request's 500 and zccp_nginx_plugin_errors_total{plugin}; the phases
+-- that settle (relayed, response, log) run every plugin whatever another one did.
 local metrics = require "zccp.metrics"
 local errors = require "zccp.errors"
+local loader = require "zccp.core.plugin_load"
 
 local ngx = ngx
 local ngx_log = ngx.log
@@ -17,30 +17,39 @@ local type = type
 local pairs = pairs
 local ipairs = ipairs
 local tostring = tostring
-local loadfile = loadfile
-local io_open = io.open
 local concat = table.concat
 local load = load
 local assert = assert
 local setmetatable = setmetatable
 
-local _M = { _VERSION = "0.1.0" }
+local _M = { _VERSION = "0.2.0" }
 
 -- What a plugin returns when it answered the request: the chain stops there.
 local DONE = "zccp.done"
 _M.DONE = DONE
 
 -- The phases, in request order (docs/plugins.md). wants_body is asked before the body
--- is read: true from any plugin reads it whole instead of streaming it into the slot.
-_M.PHASES = { "access", "wants_body", "prepare", "keys", "route", "filled", "headers", "relayed", "log" }
+-- is read: true from any plugin reads it whole instead of streaming it into the slot
+-- (DONE: one raised, the request is answered). response runs in nginx's header filter, for every answer (L1 hits, refusals, errors).
+_M.PHASES = { "access", "wants_body", "prepare", "keys", "route", "filled", "headers", "relayed",
+              "response", "log" }
 local IS_PHASE = {}
 for _, p in ipairs(_M.PHASES) do
     IS_PHASE[p] = true
 end
+-- Phases that run every plugin: a raise is counted and logged, the next plugin still runs
+-- (the built-ins that settle, meter and release are among them).
+local EVERY = { relayed = true, response = true, log = true }
 
 local chains = {}        -- phase -> { n, fns, confs, names }
 local loaded = {}        -- the chain in force: { { name, file, phases } }
 local load_errors = {}   -- { { plugin, file, message } }: refused at the last (re)load
+
+-- What the core takes from plugins without naming one (the router's order of engines, the
+-- key's models): name -> function, from each active plugin's _provides; nil: the core's own.
+-- One table for the VM's life (modules keep it): init refills it.
+local hooks = {}
+_M.hooks = hooks
 
 -- The one call that ends a request from a plugin: an API-shaped error in the request's
 -- API (status, kind as in zccp.error_kinds, message naming the field). Returns DONE.
@@ -56,7 +65,15 @@ local function failed(r, name, err)
     if r and r.api and not ngx.headers_sent then
         errors.send(r.api, 500, "api_error", "internal error in the gateway (plugin " .. name .. ")")
     end
+    r.failed = name
     return DONE
+end
+
+-- A raise in a phase that runs every plugin: counted and logged; the request is marked.
+local function counted(r, name, err)
+    metrics.plugin_error(name)
+    ngx_log(ngx_ERR, "zccp: plugin ", name, " failed: ", tostring(err))
+    r.failed = name
 end
 
 -- Each phase's runner, made once per chain (compile): its plugins' calls one after the
@@ -64,14 +81,11 @@ end
 local runners = {}
 
 -- The source of one phase's runner, calling plugins 1..n. kind "run": DONE once a plugin
--- answered (or raised), else nil; "any": true once a plugin says so; "log": every plugin.
+-- answered (or raised), else nil; "any": true once a plugin says so (DONE once one
+-- raised); "every": every plugin, r.failed names one that raised.
 local function source(kind, n)
-    local out = { "local pcall, failed, DONE, fns, confs, names = ...\n" }
-    if kind == "log" then
-        out[#out + 1] = "return function(api)\n local ok, err\n"
-    else
-        out[#out + 1] = "return function(r, a1, a2, a3)\n local ok, res\n"
-    end
+    local out = { "local pcall, failed, counted, DONE, fns, confs, names = ...\n",
+                  "return function(r, a1, a2, a3)\n local ok, res\n" }
     for i = 1, n do
         if kind == "run" then
             out[#out + 1] = (" ok, res = pcall(fns[%d], r, confs[%d], a1, a2, a3)\n"
@@ -79,10 +93,11 @@ local function source(kind, n)
                 .. " if res == DONE then return DONE end\n"):format(i, i, i)
         elseif kind == "any" then
             out[#out + 1] = (" ok, res = pcall(fns[%d], r, confs[%d])\n"
-                .. " if ok and res then return true elseif not ok then failed(nil, names[%d], res) end\n"):format(i, i, i)
+                .. " if ok and res then return true elseif not ok then return failed(r, names[%d], res) end\n"
+                ):format(i, i, i)
         else
-            out[#out + 1] = (" ok, err = pcall(fns[%d], api, confs[%d])\n"
-                .. " if not ok then failed(nil, names[%d], err) end\n"):format(i, i, i)
+            out[#out + 1] = (" ok, res = pcall(fns[%d], r, confs[%d], a1, a2, a3)\n"
+                .. " if not ok then counted(r, names[%d], res) end\n"):format(i, i, i)
         end
     end
     out[#out + 1] = kind == "any" and " return false\nend\n" or "end\n"
@@ -91,9 +106,9 @@ local function source(kind, n)
 end
 
 local function compile(phase, c)
-    local kind = phase == "wants_body" and "any" or phase == "log" and "log" or "run"
+    local kind = phase == "wants_body" and "any" or EVERY[phase] and "every" or "run"
     local chunk = assert(load(source(kind, c.n), "=zccp.core.pipeline[" .. phase .. "]"))
-    runners[phase] = chunk(pcall, failed, DONE, c.fns, c.confs, c.names)
+    runners[phase] = chunk(pcall, failed, counted, DONE, c.fns, c.confs, c.names)
 end
 
 -- Runs phase `phase` for request r: DONE once a plugin answered (or raised), else nil.
@@ -107,97 +122,68 @@ function _M.any(phase, r)
     return runners[phase](r)
 end
 
--- log_by_lua of the API locations (api nil: the models location, no request metrics).
+-- log_by_lua of the API locations: the request's r (zccp.handler keeps it in ngx.ctx.zccp),
+-- or a bare one for a request answered before it had one. r.log_api: the API whose
+-- request metrics count it (nil: the models location, counted by its limits only).
 function _M.log(api)
-    return runners.log(api)
+    local r = ngx.ctx.zccp
+    if not r then
+        r = { api = api }
+    end
+    r.log_api = api
+    return runners.log(r)
 end
 
-local function read(path)
-    local f = io_open(path, "rb")
-    if not f then
-        return nil
+-- header_filter_by_lua of the API locations: the response phase, for every answer. A
+-- raise there cannot turn the answer into an error any more (its status is on its way):
+-- the connection is closed instead, so no answer goes out after a plugin failed.
+function _M.response()
+    if chains.response.n == 0 then
+        return
     end
-    local s = f:read("*a")
-    f:close()
-    return s
+    local r = ngx.ctx.zccp
+    if not r then
+        return
+    end
+    local prior = r.failed   -- a plugin that failed earlier: its 500 is this answer
+    r.failed = nil
+    runners.response(r)
+    if r.failed then
+        return ngx.exit(ngx.ERROR)
+    end
+    r.failed = prior
 end
 
-local function write(path, s)
-    local f = io_open(path, "wb")
-    if f then
-        f:write(s)
-        f:close()
-    end
+-- A plugin that cannot be loaded under a bare nginx HUP (no last good copy): in the chain
+-- as a plugin that refuses its requests (503 naming it), never skipped.
+local function unloaded(name)
+    local msg = "plugin " .. name .. " is not loaded; the gateway refuses requests until it loads"
+    return { name = name, access = function(r)
+        errors.send(r.api, 503, "api_error", msg)
+        return DONE
+    end }
 end
 
--- A plugin module checked against the interface: a table, name = its chain name, only
--- known phases, each a function. Returns the module, or nil, "file:line: why".
-local function check(mod, name, file)
-    if type(mod) ~= "table" then
-        return nil, file .. ": the plugin must return a table (local _M = { name = ... }; return _M)"
-    end
-    if mod.name ~= name then
-        return nil, file .. ": name is " .. tostring(mod.name) .. ", the chain names it " .. name
-    end
-    for k, v in pairs(mod) do
-        if type(v) == "function" and not IS_PHASE[k] and k:sub(1, 1) ~= "_" then
-            local info = debug.getinfo(v, "S")
-            return nil, file .. ":" .. (info.linedefined or 0) .. ": " .. k .. " is not a phase (phases: "
-                .. concat(_M.PHASES, ", ") .. "; helpers start with _)"
-        end
-    end
-    return mod
+-- Whether this init is a reload of a running nginx (a HUP): nginx keeps its shared dicts
+-- across a HUP; a start or `nginx -t` begins with them empty.
+local STARTED = "zccp:plugins:started"
+local function reloading()
+    local d = ngx.shared and ngx.shared.zccp_metrics
+    return d and d:get(STARTED) or false, d
 end
 
--- An operator's plugin from file: loadfile names the file and line of a syntax error,
--- pcall those of an error while it loads.
-local function load_file(file, name)
-    local chunk, err = loadfile(file)
-    if not chunk then
-        return nil, err
-    end
-    local ok, mod = pcall(chunk)
-    if not ok then
-        return nil, tostring(mod)
-    end
-    return check(mod, name, file)
-end
-
-local function load_one(name, dir, last_good)
-    local file = dir and dir ~= "" and (dir .. "/" .. name .. ".lua")
-    if file and read(file) then
-        local mod, err = load_file(file, name)
-        if mod then
-            if last_good then
-                write(last_good .. "/" .. name .. ".lua", read(file))
-            end
-            return mod, file
-        end
-        load_errors[#load_errors + 1] = { plugin = name, file = file, message = err }
-        ngx_log(ngx_ERR, "zccp: plugin ", name, " refused: ", err)
-        local kept = last_good and last_good .. "/" .. name .. ".lua"
-        if kept and read(kept) then
-            mod = load_file(kept, name)
-            if mod then
-                ngx_log(ngx_ERR, "zccp: plugin ", name, ": the last good copy stays in force (", kept, ")")
-                return mod, kept
-            end
-        end
-        return nil
-    end
-    local ok, mod = pcall(require, "zccp.plugins." .. name)
-    if not ok then
-        load_errors[#load_errors + 1] = { plugin = name, file = file or ("zccp/plugins/" .. name .. ".lua"),
-                                          message = tostring(mod) }
-        ngx_log(ngx_ERR, "zccp: plugin ", name, " not found: ", tostring(mod))
-        return nil
-    end
-    return check(mod, name, "zccp/plugins/" .. name .. ".lua")
+local function is_builtin(name)
+    return package.searchpath("zccp.plugins." .. name, package.path) ~= nil
 end
 
 -- opts (settings.plugins, rendered from engine/zccp/plugins_config.py, the one source of
 -- the default chain): chain (names, in order), dir (operators' plugins, or nil), config
 -- (name -> its settings), last_good (where good operator plugins are copied).
+-- Fails closed: a plugin that cannot be loaded (nor its last good copy), whose settings
+-- break its schema, whose _active raises, or a chain against a plugin's declared order
+-- raises here (nginx refuses to start; `nginx -t` fails), naming the file and line or key.
+-- Under a HUP an unloadable plugin becomes unloaded(name) instead; an order violation
+-- still raises (nginx keeps the chain in force).
 function _M.init(opts)
     local names = type(opts) == "table" and opts.chain
     if type(names) ~= "table" then
@@ -205,37 +191,77 @@ function _M.init(opts)
               .. "(render the config with zccp-nginx render: it always writes the chain)", 2)
     end
     local conf = opts.config or {}
+    local hup, started = reloading()
     load_errors, loaded = {}, {}
+    local refused, mods, files, confs, actives = {}, {}, {}, {}, {}
+    for i, name in ipairs(names) do
+        local mod, file, err, bad = loader.load(name, opts.dir, opts.last_good, is_builtin(name), IS_PHASE, _M.PHASES)
+        local c, active = nil, true
+        if mod then
+            local cerr
+            c, cerr = loader.settings(mod, conf[name], file)
+            if not c then
+                mod, err = nil, cerr
+            end
+        end
+        if mod and type(mod._active) == "function" then
+            local ok, on = pcall(mod._active, c)
+            if not ok then   -- a broken _active: refused like a plugin that fails to load
+                mod, err = nil, file .. ": _active: " .. tostring(on)
+            end
+            active = on and true or false
+        end
+        if err then
+            load_errors[#load_errors + 1] = { plugin = name, file = bad or file, message = err }
+            ngx_log(ngx_ERR, "zccp: plugin ", name, " refused: ", err,
+                    mod and ("; the last good copy stays in force (" .. file .. ")") or "")
+        end
+        if not mod then
+            refused[#refused + 1] = err
+            mod, c, active = unloaded(name), {}, true
+        end
+        mods[i], files[i], confs[i], actives[i] = mod, file, c, active
+    end
+    if #refused > 0 and not hup then
+        error("zccp: plugins refused (no good copy in force): " .. concat(refused, "; "), 0)
+    end
+    local order_err = loader.order(mods, files)
+    if order_err then
+        error("zccp: plugins.chain refused: " .. order_err, 0)
+    end
     for _, p in ipairs(_M.PHASES) do
         chains[p] = { n = 0, fns = {}, confs = {}, names = {} }
     end
-    for _, name in ipairs(names) do
-        local mod, file = load_one(name, opts.dir, opts.last_good)
-        if mod then
-            local phases = {}
-            local active, why = true
-            if type(mod._active) == "function" then
-                active, why = pcall(mod._active, conf[name] or {})
-                if not active then   -- a broken _active: refused like a plugin that fails to load
-                    load_errors[#load_errors + 1] = { plugin = name, file = file, message = tostring(why) }
-                    ngx_log(ngx_ERR, "zccp: plugin ", name, " refused: ", tostring(why))
-                end
-                active = active and why and true or false
+    local provided = {}
+    for i, mod in ipairs(mods) do
+        local phases, active = {}, actives[i]
+        for _, p in ipairs(_M.PHASES) do
+            local fn = mod[p]
+            if fn and active then
+                local c = chains[p]
+                c.n = c.n + 1
+                c.fns[c.n], c.confs[c.n], c.names[c.n] = fn, confs[i], mod.name
+                phases[#phases + 1] = p
             end
-            for _, p in ipairs(_M.PHASES) do
-                local fn = mod[p]
-                if fn and active then
-                    local c = chains[p]
-                    c.n = c.n + 1
-                    c.fns[c.n], c.confs[c.n], c.names[c.n] = fn, conf[name] or {}, name
-                    phases[#phases + 1] = p
-                end
-            end
-            loaded[#loaded + 1] = { name = name, file = file, phases = phases, active = active }
         end
+        if active and type(mod._provides) == "table" then
+            for k, fn in pairs(mod._provides) do
+                provided[k] = fn
+            end
+        end
+        loaded[#loaded + 1] = { name = mod.name, file = files[i], phases = phases, active = active }
     end
     for _, p in ipairs(_M.PHASES) do
         compile(p, chains[p])
+    end
+    for k in pairs(hooks) do
+        hooks[k] = nil
+    end
+    for k, fn in pairs(provided) do
+        hooks[k] = fn
+    end
+    if started then
+        started:set(STARTED, true)
     end
     return loaded, load_errors
 end

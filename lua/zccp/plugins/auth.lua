@@ -2,7 +2,10 @@
 local auth = require "zccp.auth"
 local DONE = require("zccp.core.pipeline").DONE
 
-local _M = { name = "auth" }
+local _M = { name = "auth", before = { "limits" } }
+
+-- GET /v1/models answers with the key's models only (zccp.core.attempts asks this hook).
+_M._provides = { models_body = auth.models_body }
 
 -- auth.mode off: not in the chain at all (r.who stays nil; limits are off with it).
 function _M._active()

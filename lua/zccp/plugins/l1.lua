@@ -9,7 +9,12 @@ local ngx_log = ngx.log
 local ngx_ERR = ngx.ERR
 local pcall = pcall
 
-local _M = { name = "l1" }
+-- After the plugins that may refuse or set headers on an admitted request (a hit answers
+-- in prepare: nothing after l1 runs in prepare then).
+local _M = { name = "l1", after = { "auth", "limits", "ratelimit_headers" } }
+
+-- POST /v1/zccp/l1/purge (zccp.core.edges) empties L1 through this hook.
+_M._provides = { purge_l1 = l1.purge }
 
 function _M.prepare(r)
     if r.kind == "purge" then
@@ -50,6 +55,10 @@ function _M.filled(r, _, slot)
 end
 
 function _M.relayed(r, _, meta, outcome, res)
+    if r.kind == "purge" then
+        l1.purge()   -- what was relayed from Redis while the engine purged it is gone too
+        return
+    end
     local k = r.state.l1
     if outcome == "done" and k then
         local kept, kerr = pcall(l1.keep, r.api, k, meta, res)

@@ -3,7 +3,8 @@ local metrics = require "zccp.metrics"
 
 local _M = { name = "metrics" }
 
-function _M.log(api)
+function _M.log(r)
+    local api = r.log_api
     if api then   -- nil: the models location, counted by its limits only
         metrics.log(api)
     end

@@ -4,7 +4,7 @@
 -- answers only. After limits in the chain, before anything that answers (l1).
 local set_headers = require("zccp.limits.headers").set
 
-local _M = { name = "ratelimit_headers" }
+local _M = { name = "ratelimit_headers", after = { "limits" } }
 
 -- As limits: a key is needed, so not in the chain with auth.mode off.
 function _M._active()

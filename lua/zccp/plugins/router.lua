@@ -8,6 +8,10 @@ local ngx_header = ngx.header
 
 local _M = { name = "router" }
 
+-- What the core asks without naming a plugin (zccp.core.attempts): the engines in rank
+-- order, and one that failed.
+_M._provides = { order = router.order, engine_down = router.down }
+
 -- One engine: nothing to route (r.multi stays nil) and no X-ZCCP-Engine: not in the chain.
 function _M._active()
     return engines.multi()

@@ -1,21 +1,10 @@
 -- Usage records (zccp.usage_log, written by zccp.limits.settle): plugins add their own
--- fields to this request's line with _M.field (docs/plugins.md).
-local cjson = require "cjson.safe"
-
-local ngx = ngx
-local encode = cjson.encode
+-- fields to this request's line with zccp.limits.usage_fields.add (docs/plugins.md).
+local usage_fields = require "zccp.limits.usage_fields"
 
 local _M = { name = "usage" }
 
--- Adds "key":value to this request's usage line (a request with an API key, auth.usage_log
--- set). Returns true, or nil, why. Call it in access, prepare or later (after limits).
-function _M._field(key, value)
-    local t = ngx.ctx.zccp_limits
-    if not t then
-        return nil, "no usage record for this request"
-    end
-    t.fields = (t.fields or "") .. "," .. encode(key) .. ":" .. encode(value)
-    return true
-end
+-- The same helper, for plugins written against this module before it had its own.
+_M._field = usage_fields.add
 
 return _M
