@@ -94,7 +94,8 @@ def _raw(e: Existing, data: bytes) -> tuple[int, dict[str, str], bytes]:
 
 
 def _head(method: str, path: str, extra: str = "") -> bytes:
-    return f"{method} {path} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n{extra}Connection: close\r\n\r\n".encode()
+    return (f"{method} {path} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n{extra}"
+            "Connection: close\r\n\r\n").encode()
 
 
 def test_limit_req_503_is_api_shaped_on_every_zccp_path_and_the_site_keeps_its_page(site):
