@@ -173,7 +173,7 @@ end
 _M.log, _M.response = pipeline.log, pipeline.response
 
 -- The answers beside serve (zccp.core.edges): nginx's own refusals, 404s, models, L1 purge.
-_M.too_large, _M.header_too_large, _M.not_found = edges.too_large, edges.header_too_large, edges.not_found
+_M.too_large, _M.request_error, _M.not_found = edges.too_large, edges.request_error, edges.not_found
 _M.purge_l1, _M.model_id, _M.nginx_error = edges.purge_l1, edges.model_id, edges.nginx_error
 function _M.serve_models()
     local api = edges.models_api()

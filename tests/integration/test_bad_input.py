@@ -290,3 +290,32 @@ def test_body_over_the_limit_over_h2_is_413_before_the_body(null_stack_h2):
     assert st["status"] == 413, st
     assert json.loads(st["body"])["error"]["type"] == "request_too_large"
     null_stack_h2.assert_no_leaks()
+
+
+@pytest.mark.parametrize("path,extra,body,status,api", [
+    ("/v1/chat/completions", "Transfer-Encoding: chunked\r\n", b"{}", 400, "openai"),     # with Content-Length
+    ("/v1/completions", "", b"", 400, "openai"),                                         # Content-Length: nope
+    ("/v1/messages", "Transfer-Encoding: gzip\r\n", b"{}", 501, "anthropic"),
+    ("/v1/responses", "X-Big: " + "b" * 64 * 1024 + "\r\n", b"{}", 431, "openai"),
+    ("/no/such/path", "Transfer-Encoding: chunked\r\n", b"{}", 400, "anthropic"),       # any path of the server
+    ("/v1/messages", "Transfer-Encoding: chunked\r\n", None, 400, "anthropic"),         # a chunk size not in hex
+])
+def test_what_nginx_refuses_itself_is_api_shaped_on_the_standalone(null_stack_http1, path, extra, body, status, api):
+    """The standalone server's error_page: nginx's refusals before a location (its header
+    lines) and in one (an unreadable chunked body) in the API's shape (zccp_server.conf)."""
+    if body is None:
+        data = (f"POST {path} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n{extra}Connection: close\r\n"
+                "\r\nzz\r\n{}\r\n0\r\n\r\n").encode()
+    elif not body:
+        data = _request(path, b"{}", close=True).replace(b"Content-Length: 2", b"Content-Length: nope")
+    else:
+        data = _request(path, body, close=True, extra=extra)
+    [(got, headers, payload)] = _responses(_raw(null_stack_http1, data))
+    assert got == status and headers["content-type"] == "application/json", (got, headers, payload[:200])
+    err = json.loads(payload)
+    assert err["error"]["type"] == "invalid_request_error" and (api == "openai") == ("param" in err["error"]), err
+    assert headers["x-request-id"]
+    # a request line nginx cannot read: no path, its answer stays API-shaped (never a 500)
+    [(got, headers, payload)] = _responses(_raw(null_stack_http1, b"GET /v1/messages HTTP/1.1 x\r\nHost: x\r\n\r\n"))
+    assert got == 400 and json.loads(payload)["error"]["type"] == "invalid_request_error", (got, payload[:200])
+    null_stack_http1.assert_no_leaks()

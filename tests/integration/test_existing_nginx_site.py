@@ -7,20 +7,17 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
-import signal
 import subprocess
 import sys
-import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
 import pytest
 
-from tests.support.existing_nginx import AS_ROOT, NGINX, NGINX_CONF, REPO, WORKER_USER, Existing, _site_up
+from tests.support.existing_nginx import REPO, Existing
+from tests.support.existing_nginx_site import APP_HEALTH, include_zccp, operator_site
 from tests.support.harness import Stack, anthropic_body
-from zccp.ops.stack import Service, engine_service, free_port
 
 # A request carrying X-Limit-Me is limited to one a minute by the site's server-level
 # limit_req (a request without it is never limited: the key is empty).
@@ -41,60 +38,12 @@ server {{
     }}
 }}
 """
-APP_HEALTH = "app ok\n"
 
 
 @pytest.fixture
 def site(tmp_path: Path) -> Iterator[tuple[Existing, Stack]]:
-    over: dict = {"shared_memory": {"group": WORKER_USER}} if AS_ROOT else {}
-    s = Stack(tmp_path / "zccp", over, health_path="/zccp/health")
-    prefix = Path(tempfile.mkdtemp(prefix="zccp-site-"))
-    prefix.chmod(0o755)
-    app = tmp_path / "app"
-    app.mkdir()
-    (app / "health").write_text(APP_HEALTH)
-    up = free_port()
-    upstream = Service("upstream", [sys.executable, "-m", "http.server", str(up), "--bind", "127.0.0.1",
-                                    "--directory", str(app)], tmp_path / "upstream.log")
-    e = Existing(prefix, s.cfg.server.listen, upstream)
-    try:
-        upstream.start()
-        upstream.wait_until(lambda: _site_up(f"http://127.0.0.1:{up}/health"), 20, "the app's /health")
-        for sub in ("logs", "conf.d", "sites-enabled", "www", "tmp"):
-            (prefix / sub).mkdir()
-        (prefix / "modules").symlink_to("/usr/lib/nginx/modules")
-        e.conf.write_text(NGINX_CONF.format(p=prefix, workers=1, user_line=f"user {WORKER_USER};" if AS_ROOT else ""))
-        (prefix / "conf.d" / "limits.conf").write_text(LIMITS)
-        out = prefix / "zccp"
-        r = subprocess.run([sys.executable, "-m", "zccp.ops.cli", "nginx", "render", "--config", str(s.config_path),
-                            "--run-dir", str(s.run_dir), "--out", str(out)], capture_output=True, text=True,
-                           timeout=60, env=dict(os.environ, PYTHONPATH=str(REPO / "engine")))
-        assert r.returncode == 0, r.stderr
-        (prefix / "sites-enabled" / "example").write_text(
-            SITE.format(listen=e.listen, upstream=up, p=prefix))
-        s.engine = engine_service(s.config_path, s.cfg, s.run_dir)
-        e.nginx = Service("nginx", [NGINX, "-p", str(prefix), "-c", str(e.conf), "-g", "daemon off;"],
-                          prefix / "logs" / "nginx.log", stop_signal=signal.SIGQUIT)
-        e.nginx.start()
-        e.nginx.wait_until(lambda: _site_up(f"http://{e.listen}/health"), 20, "the site's /health")
-        yield e, s
-    finally:
-        if e.nginx is not None:
-            e.nginx.stop()
-        upstream.stop()
-        s.stop()
-        shutil.rmtree(prefix, ignore_errors=True)
-
-
-def _include(e: Existing, s: Stack) -> None:
-    out = e.prefix / "zccp"
-    (e.prefix / "conf.d" / "zccp.conf").write_text(f"include {out}/zccp_http.conf;\n")
-    site = e.prefix / "sites-enabled" / "example"
-    site.write_text(site.read_text().rstrip()[:-1] + f"    include {out}/zccp_server.conf;\n}}\n")
-    t = e.ctl("-t")
-    assert t.returncode == 0, t.stderr
-    assert e.ctl("-s", "reload").returncode == 0
-    s.wait_healthy()
+    with operator_site(tmp_path, SITE, LIMITS) as es:
+        yield es
 
 
 def test_check_site_names_the_backend_location_before_the_include(site):
@@ -113,7 +62,7 @@ def test_check_site_names_the_backend_location_before_the_include(site):
 
 def test_nginx_refusals_on_zccp_paths_are_api_shaped_and_the_site_keeps_its_health(site):
     e, s = site
-    _include(e, s)
+    include_zccp(e, s)
     with httpx.Client(base_url=f"http://{e.listen}", timeout=30) as c:
         # the site's own /health is still its backend's; ZCCP's is /zccp/health
         h = c.get("/health")

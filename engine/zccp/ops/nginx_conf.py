@@ -264,6 +264,9 @@ def models_locations(cfg: Config, standalone: bool = False) -> str:
 
 API_PATHS = ("/v1/messages", "/v1/chat/completions", "/v1/completions", "/v1/responses",
              "/v1/messages/count_tokens")
+# The server-level error_page's target for what nginx refuses before it picks a location
+# (zccp_server.conf); a client's own request there is answered 404.
+REQUEST_ERROR_PATH = "/zccp/request-error"
 
 
 def health_path(cfg: Config, standalone: bool) -> str:
@@ -275,7 +278,7 @@ def health_path(cfg: Config, standalone: bool) -> str:
 def server_paths(cfg: Config, standalone: bool = False) -> list[str]:
     """Every exact path zccp_server.conf adds to the server that includes it."""
     models = ["/v1/models", *_model_paths(cfg)] if standalone or cfg.server.paths.models else []
-    return [*API_PATHS, *models, health_path(cfg, standalone)]
+    return [*API_PATHS, *models, health_path(cfg, standalone), REQUEST_ERROR_PATH]
 
 
 def engines_settings(cfg: Config) -> str:

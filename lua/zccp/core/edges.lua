@@ -1,4 +1,4 @@
--- The answers beside zccp.handler.serve: nginx's own refusals (413, 431), the catch-all
+-- The answers beside zccp.handler.serve: nginx's own refusals (413, 429, 400, 431, ...), the catch-all
 -- 404, POST /v1/zccp/l1/purge, and the models path check.
 local errors = require "zccp.errors"
 local settings = require "zccp.settings"
@@ -51,14 +51,57 @@ function _M.nginx_error(api)
     return errors.send(api, status, e[1], e[2], e[3] and { ["Retry-After"] = RETRY_AFTER_S } or nil)
 end
 
--- nginx refused the request's header lines (large_client_header_buffers: error 494),
--- answered 431 in the shape of the API the path names, and the connection is closed.
-function _M.header_too_large()
-    local uri = ngx_var.uri
-    local api = (uri == "/v1/chat/completions" or uri == "/v1/completions" or uri == "/v1/responses")
-                and "openai" or "anthropic"
-    return errors.send(api, 431, "invalid_request_error",
-        "request header fields too large: each header line must fit in nginx's large_client_header_buffers")
+-- What nginx refuses before it picks a location, while it reads the request line and the
+-- header lines: no location's error_page sees it, only the server's, redirected to
+-- /zccp/request-error (zccp_server.conf; ?status=494 where `=` lets the answer say 431 and
+-- nginx's $status is then 0). nginx's code -> the answer's status and message.
+local REQUEST_ERRORS = {
+    [400] = { 400, "nginx could not read the request's header lines (e.g. a bad Content-Length, "
+        .. "or Content-Length with Transfer-Encoding)" },
+    [414] = { 414, "request URI too long: the request line must fit in nginx's large_client_header_buffers" },
+    [494] = { 431, "request header fields too large: each header line must fit in nginx's "
+        .. "large_client_header_buffers" },
+    [501] = { 501, "unsupported Transfer-Encoding: only chunked is accepted" },
+}
+
+local OPENAI_PATHS = { ["/v1/chat/completions"] = true, ["/v1/completions"] = true, ["/v1/responses"] = true }
+local ANTHROPIC_PATHS = { ["/v1/messages"] = true, ["/v1/messages/count_tokens"] = true }
+
+-- The API whose shape a path of ZCCP's answers in (the models paths by the
+-- anthropic-version header), or nil for a path that is not ZCCP's.
+local function path_api(path)
+    if OPENAI_PATHS[path] then
+        return "openai"
+    end
+    if ANTHROPIC_PATHS[path] then
+        return "anthropic"
+    end
+    if path == "/v1/models" or _M.model_id(path) then
+        return ngx_var.http_anthropic_version and "anthropic" or "openai"
+    end
+    return nil
+end
+
+-- /zccp/request-error, error_page's target for those refusals ($request_uri: the client's
+-- request; empty where nginx could not read its request line). On ZCCP's paths, or any
+-- path with ?any=1 (the standalone server: all its paths are ZCCP's, Anthropic's shape
+-- elsewhere): the API's shape. On the site's own paths: nginx's own page, as without ZCCP
+-- (error_page is not followed twice, so ngx.exit gives nginx's default answer).
+function _M.request_error()
+    ngx_header["X-Request-ID"] = ngx_var.zccp_request_id
+    if not ngx.req.is_internal() then   -- a client's own request for this path
+        return _M.not_found()
+    end
+    local status = tonumber(ngx_var.arg_status) or tonumber(ngx_var.status) or 400
+    local e = REQUEST_ERRORS[status]
+    local api = path_api(str_match(ngx_var.request_uri or "", "^[^?]*"))
+    if not api and ngx_var.arg_any == "1" then
+        api = "anthropic"
+    end
+    if not (e and api) then
+        return ngx.exit(status)
+    end
+    return errors.send(api, e[1], "invalid_request_error", e[2])
 end
 
 -- POST /v1/zccp/l1/purge (the admin listener, like the purge): empties this nginx's L1 and
