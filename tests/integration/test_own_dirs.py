@@ -22,6 +22,7 @@ import yaml
 
 from tests.support.checkout import REPO
 from tests.support.harness import Stack, StackProcess
+from zccp.ops.stack import free_port
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="makes directories as another user: needs root")
 
@@ -133,3 +134,31 @@ def test_the_normal_path_makes_its_directories_its_own(tmp_path, shared_tmp):
     # and again, over what it made itself
     out = cli("nginx", "--config", str(cfg), "--out", str(tmp_path / "out"), "--run-dir", str(tmp_path / "run"))
     assert out.returncode == 0, out.stderr
+
+
+def test_nginx_refuses_an_admin_dir_someone_made_after_the_render(tmp_path, shared_tmp):
+    """A restart with no render before it (at boot, a member of /run/zccp's group was first):
+    nginx's master refuses the admin socket's directory it did not make, and does not start."""
+    sock_dir = shared_tmp / "zccp"
+    cfg = config(tmp_path, sock_dir)
+    raw = yaml.safe_load(cfg.read_text())
+    raw["server"]["listen"] = f"127.0.0.1:{free_port()}"
+    cfg.write_text(yaml.safe_dump(raw))
+    out = tmp_path / "out"
+    r = cli("nginx", "--config", str(cfg), "--out", str(out), "--run-dir", str(tmp_path / "run"),
+            "--standalone", "--prefix", str(out))
+    assert r.returncode == 0, r.stderr
+    (sock_dir / "admin").rmdir()
+    admin = squat(sock_dir / "admin", 0o700)
+    nginx = [shutil.which("nginx") or "/usr/sbin/nginx", "-p", str(out), "-c", str(out / "nginx.conf"),
+             "-g", "daemon off;"]
+    proc = subprocess.Popen(nginx, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        said, _ = proc.communicate(timeout=60)   # init_by_lua fails: the master exits at once
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    logs = said + "".join(p.read_text() for p in out.rglob("*.log"))
+    assert proc.returncode != 0 and str(admin) in logs and "refusing to use it" in logs, logs
+    assert list(admin.iterdir()) == []
