@@ -168,13 +168,16 @@ def main() -> None:
                     help="where the rows go (the table is printed; bench/noisy_neighbour.md holds the runs kept)")
     ap.add_argument("--only", action="append", default=[],
                     help="run only the hostile rows whose name contains this (repeatable); alone always runs")
+    ap.add_argument("--slots", type=int, default=128,
+                    help="nginx's slots (shared_memory.segment_count); fewer than max_batch + max_queue (80) "
+                         "lets requests nobody waits for fill them (the row \"clients that leave\")")
     args = ap.parse_args()
     require_this_checkout()
     rows: dict[str, dict[str, Any]] = {}
     with tempfile.TemporaryDirectory() as tmp:
         # the default 128 slots (the test harness's 8 would turn a 10-client flood into nginx's 429s)
         s = Stack(Path(tmp) / "s", {"model": {"max_batch": 16, "max_queue": 64},
-                                    "shared_memory": {"segment_count": 128},
+                                    "shared_memory": {"segment_count": args.slots},
                                     "limits": {"request_timeout_ms": 60000}}).start()
         try:
             assert s.engine is not None and s.nginx is not None

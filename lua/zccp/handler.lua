@@ -11,6 +11,7 @@ local pipeline = require "zccp.core.pipeline"
 local core = require "zccp.core.attempts"
 local edges = require "zccp.core.edges"
 local request_headers = require "zccp.core.request_headers"
+local watch_client = require("zccp.core.client_gone").watch
 local new_request_id = require("zccp.request_id").new
 
 local get_request = require("resty.core.base").get_request
@@ -163,6 +164,7 @@ function _M.serve(api, kind, endpoint)
     -- Lua module end the request there, its log phase still run (lua_check_client_abort).
     live[request_key()] = state
     ngx_on_abort(on_abort)
+    watch_client()   -- the body read may have left nginx's block_reading (zccp.core.client_gone)
     return core.attempts(r, state)
 end
 
