@@ -58,6 +58,10 @@ def _stops(count: int, i: int) -> list[str]:
 
 
 MESSAGES = "/v1/messages"
+# clients that close each request 50 ms after sending it (whole answers of up to 1,000
+# tokens): each would hold a slot and a batch row to its end if nginx did not see them go
+LEAVERS = "clients that leave (each request closed after 50 ms)"
+LEAVE_S = {LEAVERS: 0.05}
 
 # name -> (hostile clients, path, body maker (a counter in, the body out)); each at the bound
 # the engine now enforces (docs/isolation.md): what is still allowed is what can still hurt
@@ -77,6 +81,7 @@ PATTERNS: dict[str, tuple[int, str, Callable[[int], dict[str, Any]]]] = {
     # (EOS banned): together they would fill the batch and keep it filled
     "two colluding tenants, 16 clients each, 1,500 tokens": (32, CHAT, lambda i: {
         **BASE, "max_tokens": 1500, "logit_bias": {str(EOS): -100}}),
+    LEAVERS: (8, CHAT, lambda i: {**BASE, "max_tokens": 1000}),
 }
 HOSTILE_TENANTS = {"two colluding tenants, 16 clients each, 1,500 tokens": 2}    # other rows: one
 
@@ -95,11 +100,15 @@ def _victim(url: str, seconds: float) -> tuple[list[float], dict[int, int]]:
 
 
 def _hostile(url: str, path: str, make: Callable[[int], dict[str, Any]], stop: threading.Event,
-             codes: dict[int, int], lock: threading.Lock, worker: int, tenants: int = 1) -> None:
+             codes: dict[int, int], lock: threading.Lock, worker: int, tenants: int = 1,
+             leave_s: float | None = None) -> None:
+    """tenants: the workers alternate that many keys; leave_s: the client closes each request
+    after this long (its status counted as 0)."""
     i = worker * 1_000_000
     key = "sk-hostile" if tenants == 1 else f"sk-hostile-{worker % tenants}"
     headers = {"authorization": f"Bearer {key}", "x-api-key": key, "anthropic-version": "2023-06-01"}
-    with httpx.Client(base_url=url, timeout=120, headers=headers) as c:
+    timeout = httpx.Timeout(120, read=leave_s) if leave_s else 120
+    with httpx.Client(base_url=url, timeout=timeout, headers=headers) as c:
         while not stop.is_set():
             i += 1
             try:
@@ -134,10 +143,12 @@ def _cpu_s(pids: list[int]) -> float:
 
 
 def run_row(url: str, seconds: float, pids: dict[str, list[int]], clients: int = 0, path: str = CHAT,
-            make: Callable[[int], dict[str, Any]] | None = None, tenants: int = 1) -> dict[str, Any]:
+            make: Callable[[int], dict[str, Any]] | None = None, tenants: int = 1,
+            leave_s: float | None = None) -> dict[str, Any]:
     stop, lock = threading.Event(), threading.Lock()
     hostile: dict[int, int] = {}
-    threads = [threading.Thread(target=_hostile, args=(url, path, make, stop, hostile, lock, w, tenants), daemon=True)
+    threads = [threading.Thread(target=_hostile, args=(url, path, make, stop, hostile, lock, w, tenants, leave_s),
+                                daemon=True)
                for w in range(clients)] if make else []
     for t in threads:
         t.start()
@@ -167,13 +178,16 @@ def main() -> None:
                     help="where the rows go (the table is printed; bench/noisy_neighbour.md holds the runs kept)")
     ap.add_argument("--only", action="append", default=[],
                     help="run only the hostile rows whose name contains this (repeatable); alone always runs")
+    ap.add_argument("--slots", type=int, default=128,
+                    help="nginx's slots (shared_memory.segment_count); fewer than max_batch + max_queue (80) "
+                         "lets requests nobody waits for fill them (the row \"clients that leave\")")
     args = ap.parse_args()
     require_this_checkout()
     rows: dict[str, dict[str, Any]] = {}
     with tempfile.TemporaryDirectory() as tmp:
         # the default 128 slots (the test harness's 8 would turn a 10-client flood into nginx's 429s)
         s = Stack(Path(tmp) / "s", {"model": {"max_batch": 16, "max_queue": 64},
-                                    "shared_memory": {"segment_count": 128},
+                                    "shared_memory": {"segment_count": args.slots},
                                     "limits": {"request_timeout_ms": 60000}}).start()
         try:
             assert s.engine is not None and s.nginx is not None
@@ -182,7 +196,8 @@ def main() -> None:
             for name, (clients, path, make) in PATTERNS.items():
                 if args.only and not any(o in name for o in args.only):
                     continue
-                rows[name] = run_row(s.base_url, args.seconds, pids, clients, path, make, HOSTILE_TENANTS.get(name, 1))
+                rows[name] = run_row(s.base_url, args.seconds, pids, clients, path, make,
+                                     HOSTILE_TENANTS.get(name, 1), LEAVE_S.get(name))
                 print(name, rows[name]["p50_ms"], rows[name]["p99_ms"], rows[name]["victim_errors"], flush=True)
         finally:
             s.stop()

@@ -151,7 +151,7 @@ struct zccp_slot_header {
 /* Bytes 128..383 of every slot. */
 struct zccp_slot_meta {
     uint32_t prompt_len;        /*   0 prompt tokens (engine) */
-    uint32_t completion_len;    /*   4 generated tokens (engine) */
+    uint32_t completion_len;    /*   4 generated tokens (engine; a whole answer's counted up as generated) */
     int32_t  gpu_device_id;     /*   8 -1 when the model ran on the CPU */
     uint32_t max_tokens;        /*  12 effective max_tokens (engine) */
     uint64_t csf_bands[16];     /*  16 LSH band keys (nginx) */

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import NamedTuple, Protocol, cast
 
 from zccp.abi import NOTICE_SIZE, RING_SIZE, Op, ffi, packer
-from zccp.paths import make_dirs
+from zccp.own_dirs import own_dir
 
 log = logging.getLogger("zccp.doorbell")
 
@@ -144,7 +144,7 @@ async def start_private_unix_server(
     """A unix socket only its owner (or, with a group, that group) can connect to;
     create(path) makes the server (asyncio's stream or protocol flavour)."""
     sock_path = Path(path)
-    make_dirs(sock_path.parent)
+    own_dir(sock_path.parent, f"the directory of the socket {path}", group=group)   # ours, or refused
     with contextlib.suppress(FileNotFoundError):
         if sock_path.is_socket():
             sock_path.unlink()  # a stale socket from a crashed engine

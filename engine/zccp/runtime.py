@@ -18,6 +18,7 @@ import stat
 from pathlib import Path
 
 from zccp.config import Config, ConfigError
+from zccp.own_dirs import check_stack_dirs
 
 SOCKET_NAME = "doorbell.sock"
 SUN_PATH_MAX = 107                      # sun_path holds 108 bytes, NUL included
@@ -152,3 +153,4 @@ def check_host(cfg: Config) -> None:
             raise ConfigError(f"{cfg.path}: logging.file: directory {d} is not writable")
     if cfg.cache.mask_patterns is not None and not Path(cfg.cache.mask_patterns).is_file():
         raise ConfigError(f"{cfg.path}: cache.mask_patterns: {cfg.cache.mask_patterns} is not a file")
+    check_stack_dirs(cfg)   # sockets, last-good copies, the usage log, plugins.dir: ours, or refused

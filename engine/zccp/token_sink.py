@@ -169,7 +169,9 @@ class Reply(SlotOutput):
 
     def token(self, token: int, drawn: Drawn | None = None) -> bool:
         self._fed += 1
-        if self._encoder is None:      # a whole answer: the count nginx settles if it times out first
+        if self._encoder is None:
+            # a whole answer sends nothing until its end: the count so far is what nginx
+            # settles should its client leave (meta.completion_len, counted up)
             self._writer.set_meta(completion_len=self._fed)
         self._send(self._text.feed(token, drawn))
         return self._text.stopped

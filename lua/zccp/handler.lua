@@ -12,9 +12,11 @@ local core = require "zccp.core.attempts"
 local edges = require "zccp.core.edges"
 local request_headers = require "zccp.core.request_headers"
 local R_MT = require("zccp.core.request_view").MT
+local watch_client = require("zccp.core.client_gone").watch
 local new_request_id = require("zccp.request_id").new
 
 local get_request = require("resty.core.base").get_request
+local ffi_cast = require("ffi").cast
 
 local ngx = ngx
 local ngx_on_abort = ngx.on_abort
@@ -116,13 +118,18 @@ local function prepare(r, s, len)
     return r
 end
 
--- The requests in progress, by their nginx request (the abort handler runs in its own
--- light thread of the same request): one handler for every request instead of a closure
--- per request (creating one stops LuaJIT's trace). Weak values: an entry goes with its
--- request's state.
+-- The requests in progress, by their nginx request's address (the abort handler runs in
+-- its own light thread of the same request): one handler for every request instead of a
+-- closure per request (creating one stops LuaJIT's trace). Keyed by the address as a
+-- number, not by get_request()'s cdata: each call boxes a new cdata, and a table keys a
+-- cdata by its identity, so the handler never found its request. Weak values: an entry
+-- goes with its request's state.
 local live = setmetatable({}, { __mode = "v" })
+local function request_key()
+    return tonumber(ffi_cast("uintptr_t", get_request()))
+end
 local function on_abort()
-    local state = live[get_request()]
+    local state = live[request_key()]
     if state then
         state.aborted = true
     end
@@ -163,8 +170,9 @@ function _M.serve(api, kind, endpoint)
     -- ngx.on_abort makes a coroutine per call (0.75 µs, ~3% of an L1 hit's nginx CPU), and a
     -- client gone while nothing is claimed yet (the body, the plugins' Redis calls) has the
     -- Lua module end the request there, its log phase still run (lua_check_client_abort).
-    live[get_request()] = state
+    live[request_key()] = state
     ngx_on_abort(on_abort)
+    watch_client()   -- the body read may have left nginx's block_reading (zccp.core.client_gone)
     return core.attempts(r, state)
 end
 

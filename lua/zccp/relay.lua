@@ -8,6 +8,7 @@ local bit = require "bit"
 local abi = require "zccp.abi"
 local settings = require "zccp.settings"
 local limits_mark = require "zccp.limits.mark"
+local client_gone = require("zccp.core.client_gone").gone
 
 local ngx = ngx
 local ngx_header = ngx.header
@@ -20,6 +21,8 @@ local tonumber = tonumber
 local tostring = tostring
 
 local _M = { _VERSION = "0.1.0" }
+
+local CLIENT_CHECK_S = 0.25   -- how often a waiting relay asks whether its client is still there
 
 local CACHE_NAMES = { [1] = "HIT", [2] = "NEAR", [3] = "MISS", [4] = "BYPASS", [5] = "ERROR" }
 -- The engine's "come back later" answers (its model queue is full): like nginx's own.
@@ -172,14 +175,21 @@ end
 
 -- Why the relay stops here although the engine goes on, or nil: the client, the
 -- request's deadline or the stream's duration limit (limits.stream_max_duration_ms).
+-- The client is asked every CLIENT_CHECK_S besides its on_abort handler (zccp.core.client_gone).
 local function given_up(r, deadline)
+    local now = ngx_now()
+    if not r.state.aborted and now >= r.check_at then
+        r.check_at = now + CLIENT_CHECK_S
+        if client_gone() then
+            r.state.aborted = true
+        end
+    end
     if r.state.aborted then
         return "client closed the connection"
     end
     if r.stalled then
         return "stalled"
     end
-    local now = ngx_now()
     if r.sse and r.stream_end and now > r.stream_end then
         return "stream_duration"
     end
@@ -190,7 +200,8 @@ end
 
 -- Relays the answer to `slot` (rung on slot.bell) until it is complete, the client
 -- goes away or stops reading, the deadline or a stream limit passes or the engine fails.
--- state.aborted is set by the request's on_abort handler. Returns the outcome ("done",
+-- state.aborted is set by the request's on_abort handler, or here when the client is
+-- found gone (given_up). Returns the outcome ("done",
 -- "retry", "timeout", "client closed the connection", "stalled", "stream_duration",
 -- "stream_bytes" or an error description) and the relay record
 -- { started, status, sse, acked, parts, np, keep }: a complete non-SSE body is in parts,
@@ -200,7 +211,7 @@ function _M.run(slot, state, deadline)
     local bell = slot.bell
     local s = settings.get()
     local r = { started = false, sse = false, acked = 0, parts = {}, np = 0, state = state, keep = state.keep,
-                stalled = false, max_bytes = s.stream_max_bytes }
+                stalled = false, max_bytes = s.stream_max_bytes, check_at = ngx_now() + CLIENT_CHECK_S }
     if s.stream_max_duration_ms > 0 then
         r.stream_end = ngx_now() + s.stream_max_duration_ms / 1000
     end

@@ -15,7 +15,7 @@ import stat
 from pathlib import Path
 
 from zccp.config import Config
-from zccp.paths import make_dirs
+from zccp.own_dirs import NotOurDirectory, own_dir
 
 MIN_TOKEN_CHARS = 16
 ADMIN_DIR_MODE = 0o700
@@ -52,18 +52,15 @@ def admin_socket_dir(cfg: Config) -> Path | None:
         raise ValueError(f"server.admin_listen: {sock} is longer than 107 bytes (a unix socket's limit)")
     d = sock.parent
     ours = cfg.server.socket_path is not None and d == Path(cfg.server.socket_path).parent / "admin"
-    if not d.exists():
-        make_dirs(d.parent)              # 0755 whatever the umask, as the doorbell's directory
-        d.mkdir(mode=ADMIN_DIR_MODE, exist_ok=True)
-        d.chmod(ADMIN_DIR_MODE)          # whatever the umask, and no setgid from a 2770 parent
-        return d
-    if ours and stat.S_IMODE(d.stat().st_mode) != ADMIN_DIR_MODE and d.stat().st_uid == os.geteuid():
+    if ours and d.is_dir() and not d.is_symlink() and d.stat().st_uid == os.geteuid() \
+            and stat.S_IMODE(d.stat().st_mode) != ADMIN_DIR_MODE:
         d.chmod(ADMIN_DIR_MODE)          # ours, from an older layout or umask: tightened
-    if d.stat().st_mode & stat.S_IXOTH:
-        raise ValueError(f"server.admin_listen: {d} can be entered by every user, and nginx makes the socket "
-                         f"0666: put the admin socket in a directory of mode 0700 or 0750 "
-                         f"(the default: unix:<socket dir>/admin/admin.sock)")
-    return d
+    try:
+        # made 0700, or one already there: this user's or root's, and no one else may enter
+        # it (nginx makes the socket 0666); a directory someone else made is never used
+        return own_dir(d, "server.admin_listen's directory", private=True, group=cfg.shared_memory.group)
+    except NotOurDirectory as exc:
+        raise ValueError(f"{exc} (the default: unix:<socket dir>/admin/admin.sock)") from None
 
 
 class _UnixConnection(http.client.HTTPConnection):

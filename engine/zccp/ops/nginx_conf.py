@@ -12,6 +12,7 @@ from zccp.cache.redis_target import parse_redis_url
 from zccp.config import Config, auth_redis_url, check_tls_files, mask_state_path, model_names
 from zccp.ops.admin_client import admin_socket_dir
 from zccp.plugins_config import lua_settings
+from zccp.own_dirs import check_stack_dirs, own_dir, stack_dirs
 from zccp.paths import lua_dir, lua_file, make_dirs, nginx_template
 from zccp.runtime import worker_user
 from zccp.shared_types import MAX_CHOICES
@@ -313,9 +314,11 @@ def render(cfg: Config, out: Path, standalone: bool = False, prefix: Path | None
         raise ValueError("server.socket_path is not resolved (zccp.runtime.resolve)")  # programmer error
     out = out.resolve()
     out.mkdir(parents=True, exist_ok=True)
-    last_good = Path(cfg.server.socket_path).parent / "plugins.last_good"
-    last_good.mkdir(parents=True, exist_ok=True)
-    last_good.chmod(0o755)   # whatever the umask: nginx's master writes the copies, nobody else may
+    # sockets, last-good copies, the usage log: made (0755: nginx's master writes the copies,
+    # nobody else may) or found ours; plugins.dir ours too (zccp.own_dirs)
+    check_stack_dirs(cfg)
+    for d, what, private in stack_dirs(cfg):
+        own_dir(d, what, private, cfg.shared_memory.group)
     values = {
         "lua_dir": _safe(str(lua_dir()), "lua dir"),
         # the plugin chain; good operator plugins are copied beside the masks' last good set
@@ -358,7 +361,6 @@ def render(cfg: Config, out: Path, standalone: bool = False, prefix: Path | None
         "routing_spill_load": repr(cfg.routing.spill_load),
         "metrics_allow": " ".join(f"allow {a};" for a in cfg.server.metrics_allow.split()),
     }
-    make_dirs(mask_state_path(cfg).parent)
     admin_dir = admin_socket_dir(cfg)   # only its owner may enter it: nginx makes the socket 0666
     # nginx's master makes it again at init when it is ZCCP's (<socket dir>/admin): /run is
     # empty at boot, and nginx may run as another user than the renderer (containers)

@@ -137,6 +137,8 @@ class UpstreamReply:
                     writer.write(enc.tool_args(ev))
             else:
                 finish = ev
+            if enc is None:   # nothing sent before the end: the count so far (meta.completion_len)
+                writer.set_meta(completion_len=len(deltas) + len(calls))
             if writer.pending > HOLD_BYTES:
                 await self._room()
         assert finish is not None      # events() ends with a Finish or raises

@@ -13,6 +13,13 @@ local ffi = require "ffi"
 pcall(ffi.cdef, [[
 int mkdir(const char *path, unsigned int mode);
 int chmod(const char *path, unsigned int mode);
+unsigned int geteuid(void);
+]])
+-- statx(2): one layout on every architecture (struct stat's differs)
+pcall(ffi.cdef, [[
+struct zccp_statx { uint32_t mask, blksize; uint64_t attributes; uint32_t nlink, uid, gid;
+                    uint16_t mode, spare0; uint64_t rest[30]; };
+int statx(int dirfd, const char *path, int flags, unsigned int mask, struct zccp_statx *buf);
 ]])
 
 local ngx = ngx
@@ -21,6 +28,9 @@ local str_match = string.match
 local io_open = io.open
 local error = error
 local tostring = tostring
+local tonumber = tonumber
+local str_format = string.format
+local band = require("bit").band
 
 local _M = { _VERSION = "0.1.0" }
 
@@ -60,6 +70,28 @@ end
 
 local OWNER_ONLY = 448    -- 0700
 local EEXIST = 17
+local AT_FDCWD, AT_SYMLINK_NOFOLLOW, STATX_BASIC = -100, 0x100, 0x7ff
+local S_IFMT, S_IFDIR = 0xF000, 0x4000
+local NOT_OURS = 19       -- 0023: group or others may write, others may enter
+
+-- A directory that was there already is used only when it is this user's or root's, a
+-- directory (not a link), and nobody else may write to or enter it (zccp.own_dirs, the
+-- renderer's check): a member of a 2770 /run/zccp's group could have made it before a
+-- restart of nginx that no render preceded.
+local function check_own(path)
+    local C = ffi.C
+    local st = ffi.new("struct zccp_statx")
+    if C.statx(AT_FDCWD, path, AT_SYMLINK_NOFOLLOW, STATX_BASIC, st) ~= 0 then
+        error("server.admin_listen: cannot stat " .. path .. ": " .. libc.errstr())
+    end
+    local uid = st.uid
+    if band(st.mode, S_IFMT) ~= S_IFDIR or (uid ~= 0 and uid ~= C.geteuid())
+            or band(st.mode, NOT_OURS) ~= 0 then
+        error("server.admin_listen: " .. path .. " (uid " .. tonumber(uid) .. ", mode "
+              .. str_format("%o", band(st.mode, 4095)) .. ") is not a directory of this user's or "
+              .. "root's that only its owner may enter: someone else made it; refusing to use it")
+    end
+end
 
 -- The admin socket's directory, made by nginx's master at init (before it binds its listening
 -- sockets), so that it is there whoever starts nginx and whenever (at boot, /run is empty):
@@ -78,6 +110,7 @@ function _M.make_socket_dir(path)
     if ffi.errno() ~= EEXIST then
         error("server.admin_listen: cannot make " .. path .. ": " .. libc.errstr())
     end
+    check_own(path)
     return true
 end
 
