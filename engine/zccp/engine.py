@@ -120,6 +120,7 @@ class Engine:
             self.backend.to(self.device.torch_device)
         self.metrics = EngineMetrics()
         self.metrics.info.set(1, backend=cfg.model.backend, model=cfg.model.name, device=self.device.name)
+        self.metrics.latency.for_model(cfg.model.name)
         self._rings = self.metrics.rings.series()
         # every model of the stack (engines:), so that any engine answers GET /v1/models for nginx
         self.models = [ModelInfo(name, int(time.time())) for name in model_names(cfg)]

@@ -154,8 +154,10 @@ class Reply(SlotOutput):
         self._written = NO_WRITE
         self._deltas: list[int] = []            # text delta lengths as streamed (cache replay)
         self._fed = 0                           # output tokens so far (meta.committed_mark)
+        outcome.submitted = time.perf_counter()
 
     def start(self, cached_tokens: int, plan_chunks: int, written: CacheWrite = NO_WRITE) -> None:
+        self._outcome.admitted = time.perf_counter()
         self._cached = cached_tokens
         self._written = written
         self._writer.set_meta(plan_chunks=plan_chunks)     # X-ZCCP-Plan, sent with the first bytes
@@ -168,11 +170,14 @@ class Reply(SlotOutput):
             self._writer.write_nowait(self._encoder.start())
 
     def token(self, token: int, drawn: Drawn | None = None) -> bool:
+        if not self._fed:
+            self._outcome.first_token = time.perf_counter()
         self._fed += 1
         self._send(self._text.feed(token, drawn))
         return self._text.stopped
 
     def end(self, reason: StopReason, output_tokens: int) -> Completed:
+        self._outcome.last_token = time.perf_counter()
         self._send(self._text.finish())
         result = self._text.result(reason, self._prompt_tokens, output_tokens, self._cached, self._written)
         if self._encoder is not None:

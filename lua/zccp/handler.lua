@@ -12,6 +12,7 @@ local core = require "zccp.core.attempts"
 local edges = require "zccp.core.edges"
 local request_headers = require "zccp.core.request_headers"
 local new_request_id = require("zccp.request_id").new
+local mono_s = require("zccp.libc").mono_s
 
 local get_request = require("resty.core.base").get_request
 
@@ -127,6 +128,7 @@ end
 -- kind: "purge" or "warmup" (admin listener), "count_tokens" or "models" (GET);
 -- endpoint: "completions" or "responses" (api "openai": /v1/completions, /v1/responses).
 function _M.serve(api, kind, endpoint)
+    local t0 = mono_s()   -- nginx's phase timings (zccp.metrics.phase)
     local s = settings.get()
     local rid = ngx_var.zccp_caller_id   -- the caller's valid X-Request-ID, or ""
     if rid == "" then
@@ -144,7 +146,7 @@ function _M.serve(api, kind, endpoint)
     end
     local state = { aborted = false, request_id = rid }
     local r = { api = api, kind = kind, kind_name = kind_name, endpoint = endpoint, request_id = rid,
-                admin = ADMIN_KINDS[kind or ""] ~= nil, state = state }
+                admin = ADMIN_KINDS[kind or ""] ~= nil, state = state, t0 = t0 }
     if run("access", r) == DONE then   -- the API key: 401 before the body
         return
     end

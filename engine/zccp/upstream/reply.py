@@ -116,9 +116,13 @@ class UpstreamReply:
         deltas: list[int] = []
         calls: list[ToolCall] = []
         finish: Finish | None = None
+        outcome = self._outcome
+        outcome.submitted = time.perf_counter()
         async for ev in answer.events():
             if self._cancelled():
                 raise SlotAbandoned("the client went away while the upstream answered")
+            if not outcome.first_token:
+                outcome.first_token = time.perf_counter()
             if isinstance(ev, TextDelta):
                 text.append(ev.text)
                 deltas.append(len(ev.text))
@@ -140,6 +144,7 @@ class UpstreamReply:
             if writer.pending > HOLD_BYTES:
                 await self._room()
         assert finish is not None      # events() ends with a Finish or raises
+        outcome.last_token = time.perf_counter()
         result = GenerationResult(
             text="".join(text), stop_reason=finish.stop_reason, stop_sequence=finish.stop_sequence,
             input_tokens=finish.input_tokens if finish.input_tokens is not None else self._prompt_tokens,
