@@ -254,6 +254,9 @@ class EngineMetrics:
         self.grammar_compiling = r.gauge("zccp_engine_grammar_compiling",
                                          "Output schema compiles not ended: running, or waiting in their tenant's lane")
 
+        self.trace_spans = r.counter("zccp_engine_trace_spans_total",
+                                     "Request spans by result: exported, failed (the collector refused or "
+                                     "was unreachable), dropped (the exporter's queue was full)")
         self.latency = LatencyHistograms(r)
 
     def render(self) -> str:

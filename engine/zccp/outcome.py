@@ -22,6 +22,7 @@ from types import TracebackType
 import numpy as np
 import torch
 
+from zccp import tracing
 from zccp.abi import CACHE_NAMES
 from zccp.api.codec import ApiCodec, StreamEncoder
 from zccp.arena import SlotView
@@ -98,6 +99,10 @@ class Outcome:
         self.admitted = 0.0         # taken into the decode batch
         self.first_token = 0.0
         self.last_token = 0.0
+        self.response_id = ""       # the answer's id (gen_ai.response.id), when a generation made one
+        # the request's spans when tracing is on (zccp.tracing: off, nothing but this lookup)
+        tracer = tracing.ACTIVE
+        self.trace = tracer.begin(self) if tracer is not None else None
 
     def guard(self, what: str = "request failed") -> _Guard:
         """Run a step: an ApiError is answered through the slot, an abandoned slot is
@@ -115,6 +120,8 @@ class Outcome:
 
     def abandoned(self, exc: SlotAbandoned) -> None:
         self._metrics.abandoned.inc()
+        if self.trace is not None:
+            self.trace.end(self, 499, None)
         log.info("request abandoned: %s", exc, extra=self.ctx.ids())
 
     def failed(self, encoder: StreamEncoder | None, err: ApiError | None = None) -> None:
@@ -145,6 +152,8 @@ class Outcome:
             m.tokens_out.inc(result.output_tokens)
         if status == 200:
             self._observe(elapsed, result)
+        if self.trace is not None:
+            self.trace.end(self, status, result)
         rlog = self._request_log
         if not rlog.enabled:
             return

@@ -164,7 +164,8 @@ class Reply(SlotOutput):
         if self._req.stream:
             # cache writes only to an encoder that reports them (Anthropic's; the others take 5 arguments)
             extra = (written,) if written.total else ()
-            self._encoder = self._codec.stream(self._req, self._codec.new_response_id(), int(time.time()),
+            self._outcome.response_id = rid = self._codec.new_response_id()
+            self._encoder = self._codec.stream(self._req, rid, int(time.time()),
                                                self._prompt_tokens, cached_tokens, *extra)
             self._writer.begin(200, sse=True)
             self._writer.write_nowait(self._encoder.start())
@@ -184,8 +185,8 @@ class Reply(SlotOutput):
             self._writer.write_nowait(self._encoder.finish(result), output_tokens)
         else:
             self._writer.begin(200, sse=False)
-            self._writer.write_nowait(self._codec.render(self._req, result, self._codec.new_response_id(),
-                                                         int(time.time())), output_tokens)
+            self._outcome.response_id = rid = self._codec.new_response_id()
+            self._writer.write_nowait(self._codec.render(self._req, result, rid, int(time.time())), output_tokens)
             self._deltas = [len(result.text)] if result.text else []
         self._writer.set_meta(completion_len=result.output_tokens)
         self._result = result

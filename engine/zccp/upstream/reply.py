@@ -77,7 +77,9 @@ class UpstreamReply:
         try:
             try:
                 make = openai_body if client.cfg.api == "openai" else anthropic_body
-                answer = await client.open(make(self._req, chat, client.model))
+                trace = self._outcome.trace
+                sent_on = trace.upstream_headers(client.model) if trace is not None else None
+                answer = await client.open(make(self._req, chat, client.model), sent_on)
                 return await self._relay(answer)
             except (UpstreamBroken, UpstreamStreamError) as exc:
                 err = exc.err if isinstance(exc, UpstreamStreamError) else ApiError(502, "api_error", str(exc))
@@ -107,6 +109,7 @@ class UpstreamReply:
     async def _relay(self, answer: UpstreamAnswer) -> Completed | None:
         codec, req, writer = self._codec, self._req, self._writer
         rid, created = codec.new_response_id(), int(time.time())
+        self._outcome.response_id = rid
         enc = None
         if req.stream:
             self._encoder = enc = codec.stream(req, rid, created, self._prompt_tokens, 0)
