@@ -128,7 +128,7 @@ class Histogram:
             inner = ",".join(f'{k}="{v}"' for k, v in labels)
             sep = "," if inner else ""
             running = 0
-            for bound, c in zip(self.bounds, s.counts):
+            for bound, c in zip(self.bounds, s.counts[:-1], strict=True):
                 running += c
                 lines.append(f'{n}_bucket{{{inner}{sep}le="{bound:g}"}} {running}')
             running += s.counts[-1]

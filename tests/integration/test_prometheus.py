@@ -8,7 +8,6 @@ import json
 import subprocess
 import time
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -19,7 +18,8 @@ from tests.support.harness import Stack
 from tests.support.prometheus_server import RULES, Prometheus, have_prometheus
 from zccp.ops.stack import free_port
 
-pytestmark = pytest.mark.skipif(not have_prometheus(), reason="prometheus and promtool (scripts/setup.sh) not installed")
+pytestmark = pytest.mark.skipif(not have_prometheus(),
+                                reason="prometheus and promtool (scripts/setup.sh) not installed")
 
 DASHBOARD = REPO / "deploy" / "grafana" / "zccp-dashboard.json"
 TOKEN = "prometheus-scrape-token-0123456789abcdef"

@@ -135,7 +135,8 @@ def test_without_a_traceparent_the_engine_starts_a_trace(stack: Stack, rx: OtlpR
 
 def test_a_malformed_traceparent_is_ignored(stack: Stack, rx: OtlpReceiver) -> None:
     body = req("openai", [{"role": "user", "content": "bad parent"}], max_tokens=4)
-    r = stack.client().post(PATHS["openai"], json=body, headers={"traceparent": "00-" + "0" * 32 + "-00f067aa0ba902b7-01"})
+    zero_trace = "00-" + "0" * 32 + "-00f067aa0ba902b7-01"
+    r = stack.client().post(PATHS["openai"], json=body, headers={"traceparent": zero_trace})
     assert r.status_code == 200
     rid = r.headers["x-request-id"]
     spans = rx.wait_for(lambda got: any(s.attributes.get("zccp.request_id") == rid for s in got))
@@ -160,9 +161,10 @@ def test_the_trace_goes_on_to_an_upstream(rx: OtlpReceiver, tmp_path_factory: py
                 front_root = next(s for s in spans if s.kind == SERVER and s.parent_span_id == sid)
                 call = next(s for s in spans if s.kind == CLIENT)
                 assert call.name == "chat zccp-up" and call.parent_span_id == front_root.span_id
-                up_root = rx.wait_for(lambda got: any(s.trace_id == tid and s.parent_span_id == call.span_id
-                                                      for s in got))
-                up_root_span = next(s for s in up_root if s.trace_id == tid and s.parent_span_id == call.span_id)
+                def under(s: ReceivedSpan, tid: str = tid, call_id: str = call.span_id) -> bool:
+                    return s.trace_id == tid and s.parent_span_id == call_id
+
+                up_root_span = next(s for s in rx.wait_for(lambda got: any(under(s) for s in got)) if under(s))
                 assert up_root_span.kind == SERVER and up_root_span.name == "chat zccp-up"
                 assert front_root.attributes["gen_ai.usage.output_tokens"] > 0
         finally:
