@@ -5,7 +5,10 @@ running at once; rounds interleaved, the order swapped each round; 1 KiB nginx L
 no-cache misses (the null engine: a miss is the engine's per-request work alone, the worst
 case for tracing's share).
 
-    PYTHONPATH=engine python -m bench.tracing_ab [--rounds 3] [--seconds 3] [--json F]
+    PYTHONPATH=engine python -m bench.tracing_ab [--rounds 3] [--seconds 3] [--ratio R] [--model tiny] [--json F]
+
+--ratio: the traced stack's sampling ratio (OTEL_TRACES_SAMPLER=parentbased_traceidratio);
+--model tiny: the tiny torch model instead of the null engine (a miss then decodes tokens).
 """
 
 from __future__ import annotations
@@ -18,7 +21,7 @@ from pathlib import Path
 
 from bench.bodies import synthetic_body
 from bench.request_id_ab import median
-from bench.run import NULL, measured_run, wrk
+from bench.run import NULL, TINY, measured_run, wrk
 from bench.services import post, start_d
 from tests.support.checkout import require_this_checkout
 from tests.support.otlp_receiver import OtlpReceiver
@@ -29,22 +32,28 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--seconds", type=float, default=3.0)
     ap.add_argument("--conc", type=int, default=16)
+    ap.add_argument("--ratio", type=float, default=1.0)
+    ap.add_argument("--model", choices=("null", "tiny"), default="null")
     ap.add_argument("--json", type=Path)
     args = ap.parse_args()
     require_this_checkout()
     tmp = Path(tempfile.mkdtemp(prefix="zccp-tracing-"))
     body = tmp / "1k.jsonl"
-    body.write_text(synthetic_body(1024, NULL["model_name"]) + "\n")
+    base = TINY if args.model == "tiny" else dict(NULL, segment_size_kb=1024, tokens_kb=256, max_body_kb=64)
+    body.write_text(synthetic_body(1024, base["model_name"]) + "\n")
     rx = OtlpReceiver()
-    lim = dict(NULL, segment_size_kb=1024, tokens_kb=256, max_body_kb=64)
+    lim = dict(base)
+    sampler = {"OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": rx.url + "/v1/traces",
+               "OTEL_TRACES_SAMPLER": "parentbased_traceidratio", "OTEL_TRACES_SAMPLER_ARG": str(args.ratio)}
     variants = {}
     try:
         variants["off"] = start_d(tmp / "off", lim, 32)
-        os.environ["OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"] = rx.url + "/v1/traces"
+        os.environ.update(sampler)
         try:
             variants["on"] = start_d(tmp / "on", lim, 32)
         finally:
-            del os.environ["OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"]
+            for k in sampler:
+                del os.environ[k]
         runs: dict[str, list[dict]] = {}
         names = list(variants)
         for v in variants.values():
@@ -78,7 +87,8 @@ def main() -> None:
         print(f"| {name} | {path} | {median([r['rps'] for r in rs]):.0f} | "
               f"{median([r['engine_us'] for r in rs]):.1f} | {q:.3f}× |")
     if args.json:
-        args.json.write_text(json.dumps({"rounds": args.rounds, "spans": spans, "runs": runs}, indent=1))
+        args.json.write_text(json.dumps({"rounds": args.rounds, "ratio": args.ratio, "model": args.model,
+                                         "spans": spans, "runs": runs}, indent=1))
 
 
 if __name__ == "__main__":

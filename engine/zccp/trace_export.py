@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
+from random import random
 from typing import TYPE_CHECKING, Any
 
 from opentelemetry import context as otel_context
@@ -99,6 +100,9 @@ class RequestTracer:
                 "OTEL_RESOURCE_ATTRIBUTES", ""):
             attrs["service.name"] = "zccp"
         sampler = None if os.environ.get("OTEL_TRACES_SAMPLER") else ParentBased(TraceIdRatioBased(cfg.sample_ratio))
+        # the config's ratio decided before any span is made (the SDK's sampler decides again,
+        # alike): a request left out costs a flag read and a random number, not a span
+        self._ratio = 1.0 if sampler is None else cfg.sample_ratio
         self.provider = TracerProvider(resource=Resource.create(attrs), sampler=sampler)
         # the config's URL, else the SDK's OTEL_EXPORTER_OTLP_* (an empty one, as compose passes an
         # unset variable, is not a URL: the OTLP default then)
@@ -115,7 +119,15 @@ class RequestTracer:
         host, _, port = server_address.rpartition(":")
         self.server = (host.strip("[]") or server_address, int(port) if port.isdigit() else None)
 
-    def begin(self, outcome: Outcome) -> RequestTrace:
+    def begin(self, outcome: Outcome) -> RequestTrace | None:
+        """The request's trace, or None when it is not sampled: a client's traceparent decides
+        (its sampled flag), else the ratio."""
+        flags = int(outcome.ctx.view.request.trace_flags)
+        if flags & TRACEPARENT_SENT:
+            if not flags & 1:
+                return None
+        elif self._ratio < 1.0 and random() >= self._ratio:
+            return None
         return RequestTrace(self, outcome)
 
     def shutdown(self) -> None:
