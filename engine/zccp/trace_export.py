@@ -163,6 +163,7 @@ class RequestTrace:
             start_time=min(self._nginx_start, self._wall0))
         self._ctx = set_span_in_context(self.root)
         self.upstream: Span | None = None
+        self._ended = False
 
     def _ns(self, t: float) -> int:
         return self._wall0 + int((t - self._perf0) * 1e9)
@@ -184,6 +185,10 @@ class RequestTrace:
             self.upstream = None
 
     def end(self, o: Outcome, status: int, result: GenerationResult | None) -> None:
+        """The spans of the request's one ending (a second, e.g. abandoned after answered, adds none)."""
+        if self._ended:
+            return
+        self._ended = True
         root, t = self.root, self._t
         if not root.is_recording():
             root.end()
