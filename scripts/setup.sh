@@ -17,10 +17,12 @@ cd "$(dirname "$0")/.."
 # connector and lua-resty-dns (nginx's Redis and the front tier's DNS; docs/libraries.md);
 # redis-sentinel: the Sentinel failover tests.
 # systemd: only for `systemd-analyze verify` of deploy/systemd/ in the tests (nothing is started)
+# prometheus: the real server and promtool that scrape a live stack in the tests
+# (tests/integration/test_prometheus.py; its service is not started by the package here)
 APT_PACKAGES=(nginx libnginx-mod-http-lua lua-resty-core lua-resty-lrucache lua-cjson
               lua-nginx-redis lua-nginx-redis-connector lua-nginx-dns
               redis-server redis-sentinel luajit2 wrk lua-check
-              python3 python3-venv systemd)
+              python3 python3-venv systemd prometheus)
 missing=()
 for p in "${APT_PACKAGES[@]}"; do
     dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p")
@@ -45,5 +47,5 @@ if ! "$VENV/bin/python" -c "import torch" 2>/dev/null; then
 fi
 # Editable: the venv runs this checkout's code, and only this checkout's. The hf extra
 # (transformers, tokenizers) is installed because the tests run the hf backend.
-"${PIP[@]}" install -e ".[test,hf,lint]"
+"${PIP[@]}" install -e ".[test,hf,lint,otel]"
 echo "setup: done ($VENV)"

@@ -186,7 +186,12 @@ struct zccp_slot_request {
     uint8_t  mask_digest[32];   /* 104 SHA-256 naming the mask set nginx applied (ZCCP_FLAG_MASK_DIGEST) */
     uint8_t  prefix_key[32];    /* 136 fingerprint prefix key: the request but its final message (ZCCP_FLAG_FP_VALID) */
     uint32_t openai_api;        /* 168 enum zccp_openai_api (ZCCP_FLAG_API_OPENAI) */
-    uint8_t  reserved[84];      /* 172 */
+    uint8_t  trace_id[16];      /* 172 W3C trace id of the client's traceparent (trace_flags bit 8) */
+    uint8_t  parent_span_id[8]; /* 188 the client's span id from that traceparent */
+    uint32_t trace_flags;       /* 196 the traceparent's flags (bit 0: sampled); bit 8: a traceparent was sent */
+    uint64_t nginx_start_ns;    /* 200 CLOCK_REALTIME ns nginx read the request line (ms precision) */
+    uint32_t nginx_admit_us;    /* 208 nginx's time from its handler's entry to the fill, in us */
+    uint8_t  reserved[44];      /* 212 */
 };
 
 /* Doorbell frames: fixed size, host byte order, nothing else travels on the socket. */

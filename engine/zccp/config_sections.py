@@ -221,6 +221,20 @@ class LoggingConfig:
 
 
 @dataclass(frozen=True)
+class TracingConfig:
+    """OpenTelemetry traces from the engine over OTLP/HTTP (docs/observability.md). Also on
+    when OTEL_EXPORTER_OTLP_ENDPOINT or OTEL_EXPORTER_OTLP_TRACES_ENDPOINT is set in the
+    engine's environment, unless OTEL_SDK_DISABLED=true; the SDK's OTEL_* variables win."""
+    enabled: bool = False
+    # the fraction of traces kept (parent-based: a client's sampled traceparent is kept)
+    sample_ratio: float = bounded(1.0, 0.0, 1.0)
+    # the collector's traces URL (http://host:4318/v1/traces); "": the SDK's default or OTEL_* env
+    endpoint: str = field(default="", metadata={"empty_ok": True})
+    # spans the exporter thread may hold; past it a span is dropped (and counted), never waited for
+    max_queue: int = bounded(2048, 16, 1_000_000)
+
+
+@dataclass(frozen=True)
 class AuthConfig:
     """API keys, checked by nginx (lua/zccp/auth.lua; docs/keys.md)."""
     # off: every caller is served and the tenant comes from cache.tenant_source (anyone who
@@ -287,6 +301,7 @@ class Config:
     model: ModelConfig = field(default_factory=ModelConfig)
     limits: LimitsConfig = field(default_factory=LimitsConfig)
     logging: LoggingConfig = field(default_factory=LoggingConfig)
+    tracing: TracingConfig = field(default_factory=TracingConfig)
     auth: AuthConfig = field(default_factory=AuthConfig)
     routing: RoutingConfig = field(default_factory=RoutingConfig)
     # engines: several engine processes under one nginx; () (no `engines:`): one engine, the

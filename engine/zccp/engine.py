@@ -29,6 +29,7 @@ from zccp.doorbell import Connection, DoorbellServer, Ring, encode_notice
 from zccp.endpoints import EndpointFlow
 from zccp.flow import FlowDeps, RequestFlow
 from zccp.logs import RequestLog
+from zccp import tracing
 from zccp.metrics import EngineMetrics, MetricsServer
 from zccp.model.base import ModelBackend
 from zccp.model.grammar_cache import GrammarCompiler
@@ -125,6 +126,7 @@ class Engine:
             self.backend.to(self.device.torch_device)
         self.metrics = EngineMetrics()
         self.metrics.info.set(1, backend=cfg.model.backend, model=cfg.model.name, device=self.device.name)
+        self.metrics.latency.for_model(cfg.model.name)
         self._rings = self.metrics.rings.series()
         # every model of the stack (engines:), so that any engine answers GET /v1/models for nginx
         self.models = [ModelInfo(name, int(time.time())) for name in model_names(cfg)]
@@ -332,9 +334,18 @@ class Engine:
 
     # -- life cycle ------------------------------------------------------------------------
 
+    def _start_tracing(self) -> None:
+        """Request spans over OTLP/HTTP when tracing is on (zccp.tracing; off: the SDK not imported)."""
+        cfg = self.cfg
+        name = next((e.name for e in cfg.engines if e.shared_memory.name == cfg.shared_memory.name), "")
+        if tracing.start(cfg.tracing, self.metrics, cfg.model.name, name, cfg.server.listen):
+            log.info("tracing on: request spans over OTLP/HTTP to %s",
+                     cfg.tracing.endpoint or "the OTEL_EXPORTER_OTLP_* endpoint")
+
     async def serve(self, stop: asyncio.Event) -> None:
         self._loop = asyncio.get_running_loop()
         self._loop_thread = threading.get_ident()
+        self._start_tracing()
         await self.doorbell.start()
         await self.metrics_server.start()
         self.arena.publish(self._socket_path)
@@ -362,6 +373,7 @@ class Engine:
             self._model.stop()
             if self.deps.grammars is not None:
                 self.deps.grammars.close()
+            await asyncio.to_thread(tracing.stop)   # the queued spans, bounded by the exporter's timeout
             self.device.close()
             self._tokens.clear()
             self._host_tokens.clear()

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+from bisect import bisect_left
 from collections import defaultdict
 from dataclasses import dataclass, field
 
@@ -88,18 +89,128 @@ class Metric:
         return "\n".join(lines)
 
 
+class HistogramSeries:
+    """One label set's buckets: observe() is a bisect and three adds (no lock: the GIL, as
+    for the counters; a scrape may see a count one ahead of its sum, never a torn float)."""
+
+    __slots__ = ("_bounds", "counts", "total")
+
+    def __init__(self, bounds: tuple[float, ...]) -> None:
+        self._bounds = bounds
+        self.counts = [0] * (len(bounds) + 1)   # per bucket, not cumulative; the last is +Inf
+        self.total = 0.0
+
+    def observe(self, value: float) -> None:
+        self.counts[bisect_left(self._bounds, value)] += 1
+        self.total += value
+
+
+@dataclass
+class Histogram:
+    """A Prometheus histogram (`_bucket{le}`, `_sum`, `_count`) over fixed upper bounds."""
+
+    name: str
+    help: str
+    bounds: tuple[float, ...]
+    values: dict[Labels, HistogramSeries] = field(default_factory=dict)
+
+    def series(self, **labels: str) -> HistogramSeries:
+        """One label set's series, made once (a hot path's fixed labels: the engine's model)."""
+        key = _key(labels)
+        if (s := self.values.get(key)) is None:
+            s = self.values[key] = HistogramSeries(self.bounds)
+        return s
+
+    def render(self) -> str:
+        n = self.name
+        lines = [f"# HELP {n} {self.help}", f"# TYPE {n} histogram"]
+        for labels, s in sorted(self.values.items()):
+            inner = ",".join(f'{k}="{v}"' for k, v in labels)
+            sep = "," if inner else ""
+            running = 0
+            for bound, c in zip(self.bounds, s.counts[:-1], strict=True):
+                running += c
+                lines.append(f'{n}_bucket{{{inner}{sep}le="{bound:g}"}} {running}')
+            running += s.counts[-1]
+            lines.append(f'{n}_bucket{{{inner}{sep}le="+Inf"}} {running}')
+            lines.append(f"{n}_sum{_fmt_labels(labels)} {s.total:.9g}")
+            lines.append(f"{n}_count{_fmt_labels(labels)} {running}")
+        return "\n".join(lines)
+
+
 class Registry:
     def __init__(self) -> None:
-        self._metrics: dict[str, Metric] = {}
+        self._metrics: dict[str, Metric | Histogram] = {}
+
+    def histogram(self, name: str, help: str, bounds: tuple[float, ...]) -> Histogram:
+        h = self._metrics.setdefault(name, Histogram(name, help, bounds))
+        assert isinstance(h, Histogram)
+        return h
 
     def counter(self, name: str, help: str) -> Metric:
-        return self._metrics.setdefault(name, Metric(name, help, "counter"))
+        m = self._metrics.setdefault(name, Metric(name, help, "counter"))
+        assert isinstance(m, Metric)
+        return m
 
     def gauge(self, name: str, help: str) -> Metric:
-        return self._metrics.setdefault(name, Metric(name, help, "gauge"))
+        m = self._metrics.setdefault(name, Metric(name, help, "gauge"))
+        assert isinstance(m, Metric)
+        return m
 
     def render(self) -> str:
         return "\n".join(m.render() for m in self._metrics.values()) + "\n"
+
+
+# OpenTelemetry's advised bucket bounds for the GenAI server metrics, each with finer bounds
+# below its first one: a small model's token or a cache hit takes well under 10 ms, and a
+# regression there would otherwise stay inside one bucket. A superset of OTel's bounds, so
+# quantiles a dashboard built for them computes stay meaningful.
+TTFT_BOUNDS = (0.0001, 0.0005, 0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75,
+               1.0, 2.5, 5.0, 7.5, 10.0)
+TPOT_BOUNDS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15,
+               0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5)
+DURATION_BOUNDS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.08, 0.16, 0.32, 0.64, 1.28,
+                   2.56, 5.12, 10.24, 20.48, 40.96, 81.92)
+MODEL_LABEL = "gen_ai_request_model"    # gen_ai.request.model, as an OTel exporter spells it
+
+
+class LatencyHistograms:
+    """The latency of answered requests, named after OpenTelemetry's GenAI server metrics
+    (gen_ai.server.*) as Prometheus histograms, plus the engine's queue wait and prefill.
+    One observation per request (zccp.outcome), never one per token: the time per output
+    token is (last token - first token) / (tokens - 1), OTel's definition."""
+
+    def __init__(self, r: Registry) -> None:
+        self.ttft = r.histogram("gen_ai_server_time_to_first_token_seconds",
+                                "Time from the engine taking a generated request to its first token", TTFT_BOUNDS)
+        self.tpot = r.histogram("gen_ai_server_time_per_output_token_seconds",
+                                "Mean time between output tokens after the first, per request", TPOT_BOUNDS)
+        self.duration = r.histogram("gen_ai_server_request_duration_seconds",
+                                    "Time from the engine taking a request to its last byte written, by cache "
+                                    "result (200 answers)", DURATION_BOUNDS)
+        self.queue = r.histogram("zccp_engine_queue_wait_seconds",
+                                 "Time a generated request waited for admission to the decode batch", TTFT_BOUNDS)
+        self.prefill = r.histogram("zccp_engine_prefill_seconds",
+                                   "Time from admission to the first token (the prompt's prefill)", TTFT_BOUNDS)
+        self.for_model("")
+
+    def for_model(self, model: str) -> None:
+        """The engine's model (its label on every series); the generation series start at 0."""
+        for h in (self.ttft, self.tpot, self.duration, self.queue, self.prefill):
+            h.values.clear()
+        self._model = model
+        self._by_cache: dict[str, HistogramSeries] = {}
+        self.ttft_s = self.ttft.series(**{MODEL_LABEL: model})
+        self.tpot_s = self.tpot.series(**{MODEL_LABEL: model})
+        self.queue_s = self.queue.series(**{MODEL_LABEL: model})
+        self.prefill_s = self.prefill.series(**{MODEL_LABEL: model})
+        for cache in ("HIT", "MISS"):
+            self.duration_series(cache)
+
+    def duration_series(self, cache: str) -> HistogramSeries:
+        if (s := self._by_cache.get(cache)) is None:
+            s = self._by_cache[cache] = self.duration.series(**{MODEL_LABEL: self._model, "cache": cache})
+        return s
 
 
 @dataclass
@@ -142,6 +253,11 @@ class EngineMetrics:
                                           "Output schemas compiled (the grammar cache's misses)")
         self.grammar_compiling = r.gauge("zccp_engine_grammar_compiling",
                                          "Output schema compiles not ended: running, or waiting in their tenant's lane")
+
+        self.trace_spans = r.counter("zccp_engine_trace_spans_total",
+                                     "Request spans by result: exported, failed (the collector refused or "
+                                     "was unreachable), dropped (the exporter's queue was full)")
+        self.latency = LatencyHistograms(r)
 
     def render(self) -> str:
         return self.registry.render()

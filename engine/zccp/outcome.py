@@ -22,6 +22,7 @@ from types import TracebackType
 import numpy as np
 import torch
 
+from zccp import tracing
 from zccp.abi import CACHE_NAMES
 from zccp.api.codec import ApiCodec, StreamEncoder
 from zccp.arena import SlotView
@@ -93,6 +94,15 @@ class Outcome:
         self._request_log = request_log
         self._on_done = on_done
         self.started = time.perf_counter()
+        # a generation's times (zccp.token_sink, zccp.upstream.reply; perf_counter, 0: not reached)
+        self.submitted = 0.0        # handed to the model thread (or the upstream)
+        self.admitted = 0.0         # taken into the decode batch
+        self.first_token = 0.0
+        self.last_token = 0.0
+        self.response_id = ""       # the answer's id (gen_ai.response.id), when a generation made one
+        # the request's spans when tracing is on (zccp.tracing: off, nothing but this lookup)
+        tracer = tracing.ACTIVE
+        self.trace = tracer.begin(self) if tracer is not None else None
 
     def guard(self, what: str = "request failed") -> _Guard:
         """Run a step: an ApiError is answered through the slot, an abandoned slot is
@@ -110,6 +120,8 @@ class Outcome:
 
     def abandoned(self, exc: SlotAbandoned) -> None:
         self._metrics.abandoned.inc()
+        if self.trace is not None:
+            self.trace.end(self, 499, None)
         log.info("request abandoned: %s", exc, extra=self.ctx.ids())
 
     def failed(self, encoder: StreamEncoder | None, err: ApiError | None = None) -> None:
@@ -139,6 +151,10 @@ class Outcome:
         if result is not None:
             m.tokens_in.inc(result.input_tokens)
             m.tokens_out.inc(result.output_tokens)
+        if status == 200:
+            self._observe(elapsed, result)
+        if self.trace is not None:
+            self.trace.end(self, status, result)
         rlog = self._request_log
         if not rlog.enabled:
             return
@@ -155,6 +171,21 @@ class Outcome:
             "tokens_in": result.input_tokens if result else None,
             "tokens_out": result.output_tokens if result else None,
         })
+
+    def _observe(self, elapsed: float, result: GenerationResult | None) -> None:
+        """The latency histograms of a 200 answer (zccp.metrics.LatencyHistograms)."""
+        lat = self._metrics.latency
+        lat.duration_series(CACHE_NAMES.get(self.ctx.view.meta.cache_status) or "NONE").observe(elapsed)
+        first = self.first_token
+        if not first:
+            return
+        lat.ttft_s.observe(first - self.started)
+        if self.admitted:
+            lat.queue_s.observe(self.admitted - self.submitted)
+            lat.prefill_s.observe(first - self.admitted)
+        n = result.output_tokens if result is not None else 0
+        if n > 1 and self.last_token > first:
+            lat.tpot_s.observe((self.last_token - first) / (n - 1))
 
     def done(self) -> None:
         """The job is over: the payload view released, the slot handed back to the engine."""

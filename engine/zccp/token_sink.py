@@ -154,20 +154,25 @@ class Reply(SlotOutput):
         self._written = NO_WRITE
         self._deltas: list[int] = []            # text delta lengths as streamed (cache replay)
         self._fed = 0                           # output tokens so far (meta.committed_mark)
+        outcome.submitted = time.perf_counter()
 
     def start(self, cached_tokens: int, plan_chunks: int, written: CacheWrite = NO_WRITE) -> None:
+        self._outcome.admitted = time.perf_counter()
         self._cached = cached_tokens
         self._written = written
         self._writer.set_meta(plan_chunks=plan_chunks)     # X-ZCCP-Plan, sent with the first bytes
         if self._req.stream:
             # cache writes only to an encoder that reports them (Anthropic's; the others take 5 arguments)
             extra = (written,) if written.total else ()
-            self._encoder = self._codec.stream(self._req, self._codec.new_response_id(), int(time.time()),
+            self._outcome.response_id = rid = self._codec.new_response_id()
+            self._encoder = self._codec.stream(self._req, rid, int(time.time()),
                                                self._prompt_tokens, cached_tokens, *extra)
             self._writer.begin(200, sse=True)
             self._writer.write_nowait(self._encoder.start())
 
     def token(self, token: int, drawn: Drawn | None = None) -> bool:
+        if not self._fed:
+            self._outcome.first_token = time.perf_counter()
         self._fed += 1
         if self._encoder is None:
             # a whole answer sends nothing until its end: the count so far is what nginx
@@ -177,14 +182,15 @@ class Reply(SlotOutput):
         return self._text.stopped
 
     def end(self, reason: StopReason, output_tokens: int) -> Completed:
+        self._outcome.last_token = time.perf_counter()
         self._send(self._text.finish())
         result = self._text.result(reason, self._prompt_tokens, output_tokens, self._cached, self._written)
         if self._encoder is not None:
             self._writer.write_nowait(self._encoder.finish(result), output_tokens)
         else:
             self._writer.begin(200, sse=False)
-            self._writer.write_nowait(self._codec.render(self._req, result, self._codec.new_response_id(),
-                                                         int(time.time())), output_tokens)
+            self._outcome.response_id = rid = self._codec.new_response_id()
+            self._writer.write_nowait(self._codec.render(self._req, result, rid, int(time.time())), output_tokens)
             self._deltas = [len(result.text)] if result.text else []
         self._writer.set_meta(completion_len=result.output_tokens)
         self._result = result

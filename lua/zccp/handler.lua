@@ -14,6 +14,7 @@ local request_headers = require "zccp.core.request_headers"
 local R_MT = require("zccp.core.request_view").MT
 local watch_client = require("zccp.core.client_gone").watch
 local new_request_id = require("zccp.request_id").new
+local mono_s = require("zccp.libc").mono_s
 
 local get_request = require("resty.core.base").get_request
 local ffi_cast = require("ffi").cast
@@ -104,6 +105,7 @@ local function prepare(r, s, len)
     end
     local body = src.body
     r.src, r.body, r.body_len = src, body, body and #body or len
+    src.t0, src.traceparent = r.t0, ngx_var.http_traceparent   -- the engine's request span (zccp.core.transport)
     local flags = kind and 0 or cache_flags()
     if r.api == "openai" then
         flags = flags + abi.C.ZCCP_FLAG_API_OPENAI
@@ -139,6 +141,7 @@ end
 -- kind: "purge" or "warmup" (admin listener), "count_tokens" or "models" (GET);
 -- endpoint: "completions" or "responses" (api "openai": /v1/completions, /v1/responses).
 function _M.serve(api, kind, endpoint)
+    local t0 = mono_s()   -- nginx's phase timings (zccp.metrics.phase)
     local s = settings.get()
     local rid = ngx_var.zccp_caller_id   -- the caller's valid X-Request-ID, or ""
     if rid == "" then
@@ -154,7 +157,7 @@ function _M.serve(api, kind, endpoint)
     -- ngx.ctx.zccp); r.state is the transport's part (the abort flag, the slot held).
     local state = { aborted = false, request_id = rid }
     local r = setmetatable({ api = api, kind = kind, kind_name = kind_name, endpoint = endpoint, request_id = rid,
-                             admin = ADMIN_KINDS[kind or ""] ~= nil, state = state }, R_MT)
+                             admin = ADMIN_KINDS[kind or ""] ~= nil, state = state, t0 = t0 }, R_MT)
     ngx.ctx.zccp = r
     local admitted, len = admit(api, kind, s)
     if not admitted then

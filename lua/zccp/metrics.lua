@@ -4,6 +4,8 @@ local engines = require "zccp.engines"
 
 local ngx = ngx
 local ngx_socket_tcp = ngx.socket.tcp
+local ngx_now = ngx.now
+local ngx_req = ngx.req
 local concat = table.concat
 local sort = table.sort
 local tonumber = tonumber
@@ -115,22 +117,70 @@ end
 -- retried every few seconds for as long as the worker lived (bench.jit_paths --steady).
 jit.off(flush_pending)
 
+-- Adds n to dict key k, summed in this worker first (see BATCH_S).
+local function add_key(k, n)
+    if not batching then
+        local ok, err = ngx.timer.every(BATCH_S, flush_pending)
+        if not ok then
+            ngx.log(ngx.ERR, "zccp: metrics batch timer: ", err)
+            local d = dict()
+            if d then
+                d:incr(k, n, 0)
+            end
+            return
+        end
+        batching = true
+    end
+    pending[k] = (pending[k] or 0) + n
+end
+
 -- Like count(), summed in this worker first (see BATCH_S).
 local function add(name, api, value, n)
     n = n or 1
     if n == 0 then
         return
     end
-    if not batching then
-        local ok, err = ngx.timer.every(BATCH_S, flush_pending)
-        if not ok then
-            ngx.log(ngx.ERR, "zccp: metrics batch timer: ", err)
-            return _M.count(name, api, value, n)
-        end
-        batching = true
+    add_key(key_of(name, api, value), n)
+end
+
+-- nginx's time per phase, a histogram (zccp_nginx_phase_seconds{api, phase}): "admit" (the
+-- handler's entry to the ring: body, plugins, fingerprint, L1 lookup, claim, fill), "engine"
+-- (the ring to the relay's end: the engine's answer and its copy to the client), "total"
+-- (the request's start to its log phase; ngx.now()'s ms resolution). Each bucket is a dict
+-- key (not cumulative; render adds them up), summed in the worker like the counters.
+local PHASE = "zccp_nginx_phase_seconds"
+local PHASE_BOUNDS = { 0.00001, 0.000025, 0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005,
+                       0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10 }
+local NB = #PHASE_BOUNDS
+local HKEYS = {}   -- api -> phase -> { bucket keys 1..NB+1, then the sum's key }
+
+local function phase_keys(api, phase)
+    local by_api = HKEYS[api]
+    if not by_api then
+        by_api = {}
+        HKEYS[api] = by_api
     end
-    local k = key_of(name, api, value)
-    pending[k] = (pending[k] or 0) + n
+    local ks = by_api[phase]
+    if not ks then
+        ks = {}
+        local base = PHASE .. SEP .. api .. SEP .. phase .. SEP
+        for i = 1, NB + 1 do
+            ks[i] = base .. i
+        end
+        ks[NB + 2] = base .. "sum"
+        by_api[phase] = ks
+    end
+    return ks
+end
+
+function _M.phase(api, phase, seconds)
+    local ks = phase_keys(api, phase)
+    local i = 1
+    while i <= NB and seconds > PHASE_BOUNDS[i] do
+        i = i + 1
+    end
+    add_key(ks[i], 1)
+    add_key(ks[NB + 2], seconds)
 end
 
 _M.add = add
@@ -140,6 +190,7 @@ _M.add = add
 function _M.log(api)
     add("zccp_nginx_requests_total", api, ngx.status)
     add("zccp_nginx_bytes_in_total", api, nil, tonumber(ngx.var.request_length) or 0)
+    _M.phase(api, "total", ngx_now() - ngx_req.start_time())
 end
 
 -- zccp.l1: one lookup's or one store's result ("hit", "miss", "store"), summed in the worker.
@@ -195,6 +246,48 @@ for _, api in ipairs { "anthropic", "openai" } do
     end
 end
 
+-- The phase histogram's samples from the dict's keys (PHASE .. api .. phase .. bucket).
+local function render_phases(d, keys)
+    local series, names = {}, {}
+    for _, key in ipairs(keys) do
+        local api, phase, idx = str_match(key, "^" .. PHASE .. "\1([^\1]*)\1([^\1]*)\1([^\1]*)$")
+        if api then
+            local id = api .. SEP .. phase
+            local s = series[id]
+            if not s then
+                s = { api = api, phase = phase, counts = {}, sum = 0 }
+                series[id] = s
+                names[#names + 1] = id
+            end
+            if idx == "sum" then
+                s.sum = d:get(key) or 0
+            else
+                s.counts[tonumber(idx) or 0] = d:get(key) or 0
+            end
+        end
+    end
+    if #names == 0 then
+        return ""
+    end
+    sort(names)
+    local out = { "# HELP " .. PHASE .. " nginx's own time per phase of a request, by API and phase: admit "
+                  .. "(entry to the ring), engine (ring to the relay's end), total (start to the log phase)",
+                  "# TYPE " .. PHASE .. " histogram" }
+    for _, id in ipairs(names) do
+        local s = series[id]
+        local labels = 'api="' .. s.api .. '",phase="' .. s.phase .. '"'
+        local running = 0
+        for i = 1, NB + 1 do
+            running = running + (s.counts[i] or 0)
+            local le = i <= NB and str_format("%g", PHASE_BOUNDS[i]) or "+Inf"
+            out[#out + 1] = str_format('%s_bucket{%s,le="%s"} %d', PHASE, labels, le, running)
+        end
+        out[#out + 1] = str_format("%s_sum{%s} %.9g", PHASE, labels, s.sum)
+        out[#out + 1] = str_format("%s_count{%s} %d", PHASE, labels, running)
+    end
+    return concat(out, "\n") .. "\n"
+end
+
 local function render_own()
     local d = dict()
     if not d then
@@ -220,6 +313,7 @@ local function render_own()
         end
     end
     sort(keys)
+    local phases = render_phases(d, keys)
     local out, n, seen = {}, 0, {}
     for _, key in ipairs(keys) do
         local name, api, status = str_match(key, "^([^\1]+)\1([^\1]*)\1?([^\1]*)$")
@@ -237,7 +331,7 @@ local function render_own()
             out[n] = str_format("%s{%s} %d", name, labels, d:get(key) or 0)
         end
     end
-    return concat(out, "\n") .. "\n"
+    return concat(out, "\n") .. "\n" .. phases
 end
 
 local function engine_text(e)

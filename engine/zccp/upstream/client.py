@@ -242,11 +242,13 @@ class UpstreamClient:
 
     # -- one request --------------------------------------------------------------------------
 
-    async def open(self, body: dict[str, Any]) -> UpstreamAnswer:
+    async def open(self, body: dict[str, Any], extra_headers: dict[str, str] | None = None) -> UpstreamAnswer:
         """Send the request; the first 200 answer, its body unread. Connect errors, 429
         and 5xx move on to the next URL (upstream.retries more attempts); a request the
-        upstream refuses for itself (4xx) is not retried. Raises ApiError."""
+        upstream refuses for itself (4xx) is not retried. extra_headers: the trace context sent
+        on (traceparent, tracestate). Raises ApiError."""
         http = self._client()
+        headers = {**self._headers, **extra_headers} if extra_headers else self._headers
         data = orjson.dumps(body)
         path = PATHS[self.cfg.api]
         last: ApiError | None = None
@@ -258,7 +260,7 @@ class UpstreamClient:
                 self.stats.retried += 1
             self.stats.sent += 1
             try:
-                resp = await http.request("POST", t.url + path, self._headers, data)
+                resp = await http.request("POST", t.url + path, headers, data)
             except HttpError as exc:
                 self._mark_down(t, str(exc))
                 if exc.timeout:

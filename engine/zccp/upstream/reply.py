@@ -77,7 +77,9 @@ class UpstreamReply:
         try:
             try:
                 make = openai_body if client.cfg.api == "openai" else anthropic_body
-                answer = await client.open(make(self._req, chat, client.model))
+                trace = self._outcome.trace
+                sent_on = trace.upstream_headers(client.model) if trace is not None else None
+                answer = await client.open(make(self._req, chat, client.model), sent_on)
                 return await self._relay(answer)
             except (UpstreamBroken, UpstreamStreamError) as exc:
                 err = exc.err if isinstance(exc, UpstreamStreamError) else ApiError(502, "api_error", str(exc))
@@ -107,6 +109,7 @@ class UpstreamReply:
     async def _relay(self, answer: UpstreamAnswer) -> Completed | None:
         codec, req, writer = self._codec, self._req, self._writer
         rid, created = codec.new_response_id(), int(time.time())
+        self._outcome.response_id = rid
         enc = None
         if req.stream:
             self._encoder = enc = codec.stream(req, rid, created, self._prompt_tokens, 0)
@@ -116,9 +119,13 @@ class UpstreamReply:
         deltas: list[int] = []
         calls: list[ToolCall] = []
         finish: Finish | None = None
+        outcome = self._outcome
+        outcome.submitted = time.perf_counter()
         async for ev in answer.events():
             if self._cancelled():
                 raise SlotAbandoned("the client went away while the upstream answered")
+            if not outcome.first_token:
+                outcome.first_token = time.perf_counter()
             if isinstance(ev, TextDelta):
                 text.append(ev.text)
                 deltas.append(len(ev.text))
@@ -142,6 +149,7 @@ class UpstreamReply:
             if writer.pending > HOLD_BYTES:
                 await self._room()
         assert finish is not None      # events() ends with a Finish or raises
+        outcome.last_token = time.perf_counter()
         result = GenerationResult(
             text="".join(text), stop_reason=finish.stop_reason, stop_sequence=finish.stop_sequence,
             input_tokens=finish.input_tokens if finish.input_tokens is not None else self._prompt_tokens,

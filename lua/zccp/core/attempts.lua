@@ -21,6 +21,7 @@ local ngx_log = ngx.log
 local ngx_ERR = ngx.ERR
 local ngx_WARN = ngx.WARN
 local ffi_string = require("ffi").string
+local mono_s = require("zccp.libc").mono_s
 local pcall = pcall
 local run = pipeline.run
 local DONE = pipeline.DONE
@@ -147,6 +148,10 @@ local function attempt(r, a, state, e)
         state.slot = nil
         return
     end
+    local t_ring = mono_s()
+    if r.t0 then
+        metrics.phase(api, "admit", t_ring - r.t0)
+    end
     local ok, rerr = ring(slot, e)
     if not ok then
         hang_up(slot, false)
@@ -156,6 +161,7 @@ local function attempt(r, a, state, e)
         return "next", 503, "overloaded_error", rerr
     end
     local outcome, res = relay.run(slot, state, r.deadline)
+    metrics.phase(api, "engine", mono_s() - t_ring)
     -- the engine's counts and the answer: settlement, L1 (a raise here is logged, the answer stands)
     r.cache = slot.cache   -- the verdict the relay sent (X-ZCCP-Cache)
     run("relayed", r, a:meta(slot.index), outcome, res)

@@ -18,6 +18,14 @@ local ffi_copy = ffi.copy
 local ffi_fill = ffi.fill
 local ffi_string = ffi.string
 local band = require("bit").band
+local mono_s = libc.mono_s
+local ngx_req_start_time = ngx.req.start_time
+local tonumber = tonumber
+local str_sub = string.sub
+local str_match = string.match
+local str_lower = string.lower
+local ZERO_TRACE = string.rep("0", 32)
+local ZERO_SPAN = string.rep("0", 16)
 
 local _M = { _VERSION = "0.1.0" }
 
@@ -63,6 +71,33 @@ local function write_ids(req, rid)
     end
     ffi_copy(req.mask_digest, digest, 32)
     return C.ZCCP_FLAG_MASK_DIGEST
+end
+
+-- A W3C traceparent ("00-<32 hex>-<16 hex>-<2 hex>", neither id all zeros) into the request
+-- block, and nginx's timings for the engine's request span (docs/observability.md): two
+-- stores per request; the header only parsed when the client sent one.
+local function hex_into(dst, hex, n)
+    for k = 0, n - 1 do
+        dst[k] = tonumber(str_sub(hex, 2 * k + 1, 2 * k + 2), 16)
+    end
+end
+
+local function write_trace(req, src)
+    req.nginx_start_ns = ngx_req_start_time() * 1e9
+    if src.t0 then
+        req.nginx_admit_us = (mono_s() - src.t0) * 1e6
+    end
+    local tp = src.traceparent
+    if not tp or #tp ~= 55 then
+        return
+    end
+    local tid, sid, fl = str_match(tp, "^00%-(%x+)%-(%x+)%-(%x%x)$")
+    if not tid or #tid ~= 32 or #sid ~= 16 or tid == ZERO_TRACE or sid == ZERO_SPAN then
+        return
+    end
+    hex_into(req.trace_id, str_lower(tid), 16)
+    hex_into(req.parent_span_id, str_lower(sid), 8)
+    req.trace_flags = 256 + tonumber(fl, 16)
 end
 
 -- The context id of a request that uses no cache (no-cache + no-store: no lookup, no
@@ -157,6 +192,7 @@ local function fill_slot(a, i, src, flags, timeout_ms, fp, extra, rid)
         end
     end
     flags = flags + write_ids(req, rid)
+    write_trace(req, src)
     if fp then
         flags = flags + write_fingerprint(a, i, fp)
     end

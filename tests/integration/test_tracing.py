@@ -1,0 +1,209 @@
+"""OpenTelemetry traces of requests, received by a real OTLP/HTTP server (tests/support/
+otlp_receiver.py, decoding with opentelemetry-proto): a client's traceparent is kept
+through nginx, the slot and the engine; one request's spans form one tree with the GenAI
+attributes, through both APIs, streamed and not, a miss and a cache hit; the trace goes on
+to an upstream (a second ZCCP stack, tracing too); a collector that is down fails nothing
+and its lost spans are counted."""
+
+from __future__ import annotations
+
+import os
+import secrets
+import subprocess
+import sys
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from tests.support.cache_requests import ENGINE_ENV, MODEL, PATHS, metric, req
+from tests.support.harness import Stack
+from tests.support.otlp_receiver import OtlpReceiver, ReceivedSpan
+from zccp.ops.stack import free_port
+
+SERVER, CLIENT = 2, 3     # opentelemetry.proto's SpanKind values
+CHILDREN = ("zccp.nginx.admit", "zccp.engine.prepare", "zccp.queue", "zccp.prefill", "zccp.decode")
+
+
+@pytest.fixture(scope="module")
+def rx() -> Iterator[OtlpReceiver]:
+    r = OtlpReceiver()
+    old = os.environ.get("OTEL_BSP_SCHEDULE_DELAY")
+    os.environ["OTEL_BSP_SCHEDULE_DELAY"] = "50"    # the engines' exporter sends every 50 ms
+    try:
+        yield r
+    finally:
+        if old is None:
+            os.environ.pop("OTEL_BSP_SCHEDULE_DELAY", None)
+        else:
+            os.environ["OTEL_BSP_SCHEDULE_DELAY"] = old
+        r.close()
+
+
+def traced(rx: OtlpReceiver, **extra: Any) -> dict[str, Any]:
+    return {"tracing": {"enabled": True, "endpoint": rx.url + "/v1/traces"}, **extra}
+
+
+@pytest.fixture(scope="module")
+def stack(rx: OtlpReceiver, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
+    # no L1: every hit is the engine's (nginx's own hits have no span)
+    s = Stack(tmp_path_factory.mktemp("traced"), traced(rx, cache={"l1": {"enabled": False}}),
+              with_redis=True).start()
+    yield s
+    s.stop()
+
+
+def traceparent() -> tuple[str, str, str]:
+    tid, sid = secrets.token_hex(16), secrets.token_hex(8)
+    return f"00-{tid}-{sid}-01", tid, sid
+
+
+def one_trace(rx: OtlpReceiver, tid: str, want: int) -> list[ReceivedSpan]:
+    spans = rx.wait_for(lambda got: sum(1 for s in got if s.trace_id == tid) >= want)
+    return [s for s in spans if s.trace_id == tid]
+
+
+def check_tree(spans: list[ReceivedSpan], parent: str, names: tuple[str, ...]) -> ReceivedSpan:
+    """The root is the child of `parent` (the client's span); every other span a child of the root."""
+    roots = [s for s in spans if s.kind == SERVER and s.parent_span_id == parent]
+    assert len(roots) == 1, [(s.name, s.parent_span_id) for s in spans]
+    root = roots[0]
+    assert root.name == f"chat {MODEL}"
+    by_name = {s.name: s for s in spans if s is not root}
+    for name in names:
+        assert name in by_name, f"no {name} span: {sorted(by_name)}"
+        child = by_name[name]
+        assert child.parent_span_id == root.span_id, name
+        assert root.start_ns <= child.start_ns <= child.end_ns <= root.end_ns, name
+    return root
+
+
+@pytest.mark.parametrize("api", ["anthropic", "openai"])
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_miss_is_one_trace_under_the_clients_span(stack: Stack, rx: OtlpReceiver, api: str, stream: bool) -> None:
+    tp, tid, sid = traceparent()
+    body = req(api, [{"role": "user", "content": f"trace me {api} {stream} {tid}"}], max_tokens=6, stream=stream)
+    r = stack.client().post(PATHS[api], json=body, headers={"traceparent": tp})
+    assert r.status_code == 200, r.text
+    spans = one_trace(rx, tid, 1 + len(CHILDREN))
+    root = check_tree(spans, sid, CHILDREN)
+    a = root.attributes
+    assert a["gen_ai.operation.name"] == "chat"
+    assert a["gen_ai.request.model"] == MODEL
+    assert a["gen_ai.request.max_tokens"] == 6
+    assert a["gen_ai.usage.input_tokens"] > 0 and 0 < a["gen_ai.usage.output_tokens"] <= 6
+    assert a["gen_ai.response.finish_reasons"] and a["gen_ai.response.finish_reasons"][0]
+    assert a["gen_ai.response.id"]
+    if not stream:
+        assert a["gen_ai.response.id"] == r.json()["id"]
+    assert a["server.address"] == "127.0.0.1"
+    assert a["zccp.cache.result"] == "MISS"
+    assert a["zccp.request_id"] == r.headers["x-request-id"]
+    assert isinstance(a["zccp.slot"], int)
+    assert a["http.response.status_code"] == 200
+    assert root.resource["service.name"] == "zccp"
+    # nothing of the prompt or a key in any attribute
+    for s in spans:
+        assert not any(tid in str(v) and k != "zccp.request_id" for k, v in s.attributes.items())
+
+
+def test_a_cache_hit_has_a_replay_span(stack: Stack, rx: OtlpReceiver) -> None:
+    body = req("anthropic", [{"role": "user", "content": "a hit to trace"}], max_tokens=6)
+    c = stack.client()
+    assert c.post(PATHS["anthropic"], json=body).headers["x-zccp-cache"] == "MISS"
+    for _ in range(100):
+        tp, tid, sid = traceparent()
+        r = c.post(PATHS["anthropic"], json=body, headers={"traceparent": tp})
+        if r.headers["x-zccp-cache"] == "HIT":
+            break
+    assert r.headers["x-zccp-cache"] == "HIT"
+    spans = one_trace(rx, tid, 3)
+    root = check_tree(spans, sid, ("zccp.nginx.admit", "zccp.cache.replay"))
+    assert root.attributes["zccp.cache.result"] == "HIT"
+    assert not {"zccp.queue", "zccp.decode"} & {s.name for s in spans}
+
+
+def test_without_a_traceparent_the_engine_starts_a_trace(stack: Stack, rx: OtlpReceiver) -> None:
+    body = req("openai", [{"role": "user", "content": "no parent"}], max_tokens=4)
+    r = stack.client().post(PATHS["openai"], json=body)
+    rid = r.headers["x-request-id"]
+    spans = rx.wait_for(lambda got: any(s.attributes.get("zccp.request_id") == rid for s in got))
+    root = next(s for s in spans if s.attributes.get("zccp.request_id") == rid)
+    assert root.parent_span_id == ""
+    assert len(root.trace_id) == 32 and root.trace_id != "0" * 32
+
+
+def test_a_malformed_traceparent_is_ignored(stack: Stack, rx: OtlpReceiver) -> None:
+    body = req("openai", [{"role": "user", "content": "bad parent"}], max_tokens=4)
+    zero_trace = "00-" + "0" * 32 + "-00f067aa0ba902b7-01"
+    r = stack.client().post(PATHS["openai"], json=body, headers={"traceparent": zero_trace})
+    assert r.status_code == 200
+    rid = r.headers["x-request-id"]
+    spans = rx.wait_for(lambda got: any(s.attributes.get("zccp.request_id") == rid for s in got))
+    root = next(s for s in spans if s.attributes.get("zccp.request_id") == rid)
+    assert root.parent_span_id == "" and root.trace_id != "0" * 32
+
+
+def test_the_trace_goes_on_to_an_upstream(rx: OtlpReceiver, tmp_path_factory: pytest.TempPathFactory) -> None:
+    up = Stack(tmp_path_factory.mktemp("up"), traced(rx, model={"backend": "null", "name": "zccp-up"})).start()
+    try:
+        front = Stack(tmp_path_factory.mktemp("front"), traced(rx, model={"backend": "upstream", "name": MODEL},
+                      upstream={"urls": [up.base_url + "/v1"], "api": "openai", "model": "zccp-up"})).start()
+        try:
+            for stream in (False, True):
+                tp, tid, sid = traceparent()
+                body = req("anthropic", [{"role": "user", "content": f"via upstream {stream}"}], max_tokens=5,
+                           stream=stream)
+                r = front.client().post(PATHS["anthropic"], json=body, headers={"traceparent": tp})
+                assert r.status_code == 200, r.text
+                # the front's root and its upstream call, the upstream stack's root and its spans
+                spans = one_trace(rx, tid, 4)
+                front_root = next(s for s in spans if s.kind == SERVER and s.parent_span_id == sid)
+                call = next(s for s in spans if s.kind == CLIENT)
+                assert call.name == "chat zccp-up" and call.parent_span_id == front_root.span_id
+                def under(s: ReceivedSpan, tid: str = tid, call_id: str = call.span_id) -> bool:
+                    return s.trace_id == tid and s.parent_span_id == call_id
+
+                up_root_span = next(s for s in rx.wait_for(lambda got: any(under(s) for s in got)) if under(s))
+                assert up_root_span.kind == SERVER and up_root_span.name == "chat zccp-up"
+                assert front_root.attributes["gen_ai.usage.output_tokens"] > 0
+        finally:
+            front.stop()
+    finally:
+        up.stop()
+
+
+def test_a_collector_that_is_down_fails_nothing_and_drops_are_counted(tmp_path_factory: pytest.TempPathFactory,
+                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    # on through the SDK's environment alone, to a port nobody listens on
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", f"http://127.0.0.1:{free_port()}/v1/traces")
+    monkeypatch.setenv("OTEL_BSP_SCHEDULE_DELAY", "50")
+    s = Stack(tmp_path_factory.mktemp("down")).start()
+    try:
+        with s.client() as c:
+            for i in range(20):
+                body = req("openai", [{"role": "user", "content": f"down {i}"}], max_tokens=4, stream=i % 2 == 1)
+                assert c.post(PATHS["openai"], json=body).status_code == 200
+        for _ in range(200):
+            if metric(s, "zccp_engine_trace_spans_total", result="failed") > 0:
+                break
+            import time
+
+            time.sleep(0.05)
+        assert metric(s, "zccp_engine_trace_spans_total", result="failed") > 0
+        assert metric(s, "zccp_engine_trace_spans_total", result="exported") == 0
+    finally:
+        s.stop()
+
+
+def test_off_by_default_the_sdk_is_not_imported() -> None:
+    code = ("import sys, zccp.engine, zccp.outcome, zccp.tracing\n"
+            "from zccp.config_sections import TracingConfig\n"
+            "assert not zccp.tracing.wanted(TracingConfig(), {})\n"
+            "assert zccp.tracing.wanted(TracingConfig(), {'OTEL_EXPORTER_OTLP_ENDPOINT': 'http://c:4318'})\n"
+            "assert not zccp.tracing.wanted(TracingConfig(enabled=True), {'OTEL_SDK_DISABLED': 'true'})\n"
+            "print(sorted(m for m in sys.modules if m.startswith('opentelemetry')))")
+    env = {k: v for k, v in ENGINE_ENV.items() if not k.startswith("OTEL_")}
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "[]"
