@@ -79,6 +79,10 @@ def nginx_main(argv: list[str] | None = None) -> None:
     args_in = sys.argv[1:] if argv is None else argv
     # `zccp-nginx render ...` is the documented form; the bare `zccp-nginx --config ...`
     # (what older scripts and the container entrypoint call) is its alias.
+    if args_in[:1] == ["vendor-lua"]:
+        from zccp.ops.lua_vendor_cli import vendor_main
+
+        sys.exit(vendor_main(args_in[1:]))
     if args_in[:1] == ["render"]:
         args_in = args_in[1:]
     p = argparse.ArgumentParser(prog="zccp-nginx render", description="Render ZCCP's nginx includes from config.yaml "
@@ -107,6 +111,9 @@ def nginx_main(argv: list[str] | None = None) -> None:
     for f in (r.http_conf, r.server_conf, r.admin_conf, r.nginx_conf):
         if f:
             print(f)
+    from zccp.ops.lua_vendor_cli import warn_if_not_vendored
+
+    warn_if_not_vendored()
     if args.log:
         from zccp.ops.log_file import make_log_file
 

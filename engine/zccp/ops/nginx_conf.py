@@ -12,7 +12,7 @@ from zccp.cache.redis_target import parse_redis_url
 from zccp.config import Config, auth_redis_url, check_tls_files, mask_state_path, model_names
 from zccp.ops.admin_client import admin_socket_dir
 from zccp.plugins_config import lua_settings
-from zccp.paths import lua_dir, lua_file, make_dirs, nginx_template
+from zccp.paths import lua_dir, lua_file, lua_package_path, lua_vendor_dir, make_dirs, nginx_template
 from zccp.runtime import worker_user
 from zccp.shared_types import MAX_CHOICES
 
@@ -46,6 +46,14 @@ def _safe(value: str, what: str) -> str:
     if _UNSAFE & set(value):
         raise ValueError(f"{what}: {value!r} contains characters not allowed here")
     return value
+
+
+def lua_path() -> str:
+    """lua_package_path's value (zccp.paths), its directories checked: `;` separates its
+    entries, so it may not be in them."""
+    _safe(str(lua_dir()), "lua dir")
+    _safe(str(lua_vendor_dir()), "lua vendor dir")
+    return lua_package_path()
 
 
 def _lua_str(value: str, what: str) -> str:
@@ -277,7 +285,7 @@ def render(cfg: Config, out: Path, standalone: bool = False, prefix: Path | None
     last_good.mkdir(parents=True, exist_ok=True)
     last_good.chmod(0o755)   # whatever the umask: nginx's master writes the copies, nobody else may
     values = {
-        "lua_dir": _safe(str(lua_dir()), "lua dir"),
+        "lua_package_path": lua_path(),
         # the plugin chain; good operator plugins are copied beside the masks' last good set
         "plugins": lua_settings(cfg.plugins, Path(cfg.server.socket_path).parent / "plugins.last_good"),
         "abi_header": _safe(str(HEADER_PATH), "ABI header"),
