@@ -34,23 +34,28 @@ cd "$(dirname "$0")/.."
 DOC=${WALK_DOC:-docs/existing-nginx.md}   # WALK_DOC: another copy of the page (the unit test)
 
 # The plan: one entry per fenced block of the page, in order: LANG|FIRST WORDS|ACTION|why.
-# ACTION: run (the block as written), site (the operator's server {} of step 7), skip.
+# ACTION: run (the block as written), site (the operator's server {} of step 7), skip, alt (one
+# of two alternatives: the script runs the one this machine can, and says which).
 PLAN=(
-    "nginx|location /|skip|a catch-all for a server of ZCCP's own; here ZCCP joins the operator's server"
-    "sh|apt-get install -y|run|step 1"
+    "nginx|location /|skip|a catch-all for a server of ZCCP's own; here ZCCP joins the operator's servers"
+    "sh|install -d /etc/zccp|run|step 1"
     "sh|git clone <this|run|step 2 (<this repository>: the clean clone)"
+    "sh|/opt/zccp/.venv/bin/pip install --index-url|alt|step 2, torch from PyTorch's CPU index (where it answers)"
+    "sh|/opt/zccp/.venv/bin/pip install --find-links /root/wheels|alt|step 2, torch from a copied wheel (where the index does not answer)"
+    "sh|/opt/zccp/.venv/bin/pip install /opt/zccp|run|step 2, ZCCP and vendor-lua"
     "sh|install -D -m|run|step 3"
     "sh|install -d /etc/zccp|run|step 4"
     "sh|systemctl enable --now|run|step 5"
     "sh|/opt/zccp/.venv/bin/zccp-nginx render --config|run|step 6"
     "sh|echo 'include /etc/nginx/zccp/zccp_http.conf;'|run|step 7, conf.d/zccp.conf"
     "sh|printf 'server {\n|run|step 7, conf.d/zccp-admin.conf"
-    "nginx|server {|site|step 7, the include and the access_log lines in the operator's server"
-    "sh|nginx -t &&|run|step 8"
-    "sh|curl -s http://127.0.0.1/health|skip|Verify on a plain listen 80 server; this operator's API server is TLS-only"
+    "nginx|server {|site|step 7, the include and the access_log lines in both operator servers"
+    "sh|/opt/zccp/.venv/bin/zccp-nginx check &&|run|step 8"
+    "sh|curl -s http://127.0.0.1/zccp/health|skip|Verify on a plain listen 80 server; this operator's API servers are TLS-only"
     "sh|curl -s --http2|run|Verify over HTTPS + HTTP/2, --cacert"
     "sh|curl -s --unix-socket|run|Verify, both"
     "sh|rm /etc/nginx/conf.d/zccp.conf|run|Removal"
+    "sh|apt-get purge -s|run|Removal, the packages"
 )
 
 # Every fenced block of the page into DIR/NN.LANG, its list indentation taken off.
@@ -129,6 +134,7 @@ say "clean clone of $(git rev-parse --short HEAD); image debian:bookworm-slim $(
 MOUNTS=(-v "$WORK/zccp:/src:ro")
 ENVS=()
 container_pip_settings
+[ -z "${WALK_PENDING_H45B:-}" ] || ENVS+=(-e WALK_PENDING_H45B=1)
 if ! curl -s -m 10 -o /dev/null https://download.pytorch.org/whl/cpu/; then
     ENVS+=(-e WALK_NO_TORCH_INDEX=1)
 fi
