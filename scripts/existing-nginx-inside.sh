@@ -111,6 +111,12 @@ if [ "$f" = 1 ]; then exec tail -n +1 -F "$log"; else cat "$log"; fi
 SH
 chmod 0755 /usr/local/sbin/systemctl /usr/local/sbin/journalctl
 [ "$(command -v systemctl)" = /usr/local/sbin/systemctl ] || fail "the systemctl stand-in is not first in PATH"
+# invoke-rc.d, through which packages start, stop and reload services, blocks every action
+# where there is no /sbin/init and no runlevel: with these two, it acts through the init
+# scripts as on a host (a package's trigger reloads nginx), unless a policy-rc.d says no.
+printf '#!/bin/sh\necho "N 2"\n' > /sbin/runlevel
+printf '#!/bin/sh\necho "init (stand-in for invoke-rc.d): not run" >&2\nexit 1\n' > /sbin/init
+chmod 0755 /sbin/runlevel /sbin/init
 
 run_block() {   # NUMBER [FILE]: one of the page's blocks, as written, stopping at the first failure
     local n=$1 f=${2:-${BLOCKS[$(($1 - 1))]}}

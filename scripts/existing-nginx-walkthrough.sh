@@ -19,8 +19,9 @@
 # or reordered in the page fails --list (and so the unit test) until the plan says what
 # to do with it. Substitutions (printed when run): `<this repository>` is the clean clone.
 #
-# No systemd runs in a container. `systemctl`, `journalctl` (and nothing else) are stand-ins
-# put first in PATH (/usr/local/sbin): the page's commands stay as written. The stand-in
+# No systemd runs in a container. `systemctl`, `journalctl` are stand-ins put first in PATH
+# (/usr/local/sbin): the page's commands stay as written; `/sbin/runlevel` and an `/sbin/init`
+# that is never run let invoke-rc.d act for the packages as on a host (a trigger reloads nginx). The stand-in
 # starts nginx and redis-server with their Debian init scripts, and a unit of
 # /etc/systemd/system (zccp-engine.service) from the unit file itself: its User=, Group=,
 # Environment=, UMask=, RuntimeDirectory= (+Mode) and ExecStart=, output to a file that
