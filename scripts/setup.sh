@@ -31,7 +31,22 @@ if ((${#missing[@]})); then
     [ "$(id -u)" -eq 0 ] || SUDO="sudo"
     echo "setup: apt-get install ${missing[*]}"
     $SUDO apt-get update -qq
+    # The packages start, stop and reload no service (a running nginx is left as it is: the
+    # Lua module's package would reload it), as docs/existing-nginx.md's step 1; a host's own
+    # policy-rc.d, if there is one, decides instead.
+    policy=/usr/sbin/policy-rc.d
+    own_policy=0
+    if [ ! -e "$policy" ]; then
+        printf '#!/bin/sh\nexit 101\n' | $SUDO tee "$policy" >/dev/null
+        $SUDO chmod 0755 "$policy"
+        own_policy=1
+        trap '$SUDO rm -f "$policy"' EXIT
+    fi
     DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "${missing[@]}" >/dev/null
+    if [ "$own_policy" = 1 ]; then
+        $SUDO rm -f "$policy"
+        trap - EXIT
+    fi
 fi
 
 VENV=.venv
