@@ -340,7 +340,7 @@ say "ZCCP removed: nginx -T as before step 7, users as before step 3, both sites
 # --- the packages: the host as before step 1
 run_block 19
 expect 19 "Purg libnginx-mod-http-lua"
-grep '^Purg' "$W/out/19.txt" | awk '{ print $2 }' | sort > "$W/purged"
+grep '^Purg ' "$W/out/19.txt" | awk '{ print $2 }' | sort > "$W/purged"
 same_as "$W/before1" "before step 1" dpkg-l nginx-T modules-enabled passwd group shadow gshadow
 [ ! -e /etc/zccp ] || fail "/etc/zccp is left"
 for _ in $(seq 1 50); do site_ok && shop_ok && break; sleep 0.2; done
