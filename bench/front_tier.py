@@ -45,6 +45,7 @@ from tests.support.checkout import REPO
 from tests.support.dns_server import DnsServer
 from tests.support.fp_nginx import MODULES, NGINX, WORDS, _free_port
 from zccp.ops.front_conf import load_front, render_front
+from zccp.paths import lua_vendor_dir
 
 HOST_COUNTS = (2, 3, 4)
 
@@ -60,7 +61,7 @@ http {{
     client_body_temp_path {p}/tmp;
     client_max_body_size 16m;
     client_body_buffer_size 16m;
-    lua_package_path "{lua}/?.lua;;";
+    lua_package_path "{lua}/?.lua;{vendor}/?.lua;;";
     lua_shared_dict zccp_front 1m;
     init_by_lua_block {{
         require("zccp.front.tier").init({{ name = "x", port = 8080, resolver = "127.0.0.1", resolver_port = 53,
@@ -245,7 +246,7 @@ def decision_and_spread(tmp: Path, batches: int) -> tuple[list[dict], dict]:
     port = _free_port()
     conf = prefix / "nginx.conf"
     conf.write_text(BENCH_CONF.format(user="user root;\n" if os.geteuid() == 0 else "", p=prefix, m0=MODULES[0],
-                                      m1=MODULES[1], lua=REPO / "lua", port=port))
+                                      m1=MODULES[1], lua=REPO / "lua", vendor=lua_vendor_dir(), port=port))
     proc = start_nginx(conf, prefix)
     try:
         time.sleep(0.5)

@@ -40,6 +40,7 @@ from bench.run import NULL, measured_run, wrk
 from bench.services import Variant, http_get, post, start_d
 from tests.support.checkout import REPO, require_this_checkout
 from zccp.ops.stack import nginx_paths
+from zccp.paths import lua_vendor_dir
 
 JIT_LIB = "/usr/share/luajit-2.1.0-beta3"   # Debian's libluajit-5.1-common: jit/v.lua
 INIT_WORKER = 'require("zccp.init").init_worker()'
@@ -68,8 +69,8 @@ def reconfigure(v: Variant, lua_dir: Path, jitv: str | None, confs: dict[Path, s
         text = original
         if conf.name == "zccp_http.conf":
             text = text.replace(INIT_WORKER, JITV % jitv if jitv else PROFILE if profile else INIT_WORKER)
-            text, n = re.subn(r'lua_package_path "[^"]*";',
-                              f'lua_package_path "{lua_dir}/?.lua;{JIT_LIB}/?.lua;{REPO / "bench"}/?.lua;;";', text)
+            path = f"{lua_dir}/?.lua;{lua_vendor_dir()}/?.lua;{JIT_LIB}/?.lua;{REPO / 'bench'}/?.lua;;"
+            text, n = re.subn(r'lua_package_path "[^"]*";', f'lua_package_path "{path}";', text)
             assert n == 1, "no lua_package_path in the rendered zccp_http.conf"
             if phases:
                 text = text.replace("init_by_lua_block {", 'init_by_lua_block {\n    require("jit_paths").install()', 1)

@@ -44,6 +44,7 @@ from bench.services import Variant, start_a
 from tests.support.cache_requests import ENGINE_ENV
 from tests.support.checkout import REPO, require_this_checkout
 from tests.support.harness import Stack, remove_socket_dirs
+from zccp.paths import lua_vendor_dir
 
 NULL = {"backend": "null", "name": "zccp-tiny", "max_context": 200000}
 LIMITS = ["--rpm", "10000000", "--itpm", "1000000000", "--otpm", "1000000000",
@@ -106,7 +107,8 @@ def use_lua_of(commit: str, tmp: Path, stacks: list[Stack]) -> None:
     for s in stacks:
         assert s.nginx is not None
         http = next((s.run_dir / "nginx").rglob("zccp_http.conf"))
-        text, n = re.subn(r'lua_package_path "[^"]*";', f'lua_package_path "{root / "lua"}/?.lua;;";',
+        path = f"{root / 'lua'}/?.lua;{lua_vendor_dir()}/?.lua;;"
+        text, n = re.subn(r'lua_package_path "[^"]*";', f'lua_package_path "{path}";',
                           http.read_text())
         assert n == 1
         http.write_text(text)

@@ -31,6 +31,7 @@ from bench.keys import NULL, bodies_1k, body_1k, make_key, wrk_with
 from tests.support.checkout import REPO, require_this_checkout
 from tests.support.harness import Stack, remove_socket_dirs
 from zccp.ops.stack import nginx_paths
+from zccp.paths import lua_vendor_dir
 
 PARTS = ("auth.admit", "limits.admit", "limits.settle", "usage_log.line (with the request id)")   # keys_once.lua
 LOCATION = """
@@ -56,7 +57,8 @@ def add_location(s: Stack, lua_dir: Path | None) -> None:
                                                    REPO / "bench" / "keys_once.lua"))
     if lua_dir is not None:
         http = next(prefix.rglob("zccp_http.conf"))
-        text, n = re.subn(r'lua_package_path "[^"]*";', f'lua_package_path "{lua_dir}/?.lua;;";', http.read_text())
+        path = f"{lua_dir}/?.lua;{lua_vendor_dir()}/?.lua;;"
+        text, n = re.subn(r'lua_package_path "[^"]*";', f'lua_package_path "{path}";', http.read_text())
         assert n == 1
         http.write_text(text)
     assert s.nginx is not None

@@ -19,8 +19,9 @@
 # or reordered in the page fails --list (and so the unit test) until the plan says what
 # to do with it. Substitutions (printed when run): `<this repository>` is the clean clone.
 #
-# No systemd runs in a container. `systemctl`, `journalctl` (and nothing else) are stand-ins
-# put first in PATH (/usr/local/sbin): the page's commands stay as written. The stand-in
+# No systemd runs in a container. `systemctl`, `journalctl` are stand-ins put first in PATH
+# (/usr/local/sbin): the page's commands stay as written; `/sbin/runlevel` and an `/sbin/init`
+# that is never run let invoke-rc.d act for the packages as on a host (a trigger reloads nginx). The stand-in
 # starts nginx and redis-server with their Debian init scripts, and a unit of
 # /etc/systemd/system (zccp-engine.service) from the unit file itself: its User=, Group=,
 # Environment=, UMask=, RuntimeDirectory= (+Mode) and ExecStart=, output to a file that
@@ -34,23 +35,28 @@ cd "$(dirname "$0")/.."
 DOC=${WALK_DOC:-docs/existing-nginx.md}   # WALK_DOC: another copy of the page (the unit test)
 
 # The plan: one entry per fenced block of the page, in order: LANG|FIRST WORDS|ACTION|why.
-# ACTION: run (the block as written), site (the operator's server {} of step 7), skip.
+# ACTION: run (the block as written), site (the operator's server {} of step 7), skip, alt (one
+# of two alternatives: the script runs the one this machine can, and says which).
 PLAN=(
-    "nginx|location /|skip|a catch-all for a server of ZCCP's own; here ZCCP joins the operator's server"
-    "sh|apt-get install -y|run|step 1"
+    "nginx|location /|skip|a catch-all for a server of ZCCP's own; here ZCCP joins the operator's servers"
+    "sh|install -d /etc/zccp|run|step 1"
     "sh|git clone <this|run|step 2 (<this repository>: the clean clone)"
+    "sh|/opt/zccp/.venv/bin/pip install --index-url|alt|step 2, torch from PyTorch's CPU index (where it answers)"
+    "sh|/opt/zccp/.venv/bin/pip install --find-links /root/wheels|alt|step 2, torch from a copied wheel (where the index does not answer)"
+    "sh|/opt/zccp/.venv/bin/pip install /opt/zccp|run|step 2, ZCCP and vendor-lua"
     "sh|install -D -m|run|step 3"
     "sh|install -d /etc/zccp|run|step 4"
     "sh|systemctl enable --now|run|step 5"
     "sh|/opt/zccp/.venv/bin/zccp-nginx render --config|run|step 6"
     "sh|echo 'include /etc/nginx/zccp/zccp_http.conf;'|run|step 7, conf.d/zccp.conf"
     "sh|printf 'server {\n|run|step 7, conf.d/zccp-admin.conf"
-    "nginx|server {|site|step 7, the include and the access_log lines in the operator's server"
+    "nginx|server {|site|step 7, the include and the access_log lines in both operator servers"
     "sh|/opt/zccp/.venv/bin/zccp-nginx check --config|run|step 8"
-    "sh|curl -s http://127.0.0.1/zccp/health|skip|Verify on a plain listen 80 server; this operator's API server is TLS-only"
+    "sh|curl -s http://127.0.0.1/zccp/health|skip|Verify on a plain listen 80 server; this operator's API servers are TLS-only"
     "sh|curl -s --http2|run|Verify over HTTPS + HTTP/2, --cacert"
     "sh|curl -s --unix-socket|run|Verify, both"
     "sh|rm /etc/nginx/conf.d/zccp.conf|run|Removal"
+    "sh|apt-get purge -s|run|Removal, the packages"
 )
 
 # Every fenced block of the page into DIR/NN.LANG, its list indentation taken off.

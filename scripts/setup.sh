@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Installs what ZCCP needs on Debian 12 and makes the checkout's own virtual environment:
-# nginx + the Lua module and libraries, redis, luajit and wrk from apt; the Python package and its
+# nginx + the Lua module and libraries, redis, luajit and wrk from apt (Debian's Redis and DNS
+# Lua clients unpacked into lua-vendor/, not installed: docs/libraries.md); the Python package and its
 # dependencies into .venv/ (never into the system Python: Debian's python3 refuses that,
 # PEP 668, and a per-checkout venv keeps two clones from breaking each other).
 # Idempotent: skips what is already there. Environment:
@@ -13,14 +14,14 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-# lua-nginx-redis, lua-nginx-redis-connector, lua-nginx-dns: lua-resty-redis, its Sentinel
-# connector and lua-resty-dns (nginx's Redis and the front tier's DNS; docs/libraries.md);
+# Not lua-nginx-redis, -redis-connector, -dns (lua-resty-redis, its Sentinel connector,
+# lua-resty-dns): their packages depend on nginx-extras (nineteen more nginx modules); their
+# Lua files are unpacked into lua-vendor/ below instead (docs/libraries.md).
 # redis-sentinel: the Sentinel failover tests.
 # systemd: only for `systemd-analyze verify` of deploy/systemd/ in the tests (nothing is started)
 # prometheus: the real server and promtool that scrape a live stack in the tests
 # (tests/integration/test_prometheus.py; its service is not started by the package here)
 APT_PACKAGES=(nginx libnginx-mod-http-lua lua-resty-core lua-resty-lrucache lua-cjson
-              lua-nginx-redis lua-nginx-redis-connector lua-nginx-dns
               redis-server redis-sentinel luajit2 wrk lua-check
               python3 python3-venv systemd prometheus)
 missing=()
@@ -32,7 +33,22 @@ if ((${#missing[@]})); then
     [ "$(id -u)" -eq 0 ] || SUDO="sudo"
     echo "setup: apt-get install ${missing[*]}"
     $SUDO apt-get update -qq
+    # The packages start, stop and reload no service (a running nginx is left as it is: the
+    # Lua module's package would reload it), as docs/existing-nginx.md's step 1; a host's own
+    # policy-rc.d, if there is one, decides instead.
+    policy=/usr/sbin/policy-rc.d
+    own_policy=0
+    if [ ! -e "$policy" ]; then
+        printf '#!/bin/sh\nexit 101\n' | $SUDO tee "$policy" >/dev/null
+        $SUDO chmod 0755 "$policy"
+        own_policy=1
+        trap '$SUDO rm -f "$policy"' EXIT
+    fi
     DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "${missing[@]}" >/dev/null
+    if [ "$own_policy" = 1 ]; then
+        $SUDO rm -f "$policy"
+        trap - EXIT
+    fi
 fi
 
 VENV=.venv
@@ -48,4 +64,10 @@ fi
 # Editable: the venv runs this checkout's code, and only this checkout's. The hf extra
 # (transformers, tokenizers) is installed because the tests run the hf backend.
 "${PIP[@]}" install -e ".[test,hf,lint,otel]"
+# Debian's lua-resty-redis, connector and dns, without their packages' nginx-extras: their
+# Lua files from the .debs into lua-vendor/, on the rendered lua_package_path
+if ! "$VENV/bin/zccp-nginx" vendor-lua --check >/dev/null 2>&1; then
+    echo "setup: zccp-nginx vendor-lua (lua-vendor/)"
+    "$VENV/bin/zccp-nginx" vendor-lua >/dev/null
+fi
 echo "setup: done ($VENV)"

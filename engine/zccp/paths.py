@@ -50,6 +50,18 @@ def lua_dir() -> Path:
     return data_root() / "lua"
 
 
+def lua_vendor_dir() -> Path:
+    """Debian's OpenResty libraries, unpacked without their nginx dependency
+    (`zccp-nginx vendor-lua`, zccp.ops.lua_vendor): lua-vendor/ beside lua/."""
+    return data_root() / "lua-vendor"
+
+
+def lua_package_path() -> str:
+    """nginx's lua_package_path: ZCCP's modules, the vendored libraries, then nginx's
+    default path (the `;;`: resty.core and the rest of Debian's and OpenResty's Lua)."""
+    return f"{lua_dir()}/?.lua;{lua_vendor_dir()}/?.lua;;"
+
+
 def lua_file(name: str) -> Path:
     """A file of the Lua package, e.g. lua_file("fp_tables.lua")."""
     return lua_dir() / "zccp" / name

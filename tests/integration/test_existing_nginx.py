@@ -50,6 +50,8 @@ def zccp_home(tmp_path: Path) -> Path:
     home = tmp_path / "zccp-home"
     for d in ("lua", "nginx"):
         shutil.copytree(REPO / d, home / d)
+    if (REPO / "lua-vendor").is_dir():   # Debian's Lua clients, unpacked (scripts/setup.sh)
+        shutil.copytree(REPO / "lua-vendor", home / "lua-vendor")
     (home / "shm_abi").mkdir()
     shutil.copy(REPO / "shm_abi" / "zccp_abi.h", home / "shm_abi")
     home.chmod(0o700)
@@ -148,7 +150,8 @@ def test_zccp_joins_an_nginx_serving_other_sites_and_reloads_under_load(existing
                                 str(out / "zccp_admin.conf"), str(zccp_log)]
     want_ids = (pwd.getpwnam(owner.split(":")[0]).pw_uid, grp.getgrnam(owner.split(":")[1]).gr_gid)
     assert (stat.S_IMODE(zccp_log.stat().st_mode), zccp_log.stat().st_uid, zccp_log.stat().st_gid) == (0o640, *want_ids)
-    assert f'lua_package_path "{zccp_home / "lua"}/?.lua;;";' in (out / "zccp_http.conf").read_text()
+    assert f'lua_package_path "{zccp_home / "lua"}/?.lua;{zccp_home / "lua-vendor"}/?.lua;;";' \
+        in (out / "zccp_http.conf").read_text()
     # step 7's three pieces: the http include and the admin server (a unix socket) in
     # conf.d/, the include (and the logs) in the operator's server
     (e.prefix / "conf.d" / "zccp.conf").write_text(f"include {out}/zccp_http.conf;\n")

@@ -43,6 +43,12 @@ def test_installed_package_runs_the_stack_from_anywhere(tmp_path):
                             "print(zccp.paths.data_root())"], cwd=elsewhere, env=env, capture_output=True,
                            text=True, check=True).stdout.split()
     assert where == [str(site / "zccp" / "__init__.py"), str(prefix / "share" / "zccp")]
+    # Debian's Lua clients beside the installed package, as docs/existing-nginx.md's step 2
+    vendored = subprocess.run([str(prefix / "bin" / "zccp-nginx"), "vendor-lua"], cwd=elsewhere, env=env,
+                              capture_output=True, text=True, timeout=300)
+    assert vendored.returncode == 0, vendored.stderr
+    vendor = prefix / "share" / "zccp" / "lua-vendor"
+    assert vendored.stdout.splitlines()[-1] == str(vendor) and (vendor / "nginx" / "redis.lua").is_file()
 
     cfg = Stack(tmp_path / "cfg")           # only for its isolated config (ports, shm name, socket)
     proc = subprocess.Popen([str(prefix / "bin" / "zccp-stack"), "up", "--config", str(cfg.config_path),
@@ -62,14 +68,14 @@ def test_installed_package_runs_the_stack_from_anywhere(tmp_path):
         r = httpx.post(cfg.url("/v1/messages"), json=anthropic_body("Hello", max_tokens=4), timeout=30)
         assert r.status_code == 200 and r.json()["type"] == "message"
         http_conf = (elsewhere / "run" / "nginx" / "zccp_http.conf").read_text()
-        assert f'lua_package_path "{prefix / "share" / "zccp" / "lua"}/?.lua;;"' in http_conf
+        assert f'lua_package_path "{prefix / "share" / "zccp" / "lua"}/?.lua;{vendor}/?.lua;;"' in http_conf
         # the front tier's nginx.conf, from the installed template and Lua modules
         (elsewhere / "front.yaml").write_text("front:\n  hosts: zccp-hosts.ns.svc.cluster.local\n"
                                               "  resolver: 127.0.0.1:5353\n  listen: 127.0.0.1:1\n")
         subprocess.run([str(prefix / "bin" / "zccp-nginx"), "render", "--front", "front.yaml", "--out", "front"],
                        cwd=elsewhere, env=env, check=True, capture_output=True)
         front_conf = (elsewhere / "front" / "nginx.conf").read_text()
-        assert f'lua_package_path "{prefix / "share" / "zccp" / "lua"}/?.lua;;"' in front_conf
+        assert f'lua_package_path "{prefix / "share" / "zccp" / "lua"}/?.lua;{vendor}/?.lua;;"' in front_conf
         assert (prefix / "share" / "zccp" / "lua" / "zccp" / "front" / "dns.lua").is_file()
     finally:
         os.killpg(proc.pid, signal.SIGINT)

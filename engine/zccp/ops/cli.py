@@ -114,6 +114,10 @@ def nginx_main(argv: list[str] | None = None) -> None:
 
         main = check_main if args_in[0] == "check" else check_site_main
         sys.exit(main(args_in[1:], lambda path, run_dir: _load(path, run_dir, check_host=False)))
+    if args_in[:1] == ["vendor-lua"]:
+        from zccp.ops.lua_vendor_cli import vendor_main
+
+        sys.exit(vendor_main(args_in[1:]))
     if args_in[:1] == ["render"]:
         args_in = args_in[1:]
     p = argparse.ArgumentParser(prog="zccp-nginx render", description="Render ZCCP's nginx includes from config.yaml "
@@ -142,6 +146,9 @@ def nginx_main(argv: list[str] | None = None) -> None:
     for f in (r.http_conf, r.server_conf, r.admin_conf, r.nginx_conf):
         if f:
             print(f)
+    from zccp.ops.lua_vendor_cli import warn_if_not_vendored
+
+    warn_if_not_vendored()
     if args.log:
         from zccp.ops.log_file import make_log_file
 

@@ -13,8 +13,8 @@ from typing import Any
 import yaml
 
 from zccp.config import ConfigError, _build_section, bounded
-from zccp.ops.nginx_conf import _fill, _safe, nameservers
-from zccp.paths import lua_dir, make_dirs, nginx_template
+from zccp.ops.nginx_conf import _fill, _safe, lua_path, nameservers
+from zccp.paths import make_dirs, nginx_template
 from zccp.runtime import default_worker_user
 
 RESOLV_CONF = Path("/etc/resolv.conf")
@@ -104,7 +104,7 @@ def render_front(cfg: FrontConfig, out: Path, log_dir: Path | None = None) -> Pa
         "log_dir": _safe(str(logs), "front log directory"),
         "temp_dir": _safe(str(out / "tmp"), "front temp directory"),
         "error_log_level": "warn",
-        "lua_dir": _safe(str(lua_dir()), "lua dir"),
+        "lua_package_path": lua_path(),
         "hosts_name": _safe(cfg.hosts, "front.hosts"),
         "hosts_port": str(cfg.port),
         "resolver": resolver,

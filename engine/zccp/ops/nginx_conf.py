@@ -13,7 +13,7 @@ from zccp.config import Config, auth_redis_url, check_tls_files, mask_state_path
 from zccp.ops.admin_client import admin_socket_dir
 from zccp.plugins_config import lua_settings
 from zccp.own_dirs import check_stack_dirs, own_dir, stack_dirs
-from zccp.paths import lua_dir, lua_file, make_dirs, nginx_template
+from zccp.paths import lua_dir, lua_file, lua_package_path, lua_vendor_dir, make_dirs, nginx_template
 from zccp.runtime import worker_user
 from zccp.shared_types import MAX_CHOICES
 
@@ -47,6 +47,14 @@ def _safe(value: str, what: str) -> str:
     if _UNSAFE & set(value):
         raise ValueError(f"{what}: {value!r} contains characters not allowed here")
     return value
+
+
+def lua_path() -> str:
+    """lua_package_path's value (zccp.paths), its directories checked: `;` separates its
+    entries, so it may not be in them."""
+    _safe(str(lua_dir()), "lua dir")
+    _safe(str(lua_vendor_dir()), "lua vendor dir")
+    return lua_package_path()
 
 
 def _lua_str(value: str, what: str) -> str:
@@ -320,7 +328,7 @@ def render(cfg: Config, out: Path, standalone: bool = False, prefix: Path | None
     for d, what, private in stack_dirs(cfg):
         own_dir(d, what, private, cfg.shared_memory.group)
     values = {
-        "lua_dir": _safe(str(lua_dir()), "lua dir"),
+        "lua_package_path": lua_path(),
         # the plugin chain; good operator plugins are copied beside the masks' last good set
         "plugins": lua_settings(cfg.plugins, Path(cfg.server.socket_path).parent / "plugins.last_good"),
         "abi_header": _safe(str(HEADER_PATH), "ABI header"),
