@@ -241,6 +241,15 @@ def nginx_affinity(cfg: Config, sysfs: Path = Path("/sys")) -> str | None:
     return worker_cpu_affinity(plan(read_topology(sysfs), asks(cfg), cfg.server.workers, cfg.path).nginx_workers)
 
 
+def locality(cfg: Config, sysfs: Path = Path("/sys")) -> tuple[dict[str, int | None], list[int | None]]:
+    """Routing's view of the plan: each engine's NUMA node (None: not placed) and each nginx
+    worker's, in worker order ([]: the workers are not placed)."""
+    topo = read_topology(sysfs)
+    p = plan(topo, asks(cfg), cfg.server.workers, cfg.path)
+    engine_nodes = {name: (e.numa_node if e is not None else None) for name, e in p.engines.items()}
+    return engine_nodes, [topo.node_of(w) for w in p.nginx_workers]
+
+
 def systemd_dropin(p: EnginePlacement | None) -> str:
     """The unit drop-in that applies placement p before the engine starts (systemd's own
     CPUAffinity= and NUMAPolicy=; the engine applies the same again, a no-op then)."""

@@ -4,13 +4,15 @@
 -- (it answers an unknown model's 404 itself), on settings' shm_name and socket_path.
 --
 --   local engines = require "zccp.engines"
---   engines.list()             -- every engine record { name, model, shm_name, socket_path, index }
---   engines.group(model)       -- { members = { engine, ... }, ring = rendezvous } serving model, or nil
+--   engines.list()             -- every engine record { name, model, shm_name, socket_path, index, node }
+--   engines.group(model)       -- { members = { engine, ... }, ring = rendezvous, nodes_differ } serving
+--                                 model, or nil (nodes_differ: its replicas sit on several NUMA nodes)
 --   engines.everyone()         -- the group of all engines (models list, purge, an unknown model)
 --   engines.multi()            -- more than one engine
 --   engines.models_differ()    -- the engines serve more than one model (the body's model picks)
 local settings = require "zccp.settings"
 local rendezvous = require "zccp.rendezvous"
+local locality = require "zccp.locality"
 
 local ipairs = ipairs
 local pairs = pairs
@@ -26,7 +28,7 @@ local function build()
     local names = {}
     for i, row in ipairs(rows) do
         local e = { name = row.name, model = row.model, shm_name = row.shm_name, socket_path = row.socket_path,
-                    index = i }
+                    index = i, node = row.node }   -- node: its planned NUMA node (nil: not placed)
         list[i] = e
         names[i] = e.name
         if e.model then
@@ -39,10 +41,11 @@ local function build()
             g.names[#g.names + 1] = e.name
         end
     end
-    everyone = { members = list, ring = rendezvous.new(names) }
+    everyone = { members = list, ring = rendezvous.new(names), nodes_differ = locality.differ(list) }
     local nmodels = 0
     for _, g in pairs(groups) do
         g.ring = rendezvous.new(g.names)
+        g.nodes_differ = locality.differ(g.members)
         nmodels = nmodels + 1
     end
     multi = #list > 1

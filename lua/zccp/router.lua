@@ -11,6 +11,10 @@
 --   spill: when the preferred replica has at least routing.spill_load of its slots claimed
 --     (every worker's claims, zccp.slots.load) and another one is less loaded, the least
 --     loaded replica goes first instead (counted "spilled").
+--   locality: where a model's replicas sit on different NUMA nodes (placement), the
+--     replicas on the node of the worker that holds the request go first, each part in its
+--     rendezvous order (zccp.locality); spill and down below apply to that order as they are.
+--     One node, placement none or nginx workers not placed: the rendezvous order unchanged.
 --   down: an engine whose doorbell refused a connection, whose arena is gone or that failed
 --     a request before answering is skipped for DOWN_S by this worker (ranked last, tried
 --     only when no other is left): its requests move to the next replica in rank at once.
@@ -21,6 +25,7 @@ local engines = require "zccp.engines"
 local slots = require "zccp.slots"
 local arena_mod = require "zccp.arena"
 local settings = require "zccp.settings"
+local locality = require "zccp.locality"
 
 local ngx = ngx
 local ngx_now = ngx.now
@@ -34,6 +39,7 @@ local fingerprint = require "zccp.fingerprint"
 local DEFAULT_ROUTING = { policy = "affinity", spill_load = 0.75 }
 local down_until = {}     -- engine name -> time (this worker's view)
 local rr = 0              -- round_robin's counter (per worker)
+local my_node             -- this worker's NUMA node (false: none known), found at its first request
 
 local cjson = require("cjson.safe").new()
 cjson.decode_max_depth(64)
@@ -97,12 +103,25 @@ local function key_of(r)
     return r.route_key
 end
 
+local function worker_node()
+    if my_node == nil then
+        my_node = locality.worker_node(settings.get().worker_nodes, ngx.worker.id()) or false
+    end
+    return my_node
+end
+
 local function rank(g, r, policy)
     local members, n = g.members, #g.members
     if policy == "affinity" then
         local order = g.ring:rank(key_of(r))   -- a new table of indices: made the members in place
         for k = 1, n do
             order[k] = members[order[k]]
+        end
+        if g.nodes_differ then
+            local node = worker_node()
+            if node then
+                locality.near_first(order, node)
+            end
         end
         return order
     end

@@ -50,6 +50,16 @@ local function check_engines(t)
             end
         end
     end
+    for i = 1, #es do
+        local node = es[i].node
+        if node ~= nil and (type(node) ~= "number" or node < 0) then
+            error("zccp.settings.set: 'engines[" .. i .. "].node' must be a NUMA node number", 3)
+        end
+    end
+    local wn = t.worker_nodes
+    if wn ~= nil and type(wn) ~= "table" then
+        error("zccp.settings.set: 'worker_nodes' must be a list of NUMA node numbers", 3)
+    end
     local r = t.routing
     if r ~= nil and (type(r) ~= "table" or not POLICIES[r.policy] or type(r.spill_load) ~= "number") then
         error("zccp.settings.set: 'routing' must be { policy = affinity|round_robin|least_loaded, spill_load = n }", 3)

@@ -3,6 +3,7 @@ only, a CPU-only host, offline CPUs; the config's placement key; nginx's masks."
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -163,3 +164,21 @@ def test_config_placement_per_engine_and_inherited():
     assert cfg.engines[0].placement == PlacementConfig(mode="fixed", cpus="0")
     assert cfg.engines[1].placement.mode == "auto"
     assert parse_config({}, "c.yaml").placement.mode == "none"
+
+
+def test_locality_gives_routing_each_engine_and_worker_node(tmp_path):
+    from zccp.ops.nginx_conf import engines_settings
+    from zccp.placement import locality
+    from zccp.runtime import resolve
+
+    sysfs = fake_sysfs(tmp_path / "sys", {0: "0-3", 1: "4-7"}, "0-7")
+    cfg = parse_config({"server": {"workers": 2},
+                        "engines": [{"name": "a", "placement": {"cpus": "0-2"}},
+                                    {"name": "b", "placement": {"cpus": "4-6"}},
+                                    {"name": "c"}]}, "c.yaml")
+    engine_nodes, workers = locality(cfg, sysfs)
+    assert engine_nodes == {"a": 0, "b": 1, "c": None}
+    assert workers == [0, 1]          # worker 0 on CPU 3 (node 0), worker 1 on CPU 7 (node 1)
+    rows = engines_settings(resolve(cfg, tmp_path / "run"), engine_nodes)
+    assert re.search(r'name = "a",[^}]*, node = 0 }', rows) and re.search(r'name = "b",[^}]*, node = 1 }', rows)
+    assert "node" not in rows.split('name = "c"')[1]   # placement none: no node, no locality

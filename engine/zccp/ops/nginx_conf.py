@@ -290,11 +290,13 @@ def server_paths(cfg: Config, standalone: bool = False) -> list[str]:
     return [*API_PATHS, *models, health_path(cfg, standalone), REQUEST_ERROR_PATH]
 
 
-def engines_settings(cfg: Config) -> str:
-    """engines = {...} for init_by_lua (zccp.engines): each engine's name, model, arena and
-    doorbell; "nil" without `engines:` (one engine: shm_name and socket_path)."""
+def engines_settings(cfg: Config, nodes: dict[str, int | None] | None = None) -> str:
+    """engines = {...} for init_by_lua (zccp.engines): each engine's name, model, arena,
+    doorbell and planned NUMA node (`nodes`, zccp.placement.locality; routing prefers a
+    worker's own node); "nil" without `engines:` (one engine: shm_name and socket_path)."""
     if not cfg.engines:
         return "nil"
+    nodes = nodes or {}
     rows = []
     for e in cfg.engines:
         if e.socket_path is None:
@@ -302,8 +304,22 @@ def engines_settings(cfg: Config) -> str:
         rows.append(f'{{ name = {_lua_str(e.name, "engines.name")}, '
                     f'model = {_lua_str(e.model.name, f"engines.{e.name}.model.name")}, '
                     f'shm_name = {_lua_str(e.shared_memory.name, f"engines.{e.name}.shared_memory.name")}, '
-                    f'socket_path = {_lua_str(e.socket_path, f"engines.{e.name} socket")} }}')
+                    f'socket_path = {_lua_str(e.socket_path, f"engines.{e.name} socket")}'
+                    + (f", node = {node}" if (node := nodes.get(e.name)) is not None else "") + " }")
     return "{ " + ", ".join(rows) + " }"
+
+
+def worker_nodes_settings(cfg: Config, standalone: bool) -> tuple[str, str]:
+    """(engines, worker_nodes) for init_by_lua: the engines with their planned nodes, and each
+    nginx worker's node (worker id + 1 -> node) where ZCCP places the workers (the standalone
+    stack's worker_cpu_affinity; an existing nginx's workers are the site's: "nil")."""
+    from zccp.placement import locality
+
+    engine_nodes, workers = locality(cfg) if cfg.engines else ({}, [])
+    known = [n for n in workers if n is not None]
+    if not standalone or len(known) != len(workers) or not known:
+        return engines_settings(cfg, engine_nodes), "nil"
+    return engines_settings(cfg, engine_nodes), "{ " + ", ".join(str(n) for n in known) + " }"
 
 
 def _affinity_line(cfg: Config) -> str:
@@ -364,11 +380,12 @@ def render(cfg: Config, out: Path, standalone: bool = False, prefix: Path | None
         "model_log_path": " ".join(f"{p} 1;" for p in _model_paths(cfg)) or "# (no /v1/models/{id} location)",
         "health_path": health_path(cfg, standalone),
         "metrics_path": cfg.server.paths.metrics,
-        "engines": engines_settings(cfg),
+        "engines": "",         # below, with the workers' nodes
         "routing_policy": cfg.routing.policy,
         "routing_spill_load": repr(cfg.routing.spill_load),
         "metrics_allow": " ".join(f"allow {a};" for a in cfg.server.metrics_allow.split()),
     }
+    values["engines"], values["worker_nodes"] = worker_nodes_settings(cfg, standalone)
     admin_dir = admin_socket_dir(cfg)   # only its owner may enter it: nginx makes the socket 0666
     # nginx's master makes it again at init when it is ZCCP's (<socket dir>/admin): /run is
     # empty at boot, and nginx may run as another user than the renderer (containers)
