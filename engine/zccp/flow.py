@@ -178,6 +178,7 @@ class RequestFlow:
         assert deps.cache is not None
         flags = ctx.view.header.flags
         for waited in (False, True):
+            released = deps.inflight.releases if deps.inflight is not None else 0
             if keys is None or flags & Flag.NO_CACHE:
                 lookup = Lookup("BYPASS", "unfingerprintable" if keys is None else "no_cache")
             elif not self._use.lookup:
@@ -187,9 +188,12 @@ class RequestFlow:
             deps.metrics.cache.inc(result=lookup.status, reason=lookup.reason)
             if ctx.view.header.generation != ctx.generation or ctx.cancelled():
                 deps.metrics.abandoned.inc()
+                self._release_owned()
                 return self.outcome.done()   # nginx gave up while Redis (or the first request) answered
-            if lookup.answer is not None or waited or not await self._wait_for_twin(keys, lookup):
+            if lookup.answer is not None or waited or not await self._wait_for_twin(keys, lookup, released):
                 break
+        if lookup.answer is not None:
+            self._release_owned()            # claimed, then found on the second look
         meta = {"cache_status": getattr(CacheStatus, lookup.status)}
         if lookup.reason == "masked_literal":
             meta["cache_reason"] = CacheReason.MASKED_LITERAL
@@ -219,9 +223,9 @@ class RequestFlow:
         masks = slot_masks(self.ctx.view, self.deps.masks) or self.deps.masks.get()
         return keys.request_literals(prep.doc, masks) if masks is not None else ()
 
-    async def _wait_for_twin(self, keys: CacheKeys | None, lookup: Lookup) -> bool:
-        """After a MISS: when an identical request is being generated, wait for it (bounded)
-        and say so (True: look again). Otherwise this request owns the key (zccp.cache.inflight)."""
+    async def _wait_for_twin(self, keys: CacheKeys | None, lookup: Lookup, released: int) -> bool:
+        """After a MISS: wait for an identical request being generated (bounded; True: look again),
+        or own the key, looking again if an owner released since the lookup began (zccp.cache.inflight)."""
         deps, flags = self.deps, self.ctx.view.header.flags
         if (deps.inflight is None or keys is None or lookup.status != "MISS"
                 or flags & (Flag.NO_STORE | Flag.NO_CACHE)):
@@ -230,7 +234,7 @@ class RequestFlow:
         fut = deps.inflight.claim(key)
         if fut is None:
             self._owned = key        # released by _store, once the answer is stored or lost
-            return False
+            return deps.inflight.releases != released
         left = self.ctx.view.header.deadline_ns / 1e9 - time.time()
         done = await InFlight.wait(fut, min(deps.coalesce_wait_s, left - 0.05))
         deps.metrics.coalesced.inc(outcome="answered" if done else "timed_out")
