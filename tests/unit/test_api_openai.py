@@ -432,3 +432,16 @@ def test_structured_output_becomes_a_grammar_constraint() -> None:
     # a forced tool call wins over a response_format (the turn is the call)
     c = parse(body(tools=tools, tool_choice="required", response_format={"type": "json_object"})).sampling.constraint
     assert c is not None and c.kind == "tool_call"
+
+
+def test_image_data_urls_over_twenty_megabytes_are_refused():
+    import base64
+
+    from zccp.api.openai.media import check_image_url
+    from zccp.api.openai.wording import OpenAIApiError
+
+    ok = "data:image/png;base64," + base64.b64encode(bytes(20 * 1024 * 1024)).decode()
+    check_image_url(ok, "p")
+    with pytest.raises(OpenAIApiError) as e:
+        check_image_url(ok[:-4] + base64.b64encode(bytes(6)).decode(), "p")
+    assert e.value.param == "p" and e.value.code == "image_too_large"

@@ -33,6 +33,7 @@ from ..bounds import (
     token_id,
 )
 from ..constraints import json_output, schema_json, tool_call
+from .media import check_image_part
 from .wording import (
     _ARTICLE,
     OpenAIApiError,
@@ -107,8 +108,10 @@ def _content_text(content: Any, role: str, path: str) -> str:
             if "text" not in part:
                 raise _missing(ppath + ".text")
             pieces.append(_str(part["text"], ppath + ".text"))
-        else:
-            pieces.append(marker(ptype))
+            continue
+        if ptype == "image_url":
+            check_image_part(part, ppath)
+        pieces.append(marker(ptype))
     return pieces[0] if len(pieces) == 1 else JOIN.join(pieces)
 
 
