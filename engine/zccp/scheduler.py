@@ -269,7 +269,7 @@ class BatchScheduler:
         seq.done_tokens = seq.reused
         if seq.params.constraint is not None and seq.grammar is None:
             raise RuntimeError("a constrained sequence was submitted without its compiled grammar")
-        seq.sampler = backend.sampler(seq.params, seq.grammar)     # a copy of the compiled grammar
+        seq.sampler = backend.sampler(seq.params, seq.grammar, prompt=ids)   # a copy of the compiled grammar
         self.metrics.prefix_reused.inc(seq.reused)
         # what breakpoints write: only a sequence with pins is told (a sink without them takes two arguments)
         written: tuple[CacheWrite, ...] = ()
@@ -437,6 +437,8 @@ class BatchScheduler:
             return OUT                                        # abandoned or failed
         if done:
             self._finish(seq, "stop_sequence")
+        elif seq.params.stop_token_ids and tok in seq.params.stop_token_ids:
+            self._finish(seq, "end_turn")                     # vLLM's stop_token_ids: the token is kept
         elif seq.produced >= seq.params.max_tokens:
             self._finish(seq, "max_tokens")
         elif seq.sink.blocked:

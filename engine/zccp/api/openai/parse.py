@@ -34,6 +34,7 @@ from ..bounds import (
 )
 from ..constraints import json_output, schema_json, tool_call
 from .media import check_image_part
+from .vllm import FIELDS as VLLM_FIELDS, extensions
 from .wording import (
     _ARTICLE,
     OpenAIApiError,
@@ -51,7 +52,7 @@ from .wording import (
     _unsupported,
 )
 
-_FIELDS: Final = frozenset({
+_FIELDS: Final = VLLM_FIELDS | frozenset({
     "model", "messages", "max_tokens", "max_completion_tokens", "temperature", "top_p",
     "stop", "n", "stream", "stream_options", "seed", "user", "frequency_penalty", "presence_penalty",
     "logit_bias", "response_format", "logprobs", "top_logprobs",
@@ -377,7 +378,6 @@ def _known_only(obj: dict[str, Any], fields: Collection[str]) -> None:
 def parse_document(obj: dict[str, Any], limits: ParseLimits) -> GenerationRequest:
     """Validate an already-decoded body (decode_body) into a GenerationRequest."""
     _known_only(obj, _FIELDS)
-
     if obj.get("model") is None:
         raise _err("you must provide a model parameter", "model", None)
     model = _str(obj["model"], "model")
@@ -440,7 +440,6 @@ def parse_document(obj: dict[str, Any], limits: ParseLimits) -> GenerationReques
         raise _err(f"{max_param} is too large: {max_tokens}. This model supports at most "
                    f"{limits.max_tokens_cap} completion tokens, whereas you provided {max_tokens}.",
                    max_param, "invalid_value")
-
     return GenerationRequest(
         api="openai",
         model=model,
@@ -449,7 +448,7 @@ def parse_document(obj: dict[str, Any], limits: ParseLimits) -> GenerationReques
         sampling=SamplingParams(
             max_tokens=max_tokens, temperature=temperature, top_p=top_p, seed=seed, stop=stop,
             constraint=constraint, logit_bias=logit_bias, presence_penalty=presence, frequency_penalty=frequency,
-            logprobs=logprobs,
+            logprobs=logprobs, **extensions(obj, max_tokens),
         ),
         stream=stream,
         include_usage=include_usage,
