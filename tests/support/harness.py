@@ -21,6 +21,7 @@ from typing import Any
 import httpx
 import yaml
 
+from tests.support.arenas import ARENAS, remove_arenas
 from tests.support.checkout import REPO
 from zccp.arena_reader import ArenaReader
 from zccp.config import Config, for_engine, load_config
@@ -113,6 +114,10 @@ class Stack:
         self.config_path = self.run_dir / "config.yaml"
         self.config_path.write_text(yaml.safe_dump(raw))
         self.cfg = resolve(load_config(self.config_path), self.run_dir)
+        ARENAS.extend(self.arena_names())
+
+    def arena_names(self) -> list[str]:
+        return [self.cfg.shared_memory.name, *(e.shared_memory.name for e in self.cfg.engines)]
 
     # -- processes ----------------------------------------------------------------------
 
@@ -146,6 +151,7 @@ class Stack:
             if svc is not None:
                 svc.stop()
         shutil.rmtree(self.socket_dir, ignore_errors=True)
+        remove_arenas(self.arena_names())     # what a killed engine left
 
     def wait_healthy(self, timeout: float = 20) -> dict[str, Any]:
         end = time.monotonic() + timeout
@@ -269,7 +275,6 @@ def dumps(obj: Any) -> bytes:
 os.environ.setdefault("NO_PROXY", "127.0.0.1,localhost")
 
 
-
 @dataclass
 class StackProcess:
     """`zccp-stack up` itself, as a user runs it (this checkout's package), for the tests of
@@ -344,6 +349,7 @@ class StackProcess:
             except ProcessLookupError:
                 pass
         shutil.rmtree(self.stack.socket_dir, ignore_errors=True)
+        remove_arenas(self.stack.arena_names())   # what a killed engine left
 
 
 def alive(pid: int) -> bool:
