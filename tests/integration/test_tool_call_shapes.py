@@ -166,7 +166,8 @@ def test_a_whitespace_only_text_block_is_refused(claude, text):
     # the answer's blocks sent back are accepted: no whitespace-only block among them
     first = claude.messages.create(model=MODEL, max_tokens=400, messages=USER, tools=TOOLS)
     back = [b.model_dump(exclude_none=True, exclude={"citations"}) for b in first.content]
-    results = [{"type": "tool_result", "tool_use_id": b["id"], "content": "ok"} for b in back if b["type"] == "tool_use"]
+    results = [{"type": "tool_result", "tool_use_id": b["id"], "content": "ok"}
+               for b in back if b["type"] == "tool_use"]
     again = claude.messages.create(model=MODEL, max_tokens=5, tools=TOOLS, messages=[
         *USER, {"role": "assistant", "content": back}, {"role": "user", "content": results}])
     assert again.stop_reason == "max_tokens"
