@@ -7,9 +7,10 @@ from pathlib import Path
 
 import pytest
 
-from tests.support import arenas
+from tests.support import leftovers
 from tests.support.checkout import require_this_checkout
-from tests.support.harness import Stack, remove_socket_dirs
+from tests.support.harness import Stack
+from tests.support.leftovers import remove_socket_dirs
 from tests.support.protocols import PROTOCOLS, both_protocols
 from tests.support.hf_checkpoint import HF_MODEL, build_checkpoint
 
@@ -22,7 +23,7 @@ _ARENAS_BEFORE: set[str] = set()
 
 
 def pytest_sessionstart(session: pytest.Session) -> None:
-    _ARENAS_BEFORE.update(arenas.present())
+    _ARENAS_BEFORE.update(leftovers.present())
 
 
 @pytest.hookimpl(hookwrapper=True)
@@ -30,7 +31,7 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> Iterator[N
     """The session fails when an arena one of its stacks made outlives it (after every
     fixture's teardown: the hook's other implementations run first)."""
     yield
-    left = arenas.left_by_this_session(_ARENAS_BEFORE)
+    left = leftovers.left_by_this_session(_ARENAS_BEFORE)
     if left:
         reporter = session.config.pluginmanager.get_plugin("terminalreporter")
         if reporter is not None:

@@ -174,9 +174,8 @@ class RequestFlow:
         deps.spawn(self._serve_cached(prep, keys))
 
     async def _serve_cached(self, prep: Prepared, keys: CacheKeys | None) -> None:
-        deps, ctx = self.deps, self.ctx
+        deps, ctx, flags = self.deps, self.ctx, self.ctx.view.header.flags
         assert deps.cache is not None
-        flags = ctx.view.header.flags
         for waited in (False, True):
             released = deps.inflight.releases if deps.inflight is not None else 0
             if keys is None or flags & Flag.NO_CACHE:
@@ -192,8 +191,6 @@ class RequestFlow:
                 return self.outcome.done()   # nginx gave up while Redis (or the first request) answered
             if lookup.answer is not None or waited or not await self._wait_for_twin(keys, lookup, released):
                 break
-        if lookup.answer is not None:
-            self._release_owned()            # claimed, then found on the second look
         meta = {"cache_status": getattr(CacheStatus, lookup.status)}
         if lookup.reason == "masked_literal":
             meta["cache_reason"] = CacheReason.MASKED_LITERAL
@@ -211,11 +208,11 @@ class RequestFlow:
             # an exact HIT of an unmasked request is the stored request: its usage, as nginx's
             # L1 replays it (docs/cache.md); a masked HIT and a NEAR count their own prompt
             own = lookup.status == "HIT" and keys is not None and not keys.masked
+            self._release_owned()            # claimed, then found on the second look
             self._replay(prep, lookup.answer, lookup.answer.input_tokens if own else 0)
             return self.outcome.done()
         storable = keys is not None and not flags & Flag.NO_STORE and lookup.status != "ERROR" and self._use.store
-        store = keys if storable else None
-        self._run_model(prep, store)
+        self._run_model(prep, keys if storable else None)
 
     def _masked_values(self, prep: Prepared, keys: CacheKeys) -> tuple[bytes, ...]:
         """The values the masks replaced in this request (the masked-literal guard's side)."""
@@ -319,8 +316,7 @@ class RequestFlow:
     def _salt(self, prep: Prepared) -> bytes:
         """The prefix KV cache's salt: the request's tenant (zccp.prefix_cache), b"" for the
         anonymous one."""
-        keys = self._store_keys
-        if keys is not None:
+        if (keys := self._store_keys) is not None:
             return keys.tenant or b""
         view = self.ctx.view
         if view.header.flags & Flag.TENANT:

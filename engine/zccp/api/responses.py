@@ -41,16 +41,7 @@ from .openai.media import check_image_url
 from .openai.parse import _known_only
 from .openai.render import _error_obj, _logprob_items
 from .openai.wording import (
-    _arr,
-    _bool,
-    _empty_array,
-    _err,
-    _int,
-    _invalid_value,
-    _missing,
-    _obj,
-    _str,
-    _type_err,
+    _arr, _bool, _empty_array, _err, _int, _invalid_value, _missing, _obj, _str, _type_err
 )
 
 _FIELDS: Final = frozenset({

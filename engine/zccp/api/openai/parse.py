@@ -10,13 +10,7 @@ from __future__ import annotations
 from collections.abc import Collection
 from typing import Any, Final
 
-from ...shared_types import (
-    MAX_CHOICES,
-    GenerationRequest,
-    OutputConstraint,
-    Role,
-    SamplingParams,
-)
+from ...shared_types import MAX_CHOICES, GenerationRequest, OutputConstraint, Role, SamplingParams
 from ..common import JOIN, BodyError, ParseLimits, decode_object, marker, merge_turns
 from ..bounds import (
     LOGIT_BIAS_RANGE,
@@ -36,20 +30,8 @@ from ..constraints import json_output, schema_json, tool_call
 from .media import check_image_part
 from .vllm import FIELDS as VLLM_FIELDS, extensions
 from .wording import (
-    _ARTICLE,
-    OpenAIApiError,
-    _arr,
-    _bool,
-    _empty_array,
-    _err,
-    _int,
-    _invalid_value,
-    _missing,
-    _number,
-    _obj,
-    _str,
-    _type_err,
-    _unsupported,
+    _ARTICLE, OpenAIApiError, _arr, _bool, _empty_array, _err, _int, _invalid_value, _missing, _number, _obj, _str,
+    _type_err, _unsupported
 )
 
 _FIELDS: Final = VLLM_FIELDS | frozenset({
