@@ -410,8 +410,8 @@ def test_sdk_error_responses() -> None:
         c.chat.completions.create(model=MODEL, messages=[USER], n=3, logprobs=True)
     assert (bad.value.param, bad.value.code) == ("n", "unsupported_value")
     with pytest.raises(openai.BadRequestError) as extra:
-        c.chat.completions.create(model=MODEL, messages=[USER], extra_body={"top_k": 5})
-    assert extra.value.body["message"] == "Unrecognized request argument supplied: top_k"  # type: ignore[index]
+        c.chat.completions.create(model=MODEL, messages=[USER], extra_body={"mirostat_tau": 5})
+    assert extra.value.body["message"] == "Unrecognized request argument supplied: mirostat_tau"  # type: ignore[index]
 
 
 def test_structured_output_becomes_a_grammar_constraint() -> None:
