@@ -7,14 +7,37 @@ from pathlib import Path
 
 import pytest
 
+from tests.support import leftovers
 from tests.support.checkout import require_this_checkout
-from tests.support.harness import Stack, remove_socket_dirs
+from tests.support.harness import Stack
+from tests.support.leftovers import remove_socket_dirs
 from tests.support.protocols import PROTOCOLS, both_protocols
 from tests.support.hf_checkpoint import HF_MODEL, build_checkpoint
 
 # The tests test this checkout, whatever `pip install -e` last pointed at: pyproject's
 # [tool.pytest.ini_options] pythonpath puts this checkout's root and engine/ first.
 require_this_checkout()
+
+
+_ARENAS_BEFORE: set[str] = set()
+
+
+def pytest_sessionstart(session: pytest.Session) -> None:
+    _ARENAS_BEFORE.update(leftovers.present())
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> Iterator[None]:
+    """The session fails when an arena one of its stacks made outlives it (after every
+    fixture's teardown: the hook's other implementations run first)."""
+    yield
+    left = leftovers.left_by_this_session(_ARENAS_BEFORE)
+    if left:
+        reporter = session.config.pluginmanager.get_plugin("terminalreporter")
+        if reporter is not None:
+            reporter.ensure_newline()
+            reporter.write_line(f"FAILED: shared memory left behind in /dev/shm: {', '.join(left)}", red=True)
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
 
 @pytest.fixture(scope="session", autouse=True)

@@ -174,10 +174,10 @@ class RequestFlow:
         deps.spawn(self._serve_cached(prep, keys))
 
     async def _serve_cached(self, prep: Prepared, keys: CacheKeys | None) -> None:
-        deps, ctx = self.deps, self.ctx
+        deps, ctx, flags = self.deps, self.ctx, self.ctx.view.header.flags
         assert deps.cache is not None
-        flags = ctx.view.header.flags
         for waited in (False, True):
+            released = deps.inflight.releases if deps.inflight is not None else 0
             if keys is None or flags & Flag.NO_CACHE:
                 lookup = Lookup("BYPASS", "unfingerprintable" if keys is None else "no_cache")
             elif not self._use.lookup:
@@ -187,8 +187,9 @@ class RequestFlow:
             deps.metrics.cache.inc(result=lookup.status, reason=lookup.reason)
             if ctx.view.header.generation != ctx.generation or ctx.cancelled():
                 deps.metrics.abandoned.inc()
+                self._release_owned()
                 return self.outcome.done()   # nginx gave up while Redis (or the first request) answered
-            if lookup.answer is not None or waited or not await self._wait_for_twin(keys, lookup):
+            if lookup.answer is not None or waited or not await self._wait_for_twin(keys, lookup, released):
                 break
         meta = {"cache_status": getattr(CacheStatus, lookup.status)}
         if lookup.reason == "masked_literal":
@@ -207,11 +208,11 @@ class RequestFlow:
             # an exact HIT of an unmasked request is the stored request: its usage, as nginx's
             # L1 replays it (docs/cache.md); a masked HIT and a NEAR count their own prompt
             own = lookup.status == "HIT" and keys is not None and not keys.masked
+            self._release_owned()            # claimed, then found on the second look
             self._replay(prep, lookup.answer, lookup.answer.input_tokens if own else 0)
             return self.outcome.done()
         storable = keys is not None and not flags & Flag.NO_STORE and lookup.status != "ERROR" and self._use.store
-        store = keys if storable else None
-        self._run_model(prep, store)
+        self._run_model(prep, keys if storable else None)
 
     def _masked_values(self, prep: Prepared, keys: CacheKeys) -> tuple[bytes, ...]:
         """The values the masks replaced in this request (the masked-literal guard's side)."""
@@ -219,9 +220,9 @@ class RequestFlow:
         masks = slot_masks(self.ctx.view, self.deps.masks) or self.deps.masks.get()
         return keys.request_literals(prep.doc, masks) if masks is not None else ()
 
-    async def _wait_for_twin(self, keys: CacheKeys | None, lookup: Lookup) -> bool:
-        """After a MISS: when an identical request is being generated, wait for it (bounded)
-        and say so (True: look again). Otherwise this request owns the key (zccp.cache.inflight)."""
+    async def _wait_for_twin(self, keys: CacheKeys | None, lookup: Lookup, released: int) -> bool:
+        """After a MISS: wait for an identical request being generated (bounded; True: look again),
+        or own the key, looking again if an owner released since the lookup began (zccp.cache.inflight)."""
         deps, flags = self.deps, self.ctx.view.header.flags
         if (deps.inflight is None or keys is None or lookup.status != "MISS"
                 or flags & (Flag.NO_STORE | Flag.NO_CACHE)):
@@ -230,7 +231,7 @@ class RequestFlow:
         fut = deps.inflight.claim(key)
         if fut is None:
             self._owned = key        # released by _store, once the answer is stored or lost
-            return False
+            return deps.inflight.releases != released
         left = self.ctx.view.header.deadline_ns / 1e9 - time.time()
         done = await InFlight.wait(fut, min(deps.coalesce_wait_s, left - 0.05))
         deps.metrics.coalesced.inc(outcome="answered" if done else "timed_out")
@@ -315,8 +316,7 @@ class RequestFlow:
     def _salt(self, prep: Prepared) -> bytes:
         """The prefix KV cache's salt: the request's tenant (zccp.prefix_cache), b"" for the
         anonymous one."""
-        keys = self._store_keys
-        if keys is not None:
+        if (keys := self._store_keys) is not None:
             return keys.tenant or b""
         view = self.ctx.view
         if view.header.flags & Flag.TENANT:

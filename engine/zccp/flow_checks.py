@@ -15,6 +15,12 @@ def check_forwardable(req: GenerationRequest) -> None:
     if req.n > 1:
         raise ApiError(400, "invalid_request_error", f"n > 1 is not forwarded to {req.model}'s upstream",
                        param="n")
+    s = req.sampling
+    for name, used in (("ignore_eos", s.ignore_eos), ("min_tokens", s.min_tokens), ("min_p", s.min_p),
+                       ("repetition_penalty", s.repetition_penalty != 1.0), ("stop_token_ids", s.stop_token_ids)):
+        if used:   # vLLM's extensions: an upstream API has no such field
+            raise ApiError(400, "invalid_request_error", f"{name} is not forwarded to {req.model}'s upstream",
+                           param=name)
     if len(req.prompts) > 1 or any(not isinstance(p, str) for p in req.prompts):
         raise ApiError(400, "invalid_request_error", f"several prompts, or token ids, are not forwarded to "
                        f"{req.model}'s upstream", param="prompt")

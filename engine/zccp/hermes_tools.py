@@ -74,7 +74,8 @@ def _call(obj: object) -> ToolCall | None:
             return None
     if not isinstance(args, dict):
         return None
-    return ToolCall(obj["name"], json.dumps(args, ensure_ascii=False))
+    return ToolCall(obj["name"], json.dumps(args, ensure_ascii=False))   # json: integers exact
+
 
 
 def _object_text(raw: str) -> str:
@@ -91,7 +92,9 @@ def _object_text(raw: str) -> str:
 def partial_object(text: str) -> str:
     """The longest prefix of a cut-off JSON object that closes into a valid object, closed
     (`{"city": "Tok` -> `{"city": "Tok"}`); "{}" when none does. What Anthropic's non-streamed
-    tool_use `input` (an object, never a string) carries for a truncated call."""
+    tool_use `input` (an object, never a string) carries for a truncated call. The prefix's
+    own text, never a re-serialisation: orjson reads an integer past 64 bits as a float, and
+    JSON numbers keep their digits."""
     closers: list[str] = []       # closers[i]: what closes text[:i] (a string's quote first)
     stack: list[str] = []
     in_str = esc = False
@@ -119,7 +122,7 @@ def partial_object(text: str) -> str:
         except orjson.JSONDecodeError:
             continue
         if isinstance(obj, dict):
-            return orjson.dumps(obj).decode()
+            return candidate
     return "{}"
 
 
@@ -138,6 +141,8 @@ class HermesParser:
         self._in_str = False
         self._esc = False
         self.args_chars = 0                  # argument characters generated so far, every call
+        self._called = False                 # a call has ended: whitespace alone is no text now
+        self._blank = ""                     # whitespace after a call, shown only if text follows
 
     @property
     def in_args(self) -> bool:
@@ -158,15 +163,13 @@ class HermesParser:
             if state == _TEXT:
                 i = self._buf.find(START)
                 if i >= 0:
-                    if i:
-                        out.append(TextDelta(self._buf[:i]))
+                    self._text(out, self._buf[:i])
+                    self._blank = ""             # whitespace between two calls: no block of its own
                     self._buf = self._buf[i + len(START):]
                     self._state = _HEAD_STATE
                     continue
                 hold = 0 if final else _partial_suffix(self._buf, START)
-                text = self._buf[: len(self._buf) - hold]
-                if text:
-                    out.append(TextDelta(text))
+                self._text(out, self._buf[: len(self._buf) - hold])
                 self._buf = self._buf[len(self._buf) - hold:]
                 return out
             if state == _HEAD_STATE:
@@ -184,6 +187,18 @@ class HermesParser:
                     return out                   # what is left of `}\n</tool_call>`
                 self._buf = self._buf[i + len(END):] if i >= 0 else ""
                 self._end_call(out, truncated=False)
+
+    def _text(self, out: list[Event], text: str) -> None:
+        """Text to show. After a call, whitespace alone is held back: a streamed answer would
+        show it as a block of its own (between two tool_use blocks, or after the last) that the
+        whole answer has not, and that the real APIs refuse as input."""
+        if self._called:
+            if not text or text.isspace():
+                self._blank += text
+                return
+            text, self._blank = self._blank + text, ""
+        if text:
+            out.append(TextDelta(text))
 
     def _head(self, out: list[Event], final: bool) -> bool:
         """The call's head; True when the state moved on (drain again)."""
@@ -221,6 +236,7 @@ class HermesParser:
         call = _call(obj)
         if call is not None and (rest.startswith(END) or (final and not rest)):
             out.append(call)
+            self._called = True
             self._buf = rest[len(END):] if rest.startswith(END) else ""
             self._state = _TEXT
             return True
@@ -275,9 +291,11 @@ class HermesParser:
     def _end_call(self, out: list[Event], truncated: bool) -> None:
         raw = "".join(self._args)
         out.append(ToolCall(self._name, raw if truncated else _object_text(raw), truncated=truncated))
-        self._args, self._name, self._state = [], "", _TEXT
+        self._args, self._name, self._state, self._called = [], "", _TEXT, True
 
     def _give_back(self) -> list[Event]:
         """Not a call after all: the tag and what followed it are text."""
         text, self._buf, self._state = START + self._buf, "", _TEXT
-        return [TextDelta(text)]
+        out: list[Event] = []
+        self._text(out, text)
+        return out

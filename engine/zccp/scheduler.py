@@ -378,8 +378,8 @@ class BatchScheduler(Admitting):
             return OUT                                        # abandoned or failed
         if done:
             self._finish(seq, "stop_sequence")
-        elif seq.produced >= seq.params.max_tokens:
-            self._finish(seq, "max_tokens")
+        elif (stopped := tok in seq.params.stop_token_ids) or seq.produced >= seq.params.max_tokens:
+            self._finish(seq, "end_turn" if stopped else "max_tokens")   # vLLM's stop_token_ids: the token kept
         elif seq.sink.blocked:
             return PARK
         else:

@@ -46,6 +46,12 @@ class SamplingParams:
     presence_penalty: float = 0.0     # subtracted once from a token already generated
     frequency_penalty: float = 0.0    # subtracted per time a token was generated
     logprobs: int | None = None       # report each token's logprob and this many alternatives (None: off)
+    # vLLM's sampling extensions (its OpenAI server's; docs/openai-endpoints.md)
+    ignore_eos: bool = False          # EOS is never drawn: the answer runs to max_tokens (or a stop)
+    min_tokens: int = 0               # EOS, stop_token_ids and stop sequences held back until this many
+    min_p: float = 0.0                # drop tokens below min_p x the most likely one's probability
+    repetition_penalty: float = 1.0   # a token seen in prompt or output: positive logit / it, negative x it
+    stop_token_ids: tuple[int, ...] = ()   # generating one of these ends the answer (it is kept)
 
 
 @dataclass(frozen=True)

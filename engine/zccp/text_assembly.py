@@ -84,8 +84,9 @@ class TextAssembler:
     """One sequence's generated ids -> events (text, tool calls: zccp.hermes_tools), in order."""
 
     def __init__(self, detok: Detokenizer, stops: Sequence[str], tools: HermesParser | None = None,
-                 budget: int | None = None) -> None:
+                 budget: int | None = None, min_tokens: int = 0) -> None:
         self._detok = detok
+        self._unstoppable = min_tokens if stops else 0   # vLLM's min_tokens: no stop sequence before
         self._matcher = StopMatcher(stops)
         self._tools = tools
         self._text: list[str] = []
@@ -126,6 +127,9 @@ class TextAssembler:
 
     def _step(self, token: int) -> list[Event]:
         text = self._detok.step(token)
+        if self._unstoppable:
+            self._unstoppable -= 1
+            return self._events(self._matcher.flush() + text, final=False) if text else []
         if not text:
             return []
         released, self.stop_sequence = self._matcher.feed(text)
@@ -192,7 +196,8 @@ def generate_text(
         return
     tokens = backend.generate(input_ids, params, cancelled)
     del input_ids  # the shared-memory view must not outlive the backend's use of it
-    asm = TextAssembler(backend.prompt.detokenizer(()), params.stop, HermesParser() if tools else None)
+    asm = TextAssembler(backend.prompt.detokenizer(()), params.stop, HermesParser() if tools else None,
+                        min_tokens=params.min_tokens)
     output_tokens = 0
     stop_reason: StopReason = "end_turn"
     try:

@@ -88,7 +88,7 @@ class AnswerText:
         forced = tool_calls and is_forced_call(req.sampling.constraint)
         self._asm = TextAssembler(detok, () if forced else req.sampling.stop,
                                   HermesParser(stream_tools) if tool_calls else None,
-                                  req.sampling.max_tokens if forced else None)
+                                  req.sampling.max_tokens if forced else None, req.sampling.min_tokens)
         self._name = token_bytes or (lambda _: b"")
         self._logprobs: list[TokenLogprob] | None = [] if req.sampling.logprobs is not None else None
         self._unsent = 0                         # logprobs not sent yet (they go with the next delta)

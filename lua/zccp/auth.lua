@@ -230,7 +230,11 @@ function _M.allow_model(who, api, body)
     if m and who.models[m] then
         return true
     end
-    m = m or ""
+    return _M.refuse_model(api, m or "")
+end
+
+-- The 404 both APIs answer for a model that does not exist or that the key cannot see.
+function _M.refuse_model(api, m)
     count(api, "model_refused")
     if api == "openai" then
         ngx.status = 404
@@ -242,6 +246,15 @@ function _M.allow_model(who, api, body)
     end
     errors.send(api, 404, "not_found_error", "model: " .. m)
     return false
+end
+
+-- GET /v1/models/{id} (id: the path's model): true when the key may use it, false once
+-- answered 404 as for a model that does not exist (its list leaves it out too).
+function _M.allow_model_id(who, api, id)
+    if not id or not who.models or who.models[id] then
+        return true
+    end
+    return _M.refuse_model(api, id)
 end
 
 -- GET /v1/models for a key limited to some models: the engine's list (its bytes, parts)

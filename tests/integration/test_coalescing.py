@@ -68,3 +68,20 @@ def test_coalescing_off_runs_every_request(make_stack):
     assert sorted(r.headers["x-zccp-cache"] for r in rs).count("MISS") >= 2
     s.assert_no_leaks()
 
+
+
+def test_fast_answers_are_coalesced_every_round(make_stack):
+    # The null model answers at once: the first request can store and release its key
+    # between a twin's lookup and that twin's claim; the twin must look again, not generate.
+    s = make_stack({"model": {"backend": "null"}, "shared_memory": {"segment_count": 16},
+                    "cache": {"ttl_s": 600}}, with_redis=True)
+    wrong = []
+    for round_no in range(20):
+        body = anthropic_body(f"coalesce round {round_no}", max_tokens=8, temperature=1)
+        rs = _burst(s, body, 8)
+        assert [r.status_code for r in rs] == [200] * 8
+        states = sorted(r.headers["x-zccp-cache"] for r in rs)
+        if states != ["HIT"] * 7 + ["MISS"]:
+            wrong.append((round_no, states))
+    assert not wrong, wrong
+    s.assert_no_leaks()

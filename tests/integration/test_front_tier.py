@@ -29,7 +29,8 @@ import yaml
 
 from tests.support.cache_requests import NULL, PATHS, req
 from tests.support.dns_server import DnsServer
-from tests.support.harness import SOCKET_DIRS, Stack
+from tests.support.harness import Stack
+from tests.support.leftovers import SOCKET_DIRS
 from zccp.ops.front_conf import load_front, render_front
 from zccp.ops.stack import Service, free_port
 

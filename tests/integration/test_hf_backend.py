@@ -134,7 +134,8 @@ def test_images_are_refused_in_each_api_shape(claude, oai):
     assert a.value.body["type"] == "error"
     with pytest.raises(openai.BadRequestError) as o:
         oai.chat.completions.create(model=HF_MODEL, max_tokens=5, messages=[{"role": "user", "content": [
-            {"type": "text", "text": "What is it?"}, {"type": "image_url", "image_url": {"url": "data:,x"}}]}])
+            {"type": "text", "text": "What is it?"},
+            {"type": "image_url", "image_url": {"url": "data:image/png;base64,iVBORw0KGgo="}}]}])
     assert "messages[0].content[1]" in str(o.value) and o.value.body["param"] == "messages[0].content[1]"
 
 

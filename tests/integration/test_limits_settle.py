@@ -3,7 +3,8 @@ Redis with auth.mode: keys: a stream the client closes early is settled with the
 was sent (usage.jsonl, zccp-keys usage); nginx reserves the output budget the engine will
 allow (max_completion_tokens over max_tokens); a body nginx cannot decode is refused, never
 reserved at a default; a 429 carries the API's rate-limit headers (read through the SDKs'
-error objects); GET /v1/models lists only the models the key may use."""
+error objects); GET /v1/models lists only the models the key may use, and
+GET /v1/models/{id} of any other is a 404."""
 
 from __future__ import annotations
 
@@ -139,6 +140,19 @@ def test_models_lists_only_what_the_key_may_use(make_stack):
     assert r.status_code == 200 and r.json()["data"] == []
     ra = c.get("/v1/models", headers={"x-api-key": only, "anthropic-version": "2023-06-01"})
     assert ra.status_code == 200 and ra.json()["data"] == [], ra.text
+    # one model: what the list leaves out is a 404 in each API's shape, through both SDKs
+    for key, visible in ((anyk, True), (only, False)):
+        oai = openai.OpenAI(base_url=s.base_url + "/v1", api_key=key, max_retries=0)
+        ant = anthropic.Anthropic(base_url=s.base_url, api_key=key, max_retries=0)
+        if visible:
+            assert oai.models.retrieve("zccp-tiny").id == ant.models.retrieve("zccp-tiny").id == "zccp-tiny"
+            continue
+        with pytest.raises(openai.NotFoundError) as oe:
+            oai.models.retrieve("zccp-tiny")
+        assert oe.value.body["code"] == "model_not_found", oe.value.body
+        with pytest.raises(anthropic.NotFoundError) as ae:
+            ant.models.retrieve("zccp-tiny")
+        assert ae.value.body["error"]["type"] == "not_found_error", ae.value.body
 
 
 def _counters(s, tenant: str, kid: str) -> dict[str, int]:

@@ -21,21 +21,12 @@ from typing import Any
 import httpx
 import yaml
 
+from tests.support.leftovers import ARENAS, SOCKET_DIRS, arena_names, remove_arenas
 from tests.support.checkout import REPO
 from zccp.arena_reader import ArenaReader
 from zccp.config import Config, for_engine, load_config
 from zccp.runtime import log_dir, resolve
 from zccp.ops.stack import Service, engine_service, engine_services, free_port, nginx_service, redis_service
-
-
-# Every socket directory a Stack of this process made under /tmp, for the session's
-# clean-up (conftest) to remove even when a stack was only used for its config.
-SOCKET_DIRS: list[Path] = []
-
-
-def remove_socket_dirs() -> None:
-    for d in SOCKET_DIRS:
-        shutil.rmtree(d, ignore_errors=True)
 
 
 _CERT: tuple[Path, Path] | None = None
@@ -114,6 +105,7 @@ class Stack:
         self.config_path = self.run_dir / "config.yaml"
         self.config_path.write_text(yaml.safe_dump(raw))
         self.cfg = resolve(load_config(self.config_path), self.run_dir)
+        ARENAS.extend(arena_names(self.cfg))
 
     # -- processes ----------------------------------------------------------------------
 
@@ -147,6 +139,7 @@ class Stack:
             if svc is not None:
                 svc.stop()
         shutil.rmtree(self.socket_dir, ignore_errors=True)
+        remove_arenas(arena_names(self.cfg))     # what a killed engine left
 
     def wait_healthy(self, timeout: float = 20) -> dict[str, Any]:
         end = time.monotonic() + timeout
@@ -270,7 +263,6 @@ def dumps(obj: Any) -> bytes:
 os.environ.setdefault("NO_PROXY", "127.0.0.1,localhost")
 
 
-
 @dataclass
 class StackProcess:
     """`zccp-stack up` itself, as a user runs it (this checkout's package), for the tests of
@@ -345,6 +337,7 @@ class StackProcess:
             except ProcessLookupError:
                 pass
         shutil.rmtree(self.stack.socket_dir, ignore_errors=True)
+        remove_arenas(arena_names(self.stack.cfg))   # what a killed engine left
 
 
 def alive(pid: int) -> bool:

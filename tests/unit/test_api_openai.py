@@ -410,8 +410,8 @@ def test_sdk_error_responses() -> None:
         c.chat.completions.create(model=MODEL, messages=[USER], n=3, logprobs=True)
     assert (bad.value.param, bad.value.code) == ("n", "unsupported_value")
     with pytest.raises(openai.BadRequestError) as extra:
-        c.chat.completions.create(model=MODEL, messages=[USER], extra_body={"top_k": 5})
-    assert extra.value.body["message"] == "Unrecognized request argument supplied: top_k"  # type: ignore[index]
+        c.chat.completions.create(model=MODEL, messages=[USER], extra_body={"mirostat_tau": 5})
+    assert extra.value.body["message"] == "Unrecognized request argument supplied: mirostat_tau"  # type: ignore[index]
 
 
 def test_structured_output_becomes_a_grammar_constraint() -> None:
@@ -432,3 +432,16 @@ def test_structured_output_becomes_a_grammar_constraint() -> None:
     # a forced tool call wins over a response_format (the turn is the call)
     c = parse(body(tools=tools, tool_choice="required", response_format={"type": "json_object"})).sampling.constraint
     assert c is not None and c.kind == "tool_call"
+
+
+def test_image_data_urls_over_twenty_megabytes_are_refused():
+    import base64
+
+    from zccp.api.openai.media import check_image_url
+    from zccp.api.openai.wording import OpenAIApiError
+
+    ok = "data:image/png;base64," + base64.b64encode(bytes(20 * 1024 * 1024)).decode()
+    check_image_url(ok, "p")
+    with pytest.raises(OpenAIApiError) as e:
+        check_image_url(ok[:-4] + base64.b64encode(bytes(6)).decode(), "p")
+    assert e.value.param == "p" and e.value.code == "image_too_large"

@@ -217,3 +217,31 @@ def test_frequency_and_presence_penalties_follow_openai():
     assert _draws(SamplingParams(8, temperature=0.0, presence_penalty=1.0), logits, 3) == [3, 4, 3]
     # frequency: each use costs 0.4: 3 (2.0), 3 (1.6), 4 (1.5 > 1.2), 3 (1.2 > 1.1), ...
     assert _draws(SamplingParams(8, temperature=0.0, frequency_penalty=0.4), logits, 4) == [3, 3, 4, 3]
+
+
+def test_repetition_penalty_is_vllms():
+    """A token seen in the prompt or the output: a positive logit divided by the penalty, a
+    negative one multiplied by it; the others untouched."""
+    from zccp.model.sampling import Sampler
+
+    s = Sampler(SamplingParams(max_tokens=4, temperature=0, repetition_penalty=2.0), torch.device("cpu"),
+                prompt=torch.tensor([0, 1]))
+    assert not s.plain and s.extra is not None
+    logits = torch.tensor([2.0, -2.0, 1.5, 0.5])
+    assert s.extra.adjust(logits).tolist() == [1.0, -4.0, 1.5, 0.5]
+    assert s(logits) == 2                       # the prompt's id 0 fell below it
+    assert s.extra.adjust(logits).tolist() == [1.0, -4.0, 0.75, 0.5]   # id 2 drawn: seen now
+
+
+def test_ignore_eos_and_min_tokens_mask_eos():
+    from zccp.model.sampling import Sampler
+
+    eos = frozenset({3})
+    logits = torch.tensor([0.0, 0.0, 0.0, 9.0])
+    assert Sampler(SamplingParams(max_tokens=4, temperature=0), torch.device("cpu"), eos=eos).extra is None
+    s = Sampler(SamplingParams(max_tokens=4, temperature=0, ignore_eos=True), torch.device("cpu"), eos=eos)
+    assert [s(logits) for _ in range(3)] == [0, 0, 0]
+    s = Sampler(SamplingParams(max_tokens=4, temperature=0, min_tokens=2, stop_token_ids=(1,)),
+                torch.device("cpu"), eos=eos)
+    held = torch.tensor([0.0, 5.0, 0.0, 9.0])
+    assert [s(held) for _ in range(3)] == [0, 0, 3]

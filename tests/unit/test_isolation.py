@@ -131,10 +131,10 @@ def test_a_neighbours_sampler_raising_fails_only_that_neighbour(tiny, monkeypatc
         def __call__(self, logits):
             raise RuntimeError("a sampler bug, for this row only")
 
-    def sampler(params, compiled=None):
+    def sampler(params, compiled=None, prompt=()):
         if params.seed == 666:
             return Broken(params, tiny.device)
-        return real(params, compiled)
+        return real(params, compiled, prompt)
 
     monkeypatch.setattr(tiny, "sampler", sampler)
     sched = scheduler(tiny)

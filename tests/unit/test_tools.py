@@ -84,7 +84,8 @@ def test_assembler_applies_stop_sequences_before_parsing():
         if asm.stop_sequence:
             break
     events += asm.finish()
-    assert asm.text == "hi  " and asm.tool_calls == [ToolCall("f", "{}")]
+    # the space after the call is whitespace alone after a call: no text of its own
+    assert asm.text == "hi " and asm.tool_calls == [ToolCall("f", "{}")]
     assert asm.stop_reason("end_turn") == "tool_use" and asm.stop_sequence == "END"
     assert asm.stop_reason("max_tokens") == "tool_use"  # the stop sequence ended it, not max_tokens
 
@@ -136,3 +137,15 @@ def test_a_forced_call_counts_its_arguments_against_max_tokens():
         else:
             assert not call.truncated and json.loads(call.arguments) == {"x": "abcdef"} and asm.billed == whole
             assert asm.stop_reason("end_turn") == "tool_use"
+
+
+def test_whitespace_after_a_call_is_shown_only_before_more_text():
+    p = HermesParser(stream=True)
+    out = []
+    for piece in ('A <tool_call>{"name": "f", "arguments": {}}</tool_call>', "\n", "<tool_call>",
+                  '{"name": "g", "arguments": {}}</tool_call>', " \n", "then", " more", "\n"):
+        out += p.feed(piece)
+    out += p.finish()
+    texts = [e.text for e in out if isinstance(e, TextDelta)]
+    assert texts == ["A ", " \nthen", " more"]
+    assert [e.name for e in out if isinstance(e, ToolCall)] == ["f", "g"]

@@ -24,6 +24,11 @@ OPENAI_MAX_TEMPERATURE: Final = 2.0         # Chat Completions: 0..2
 MAX_TOP_K: Final = 1 << 20                  # more than any vocabulary: no top-k limit
 MAX_SEED: Final = (1 << 63) - 1             # the RNG takes a 64-bit seed
 
+# --- vLLM's sampling extensions (the OpenAI endpoints) ---
+MAX_REPETITION_PENALTY: Final = 10.0        # vLLM takes any value > 0; past 10 nothing seen is ever drawn again
+MIN_REPETITION_PENALTY: Final = 0.01
+MAX_STOP_TOKEN_IDS: Final = 64              # entries of stop_token_ids (each checked per token drawn)
+
 # --- logit_bias (OpenAI) ---
 MAX_LOGIT_BIAS: Final = 300                 # entries, OpenAI's bound
 MAX_TOKEN_ID_DIGITS: Final = 9              # a token id below 10^9: no vocabulary is larger

@@ -36,16 +36,17 @@ from .codec import ApiCodec
 from .common import ParseLimits, dumps, random_id, sse
 from .fields import is_int
 from .openai.parse import _known_only
+from .openai.vllm import FIELDS as VLLM_FIELDS
 from .openai.render import _usage
 from .openai.wording import _bool, _empty_array, _err, _int, _type_err, _unsupported
 
-_FIELDS: Final = frozenset({
+_FIELDS: Final = VLLM_FIELDS | frozenset({
     "model", "prompt", "max_tokens", "temperature", "top_p", "n", "stream", "stream_options", "stop", "seed",
     "user", "logit_bias", "presence_penalty", "frequency_penalty", "logprobs", "echo", "suffix", "best_of",
 })
 # What reads as the same field of a chat body.
 _SHARED: Final = ("model", "max_tokens", "temperature", "top_p", "stream", "stream_options", "stop", "seed", "user",
-                  "logit_bias", "presence_penalty", "frequency_penalty")
+                  "logit_bias", "presence_penalty", "frequency_penalty", *sorted(VLLM_FIELDS))
 _DEFAULT_MAX_TOKENS: Final = 16     # OpenAI's for this endpoint
 _MAX_LOGPROBS: Final = 5
 

@@ -37,19 +37,11 @@ from ..shared_types import (
 from . import openai
 from .codec import ApiCodec
 from .common import ParseLimits, dumps, random_id
+from .openai.media import check_image_url
 from .openai.parse import _known_only
 from .openai.render import _error_obj, _logprob_items
 from .openai.wording import (
-    _arr,
-    _bool,
-    _empty_array,
-    _err,
-    _int,
-    _invalid_value,
-    _missing,
-    _obj,
-    _str,
-    _type_err,
+    _arr, _bool, _empty_array, _err, _int, _invalid_value, _missing, _obj, _str, _type_err
 )
 
 _FIELDS: Final = frozenset({
@@ -91,6 +83,8 @@ def _parts(content: Any, role: str, path: str) -> Any:
         elif ptype == "refusal":
             out.append({"type": "text", "text": _str(part.get("refusal", ""), ppath + ".refusal")})
         elif ptype in ("input_image", "input_file", "input_audio") and role == "user":
+            if ptype == "input_image" and part.get("image_url") is not None:
+                check_image_url(_str(part["image_url"], ppath + ".image_url"), ppath + ".image_url")
             # the chat parts of the same kind: a marker for the built-in models, a 400 from a text-only hf model
             out.append({"input_image": {"type": "image_url", "image_url": {"url": ""}},
                         "input_file": {"type": "file", "file": {}},

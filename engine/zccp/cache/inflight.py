@@ -4,7 +4,9 @@ before the first answer is stored, and starting N generations.
 
 The first request to miss on an exact key owns it until its answer is stored (or it
 fails); requests that miss on the same key meanwhile wait for that, bounded, and then
-look the cache up again. The second lookup is an ordinary one, so every rule of the
+look the cache up again. An owner whose claim came after some other owner released
+(`releases` moved since it looked the cache up) looks again too: the answer it missed may
+have been stored in between. The second lookup is an ordinary one, so every rule of the
 cache (scope, tenant, masked literals, no-store) decides what they get; when it still
 misses (the owner failed, or its answer carries a value only its own request had)
 they run the model on their own. Everything here runs on the engine's event loop.
@@ -22,6 +24,8 @@ class InFlight:
 
     def __init__(self) -> None:
         self._owners: dict[bytes, asyncio.Future[None]] = {}
+        self.releases = 0    # how many owners have released: a lookup's snapshot of it says
+        #                      whether an answer may have been stored since that lookup began
 
     def __len__(self) -> int:
         return len(self._owners)
@@ -38,6 +42,7 @@ class InFlight:
     def release(self, key: bytes) -> None:
         """The owner is done (stored, or not): its waiters look again. Idempotent."""
         fut = self._owners.pop(key, None)
+        self.releases += 1
         if fut is not None and not fut.done():
             fut.set_result(None)
 

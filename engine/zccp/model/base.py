@@ -132,8 +132,10 @@ class ModelBackend(ABC):
     def _make_grammar_vocab(self) -> GrammarVocab:
         raise NotImplementedError(f"{type(self).__name__} has no logits to constrain")
 
-    def sampler(self, params: SamplingParams, compiled: CompiledGrammar | None = None) -> Sampler:
-        """The next-token chooser of one sequence (with its own grammar matcher when the
+    def sampler(self, params: SamplingParams, compiled: CompiledGrammar | None = None,
+                prompt: Any = ()) -> Sampler:
+        """The next-token chooser of one sequence (prompt: its ids, read for repetition_penalty;
+        with its own grammar matcher when the
         answer is constrained: a copy of `compiled`, or compiled here when not given,
         generate()'s path; the scheduler always gives it)."""
         grammar = None
@@ -141,7 +143,7 @@ class ModelBackend(ABC):
             grammar = compiled.matcher()
         elif params.constraint is not None:
             grammar = self.grammar_vocab().matcher(params.constraint)
-        return Sampler(params, self.device, grammar)
+        return Sampler(params, self.device, grammar, self.eos_ids, prompt)
 
     def choose(self, out: torch.Tensor | int, sampler: Sampler) -> int:
         """One sequence's next token from prefill()'s or a one-row decode()'s output."""
@@ -215,7 +217,7 @@ class ModelBackend(ABC):
         if params.max_tokens == 0 or cancelled():
             return
         state = self.new_state()
-        sampler = self.sampler(params)
+        sampler = self.sampler(params, prompt=ids)
         logits = self.prefill_chunked(state, ids, self.prefill_chunk)
         del ids
         batch = self.new_batch()
@@ -229,6 +231,6 @@ class ModelBackend(ABC):
                 return
             yield tok
             produced += 1
-            if produced >= params.max_tokens or cancelled():
+            if produced >= params.max_tokens or cancelled() or tok in params.stop_token_ids:
                 return
             logits = batch.decode((tok,))[0]

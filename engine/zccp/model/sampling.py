@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -61,9 +61,10 @@ class Sampler:
     """temperature -> top_k -> top_p -> multinomial; argmax when temperature == 0."""
 
     __slots__ = ("greedy", "temperature", "top_k", "top_p", "gen", "grammar", "bias", "presence", "frequency",
-                 "counts", "plain", "top_logprobs", "last", "_bias_ids", "_bias_values")
+                 "counts", "plain", "top_logprobs", "last", "_bias_ids", "_bias_values", "extra", "min_p")
 
-    def __init__(self, params: SamplingParams, device: torch.device, grammar: GrammarMatcher | None = None) -> None:
+    def __init__(self, params: SamplingParams, device: torch.device, grammar: GrammarMatcher | None = None,
+                 eos: frozenset[int] = frozenset(), prompt: Any = ()) -> None:
         self.grammar = grammar               # masks what it does not allow, consumes each token drawn
         self.bias = params.logit_bias
         # the bias as two tensors, made at the first step (when the vocabulary's width is known)
@@ -78,6 +79,9 @@ class Sampler:
         self.temperature = params.temperature
         self.top_k = params.top_k
         self.top_p = params.top_p
+        self.min_p = params.min_p
+        # vLLM's ignore_eos, min_tokens and repetition_penalty: None (nothing per token) unless asked for
+        self.extra = Extensions.of(params, eos, prompt)
         self.gen: torch.Generator | None = None
         if not self.greedy:
             self.gen = torch.Generator(device=device)
@@ -87,7 +91,7 @@ class Sampler:
                 self.gen.seed()
         # nothing but an argmax: sample_rows does these rows together
         self.plain = (self.greedy and grammar is None and not self.bias and not self.presence
-                      and not self.frequency and self.top_logprobs is None)
+                      and not self.frequency and self.top_logprobs is None and self.extra is None)
 
     def __call__(self, logits: torch.Tensor) -> int:
         """The next token from one row of logits (1-D)."""
@@ -98,12 +102,18 @@ class Sampler:
             self.grammar.accept(tok)
             if self.presence or self.frequency:
                 self.counts[tok] = self.counts.get(tok, 0) + 1
+            if self.extra is not None:
+                self.extra.drawn(tok)
             return tok
         if self.bias or self.presence or self.frequency:
             logits = self._adjusted(logits)
+        if self.extra is not None:
+            logits = self.extra.adjust(logits)
         if self.grammar is not None:
             logits = self.grammar.mask(logits)
         tok = self._draw(logits)
+        if self.extra is not None:
+            self.extra.drawn(tok)
         if self.grammar is not None:
             self.grammar.accept(tok)
         if self.top_logprobs is not None:
@@ -165,7 +175,54 @@ class Sampler:
             before = torch.cumsum(sorted_probs, dim=-1) - sorted_probs
             sorted_probs = sorted_probs.masked_fill(before >= self.top_p, 0.0)
             probs = torch.zeros_like(probs).scatter_(0, order, sorted_probs)
+        if self.min_p:           # vLLM's: below min_p x the most likely token's probability is out
+            probs = probs.masked_fill(probs < self.min_p * probs.max(), 0.0)
         return int(torch.multinomial(probs, 1, generator=self.gen))
+
+
+class Extensions:
+    """vLLM's ignore_eos, min_tokens and repetition_penalty for one sequence, as vLLM applies
+    them: EOS masked out for good (ignore_eos), EOS and stop_token_ids masked until min_tokens
+    tokens were drawn; a token seen in the prompt or the output has a positive logit divided
+    by the penalty and a negative one multiplied by it."""
+
+    __slots__ = ("always", "until", "min_tokens", "count", "penalty", "seen", "_prompt")
+
+    def __init__(self, params: SamplingParams, eos: frozenset[int], prompt: Any) -> None:
+        self.always = sorted(eos) if params.ignore_eos else []
+        self.until = sorted(eos | set(params.stop_token_ids)) if params.min_tokens else []
+        self.min_tokens = params.min_tokens
+        self.count = 0                   # tokens drawn so far
+        self.penalty = params.repetition_penalty
+        self.seen: torch.Tensor | None = None   # [V] bool: seen in prompt or output (made at the first step)
+        self._prompt = prompt if self.penalty != 1.0 else ()
+
+    @classmethod
+    def of(cls, params: SamplingParams, eos: frozenset[int], prompt: Any) -> Extensions | None:
+        if params.ignore_eos or params.min_tokens or params.repetition_penalty != 1.0:
+            return cls(params, eos, prompt)
+        return None
+
+    def adjust(self, logits: torch.Tensor) -> torch.Tensor:
+        logits = logits.float().clone()
+        n = logits.shape[-1]
+        if self.penalty != 1.0:
+            if self.seen is None:
+                self.seen = torch.zeros(n, dtype=torch.bool, device=logits.device)
+                ids = torch.as_tensor(self._prompt, dtype=torch.long).reshape(-1).to(logits.device)
+                self.seen[ids[(ids >= 0) & (ids < n)]] = True
+                self._prompt = ()
+            penalised = torch.where(logits > 0, logits / self.penalty, logits * self.penalty)
+            logits = torch.where(self.seen, penalised, logits)
+        held = self.always + self.until if self.count < self.min_tokens else self.always
+        if held:
+            logits[[t for t in held if t < n]] = float("-inf")
+        return logits
+
+    def drawn(self, tok: int) -> None:
+        self.count += 1
+        if self.seen is not None and 0 <= tok < self.seen.shape[0]:
+            self.seen[tok] = True
 
 
 # A row's next token, or why that row cannot go on (the scheduler fails it alone).

@@ -1,6 +1,9 @@
 -- API keys (zccp.auth): the key before the body (401), its models once the body is read (404).
 local auth = require "zccp.auth"
 local DONE = require("zccp.core.pipeline").DONE
+local model_id = require("zccp.core.edges").model_id
+
+local ngx = ngx
 
 local _M = { name = "auth", before = { "limits" } }
 
@@ -29,7 +32,11 @@ function _M.wants_body(r)
 end
 
 function _M.prepare(r)
-    if r.kind ~= "models" and not auth.allow_model(r.who, r.api, r.body) then
+    if r.kind == "models" then   -- the list is filtered (auth.models_body); one model is checked
+        if not auth.allow_model_id(r.who, r.api, model_id(ngx.var.uri)) then
+            return DONE
+        end
+    elseif not auth.allow_model(r.who, r.api, r.body) then
         return DONE
     end
 end

@@ -35,7 +35,8 @@ from ..bounds import (
     stop_too_long,
 )
 from ..constraints import json_output, schema_json, tool_call
-from .wording import _bad, _dict, _int, _list, _no_extras, _required, _str, _unit
+from .media import check_image
+from .wording import _bad, _dict, _int, _list, _no_extras, _required, _str, _text_of, _unit
 
 _FIELDS: Final = frozenset({
     "model", "messages", "max_tokens", "system", "stop_sequences", "temperature",
@@ -76,12 +77,9 @@ def _block_text(block: Any, path: str, tools: "_ToolIds") -> str:
         _dict(_required(block, "input", path + ".input"), path + ".input")
     elif btype == "tool_result":
         tools.results.append(_str(_required(block, "tool_use_id", path + ".tool_use_id"), path + ".tool_use_id"))
-    if btype != "text":
-        return marker(btype)
-    text = _str(_required(block, "text", path + ".text"), path + ".text")
-    if not text:
-        raise _bad(path + ".text", "text content blocks must be non-empty")
-    return text
+    elif btype == "image":
+        check_image(block, path)
+    return _text_of(block, path) if btype == "text" else marker(btype)
 
 
 def _system(v: Any) -> str:
@@ -96,10 +94,7 @@ def _system(v: Any) -> str:
         btype = _required(block, "type", path + ".type")
         if btype != "text":
             raise _bad(path + ".type", "Input should be 'text'")
-        text = _str(_required(block, "text", path + ".text"), path + ".text")
-        if not text:
-            raise _bad(path + ".text", "text content blocks must be non-empty")
-        parts.append(text)
+        parts.append(_text_of(block, path))
     return JOIN.join(parts)
 
 

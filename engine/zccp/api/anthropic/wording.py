@@ -39,6 +39,15 @@ _F: Final = FieldReader(_Wording())
 _str, _list, _dict = _F.string, _F.array, _F.object
 
 
+def _text_of(block: dict[str, Any], path: str) -> str:
+    """A text block's text: the real API refuses an empty one and a whitespace-only one."""
+    text = _str(_required(block, "text", path + ".text"), path + ".text")
+    if not text.strip():
+        raise _bad(path + ".text", "text content blocks must contain non-whitespace text" if text
+                   else "text content blocks must be non-empty")
+    return text
+
+
 def _no_extras(obj: dict[str, Any], allowed: frozenset[str], prefix: str) -> None:
     for key in obj:
         if key not in allowed:

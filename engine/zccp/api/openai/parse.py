@@ -10,13 +10,7 @@ from __future__ import annotations
 from collections.abc import Collection
 from typing import Any, Final
 
-from ...shared_types import (
-    MAX_CHOICES,
-    GenerationRequest,
-    OutputConstraint,
-    Role,
-    SamplingParams,
-)
+from ...shared_types import MAX_CHOICES, GenerationRequest, OutputConstraint, Role, SamplingParams
 from ..common import JOIN, BodyError, ParseLimits, decode_object, marker, merge_turns
 from ..bounds import (
     LOGIT_BIAS_RANGE,
@@ -33,24 +27,14 @@ from ..bounds import (
     token_id,
 )
 from ..constraints import json_output, schema_json, tool_call
+from .media import check_image_part
+from .vllm import FIELDS as VLLM_FIELDS, extensions
 from .wording import (
-    _ARTICLE,
-    OpenAIApiError,
-    _arr,
-    _bool,
-    _empty_array,
-    _err,
-    _int,
-    _invalid_value,
-    _missing,
-    _number,
-    _obj,
-    _str,
-    _type_err,
-    _unsupported,
+    _ARTICLE, OpenAIApiError, _arr, _bool, _empty_array, _err, _int, _invalid_value, _missing, _number, _obj, _str,
+    _type_err, _unsupported
 )
 
-_FIELDS: Final = frozenset({
+_FIELDS: Final = VLLM_FIELDS | frozenset({
     "model", "messages", "max_tokens", "max_completion_tokens", "temperature", "top_p",
     "stop", "n", "stream", "stream_options", "seed", "user", "frequency_penalty", "presence_penalty",
     "logit_bias", "response_format", "logprobs", "top_logprobs",
@@ -107,8 +91,10 @@ def _content_text(content: Any, role: str, path: str) -> str:
             if "text" not in part:
                 raise _missing(ppath + ".text")
             pieces.append(_str(part["text"], ppath + ".text"))
-        else:
-            pieces.append(marker(ptype))
+            continue
+        if ptype == "image_url":
+            check_image_part(part, ppath)
+        pieces.append(marker(ptype))
     return pieces[0] if len(pieces) == 1 else JOIN.join(pieces)
 
 
@@ -374,7 +360,6 @@ def _known_only(obj: dict[str, Any], fields: Collection[str]) -> None:
 def parse_document(obj: dict[str, Any], limits: ParseLimits) -> GenerationRequest:
     """Validate an already-decoded body (decode_body) into a GenerationRequest."""
     _known_only(obj, _FIELDS)
-
     if obj.get("model") is None:
         raise _err("you must provide a model parameter", "model", None)
     model = _str(obj["model"], "model")
@@ -437,7 +422,6 @@ def parse_document(obj: dict[str, Any], limits: ParseLimits) -> GenerationReques
         raise _err(f"{max_param} is too large: {max_tokens}. This model supports at most "
                    f"{limits.max_tokens_cap} completion tokens, whereas you provided {max_tokens}.",
                    max_param, "invalid_value")
-
     return GenerationRequest(
         api="openai",
         model=model,
@@ -446,7 +430,7 @@ def parse_document(obj: dict[str, Any], limits: ParseLimits) -> GenerationReques
         sampling=SamplingParams(
             max_tokens=max_tokens, temperature=temperature, top_p=top_p, seed=seed, stop=stop,
             constraint=constraint, logit_bias=logit_bias, presence_penalty=presence, frequency_penalty=frequency,
-            logprobs=logprobs,
+            logprobs=logprobs, **extensions(obj, max_tokens),
         ),
         stream=stream,
         include_usage=include_usage,
