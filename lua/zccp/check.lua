@@ -45,17 +45,23 @@ function _M.run(opts)
             ("mask\t" .. where .. ": pattern \"" .. tostring(e.name) .. "\": " .. msg)
     end
     out[#out + 1] = "masks\t" .. n
-    local ok, loaded, perrs = pcall(require("zccp.core.pipeline").init, opts.plugins)
-    if not ok then
-        out[#out + 1] = "plugin\t" .. tostring(loaded)
-    else
+    local pipeline = require "zccp.core.pipeline"
+    local ok, loaded, perrs = pcall(pipeline.init, opts.plugins)
+    if not ok then   -- fails closed: the refusals it recorded by file, else why it raised (the order)
+        perrs = pipeline.status().errors
+        if #perrs == 0 then
+            out[#out + 1] = "plugin\t" .. tostring(loaded)
+        end
+    end
+    do
         for _, e in ipairs(perrs or {}) do
             local file = tostring(e.file)
             local msg = located(file, (str_gsub(tostring(e.message), "[\r\n\t]", " ")))
             out[#out + 1] = "plugin\t" .. (starts(msg, file) and msg or (file .. ": plugin " .. tostring(e.plugin)
                                                                       .. ": " .. msg))
         end
-        out[#out + 1] = "plugins\t" .. #(loaded or {})
+        -- compiled: the chain's plugins less the refused (a raise builds no chain to count)
+        out[#out + 1] = "plugins\t" .. (ok and #(loaded or {}) or math.max(0, #opts.plugins.chain - #perrs))
     end
     local f = io_open(opts.report, "wb")
     if f then
