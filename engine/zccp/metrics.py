@@ -65,7 +65,8 @@ class Metric:
         self.values[key] += amount
 
     def set(self, value: float, **labels: str) -> None:
-        self.values[_key(labels)] = value
+        # every decode step sets the batch gauges: no sort for the unlabelled and one-label ones
+        self.values[tuple(labels.items()) if len(labels) < 2 else _key(labels)] = value
 
     def get(self, **labels: str) -> float:
         return self.values.get(_key(labels), 0.0)

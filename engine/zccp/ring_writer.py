@@ -173,14 +173,15 @@ class ResponseWriter:
             self.flush_pending()
             return
         view = memoryview(data)
-        done = self._put(view, self._room()) if view else 0
+        # _room() checked ownership just now: _put needs only its check after the copy
+        done = self._put(view, self._room(), checked=True) if view else 0
         if done < len(view):
             self._pending += view[done:]
 
     def flush_pending(self) -> bool:
         """Write held-back bytes as far as the ring has room; True when none are left."""
         if self._pending:
-            done = self._put(memoryview(self._pending), self._room())
+            done = self._put(memoryview(self._pending), self._room(), checked=True)
             del self._pending[:done]
         return not self._pending
 

@@ -152,8 +152,12 @@ class BatchScheduler(Admitting):
     def _step(self) -> None:
         self._reap()
         self._flush()
-        self._admit()
-        self._prefill()
+        # a decode step with nothing waiting or prefilling skips both (the planner's chunk
+        # reads the device's free memory: a device call per token otherwise)
+        if self._waiting:
+            self._admit()
+        if self._prefilling:
+            self._prefill()
         self._decode()
         m = self.metrics
         m.batch_rows.set(len(self._rows))
