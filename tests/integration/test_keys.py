@@ -93,14 +93,17 @@ def test_expiry_revocation_and_rotation_on_two_stacks_sharing_redis(make_stack):
     b = make_stack({"model": NULL, "auth": AUTH, "cache": {"enabled": True, "redis_url": a.cfg.cache.redis_url}})
     body = req("anthropic", [{"role": "user", "content": "hi"}])
     k = keys_cli(a, "create", "--tenant", "acme")
-    short = keys_cli(a, "create", "--tenant", "acme", "--expires-in", "2s")
+    # 6 s: the four requests below must all come before it expires, on a loaded host too
+    short = keys_cli(a, "create", "--tenant", "acme", "--expires-in", "6s")
+    short_end = time.monotonic() + 6
     for s in (a, b):
         assert status(s, "anthropic", body, x_api_key=k["key"]).status_code == 200
         assert status(s, "anthropic", body, x_api_key=short["key"]).status_code == 200
     listed = {e["id"]: e for e in keys_cli(a, "list")}
     assert listed[k["id"]]["status"] == "active" and "key" not in listed[k["id"]]
     keys_cli(a, "revoke", k["id"])
-    time.sleep(2.2)     # past the revocation bound (auth.cache_ttl_s = 1) and the short key's expiry
+    # past the revocation bound (auth.cache_ttl_s = 1) and the short key's expiry
+    time.sleep(max(TTL, short_end - time.monotonic()) + 0.2)
     for s in (a, b):
         assert status(s, "anthropic", body, x_api_key=k["key"]).status_code == 401
         assert status(s, "anthropic", body, x_api_key=short["key"]).status_code == 401
