@@ -316,10 +316,12 @@ def test_reload_reports_a_broken_pattern_and_keeps_the_rest(make_stack, tmp_path
 def test_reload_refuses_a_plugin_that_does_not_load(make_stack, tmp_path):
     plugins = tmp_path / "plugins"
     plugins.mkdir()
-    (plugins / "mine.lua").write_text('local _M = { name = "mine" }\nfunction _M.prepare(r)\n    return nil nil\nend\n'
-                                      "return _M\n")
+    good = 'local _M = { name = "mine" }\nfunction _M.prepare(r)\n    return nil\nend\nreturn _M\n'
+    (plugins / "mine.lua").write_text(good)
     chain = [*BUILTIN, "mine"]
     s = make_stack({"model": {"backend": "null"}, "plugins": {"dir": str(plugins), "chain": chain}})
+    # broken after the start (a plugin that never loaded refuses the start itself: docs/plugins.md)
+    (plugins / "mine.lua").write_text(good.replace("return nil\n", "return nil nil\n"))
     out = subprocess.run([sys.executable, "-m", "zccp.ops.cli", "stack", "reload", "--config", str(s.config_path),
                           "--run-dir", str(s.run_dir)], capture_output=True, text=True, timeout=60,
                          env=dict(os.environ, PYTHONPATH=str(REPO / "engine")))
