@@ -128,7 +128,8 @@ end
 -- goes with its request's state.
 local live = setmetatable({}, { __mode = "v" })
 local function request_key()
-    return tonumber(ffi_cast("uintptr_t", get_request()))
+    local key = tonumber(ffi_cast("uintptr_t", get_request()))   -- no tail call: docs/plugins.md
+    return key
 end
 local function on_abort()
     local state = live[request_key()]
