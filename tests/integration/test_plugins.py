@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -132,12 +133,20 @@ def test_operator_plugins_order_phases_refusals_errors_and_a_failed_load(make_st
     finally:
         conn.close()
     s.assert_no_leaks()
-    # a plugin that no longer loads: the reload refuses it with file and line, its last good
-    # copy stays in force, and /health on the admin listener names it
+    # a plugin that no longer loads: `zccp-stack reload` refuses it with file and line before
+    # nginx is signalled; a bare HUP keeps its last good copy in force, and /health on the
+    # admin listener names it
     (d / "trace_a.lua").write_text('local _M = { name = "trace_a" }\nfunction _M.access(r)\n  return r +\nend\n')
     done = reload(s)
     assert done.returncode == 1 and "trace_a.lua:4:" in done.stderr, done.stderr   # refused: not a clean reload
-    health = admin_health(s)
+    assert "not reloaded" in done.stderr and not admin_health(s)["plugins"]["errors"]   # nothing reloaded
+    old = admin_health(s)["worker_pid"]
+    os.kill(int((s.run_dir / "nginx" / "nginx.pid").read_text()), signal.SIGHUP)
+    for _ in range(100):
+        health = admin_health(s)
+        if health["worker_pid"] != old:
+            break
+        time.sleep(0.1)
     errs = health["plugins"]["errors"]
     assert [e["plugin"] for e in errs] == ["trace_a"], health   # refused, by name
     assert errs[0]["file"] == str(d / "trace_a.lua") and "trace_a.lua:4:" in errs[0]["message"], errs
