@@ -90,13 +90,17 @@ def own_dir(path: Path, what: str, private: bool = False, group: str | None = No
     return path
 
 
-def stack_dirs(cfg: Config) -> list[tuple[Path, str, bool]]:
+def stack_dirs(cfg: Config, engine_only: bool = False) -> list[tuple[Path, str, bool]]:
     """(directory, what it is, private) for every directory a resolved cfg has ZCCP use:
     the doorbell's (the masks' last-good file and, by default, the usage log beside it),
-    the admin socket's, plugins.last_good, the usage log's."""
+    the admin socket's, plugins.last_good, the usage log's. engine_only: the one the engine
+    process itself uses (the doorbell's); the others are nginx's, which may run as another
+    user (containers: the admin directory is then the nginx user's, and rightly so)."""
     if cfg.server.socket_path is None:
         raise ValueError("server.socket_path is not resolved (zccp.runtime.resolve)")  # programmer error
     sock_dir = Path(cfg.server.socket_path).parent
+    if engine_only:
+        return [(sock_dir, "server.socket_path's directory", False)]
     dirs = [(sock_dir, "server.socket_path's directory", False),
             (sock_dir / "plugins.last_good", "plugins.last_good (beside server.socket_path)", False)]
     listen = cfg.server.admin_listen or ""
@@ -107,12 +111,12 @@ def stack_dirs(cfg: Config) -> list[tuple[Path, str, bool]]:
     return dirs
 
 
-def check_stack_dirs(cfg: Config) -> None:
+def check_stack_dirs(cfg: Config, engine_only: bool = False) -> None:
     """At start (zccp-stack up, zccp-engine, zccp-nginx): each of stack_dirs that exists
     already is ours (those missing are made by whoever uses them, through own_dir), and
     plugins.dir, which must exist, is too. NotOurDirectory names the first that is not."""
-    for path, what, private in stack_dirs(cfg):
+    for path, what, private in stack_dirs(cfg, engine_only):
         if path.exists() or path.is_symlink():
             check_own_dir(path, what, private, cfg.shared_memory.group)
-    if cfg.plugins.dir:
+    if cfg.plugins.dir and not engine_only:
         check_own_dir(Path(cfg.plugins.dir), "plugins.dir (operator plugins run inside nginx)")

@@ -142,7 +142,7 @@ def resolve(cfg: Config, run_dir: Path) -> Config:
     )
 
 
-def check_host(cfg: Config) -> None:
+def check_host(cfg: Config, engine_only: bool = False) -> None:
     """What the engine will write to or read must be there (the user and group are checked
     by resolve): ConfigError naming the key otherwise. For a resolved cfg."""
     if cfg.logging.file is not None:
@@ -153,4 +153,5 @@ def check_host(cfg: Config) -> None:
             raise ConfigError(f"{cfg.path}: logging.file: directory {d} is not writable")
     if cfg.cache.mask_patterns is not None and not Path(cfg.cache.mask_patterns).is_file():
         raise ConfigError(f"{cfg.path}: cache.mask_patterns: {cfg.cache.mask_patterns} is not a file")
-    check_stack_dirs(cfg)   # sockets, last-good copies, the usage log, plugins.dir: ours, or refused
+    # sockets, last-good copies, the usage log, plugins.dir: ours, or refused (the engine: its own)
+    check_stack_dirs(cfg, engine_only)

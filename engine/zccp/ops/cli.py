@@ -15,14 +15,14 @@ RUN_DIR_HELP = ("the stack's run directory (default .run): logs, nginx's files, 
                 "config.yaml says otherwise the doorbell socket and the masks' last-good file")
 
 
-def _load(path: str, run_dir: str = ".run", check_host: bool = True) -> Config:
+def _load(path: str, run_dir: str = ".run", check_host: bool = True, engine_only: bool = False) -> Config:
     """config.yaml resolved for the run directory; a config error exits with status 2."""
     from zccp import runtime
 
     try:
         cfg = runtime.resolve(load_config(path), Path(run_dir))
         if check_host:
-            runtime.check_host(cfg)
+            runtime.check_host(cfg, engine_only)
         return cfg
     except ConfigError as exc:
         print(f"zccp: config error: {exc}", file=sys.stderr)
@@ -54,7 +54,7 @@ def engine_main(argv: list[str] | None = None) -> None:
     p.add_argument("--standby", action="store_true", help="import everything, then wait for a line 'go' on "
                    "stdin before starting (zccp-stack's warm standby; EOF: exit)")
     args = p.parse_args(argv)
-    cfg = _load(args.config, args.run_dir)
+    cfg = _load(args.config, args.run_dir, engine_only=True)   # nginx's directories are nginx's to check
     try:
         cfg = _one_engine(cfg, args.engine)
         check_model_files(cfg)
