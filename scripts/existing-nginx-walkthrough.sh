@@ -38,7 +38,6 @@ DOC=${WALK_DOC:-docs/existing-nginx.md}   # WALK_DOC: another copy of the page (
 # ACTION: run (the block as written), site (the operator's server {} of step 7), skip, alt (one
 # of two alternatives: the script runs the one this machine can, and says which).
 PLAN=(
-    "nginx|error_page 400 414 501|skip|optional server-level lines for nginx's early refusals (tests/integration/test_existing_nginx_site_errors.py applies them)"
     "nginx|location /|skip|a catch-all for a server of ZCCP's own; here ZCCP joins the operator's servers"
     "sh|install -d /etc/zccp|run|step 1"
     "sh|git clone <this|run|step 2 (<this repository>: the clean clone)"
