@@ -18,7 +18,8 @@ from pathlib import Path
 
 from zccp.abi import HEADER_PATH
 from zccp.config import Config
-from zccp.paths import lua_dir, lua_file
+from zccp.ops.nginx_conf import lua_path
+from zccp.paths import lua_file
 from zccp.plugins_config import lua_settings
 
 MODULES = Path("/usr/lib/nginx/modules")
@@ -32,7 +33,7 @@ master_process off;
 events {{}}
 http {{
     client_body_temp_path {tmp}/body;
-    lua_package_path "{lua_dir}/?.lua;;";
+    lua_package_path "{lua_package_path}";
     init_by_lua_block {{
         require("zccp.check").run({{ mask_patterns = "{masks}", report = "{tmp}/report",
                                     plugins = {plugins}, settings = {settings} }})
@@ -103,7 +104,7 @@ def run_check(cfg: Config, nginx: str | None = None) -> CheckResult:
                                                                        "ngx_http_lua_module.so"))
         conf = tmp / "check.conf"
         conf.write_text(_CONF.format(tmp=_quoted(str(tmp), "temporary directory"), modules=modules,
-                                     lua_dir=_quoted(str(lua_dir()), "lua dir"),
+                                     lua_package_path=lua_path(),   # the vendored libraries' too
                                      masks=_quoted(str(Path(masks).resolve()), "cache.mask_patterns"),
                                      plugins=lua_settings(cfg.plugins, tmp / "last_good"),
                                      settings=_settings(cfg)))
