@@ -53,16 +53,14 @@ function _M.run(opts)
             out[#out + 1] = "plugin\t" .. tostring(loaded)
         end
     end
-    do
-        for _, e in ipairs(perrs or {}) do
-            local file = tostring(e.file)
-            local msg = located(file, (str_gsub(tostring(e.message), "[\r\n\t]", " ")))
-            out[#out + 1] = "plugin\t" .. (starts(msg, file) and msg or (file .. ": plugin " .. tostring(e.plugin)
-                                                                      .. ": " .. msg))
-        end
-        -- compiled: the chain's plugins less the refused (a raise builds no chain to count)
-        out[#out + 1] = "plugins\t" .. (ok and #(loaded or {}) or math.max(0, #opts.plugins.chain - #perrs))
+    for _, e in ipairs(perrs or {}) do
+        local file = tostring(e.file)
+        local msg = located(file, (str_gsub(tostring(e.message), "[\r\n\t]", " ")))
+        out[#out + 1] = "plugin\t" .. (starts(msg, file) and msg or (file .. ": plugin " .. tostring(e.plugin)
+                                                                  .. ": " .. msg))
     end
+    -- compiled: the chain's plugins less the refused (a raise builds no chain to count)
+    out[#out + 1] = "plugins\t" .. (ok and #(loaded or {}) or math.max(0, #opts.plugins.chain - #perrs))
     local f = io_open(opts.report, "wb")
     if f then
         f:write(concat(out, "\n"), "\n")
