@@ -15,7 +15,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from tests.support.existing_nginx import AS_ROOT, NGINX, NGINX_CONF, REPO, WORKER_USER, Existing, _site_up
+from tests.support.existing_nginx import AS_ROOT, NGINX, NGINX_CONF, REPO, WORKER_USER, Existing, _site_up, _wait
 from tests.support.harness import Stack
 from zccp.ops.stack import Service, engine_service, free_port
 
@@ -76,5 +76,9 @@ def include_zccp(e: Existing, s: Stack, server_lines: str = "") -> None:
     site.write_text(site.read_text().rstrip()[:-1] + server_lines + f"    include {out}/zccp_server.conf;\n}}\n")
     t = e.ctl("-t")
     assert t.returncode == 0, t.stderr
+    old = e.workers()
     assert e.ctl("-s", "reload").returncode == 0
+    # `nginx -s reload` returns once signalled: until the old workers exit, one of them may
+    # still accept a connection and route /v1/... to the site's `location /` (its own page)
+    _wait(lambda: not (e.workers() & old) and bool(e.workers()), 30, "the reload's new workers")
     s.wait_healthy()
