@@ -1,7 +1,7 @@
 """One request's life, owned by one object: from the slot's payload to the slot's
 response region and the cache.
 
-prepare (parse once with orjson, tokenize into the slot's token array) -> the
+prepare (zccp.flow_prepare: parse once with orjson, tokenize into the slot's token array) -> the
 cache decision (lookup) -> replay a cached answer, or run the model on a zero-copy
 view of the token array -> each API's bytes written to the response ring -> store
 a complete answer. Client errors come back through the same slot as API-shaped JSON.
@@ -17,14 +17,12 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field, replace
-from typing import Any
+from dataclasses import dataclass, replace
 
-import numpy as np
 import torch
 
 from zccp.abi import CacheReason, CacheStatus, Flag, ffi
-from zccp.api import ApiCodec, api_for, codec_for
+from zccp.api import api_for, codec_for
 from zccp.api.common import ParseLimits
 from zccp.cache.answer import CachedAnswer, literals_in
 from zccp.cache.inflight import InFlight
@@ -36,17 +34,13 @@ from zccp.cache.store import Lookup, ResponseCache
 from zccp.logs import RequestLog
 from zccp.metrics import EngineMetrics
 from zccp.model.base import ModelBackend
-from zccp.model.grammar import CompiledGrammar, frame_tokens
 from zccp.model.grammar_cache import GrammarCompiler
-from zccp.model.prompt import Prompt
-from zccp.model.tokenizer import PromptTooLong
 from zccp.outcome import Outcome, RequestContext
 from zccp.ring_writer import SlotAbandoned
-from zccp.prompt_pins import pin_points
 from zccp.fair_queue import Admission, refusal
-from zccp.flow_checks import check_forwardable, check_needs_logits
 from zccp.scheduler import BatchScheduler, Sequence
-from zccp.shared_types import ApiError, Completed, GenerationRequest, GenerationResult, Pin, TextDelta
+from zccp.flow_prepare import Prepared, prepare
+from zccp.shared_types import Completed, GenerationRequest, GenerationResult, TextDelta
 from zccp.choices import ChoiceSink, Choices, all_done, choice_params
 from zccp.text_assembly import fixed_result, generate_text
 from zccp.token_sink import Reply
@@ -79,40 +73,6 @@ class FlowDeps:
     coalesce_wait_s: float = 0.0                         # cache.coalesce_wait_ms: how long they wait
     upstream: UpstreamClient | None = None               # model.backend: upstream: misses go there
     grammars: GrammarCompiler | None = None              # output schemas compiled off the loop (cached)
-
-
-@dataclass(slots=True)
-class Prepared:
-    """A parsed, tokenized request, ready for the model (never changed once made: not frozen
-    only because a frozen dataclass's __init__ costs a setattr call per field, per request)."""
-
-    codec: ApiCodec
-    req: GenerationRequest
-    input_view: Callable[[torch.Tensor], torch.Tensor]   # the device seam (FlowDeps.input_view)
-    doc: dict[str, Any]              # the parsed body (the fingerprint may reuse it, and mask it)
-    host_ids: np.ndarray             # the prompt ids on the CPU (a view of the slot's array)
-    pins: tuple[Pin, ...] = ()       # the prefixes its cache_control breakpoints pin (zccp.prompt_pins)
-    # every prompt's (input_ids, host_ids), in order (/v1/completions may send several); the first: the above
-    prompts: tuple[tuple[torch.Tensor, np.ndarray], ...] = ()
-    grammar: CompiledGrammar | None = None   # req.sampling.constraint, compiled (zccp.model.grammar_cache)
-    _input: torch.Tensor | None = field(default=None, init=False, repr=False)
-
-    @property
-    def input_ids(self) -> torch.Tensor:
-        """The prompt's ids as the model reads them (the device's view of host_ids), made on
-        first use: the null model's fixed reply and a cache answer never need a tensor."""
-        if self._input is None:
-            self._input = self.input_view(torch.from_numpy(self.host_ids))
-        return self._input
-
-    @property
-    def prompt_len(self) -> int:
-        return len(self.host_ids)
-
-    @property
-    def choices(self) -> int:
-        """Sequences this request runs: n for each prompt."""
-        return max(1, len(self.prompts)) * self.req.n
 
 
 class RequestFlow:
@@ -367,86 +327,11 @@ class RequestFlow:
     # -- the steps -------------------------------------------------------------------------
 
     def _prepare(self) -> Prepared | None:
-        """Parse and tokenize. Client errors are answered here, through the slot: None."""
+        """Parse and tokenize (zccp.flow_prepare). Client errors are answered here, through the slot: None."""
         prep: Prepared | None = None
         with self.outcome.guard():
-            req, spans, doc = self._parse_and_tokenize()
-            deps, tokens = self.deps, self.ctx.host_tokens
-            at, n = spans[0]
-            host = tokens[at:at + n]                 # numpy: the torch view is made when a model reads it
-            pins: tuple[Pin, ...] = ()
-            if req.cache_marks and deps.model.prefix is not None:
-                pins = pin_points(deps.backend.prompt, doc, req, deps.limits, host)
-            prep = Prepared(self.codec, req, deps.input_view, doc, host, pins)
-            if req.prompts:                          # /v1/completions: every prompt's views
-                prep.prompts = ((prep.input_ids, host),) + tuple(
-                    (deps.input_view(torch.from_numpy(t)), t) for t in (tokens[a:a + k] for a, k in spans[1:]))
+            prep = prepare(self.ctx, self.deps, self.codec)
         return prep
-
-    def _parse_and_tokenize(self) -> tuple[GenerationRequest, list[tuple[int, int]], dict[str, Any]]:
-        """The request, and where each of its prompts lies in the slot's token array."""
-        ctx, deps = self.ctx, self.deps
-        doc = self.codec.decode(ctx.payload)
-        req = self.codec.parse(doc, deps.limits)
-        if deps.upstream is not None:
-            check_forwardable(req)
-        elif req.sampling.constraint is not None or req.sampling.logprobs is not None:
-            check_needs_logits(req, deps.backend.has_logits, deps.tool_parser)
-        try:
-            spans = self._encode(req, doc)
-        except PromptTooLong as exc:
-            raise ApiError(413, "request_too_large",
-                           f"prompt is {exc.needed} tokens; a slot holds at most {exc.capacity}") from None
-        # one prompt (a chat: every request but /v1/completions' several): no generators
-        total, n = spans[0][1], spans[0][1]
-        if len(spans) > 1:
-            total, n = sum(k for _, k in spans), max(k for _, k in spans)
-        if not ctx.writer.set_meta(prompt_len=total, max_tokens=req.sampling.max_tokens,
-                                   gpu_device_id=deps.device_id):
-            raise SlotAbandoned(f"slot {ctx.view.index}: claimed again while the request was parsed")
-        ctx.view.header.tokens_len = total
-        limit = deps.backend.max_context
-        if n + req.sampling.max_tokens + (frame := frame_tokens(req.sampling.constraint)) > limit:   # docs/tools.md
-            raise ApiError(400, "invalid_request_error", f"prompt is too long: {n} tokens + max_tokens "
-                           f"{req.sampling.max_tokens}{f' + {frame} (forced call)' if frame else ''} > {limit} maximum",
-                           param="max_tokens" if n < limit else "prompt" if req.prompts else "messages")
-        return req, spans, doc
-
-    def _encode(self, req: GenerationRequest, doc: dict[str, Any]) -> list[tuple[int, int]]:
-        """Every prompt's ids into the slot's token array, one after the other: (start, length)
-        each. A chat has one prompt; /v1/completions' prompts are texts (no template) or ids."""
-        fmt, tokens, codec = self.deps.backend.prompt, self.ctx.tokens, self.codec
-        if not req.prompts:
-            return [(0, fmt.encode_into_slot(Prompt(req, lambda: codec.chat_input(doc)), tokens, self.ctx.host_tokens))]
-        spans: list[tuple[int, int]] = []
-        at = 0
-        for i, p in enumerate(req.prompts):
-            try:
-                if isinstance(p, str):
-                    one = req if p is req.prompt_text else replace(req, prompt_text=p)
-                    n = fmt.encode_into(Prompt(one, lambda: codec.chat_input(doc)), tokens[at:])
-                else:
-                    n = self._write_ids(p, tokens[at:], i)
-            except PromptTooLong as exc:
-                raise PromptTooLong(at + exc.needed, int(tokens.numel())) from None
-            if n == 0:
-                raise ApiError(400, "invalid_request_error", f"prompt {i} is empty (no tokens)", param="prompt")
-            spans.append((at, n))
-            at += n
-        return spans
-
-    def _write_ids(self, ids: tuple[int, ...], out: torch.Tensor, index: int) -> int:
-        """A prompt given as token ids, as is (checked against the model's vocabulary)."""
-        vocab = self.deps.backend.vocab_size
-        if (bad := max(ids)) >= vocab:
-            raise ApiError(400, "invalid_request_error", f"Invalid 'prompt': token id {bad} (prompt {index}) is "
-                           f"out of range for {self.deps.backend.name}, whose vocabulary has {vocab} ids",
-                           param="prompt")
-        n = len(ids)
-        if n > out.numel():
-            raise PromptTooLong(n, int(out.numel()))
-        out.numpy()[:n] = ids
-        return n
 
     def _execute(self, prep: Prepared, keep: bool = True) -> Completed | None:
         """The inline path (the instant null backend, not streamed, on the loop): run the

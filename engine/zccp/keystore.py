@@ -1,12 +1,11 @@
 """API keys in Redis (docs/keys.md): what `zccp-keys` and the admin API write, what nginx
 (lua/zccp/auth.lua) reads.
 
-A key is shown once, when it is made; only its SHA-256 is stored:
-
-    zccp:auth:k:<sha256 hex>   the key's record (JSON): id, tenant, models, expires_at, limits;
-                               nginx GETs it (a missing key is an unknown one)
-    zccp:auth:index            hash: key id -> the record, its hash, revoked_at (list, revoke)
-    zccp:auth:t:<tenant>       the tenant's own limits (over all its keys), JSON {"limits": {...}}
+A key is shown once, when it is made; only its SHA-256 is stored. The Redis layout is
+lua/zccp/admin/key_layout.lua's (the one table nginx and this module read): the key's
+record (JSON: id, tenant, models, expires_at, limits) under RECORD + its hash, which nginx
+GETs (a missing key is an unknown one); INDEX, a hash of key id -> the record, its hash,
+revoked_at (list, revoke); a tenant's own limits (over all its keys) under TENANT + its name.
 
 A single host may also list keys in a file (auth.keys_file, the same records with their
 hash, never the secret; `zccp-keys create --keys-file`), read by nginx at start and reload:
@@ -31,12 +30,17 @@ from typing import Any
 
 import orjson
 
-RECORD = "zccp:auth:k:"
-INDEX = "zccp:auth:index"
-TENANT = "zccp:auth:t:"          # a tenant's limits (JSON {"limits": {...}}), read with its keys
+from zccp.lua_data import load_lua_data
+from zccp.paths import lua_file
+
+# The Redis layout's one source, shared with nginx (zccp.admin.key_layout, read as Lua there).
+_LAYOUT = load_lua_data(lua_file("admin/key_layout.lua"))
+RECORD: str = _LAYOUT["record"].decode()
+INDEX: str = _LAYOUT["index"].decode()
+TENANT: str = _LAYOUT["tenant"].decode()          # a tenant's limits, read with its keys
+LIMIT_NAMES: tuple[str, ...] = tuple(n.decode() for n in _LAYOUT["limit_names"])
 KEY_PREFIX = "zk_"
 _TENANT = re.compile(r"[A-Za-z0-9._:@-]{1,128}")
-LIMIT_NAMES = ("rpm", "itpm", "otpm", "concurrency", "daily_tokens", "monthly_tokens")
 
 
 def key_hash(key: str) -> str:

@@ -1,5 +1,6 @@
 -- The keys admin API on the admin listener (zccp_admin.conf), the same records `zccp-keys`
--- writes (engine/zccp/keystore.py is the reference: the same Redis keys and JSON fields).
+-- writes (engine/zccp/keystore.py is the reference for the JSON fields; the Redis keys are
+-- zccp.admin.key_layout's, which both read).
 --
 --   GET  /v1/zccp/keys[?tenant=T]         every key (never a secret)
 --   POST /v1/zccp/keys                    {"tenant", "name", "models": [...], "expires_in_s",
@@ -13,6 +14,7 @@ local settings = require "zccp.settings"
 local redis = require "zccp.redis"
 local admin = require "zccp.admin.gate"
 local errors = require "zccp.errors"
+local layout = require "zccp.admin.key_layout"
 
 local ngx = ngx
 local ngx_var = ngx.var
@@ -28,9 +30,9 @@ local tonumber = tonumber
 
 local _M = { _VERSION = "0.1.0" }
 
-local RECORD = "zccp:auth:k:"
-local INDEX = "zccp:auth:index"
-local LIMIT_NAMES = { "rpm", "itpm", "otpm", "concurrency", "daily_tokens", "monthly_tokens" }
+local RECORD = layout.record
+local INDEX = layout.index
+local LIMIT_NAMES = layout.limit_names
 
 local target
 
