@@ -1,5 +1,5 @@
-"""Anthropic Messages API (`POST /v1/messages`): parse (request validation, with the
-cache_control breakpoints), chat (chat-template input), render (answers, errors) and
+"""Anthropic Messages API (`POST /v1/messages`): parse (request validation),
+cache_marks (the cache_control breakpoints), chat (chat-template input), render (answers, errors) and
 stream (SSE events), assembled into one ApiCodec."""
 
 from __future__ import annotations
@@ -9,7 +9,8 @@ from typing import Final
 from ..codec import ApiCodec
 from ..common import ParseLimits
 from .chat import chat_input
-from .parse import cut_at, decode_body, parse_count_tokens, parse_document, parse_request, parse_warmup
+from .cache_marks import cut_at
+from .parse import decode_body, parse_count_tokens, parse_document, parse_request, parse_warmup
 from .render import (
     STATUS_BY_KIND,
     http_status,
