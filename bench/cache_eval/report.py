@@ -14,7 +14,11 @@ from bench.cache_eval.decision import (
     predicted,
     wanted,
 )
+from bench.cache_eval.hit_rate_plot import plot_hit_rate
+from bench.cache_eval.markdown import pct as _pct
+from bench.cache_eval.markdown import table as _table
 from bench.cache_eval.pairs import CATEGORIES, EXPECT, WHAT
+from bench.cache_eval.report_costs import latency_section, verify_cost_section
 from bench.cache_eval.results_io import dump_results, load_results
 
 __all__ = [   # what this module offered before the decision model and results.json's format moved out
@@ -28,10 +32,6 @@ V2_CATS = ["agent_loop", "agent_repeat", "tool_result", "tool_call_round", "imag
 BUCKETS = [(0.0, 0.5, "< 0.50"), (0.5, 0.7, "0.50–0.70"), (0.7, 0.8, "0.70–0.80"), (0.8, 0.85, "0.80–0.85"),
            (0.85, 0.9, "0.85–0.90"), (0.9, 0.95, "0.90–0.95"), (0.95, 1.0, "0.95–<1"), (1.0, 1.01, "1.00")]
 STRATA = ["2-7", "8-31", "32-127", "128-511", "512-1024"]
-
-
-def _pct(k: int, n: int, digits: int = 1) -> str:
-    return "—" if n == 0 else f"{100 * k / n:.{digits}f}% ({k}/{n})"
 
 
 def _bucket(j: float) -> str:
@@ -131,12 +131,6 @@ def _rule_costs(by_cat: dict[str, list[dict]], res: dict) -> list[str]:
           "(`tests/integration/test_cache_safety.py` shows both sides: a reply carrying the other user's address is "
           "refused, one that does not is served).", ""]
     return L
-
-
-def _table(head: list[str], rows: list[list[str]]) -> list[str]:
-    out = ["| " + " | ".join(head) + " |", "|" + "|".join("---" for _ in head) + "|"]
-    out += ["| " + " | ".join(r) + " |" for r in rows]
-    return out
 
 
 def render(res: dict, out_dir: Path) -> None:
@@ -383,60 +377,7 @@ def render(res: dict, out_dir: Path) -> None:
                  "with J ≥ 0.6 with probability > 99%); 0 means no stored prompt shares one of its 32 bands.")
     L += [""]
 
-    # ---------------------------------------------------------------- latency
-    lat = res.get("latency")
-    if lat:
-        L += ["## Cache-hit latency (bench only)", "",
-              "`wrk -t2 -c16 -d" + str(res["args"]["wrk_seconds"]) + "s --latency -s bench/cache_eval/post.lua` "
-              "(and `-t1 -c1` for the unloaded rows) posting one Anthropic body, a ShareGPT prompt, in a cache "
-              "scope of its own. **HIT**: the body was stored once. **NEAR**: the body plus a trailing newline "
-              "(NEAR answers are not stored under their own key, so every request takes the near path). "
-              "**BYPASS**: the same body with `Cache-Control: no-cache` (no lookup; the null model answers and "
-              "the answer is stored again) or `no-cache, no-store` (no lookup, no store). The last two rows: a "
-              "second stack with `cache.near_duplicate: false`, where a lookup is one GET instead of a GET plus "
-              "16 SMEMBERS. Rows marked *before* ran on the baseline commit's gateway, earlier in the same run. "
-              "The engine's "
-              "`zccp_engine_cache_total` counters are read before and after each run: every answer must be of "
-              "the expected kind. wrk shares the 2 cores with nginx (2 workers), the engine and Redis.", ""]
-        lrows = []
-        for w in lat:
-            d = w["cache_delta"]
-            check = ("✓ " if w["all_as_expected"] else "**✗** ") + ", ".join(f"{k} {v:,}" for k, v in sorted(d.items()))
-            lrows.append([(w.get("stack") or "") + w["body"], f"{w['prompt_tokens']} tok / {w['body_bytes']:,} B",
-                          str(w["connections"]),
-                          w["expect"] + (f" (`{w['cache_control']}`)" if w["cache_control"] else "")
-                          + (" — `near_duplicate: false`" if w.get("near_duplicate") is False else ""),
-                          f"{w['rps']:,.0f}", f"{w['p50_us'] / 1000:.3f}", f"{w['p90_us'] / 1000:.3f}",
-                          f"{w['p99_us'] / 1000:.3f}", str(w["errors"]), check])
-        L += _table(["body", "prompt", "clients", "answer", "req/s", "p50 ms", "p90 ms", "p99 ms", "errors",
-                     "engine counters (delta)"], lrows)
-        hits = [w for w in lat if w["expect"] == "HIT" and w["connections"] == 16 and w.get("near_duplicate", True)
-                and not w.get("stack")]
-        if hits:
-            worst = max(w["p50_us"] for w in hits) / 1000
-            L += ["", "Target: cache hit p50 ≤ 1 ms at 16 concurrent clients — "
-                  + ("**met**" if worst <= 1.0 else f"**missed**: p50 up to {worst:.3f} ms") + "."]
-        L += [""]
-
-    # ---------------------------------------------------------------- the exact check's cost
-    vc = res.get("verify_cost")
-    if vc:
-        L += ["## What the exact check of a near candidate costs (in-process)", "",
-              "`bench/cache_eval/verify_cost.py`, in this run's process (no Redis, no network): per edit base, each "
-              "step run 25 times, the median kept, then the median over the stratum's bases. *own set*: the "
-              "request's shingle set (mask a copy of the final turn, tokenize, hash, sort), computed once per "
-              "lookup that has a candidate to check (estimate within "
-              f"{VERIFY_MARGIN:.2f} of the threshold) and once per store; a lookup without one does not compute "
-              "it. *decode* + *exact J*: per checked candidate. *estimate*: the MinHash estimate, all a "
-              "candidate cost before. *record*: the near record in Redis (545 bytes before for every prompt).", ""]
-        rows = [[r["stratum"], str(r["bases"]), f"{r['tokens']:.0f}", f"{r['own_set_us']:.1f}",
-                 f"{r['decode_us']:.1f}", f"{r['exact_us']:.1f}",
-                 f"{r['own_set_us'] + r['decode_us'] + r['exact_us']:.1f}", f"{r['estimate_us']:.1f}",
-                 f"{r['encode_us']:.1f}", f"{r['record_bytes']:,.0f}"] for r in vc]
-        L += _table(["tokens", "bases", "median tokens", "own set µs", "decode µs / cand.", "exact J µs / cand.",
-                     "one checked candidate µs", "estimate µs / cand. (before)", "encode µs (store)",
-                     "record bytes"], rows)
-        L += [""]
+    L += latency_section(res) + verify_cost_section(res)
 
     # ---------------------------------------------------------------- analysis
     analysis = out_dir / "analysis.md"
@@ -444,30 +385,4 @@ def render(res: dict, out_dir: Path) -> None:
         L += [analysis.read_text().rstrip(), ""]
 
     (out_dir / "RESULTS.md").write_text("\n".join(L) + "\n")
-    _plot(plot_rows, agg, out_dir / "hit_rate.png")
-
-
-def _plot(rows: list[tuple[str, int, float, float, float]], agg: list[dict], path: Path) -> None:
-    try:
-        import matplotlib
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:  # pragma: no cover
-        return
-    fig, ax = plt.subplots(figsize=(8, 4.2), dpi=110)
-    xs = list(range(len(rows)))
-    ax.bar(xs, [100 * r[2] for r in rows], color=["#c44" if r[3] < THRESHOLD else "#4a8" for r in rows], width=0.7)
-    for x, r in zip(xs, rows, strict=True):
-        ax.text(x, 100 * r[2] + 1.5, f"{100 * r[2]:.0f}%\nn={r[1]}", ha="center", va="bottom", fontsize=7.5)
-    ax.plot(xs, [100 * r[4] for r in rows], "k--", marker="o", ms=3, lw=1,
-            label="the estimate alone (before the exact check): P(estimate ≥ 0.85), binomial over 128 slots")
-    ax.set_xticks(xs, [r[0] for r in rows], fontsize=8)
-    ax.set_xlabel("true Jaccard of the pair (word 2-shingle sets, after masking)")
-    ax.set_ylabel("served from cache (HIT or NEAR), %")
-    ax.set_ylim(0, 118)
-    ax.axhline(95, color="#888", lw=0.6, ls=":")
-    ax.set_title(f"Near-duplicate hit rate vs true Jaccard ({len(agg)} ShareGPT pairs, threshold 0.85)", fontsize=10)
-    ax.legend(loc="upper left", fontsize=8, frameon=False)
-    fig.tight_layout()
-    fig.savefig(path)
-    plt.close(fig)
+    plot_hit_rate(plot_rows, len(agg), out_dir / "hit_rate.png")

@@ -7,7 +7,8 @@ import socket
 
 import pytest
 
-from tests.support.harness import H2Conn, anthropic_body, dumps
+from tests.support.h2conn import H2Conn
+from tests.support.harness import anthropic_body, dumps
 from tests.support.protocols import both_protocols
 
 JSON = {"content-type": "application/json"}

@@ -122,7 +122,7 @@ def test_a_client_that_leaves_mid_upload_frees_its_slot(null_stack_http1):
 
 
 def test_an_h2_upload_that_stops_gets_408(make_stack):
-    from tests.support.harness import H2Conn
+    from tests.support.h2conn import H2Conn
 
     s = make_stack({"model": {"backend": "null"}, "limits": {"request_timeout_ms": 1500}}, tls=True)
     body = _big_body(2 * DECODE_LIMIT)
@@ -140,7 +140,7 @@ def test_an_h2_upload_that_stops_gets_408(make_stack):
 
 
 def test_an_h2_stream_reset_mid_upload_leaves_nothing(make_stack):
-    from tests.support.harness import H2Conn
+    from tests.support.h2conn import H2Conn
 
     s = make_stack({"model": {"backend": "null"}}, tls=True)
     body = _big_body(4 * DECODE_LIMIT)

@@ -20,7 +20,8 @@ from pathlib import Path
 import pytest
 
 from tests.support.cache_requests import NULL
-from tests.support.harness import H2Conn, Stack, anthropic_body, dumps, tls_client_context
+from tests.support.h2conn import H2Conn
+from tests.support.harness import Stack, anthropic_body, dumps, tls_client_context
 from tests.support.keys_helpers import keys_cli
 from tests.support.scripted_upstream import Scripted, ScriptedUpstream, openai_chunks
 from zccp.plugins_config import BUILTIN

@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import json
 
-from tests.support.harness import H2Conn, anthropic_body, dumps
+from tests.support.h2conn import H2Conn
+from tests.support.harness import anthropic_body, dumps
 
 REPLY = "".join(f"{i:05d} " for i in range(20000))   # 120 KB: more than a stream's 64 KiB window
 

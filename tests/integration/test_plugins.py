@@ -18,7 +18,8 @@ import time
 from pathlib import Path
 
 from tests.support.cache_requests import NULL, metric, metric_samples
-from tests.support.harness import H2Conn, anthropic_body, dumps
+from tests.support.h2conn import H2Conn
+from tests.support.harness import anthropic_body, dumps
 from tests.support.keys_helpers import keys_cli, status
 from zccp.plugins_config import BUILTIN as BUILTIN_CHAIN
 
