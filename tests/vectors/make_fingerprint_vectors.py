@@ -4,7 +4,7 @@
     .venv/bin/python -m tests.vectors.make_fingerprint_vectors [--check]   # from the checkout's root
     (PYTHONPATH=engine first when the venv's zccp is another checkout's)
 
-The values come from engine/zccp/cache/fingerprint.py; tests/unit/test_fingerprint.py checks
+The values come from engine/zccp/cache/fingerprint.py; tests/unit/test_fingerprint_vectors.py checks
 them against Python and tests/integration/test_fingerprint_identity.py against Lua
 through nginx. The mask set used is the one in the file ("masks"), a copy of the
 defaults at generation time, so operator edits of mask_patterns.lua do not break them.
