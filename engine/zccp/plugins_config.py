@@ -6,8 +6,10 @@ re-listing the built-ins; dir is where operators' own plugins live (NAME.lua); s
 maps a plugin's name to its own settings (scalars, lists and mappings of scalars), handed
 to its phases as their second argument. Each plugin's settings are checked against its
 own _M.schema (unknown keys, types, enums, required) by zccp.core.plugin_load when nginx
-loads the chain, which `nginx -t` does at every render and reload: a refusal names the
-file and the key.
+loads the chain (zccp-nginx check, zccp-stack up and reload run it before nginx serves):
+in_config() names config.yaml, the key and the plugin file whose schema refused it. That
+check is the one schema validator; zccp-engine --check does not run it (the engine's host
+need not have nginx: compose runs nginx apart).
 """
 
 from __future__ import annotations
@@ -26,6 +28,14 @@ BUILTIN = ("metrics", "auth", "limits", "ratelimit_headers", "l1", "fingerprint"
 # Every built-in plugin's name (the files of lua/zccp/plugins/): an operator's plugin takes none.
 BUILTIN_FILES = frozenset(p.stem for p in (lua_dir() / "zccp" / "plugins").glob("*.lua")) | frozenset(BUILTIN)
 _NAME = re.compile(r"^[a-z][a-z0-9_]{0,63}$")
+# zccp.core.plugin_load's schema refusal: "<plugin file>: plugins.settings.<name>[.<key>]: why"
+_SETTINGS_REFUSED = re.compile(r"(\S+\.lua): (plugins\.settings\.[^:\s]+): ([^\n]*)")
+
+
+def in_config(text: str, config_path: str) -> str:
+    """Each schema refusal in text (a report line, nginx's log) as config.yaml's:
+    "<config>: plugins.settings.<name>.<key>: why (<plugin file>'s schema)"."""
+    return _SETTINGS_REFUSED.sub(lambda m: f"{config_path}: {m[2]}: {m[3]} ({m[1]}'s schema)", text)
 
 
 class PluginsError(ValueError):

@@ -226,7 +226,9 @@ def _stack_up(cfg: Config, config_path: Path, run_dir: Path, standby: bool = Tru
         finally:
             sup.stop_engines()
     except StackError as exc:
-        print(f"zccp-stack: {exc}", file=sys.stderr)
+        from zccp.plugins_config import in_config
+
+        print(f"zccp-stack: {in_config(str(exc), str(config_path))}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
         print("zccp-stack: interrupted while starting", file=sys.stderr)

@@ -20,7 +20,7 @@ from zccp.abi import HEADER_PATH
 from zccp.config import Config
 from zccp.ops.nginx_conf import lua_path
 from zccp.paths import lua_file
-from zccp.plugins_config import lua_settings
+from zccp.plugins_config import in_config, lua_settings
 
 MODULES = Path("/usr/lib/nginx/modules")
 # `nginx -t` does not run init_by_lua: nginx runs for real, one process and no listener,
@@ -121,8 +121,10 @@ def run_check(cfg: Config, nginx: str | None = None) -> CheckResult:
         res = CheckResult()
         for line in report.read_text(errors="replace").splitlines():
             kind, _, text = line.partition("\t")
-            if kind in ("mask", "plugin"):
+            if kind == "mask":
                 res.errors.append(text)
+            elif kind == "plugin":
+                res.errors.append(in_config(text, cfg.path))
             elif kind == "masks":
                 res.masks = int(text)
             elif kind == "plugins":
