@@ -1,11 +1,11 @@
 """The plugin contract (docs/plugins.md) through the real nginx, engine and Redis: a plugin
 inserted by position (plugins.add), its settings against its _M.schema (a list setting;
-an unknown key refused), its declared order (a violation refused with both names), the
-response phase on an L1 hit, a refusal and an error, r's parsed request on both APIs and
-all four endpoints (decoded once for two plugins), `zccp-stack reload` applying a changed
-chain (one without l1 never touches L1), and failing closed: a plugin that never loaded
-refuses the start and the reload (exit status, file and line) and, under a bare HUP,
-makes its requests a 503 naming it."""
+an unknown key refused, named by config file and key under `zccp-stack up`), its declared
+order (a violation refused with both names), the response phase on an L1 hit, a refusal
+and an error, r's parsed request on both APIs and all four endpoints (decoded once for two
+plugins), `zccp-stack reload` applying a changed chain (one without l1 never touches L1),
+and failing closed: a plugin that never loaded refuses the start and the reload (exit
+status, file and line) and, under a bare HUP, makes its requests a 503 naming it."""
 
 from __future__ import annotations
 
@@ -21,7 +21,7 @@ import pytest
 import yaml
 
 from tests.support.cache_requests import NULL, metric_samples
-from tests.support.harness import anthropic_body
+from tests.support.harness import Stack, StackProcess, anthropic_body
 from zccp.plugins_config import BUILTIN
 
 REPO = Path(__file__).resolve().parents[2]
@@ -211,3 +211,18 @@ def test_a_chain_that_cannot_be_in_force_refuses_the_start(make_stack, tmp_path,
     assert plugins[1] in said, said
     if case != "builtin_name":   # that one is config.yaml's refusal, before nginx
         assert "exit status 1" in said, said
+
+
+def test_zccp_stack_up_names_the_config_file_and_key_of_a_setting_the_schema_refuses(tmp_path):
+    d = plugin_dir(tmp_path)
+    s = Stack(tmp_path / "s", {"model": NULL, "plugins": {
+        "dir": str(d), "add": [{"name": "blocklist", "before": "l1"}],
+        "settings": {"blocklist": {"words": ["x"], "wrods": ["y"]}}}})
+    up = StackProcess(s).start(wait=False)
+    try:
+        assert up.proc.wait(120) == 1
+    finally:
+        up.stop()
+    want = (f"{s.config_path}: plugins.settings.blocklist.wrods: unknown setting (known: status, words) "
+            f"({d / 'blocklist.lua'}'s schema)")
+    assert want in up.text(), up.text()
