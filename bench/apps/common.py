@@ -82,7 +82,7 @@ class Prepared:
 
 
 def prepare(body: bytes) -> Prepared:
-    """Parse + tokenize; raises ApiError like the engine's flow (RequestFlow._prepare)."""
+    """Parse + tokenize; raises ApiError like the engine's flow (zccp.flow_prepare.prepare)."""
     return prepare_doc(anthropic.decode_body(body))
 
 

@@ -1,10 +1,10 @@
 """One request's life, owned by one object: from the slot's payload to the slot's
 response region and the cache.
 
-prepare (zccp.flow_prepare: parse once with orjson, tokenize into the slot's token array) -> the
-cache decision (lookup) -> replay a cached answer, or run the model on a zero-copy
-view of the token array -> each API's bytes written to the response ring -> store
-a complete answer. Client errors come back through the same slot as API-shaped JSON.
+prepare (zccp.flow_prepare: parse once with orjson, tokenize into the slot's token
+array) -> the cache decision (lookup) -> replay a cached answer, or run the model on a
+zero-copy view of the token array -> each API's bytes written to the response ring ->
+store a complete answer. Client errors come back through the same slot as API-shaped JSON.
 
 Threads: start() and everything up to the model run on the engine's event loop;
 the model runs on the model thread (zccp.scheduler, which batches every running
