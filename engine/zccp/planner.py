@@ -33,7 +33,7 @@ CPU_GROUP_TOKENS = 256
 # time grows with its tokens from a few dozen on, so a step stays within a decode step or
 # two of the running rows only when its prefill share is small (bench/chunked_prefill.md).
 GPU_STEP_TOKENS = 2048
-CPU_STEP_TOKENS = 128
+CPU_STEP_TOKENS = 256
 
 
 @dataclass(frozen=True)
