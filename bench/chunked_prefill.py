@@ -1,7 +1,7 @@
 """Serving tails under arriving prompts: the gap between two streamed chunks and the time to
-first token at c streams, with prefill in one pass per prompt (a step budget larger than any
-prompt: the chunk is sized from memory alone, the behaviour before model.step_tokens) and with
-the per-step token budget (chunked prefill interleaved with decode).
+first token at c streams, with a step's prefill sized from memory alone (a step budget larger
+than any prompt: the behaviour before model.step_tokens, a chunk of over a thousand tokens on
+a CPU) and with the per-step token budget (chunked prefill interleaved with decode).
 
 A real stack (the tests' Stack: nginx + engine, cache off), the tiny model (or --backend hf: the
 test checkpoint at --hidden/--layers). c asyncio streams send OpenAI chat requests back to back,
@@ -34,7 +34,7 @@ import httpx
 
 from tests.support.harness import Stack
 
-ONE_PASS = 1 << 20          # model.step_tokens larger than any prompt: no budget
+ONE_PASS = 1 << 20          # model.step_tokens larger than any prompt: the memory plan alone
 WORDS = ("shared memory ring doorbell slot engine token prompt answer cache block chunk stream "
          "decode prefill budget model batch queue tenant window nginx worker lua socket").split()
 
@@ -124,7 +124,7 @@ def start(a: argparse.Namespace, budget: int, run_dir: Path) -> tuple[Stack, str
 
 
 def label(budget: int) -> str:
-    return "one pass" if budget == ONE_PASS else f"step_tokens {budget or 'default'}"
+    return "memory chunk (before)" if budget == ONE_PASS else f"step_tokens {budget or 'default'}"
 
 
 def svg(rows: list[dict[str, Any]], path: Path) -> None:

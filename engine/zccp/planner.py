@@ -5,10 +5,11 @@ On a GPU the chunk is sized from the device's free memory now
 (torch.cuda.mem_get_info: half of what is free), on the CPU from model.kv_cache_mb
 (an eighth of it: prefill activations live beside the KV cache the bound is for).
 A configured model.prefill_chunk caps it, and so does the per-step token budget
-(model.step_tokens, vLLM's max_num_batched_tokens): each step decodes every running
-row first, one token each, and the prefill takes what the budget leaves (at least one
-chunk, so a waiting prompt always advances); a long prompt is spread over several
-steps, each of which still decodes the running streams. Chunks are a multiple of the prefix block,
+(model.step_tokens, vLLM's max_num_batched_tokens). The chunk is also one step's tokens:
+each step decodes every running row first, one token each, and its prefill takes what
+they leave of the chunk (at least one chunk's forward, so a waiting prompt always
+advances); a long prompt is spread over several steps, each of which still decodes the
+running streams. Chunks are a multiple of the prefix block,
 so a prompt prefilled on top of reused blocks computes the same chunks as one that
 is not (zccp.model.base.ModelBackend.prefill_chunked). The plan a request got is
 X-ZCCP-Plan (meta.plan_chunks: 0 = one pass).
@@ -47,7 +48,7 @@ class Planner:
 
     @property
     def step_budget(self) -> int:
-        """Tokens one step may run: the decode rows' one each, the prefill the rest."""
+        """model.step_tokens, or the device's default: the cap chunk() puts on a step's tokens."""
         if self.step_tokens:
             return self.step_tokens
         return GPU_STEP_TOKENS if self.device.type == "cuda" else CPU_STEP_TOKENS
@@ -68,10 +69,12 @@ class Planner:
         tokens = min(tokens, self.step_budget)
         return max(self.block, tokens // self.block * self.block)
 
-    def prefill_budget(self, decoding: int) -> int:
-        """Prompt tokens this step's prefill may take beside `decoding` running rows: the step
-        budget's rest, at least one token (the first chunk always runs: no prompt starves)."""
-        return max(1, self.step_budget - decoding)
+    @staticmethod
+    def prefill_budget(chunk: int, decoding: int) -> int:
+        """Prompt tokens this step's prefill may take beside `decoding` running rows: what they
+        leave of the step's tokens, the chunk (chunk() is within both the memory plan and the
+        step budget), and at least one (the first chunk always runs: no prompt starves)."""
+        return max(1, chunk - decoding)
 
     def group(self, chunk: int) -> int:
         """Padded prompt tokens to put into one forward of several sequences' chunks: the

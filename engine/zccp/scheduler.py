@@ -228,7 +228,7 @@ class BatchScheduler(Admitting):
 
     def _prefill(self) -> None:
         chunk = self.planner.chunk()
-        budget = self.planner.prefill_budget(len(self._rows))     # the running rows decode this step too
+        budget = Planner.prefill_budget(chunk, len(self._rows))   # the running rows decode this step too
         self.metrics.prefill_steps.inc()
         if self._rows:
             self.metrics.mixed_steps.inc()

@@ -47,8 +47,8 @@ class Logged(TinyTransformer):
 
 def test_the_budget_caps_the_chunk_and_leaves_the_decode_rows_theirs():
     p = Planner(torch.device("cpu"), 512 << 20, 1, 0, 16, STEP)
-    assert p.chunk() == STEP and p.prefill_budget(0) == STEP and p.prefill_budget(8) == STEP - 8
-    assert p.prefill_budget(STEP + 5) == 1                                    # the first chunk always runs
+    assert p.chunk() == STEP and p.prefill_budget(STEP, 0) == STEP and p.prefill_budget(STEP, 8) == STEP - 8
+    assert p.prefill_budget(STEP, STEP + 5) == 1                              # the first chunk always runs
     assert Planner(torch.device("cpu"), 512 << 20, 1, 0, 16).step_budget == CPU_STEP_TOKENS
     assert Planner(torch.device("cuda"), 512 << 20, 1, 0, 16).step_budget == GPU_STEP_TOKENS
     assert Planner(torch.device("cpu"), 512 << 20, 1, 48, 16, STEP).chunk() == 48   # prefill_chunk caps too
