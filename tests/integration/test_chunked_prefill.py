@@ -58,13 +58,14 @@ def _plan(r: httpx.Response) -> int:
 def test_a_prompt_longer_than_the_step_gives_the_one_pass_answer(stacks):
     chunked, whole = stacks
     for api in ("/v1/messages", "/v1/chat/completions"):
-        a = chunked.client().post(api, json=_body(LONG, 24))
-        b = whole.client().post(api, json=_body(LONG, 24))
+        text = f"{api} {LONG}"                      # one prompt per API: no prefix reused between them
+        a = chunked.client().post(api, json=_body(text, 24))
+        b = whole.client().post(api, json=_body(text, 24))
         assert a.status_code == b.status_code == 200, (a.text, b.text)
         n = a.json()["usage"]["input_tokens" if api == "/v1/messages" else "prompt_tokens"]
         assert n > 4 * STEP
-        if api == "/v1/messages":                    # (the OpenAI answers carry no X-ZCCP-Plan)
-            assert _plan(a) == -(-n // STEP) and _plan(b) == 0
+        assert _plan(a) == -(-n // STEP) and _plan(b) == 0
+        if api == "/v1/messages":
             assert a.json()["content"] == b.json()["content"] and a.json()["content"][0]["text"]
         else:
             assert a.json()["choices"][0]["message"] == b.json()["choices"][0]["message"]
