@@ -76,9 +76,11 @@ class Choices(SlotOutput):
     def encoder(self, index: int) -> ChoiceStream | None:
         return self._encoders[index] if self._encoders else None
 
-    def started(self, index: int, cached_tokens: int) -> None:
+    def started(self, index: int, cached_tokens: int, plan_chunks: int = 0) -> None:
         p = index // self._req.n
         self._cached[p] = max(self._cached[p], cached_tokens)
+        if plan_chunks and not self._writer.started:     # X-ZCCP-Plan: the choices share one prompt
+            self._writer.set_meta(plan_chunks=plan_chunks)
         if self._encoders:
             if not self._writer.started:
                 self._writer.begin(200, sse=True)
@@ -140,7 +142,7 @@ class ChoiceSink:
         self._enc = choices.encoder(index)
 
     def start(self, cached_tokens: int, plan_chunks: int, written: CacheWrite = NO_WRITE) -> None:
-        self._choices.started(self._index, cached_tokens)      # OpenAI's n: no breakpoints
+        self._choices.started(self._index, cached_tokens, plan_chunks)      # OpenAI's n: no breakpoints
 
     def kept(self, tokens: int) -> None:
         pass

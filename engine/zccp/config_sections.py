@@ -160,6 +160,9 @@ class ModelConfig:
     d_ff: int = bounded(512, 8, 65_536)
     max_context: int = bounded(8192, 16, 1 << 22)
     prefill_chunk: int = bounded(0, 0, 1 << 22)   # cap on prompt tokens per prefill forward; 0: planned from memory
+    # tokens one model step runs: each running row's next token, then prefill chunks in what is
+    # left (vLLM's max_num_batched_tokens); it caps the chunk too. 0: 2048 on a GPU, 256 on a CPU
+    step_tokens: int = bounded(0, 0, 1 << 22)
     threads: int = bounded(1, 1, 256)   # torch intra-op threads
     kv_cache_mb: int = bounded(512, 1, 1 << 22)   # KV memory of the running batch (admission bound)
     prefix_cache_mb: int = bounded(256, 0, 1 << 22)   # KV memory kept for prompt-prefix reuse; 0: off

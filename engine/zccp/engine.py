@@ -98,7 +98,7 @@ def model_thread(m: ModelConfig, backend: ModelBackend, metrics: EngineMetrics) 
     if m.prefix_cache_mb and backend.prefix_blocks:
         prefix = PrefixCache(m.prefix_cache_mb << 20, m.prefix_block, backend.identity)
     planner = Planner(backend.device, kv_budget, backend.activation_bytes_per_token + per_token,
-                      m.prefill_chunk, m.prefix_block)
+                      m.prefill_chunk, m.prefix_block, m.step_tokens)
     return BatchScheduler(backend, BatchLimits(m.max_batch, m.max_queue, kv_budget), planner, prefix, metrics)
 
 

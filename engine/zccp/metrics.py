@@ -244,6 +244,9 @@ class EngineMetrics:
         self.kv_bytes = r.gauge("zccp_engine_kv_bytes", "KV cache bytes held by the decode batch")
         self.decode_steps = r.counter("zccp_engine_decode_steps_total", "Batched decode forwards")
         self.prefilled = r.counter("zccp_engine_prefill_tokens_total", "Prompt tokens computed by prefill")
+        self.prefill_steps = r.counter("zccp_engine_prefill_steps_total", "Model steps that prefilled prompt tokens")
+        self.mixed_steps = r.counter("zccp_engine_mixed_steps_total",
+                                     "Model steps that prefilled prompt tokens and decoded running streams")
         self.prefix_reused = r.counter("zccp_engine_prefix_reused_tokens_total",
                                        "Prompt tokens whose KV state came from the prefix cache")
         self.prefix_pinned = r.gauge("zccp_engine_prefix_pinned_bytes",

@@ -4,7 +4,12 @@ forward may take, from the memory there is.
 On a GPU the chunk is sized from the device's free memory now
 (torch.cuda.mem_get_info: half of what is free), on the CPU from model.kv_cache_mb
 (an eighth of it: prefill activations live beside the KV cache the bound is for).
-A configured model.prefill_chunk caps it. Chunks are a multiple of the prefix block,
+A configured model.prefill_chunk caps it, and so does the per-step token budget
+(model.step_tokens, vLLM's max_num_batched_tokens). The chunk is also one step's tokens:
+each step decodes every running row first, one token each, and its prefill takes what
+they leave of the chunk (at least one chunk's forward, so a waiting prompt always
+advances); a long prompt is spread over several steps, each of which still decodes the
+running streams. Chunks are a multiple of the prefix block,
 so a prompt prefilled on top of reused blocks computes the same chunks as one that
 is not (zccp.model.base.ModelBackend.prefill_chunked). The plan a request got is
 X-ZCCP-Plan (meta.plan_chunks: 0 = one pass).
@@ -24,6 +29,12 @@ MAX_CHUNK = 1 << 15
 # of 2-8 short prompts gain most, one of 16 loses: bench/peer.md, "Batched prefill (branch hf-batch)"), and a
 # bigger group holds back every row's first token until the whole group is done.
 CPU_GROUP_TOKENS = 256
+# The per-step token budget when model.step_tokens is 0. On a GPU a forward costs about the
+# same up to a few thousand tokens (vLLM's online-serving default is 2,048); on a CPU its
+# time grows with its tokens from a few dozen on, so a step stays within a decode step or
+# two of the running rows only when its prefill share is small (bench/chunked_prefill.md).
+GPU_STEP_TOKENS = 2048
+CPU_STEP_TOKENS = 256
 
 
 @dataclass(frozen=True)
@@ -33,6 +44,14 @@ class Planner:
     bytes_per_token: int      # activations + KV of one prefill token (the backend's estimate)
     configured: int           # model.prefill_chunk: 0 = no cap
     block: int                # chunks are a multiple of this
+    step_tokens: int = 0      # model.step_tokens: decode rows + prefill tokens per step; 0: sized for the device
+
+    @property
+    def step_budget(self) -> int:
+        """model.step_tokens, or the device's default: the cap chunk() puts on a step's tokens."""
+        if self.step_tokens:
+            return self.step_tokens
+        return GPU_STEP_TOKENS if self.device.type == "cuda" else CPU_STEP_TOKENS
 
     def chunk(self) -> int:
         """Prompt tokens per prefill forward now."""
@@ -45,7 +64,17 @@ class Planner:
         tokens = max(MIN_CHUNK, min(MAX_CHUNK, tokens))
         if self.configured:
             tokens = min(tokens, self.configured)
+        # the step budget caps the chunk itself, not what the decode rows leave of it: the
+        # chunks' boundaries do not move with the running rows (one prompt, one set of chunks)
+        tokens = min(tokens, self.step_budget)
         return max(self.block, tokens // self.block * self.block)
+
+    @staticmethod
+    def prefill_budget(chunk: int, decoding: int) -> int:
+        """Prompt tokens this step's prefill may take beside `decoding` running rows: what they
+        leave of the step's tokens, the chunk (chunk() is within both the memory plan and the
+        step budget), and at least one (the first chunk always runs: no prompt starves)."""
+        return max(1, chunk - decoding)
 
     def group(self, chunk: int) -> int:
         """Padded prompt tokens to put into one forward of several sequences' chunks: the

@@ -18,8 +18,9 @@ A step is:
      (prompt + max_tokens, padded to the longest row, with the KV buffers' spare
      room), the last fair_queue.spare_rows() rows kept for a tenant holding none once
      several tenants are seen (zccp.admission); reuse cached prefix blocks;
-  5. prefill at most one planned chunk of prompt tokens (zccp.planner), so a long
-     prompt delays the running streams by one chunk per step, not by all of it; the
+  5. prefill what the step's token budget leaves beside the running rows (model.step_tokens,
+     at least one chunk; zccp.planner), so a long prompt delays the running streams by one
+     chunk per step, not by all of it; the
      next chunks of several waiting sequences go into ONE forward, padded to the
      longest (ModelBackend.prefill_many), as long as the padded rows fit the chunk
      and the planner's group size (Planner.group) and are at most half padding, and
@@ -227,14 +228,21 @@ class BatchScheduler(Admitting):
 
     def _prefill(self) -> None:
         chunk = self.planner.chunk()
-        budget = chunk
+        budget = Planner.prefill_budget(chunk, len(self._rows))   # the running rows decode this step too
+        self.metrics.prefill_steps.inc()
+        if self._rows:
+            self.metrics.mixed_steps.inc()
+        step = budget
         while self._prefilling and budget > 0:
             group = self._group(chunk, budget)
             spans = [(seq.done_tokens, Planner.chunk_end(seq.done_tokens, self._prompt_len(seq), chunk))
                      for seq in group]
+            cost = len(group) * max(b - a for a, b in spans)
+            if cost > budget and budget < step:
+                break                                          # the first group always runs; others if they fit
             chunks = [self._ids(seq)[a:b] for seq, (a, b) in zip(group, spans, strict=True)]
             outs = self._prefill_group(group, chunks)
-            budget -= len(group) * max(b - a for a, b in spans)
+            budget -= cost
             first: list[tuple[Sequence, torch.Tensor | int]] = []
             for seq, (a, b), out in zip(group, spans, outs, strict=True):
                 if out is None:
