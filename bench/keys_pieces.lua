@@ -2,12 +2,12 @@
 -- one request, in ns per call (JSON). Query: ?plain=<key without limits>&limited=<key with
 -- limits>&n=<iterations>. The body is the request's (1 KiB, as bench/keys.py sends).
 local cjson = require "cjson.safe"
-local libc = require "zccp.libc"
-local tenant = require "zccp.tenant"
-local auth = require "zccp.auth"
-local limits = require "zccp.limits"
-local metrics = require "zccp.metrics"
-local usage_log = require "zccp.usage_log"
+local libc = require "zccp.lib.libc"
+local tenant = require "zccp.lib.tenant"
+local auth = require "zccp.plugins.auth.keys"
+local limits = require "zccp.plugins.limits.admit"
+local metrics = require "zccp.lib.metrics"
+local usage_log = require "zccp.plugins.limits.usage_log"
 
 local ngx = ngx
 local tonumber = tonumber
@@ -47,7 +47,7 @@ local function time(name, f, n)
         end
         local per = tonumber(libc.now_ns() - t0) / n
         best = best and math.min(best, per) or per
-        ngx.sleep(0.06)   -- the flush timers run between runs (zccp.limits, zccp.metrics)
+        ngx.sleep(0.06)   -- the flush timers run between runs (zccp.plugins.limits.admit, zccp.lib.metrics)
     end
     if not out[name] then
         order[#order + 1] = name
@@ -111,7 +111,7 @@ time("ngx.header set x12 (Anthropic's rate-limit headers)", function()
         ngx.header[NAMES[i]] = i
     end
 end, 2000)
-local ok_rh, resp_header = pcall(require, "zccp.resp_header")
+local ok_rh, resp_header = pcall(require, "zccp.plugins.limits.resp_header")
 if ok_rh then
     time("resp_header.put x12 (the same headers)", function()
         local r = resp_header.request()

@@ -1,7 +1,7 @@
 -- Tags each request's usage record with the caller's x-team header ("team": ... in the
 -- usage line; requests with an API key and auth.usage_log set). A header's bytes are
 -- written as valid UTF-8; a field named like one of the line's own is refused.
-local usage_fields = require "zccp.limits.usage_fields"
+local usage_fields = require "zccp.lib.usage_fields"
 
 local ngx_var = ngx.var
 

@@ -163,7 +163,7 @@ def _counters(s, tenant: str, kid: str) -> dict[str, int]:
     day = time.strftime("%Y%m%d", time.gmtime())
     minute = int(time.time() // 60)
     out = {name: int(r.get(p + suffix) or 0) for name, suffix in (("day", f"day:{day}"), ("rpm", f"rpm:{minute}"))}
-    # requests in flight: a hash of each worker's count ("<count> <time>", zccp.lease)
+    # requests in flight: a hash of each worker's count ("<count> <time>", zccp.plugins.limits.lease)
     out["conc"] = sum(int(v.split()[0]) for v in r.hgetall(p + "inflight").values())
     return out
 

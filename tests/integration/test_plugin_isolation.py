@@ -28,7 +28,7 @@ end
 return _M
 '''
 # Tries to write the line's own "tenant" field; says what it was told in a header.
-FORGE = '''local usage_fields = require "zccp.limits.usage_fields"
+FORGE = '''local usage_fields = require "zccp.lib.usage_fields"
 local _M = { name = "forge", after = { "limits" } }
 function _M.prepare()
     local ok, err = usage_fields.add("tenant", "evil")

@@ -1,15 +1,15 @@
 -- The core's request loop: attempt() claims, fills and rings one engine and relays its
--- answer (zccp.core.transport, zccp.relay); attempts() walks the engines the router
+-- answer (zccp.core.transport, zccp.core.relay); attempts() walks the engines the router
 -- ranks. The plugin phases filled, headers and relayed run here (zccp.core.pipeline); what
 -- the core takes from a plugin (the engines' order, the key's models) comes through the
 -- chain's hooks (pipeline.hooks), never by requiring a plugin.
-local arena_mod = require "zccp.arena"
+local arena_mod = require "zccp.lib.arena"
 local errors = require "zccp.errors"
-local relay = require "zccp.relay"
+local relay = require "zccp.core.relay"
 local settings = require "zccp.settings"
-local metrics = require "zccp.metrics"
-local engines = require "zccp.engines"
-local sha256 = require "zccp.sha256"
+local metrics = require "zccp.lib.metrics"
+local engines = require "zccp.lib.engines"
+local sha256 = require "zccp.lib.sha256"
 local transport = require "zccp.core.transport"
 local pipeline = require "zccp.core.pipeline"
 
@@ -21,7 +21,7 @@ local ngx_log = ngx.log
 local ngx_ERR = ngx.ERR
 local ngx_WARN = ngx.WARN
 local ffi_string = require("ffi").string
-local mono_s = require("zccp.libc").mono_s
+local mono_s = require("zccp.lib.libc").mono_s
 local pcall = pcall
 local run = pipeline.run
 local DONE = pipeline.DONE
@@ -195,7 +195,7 @@ local function abandon(r, a, state, err)
     end
 end
 
--- Step 3: attempt() against the engines the router ranks (zccp.router; the one engine
+-- Step 3: attempt() against the engines the router ranks (zccp.plugins.router.route; the one engine
 -- without engines:), once more on a stale ring (an engine restarted before anything was
 -- sent); an engine that cannot take the request hands it to the next one. Answers the
 -- last refusal when none could.

@@ -1,7 +1,7 @@
--- nginx's L1 (zccp.l1): the very same bytes before any fingerprint (prepare), the same
+-- nginx's L1 (zccp.plugins.l1.cache): the very same bytes before any fingerprint (prepare), the same
 -- request after its keys (keys), a streamed body's once it is in the slot (filled); the
 -- engine's answer kept (relayed). A hit is answered here and ends the chain.
-local l1 = require "zccp.l1"
+local l1 = require "zccp.plugins.l1.cache"
 local attempts = require "zccp.core.attempts"
 local DONE = require("zccp.core.pipeline").DONE
 

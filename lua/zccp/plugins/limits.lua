@@ -1,7 +1,7 @@
--- Admission limits and leases (zccp.limits, zccp.lease): admit with the body (429, with its
+-- Admission limits and leases (zccp.plugins.limits.admit, zccp.plugins.limits.lease): admit with the body (429, with its
 -- rate-limit headers; an admitted request's are plugins/ratelimit_headers'), the engine's
 -- exact counts after the relay, settled in log.
-local limits = require "zccp.limits"
+local limits = require "zccp.plugins.limits.admit"
 local DONE = require("zccp.core.pipeline").DONE
 
 local _M = { name = "limits" }

@@ -1,6 +1,6 @@
--- The tenant (zccp.tenant, cache.tenant_source): its digest goes into the slot.
-local abi = require "zccp.abi"
-local tenant = require "zccp.tenant"
+-- The tenant (zccp.lib.tenant, cache.tenant_source): its digest goes into the slot.
+local abi = require "zccp.lib.abi"
+local tenant = require "zccp.lib.tenant"
 
 local _M = { name = "tenancy" }
 

@@ -1,6 +1,6 @@
--- Usage records (zccp.usage_log, written by zccp.limits.settle): plugins add their own
--- fields to this request's line with zccp.limits.usage_fields.add (docs/plugins.md).
-local usage_fields = require "zccp.limits.usage_fields"
+-- Usage records (zccp.plugins.limits.usage_log, written by zccp.plugins.limits.admit.settle): plugins add their own
+-- fields to this request's line with zccp.lib.usage_fields.add (docs/plugins.md).
+local usage_fields = require "zccp.lib.usage_fields"
 
 local _M = { name = "usage" }
 

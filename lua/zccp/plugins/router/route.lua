@@ -1,7 +1,7 @@
 -- Which engine takes a request (docs/engines.md), decided before a slot is claimed: the
--- engines that serve the body's model (zccp.engines), ranked for the request's route key.
+-- engines that serve the body's model (zccp.lib.engines), ranked for the request's route key.
 --
---   affinity (routing.policy, the default): rendezvous hashing (zccp.rendezvous) of the
+--   affinity (routing.policy, the default): rendezvous hashing (zccp.lib.rendezvous) of the
 --     route key: the fingerprint's r.route_key (a conversation's system, tools and first
 --     user message, cache_control left out: the same every turn, so every turn lands on the
 --     replica whose prefix cache holds the earlier ones); for a body nginx did not
@@ -9,11 +9,11 @@
 --     fingerprint.route_key, the same key from the decoded body when it is at most 64 KiB,
 --     else its first 4 KiB without "stream"/"stream_options".
 --   spill: when the preferred replica has at least routing.spill_load of its slots claimed
---     (every worker's claims, zccp.slots.load) and another one is less loaded, the least
+--     (every worker's claims, zccp.lib.slots.load) and another one is less loaded, the least
 --     loaded replica goes first instead (counted "spilled").
 --   locality: where a model's replicas sit on different NUMA nodes (placement), the
 --     replicas on the node of the worker that holds the request go first, each part in its
---     rendezvous order (zccp.locality); spill and down below apply to that order as they are.
+--     rendezvous order (zccp.lib.locality); spill and down below apply to that order as they are.
 --     One node, placement none or nginx workers not placed: the rendezvous order unchanged.
 --   down: an engine whose doorbell refused a connection, whose arena is gone or that failed
 --     a request before answering is skipped for DOWN_S by this worker (ranked last, tried
@@ -21,11 +21,11 @@
 --   round_robin, least_loaded: for comparison (bench/routing.py).
 --
 --   local order, spilled = router.order(r)   -- engine records, first choice first
-local engines = require "zccp.engines"
-local slots = require "zccp.slots"
-local arena_mod = require "zccp.arena"
+local engines = require "zccp.lib.engines"
+local slots = require "zccp.lib.slots"
+local arena_mod = require "zccp.lib.arena"
 local settings = require "zccp.settings"
-local locality = require "zccp.locality"
+local locality = require "zccp.lib.locality"
 
 local ngx = ngx
 local ngx_now = ngx.now
@@ -35,7 +35,7 @@ local type = type
 local _M = { _VERSION = "0.1.0" }
 
 local DOWN_S = 1          -- how long a failed engine is skipped before it is tried again
-local fingerprint = require "zccp.fingerprint"
+local fingerprint = require "zccp.fp.fingerprint"
 local DEFAULT_ROUTING = { policy = "affinity", spill_load = 0.75 }
 local down_until = {}     -- engine name -> time (this worker's view)
 local rr = 0              -- round_robin's counter (per worker)

@@ -1,9 +1,9 @@
 -- The doorbell client: fixed-size frames over a pooled unix-socket cosocket.
 -- Cosockets yield to the worker's event loop; they never block it.
 local ffi = require "ffi"
-local abi = require "zccp.abi"
+local abi = require "zccp.lib.abi"
 local settings = require "zccp.settings"
-local engines = require "zccp.engines"
+local engines = require "zccp.lib.engines"
 
 local ngx_socket_tcp = ngx.socket.tcp
 local ffi_string = ffi.string

@@ -8,7 +8,7 @@
 -- (client_body_buffer_size = client_max_body_size in ZCCP's locations), then copied into
 -- the slot; bench/RESULTS.md measures what that costs.
 --
---   local body = require "zccp.body"
+--   local body = require "zccp.core.body"
 --   local s, status, kind, msg = body.read(cap)              -- whole: string, or nil + error
 --   if body.streamable(len, limit) then ...                  -- Content-Length known, not chunked
 --   local ok, status, kind, msg = body.receive_into(dst, n, deadline)

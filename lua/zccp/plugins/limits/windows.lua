@@ -1,11 +1,11 @@
--- The windows of a caller's limits (zccp.limits): its 12 counters (6 of the key, 6 of its
+-- The windows of a caller's limits (zccp.plugins.limits.admit): its 12 counters (6 of the key, 6 of its
 -- tenant) in the current minute, their limits, ends and TTLs, and the Redis they live in.
 --
 --   local w = windows.of(who, now)     -- cached on the caller's record per minute
 --   windows.reset_in(j, now)           -- seconds until limit j's window resets
 --   windows.limited(who)               -- whether the caller has any limit
 local settings = require "zccp.settings"
-local redis = require "zccp.redis"
+local redis = require "zccp.lib.redis"
 
 local type = type
 local tonumber = tonumber
@@ -45,7 +45,7 @@ local function has_limits(l)
 end
 
 -- Whether this caller has any limit (else nothing is reserved, only metered). Kept on the
--- caller's record (zccp.auth caches it per worker).
+-- caller's record (zccp.plugins.auth.keys caches it per worker).
 function _M.limited(who)
     if who.off then
         return false

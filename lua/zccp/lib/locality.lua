@@ -3,7 +3,7 @@
 -- the placement plan's, rendered at config time: each engine's (engines[i].node) and each
 -- nginx worker's (worker_nodes[worker id + 1], from its worker_cpu_affinity).
 --
---   local locality = require "zccp.locality"
+--   local locality = require "zccp.lib.locality"
 --   locality.differ(members)          -- the members sit on more than one known node
 --   locality.near_first(order, node)  -- order (engine records) made same-node first, in place
 local type = type

@@ -1,5 +1,5 @@
 -- SHA-256 over memory ranges through libcrypto (C speed, no Lua string needed), and
--- the same library's random bytes (response ids: zccp.l1).
+-- the same library's random bytes (response ids: zccp.plugins.l1.cache).
 local ffi = require "ffi"
 
 local pcall = pcall
@@ -94,7 +94,7 @@ end
 
 -- Digest of `head` (a Lua string) then the spans of `base` (a pointer) that `spans` lists
 -- as offset, length pairs (spans[1], spans[2], ...; n numbers), as a 32-byte Lua string:
--- nothing copied, never yields (zccp.fingerprint's route key).
+-- nothing copied, never yields (zccp.fp.fingerprint's route key).
 function _M.digest_spans(head, base, spans, n)
     if not crypto then
         return nil, "libcrypto not found"

@@ -13,20 +13,20 @@ local _M = { _VERSION = "0.1.0" }
 
 local loaded = false
 
--- shm_abi/zccp_abi.h beside the Lua tree (<root>/lua/zccp/abi.lua -> <root>/shm_abi/),
+-- shm_abi/zccp_abi.h beside the Lua tree (<root>/lua/zccp/lib/abi.lua -> <root>/shm_abi/),
 -- in a checkout and in the installed share/zccp alike.
 local function default_header()
-    local me = package.searchpath and package.searchpath("zccp.abi", package.path)
+    local me = package.searchpath and package.searchpath("zccp.lib.abi", package.path)
     if not me then
         return nil
     end
-    return (me:gsub("lua/zccp/abi%.lua$", "shm_abi/zccp_abi.h"))
+    return (me:gsub("lua/zccp/lib/abi%.lua$", "shm_abi/zccp_abi.h"))
 end
 
 local function load_header(path)
     local f, err = io_open(path, "rb")
     if not f then
-        error("zccp.abi: cannot open ABI header " .. path .. ": " .. tostring(err), 3)
+        error("zccp.lib.abi: cannot open ABI header " .. path .. ": " .. tostring(err), 3)
     end
     local src = f:read("*a")
     f:close()
@@ -41,7 +41,7 @@ function _M.init(path)
     end
     path = path or settings.abi_header() or default_header()
     if not path then
-        error("zccp.abi: no ABI header path and zccp/abi.lua is not on package.path", 2)
+        error("zccp.lib.abi: no ABI header path and zccp/lib/abi.lua is not on package.path", 2)
     end
     load_header(path)
     local C = ffi.C
@@ -55,18 +55,18 @@ function _M.init(path)
         { "struct zccp_notice", "ZCCP_NOTICE_SIZE" },
     } do
         if ffi.sizeof(pair[1]) ~= C[pair[2]] then
-            error("zccp.abi: ABI mismatch: sizeof(" .. pair[1] .. ") ~= " .. pair[2], 2)
+            error("zccp.lib.abi: ABI mismatch: sizeof(" .. pair[1] .. ") ~= " .. pair[2], 2)
         end
     end
     if ffi.offsetof("struct zccp_slot_header", "deadline_ns") + 8 ~= C.ZCCP_SLOT_META_OFFSET then
-        error("zccp.abi: ABI mismatch: meta block must follow the header", 2)
+        error("zccp.lib.abi: ABI mismatch: meta block must follow the header", 2)
     end
     if C.ZCCP_SLOT_META_OFFSET + C.ZCCP_SLOT_META_SIZE ~= C.ZCCP_SLOT_SIG_OFFSET then
-        error("zccp.abi: ABI mismatch: signature must follow the meta block", 2)
+        error("zccp.lib.abi: ABI mismatch: signature must follow the meta block", 2)
     end
     if C.ZCCP_SLOT_SIG_OFFSET + C.ZCCP_SLOT_SIG_SIZE ~= C.ZCCP_SLOT_REQ_OFFSET
        or C.ZCCP_SLOT_REQ_OFFSET + C.ZCCP_SLOT_REQ_SIZE > C.ZCCP_PAGE_SIZE then
-        error("zccp.abi: ABI mismatch: the request block must follow the signature, in the first page", 2)
+        error("zccp.lib.abi: ABI mismatch: the request block must follow the signature, in the first page", 2)
     end
     _M.C = C
     _M.control_ptr_t = ffi.typeof("struct zccp_control *")

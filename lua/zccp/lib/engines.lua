@@ -3,7 +3,7 @@
 -- one model. Without engines: one engine, "default", serving whatever the request names
 -- (it answers an unknown model's 404 itself), on settings' shm_name and socket_path.
 --
---   local engines = require "zccp.engines"
+--   local engines = require "zccp.lib.engines"
 --   engines.list()             -- every engine record { name, model, shm_name, socket_path, index, node }
 --   engines.group(model)       -- { members = { engine, ... }, ring = rendezvous, nodes_differ } serving
 --                                 model, or nil (nodes_differ: its replicas sit on several NUMA nodes)
@@ -11,8 +11,8 @@
 --   engines.multi()            -- more than one engine
 --   engines.models_differ()    -- the engines serve more than one model (the body's model picks)
 local settings = require "zccp.settings"
-local rendezvous = require "zccp.rendezvous"
-local locality = require "zccp.locality"
+local rendezvous = require "zccp.lib.rendezvous"
+local locality = require "zccp.lib.locality"
 
 local ipairs = ipairs
 local pairs = pairs

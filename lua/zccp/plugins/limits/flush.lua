@@ -1,15 +1,15 @@
--- What this worker owes Redis (zccp.limits): counters' deltas (concurrency given back,
+-- What this worker owes Redis (zccp.plugins.limits.admit): counters' deltas (concurrency given back,
 -- overruns, unspent leases) and usage sums, sent every FLUSH_S, one script per tenant.
 --
 --   flush.owe(tag, ck, d)      -- a counter's delta
 --   flush.dirty(w)             -- window w has usage sums to send
 --   flush.line(l)              -- a usage.jsonl line
 --   flush.start()              -- the timer (false: it could not start)
-local sha256 = require "zccp.sha256"
-local usage_log = require "zccp.usage_log"
-local metrics = require "zccp.metrics"
-local lease = require "zccp.lease"
-local windows = require "zccp.limits.windows"
+local sha256 = require "zccp.lib.sha256"
+local usage_log = require "zccp.plugins.limits.usage_log"
+local metrics = require "zccp.lib.metrics"
+local lease = require "zccp.plugins.limits.lease"
+local windows = require "zccp.plugins.limits.windows"
 
 local ngx = ngx
 local ngx_now = ngx.now
@@ -51,7 +51,7 @@ return 1
 ]]
 local FLUSH_SHA = sha256.hex(ngx.sha1_bin(FLUSH), 20)
 local SCRIPTS = { FLUSH, lease.UNDO, lease.SYNC }
-local epoch = 0   -- the Redis target's master epoch at the last flush (zccp.redis)
+local epoch = 0   -- the Redis target's master epoch at the last flush (zccp.lib.redis)
 
 -- What this worker owes Redis, by tenant hash tag: counters' deltas (concurrency given
 -- back, overruns, unspent leases) and usage hashes' increments; sent every FLUSH_S.
@@ -278,7 +278,7 @@ end
 -- given back at the next flush.
 function _M.undo(tag, rec, keys)
     local t = owed_of(tag)
-    local u = t.undo or {}   -- (a table zccp.lease.collect made has none)
+    local u = t.undo or {}   -- (a table zccp.plugins.limits.lease.collect made has none)
     t.undo = u
     u[#u + 1], u[#u + 2] = rec, keys or NONE
 end

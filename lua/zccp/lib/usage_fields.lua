@@ -1,7 +1,7 @@
 -- Plugins' own fields in a request's usage line (auth.usage_log; the line is written by
--- zccp.limits.settle): the public helper for plugins, docs/plugins.md.
+-- zccp.plugins.limits.admit.settle): the public helper for plugins, docs/plugins.md.
 --
---   local usage_fields = require "zccp.limits.usage_fields"
+--   local usage_fields = require "zccp.lib.usage_fields"
 --   local ok, err = usage_fields.add("team", ngx.var.http_x_team)
 --
 -- A field never overwrites the line's own (ts, tenant, ...) nor one added before; a name is
@@ -19,7 +19,7 @@ local concat = table.concat
 
 local _M = {}
 
--- The line's own keys (zccp.usage_log.line): a plugin may not write them again.
+-- The line's own keys (zccp.plugins.limits.usage_log.line): a plugin may not write them again.
 local BUILTIN = { ts = true, request_id = true, key_id = true, tenant = true, api = true, status = true,
                   cache = true, input_tokens = true, output_tokens = true, saved_tokens = true }
 _M.BUILTIN = BUILTIN

@@ -1,12 +1,12 @@
--- Maps each engine's arena into this nginx worker (zccp.engines: one, or each of
+-- Maps each engine's arena into this nginx worker (zccp.lib.engines: one, or each of
 -- engines:) and re-maps when an engine's epoch changes (an engine restart creates a new
 -- shm object). Everything read from the control page is validated before it is used to
--- compute an address. Functions taking `e` take an engine record (zccp.engines); nil is
+-- compute an address. Functions taking `e` take an engine record (zccp.lib.engines); nil is
 -- the first engine (the only one without engines:).
 local ffi = require "ffi"
-local abi = require "zccp.abi"
-local libc = require "zccp.libc"
-local engines = require "zccp.engines"
+local abi = require "zccp.lib.abi"
+local libc = require "zccp.lib.libc"
+local engines = require "zccp.lib.engines"
 
 local C = libc.C
 local ffi_cast = ffi.cast
@@ -108,7 +108,7 @@ local function map_fd(name, fd, size, engine)
         response_cap = tonumber(ctl.response_cap),
         refs = 0,
         retired = false,
-        engine = engine,   -- the engine's name (zccp.slots keys its claims by it)
+        engine = engine,   -- the engine's name (zccp.lib.slots keys its claims by it)
     }, mt)
 end
 
@@ -192,7 +192,7 @@ function _M.refresh_all()
 end
 
 -- Engine e's slot count as last mapped here, or nil (never mapped, or its engine gone):
--- zccp.router's load bound, without taking a reference.
+-- zccp.plugins.router.route's load bound, without taking a reference.
 function _M.slot_count(e)
     local a = current[e.name]
     return live(a) and a.slot_count or nil

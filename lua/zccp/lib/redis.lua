@@ -1,4 +1,4 @@
--- nginx's Redis (the key lookups of zccp.auth, the counters of zccp.limits and zccp.lease,
+-- nginx's Redis (the key lookups of zccp.plugins.auth.keys, the counters of zccp.plugins.limits.admit and zccp.plugins.limits.lease,
 -- zccp.admin.keys' records) over lua-resty-redis: Debian's lua-nginx-redis installs it as
 -- nginx.redis (OpenResty's name, resty.redis, is taken where that one is missing). The
 -- library speaks RESP over a pooled cosocket; what stays ours is thin (docs/libraries.md):
@@ -13,7 +13,7 @@
 --     nil, "redis: <message>", a failure is nil, err.
 -- No TLS: lua-resty-redis 0.27 has none (the config refuses rediss:// for nginx).
 --
---   local redis = require "zccp.redis"
+--   local redis = require "zccp.lib.redis"
 --   local t = redis.target({ host = "127.0.0.1", port = 6379, db = 0, timeout_ms = 100 })
 --   local v, err = t:call("GET", "k")       -- nil, nil: a null reply; nil, err: failure
 --   local r, err = t:call("EVALSHA", ...)   -- an error reply is nil, "redis: ..."
@@ -70,7 +70,7 @@ function _M.target(opts)
             master_name = opts.master_name, sentinels = list,
         })
         if not c then
-            error("zccp.redis: sentinel settings: " .. tostring(err))   -- rendered by us: a bug
+            error("zccp.lib.redis: sentinel settings: " .. tostring(err))   -- rendered by us: a bug
         end
         self.connector, self.sentinel_list = c, list
     end

@@ -1,6 +1,6 @@
 -- nginx-side counters in a lua_shared_dict, and GET /metrics: these counters
 -- followed by the engine's (read from its metrics socket), one scrape for both.
-local engines = require "zccp.engines"
+local engines = require "zccp.lib.engines"
 
 local ngx = ngx
 local ngx_socket_tcp = ngx.socket.tcp
@@ -36,7 +36,7 @@ local HELP = {
     zccp_nginx_streams_ended_total = "Streams nginx ended before the answer did, by API and reason: "
         .. "stalled (the client read nothing for limits.stream_stall_timeout_ms), duration "
         .. "(limits.stream_max_duration_ms), bytes (limits.stream_max_bytes_kb)",
-    zccp_nginx_engine_routed_total = "Requests an engine of engines: took (zccp.router), by engine",
+    zccp_nginx_engine_routed_total = "Requests an engine of engines: took (zccp.plugins.router.route), by engine",
     zccp_nginx_engine_spilled_total = "Requests an engine took because their preferred replica was past "
         .. "routing.spill_load, by engine",
     zccp_nginx_engine_failed_over_total = "Requests an engine took because a replica ranked above it was down "
@@ -85,7 +85,7 @@ local function key_of(name, api, value)
     return k
 end
 
--- zccp.auth / zccp.limits: add n (default 1) to series `name` {api, <its label>=value}.
+-- zccp.plugins.auth.keys / zccp.plugins.limits.admit: add n (default 1) to series `name` {api, <its label>=value}.
 function _M.count(name, api, value, n)
     local d = dict()
     if d and n ~= 0 then
@@ -193,7 +193,7 @@ function _M.log(api)
     _M.phase(api, "total", ngx_now() - ngx_req.start_time())
 end
 
--- zccp.l1: one lookup's or one store's result ("hit", "miss", "store"), summed in the worker.
+-- zccp.plugins.l1.cache: one lookup's or one store's result ("hit", "miss", "store"), summed in the worker.
 function _M.l1(api, result)
     add("zccp_nginx_l1_total", api, result)
 end
@@ -206,7 +206,7 @@ function _M.stream_ended(api, reason)
     end
 end
 
--- zccp.handler: engine `name` took a request (several engines: zccp.router), spilled to it
+-- zccp.handler: engine `name` took a request (several engines: zccp.plugins.router.route), spilled to it
 -- for load or failed over to it.
 function _M.routed(name, spilled, failed_over)
     local d = dict()

@@ -1,4 +1,4 @@
--- What a request reserves (zccp.limits): its output budget, decided by the engine's own
+-- What a request reserves (zccp.plugins.limits.admit): its output budget, decided by the engine's own
 -- rule, and the lease rounds that take it from Redis when this worker's leases fall short.
 --
 --   local m, err = reserve.output(body, api)   -- nil, err: a body nginx cannot decode
@@ -6,9 +6,9 @@
 --   local ok, i, c = reserve.take(w, needs, ticket, now)
 local cjson = require "cjson.safe"
 local settings = require "zccp.settings"
-local lease = require "zccp.lease"
-local windows = require "zccp.limits.windows"
-local body_fields = require "zccp.limits.body_fields"
+local lease = require "zccp.plugins.limits.lease"
+local windows = require "zccp.plugins.limits.windows"
+local body_fields = require "zccp.plugins.limits.body_fields"
 
 local type = type
 local tonumber = tonumber
@@ -49,7 +49,7 @@ local function budget(api, max_tokens, max_completion_tokens, max_output_tokens,
 end
 
 -- The output reservation of a body, or nil, err when nginx cannot decode it (the engine
--- may: it is refused, never reserved at a default). Read by zccp.limits.body_fields in one
+-- may: it is refused, never reserved at a default). Read by zccp.plugins.limits.body_fields in one
 -- pass over the bytes (0.8 µs per 1 KiB body in nginx); a body it cannot read as cjson
 -- would is decoded. Read again for the same bytes (an L1 hit): a per-worker memo keyed by
 -- the body string cost more than it saved (bench/engine_stages.md round 12: 5.3 µs per new
@@ -74,7 +74,7 @@ end
 local MAX_ROUNDS = 3   -- lease rounds (a grant may be spent by this worker's other requests meanwhile)
 
 -- Whether this worker's leases cover `needs` with no Redis round trip (a concurrency limit:
--- a spare slot of this worker's, zccp.lease).
+-- a spare slot of this worker's, zccp.plugins.limits.lease).
 local function covered(w, needs)
     local keys = w.keys
     if w.exact and needs[CONC] > 0 then

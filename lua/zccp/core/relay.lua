@@ -5,9 +5,9 @@
 -- before it is used: shared memory is input.
 local ffi = require "ffi"
 local bit = require "bit"
-local abi = require "zccp.abi"
+local abi = require "zccp.lib.abi"
 local settings = require "zccp.settings"
-local limits_mark = require "zccp.limits.mark"
+local limits_mark = require "zccp.core.committed_mark"
 local client_gone = require("zccp.core.client_gone").gone
 
 local ngx = ngx
@@ -47,13 +47,13 @@ local function send_headers(slot, status, sse)
     local cache = CACHE_NAMES[tonumber(meta.cache_status)]
     if cache then
         ngx_header["X-ZCCP-Cache"] = cache
-        slot.cache = cache   -- the verdict sent, metered with the request (zccp.limits.observe)
+        slot.cache = cache   -- the verdict sent, metered with the request (zccp.plugins.limits.admit.observe)
         if cache == "NEAR" then
             ngx_header["X-ZCCP-Similarity"] = str_format("%.4f", tonumber(meta.similarity_ppm) / 1e6)
         end
         if cache == "HIT" or cache == "NEAR" then
             ngx_header["Age"] = tonumber(meta.age_s)
-            ngx_header["X-ZCCP-Cache-Layer"] = "L2"   -- the engine's (Redis); L1 hits never get here (zccp.l1)
+            ngx_header["X-ZCCP-Cache-Layer"] = "L2"   -- the engine's (Redis); L1 hits never get here (zccp.plugins.l1.cache)
         end
         local reason = (REASON_NAMES or reason_names())[tonumber(meta.cache_reason)]
         if reason then
@@ -138,7 +138,7 @@ local function on_notice(slot, r, n)
         return "engine committed an invalid response length"
     end
     -- The engine's mark (zccp_abi.h committed_mark): relayed up to it, the bytes sent carry
-    -- a known output-token count (zccp.limits settles a stream ended early from it).
+    -- a known output-token count (zccp.plugins.limits.admit settles a stream ended early from it).
     local at, tokens = limits_mark.read(a:meta(i))
     if at > committed and at <= now_len and at - r.acked <= a.response_cap then
         committed = at   -- a later notice's bytes, relayed now
@@ -155,7 +155,7 @@ local function on_notice(slot, r, n)
             if at == committed and not r.stalled and not r.state.aborted then
                 r.sent_tokens = tokens
             end
-            if r.keep then   -- zccp.l1 may keep this answer: its bytes, up to r.keep of them
+            if r.keep then   -- zccp.plugins.l1.cache may keep this answer: its bytes, up to r.keep of them
                 if committed > r.keep then
                     r.keep, r.parts, r.np = nil, {}, 0
                 else
@@ -206,7 +206,7 @@ end
 -- "stream_bytes" or an error description) and the relay record
 -- { started, status, sse, acked, parts, np, keep }: a complete non-SSE body is in parts,
 -- for the caller to send with its Content-Length; an SSE one too while state.keep (a
--- byte count) asks for it and it is no longer (zccp.l1), else keep is nil.
+-- byte count) asks for it and it is no longer (zccp.plugins.l1.cache), else keep is nil.
 function _M.run(slot, state, deadline)
     local bell = slot.bell
     local s = settings.get()

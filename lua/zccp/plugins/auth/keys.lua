@@ -1,6 +1,6 @@
 -- API keys (auth.mode: keys): the caller's key, from x-api-key or Authorization: Bearer,
 -- verified before the body is read and any slot is claimed; the key's record gives the
--- tenant (the cache's, zccp.tenant), its allowed models and its limits (zccp.limits).
+-- tenant (the cache's, zccp.lib.tenant), its allowed models and its limits (zccp.plugins.limits.admit).
 --
 -- Only the key's SHA-256 is stored: Redis key `zccp:auth:k:<hex>` holds the record as JSON
 -- (written by `zccp-keys`, zccp.ops.keys / zccp.keys). Each worker keeps verified records
@@ -13,12 +13,12 @@
 local cjson = require "cjson.safe"
 local lrucache = require "resty.lrucache"
 local settings = require "zccp.settings"
-local sha256 = require "zccp.sha256"
-local tenant = require "zccp.tenant"
+local sha256 = require "zccp.lib.sha256"
+local tenant = require "zccp.lib.tenant"
 local errors = require "zccp.errors"
-local redis = require "zccp.redis"
-local metrics = require "zccp.metrics"
-local limits = require "zccp.limits"
+local redis = require "zccp.lib.redis"
+local metrics = require "zccp.lib.metrics"
+local limits = require "zccp.plugins.limits.admit"
 
 local ngx = ngx
 local ngx_now = ngx.now
@@ -77,7 +77,7 @@ local function parse_doc(rec)
     return {
         id = rec.id,
         tenant = rec.tenant,
-        tenant_digest = sha256.digest(rec.tenant, #rec.tenant),   -- the cache's tenant (zccp.tenant)
+        tenant_digest = sha256.digest(rec.tenant, #rec.tenant),   -- the cache's tenant (zccp.lib.tenant)
         models = allowed,
         expires_at = expires > 0 and expires or nil,
         limits = rec.limits,
@@ -205,7 +205,7 @@ function _M.admit(api)
             or "invalid x-api-key: the key has expired")
     end
     ngx.ctx.zccp_tenant = rec.tenant_digest
-    metrics.add("zccp_nginx_auth_total", api, "ok")   -- summed in the worker (zccp.metrics)
+    metrics.add("zccp_nginx_auth_total", api, "ok")   -- summed in the worker (zccp.lib.metrics)
     return rec
 end
 
@@ -261,7 +261,7 @@ end
 -- with only those, re-encoded; nil when the list needs no change (no such key, another
 -- request, a body that is not a list).
 function _M.models_body(parts)
-    local t = ngx.ctx.zccp_limits   -- zccp.limits' ticket: who asks, for what
+    local t = ngx.ctx.zccp_limits   -- zccp.plugins.limits.admit' ticket: who asks, for what
     local allowed = t and t.kind == "models" and t.who.models
     if not allowed then
         return nil

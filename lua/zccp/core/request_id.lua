@@ -6,7 +6,7 @@
 --
 --   local id = request_id.new()
 local ffi = require "ffi"
-local sha256 = require "zccp.sha256"
+local sha256 = require "zccp.lib.sha256"
 
 local ngx = ngx
 local str_sub = string.sub

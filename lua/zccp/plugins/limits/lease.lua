@@ -3,7 +3,7 @@
 -- worker of any stack has *leased* from it; one atomic script grants a slice of what is
 -- left (at least what the request needs, about 1/SHARE of the rest), never past the
 -- limit. This worker spends its slices without Redis, takes refunds back into them, and
--- gives unspent budget back (zccp.limits' flush): when idle for IDLE_S, when the counter
+-- gives unspent budget back (zccp.plugins.limits.admit' flush): when idle for IDLE_S, when the counter
 -- is nearly spent (another worker may need it), and when the worker exits. So across all
 -- workers and stacks the reservations admitted in a window never pass the limit.
 --
@@ -25,7 +25,7 @@
 --   lease.conc_free(ck) / lease.conc_take(ck, now)   -- a spare slot of this worker's
 --   lease.conc_sent(ck, tag) / lease.conc_replied(ck, ok, now, granted) / lease.conc_release(ck, now)
 --   lease.conc_collect(now, out, all)   -- this worker's in-flight counts to write: out[tag].conc
-local sha256 = require "zccp.sha256"
+local sha256 = require "zccp.lib.sha256"
 
 local ngx = ngx
 local type = type

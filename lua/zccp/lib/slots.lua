@@ -6,7 +6,7 @@
 -- A claim that could lapse while its relay still acts hands the slot to a second
 -- request that the first then damages (issue 20).
 local ffi = require "ffi"
-local libc = require "zccp.libc"
+local libc = require "zccp.lib.libc"
 local settings = require "zccp.settings"
 
 local ngx = ngx

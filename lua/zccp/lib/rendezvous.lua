@@ -3,7 +3,7 @@
 -- the keys it ranked first. Used to send a conversation to the engine replica (or host)
 -- that most likely holds its prefix in KV cache.
 --
---   local rendezvous = require "zccp.rendezvous"
+--   local rendezvous = require "zccp.lib.rendezvous"
 --   local ring = rendezvous.new({ "engine-a", "engine-b" })   -- once per member list
 --   local order = ring:rank(key)        -- member indices, best first (a new table)
 --   local i = ring:pick(key, usable)    -- the best index with usable(i) true, or nil

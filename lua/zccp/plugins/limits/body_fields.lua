@@ -1,5 +1,5 @@
 -- The few top-level members of a JSON body that the output reservation reads
--- (zccp.limits.reserve: max_tokens, max_completion_tokens, max_output_tokens, n, and how
+-- (zccp.plugins.limits.reserve: max_tokens, max_completion_tokens, max_output_tokens, n, and how
 -- many prompts `prompt` holds), read in one pass over the bytes instead of a cjson.decode
 -- of the whole body: no table or string is made per member, so a body costs no garbage
 -- (decoding each new 1 KiB body cost ~19 µs of nginx CPU with its collection,
@@ -27,7 +27,7 @@ local str_sub = string.sub
 local ffi_cast = ffi.cast
 local u8p = ffi.typeof("const uint8_t *")
 local C = ffi.C
-require "zccp.libc"   -- strcspn
+require "zccp.lib.libc"   -- strcspn
 local STOPS = '"\\'   -- what ends a run of a string's plain bytes: a quote, a backslash
 
 local _M = { _VERSION = "0.1.0" }

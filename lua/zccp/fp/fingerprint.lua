@@ -4,7 +4,7 @@
 -- zccp.fp.csf). engine/zccp/cache/fingerprint.py is the same algorithm in Python,
 -- checked byte for byte by the golden vectors and the identity test.
 --
---   local fp = require "zccp.fingerprint"
+--   local fp = require "zccp.fp.fingerprint"
 --   local r, err = fp.compute("anthropic" | "openai", body)   -- or fp.keys(...), then fp.complete(r)
 --   r.exact_key  32-byte string   SHA-256: the prefix key and the final message
 --   r.prefix_key 32-byte string   SHA-256 of the canonical masked request without its final message
@@ -16,12 +16,12 @@
 --   r.tokens     tokens of the final user turn the CSF saw (0 when not near)
 --   r.masked     true when a mask pattern changed some text
 --   r.end_user   metadata.user_id (anthropic) / user (openai) when a string: not part of
---                the fingerprint, a tenant source (zccp.tenant)
+--                the fingerprint, a tenant source (zccp.lib.tenant)
 --   r.stream, r.include_usage   "stream": true, and OpenAI's stream_options.include_usage:
---                not part of the fingerprint, but the answer shows them (zccp.l1)
---   r.model      the body's "model" when a string (zccp.router: the engines that serve it)
+--                not part of the fingerprint, but the answer shows them (zccp.plugins.l1.cache)
+--   r.model      the body's "model" when a string (zccp.plugins.router.route: the engines that serve it)
 --   r.route_key  32-byte string   the conversation's routing key (fp.route_key(api, body,
---                endpoint): the same for a body keys() is not asked for) (zccp.router; the front tier's
+--                endpoint): the same for a body keys() is not asked for) (zccp.plugins.router.route; the front tier's
 --                too): SHA-256 of "zccp-route-v1\n" and, from the canonical masked form (§6), the
 --                values of model, system and tools and the messages up to and including the
 --                first "user" message (all of them when none is), every "cache_control"
@@ -36,11 +36,11 @@
 -- and tokenizing stops at the 1025th token.
 local ffi = require "ffi"
 local bit = require "bit"
-local T = require "zccp.fp_tables"
+local T = require "zccp.fp.tables"
 local csf = require "zccp.fp.csf"
 local canonical = require "zccp.fp.canonical"
 local prompt = require "zccp.fp.prompt"
-local sha256 = require "zccp.sha256"
+local sha256 = require "zccp.lib.sha256"
 local new_buffer = require("string.buffer").new
 
 local type = type
@@ -61,7 +61,7 @@ local _M = { _VERSION = "0.2.0" }
 local DECODE_LIMIT = T.decode_limit
 _M.DECODE_LIMIT = DECODE_LIMIT
 _M.MAX_TOKENS = T.max_tokens
--- A body this module does not fingerprint routes by its first bytes (zccp.router, zccp.front.tier):
+-- A body this module does not fingerprint routes by its first bytes (zccp.plugins.router.route, zccp.front.tier):
 -- an SDK writes a conversation's start the same way every turn.
 _M.ROUTE_RAW_BYTES = 4096
 
@@ -142,14 +142,14 @@ local function complete(r, debug)
     return r
 end
 
--- The keys only (§1, §2, §6): what an L1 lookup needs (zccp.l1); complete(r) adds the
+-- The keys only (§1, §2, §6): what an L1 lookup needs (zccp.plugins.l1.cache); complete(r) adds the
 -- rest before the request goes to the engine. Same results and errors as compute().
 function _M.keys(api, body, debug, limit)
     if api ~= "anthropic" and api ~= "openai" then
-        error("zccp.fingerprint.compute: api must be \"anthropic\" or \"openai\"", 2)
+        error("zccp.fp.fingerprint.compute: api must be \"anthropic\" or \"openai\"", 2)
     end
     if type(body) ~= "string" then
-        error("zccp.fingerprint.compute: body must be a string", 2)
+        error("zccp.fp.fingerprint.compute: body must be a string", 2)
     end
     local doc, err = decode(body, limit)
     if not doc then
@@ -217,7 +217,7 @@ function _M.complete(r)
     return complete(r)
 end
 
--- The route key of a body keys() was not asked for (zccp.router, zccp.front.tier): a request
+-- The route key of a body keys() was not asked for (zccp.plugins.router.route, zccp.front.tier): a request
 -- that neither reads nor writes the cache (no-cache + no-store), /v1/responses
 -- (endpoint "responses": instructions, tools and `input` through its first user item
 -- play system, tools and messages; a string input is that user item), /v1/completions,

@@ -2,10 +2,10 @@
 -- value, written into request.tenant with ZCCP_FLAG_TENANT. Header sources are known
 -- only here; the body's end user when nginx decoded the body (else the engine reads it).
 --
---   local tenant = require "zccp.tenant"
+--   local tenant = require "zccp.lib.tenant"
 --   local digest = tenant.digest(fp)   -- 32-byte string, or nil (anonymous / left to the engine)
 local settings = require "zccp.settings"
-local sha256 = require "zccp.sha256"
+local sha256 = require "zccp.lib.sha256"
 
 local ngx_var = ngx.var
 local str_match = string.match
@@ -67,8 +67,8 @@ function _M.api_key()
     return token
 end
 
--- fp: the request's fingerprint (zccp.fingerprint.compute), or nil. With keys on
--- (zccp.auth) the tenant is the verified key's, whatever cache.tenant_source says.
+-- fp: the request's fingerprint (zccp.fp.fingerprint.compute), or nil. With keys on
+-- (zccp.plugins.auth.keys) the tenant is the verified key's, whatever cache.tenant_source says.
 function _M.digest(fp)
     local verified = settings.keys_on() and ngx.ctx.zccp_tenant   -- only auth sets it: no ngx.ctx without keys
     if verified then

@@ -5,7 +5,7 @@
 -- An answer is kept under the digest of the request's raw bytes (found before any
 -- fingerprint) and, for a request nginx fingerprinted and did not mask, its exact key.
 --
---   local l1 = require "zccp.l1"
+--   local l1 = require "zccp.plugins.l1.cache"
 --   local k = l1.begin(api, body, flags)             -- nil: this request skips L1
 --   if k and l1.serve(api, k) then return end        -- the very same bytes: answered, no fingerprint
 --   ... fp = fingerprint.keys(api, body) ...
@@ -23,13 +23,13 @@
 -- (usage's cached prompt tokens).
 local ffi = require "ffi"
 local bit = require "bit"
-local abi = require "zccp.abi"
+local abi = require "zccp.lib.abi"
 local settings = require "zccp.settings"
-local sha256 = require "zccp.sha256"
-local metrics = require "zccp.metrics"
-local limits = require "zccp.limits"
-local tenant_mod = require "zccp.tenant"
-local arena_mod = require "zccp.arena"
+local sha256 = require "zccp.lib.sha256"
+local metrics = require "zccp.lib.metrics"
+local limits = require "zccp.plugins.limits.admit"
+local tenant_mod = require "zccp.lib.tenant"
+local arena_mod = require "zccp.lib.arena"
 
 local ngx = ngx
 local ngx_shared = ngx.shared
@@ -115,9 +115,9 @@ end
 -- A request's L1 record, or nil when it must not use L1: Cache-Control no-cache or
 -- no-store (flags), or L1 off. It first holds the keys of the raw bytes: the SHA-256 of
 -- `body` (also the slot's, on a miss), or, when body is nil (it streams into the slot,
--- zccp.body), `pending` until digested() gives it the slot's. Their tenant is the one
+-- zccp.core.body), `pending` until digested() gives it the slot's. Their tenant is the one
 -- known without the body (the headers'): identical bytes name the same end user.
--- The cache's purge epoch (zccp.arena.purge_epoch), as a string, or nil (unknown: no L1).
+-- The cache's purge epoch (zccp.lib.arena.purge_epoch), as a string, or nil (unknown: no L1).
 -- Keys carry the value read when the request began: an entry stored under it is never
 -- reached once a purge on any host has replaced it. The first request to see a new one
 -- empties this L1 (the entries nothing can reach any more would only take room).
@@ -199,7 +199,7 @@ end
 -- mask: its exact key (fingerprint.md §6), and what the exact key leaves out but the answer
 -- shows (stream, OpenAI's stream_options.include_usage). Masked requests keep their raw
 -- keys only: masked values of other lengths give other prompt token counts (usage).
--- tenant: the request's tenant (zccp.tenant.digest(fp)). True when it added them.
+-- tenant: the request's tenant (zccp.lib.tenant.digest(fp)). True when it added them.
 function _M.exact(k, fp, tenant)
     if not fp or fp.masked then
         return false
@@ -221,7 +221,7 @@ local function make_fill(n)
         src[#src + 1] = (" OUT[%d] = B62_OF[POOL[at + %d]]\n"):format(i, i)
     end
     src[#src + 1] = "end\n"
-    return assert(load(concat(src), "=zccp.l1.fill" .. n))(OUT, B62_OF, POOL)
+    return assert(load(concat(src), "=zccp.plugins.l1.cache.fill" .. n))(OUT, B62_OF, POOL)
 end
 for _, a in pairs(APIS) do
     a.fill = make_fill(a.n)
@@ -257,7 +257,7 @@ end
 -- indexes; fixed: the literal pieces' length), or nil when it is not one keep() wrote.
 -- entry: a tag (TAG_LEN hex digits, see tag_of), "S" (SSE) or "J", the time the answer
 -- was born (Age), the engine's input and output token counts (what a hit saves, metered
--- by zccp.limits), ":", the template
+-- by zccp.plugins.limits.admit), ":", the template
 local TAG_LEN = 8
 
 local function parse(v)
@@ -381,7 +381,7 @@ function _M.serve(api, k, final)
     ngx_header["Age"] = age > 0 and age or 0
     ngx_print(parts)
     metrics.l1(api, "hit")
-    if settings.keys_on() then   -- a metered request (zccp.limits' ticket in ngx.ctx); else no ngx.ctx
+    if settings.keys_on() then   -- a metered request (zccp.plugins.limits.admit' ticket in ngx.ctx); else no ngx.ctx
         limits.observe_counts(e.pin, e.pout, "HIT")
     end
     return true

@@ -4,7 +4,7 @@
 -- the file when it loads this module at start-up (init_by_lua loads the handler; as root
 -- under a distribution's nginx, so the workers need no write access to its directory); each
 -- worker appends to that one descriptor (O_APPEND, unbuffered: one write per flush of its
--- queued lines, zccp.limits).
+-- queued lines, zccp.plugins.limits.admit).
 local cjson = require "cjson.safe"
 local settings = require "zccp.settings"
 
@@ -93,7 +93,7 @@ local function rid_json(rid)
     return '"' .. rid .. '"'
 end
 
--- One request's line (t: its zccp.limits ticket; rid: its request id; cache: its
+-- One request's line (t: its zccp.plugins.limits.admit ticket; rid: its request id; cache: its
 -- X-ZCCP-Cache verdict, or nil), without the newline: one concatenation, no table.
 function _M.line(t, rid, status, input, output, saved, cache)
     return '{"ts":' .. ngx_now() .. ',"request_id":' .. rid_json(rid) .. ',' .. key_part(t.who)
@@ -101,7 +101,7 @@ function _M.line(t, rid, status, input, output, saved, cache)
         .. ',"saved_tokens":' .. saved .. (t.fields or "") .. '}'   -- t.fields: plugins' (zccp.plugins.usage)
 end
 
--- Several lines in one write (zccp.limits flushes them together).
+-- Several lines in one write (zccp.plugins.limits.admit flushes them together).
 function _M.write_lines(lines)
     local f = handle()
     if not f or #lines == 0 then

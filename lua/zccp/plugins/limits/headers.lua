@@ -1,14 +1,14 @@
--- The rate-limit headers of each API (zccp.limits) and its 429 answers, which carry them
+-- The rate-limit headers of each API (zccp.plugins.limits.admit) and its 429 answers, which carry them
 -- too, as the real APIs' 429s do.
 --
 --   headers.set(api, w, now, refused_j)   -- refused_j: the limit refused (its remaining: 0)
 --   headers.refuse(api, scope_name, j, limit, retry)   -- the 429 (false)
 local cjson = require "cjson.safe"
 local errors = require "zccp.errors"
-local metrics = require "zccp.metrics"
-local lease = require "zccp.lease"
-local resp_header = require "zccp.resp_header"
-local windows = require "zccp.limits.windows"
+local metrics = require "zccp.lib.metrics"
+local lease = require "zccp.plugins.limits.lease"
+local resp_header = require "zccp.plugins.limits.resp_header"
+local windows = require "zccp.plugins.limits.windows"
 
 local ngx = ngx
 local ngx_header = ngx.header
