@@ -39,9 +39,10 @@ local t1 = libc.now_ns()
 if not who then
     return
 end
-limits.admit(who, "anthropic", body, nil, rid)
+local r = { who = who, api = "anthropic", body = body, request_id = rid }
+limits.admit(r)
 local t2 = libc.now_ns()
-limits.settle()
+limits.settle(r)
 local t3 = libc.now_ns()
 local line
 if new_line then

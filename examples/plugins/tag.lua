@@ -14,10 +14,10 @@ local _M = {
     },
 }
 
-function _M.prepare(_, conf)
+function _M.prepare(r, conf)
     local v = ngx_var[conf.header]
     if v then
-        local ok, err = usage_fields.add(conf.field, v)
+        local ok, err = usage_fields.add(r, conf.field, v)
         if not ok and err ~= "no usage record for this request" then
             ngx.log(ngx.WARN, "tag: ", err)
         end

@@ -73,21 +73,21 @@ end
 
 -- Answers the client from the relay's outcome. Returns "retry" when the engine behind
 -- the arena changed before anything was sent (a stale ring).
-local function respond(api, slot, outcome, r, rkind)
+local function respond(api, slot, outcome, res, r)
     if STREAM_ENDS[outcome] then
         return end_stream(api, slot, outcome)
     end
     if outcome == "done" then
-        if not r.sse then
-            -- GET /v1/models: the key's models only (hook models_body, from auth; it reads ngx.ctx)
-            local models_body = rkind == "models" and hooks.models_body
-            local body = models_body and models_body(r.parts) or nil
-            ngx_header["Content-Length"] = body and #body or r.acked
-            ngx_print(body or r.parts)
+        if not res.sse then
+            -- GET /v1/models: the key's models only (hook models_body, from auth)
+            local models_body = r.kind == "models" and hooks.models_body
+            local body = models_body and models_body(r, res.parts) or nil
+            ngx_header["Content-Length"] = body and #body or res.acked
+            ngx_print(body or res.parts)
         end
         return
     end
-    if outcome == "retry" and not r.started then
+    if outcome == "retry" and not res.started then
         return "retry"
     end
     if outcome == "client closed the connection" then
@@ -101,10 +101,10 @@ local function respond(api, slot, outcome, r, rkind)
     else
         code, kind, msg = 503, "overloaded_error", "engine failed: " .. outcome
     end
-    if not r.started then
+    if not res.started then
         return errors.send(api, code, kind, msg, code == 503 and RETRY_AFTER or nil)
     end
-    if r.sse then
+    if res.sse then
         ngx_print(errors.sse_event(api, kind, msg))
         ngx_flush(true)
     end
@@ -178,7 +178,7 @@ local function attempt(r, a, state, e)
         engine_down(e)
         return "next", 503, "overloaded_error", "engine failed: " .. outcome
     end
-    return respond(api, slot, outcome, res, r.kind)
+    return respond(api, slot, outcome, res, r)
 end
 
 -- A bug in attempt() (it raised `err`) must not leak a slot or a doorbell connection.

@@ -3,7 +3,7 @@
 -- only here; the body's end user when nginx decoded the body (else the engine reads it).
 --
 --   local tenant = require "zccp.lib.tenant"
---   local digest = tenant.digest(fp)   -- 32-byte string, or nil (anonymous / left to the engine)
+--   local digest = tenant.digest(fp, r.who)   -- 32-byte string, or nil (anonymous / left to the engine)
 local settings = require "zccp.settings"
 local sha256 = require "zccp.lib.sha256"
 
@@ -68,9 +68,10 @@ function _M.api_key()
 end
 
 -- fp: the request's fingerprint (zccp.fp.fingerprint.compute), or nil. With keys on
--- (zccp.plugins.auth.keys) the tenant is the verified key's, whatever cache.tenant_source says.
-function _M.digest(fp)
-    local verified = settings.keys_on() and ngx.ctx.zccp_tenant   -- only auth sets it: no ngx.ctx without keys
+-- (the auth plugin) the tenant is the verified key's, whatever cache.tenant_source says.
+-- who: the request's caller (r.who, set by the auth plugin), or nil.
+function _M.digest(fp, who)
+    local verified = who and settings.keys_on() and who.tenant_digest
     if verified then
         return verified
     end

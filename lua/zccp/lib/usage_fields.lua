@@ -1,15 +1,14 @@
 -- Plugins' own fields in a request's usage line (auth.usage_log; the line is written by
--- zccp.plugins.limits.admit.settle): the public helper for plugins, docs/plugins.md.
+-- the limits plugin in the log phase): the public helper for plugins, docs/plugins.md.
 --
 --   local usage_fields = require "zccp.lib.usage_fields"
---   local ok, err = usage_fields.add("team", ngx.var.http_x_team)
+--   local ok, err = usage_fields.add(r, "team", ngx.var.http_x_team)
 --
 -- A field never overwrites the line's own (ts, tenant, ...) nor one added before; a name is
 -- lower case letters, digits and _; a string value is written as valid UTF-8 whatever bytes
 -- it holds (an invalid sequence becomes U+FFFD), as the rest of the line is.
 local cjson = require "cjson.safe"
 
-local ngx = ngx
 local type = type
 local encode = cjson.encode
 local str_find = string.find
@@ -64,11 +63,11 @@ local function valid_utf8(s)
 end
 _M.valid_utf8 = valid_utf8
 
--- Adds "key":value to this request's usage line (a request with an API key, auth.usage_log
+-- Adds "key":value to request r's usage line (a request with an API key, auth.usage_log
 -- set). value: a string, number or boolean. Returns true, or nil, why (no record for this
 -- request, a built-in or repeated key, a bad name or value). Call it once limits admitted
 -- (prepare after limits, or later).
-function _M.add(key, value)
+function _M.add(r, key, value)
     if type(key) ~= "string" or not str_find(key, "^[a-z][a-z0-9_]*$") or #key > 64 then
         return nil, "usage field name must be lower case letters, digits and _ (at most 64)"
     end
@@ -81,7 +80,7 @@ function _M.add(key, value)
     elseif tv ~= "number" and tv ~= "boolean" then
         return nil, "usage field " .. key .. ": a string, number or boolean"
     end
-    local t = ngx.ctx.zccp_limits
+    local t = r.limits   -- the limits plugin's record of this request
     if not t then
         return nil, "no usage record for this request"
     end

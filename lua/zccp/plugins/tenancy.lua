@@ -12,10 +12,10 @@ function _M.prepare(r)
         return
     end
     if r.endpoint then   -- the engine fingerprints these itself, under keys naming the endpoint
-        r.extra = { tenant = tenant.digest(nil), openai_api = abi.C[OPENAI_ENDPOINTS[r.endpoint]] }
+        r.extra = { tenant = tenant.digest(nil, r.who), openai_api = abi.C[OPENAI_ENDPOINTS[r.endpoint]] }
         return
     end
-    local t = tenant.digest(r.fp)
+    local t = tenant.digest(r.fp, r.who)
     r.tenant, r.extra = t, t and { tenant = t }
 end
 

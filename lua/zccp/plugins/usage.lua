@@ -1,5 +1,5 @@
--- Usage records (zccp.plugins.limits.usage_log, written by zccp.plugins.limits.admit.settle): plugins add their own
--- fields to this request's line with zccp.lib.usage_fields.add (docs/plugins.md).
+-- Usage records (written by the limits plugin in the log phase): plugins add their own
+-- fields to a request's line with zccp.lib.usage_fields.add(r, key, value) (docs/plugins.md).
 local usage_fields = require "zccp.lib.usage_fields"
 
 local _M = { name = "usage" }

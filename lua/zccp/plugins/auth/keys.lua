@@ -1,6 +1,6 @@
 -- API keys (auth.mode: keys): the caller's key, from x-api-key or Authorization: Bearer,
 -- verified before the body is read and any slot is claimed; the key's record gives the
--- tenant (the cache's, zccp.lib.tenant), its allowed models and its limits (zccp.plugins.limits.admit).
+-- tenant (the cache's, zccp.lib.tenant), its allowed models and its limits (the limits plugin).
 --
 -- Only the key's SHA-256 is stored: Redis key `zccp:auth:k:<hex>` holds the record as JSON
 -- (written by `zccp-keys`, zccp.ops.keys / zccp.keys). Each worker keeps verified records
@@ -18,7 +18,6 @@ local tenant = require "zccp.lib.tenant"
 local errors = require "zccp.errors"
 local redis = require "zccp.lib.redis"
 local metrics = require "zccp.lib.metrics"
-local limits = require "zccp.plugins.limits.admit"
 
 local ngx = ngx
 local ngx_now = ngx.now
@@ -204,15 +203,14 @@ function _M.admit(api)
         return refuse(api, api == "openai" and "Incorrect API key provided: the key has expired."
             or "invalid x-api-key: the key has expired")
     end
-    ngx.ctx.zccp_tenant = rec.tenant_digest
     metrics.add("zccp_nginx_auth_total", api, "ok")   -- summed in the worker (zccp.lib.metrics)
     return rec
 end
 
 -- Whether this caller's body must be read whole before it is sent on (not streamed into the
--- slot): its key names models, or it has limits (max_tokens is reserved).
+-- slot): its key names models (a key with limits: the limits plugin asks too).
 function _M.wants_body(who)
-    return who.models ~= nil or limits.limited(who)
+    return who.models ~= nil
 end
 
 local function model_of(body)
@@ -259,10 +257,10 @@ end
 
 -- GET /v1/models for a key limited to some models: the engine's list (its bytes, parts)
 -- with only those, re-encoded; nil when the list needs no change (no such key, another
--- request, a body that is not a list).
-function _M.models_body(parts)
-    local t = ngx.ctx.zccp_limits   -- zccp.plugins.limits.admit' ticket: who asks, for what
-    local allowed = t and t.kind == "models" and t.who.models
+-- request, a body that is not a list). r: the request (r.who: its caller).
+function _M.models_body(r, parts)
+    local who = r.kind == "models" and r.who
+    local allowed = who and who.models
     if not allowed then
         return nil
     end

@@ -3,7 +3,7 @@
 -- worker of any stack has *leased* from it; one atomic script grants a slice of what is
 -- left (at least what the request needs, about 1/SHARE of the rest), never past the
 -- limit. This worker spends its slices without Redis, takes refunds back into them, and
--- gives unspent budget back (zccp.plugins.limits.admit' flush): when idle for IDLE_S, when the counter
+-- gives unspent budget back (the limits plugin's flush): when idle for IDLE_S, when the counter
 -- is nearly spent (another worker may need it), and when the worker exits. So across all
 -- workers and stacks the reservations admitted in a window never pass the limit.
 --

@@ -1,4 +1,4 @@
--- Response headers set with one FFI call each: zccp.plugins.limits.admit' rate-limit headers (6 or 12 on
+-- Response headers set with one FFI call each: the limits plugin's rate-limit headers (6 or 12 on
 -- every answer with limits). ngx.header's assignment goes through a metamethod, resty.core's
 -- checks, a request lookup and a tostring for each header; most of a request's Lua runs in
 -- LuaJIT's interpreter, where those steps cost about as much again as the C call itself
