@@ -171,7 +171,7 @@ function _M.serve(api, kind, endpoint)
         return
     end
     -- Registered only for the engine's wait (zccp.core.relay reads state.aborted), not before:
-    -- ngx.on_abort makes a coroutine per call (0.75 µs, ~3% of an L1 hit's nginx CPU), and a
+    -- ngx.on_abort makes a coroutine per call (a cost an L1 hit need not pay), and a
     -- client gone while nothing is claimed yet (the body, the plugins' Redis calls) has the
     -- Lua module end the request there, its log phase still run (lua_check_client_abort).
     live[request_key()] = state

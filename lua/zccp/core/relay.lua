@@ -47,7 +47,7 @@ local function send_headers(slot, status, sse)
     local cache = CACHE_NAMES[tonumber(meta.cache_status)]
     if cache then
         ngx_header["X-ZCCP-Cache"] = cache
-        slot.cache = cache   -- the verdict sent, metered with the request (zccp.plugins.limits.admit.observe)
+        slot.cache = cache   -- the verdict sent, metered with the request (r.cache, the relayed phase)
         if cache == "NEAR" then
             ngx_header["X-ZCCP-Similarity"] = str_format("%.4f", tonumber(meta.similarity_ppm) / 1e6)
         end
@@ -138,7 +138,7 @@ local function on_notice(slot, r, n)
         return "engine committed an invalid response length"
     end
     -- The engine's mark (zccp_abi.h committed_mark): relayed up to it, the bytes sent carry
-    -- a known output-token count (zccp.plugins.limits.admit settles a stream ended early from it).
+    -- a known output-token count (res.sent_tokens: what a stream ended early is settled on).
     local at, tokens = limits_mark.read(a:meta(i))
     if at > committed and at <= now_len and at - r.acked <= a.response_cap then
         committed = at   -- a later notice's bytes, relayed now

@@ -1,7 +1,7 @@
 -- The request id nginx makes for a caller that sent none (or none it can keep): 32 hex
 -- digits of libcrypto's CSPRNG, as nginx's $request_id, cut from a hex string of POOL_IDS
--- ids drawn in one call. $request_id calls RAND_bytes once per request (about 9 µs of
--- nginx CPU per 1 KiB L1 hit: bench/jit_paths.md); here a request pays one substring. The pool is
+-- ids drawn in one call. $request_id calls RAND_bytes once per request (its cost on an L1
+-- hit: bench/jit_paths.md); here a request pays one substring. The pool is
 -- drawn in the worker, at its first id: never copied from the master into several workers.
 --
 --   local id = request_id.new()

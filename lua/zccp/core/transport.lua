@@ -205,7 +205,7 @@ local function fill_slot(a, i, src, flags, timeout_ms, fp, extra, rid)
 end
 
 -- Whether the slot is still this request's: its claim and the generation it filled.
--- Every write to the slot after the fill is conditioned on it (issue 20).
+-- Every write to the slot after the fill is conditioned on it (a lapsed claim writes nothing).
 function _M.owned(slot)
     return slot.header.generation == slot.generation and slots.owns(slot.arena, slot.index, slot.token)
 end

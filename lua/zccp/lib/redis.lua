@@ -1,4 +1,4 @@
--- nginx's Redis (the key lookups of zccp.plugins.auth.keys, the counters of zccp.plugins.limits.admit and zccp.plugins.limits.lease,
+-- nginx's Redis (the key lookups of the auth plugin, the counters of the limits plugin and its leases,
 -- zccp.admin.keys' records) over lua-resty-redis: Debian's lua-nginx-redis installs it as
 -- nginx.redis (OpenResty's name, resty.redis, is taken where that one is missing). The
 -- library speaks RESP over a pooled cosocket; what stays ours is thin (docs/libraries.md):

@@ -54,8 +54,8 @@ end
 
 -- Digest of `len` bytes at `ptr` (a pointer or a Lua string) into `out` (32 bytes).
 -- Init/Update/Final on the worker's context, not the one-shot SHA256(): OpenSSL 3's one-shot
--- fetches the digest through EVP on every call (2.4 µs for 1 KiB against 1.5 µs; every L1
--- lookup and every cached miss pays it: bench/jit_paths.md). Never yields.
+-- fetches the digest through EVP on every call (slower; every L1 lookup and every cached
+-- miss would pay it: bench/jit_paths.md). Never yields.
 function _M.digest_into(ptr, len, out)
     if not crypto then
         return nil, "libcrypto not found"

@@ -4,7 +4,7 @@
 -- worker as it exits, or reaped once the worker that took it is gone (a crashed worker:
 -- worker 0's timer, or the next claim that finds the pool full), never by a clock.
 -- A claim that could lapse while its relay still acts hands the slot to a second
--- request that the first then damages (issue 20).
+-- request that the first then damages.
 local ffi = require "ffi"
 local libc = require "zccp.lib.libc"
 local settings = require "zccp.settings"

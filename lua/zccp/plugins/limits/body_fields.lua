@@ -2,8 +2,7 @@
 -- (zccp.plugins.limits.reserve: max_tokens, max_completion_tokens, max_output_tokens, n, and how
 -- many prompts `prompt` holds), read in one pass over the bytes instead of a cjson.decode
 -- of the whole body: no table or string is made per member, so a body costs no garbage
--- (decoding each new 1 KiB body cost ~19 µs of nginx CPU with its collection,
--- bench/keys_bodies2000.md). Written by hand: neither cjson nor the OpenResty libraries
+-- (a decode per new body, and its collection, cost more: bench/keys_bodies2000.md). Written by hand: neither cjson nor the OpenResty libraries
 -- read one member of a document without building all of it.
 --
 -- Exact for well-formed JSON: strings are skipped by their escapes, nesting is counted, a

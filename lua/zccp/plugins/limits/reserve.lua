@@ -49,12 +49,11 @@ local function budget(api, max_tokens, max_completion_tokens, max_output_tokens,
 end
 
 -- The output reservation of a body, or nil, err when nginx cannot decode it (the engine
--- may: it is refused, never reserved at a default). Read by zccp.plugins.limits.body_fields in one
--- pass over the bytes (0.8 µs per 1 KiB body in nginx); a body it cannot read as cjson
--- would is decoded. Read again for the same bytes (an L1 hit): a per-worker memo keyed by
--- the body string cost more than it saved (bench/engine_stages.md round 12: 5.3 µs per new
--- 1 KiB body against 0.2 µs for a seen one), as LuaJIT hashes a long string from a few of its
--- bytes and same-length bodies that agree there share one hash chain.
+-- may: it is refused, never reserved at a default). Read by plugins/limits/body_fields in one
+-- pass over the bytes; a body it cannot read as cjson would is decoded. Read again for the
+-- same bytes (an L1 hit): a per-worker memo keyed by the body string cost more than it
+-- saved (bench/engine_stages.md), as LuaJIT hashes a long string from a few of its bytes
+-- and same-length bodies that agree there share one hash chain.
 local function output_reservation(body, api)
     if not body then
         local s = settings.get().limits
