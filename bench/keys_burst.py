@@ -106,7 +106,7 @@ def main() -> None:
              f"A key with `otpm` {args.limit}; {args.clients} concurrent clients (half on each stack, null model, "
              f"max_tokens {args.max_tokens}, no-store so every request is a model run) for {args.seconds:g} s; "
              "a 429 client waits its retry-after (≤ 1 s). Admissions are spent from each nginx worker's lease "
-             "of the window's budget (zccp.plugins.limits.lease). Output tokens served, by the calendar minute the answer "
+             "of the window's budget (plugins/limits/lease). Output tokens served, by the calendar minute the answer "
              "ended in; in flight: the max_tokens reserved by answers begun in the minute before (admitted "
              "in that window) and ended in this one; the bound is the limit + those (the first and last "
              "minutes are partial):", "",
