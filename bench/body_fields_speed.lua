@@ -1,9 +1,9 @@
--- bench/body_fields_speed.lua: zccp.limits.body_fields.read on large bodies of one text
+-- bench/body_fields_speed.lua: zccp.plugins.limits.body_fields.read on large bodies of one text
 -- shape, in LuaJIT alone (bench/engine_stages.md, round 12). One shape per process (the
 -- traces of one shape would shape the next's). OLD: another version's file to set beside
 -- it, e.g. the byte-by-byte one:
 --
---   git show a9400e1:lua/zccp/limits/body_fields.lua > /tmp/bf_old.lua
+--   git show a9400e1:lua/zccp/plugins/limits/body_fields.lua > /tmp/bf_old.lua
 --   for s in prose code dense json plain; do luajit bench/body_fields_speed.lua $s /tmp/bf_old.lua; done
 package.path = "lua/?.lua;" .. package.path
 local SHAPES = {   -- a chat message's text, repeated; 64 messages
@@ -19,7 +19,7 @@ for i = 1, 64 do
     msgs[i] = '{"role": "user", "content": "' .. shape[1]:rep(shape[2]) .. '"}'
 end
 local body = '{"model": "m", "max_tokens": 100, "messages": [' .. table.concat(msgs, ", ") .. ']}'
-local impls = { { "now", require("zccp.limits.body_fields") } }
+local impls = { { "now", require("zccp.plugins.limits.body_fields") } }
 if arg[2] then
     impls[2] = { arg[2], dofile(arg[2]) }
 end

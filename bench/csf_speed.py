@@ -46,7 +46,7 @@ BENCH_LOCATION = r"""
 # JSON { compute_us, decode_us, decode_mask_us, csf_us = {p10, median, p90}, tokens, body_bytes }
 location = /_fp/bench_body {
     content_by_lua_block {
-        local fp = require "zccp.fingerprint"
+        local fp = require "zccp.fp.fingerprint"
         local mask_apply = require "zccp.fp.mask_apply"
         local csf = require "zccp.fp.csf"
         local cjson = require "cjson"

@@ -74,7 +74,7 @@ http {{
         location = /bench/decide {{
             content_by_lua_block {{
                 local front = require "zccp.front.tier"
-                local rendezvous = require "zccp.rendezvous"
+                local rendezvous = require "zccp.lib.rendezvous"
                 local cjson = require "cjson"
                 ngx.req.read_body()
                 local body = ngx.req.get_body_data()
@@ -112,7 +112,7 @@ http {{
         location = /bench/spread {{
             content_by_lua_block {{
                 local front = require "zccp.front.tier"
-                local rendezvous = require "zccp.rendezvous"
+                local rendezvous = require "zccp.lib.rendezvous"
                 local cjson = require "cjson"
                 ngx.req.read_body()
                 local data = ngx.req.get_body_data()

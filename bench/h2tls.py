@@ -178,7 +178,7 @@ def report(results: dict) -> str:
         "P-256 certificate, TLS 1.3 chosen by both ends, session cache; HTTP/1.1 over TLS with `--h1`). "
         "D answers a repeated body from nginx's L1 (the hit path), D-nocache sends `Cache-Control: "
         "no-cache, no-store` (the engine on every request: the miss path). Over HTTP/2, D's 512 KiB "
-        "bodies go through nginx's in-memory body buffer and one copy into the slot (zccp.body); over "
+        "bodies go through nginx's in-memory body buffer and one copy into the slot (zccp.core.body); over "
         "HTTP/1.1 they stream from the socket into the slot. Server CPU = utime+stime of every process "
         "of the variant (nginx, engine, redis, uvicorn) per request, from /proc; h2load itself runs on "
         "the same 2 cores.",

@@ -5,7 +5,7 @@
 -- the pieces that do not yield on a 1 KiB request without Redis are wrapped (body.read and
 -- ring are marked "may yield"); the rest of the request is the /proc total minus these.
 local ffi = require "ffi"
-require "zccp.libc"   -- declares clock_gettime and struct zccp_timespec
+require "zccp.lib.libc"   -- declares clock_gettime and struct zccp_timespec
 
 local C = ffi.C
 local ts = ffi.new("struct zccp_timespec")
@@ -60,20 +60,20 @@ function _M.install()
     wrap(transport, "ring", "core ring (may yield)")
     wrap(transport, "hang_up", "core hang_up")
     wrap(transport, "release", "core release")
-    wrap(require("zccp.body"), "read", "core body.read (may yield)")
-    wrap(require("zccp.router"), "order", "core router.order")
-    wrap(require("zccp.arena"), "acquire", "core arena.acquire")
+    wrap(require("zccp.core.body"), "read", "core body.read (may yield)")
+    wrap(require("zccp.plugins.router.route"), "order", "core router.order")
+    wrap(require("zccp.lib.arena"), "acquire", "core arena.acquire")
     -- inside the phases (counted in them too)
-    local l1 = require "zccp.l1"
+    local l1 = require "zccp.plugins.l1.cache"
     wrap(l1, "begin", "  in prepare: l1.begin")
     wrap(l1, "serve", "  in prepare/keys: l1.serve")
     wrap(l1, "keep", "  in relayed: l1.keep")
-    local fingerprint = require "zccp.fingerprint"
+    local fingerprint = require "zccp.fp.fingerprint"
     wrap(fingerprint, "keys", "  in prepare: fingerprint.keys")
     wrap(fingerprint, "complete", "  in keys: fingerprint.complete")
-    wrap(require("zccp.tenant"), "digest", "  in prepare: tenant.digest")
-    wrap(require("zccp.metrics"), "log", "  in log: metrics.log")
-    wrap(require("zccp.metrics"), "l1", "  in prepare: metrics.l1")
+    wrap(require("zccp.lib.tenant"), "digest", "  in prepare: tenant.digest")
+    wrap(require("zccp.lib.metrics"), "log", "  in log: metrics.log")
+    wrap(require("zccp.lib.metrics"), "l1", "  in prepare: metrics.l1")
 end
 
 -- bench/jit_paths.py --vmstate: LuaJIT's own sampling profiler (jit.profile, the one

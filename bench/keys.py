@@ -7,7 +7,7 @@ tests' Stack launcher), loopback, wrk (bench/wrk/post.lua).
 
 Rows: auth off | keys (a key without limits: verified from the worker's cache, metered
 after the answer) | keys+limits (rpm, input and output tokens per minute, daily and monthly
-tokens, high enough never to refuse: reserved from the worker's leases, zccp.lease) |
+tokens, high enough never to refuse: reserved from the worker's leases, zccp.plugins.limits.lease) |
 keys+limits+conc (the same and a concurrency limit: one Redis round trip per admission,
 as that limit is exact) | A (nginx alone: cjson.decode of the body and a canned reply, bench.run's
 ceiling; hit rows only), so that each mode's hit is set against A in the same round (issue 30:
@@ -175,10 +175,10 @@ def render(runs: dict[str, list[dict]], seconds: float, conc: int, bodies: int =
              "(every request goes to the engine). keys: `auth.mode: keys`, a key without limits (verified from "
              "the worker's cache, metered in the worker's batch sent every 50 ms). keys+limits: a key with rpm, "
              "itpm, otpm, daily and monthly tokens set (never refused): reserved from the worker's leases "
-             "(zccp.lease; a Redis round trip only when a lease runs low). keys+limits+conc: the same and a "
+             "(plugins/limits/lease; a Redis round trip when a lease runs low). keys+limits+conc: the same and a "
              "concurrency limit of 100000: one Redis script per admission that finds no spare slot (a round "
-             "gives a worker 1/16 of the free slots while the limit is far; zccp.lease). nginx CPU: its processes' "
-             "user+system time over the run / requests. The machine is shared (2 cores, other sessions' "
+             "gives a worker 1/16 of the free slots while the limit is far; plugins/limits/lease). nginx CPU: "
+             "its processes' user+system time over the run / requests. The machine is shared (2 cores, other sessions' "
              "tests running): read the numbers as indicative. Each round measures the hit rows one after the "
              "other, then the miss rows, the modes' order rotated from round to round. A: nginx alone "
              "(`cjson.decode` of the body and a canned reply, bench.run's ceiling, 2 workers), measured with "

@@ -1,7 +1,7 @@
 """A key limited to N output tokens a minute, 64 concurrent clients over two stacks sharing
 one Redis (issue 18's target): the output tokens served in each calendar minute must stay
 ≤ N + the reservations in flight across the minute's start (max_tokens is reserved at
-admission, from each worker's lease of the window's budget, zccp.lease; an answer admitted
+admission, from each worker's lease of the window's budget, zccp.plugins.limits.lease; an answer admitted
 in one window may end in the next).
 
     PYTHONPATH=engine python -m bench.keys_burst [--seconds 300] [--limit 2000] [--clients 64]
@@ -106,7 +106,7 @@ def main() -> None:
              f"A key with `otpm` {args.limit}; {args.clients} concurrent clients (half on each stack, null model, "
              f"max_tokens {args.max_tokens}, no-store so every request is a model run) for {args.seconds:g} s; "
              "a 429 client waits its retry-after (≤ 1 s). Admissions are spent from each nginx worker's lease "
-             "of the window's budget (zccp.lease). Output tokens served, by the calendar minute the answer "
+             "of the window's budget (plugins/limits/lease). Output tokens served, by the calendar minute the answer "
              "ended in; in flight: the max_tokens reserved by answers begun in the minute before (admitted "
              "in that window) and ended in this one; the bound is the limit + those (the first and last "
              "minutes are partial):", "",

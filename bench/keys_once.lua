@@ -2,14 +2,14 @@
 -- request, as on ZCCP's own path (so LuaJIT compiles, or does not, as it does there); each
 -- one's ns summed in the metrics dict. ?report=1: the means per request (JSON), and reset.
 local cjson = require "cjson.safe"
-local libc = require "zccp.libc"
-local auth = require "zccp.auth"
-local limits = require "zccp.limits"
+local libc = require "zccp.lib.libc"
+local auth = require "zccp.plugins.auth.keys"
+local limits = require "zccp.plugins.limits.admit"
 
 local ngx = ngx
 local tonumber = tonumber
 local d = ngx.shared.zccp_metrics
-local usage_log = require "zccp.usage_log"
+local usage_log = require "zccp.plugins.limits.usage_log"
 local PARTS = { "auth.admit", "limits.admit", "limits.settle", "usage_log.line (with the request id)" }
 
 if ngx.var.arg_report then
@@ -39,9 +39,10 @@ local t1 = libc.now_ns()
 if not who then
     return
 end
-limits.admit(who, "anthropic", body, nil, rid)
+local r = { who = who, api = "anthropic", body = body, request_id = rid }
+limits.admit(r)
 local t2 = libc.now_ns()
-limits.settle()
+limits.settle(r)
 local t3 = libc.now_ns()
 local line
 if new_line then

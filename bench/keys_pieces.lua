@@ -2,12 +2,12 @@
 -- one request, in ns per call (JSON). Query: ?plain=<key without limits>&limited=<key with
 -- limits>&n=<iterations>. The body is the request's (1 KiB, as bench/keys.py sends).
 local cjson = require "cjson.safe"
-local libc = require "zccp.libc"
-local tenant = require "zccp.tenant"
-local auth = require "zccp.auth"
-local limits = require "zccp.limits"
-local metrics = require "zccp.metrics"
-local usage_log = require "zccp.usage_log"
+local libc = require "zccp.lib.libc"
+local tenant = require "zccp.lib.tenant"
+local auth = require "zccp.plugins.auth.keys"
+local limits = require "zccp.plugins.limits.admit"
+local metrics = require "zccp.lib.metrics"
+local usage_log = require "zccp.plugins.limits.usage_log"
 
 local ngx = ngx
 local tonumber = tonumber
@@ -47,7 +47,7 @@ local function time(name, f, n)
         end
         local per = tonumber(libc.now_ns() - t0) / n
         best = best and math.min(best, per) or per
-        ngx.sleep(0.06)   -- the flush timers run between runs (zccp.limits, zccp.metrics)
+        ngx.sleep(0.06)   -- the flush timers run between runs (zccp.plugins.limits.admit, zccp.lib.metrics)
     end
     if not out[name] then
         order[#order + 1] = name
@@ -64,14 +64,15 @@ as(args.plain)
 time("tenant.api_key", tenant.api_key)
 time("ngx.var.zccp_request_id", function() return ngx.var.zccp_request_id end)
 time("ngx.ctx write", function() ngx.ctx.zccp_bench = 1 end)
-time("ngx.ctx read", function() return ngx.ctx.zccp_limits end)
+time("ngx.ctx read", function() return ngx.ctx.zccp end)
 time("metrics.count", function() metrics.count("zccp_nginx_auth_total", "anthropic", "ok") end)
 time("auth.admit (key, no limits)", function() return auth.admit("anthropic") end)
 local plain = auth.admit("anthropic")
 time("auth.wants_body (no limits)", function() return auth.wants_body(plain) end)
 time("limits.admit+settle (no limits)", function()
-    limits.admit(plain, "anthropic", body)
-    limits.settle()
+    local r = { who = plain, api = "anthropic", body = body }
+    limits.admit(r)
+    limits.settle(r)
 end, 5000)
 ngx.sleep(0.2)   -- the flusher sends what was queued
 as(args.limited)
@@ -79,13 +80,15 @@ local limited = auth.admit("anthropic")
 time("auth.admit (key with limits)", function() return auth.admit("anthropic") end)
 ngx.sleep(0.2)
 time("limits.admit+settle (limits)", function()
-    limits.admit(limited, "anthropic", body)
-    limits.settle()
+    local r = { who = limited, api = "anthropic", body = body }
+    limits.admit(r)
+    limits.settle(r)
 end, 5000)
 ngx.sleep(0.2)
 time("limits.admit+settle (limits), OpenAI: 6 headers", function()
-    limits.admit(limited, "openai", body)
-    limits.settle()
+    local r = { who = limited, api = "openai", body = body }
+    limits.admit(r)
+    limits.settle(r)
 end, 5000)
 ngx.sleep(0.2)
 ngx.header["X-ZCCP-Cache"] = "HIT"
@@ -111,7 +114,7 @@ time("ngx.header set x12 (Anthropic's rate-limit headers)", function()
         ngx.header[NAMES[i]] = i
     end
 end, 2000)
-local ok_rh, resp_header = pcall(require, "zccp.resp_header")
+local ok_rh, resp_header = pcall(require, "zccp.plugins.limits.resp_header")
 if ok_rh then
     time("resp_header.put x12 (the same headers)", function()
         local r = resp_header.request()

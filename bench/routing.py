@@ -318,7 +318,7 @@ def _part(part: str, results: list[dict[str, Any]]) -> list[str]:
         if part == "routing_cpu":
             out += ["## The routing decision's CPU in nginx", "",
                     "Rendezvous ranking of the model's replicas for a 32-byte route key "
-                    "(`zccp.rendezvous` rank, what `zccp.router` does per request besides one shared-dict "
+                    "(`zccp.lib.rendezvous` rank, what `plugins/router/route` does per request besides one shared-dict "
                     "read per replica), 200,000 decisions in one nginx worker, CPU time by `os.clock`, best "
                     "of 3 (tests/support/nginx/route_test.conf `/_route/bench`). The route key itself is one "
                     "SHA-256 over bytes the fingerprint writes anyway.", "",

@@ -301,7 +301,7 @@ def commit_info() -> dict:
         h.update(str(f.relative_to(REPO)).encode() + b"\0" + f.read_bytes())
     info["tree_digest"] = h.hexdigest()[:16]
     info["features"] = {
-        "lua fingerprint (fingerprint.lua)": (REPO / "lua/zccp/fingerprint.lua").exists(),
+        "lua fingerprint (fingerprint.lua)": (REPO / "lua/zccp/fp/fingerprint.lua").exists(),
         "lua masks (mask_patterns.lua)": (REPO / "lua/zccp/mask_patterns.lua").exists(),
         "engine cache module": any("redis" in f.read_text(errors="ignore") and f.name != "stack.py"
                                    and f.name != "cli.py" and f.name != "config.py"

@@ -3,9 +3,9 @@
 -- luajit2 as Debian packages it) hashes a long string from a few of its bytes, so
 -- strings of one length that differ only elsewhere share one hash chain: interning a new
 -- copy (what ngx.shared.DICT:get and ngx.req.get_body_data make) and looking it up walk
--- that chain. Shapes: nginx's L1 entries as zccp.l1 kept them before round 12 (one
+-- that chain. Shapes: nginx's L1 entries as zccp.plugins.l1.cache kept them before round 12 (one
 -- answer to many prompts: only the born time and counts differ), the same led by the tag
--- zccp.l1 now puts first (8 hex digits of those numbers), and bench.keys' 2000 bodies.
+-- zccp.plugins.l1.cache now puts first (8 hex digits of those numbers), and bench.keys' 2000 bodies.
 --
 --   luajit bench/string_hash.lua [N_LIVE] [LOOKUPS]
 local bit = require "bit"
@@ -21,9 +21,9 @@ local shapes = {
     { "L1 entries, untagged (before)", function(i)
         return "J" .. (1764998000 + i % 900) .. "," .. (250 + math.floor(i / 900)) .. ",64:" .. TPL
     end },
-    { "L1 entries, tagged (zccp.l1 now)", function(i)
+    { "L1 entries, tagged (zccp.plugins.l1.cache now)", function(i)
         local born, pin = 1764998000 + i % 900, 250 + math.floor(i / 900)
-        local tag = string.reverse(bit.tohex(bit.bxor(born, bit.rol(pin, 11), bit.rol(64, 21))))   -- zccp.l1's tag_of
+        local tag = string.reverse(bit.tohex(bit.bxor(born, bit.rol(pin, 11), bit.rol(64, 21))))   -- zccp.plugins.l1.cache's tag_of
         return tag .. "J" .. born .. "," .. pin .. ",64:" .. TPL
     end },
     { "bench.keys bodies (one template, one length)", function(i)

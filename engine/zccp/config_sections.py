@@ -239,7 +239,7 @@ class TracingConfig:
 
 @dataclass(frozen=True)
 class AuthConfig:
-    """API keys, checked by nginx (lua/zccp/auth.lua; docs/keys.md)."""
+    """API keys, checked by nginx (lua/zccp/plugins/auth/keys.lua; docs/keys.md)."""
     # off: every caller is served and the tenant comes from cache.tenant_source (anyone who
     # can reach the listener is served); keys (or on): a key `zccp-keys` made is required
     mode: Literal["off", "on", "keys"] = "off"

@@ -1,5 +1,5 @@
 """API keys in Redis (docs/keys.md): what `zccp-keys` and the admin API write, what nginx
-(lua/zccp/auth.lua) reads.
+(lua/zccp/plugins/auth/keys.lua) reads.
 
 A key is shown once, when it is made; only its SHA-256 is stored. The Redis layout is
 lua/zccp/admin/key_layout.lua's (the one table nginx and this module read): the key's
@@ -187,7 +187,7 @@ MAX_FILE_KEYS = 100_000
 
 
 def load_keys_file(path: str) -> dict[str, Any]:
-    """auth.keys_file, checked as nginx will read it (lua/zccp/auth.lua): {"keys": [records
+    """auth.keys_file, checked as nginx will read it (lua/zccp/plugins/auth/keys.lua): {"keys": [records
     with "sha256"], "tenants": {tenant: {"limits": {...}}}}. ValueError says what is wrong."""
     try:
         with open(path, "rb") as f:
@@ -247,7 +247,7 @@ USAGE_FIELDS = ("requests", "input_tokens", "output_tokens", "cache_hits", "save
 
 
 def usage_key(tenant: str, scope: str, day: str) -> str:
-    """The day's usage hash nginx's zccp.limits meters into (scope: "t" or "k:<key id>")."""
+    """The day's usage hash nginx's zccp.plugins.limits.admit meters into (scope: "t" or "k:<key id>")."""
     return f"zccp:use:{{{tenant}}}:{scope}:{day}"
 
 

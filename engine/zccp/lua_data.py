@@ -1,6 +1,6 @@
 """A reader for Lua *data* files: `return { ... }` made of literals only.
 
-Used for lua/zccp/mask_patterns.lua, lua/zccp/fp_tables.lua and
+Used for lua/zccp/mask_patterns.lua, lua/zccp/fp/tables.lua and
 lua/zccp/error_kinds.lua, which nginx runs as Lua and the engine reads with this
 parser (no Lua runtime in the engine). Supported: comments (-- and --[==[ ]==]),
 `return` (optional), table constructors with `name = v`, `[k] = v` and positional

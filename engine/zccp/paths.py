@@ -63,7 +63,7 @@ def lua_package_path() -> str:
 
 
 def lua_file(name: str) -> Path:
-    """A file of the Lua package, e.g. lua_file("fp_tables.lua")."""
+    """A file of the Lua package, e.g. lua_file("fp/tables.lua")."""
     return lua_dir() / "zccp" / name
 
 

@@ -1,6 +1,6 @@
 -- x-model-hint: NAME picks the model (the replica set of engines: serving NAME), as
 -- seed 001's routing header did. An unknown NAME is the client's 400, naming the header.
-local engines = require "zccp.engines"
+local engines = require "zccp.lib.engines"
 local pipeline = require "zccp.core.pipeline"
 
 local ngx_var = ngx.var

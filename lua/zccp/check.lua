@@ -33,7 +33,7 @@ end
 function _M.run(opts)
     local out = {}
     require("zccp.settings").set(opts.settings)
-    require("zccp.abi").init(opts.settings.abi_header)   -- what the built-in plugins' modules read
+    require("zccp.lib.abi").init(opts.settings.abi_header)   -- what the built-in plugins' modules read
     local mask_store = require "zccp.fp.mask_store"
     -- a last-good path that does not exist: a broken pattern is reported, not replaced
     local n, errs = mask_store.init({ path = opts.mask_patterns, last_good_path = opts.report .. ".none",

@@ -1,11 +1,11 @@
 -- The request path's entry points: the core's own checks (method, content type, size,
 -- the admin listener), then the plugin chain (zccp.core.pipeline) around the transport
 -- (zccp.core.attempts, zccp.core.transport). Every concern is a plugin: docs/plugins.md.
-local abi = require "zccp.abi"
+local abi = require "zccp.lib.abi"
 local errors = require "zccp.errors"
 local settings = require "zccp.settings"
-local body_mod = require "zccp.body"
-local DECODE_LIMIT = require("zccp.fp_tables").decode_limit
+local body_mod = require "zccp.core.body"
+local DECODE_LIMIT = require("zccp.fp.tables").decode_limit
 local admin_gate = require "zccp.admin.gate"
 local pipeline = require "zccp.core.pipeline"
 local core = require "zccp.core.attempts"
@@ -13,8 +13,8 @@ local edges = require "zccp.core.edges"
 local request_headers = require "zccp.core.request_headers"
 local R_MT = require("zccp.core.request_view").MT
 local watch_client = require("zccp.core.client_gone").watch
-local new_request_id = require("zccp.request_id").new
-local mono_s = require("zccp.libc").mono_s
+local new_request_id = require("zccp.core.request_id").new
+local mono_s = require("zccp.lib.libc").mono_s
 
 local get_request = require("resty.core.base").get_request
 local ffi_cast = require("ffi").cast
@@ -142,7 +142,7 @@ end
 -- kind: "purge" or "warmup" (admin listener), "count_tokens" or "models" (GET);
 -- endpoint: "completions" or "responses" (api "openai": /v1/completions, /v1/responses).
 function _M.serve(api, kind, endpoint)
-    local t0 = mono_s()   -- nginx's phase timings (zccp.metrics.phase)
+    local t0 = mono_s()   -- nginx's phase timings (zccp.lib.metrics.phase)
     local s = settings.get()
     local rid = ngx_var.zccp_caller_id   -- the caller's valid X-Request-ID, or ""
     if rid == "" then
@@ -170,8 +170,8 @@ function _M.serve(api, kind, endpoint)
     if not prepare(r, s, len) then
         return
     end
-    -- Registered only for the engine's wait (zccp.relay reads state.aborted), not before:
-    -- ngx.on_abort makes a coroutine per call (0.75 µs, ~3% of an L1 hit's nginx CPU), and a
+    -- Registered only for the engine's wait (zccp.core.relay reads state.aborted), not before:
+    -- ngx.on_abort makes a coroutine per call (a cost an L1 hit need not pay), and a
     -- client gone while nothing is claimed yet (the body, the plugins' Redis calls) has the
     -- Lua module end the request there, its log phase still run (lua_check_client_abort).
     live[request_key()] = state

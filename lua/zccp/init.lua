@@ -2,7 +2,7 @@
 -- arena early, and re-check every second that the engine behind it is the same;
 -- worker 0 also frees the slot claims of workers that died).
 local settings = require "zccp.settings"
-local abi = require "zccp.abi"
+local abi = require "zccp.lib.abi"
 
 local ngx = ngx
 local ipairs = ipairs
@@ -17,8 +17,8 @@ function _M.init(opts)
     -- Compile the operator's mask patterns now: a broken one is logged by name and
     -- the last good set stays in force (see zccp.fp.mask_store).
     require("zccp.fp.mask_store").init({ path = opts.mask_patterns, last_good_path = opts.mask_last_good })
-    require("zccp.fp.mask_apply")   -- zccp.fingerprint requires it lazily: load it here (below)
-    require("zccp.fingerprint")
+    require("zccp.fp.mask_apply")   -- zccp.fp.fingerprint requires it lazily: load it here (below)
+    require("zccp.fp.fingerprint")
     -- Load the request-time modules here too, in the master (root under a distribution's
     -- nginx): the workers inherit them, so a worker user (www-data) needs no read access
     -- to the Lua files, only to the arena and the socket (docs/existing-nginx.md).
@@ -32,27 +32,30 @@ function _M.init(opts)
     end
     require("zccp.handler")
     -- L1 outlives a reload (the dict is kept): the masks or cache.scope may have changed.
-    require("zccp.l1").purge()
+    -- Through the l1 plugin's hook: without l1 in the chain, nothing touches L1.
+    local purge_l1 = require("zccp.core.pipeline").hooks.purge_l1
+    if purge_l1 then
+        purge_l1()
+    end
     require("zccp.admin.health")
-    require("zccp.metrics")
-    require("zccp.router")
+    require("zccp.lib.metrics")
 end
 
--- A dead worker's claims (zccp.slots): claims never expire by time, so this is how
+-- A dead worker's claims (zccp.lib.slots): claims never expire by time, so this is how
 -- a crashed worker's slots come back.
 local function reap_claims(premature)
     if premature then
         return
     end
-    local n = require("zccp.slots").reap()
+    local n = require("zccp.lib.slots").reap()
     if n > 0 then
         ngx.log(ngx.WARN, "zccp: freed ", n, " slot claim(s) of nginx workers that are gone")
     end
 end
 
 function _M.init_worker()
-    local arena = require "zccp.arena"
-    for _, e in ipairs(require("zccp.engines").list()) do
+    local arena = require "zccp.lib.arena"
+    for _, e in ipairs(require("zccp.lib.engines").list()) do
         local a = arena.acquire(e)
         if a then
             a:release()
@@ -77,7 +80,7 @@ end
 -- exit_worker_by_lua: a worker that exits (reload, shutdown) hands back the claims its
 -- ended requests left, at once, instead of leaving them to the reaper.
 function _M.exit_worker()
-    local n = require("zccp.slots").release_mine()
+    local n = require("zccp.lib.slots").release_mine()
     if n > 0 then
         ngx.log(ngx.WARN, "zccp: exiting worker freed ", n, " slot claim(s)")
     end

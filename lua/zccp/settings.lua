@@ -19,10 +19,10 @@ local REQUIRED = {
     max_body = "number",
     pool_size = "number",
     dict = "string",
-    tenant_source = "string",   -- cache.tenant_source (zccp.tenant)
+    tenant_source = "string",   -- cache.tenant_source (zccp.lib.tenant)
 }
 
--- l1 (optional; absent: no L1): config.yaml's cache.l1, as zccp.l1 reads it.
+-- l1 (optional; absent: no L1): config.yaml's cache.l1, as zccp.plugins.l1.cache reads it.
 local L1 = {
     enabled = "boolean",      -- cache.enabled and cache.l1.enabled
     dict = "string",          -- the lua_shared_dict (cache.l1.size_mb)
@@ -95,7 +95,7 @@ function _M.abi_header()
     return current and current.abi_header
 end
 
--- Whether API keys are on (auth.mode "keys"; zccp.auth reads the same field): decides at
+-- Whether API keys are on (auth.mode "keys"; zccp.plugins.auth.keys reads the same field): decides at
 -- init whether the auth and limits plugins are in the chain (zccp.core.pipeline).
 function _M.keys_on()
     local a = current and current.auth

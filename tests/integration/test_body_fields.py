@@ -1,4 +1,4 @@
-"""zccp.limits.body_fields, run by real nginx (the test-only location of
+"""zccp.plugins.limits.body_fields, run by real nginx (the test-only location of
 tests/support/nginx/body_fields_test.conf): the output reservation's one-pass reading of a
 body gives what cjson's decode of it gives, member for member, or leaves the body to the
 decode; never another value (a body that under-reserves slips past an output-token limit)."""

@@ -1,5 +1,5 @@
 """Bodies above nginx's decode limit go from the client socket straight into the slot
-(zccp.body): the slot holds exactly the bytes sent, a slow or vanishing upload frees its
+(zccp.core.body): the slot holds exactly the bytes sent, a slow or vanishing upload frees its
 slot, and chunked bodies still take the whole-body path. Over HTTP/2 (no request socket in
 nginx's Lua module) the same bodies take nginx's own in-memory body buffer into the slot:
 the same bytes, the same answers."""
@@ -118,7 +118,7 @@ def test_a_client_that_leaves_mid_upload_frees_its_slot(null_stack_http1):
     assert r.status_code == 200, r.text
 
 
-# -- HTTP/2: no request socket, so uploads go through nginx's body buffer (zccp.body) ---------
+# -- HTTP/2: no request socket, so uploads go through nginx's body buffer (zccp.core.body) ---------
 
 
 def test_an_h2_upload_that_stops_gets_408(make_stack):

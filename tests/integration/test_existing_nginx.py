@@ -191,7 +191,7 @@ def test_zccp_joins_an_nginx_serving_other_sites_and_reloads_under_load(existing
         assert "zccp_engine_up 1" in s.admin_client().get("/metrics").text
         assert "zccp_" not in c.get("/metrics").text            # never on the public server
         # HTTP/2 all along, and a 512 KiB body (above the decode limit: nginx's body buffer
-        # on HTTP/2, zccp.body) answered; JSON whitespace makes it large, the prompt stays small.
+        # on HTTP/2, zccp.core.body) answered; JSON whitespace makes it large, the prompt stays small.
         assert m.http_version == "HTTP/2"
         head = json.dumps(anthropic_body("a large body", max_tokens=4)).encode()
         big = c.post("/v1/messages", content=head[:-1] + b" " * (512 * 1024 - len(head)) + b"}",

@@ -147,7 +147,7 @@ def test_streamed_deadline_is_an_error_event(make_stack):
 def test_nginx_worker_killed_mid_stream(make_stack):
     # One slot held by a stream whose worker is SIGKILLed. Once nginx's master has reaped that
     # process, the very next request finds the pool full, frees the dead worker's claim
-    # itself (zccp.slots.claim) and is answered: no 429 while worker 0's reaper timer waits;
+    # itself (zccp.lib.slots.claim) and is answered: no 429 while worker 0's reaper timer waits;
     # the engine takes the re-claimed slot's new generation (its old job is over).
     s = make_stack({"shared_memory": {"segment_count": 1}, "model": {**SLOW, "null_token_delay_ms": 5}})
     reader = s.arena()

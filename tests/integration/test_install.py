@@ -43,6 +43,13 @@ def test_installed_package_runs_the_stack_from_anywhere(tmp_path):
                             "print(zccp.paths.data_root())"], cwd=elsewhere, env=env, capture_output=True,
                            text=True, check=True).stdout.split()
     assert where == [str(site / "zccp" / "__init__.py"), str(prefix / "share" / "zccp")]
+    # every Lua module of the checkout is installed (a room missing from pyproject's
+    # data-files would fail only when nginx requires it), the engine's word list beside its reader
+    lua_src, lua_dst = src / "lua", prefix / "share" / "zccp" / "lua"
+    shipped = {p.relative_to(lua_src) for p in lua_src.rglob("*.lua")}
+    installed = {p.relative_to(lua_dst) for p in lua_dst.rglob("*.lua")}
+    assert shipped and shipped <= installed, sorted(map(str, shipped - installed))
+    assert (site / "zccp" / "cache" / "near_words.lua").is_file()
     # Debian's Lua clients beside the installed package, as docs/existing-nginx.md's step 2
     vendored = subprocess.run([str(prefix / "bin" / "zccp-nginx"), "vendor-lua"], cwd=elsewhere, env=env,
                               capture_output=True, text=True, timeout=300)

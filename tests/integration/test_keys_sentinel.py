@@ -1,4 +1,4 @@
-"""Keys and limits through Redis Sentinel (issue 30): nginx's Redis client (zccp.redis over
+"""Keys and limits through Redis Sentinel (issue 30): nginx's Redis client (zccp.lib.redis over
 lua-resty-redis and lua-resty-redis-connector) asks a real `redis-sentinel` for the master,
 finds keys there and counts a concurrency limit there (a script at every admission, so a
 write per request), and follows a `SENTINEL FAILOVER` by itself, with no request refused

@@ -1,4 +1,4 @@
-"""nginx's L1 (lua/zccp/l1.lua, docs/cache.md "L1 in nginx") through the real stack: an exact
+"""nginx's L1 (lua/zccp/plugins/l1/cache.lua, docs/cache.md "L1 in nginx") through the real stack: an exact
 hit the engine replayed once is then answered by nginx alone, byte for byte the engine's
 replay but for the response id and `created`; never across tenants, after its TTL, after a
 purge, for no-cache / no-store, nor for an answer carrying a masked value; and the engine

@@ -97,7 +97,7 @@ def test_a_worker_puts_right_a_count_redis_holds_wrongly_for_it(make_stack):
 def test_a_far_concurrency_limit_lends_a_worker_spare_slots_that_go_back(make_stack):
     """Limit 1000, nothing in flight: the first admission's round gives its worker 1 + 62
     spare slots (1/16 of what is free), so that its next admissions need no Redis; they go
-    back once the worker has not needed them all for 1 s (zccp.lease.IDLE_S)."""
+    back once the worker has not needed them all for 1 s (zccp.plugins.limits.lease.IDLE_S)."""
     s = make_stack({"model": NULL, "auth": AUTH}, with_redis=True)
     r = redis.Redis.from_url(s.cfg.cache.redis_url)
     rec = keys_cli(s, "create", "--tenant", "far", "--concurrency", "1000")

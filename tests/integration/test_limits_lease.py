@@ -1,4 +1,4 @@
-"""The limits' local fast path (zccp.lease, docs/keys.md "Leases") through the real nginx,
+"""The limits' local fast path (zccp.plugins.limits.lease, docs/keys.md "Leases") through the real nginx,
 engine and Redis: admissions are spent from each worker's lease of a window's budget, with
 no Redis round trip while it lasts, and still never pass the limit across two stacks;
 unspent leases go back to Redis; concurrency stays exact; a revoked key holding leases
@@ -22,7 +22,7 @@ from tests.support.keys_helpers import keys_cli, status
 from zccp.ops.stack import free_port
 
 AUTH = {"mode": "keys", "cache_ttl_s": 1, "negative_ttl_s": 1}
-SHARE = 16        # zccp.lease.SHARE: a lease takes about 1/SHARE of what is left
+SHARE = 16        # zccp.plugins.limits.lease.SHARE: a lease takes about 1/SHARE of what is left
 WORKERS = 2       # nginx workers per stack (the harness's)
 
 
@@ -165,7 +165,7 @@ def test_a_revoked_key_holding_leases_stops_within_the_bound_and_its_leases_go_b
     time.sleep(AUTH["cache_ttl_s"] + 0.3)               # the revocation bound
     for s in (a, b):
         assert status(s, "anthropic", body, x_api_key=k["key"]).status_code == 401
-    # unspent leases are given back once idle (zccp.lease.IDLE_S) : the counter is what was served
+    # unspent leases are given back once idle (zccp.plugins.limits.lease.IDLE_S) : the counter is what was served
     time.sleep(1.5)
     assert counter(r, "acme", k["id"], "rpm") == sent
 

@@ -4,7 +4,7 @@ was sent (usage.jsonl, zccp-keys usage); nginx reserves the output budget the en
 allow (max_completion_tokens over max_tokens); a body nginx cannot decode is refused, never
 reserved at a default; a 429 carries the API's rate-limit headers (read through the SDKs'
 error objects); GET /v1/models lists only the models the key may use, and
-GET /v1/models/{id} of any other is a 404."""
+GET /v1/models/{id} of any other is a 404 (with or without limits in the chain)."""
 
 from __future__ import annotations
 
@@ -129,8 +129,15 @@ def test_a_429_carries_the_rate_limit_headers(make_stack):
         assert oh["x-ratelimit-limit-tokens"] == "1000" and oh["x-ratelimit-reset-requests"].endswith("s")
 
 
-def test_models_lists_only_what_the_key_may_use(make_stack):
-    s = make_stack({"model": NULL, "auth": AUTH}, with_redis=True)
+# The key's models come from the request's caller (r.who), not from the limits' record: a
+# chain without limits filters the list the same.
+WITHOUT_LIMITS = ["metrics", "auth", "l1", "fingerprint", "tenancy", "router", "usage"]
+
+
+@pytest.mark.parametrize("chain", [None, WITHOUT_LIMITS], ids=["default_chain", "without_limits"])
+def test_models_lists_only_what_the_key_may_use(make_stack, chain):
+    raw = {"model": NULL, "auth": AUTH} | ({"plugins": {"chain": chain}} if chain else {})
+    s = make_stack(raw, with_redis=True)
     anyk = keys_cli(s, "create", "--tenant", "m")["key"]
     only = keys_cli(s, "create", "--tenant", "m", "--model", "some-other-model")["key"]
     c = s.client()
@@ -163,7 +170,7 @@ def _counters(s, tenant: str, kid: str) -> dict[str, int]:
     day = time.strftime("%Y%m%d", time.gmtime())
     minute = int(time.time() // 60)
     out = {name: int(r.get(p + suffix) or 0) for name, suffix in (("day", f"day:{day}"), ("rpm", f"rpm:{minute}"))}
-    # requests in flight: a hash of each worker's count ("<count> <time>", zccp.lease)
+    # requests in flight: a hash of each worker's count ("<count> <time>", zccp.plugins.limits.lease)
     out["conc"] = sum(int(v.split()[0]) for v in r.hgetall(p + "inflight").values())
     return out
 

@@ -2,7 +2,7 @@
 lua-resty-dns unpacked from their real .debs (apt-get download, dpkg-deb -x) into ZCCP's
 lua-vendor/, and a real nginx that loads them from there through the lua_package_path that
 `zccp-nginx render` writes: its searchpath names the vendored files, not a system copy (this
-host may also have Debian's packages installed), and zccp.redis talks to a real Redis
+host may also have Debian's packages installed), and zccp.lib.redis talks to a real Redis
 through them. Without the directory, render says so."""
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ content_by_lua_block {
         ngx.say(m, " ", package.searchpath(m, package.path) or "not found")
     end
     ngx.say("loaded ", debug.getinfo(require("nginx.redis").new, "S").source)
-    local t = require("zccp.redis").target({ host = "127.0.0.1", port = REDIS_PORT, db = 0, timeout_ms = 1000 })
+    local t = require("zccp.lib.redis").target({ host = "127.0.0.1", port = REDIS_PORT, db = 0, timeout_ms = 1000 })
     local ok, err = t:call("SET", "zccp-vendor-test", "through the vendored client")
     ngx.say("set ", tostring(ok), " ", tostring(err))
     ngx.say("get ", tostring((t:call("GET", "zccp-vendor-test"))))

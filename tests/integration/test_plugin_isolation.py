@@ -28,10 +28,10 @@ end
 return _M
 '''
 # Tries to write the line's own "tenant" field; says what it was told in a header.
-FORGE = '''local usage_fields = require "zccp.limits.usage_fields"
+FORGE = '''local usage_fields = require "zccp.lib.usage_fields"
 local _M = { name = "forge", after = { "limits" } }
-function _M.prepare()
-    local ok, err = usage_fields.add("tenant", "evil")
+function _M.prepare(r)
+    local ok, err = usage_fields.add(r, "tenant", "evil")
     ngx.header["X-Forge"] = ok and "written" or err
 end
 return _M

@@ -1,4 +1,4 @@
-"""zccp.rendezvous and the fingerprint's route key, run by real nginx (the test-only locations
+"""zccp.lib.rendezvous and the fingerprint's route key, run by real nginx (the test-only locations
 of tests/support/nginx/route_test.conf): the ranking every worker and host agrees on, and the
 key that keeps a conversation's turns on one replica (docs/engines.md)."""
 

@@ -1,4 +1,4 @@
-"""Locality in routing (docs/engines.md, "Placement"), zccp.router run by real nginx (the
+"""Locality in routing (docs/engines.md, "Placement"), zccp.plugins.router.route run by real nginx (the
 test-only /_route/order of tests/support/nginx/route_test.conf): where a model's replicas sit
 on two NUMA nodes, a worker on node 1 tries node 1's replicas first, in their rendezvous order,
 and spills to node 0 when they are loaded or down; on one node, with placement none or with

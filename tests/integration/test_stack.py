@@ -370,7 +370,7 @@ def test_request_ids_are_unique_carried_and_returned(make_stack):
 
 def test_made_request_ids_are_random_hex_and_the_logs_say_the_answered_one(make_stack):
     # Ids made for callers without one come from a per-worker pool of CSPRNG bytes
-    # (zccp.request_id, 128 per draw): across several draws every id is 32 lowercase hex
+    # (zccp.core.request_id, 128 per draw): across several draws every id is 32 lowercase hex
     # digits, none repeats, and the access log and the engine log name the id answered.
     s = make_stack(NULL)
     with s.client() as c:

@@ -99,7 +99,7 @@ http {{
     lua_package_path "{self.lua_root}/lua/?.lua;;";
     init_by_lua_block {{
         require("zccp.fp.mask_store").init({{ path = "{self.patterns}", last_good_path = "{self.last_good}" }})
-        require("zccp.fingerprint")
+        require("zccp.fp.fingerprint")
     }}
     server {{
         listen 127.0.0.1:{self.port};

@@ -1,4 +1,4 @@
-"""auth.redis_url as nginx's Redis client (zccp.redis over lua-resty-redis and
+"""auth.redis_url as nginx's Redis client (zccp.lib.redis over lua-resty-redis and
 lua-resty-redis-connector) gets it: Sentinel URLs are accepted and rendered with their
 Sentinels, master name and Sentinel password; what the libraries cannot do (TLS, a Sentinel
 user name) is refused naming the field."""
@@ -31,8 +31,8 @@ def test_a_sentinel_url_renders_its_sentinels_master_and_passwords(tmp_path: Pat
     assert 'master_name = "zccp-main"' in s and "db = 2" in s and "timeout_ms = 300" in s
     # the passwords are in owner-only files the rendered config names, never in it
     assert "watch" not in s and "s3cret" not in s and 'username = "app"' in s
-    assert f'sentinel_password = require("zccp.redis").read_secret("{out}/zccp_redis_sentinel_password")' in s
-    assert f'password = require("zccp.redis").read_secret("{out}/zccp_redis_password")' in s
+    assert f'sentinel_password = require("zccp.lib.redis").read_secret("{out}/zccp_redis_sentinel_password")' in s
+    assert f'password = require("zccp.lib.redis").read_secret("{out}/zccp_redis_password")' in s
     for name, secret in (("zccp_redis_password", "s3cret"), ("zccp_redis_sentinel_password", "watch")):
         assert (out / name).read_text() == secret and (out / name).stat().st_mode & 0o777 == 0o600
     assert "cluster = true" not in s and "host = " not in s.split("sentinels")[0]

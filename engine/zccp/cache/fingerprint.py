@@ -1,5 +1,5 @@
 """Fingerprints and cache keys (docs/fingerprint.md, version 3): the Python side of
-lua/zccp/fingerprint.lua, byte for byte.
+lua/zccp/fp/fingerprint.lua, byte for byte.
 
 §1 decoding is here; §2 masks in zccp.cache.mask_apply; §3 the final user turn in
 zccp.cache.fp.prompt; §4–§5 the CSF in zccp.cache.fp.csf; §6 the prefix and exact keys

@@ -2,7 +2,7 @@
 
 nginx fingerprints bodies it can decode cheaply and sets ZCCP_FLAG_FP_VALID; for
 the rest (large bodies) the engine runs the same algorithm (zccp.cache.fingerprint,
-byte-identical to lua/zccp/fingerprint.lua) over its own parse, with the same mask
+byte-identical to lua/zccp/fp/fingerprint.lua) over its own parse, with the same mask
 patterns.
 """
 

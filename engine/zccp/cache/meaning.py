@@ -5,7 +5,7 @@ A turn is read as a sequence of *units*: its words (Unicode NFC, case-folded; a 
 point is a word of its own) and every symbol that can carry meaning, in order. Not
 units: whitespace, letter case, prose punctuation, format characters. Two turns are the
 same request when their units are one sequence once the filler words of
-lua/zccp/near_words.lua are set aside; any other difference (a number, a negation, a
+near_words.lua (beside this module) are set aside; any other difference (a number, a negation, a
 quantifier or comparison word, another word, another symbol, another order) is not.
 The masks ran before (both turns hold the same placeholder where they replaced values).
 
@@ -26,9 +26,11 @@ from pathlib import Path
 
 from zccp.cache.fp.tables import RANGES
 from zccp.lua_data import load_lua_data
-from zccp.paths import lua_file
 
 log = logging.getLogger("zccp.cache.meaning")
+
+# The one list (a Lua literal table, read with zccp.lua_data): only the engine reads it.
+NEAR_WORDS = Path(__file__).with_name("near_words.lua")
 
 Units = list[str]
 
@@ -161,8 +163,8 @@ def load_near_words(path: str | Path) -> NearWords:
 
 @lru_cache(maxsize=1)
 def near_words() -> NearWords:
-    """The list in force: lua/zccp/near_words.lua, read once per process."""
-    return load_near_words(lua_file("near_words.lua"))
+    """The list in force: NEAR_WORDS, read once per process."""
+    return load_near_words(NEAR_WORDS)
 
 
 @lru_cache(maxsize=1)
@@ -172,5 +174,5 @@ def near_words_or_none() -> NearWords | None:
     try:
         return near_words()
     except Exception as exc:
-        log.error("lua/zccp/near_words.lua: %s; near hits are off", exc)
+        log.error("%s: %s; near hits are off", NEAR_WORDS, exc)
         return None

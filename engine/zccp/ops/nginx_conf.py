@@ -68,7 +68,7 @@ SENTINEL_PASSWORD_FILE = "zccp_redis_sentinel_password"
 
 def _secret_file(out: Path, name: str, secret: str | None) -> str | None:
     """`secret` written owner-only to out/name (removed when None); the Lua expression that
-    reads it in nginx's master at init (zccp.redis.read_secret), or None. The rendered
+    reads it in nginx's master at init (zccp.lib.redis.read_secret), or None. The rendered
     config, which every local user may read, names the file, never the secret."""
     path = out / name
     if not secret:
@@ -80,11 +80,11 @@ def _secret_file(out: Path, name: str, secret: str | None) -> str | None:
         os.write(fd, secret.encode())
     finally:
         os.close(fd)
-    return f'require("zccp.redis").read_secret({_lua_str(str(path), name)})'
+    return f'require("zccp.lib.redis").read_secret({_lua_str(str(path), name)})'
 
 
 def _auth_settings(cfg: Config, out: Path) -> str:
-    """auth = {...} for init_by_lua (zccp.auth, zccp.redis): where the keys live. The Redis
+    """auth = {...} for init_by_lua (zccp.plugins.auth.keys, zccp.lib.redis): where the keys live. The Redis
     passwords go to owner-only files in `out` (read by nginx's master at init)."""
     a = cfg.auth
     if not a.on:
@@ -99,7 +99,7 @@ def _auth_settings(cfg: Config, out: Path) -> str:
         host, port = t.nodes[0]
         parts += [f"host = {_lua_str(host, 'auth redis host')}", f"port = {port}", "cluster = true"]
         user, password = t.username, t.password
-    elif t.topology == "sentinel":   # zccp.redis asks them for the master (lua-resty-redis-connector)
+    elif t.topology == "sentinel":   # zccp.lib.redis asks them for the master (lua-resty-redis-connector)
         nodes = ", ".join(f"{{ host = {_lua_str(h, 'auth redis sentinel host')}, port = {p} }}" for h, p in t.nodes)
         parts += [f"sentinels = {{ {nodes} }}", f"master_name = {_lua_str(t.service, 'auth redis master name')}"]
         user, password = t.username, t.password
@@ -266,7 +266,7 @@ def models_locations(cfg: Config, standalone: bool = False) -> str:
                    "    lua_socket_log_errors off;\n"
                    "    error_page 400 429 500 502 503 504 @zccp_error_models;\n"
                    '    content_by_lua_block { require("zccp.handler").serve_models() }\n'
-                   '    log_by_lua_block { require("zccp.limits").settle() }\n'
+                   '    log_by_lua_block { require("zccp.handler").log(nil) }\n'
                    "}")
     return "\n\n".join(out)
 
@@ -291,7 +291,7 @@ def server_paths(cfg: Config, standalone: bool = False) -> list[str]:
 
 
 def engines_settings(cfg: Config, nodes: dict[str, int | None] | None = None) -> str:
-    """engines = {...} for init_by_lua (zccp.engines): each engine's name, model, arena,
+    """engines = {...} for init_by_lua (zccp.lib.engines): each engine's name, model, arena,
     doorbell and planned NUMA node (`nodes`, zccp.placement.locality; routing prefers a
     worker's own node); "nil" without `engines:` (one engine: shm_name and socket_path)."""
     if not cfg.engines:

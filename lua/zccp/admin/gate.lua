@@ -5,9 +5,9 @@
 --
 --   if not admin.allowed(api) then return end   -- answered 404 / 401
 local settings = require "zccp.settings"
-local sha256 = require "zccp.sha256"
+local sha256 = require "zccp.lib.sha256"
 local errors = require "zccp.errors"
-local libc = require "zccp.libc"
+local libc = require "zccp.lib.libc"
 local ffi = require "ffi"
 
 pcall(ffi.cdef, [[

@@ -2,14 +2,14 @@
 -- serve_engines). On the public listener the answer says that and nothing else ({"status":
 -- "ok" | "degraded" | "unavailable"}): pids, slot counts, mask errors and the reasons (which
 -- name sockets and files) are the admin listener's (zccp_admin.conf: $zccp_admin, its token).
-local abi = require "zccp.abi"
-local arena_mod = require "zccp.arena"
-local slots = require "zccp.slots"
-local doorbell = require "zccp.doorbell"
+local abi = require "zccp.lib.abi"
+local arena_mod = require "zccp.lib.arena"
+local slots = require "zccp.lib.slots"
+local doorbell = require "zccp.lib.doorbell"
 local settings = require "zccp.settings"
 local mask_store = require "zccp.fp.mask_store"
 local cjson = require "cjson.safe"
-local engines = require "zccp.engines"
+local engines = require "zccp.lib.engines"
 local admin = require "zccp.admin.gate"
 local pipeline = require "zccp.core.pipeline"
 

@@ -9,9 +9,9 @@
 --   POST /v1/zccp/keys/<id>/rotate        {"grace_s": n} -> a new secret for the same key
 local ffi = require "ffi"
 local cjson = require "cjson.safe"
-local sha256 = require "zccp.sha256"
+local sha256 = require "zccp.lib.sha256"
 local settings = require "zccp.settings"
-local redis = require "zccp.redis"
+local redis = require "zccp.lib.redis"
 local admin = require "zccp.admin.gate"
 local errors = require "zccp.errors"
 local layout = require "zccp.admin.key_layout"

@@ -1,15 +1,15 @@
 -- The core's request loop: attempt() claims, fills and rings one engine and relays its
--- answer (zccp.core.transport, zccp.relay); attempts() walks the engines the router
+-- answer (zccp.core.transport, zccp.core.relay); attempts() walks the engines the router
 -- ranks. The plugin phases filled, headers and relayed run here (zccp.core.pipeline); what
 -- the core takes from a plugin (the engines' order, the key's models) comes through the
 -- chain's hooks (pipeline.hooks), never by requiring a plugin.
-local arena_mod = require "zccp.arena"
+local arena_mod = require "zccp.lib.arena"
 local errors = require "zccp.errors"
-local relay = require "zccp.relay"
+local relay = require "zccp.core.relay"
 local settings = require "zccp.settings"
-local metrics = require "zccp.metrics"
-local engines = require "zccp.engines"
-local sha256 = require "zccp.sha256"
+local metrics = require "zccp.lib.metrics"
+local engines = require "zccp.lib.engines"
+local sha256 = require "zccp.lib.sha256"
 local transport = require "zccp.core.transport"
 local pipeline = require "zccp.core.pipeline"
 
@@ -21,7 +21,7 @@ local ngx_log = ngx.log
 local ngx_ERR = ngx.ERR
 local ngx_WARN = ngx.WARN
 local ffi_string = require("ffi").string
-local mono_s = require("zccp.libc").mono_s
+local mono_s = require("zccp.lib.libc").mono_s
 local pcall = pcall
 local run = pipeline.run
 local DONE = pipeline.DONE
@@ -73,21 +73,21 @@ end
 
 -- Answers the client from the relay's outcome. Returns "retry" when the engine behind
 -- the arena changed before anything was sent (a stale ring).
-local function respond(api, slot, outcome, r, rkind)
+local function respond(api, slot, outcome, res, r)
     if STREAM_ENDS[outcome] then
         return end_stream(api, slot, outcome)
     end
     if outcome == "done" then
-        if not r.sse then
-            -- GET /v1/models: the key's models only (hook models_body, from auth; it reads ngx.ctx)
-            local models_body = rkind == "models" and hooks.models_body
-            local body = models_body and models_body(r.parts) or nil
-            ngx_header["Content-Length"] = body and #body or r.acked
-            ngx_print(body or r.parts)
+        if not res.sse then
+            -- GET /v1/models: the key's models only (hook models_body, from auth)
+            local models_body = r.kind == "models" and hooks.models_body
+            local body = models_body and models_body(r, res.parts) or nil
+            ngx_header["Content-Length"] = body and #body or res.acked
+            ngx_print(body or res.parts)
         end
         return
     end
-    if outcome == "retry" and not r.started then
+    if outcome == "retry" and not res.started then
         return "retry"
     end
     if outcome == "client closed the connection" then
@@ -101,10 +101,10 @@ local function respond(api, slot, outcome, r, rkind)
     else
         code, kind, msg = 503, "overloaded_error", "engine failed: " .. outcome
     end
-    if not r.started then
+    if not res.started then
         return errors.send(api, code, kind, msg, code == 503 and RETRY_AFTER or nil)
     end
-    if r.sse then
+    if res.sse then
         ngx_print(errors.sse_event(api, kind, msg))
         ngx_flush(true)
     end
@@ -178,7 +178,7 @@ local function attempt(r, a, state, e)
         engine_down(e)
         return "next", 503, "overloaded_error", "engine failed: " .. outcome
     end
-    return respond(api, slot, outcome, res, r.kind)
+    return respond(api, slot, outcome, res, r)
 end
 
 -- A bug in attempt() (it raised `err`) must not leak a slot or a doorbell connection.
@@ -195,7 +195,7 @@ local function abandon(r, a, state, err)
     end
 end
 
--- Step 3: attempt() against the engines the router ranks (zccp.router; the one engine
+-- Step 3: attempt() against the engines the router ranks (zccp.plugins.router.route; the one engine
 -- without engines:), once more on a stale ring (an engine restarted before anything was
 -- sent); an engine that cannot take the request hands it to the next one. Answers the
 -- last refusal when none could.

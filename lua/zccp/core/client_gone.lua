@@ -1,5 +1,5 @@
 -- Whether the client of the current request has gone, asked while a request waits for
--- its engine (zccp.relay). ngx.on_abort alone misses some: lua-nginx-module watches the
+-- its engine (zccp.core.relay). ngx.on_abort alone misses some: lua-nginx-module watches the
 -- client only while its read handler is installed, and nginx replaces it with
 -- ngx_http_block_reading when a body read finishes in one go after a wait (HTTP/1.1
 -- headers and body in two packets, HTTP/2 DATA that arrived before ngx.req.read_body);

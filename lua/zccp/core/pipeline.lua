@@ -5,7 +5,7 @@
 -- A plugin ends a request with refuse() (or answers it itself and returns DONE); a plugin
 -- that raises is that request's 500 and zccp_nginx_plugin_errors_total{plugin}; the phases
 -- that settle (relayed, response, log) run every plugin whatever another one did.
-local metrics = require "zccp.metrics"
+local metrics = require "zccp.lib.metrics"
 local errors = require "zccp.errors"
 local loader = require "zccp.core.plugin_load"
 

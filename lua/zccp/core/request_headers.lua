@@ -5,7 +5,7 @@
 --   local rh = require "zccp.core.request_headers"
 --   if not rh.is_json(ngx.var.content_type) then ... end
 --   local flags = rh.cache_flags()      -- ZCCP_FLAG_* bits (zccp_abi.h)
-local abi = require "zccp.abi"
+local abi = require "zccp.lib.abi"
 
 local ngx_var = ngx.var
 local str_find = string.find

@@ -1,15 +1,15 @@
 -- The transport: claim a slot, fill it with one copy of the body, ring the engine,
--- hang up, release. Plugins never touch a slot: only this module (and zccp.relay) does.
+-- hang up, release. Plugins never touch a slot: only this module (and zccp.core.relay) does.
 local ffi = require "ffi"
-local abi = require "zccp.abi"
-local arena_mod = require "zccp.arena"
-local slots = require "zccp.slots"
-local doorbell = require "zccp.doorbell"
-local sha256 = require "zccp.sha256"
-local libc = require "zccp.libc"
+local abi = require "zccp.lib.abi"
+local arena_mod = require "zccp.lib.arena"
+local slots = require "zccp.lib.slots"
+local doorbell = require "zccp.lib.doorbell"
+local sha256 = require "zccp.lib.sha256"
+local libc = require "zccp.lib.libc"
 local settings = require "zccp.settings"
 local mask_store = require "zccp.fp.mask_store"
-local body_mod = require "zccp.body"
+local body_mod = require "zccp.core.body"
 
 local ngx = ngx
 local ngx_log = ngx.log
@@ -138,7 +138,7 @@ end
 
 -- Fill the claimed slot and mark it READY. Returns the generation rung with, or nil,
 -- message[, status, kind] (a status when the client's body failed, not the arena).
--- src: { body = string[, digest = its SHA-256 (zccp.l1)] } or { len = n, deadline = t }
+-- src: { body = string[, digest = its SHA-256 (zccp.plugins.l1.cache)] } or { len = n, deadline = t }
 -- (streamed from the client socket);
 -- extra: nil, or { kind = enum zccp_request_kind, tenant = 32-byte digest,
 -- openai_api = enum zccp_openai_api }; rid: X-Request-ID.
@@ -205,7 +205,7 @@ local function fill_slot(a, i, src, flags, timeout_ms, fp, extra, rid)
 end
 
 -- Whether the slot is still this request's: its claim and the generation it filled.
--- Every write to the slot after the fill is conditioned on it (issue 20).
+-- Every write to the slot after the fill is conditioned on it (a lapsed claim writes nothing).
 function _M.owned(slot)
     return slot.header.generation == slot.generation and slots.owns(slot.arena, slot.index, slot.token)
 end

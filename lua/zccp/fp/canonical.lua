@@ -11,13 +11,13 @@
 --   -- inexact: the doc holds a number of magnitude >= 2^53 (cjson decoded it to a double:
 --   -- an integer's digits may be lost, so the keys are the engine's to compute, §6).
 --   local spans, n = canonical.route_spans()   -- after write(): the route key's bytes
---   -- (zccp.fingerprint r.route_key; not part of docs/fingerprint.md, nginx only): offset,
+--   -- (zccp.fp.fingerprint r.route_key; not part of docs/fingerprint.md, nginx only): offset,
 --   -- length pairs into buf of the values of model, system and tools, and of `messages`
 --   -- from its first element through its first "user" message (all of them without one),
 --   -- every "cache_control" member in them left out.
 local ffi = require "ffi"
 local bit = require "bit"
-local T = require "zccp.fp_tables"
+local T = require "zccp.fp.tables"
 local null = require("cjson").null
 
 local type = type

@@ -8,8 +8,8 @@
 --   local csf_key, bands = csf.keys_of(sig)                -- uint64_t, { BANDS x uint64_t }
 local ffi = require "ffi"
 local bit = require "bit"
-local T = require "zccp.fp_tables"
-local abi = require("zccp.abi").init()
+local T = require "zccp.fp.tables"
+local abi = require("zccp.lib.abi").init()
 
 local error = error
 local tostring = tostring
@@ -90,7 +90,7 @@ do
     for _, r in ipairs(T.ranges) do
         local cl = CLASS[r[3]]
         if not cl then
-            error("zccp.fp_tables: unknown class " .. tostring(r[3]))
+            error("zccp.fp.tables: unknown class " .. tostring(r[3]))
         end
         for pg = rshift(r[1], 8), rshift(r[2], 8) do
             local lo, hi = math.max(r[1], pg * 256), math.min(r[2], pg * 256 + 255)
@@ -109,7 +109,7 @@ do
         order[#order + 1] = pg
     end
     table.sort(order)
-    assert(#order <= 252, "zccp.fp_tables: too many mixed pages")
+    assert(#order <= 252, "zccp.fp.tables: too many mixed pages")
     MIXED = ffi_new("uint8_t[?]", math.max(1, #order) * 256)
     for k, pg in ipairs(order) do
         PAGE[pg] = 3 + (k - 1)

@@ -77,7 +77,7 @@ end
 -- `system` and `messages` every string that is the value of a member named in
 -- fp_tables.masked_keys. Replaced in place.
 local MASKED = {}
-for _, k in ipairs(require("zccp.fp_tables").masked_keys) do
+for _, k in ipairs(require("zccp.fp.tables").masked_keys) do
     MASKED[k] = true
 end
 

@@ -11,8 +11,8 @@
 -- else it is dropped. So a broken edit followed by `zccp-stack reload` never takes
 -- down the patterns already in force, even though reload recreates the Lua VM.
 -- engine/zccp/cache/mask_store.py (load_masks) resolves the same files the same way.
-local sha256 = require "zccp.sha256"
-local libc = require "zccp.libc"
+local sha256 = require "zccp.lib.sha256"
+local libc = require "zccp.lib.libc"
 
 local ngx = ngx
 local type = type

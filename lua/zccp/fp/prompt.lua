@@ -7,7 +7,7 @@
 --   local p, n = prompt.final_turn(buf, doc)   -- buf: a string.buffer for joined blocks
 --   -- p, n: the turn's text (a Lua string or a pointer into buf) and its length,
 --   -- or nil when the request is exact-only (no text-only final user turn)
-local T = require "zccp.fp_tables"
+local T = require "zccp.fp.tables"
 
 local type = type
 local next = next

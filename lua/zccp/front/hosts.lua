@@ -9,7 +9,7 @@
 --   init_worker()                       -- init_worker_by_lua
 --   local ring, addrs = current()       -- rendezvous ring over the hosts' addresses, or nil
 local dns = require "zccp.front.dns"
-local rendezvous = require "zccp.rendezvous"
+local rendezvous = require "zccp.lib.rendezvous"
 
 local ngx = ngx
 local log = ngx.log

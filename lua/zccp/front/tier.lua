@@ -2,18 +2,18 @@
 -- complete ZCCP hosts sends each conversation to the host most likely to hold its prefix
 -- in KV cache. route() (access phase) reads the body and computes the route key with
 -- ZCCP's own fingerprint; balance() (balancer_by_lua) ranks the hosts for that key by
--- rendezvous hashing (zccp.rendezvous) and tries them best first: a host whose connection
+-- rendezvous hashing (zccp.lib.rendezvous) and tries them best first: a host whose connection
 -- fails is skipped for `down_s` by every worker, and the request goes to the next one.
 --
 -- The route key, in order:
 --   1. the fingerprint's route key (r.route_key: stable across a conversation's turns,
---      the same key zccp.router uses between engine replicas);
+--      the same key zccp.plugins.router.route uses between engine replicas);
 --   2. other bodies (/v1/responses, /v1/completions, over the 64 KiB decode limit, not
 --      JSON, numbers beyond 2^53): fp.route_key (/v1/responses: the same conversation
 --      rule; else the body's first FALLBACK_BYTES bytes without "stream"/"stream_options":
 --      an SDK writes a conversation's start the same way every turn);
 --   3. no body (GET /v1/models, /health of a host): the request id, i.e. anywhere.
-local fp = require "zccp.fingerprint"
+local fp = require "zccp.fp.fingerprint"
 local hosts = require "zccp.front.hosts"
 local errors = require "zccp.errors"
 local balancer = require "ngx.balancer"

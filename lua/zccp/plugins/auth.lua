@@ -1,5 +1,5 @@
--- API keys (zccp.auth): the key before the body (401), its models once the body is read (404).
-local auth = require "zccp.auth"
+-- API keys (zccp.plugins.auth.keys): the key before the body (401), its models once the body is read (404).
+local auth = require "zccp.plugins.auth.keys"
 local DONE = require("zccp.core.pipeline").DONE
 local model_id = require("zccp.core.edges").model_id
 

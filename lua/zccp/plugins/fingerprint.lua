@@ -1,8 +1,8 @@
--- Cache keys and masks (zccp.fingerprint, zccp.fp.mask_store): bounded work, for a generation
+-- Cache keys and masks (zccp.fp.fingerprint, zccp.fp.mask_store): bounded work, for a generation
 -- whose body nginx read and whose cache is not bypassed (no-cache + no-store).
 local bit = require "bit"
-local abi = require "zccp.abi"
-local fingerprint = require "zccp.fingerprint"
+local abi = require "zccp.lib.abi"
+local fingerprint = require "zccp.fp.fingerprint"
 
 local band = bit.band
 

@@ -1,7 +1,7 @@
--- nginx's L1 (zccp.l1): the very same bytes before any fingerprint (prepare), the same
+-- nginx's L1 (zccp.plugins.l1.cache): the very same bytes before any fingerprint (prepare), the same
 -- request after its keys (keys), a streamed body's once it is in the slot (filled); the
 -- engine's answer kept (relayed). A hit is answered here and ends the chain.
-local l1 = require "zccp.l1"
+local l1 = require "zccp.plugins.l1.cache"
 local attempts = require "zccp.core.attempts"
 local DONE = require("zccp.core.pipeline").DONE
 
@@ -13,6 +13,12 @@ local pcall = pcall
 -- in prepare: nothing after l1 runs in prepare then).
 local _M = { name = "l1", after = { "auth", "limits", "ratelimit_headers" } }
 
+-- A hit: its counts for the plugins that meter (r.served), and the chain ends.
+local function hit(r, k)
+    r.served = { input = k.hit_in, output = k.hit_out, cache = "HIT" }
+    return DONE
+end
+
 -- POST /v1/zccp/l1/purge (zccp.core.edges) empties L1 through this hook.
 _M._provides = { purge_l1 = l1.purge }
 
@@ -23,9 +29,9 @@ function _M.prepare(r)
     if r.kind or r.endpoint then   -- /v1/completions, /v1/responses: keys name the API, not the endpoint
         return
     end
-    local k = l1.begin(r.api, r.body, r.flags)
+    local k = l1.begin(r.api, r.body, r.flags, r.who)
     if k and not k.pending and l1.serve(r.api, k) then
-        return DONE
+        return hit(r, k)
     end
     r.l1 = k
 end
@@ -37,7 +43,7 @@ function _M.keys(r)
     end
     l1.exact(k, r.fp, r.tenant)
     if not k.pending and l1.serve(r.api, k, true) then
-        return DONE
+        return hit(r, k)
     end
     local state = r.state
     state.l1, state.keep = k, l1.max_entry(k)
@@ -49,7 +55,7 @@ function _M.filled(r, _, slot)
     if k and k.pending then   -- a streamed body: L1 by the digest of the bytes now in the slot
         l1.digested(k, attempts.slot_digest(slot))
         if l1.serve(r.api, k, true) then
-            return DONE
+            return hit(r, k)
         end
     end
 end

@@ -1,5 +1,5 @@
--- Request metrics (zccp.metrics): one count per answer, in the log phase.
-local metrics = require "zccp.metrics"
+-- Request metrics (zccp.lib.metrics): one count per answer, in the log phase.
+local metrics = require "zccp.lib.metrics"
 
 local _M = { name = "metrics" }
 

@@ -1,8 +1,8 @@
--- The rate-limit headers of an admitted request, in each API's own names (zccp.limits.headers:
+-- The rate-limit headers of an admitted request, in each API's own names (zccp.plugins.limits.headers:
 -- the key's limits and what its leases have used). A 429 carries them whatever the chain (the
--- refusal is zccp.limits'); leaving this plugin out of plugins.chain drops them from admitted
+-- refusal is the limits plugin's); leaving this plugin out of plugins.chain drops them from admitted
 -- answers only. After limits in the chain, before anything that answers (l1).
-local set_headers = require("zccp.limits.headers").set
+local set_headers = require("zccp.plugins.limits.headers").set
 
 local _M = { name = "ratelimit_headers", after = { "limits" } }
 

@@ -1,8 +1,8 @@
--- Several engines (zccp.router, zccp.engines): the body picks the model or the replica
+-- Several engines (zccp.plugins.router.route, zccp.lib.engines): the body picks the model or the replica
 -- (route); the answer names the engine that took it (headers).
-local engines = require "zccp.engines"
-local router = require "zccp.router"
-local fingerprint = require "zccp.fingerprint"
+local engines = require "zccp.lib.engines"
+local router = require "zccp.plugins.router.route"
+local fingerprint = require "zccp.fp.fingerprint"
 
 local ngx_header = ngx.header
 

@@ -1,6 +1,6 @@
--- The tenant (zccp.tenant, cache.tenant_source): its digest goes into the slot.
-local abi = require "zccp.abi"
-local tenant = require "zccp.tenant"
+-- The tenant (zccp.lib.tenant, cache.tenant_source): its digest goes into the slot.
+local abi = require "zccp.lib.abi"
+local tenant = require "zccp.lib.tenant"
 
 local _M = { name = "tenancy" }
 
@@ -12,10 +12,10 @@ function _M.prepare(r)
         return
     end
     if r.endpoint then   -- the engine fingerprints these itself, under keys naming the endpoint
-        r.extra = { tenant = tenant.digest(nil), openai_api = abi.C[OPENAI_ENDPOINTS[r.endpoint]] }
+        r.extra = { tenant = tenant.digest(nil, r.who), openai_api = abi.C[OPENAI_ENDPOINTS[r.endpoint]] }
         return
     end
-    local t = tenant.digest(r.fp)
+    local t = tenant.digest(r.fp, r.who)
     r.tenant, r.extra = t, t and { tenant = t }
 end
 

@@ -1,10 +1,6 @@
--- Usage records (zccp.usage_log, written by zccp.limits.settle): plugins add their own
--- fields to this request's line with zccp.limits.usage_fields.add (docs/plugins.md).
-local usage_fields = require "zccp.limits.usage_fields"
-
+-- Usage records (written by the limits plugin in the log phase): plugins add their own
+-- fields to a request's line with zccp.lib.usage_fields.add(r, key, value) (docs/plugins.md).
+-- The helper lives in lib/, not here: no module outside plugins/ requires a plugin's.
 local _M = { name = "usage" }
-
--- The same helper, for plugins written against this module before it had its own.
-_M._field = usage_fields.add
 
 return _M

@@ -1,6 +1,6 @@
 """The prefix and exact keys (docs/fingerprint.md §6): the canonical byte form of a
 decoded, masked request, and the two SHA-256 keys hashed from it. The Python side of
-lua/zccp/fp/canonical.lua (and of the hashing in lua/zccp/fingerprint.lua).
+lua/zccp/fp/canonical.lua (and of the hashing in lua/zccp/fp/fingerprint.lua).
 
     canonical_form(api, doc) -> Canonical (pieces + the place of the final message)
     Canonical.keys(api) -> (prefix_key, exact_key)

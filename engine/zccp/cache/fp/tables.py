@@ -1,4 +1,4 @@
-"""The fingerprint's constants, from their one source: lua/zccp/fp_tables.lua (read by
+"""The fingerprint's constants, from their one source: lua/zccp/fp/tables.lua (read by
 nginx as Lua, here with the literal reader) and, for the signature's shape, the ABI
 header (the slot holds the signature and the band keys)."""
 
@@ -8,7 +8,7 @@ from zccp.abi import CSF_BANDS, MINHASH_COUNT
 from zccp.lua_data import load_lua_data
 from zccp.paths import lua_file
 
-_T = load_lua_data(lua_file("fp_tables.lua"))
+_T = load_lua_data(lua_file("fp/tables.lua"))
 
 VERSION: int = _T["version"]
 MAX_TOKENS: int = _T["max_tokens"]               # the CSF reads at most this many prompt tokens
