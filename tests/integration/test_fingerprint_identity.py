@@ -2,7 +2,8 @@
 
 Starts its own small nginx (Debian nginx + libnginx-mod-http-lua; tests/support/fp_nginx.py) with
 the test-only locations of tests/support/nginx/fp_test.conf, sends a generated corpus of > 1,000
-requests (tests/support/fp_corpus.py; batched, keepalive) through lua/zccp/fp/fingerprint.lua and compares every key, band
+requests (tests/support/fp_corpus.py; batched, keepalive) through lua/zccp/fp/fingerprint.lua
+and compares every key, band
 and signature with engine/zccp/cache/fingerprint.py. Also checks the golden vectors in Lua,
 and the mask reload behaviour (a broken edit keeps the previous good pattern).
 """

@@ -2,7 +2,7 @@
 -- verified before the body is read and any slot is claimed; the key's record gives the
 -- tenant (the cache's, zccp.lib.tenant), its allowed models and its limits (the limits plugin).
 --
--- Only the key's SHA-256 is stored: Redis key `zccp:auth:k:<hex>` holds the record as JSON
+-- Only the key's SHA-256 is stored: a Redis key (zccp.admin.key_layout's `record` .. <hex>) holds the record as JSON
 -- (written by `zccp-keys`, zccp.ops.keys / zccp.keys). Each worker keeps verified records
 -- for auth.cache_ttl_s and unknown keys for auth.negative_ttl_s (resty.lrucache), so a
 -- known key costs no Redis round trip; a revoked key is refused by every host within
@@ -18,6 +18,7 @@ local tenant = require "zccp.lib.tenant"
 local errors = require "zccp.errors"
 local redis = require "zccp.lib.redis"
 local metrics = require "zccp.lib.metrics"
+local layout = require "zccp.admin.key_layout"
 
 local ngx = ngx
 local ngx_now = ngx.now
@@ -32,8 +33,8 @@ local _M = { _VERSION = "0.1.0" }
 
 _M.OFF = { off = true }   -- the caller when auth is off: every check passes
 
-local KEY_PREFIX = "zccp:auth:k:"
-local TENANT_PREFIX = "zccp:auth:t:"   -- a tenant's limits (zccp-keys tenant), JSON
+local KEY_PREFIX = layout.record
+local TENANT_PREFIX = layout.tenant   -- a tenant's limits (zccp-keys tenant), JSON
 local CACHE_ITEMS = 10000
 local MAX_KEY_LEN = 256
 
