@@ -18,10 +18,9 @@ import logging
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import torch
 
 from zccp.abi import CacheReason, CacheStatus, Flag, ffi
 from zccp.api import ApiCodec, api_for, codec_for
@@ -53,6 +52,9 @@ from zccp.token_sink import Reply
 from zccp.upstream.client import UpstreamClient
 from zccp.upstream.reply import UpstreamReply
 
+if TYPE_CHECKING:
+    import torch
+
 log = logging.getLogger("zccp.flow")
 
 _ANTHROPIC = codec_for("anthropic")      # the slot's API when ZCCP_FLAG_API_OPENAI is not set
@@ -64,7 +66,7 @@ class FlowDeps:
 
     backend: ModelBackend
     limits: ParseLimits
-    input_view: Callable[[torch.Tensor], torch.Tensor]   # device seam
+    input_view: Callable[[np.ndarray], Any]   # host ids -> the model's view (zccp.device.input_view)
     device_id: int
     metrics: EngineMetrics
     model: BatchScheduler                                # the model thread
@@ -88,21 +90,22 @@ class Prepared:
 
     codec: ApiCodec
     req: GenerationRequest
-    input_view: Callable[[torch.Tensor], torch.Tensor]   # the device seam (FlowDeps.input_view)
+    input_view: Callable[[np.ndarray], Any]   # the device seam (FlowDeps.input_view)
     doc: dict[str, Any]              # the parsed body (the fingerprint may reuse it, and mask it)
     host_ids: np.ndarray             # the prompt ids on the CPU (a view of the slot's array)
     pins: tuple[Pin, ...] = ()       # the prefixes its cache_control breakpoints pin (zccp.prompt_pins)
     # every prompt's (input_ids, host_ids), in order (/v1/completions may send several); the first: the above
     prompts: tuple[tuple[torch.Tensor, np.ndarray], ...] = ()
     grammar: CompiledGrammar | None = None   # req.sampling.constraint, compiled (zccp.model.grammar_cache)
-    _input: torch.Tensor | None = field(default=None, init=False, repr=False)
+    _input: Any = field(default=None, init=False, repr=False)
 
     @property
     def input_ids(self) -> torch.Tensor:
         """The prompt's ids as the model reads them (the device's view of host_ids), made on
-        first use: the null model's fixed reply and a cache answer never need a tensor."""
+        first use: the null model's fixed reply and a cache answer never need a tensor;
+        without torch, the numpy array itself)."""
         if self._input is None:
-            self._input = self.input_view(torch.from_numpy(self.host_ids))
+            self._input = self.input_view(self.host_ids)
         return self._input
 
     @property
@@ -293,7 +296,7 @@ class RequestFlow:
         not cached."""
         ctx, req, fmt = self.ctx, prep.req, self.deps.backend.prompt
         prompts = prep.prompts or ((prep.input_ids, prep.host_ids),)
-        lengths = [int(ids.numel()) for ids, _ in prompts]
+        lengths = [len(ids) for ids, _ in prompts]
         choices = Choices(prep.codec, req, lengths, ctx.writer, self.outcome)
         total = len(lengths) * req.n
         on_done = all_done(total, self.outcome.done)
@@ -380,7 +383,7 @@ class RequestFlow:
             prep = Prepared(self.codec, req, deps.input_view, doc, host, pins)
             if req.prompts:                          # /v1/completions: every prompt's views
                 prep.prompts = ((prep.input_ids, host),) + tuple(
-                    (deps.input_view(torch.from_numpy(t)), t) for t in (tokens[a:a + k] for a, k in spans[1:]))
+                    (deps.input_view(t), t) for t in (tokens[a:a + k] for a, k in spans[1:]))
         return prep
 
     def _parse_and_tokenize(self) -> tuple[GenerationRequest, list[tuple[int, int]], dict[str, Any]]:
@@ -428,7 +431,7 @@ class RequestFlow:
                 else:
                     n = self._write_ids(p, tokens[at:], i)
             except PromptTooLong as exc:
-                raise PromptTooLong(at + exc.needed, int(tokens.numel())) from None
+                raise PromptTooLong(at + exc.needed, len(tokens)) from None
             if n == 0:
                 raise ApiError(400, "invalid_request_error", f"prompt {i} is empty (no tokens)", param="prompt")
             spans.append((at, n))
@@ -443,9 +446,9 @@ class RequestFlow:
                            f"out of range for {self.deps.backend.name}, whose vocabulary has {vocab} ids",
                            param="prompt")
         n = len(ids)
-        if n > out.numel():
-            raise PromptTooLong(n, int(out.numel()))
-        out.numpy()[:n] = ids
+        if n > len(out):
+            raise PromptTooLong(n, len(out))
+        (out if isinstance(out, np.ndarray) else out.numpy())[:n] = ids
         return n
 
     def _execute(self, prep: Prepared, keep: bool = True) -> Completed | None:
