@@ -100,7 +100,8 @@ class Admitting:
         seq.done_tokens = seq.reused
         if seq.params.constraint is not None and seq.grammar is None:
             raise RuntimeError("a constrained sequence was submitted without its compiled grammar")
-        seq.sampler = backend.sampler(seq.params, seq.grammar, prompt=ids)   # a copy of the compiled grammar
+        if backend.has_logits:   # a backend without names each token itself: nothing to sample
+            seq.sampler = backend.sampler(seq.params, seq.grammar, prompt=ids)   # a copy of the compiled grammar
         self.metrics.prefix_reused.inc(seq.reused)
         # what breakpoints write: only a sequence with pins is told (a sink without them takes two arguments)
         written: tuple[CacheWrite, ...] = ()
