@@ -84,8 +84,8 @@ print(json.dumps(sorted({m.split(".")[0] for m in sys.modules} & set(sys.argv[3]
 @pytest.mark.parametrize("backend,expected", [("null", []), ("upstream", []), ("tiny", ["torch"])])
 def test_the_engine_built_imports_only_its_backends_packages(tmp_path, backend, expected):
     """zccp.engine and Engine(cfg) in a fresh interpreter: the heavy packages in sys.modules."""
-    s = Stack(tmp_path / backend, {"model": {"backend": backend},
-                                   "upstream": {"urls": ["http://127.0.0.1:9"], "api": "openai", "model": "m"} if backend == "upstream" else {}})
+    upstream = {"urls": ["http://127.0.0.1:9"], "api": "openai", "model": "m"} if backend == "upstream" else {}
+    s = Stack(tmp_path / backend, {"model": {"backend": backend}, "upstream": upstream})
     env = {"PYTHONPATH": str(REPO / "engine"), "PATH": "/usr/bin:/bin"}
     out = subprocess.run([sys.executable, "-c", _BUILD, str(s.config_path), str(s.run_dir), ",".join(HEAVY)],
                          env=env, capture_output=True, text=True, timeout=120)
