@@ -81,7 +81,7 @@ class CudaMappedDevice:
         mem = self._cupy.cuda.UnownedMemory(self._dev_base + offset, nbytes, owner=self)
         arr = self._cupy.ndarray((tokens.numel(),), dtype=self._cupy.int32,
                                  memptr=self._cupy.cuda.MemoryPointer(mem, 0))
-        import torch
+        import torch   # a GPU engine computes with torch: loaded long before its first request
 
         return torch.from_dlpack(arr)
 

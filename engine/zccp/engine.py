@@ -12,7 +12,6 @@ import time
 from collections.abc import Awaitable, Callable, Mapping
 from pathlib import Path
 
-
 from zccp.abi import REQUEST_ID_MAX, EngineState, Kind, Op, SlotLayout, State, ffi
 from zccp import numa
 from zccp.api.codec import ModelInfo

@@ -18,7 +18,7 @@ import logging
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
@@ -51,9 +51,6 @@ from zccp.text_assembly import fixed_result, generate_text
 from zccp.token_sink import Reply
 from zccp.upstream.client import UpstreamClient
 from zccp.upstream.reply import UpstreamReply
-
-if TYPE_CHECKING:
-    import torch
 
 log = logging.getLogger("zccp.flow")
 
@@ -95,15 +92,14 @@ class Prepared:
     host_ids: np.ndarray             # the prompt ids on the CPU (a view of the slot's array)
     pins: tuple[Pin, ...] = ()       # the prefixes its cache_control breakpoints pin (zccp.prompt_pins)
     # every prompt's (input_ids, host_ids), in order (/v1/completions may send several); the first: the above
-    prompts: tuple[tuple[torch.Tensor, np.ndarray], ...] = ()
+    prompts: tuple[tuple[Any, np.ndarray], ...] = ()
     grammar: CompiledGrammar | None = None   # req.sampling.constraint, compiled (zccp.model.grammar_cache)
     _input: Any = field(default=None, init=False, repr=False)
 
     @property
-    def input_ids(self) -> torch.Tensor:
-        """The prompt's ids as the model reads them (the device's view of host_ids), made on
-        first use: the null model's fixed reply and a cache answer never need a tensor;
-        without torch, the numpy array itself)."""
+    def input_ids(self) -> Any:
+        """The prompt's ids as the model reads them (the device's view of host_ids; without torch
+        the array itself), made on first use: a fixed reply or a cache answer never needs one."""
         if self._input is None:
             self._input = self.input_view(self.host_ids)
         return self._input
@@ -438,7 +434,7 @@ class RequestFlow:
             at += n
         return spans
 
-    def _write_ids(self, ids: tuple[int, ...], out: torch.Tensor, index: int) -> int:
+    def _write_ids(self, ids: tuple[int, ...], out: Any, index: int) -> int:
         """A prompt given as token ids, as is (checked against the model's vocabulary)."""
         vocab = self.deps.backend.vocab_size
         if (bad := max(ids)) >= vocab:

@@ -40,7 +40,6 @@ one sequence at a time. Only a forward of the whole batch failing fails its rows
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import queue
 import threading
@@ -124,7 +123,7 @@ class BatchScheduler(Admitting):
         return [*self._prefilling, *self._rows, *self._parked]
 
     def _run(self) -> None:
-        with _inference_mode(self.backend):
+        with self.backend.inference():
             while self._take():
                 try:
                     self._step()
@@ -447,12 +446,3 @@ class BatchScheduler(Admitting):
         self._parked.clear()
         self._draining.clear()
 
-
-
-def _inference_mode(backend: ModelBackend) -> contextlib.AbstractContextManager[Any]:
-    """torch.inference_mode() for the model thread of a backend that computes with torch."""
-    if not backend.uses_torch:
-        return contextlib.nullcontext()
-    import torch
-
-    return torch.inference_mode()

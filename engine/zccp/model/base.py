@@ -14,6 +14,7 @@ needs and keeps no reference to it.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterator, Sequence
@@ -182,6 +183,14 @@ class ModelBackend(ABC):
         if isinstance(out, int):
             return out
         return sampler(self.process_logits(out))
+
+    def inference(self) -> contextlib.AbstractContextManager[Any]:
+        """The model thread's mode: torch's inference mode for a backend that computes with it."""
+        if not self.uses_torch:
+            return contextlib.nullcontext()
+        import torch
+
+        return torch.inference_mode()
 
     def to(self, device: torch.device | str) -> ModelBackend:
         return self
