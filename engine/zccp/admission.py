@@ -13,19 +13,20 @@ from __future__ import annotations
 import logging
 from collections import deque
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import torch
 
 from zccp.fair_queue import FairQueue
 from zccp.metrics import EngineMetrics
 from zccp.model.base import ModelBackend
-from zccp.model.kv import room
-from zccp.planner import Planner
+from zccp.planner import Planner, room
 from zccp.prefix_cache import PrefixCache, cache_write
 from zccp.sequences import BatchLimits, Sequence
 from zccp.shared_types import ApiError, CacheWrite
+
+if TYPE_CHECKING:
+    import torch
 
 log = logging.getLogger("zccp.scheduler")
 
@@ -61,7 +62,7 @@ class Admitting:
         return (len(active) + 1) * worst * self.backend.kv_bytes_per_token <= self.limits.kv_budget_bytes
 
     def _worst(self, seq: Sequence) -> int:
-        n = int(seq.input_ids.numel()) if seq.input_ids is not None else 0
+        n = len(seq.input_ids) if seq.input_ids is not None else 0
         return min(n + seq.params.max_tokens, self.backend.max_context)
 
     def _admit(self) -> None:
@@ -86,7 +87,7 @@ class Admitting:
         seq.worst = self._worst(seq)
         ids = backend.check_prompt(seq.input_ids)
         seq.input_ids = None                       # the slot's views are not kept
-        n = ids.numel()
+        n = len(ids)
         blocks: list[torch.Tensor] = []
         if self.prefix is not None:
             seq.keys = self.prefix.chain(seq.host_ids, n // self.prefix.block, seq.salt)
@@ -99,7 +100,8 @@ class Admitting:
         seq.done_tokens = seq.reused
         if seq.params.constraint is not None and seq.grammar is None:
             raise RuntimeError("a constrained sequence was submitted without its compiled grammar")
-        seq.sampler = backend.sampler(seq.params, seq.grammar, prompt=ids)   # a copy of the compiled grammar
+        if backend.has_logits:   # a backend without names each token itself: nothing to sample
+            seq.sampler = backend.sampler(seq.params, seq.grammar, prompt=ids)   # a copy of the compiled grammar
         self.metrics.prefix_reused.inc(seq.reused)
         # what breakpoints write: only a sequence with pins is told (a sink without them takes two arguments)
         written: tuple[CacheWrite, ...] = ()

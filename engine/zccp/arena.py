@@ -15,9 +15,10 @@ import os
 import secrets
 import time
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
+import numpy as np
 import posix_ipc
-import torch
 
 from zccp.abi import (
     CData,
@@ -33,6 +34,9 @@ from zccp.abi import (
     ffi,
 )
 from zccp.doorbell import engine_ping
+
+if TYPE_CHECKING:
+    import torch
 
 
 class SlotError(Exception):
@@ -211,14 +215,16 @@ class Arena:
         start = view.base + self.layout.payload_offset
         return self._mv[start : start + view.header.payload_len]
 
+    def token_array(self, view: SlotView) -> np.ndarray:
+        """The slot's whole token array as a writable int32 numpy array over the mmap (no copy)."""
+        return np.frombuffer(self._mmap, dtype=np.int32, count=self.layout.tokens_cap,
+                             offset=view.base + self.layout.tokens_offset)
+
     def token_tensor(self, view: SlotView) -> torch.Tensor:
         """The slot's whole token array as a writable int32 tensor over the mmap (no copy)."""
-        return torch.frombuffer(
-            self._mmap,
-            dtype=torch.int32,
-            count=self.layout.tokens_cap,
-            offset=view.base + self.layout.tokens_offset,
-        )
+        import torch
+
+        return torch.from_numpy(self.token_array(view))
 
     def response_region(self, view: SlotView) -> memoryview:
         return self._responses[view.index]

@@ -22,7 +22,7 @@ from dataclasses import replace
 
 from zccp.api.codec import ApiCodec, ChoiceStream
 from zccp.model.prompt import Detokenizer
-from zccp.model.sampling import Drawn
+from zccp.model.sampling_checks import Drawn
 from zccp.outcome import Outcome
 from zccp.ring_writer import ResponseWriter, SlotAbandoned
 from zccp.shared_types import (

@@ -1,6 +1,7 @@
 """Where the model reads its input ids: the device seam.
 
-On the CPU the model reads a zero-copy torch view of the slot's token array.
+On the CPU the model reads a zero-copy torch view of the slot's token array (a backend
+without torch, the null one, reads the numpy array itself: torch is never imported).
 With CUDA and cupy present, the whole arena is registered once with the CUDA
 driver as mapped, portable host memory, and the model reads the same bytes
 through a device pointer: no staging copy, no per-request registration.
@@ -11,11 +12,16 @@ from __future__ import annotations
 
 import logging
 import mmap
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
-import torch
+import numpy as np
 
 from zccp.config import GpuConfig
+
+if TYPE_CHECKING:
+    import torch
 
 log = logging.getLogger("zccp.device")
 
@@ -31,6 +37,8 @@ class CpuDevice:
 
     @property
     def torch_device(self) -> torch.device:
+        import torch
+
         return torch.device("cpu")
 
     def input_view(self, tokens: torch.Tensor) -> torch.Tensor:
@@ -61,6 +69,8 @@ class CudaMappedDevice:
 
     @property
     def torch_device(self) -> torch.device:
+        import torch
+
         return torch.device("cuda", self.device_id)
 
     def input_view(self, tokens: torch.Tensor) -> torch.Tensor:
@@ -71,6 +81,8 @@ class CudaMappedDevice:
         mem = self._cupy.cuda.UnownedMemory(self._dev_base + offset, nbytes, owner=self)
         arr = self._cupy.ndarray((tokens.numel(),), dtype=self._cupy.int32,
                                  memptr=self._cupy.cuda.MemoryPointer(mem, 0))
+        import torch   # a GPU engine computes with torch: loaded long before its first request
+
         return torch.from_dlpack(arr)
 
     def close(self) -> None:
@@ -79,9 +91,11 @@ class CudaMappedDevice:
             self._cupy.cuda.runtime.hostUnregister(self._host_base)
 
 
-def select_device(cfg: GpuConfig, arena_map: mmap.mmap) -> CpuDevice | CudaMappedDevice:
+def select_device(cfg: GpuConfig, arena_map: mmap.mmap, uses_torch: bool = True) -> CpuDevice | CudaMappedDevice:
     if cfg.enabled == "off":
         log.info("gpu disabled by config; model runs on the CPU")
+        return CpuDevice()
+    if not uses_torch and cfg.enabled == "auto":   # no model computes here: nothing to put on a GPU
         return CpuDevice()
     reason = _cuda_unavailable_reason()
     if reason is None and not cfg.register_host_memory:
@@ -99,7 +113,34 @@ def select_device(cfg: GpuConfig, arena_map: mmap.mmap) -> CpuDevice | CudaMappe
     return CpuDevice()
 
 
+def token_views(host: list[np.ndarray], uses_torch: bool) -> list[Any]:
+    """The model's views of the slots' token arrays: torch tensors over the same memory, or,
+    for a backend without torch, the numpy arrays themselves."""
+    if not uses_torch:
+        return list(host)
+    import torch
+
+    return [torch.from_numpy(a) for a in host]
+
+
+def input_view(device: CpuDevice | CudaMappedDevice, uses_torch: bool) -> Callable[[np.ndarray], Any]:
+    """A prompt's host ids (a slice of the slot's numpy array) -> what the model reads: a
+    torch view on the device seam, or the array itself for a backend without torch."""
+    if not uses_torch:
+        return _same
+    import torch
+
+    to_model, from_numpy = device.input_view, torch.from_numpy
+    return lambda ids: to_model(from_numpy(ids))
+
+
+def _same(ids: np.ndarray) -> np.ndarray:
+    return ids
+
+
 def _cuda_unavailable_reason() -> str | None:
+    import torch
+
     if not torch.cuda.is_available():
         return "torch sees no CUDA device"
     try:

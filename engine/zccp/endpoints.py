@@ -116,7 +116,7 @@ class EndpointFlow:
             raise SlotAbandoned(f"slot {ctx.view.index}: claimed again while the warm-up was prepared")
         ctx.view.header.tokens_len = n
         sink = WarmupReply(prompt.req.model, ctx.view, ctx.writer, n, self.outcome)
-        seq = Sequence(deps.input_view(ctx.tokens[:n]), ctx.tokens[:n].numpy(), _NO_SAMPLING, sink,
+        seq = Sequence(deps.input_view(ctx.host_tokens[:n]), ctx.host_tokens[:n], _NO_SAMPLING, sink,
                        ctx.cancelled, lambda _: self.outcome.done(), prefill_only=True)
         if not deps.model.submit(seq):
             deps.metrics.queue_full.inc()

@@ -12,8 +12,6 @@ import time
 from collections.abc import Awaitable, Callable, Mapping
 from pathlib import Path
 
-import torch
-
 from zccp.abi import REQUEST_ID_MAX, EngineState, Kind, Op, SlotLayout, State, ffi
 from zccp import numa
 from zccp.api.codec import ModelInfo
@@ -24,7 +22,7 @@ from zccp.cache.mask_store import MaskSource
 from zccp.cache.purge_epoch import EpochWatcher
 from zccp.cache.store import ResponseCache
 from zccp.config import Config, ConfigError, ModelConfig, mask_state_path, model_names
-from zccp.device import select_device
+from zccp.device import input_view, select_device, token_views
 from zccp.doorbell import Connection, DoorbellServer, Ring, encode_notice
 from zccp.endpoints import EndpointFlow
 from zccp.flow import FlowDeps, RequestFlow
@@ -33,7 +31,7 @@ from zccp import tracing
 from zccp.metrics import EngineMetrics, MetricsServer
 from zccp.model.base import ModelBackend
 from zccp.model.grammar_cache import GrammarCompiler
-from zccp.model.registry import backend_from_config
+from zccp.model.registry import backend_from_config, backend_uses_torch
 from zccp.outcome import RequestContext
 from zccp.planner import Planner
 from zccp.prefix_cache import PrefixCache
@@ -97,7 +95,8 @@ def model_thread(m: ModelConfig, backend: ModelBackend, metrics: EngineMetrics) 
     prefix = None
     if m.prefix_cache_mb and backend.prefix_blocks:
         prefix = PrefixCache(m.prefix_cache_mb << 20, m.prefix_block, backend.identity)
-    planner = Planner(backend.device, kv_budget, backend.activation_bytes_per_token + per_token,
+    planner = Planner(backend.device if backend.uses_torch else None, kv_budget,
+                      backend.activation_bytes_per_token + per_token,
                       m.prefill_chunk, m.prefix_block, m.step_tokens)
     return BatchScheduler(backend, BatchLimits(m.max_batch, m.max_queue, kv_budget), planner, prefix, metrics)
 
@@ -115,13 +114,18 @@ class Engine:
         self._socket_path = cfg.server.socket_path
         # Placement first: the threads torch starts inherit the CPUs, the arena's pages the node.
         self.placement = numa.apply(cfg)
-        torch.set_num_threads(len(self.placement.cpus) if self.placement else cfg.model.threads)
+        # torch only for a backend that computes with it (the null backend starts without it)
+        self.uses_torch = backend_uses_torch(cfg.model.backend)
+        if self.uses_torch:
+            import torch
+
+            torch.set_num_threads(len(self.placement.cpus) if self.placement else cfg.model.threads)
         self.layout = layout_from_config(cfg)
         self.arena = Arena(cfg.shared_memory.name, self.layout, cfg.shared_memory.group)
         if self.placement is not None and self.placement.numa_node is not None:
             numa.bind_range(self.arena.address(), self.layout.arena_size, self.placement.numa_node)
-        self.device = select_device(cfg.gpu, self.arena.mapping())
-        self.backend = backend_from_config(cfg.model, str(self.device.torch_device))
+        self.device = select_device(cfg.gpu, self.arena.mapping(), self.uses_torch)
+        self.backend = backend_from_config(cfg.model, self.device.name)
         if self.device.device_id >= 0:
             self.backend.to(self.device.torch_device)
         self.metrics = EngineMetrics()
@@ -131,8 +135,9 @@ class Engine:
         # every model of the stack (engines:), so that any engine answers GET /v1/models for nginx
         self.models = [ModelInfo(name, int(time.time())) for name in model_names(cfg)]
         # Views made once: a request never allocates a tensor header for its slot.
-        self._tokens = [self.arena.token_tensor(v) for v in self.arena.slots()]
-        self._host_tokens = [t.numpy() for t in self._tokens]   # the same memory; .numpy() is ~2 µs
+        self._host_tokens = [self.arena.token_array(v) for v in self.arena.slots()]
+        # the model's views of the same memory (without torch: the numpy arrays themselves)
+        self._tokens = token_views(self._host_tokens, self.uses_torch)
         self._jobs: dict[int, Job] = {}
         # One model thread, decoding every running request in one batch; the loop stays free for rings.
         self._model = model_thread(cfg.model, self.backend, self.metrics)
@@ -153,7 +158,7 @@ class Engine:
                 default_max_tokens=cfg.limits.default_max_tokens,
                 max_queue=cfg.model.max_queue,
             ),
-            input_view=self.device.input_view,
+            input_view=input_view(self.device, self.uses_torch),
             device_id=self.device.device_id,
             metrics=self.metrics,
             model=self._model,

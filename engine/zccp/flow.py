@@ -18,8 +18,9 @@ import logging
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, replace
+from typing import Any
 
-import torch
+import numpy as np
 
 from zccp.abi import CacheReason, CacheStatus, Flag, ffi
 from zccp.api import api_for, codec_for
@@ -58,7 +59,7 @@ class FlowDeps:
 
     backend: ModelBackend
     limits: ParseLimits
-    input_view: Callable[[torch.Tensor], torch.Tensor]   # device seam
+    input_view: Callable[[np.ndarray], Any]   # host ids -> the model's view (zccp.device.input_view)
     device_id: int
     metrics: EngineMetrics
     model: BatchScheduler                                # the model thread
@@ -253,7 +254,7 @@ class RequestFlow:
         not cached."""
         ctx, req, fmt = self.ctx, prep.req, self.deps.backend.prompt
         prompts = prep.prompts or ((prep.input_ids, prep.host_ids),)
-        lengths = [int(ids.numel()) for ids, _ in prompts]
+        lengths = [len(ids) for ids, _ in prompts]
         choices = Choices(prep.codec, req, lengths, ctx.writer, self.outcome)
         total = len(lengths) * req.n
         on_done = all_done(total, self.outcome.done)

@@ -10,7 +10,6 @@ from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import torch
 
 from zccp.api import ApiCodec
 from zccp.flow_checks import check_forwardable, check_needs_logits
@@ -34,21 +33,21 @@ class Prepared:
 
     codec: ApiCodec
     req: GenerationRequest
-    input_view: Callable[[torch.Tensor], torch.Tensor]   # the device seam (FlowDeps.input_view)
+    input_view: Callable[[np.ndarray], Any]   # the device seam (FlowDeps.input_view)
     doc: dict[str, Any]              # the parsed body (the fingerprint may reuse it, and mask it)
     host_ids: np.ndarray             # the prompt ids on the CPU (a view of the slot's array)
     pins: tuple[Pin, ...] = ()       # the prefixes its cache_control breakpoints pin (zccp.prompt_pins)
     # every prompt's (input_ids, host_ids), in order (/v1/completions may send several); the first: the above
-    prompts: tuple[tuple[torch.Tensor, np.ndarray], ...] = ()
+    prompts: tuple[tuple[Any, np.ndarray], ...] = ()
     grammar: CompiledGrammar | None = None   # req.sampling.constraint, compiled (zccp.model.grammar_cache)
-    _input: torch.Tensor | None = field(default=None, init=False, repr=False)
+    _input: Any = field(default=None, init=False, repr=False)
 
     @property
-    def input_ids(self) -> torch.Tensor:
-        """The prompt's ids as the model reads them (the device's view of host_ids), made on
-        first use: the null model's fixed reply and a cache answer never need a tensor."""
+    def input_ids(self) -> Any:
+        """The prompt's ids as the model reads them (the device's view of host_ids; without torch
+        the array itself), made on first use: a fixed reply or a cache answer never needs one."""
         if self._input is None:
-            self._input = self.input_view(torch.from_numpy(self.host_ids))
+            self._input = self.input_view(self.host_ids)
         return self._input
 
     @property
@@ -73,7 +72,7 @@ def prepare(ctx: RequestContext, deps: FlowDeps, codec: ApiCodec) -> Prepared:
     prep = Prepared(codec, req, deps.input_view, doc, host, pins)
     if req.prompts:                          # /v1/completions: every prompt's views
         prep.prompts = ((prep.input_ids, host),) + tuple(
-            (deps.input_view(torch.from_numpy(t)), t) for t in (tokens[a:a + k] for a, k in spans[1:]))
+            (deps.input_view(t), t) for t in (tokens[a:a + k] for a, k in spans[1:]))
     return prep
 
 
@@ -123,14 +122,14 @@ def encode(ctx: RequestContext, deps: FlowDeps, codec: ApiCodec, req: Generation
             else:
                 n = write_ids(deps.backend, p, tokens[at:], i)
         except PromptTooLong as exc:
-            raise PromptTooLong(at + exc.needed, int(tokens.numel())) from None
+            raise PromptTooLong(at + exc.needed, len(tokens)) from None
         if n == 0:
             raise ApiError(400, "invalid_request_error", f"prompt {i} is empty (no tokens)", param="prompt")
         spans.append((at, n))
         at += n
     return spans
 
-def write_ids(backend: ModelBackend, ids: tuple[int, ...], out: torch.Tensor, index: int) -> int:
+def write_ids(backend: ModelBackend, ids: tuple[int, ...], out: Any, index: int) -> int:
     """A prompt given as token ids, as is (checked against the model's vocabulary)."""
     vocab = backend.vocab_size
     if (bad := max(ids)) >= vocab:
@@ -138,7 +137,7 @@ def write_ids(backend: ModelBackend, ids: tuple[int, ...], out: torch.Tensor, in
                        f"out of range for {backend.name}, whose vocabulary has {vocab} ids",
                        param="prompt")
     n = len(ids)
-    if n > out.numel():
-        raise PromptTooLong(n, int(out.numel()))
-    out.numpy()[:n] = ids
+    if n > len(out):
+        raise PromptTooLong(n, len(out))
+    (out if isinstance(out, np.ndarray) else out.numpy())[:n] = ids
     return n

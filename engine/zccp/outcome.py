@@ -18,9 +18,9 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from types import TracebackType
+from typing import TYPE_CHECKING
 
 import numpy as np
-import torch
 
 from zccp import tracing
 from zccp.abi import CACHE_NAMES
@@ -30,6 +30,9 @@ from zccp.logs import RequestLog
 from zccp.metrics import EngineMetrics
 from zccp.ring_writer import ResponseWriter, SlotAbandoned
 from zccp.shared_types import ApiError, GenerationResult
+
+if TYPE_CHECKING:
+    import torch
 
 log = logging.getLogger("zccp.outcome")
 

@@ -18,8 +18,11 @@ X-ZCCP-Plan (meta.plan_chunks: 0 = one pass).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-import torch
+if TYPE_CHECKING:
+    import torch
+
 
 # Activation bytes per token are an estimate; never plan chunks below this.
 MIN_CHUNK = 64
@@ -37,9 +40,15 @@ GPU_STEP_TOKENS = 2048
 CPU_STEP_TOKENS = 256
 
 
+def room(need: int) -> int:
+    """Columns to allocate for `need`: some spare, so that appending a token copies one
+    column instead of the whole cache (torch.cat would copy it all, every step)."""
+    return need + max(16, need // 8)
+
+
 @dataclass(frozen=True)
 class Planner:
-    device: torch.device
+    device: torch.device | None   # None: a backend without torch (the CPU)
     kv_budget_bytes: int
     bytes_per_token: int      # activations + KV of one prefill token (the backend's estimate)
     configured: int           # model.prefill_chunk: 0 = no cap
@@ -51,11 +60,13 @@ class Planner:
         """model.step_tokens, or the device's default: the cap chunk() puts on a step's tokens."""
         if self.step_tokens:
             return self.step_tokens
-        return GPU_STEP_TOKENS if self.device.type == "cuda" else CPU_STEP_TOKENS
+        return GPU_STEP_TOKENS if self.device is not None and self.device.type == "cuda" else CPU_STEP_TOKENS
 
     def chunk(self) -> int:
         """Prompt tokens per prefill forward now."""
-        if self.device.type == "cuda":
+        if self.device is not None and self.device.type == "cuda":
+            import torch
+
             free, _ = torch.cuda.mem_get_info(self.device)
             budget = free // 2
         else:
@@ -79,7 +90,7 @@ class Planner:
     def group(self, chunk: int) -> int:
         """Padded prompt tokens to put into one forward of several sequences' chunks: the
         whole chunk on a GPU (more rows keep it busy), at most CPU_GROUP_TOKENS on the CPU."""
-        return chunk if self.device.type == "cuda" else min(chunk, CPU_GROUP_TOKENS)
+        return chunk if self.device is not None and self.device.type == "cuda" else min(chunk, CPU_GROUP_TOKENS)
 
     @staticmethod
     def group_rows(rows: list[tuple[int, int]], cap: int) -> list[int]:

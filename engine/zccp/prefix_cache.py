@@ -38,11 +38,14 @@ import time
 from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
-import torch
 
 from zccp.shared_types import CacheWrite, Pin
+
+if TYPE_CHECKING:
+    import torch
 
 # The share of the prefix cache's bytes that pinned blocks may hold at most.
 PIN_SHARE = 0.5

@@ -17,7 +17,6 @@ from collections.abc import Callable
 from typing import Any
 
 import numpy as np
-import torch
 
 from zccp.api import anthropic
 from zccp.api.common import ParseLimits
@@ -44,6 +43,8 @@ def pin_points(fmt: PromptFormat, doc: dict[str, Any], req: GenerationRequest, l
                ids: np.ndarray) -> tuple[Pin, ...]:
     """The prompt prefix each of req's breakpoints covers (ids: the whole prompt's)."""
     pins: list[Pin] = []
+    import torch   # pins are for a backend with a prefix cache: one that computes with torch
+
     scratch = torch.empty(len(ids) + _SLACK, dtype=torch.int32)
     for mark in req.cache_marks:
         cut = anthropic.cut_at(doc, mark)

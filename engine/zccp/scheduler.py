@@ -46,20 +46,22 @@ import queue
 import threading
 from collections import deque
 from collections.abc import Callable
-from typing import Any
-
-import torch
+from typing import TYPE_CHECKING, Any
 
 from zccp.admission import Admitting
 from zccp.fair_queue import Admission, FairQueue
 from zccp.metrics import EngineMetrics
 from zccp.model.base import DecodeBatch, ModelBackend
-from zccp.model.sampling import Choice, Sampler, sample_rows
 from zccp.planner import Planner
 from zccp.prefix_cache import PrefixCache
 from zccp.ring_writer import SlotAbandoned
 from zccp.sequences import BatchLimits, Sequence, Sink
 from zccp.shared_types import ApiError, StopReason
+
+if TYPE_CHECKING:
+    import torch
+
+    from zccp.model.sampling import Choice, Sampler
 
 __all__ = ["Admission", "BatchLimits", "BatchScheduler", "Sequence", "Sink"]
 
@@ -122,7 +124,7 @@ class BatchScheduler(Admitting):
         return [*self._prefilling, *self._rows, *self._parked]
 
     def _run(self) -> None:
-        with torch.inference_mode():
+        with self.backend.inference():
             while self._take():
                 try:
                     self._step()
@@ -294,14 +296,19 @@ class BatchScheduler(Admitting):
         return seq.ids
 
     def _prompt_len(self, seq: Sequence) -> int:
-        return int(self._ids(seq).numel())
+        return len(self._ids(seq))
 
     def _first_tokens(self, first: list[tuple[Sequence, torch.Tensor | int]]) -> None:
         """The first token of each sequence whose prefill completed: sampled together, then
         each joins the batch (or parks, or is done)."""
-        logits = [out for _, out in first if isinstance(out, torch.Tensor)]
-        rows: torch.Tensor | list[int] = (torch.stack(logits) if len(logits) == len(first)
-                                          else [int(out) for _, out in first])
+        logits = [out for _, out in first if not isinstance(out, int)]
+        rows: torch.Tensor | list[int]
+        if len(logits) == len(first):
+            import torch
+
+            rows = torch.stack(logits)
+        else:
+            rows = [int(out) for _, out in first]
         toks = self._choose(rows, [seq.sampler for seq, _ in first])
         for (seq, _), tok in zip(first, toks, strict=True):
             outcome = self._emit(seq, tok)
@@ -361,6 +368,8 @@ class BatchScheduler(Admitting):
             return list(out)
         ready = [s for s in samplers if s is not None]
         assert len(ready) == len(samplers)      # every running sequence got its sampler at admission
+        from zccp.model.sampling import sample_rows   # a backend with logits: torch is there
+
         return sample_rows(self.backend.process_logits(out), ready)
 
     def _leave(self, rows: set[int]) -> None:

@@ -6,16 +6,20 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
-import torch
 
 from zccp.hermes_tools import is_forced_call, wrapper_tokens
 from zccp.model.grammar import CompiledGrammar
-from zccp.model.sampling import Drawn, Sampler
+from zccp.model.sampling_checks import Drawn
 from zccp.ring_writer import SlotAbandoned
 from zccp.shared_types import NO_WRITE, ApiError, CacheWrite, Pin, SamplingParams, StopReason
+
+if TYPE_CHECKING:
+    import torch
+
+    from zccp.model.sampling import Sampler
 
 
 class Sink(Protocol):

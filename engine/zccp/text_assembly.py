@@ -17,13 +17,14 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Sequence
 from functools import lru_cache
-from typing import Any
-
-import torch
+from typing import TYPE_CHECKING, Any
 
 from zccp.model.prompt import Detokenizer
 from zccp.shared_types import GenerationResult, SamplingParams, StopReason, TextDelta, ToolCall
 from zccp.hermes_tools import Event, HermesParser
+
+if TYPE_CHECKING:
+    import torch
 
 
 class StopMatcher:
@@ -185,7 +186,7 @@ def generate_text(
     when called (e.g. ValueError for a prompt that does not fit its context) surface
     on the first next().
     """
-    input_tokens = int(input_ids.numel())
+    input_tokens = len(input_ids)
     max_tokens = params.max_tokens
     if cancelled():
         return

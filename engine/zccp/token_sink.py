@@ -21,7 +21,7 @@ from zccp.hermes_tools import Event, HermesParser, is_forced_call
 from zccp.model.prompt import Detokenizer
 from zccp.outcome import Outcome
 from zccp.ring_writer import ResponseWriter, SlotAbandoned
-from zccp.model.sampling import Drawn
+from zccp.model.sampling_checks import Drawn
 from zccp.shared_types import (
     NO_WRITE,
     ApiError,

@@ -14,6 +14,7 @@ import pytest
 from tests.support.harness import REPO, Stack, anthropic_body
 from zccp.ops.placement_status import allowed_cpus, arena_numa, thread_cpus
 from zccp.ops.stack import _workers_of
+from zccp.config import for_engine
 from zccp.placement import format_cpulist, placement_for
 
 pytestmark = pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="placement needs two CPUs or more")
@@ -70,5 +71,24 @@ def test_placement_none_leaves_everything_where_it_was(tmp_path):
         numa = arena_numa(pid, s.cfg.shared_memory.name)
         assert numa is not None and numa.policy == "default"
         assert "worker_cpu_affinity" not in (s.run_dir / "nginx" / "nginx.conf").read_text()
+    finally:
+        s.stop()
+
+
+def test_admin_health_shows_each_engines_placement(tmp_path):
+    """engines: each engine's entry in the admin /health: the CPUs it runs on (read back from
+    /proc) and its planned node; the public /health says none of it."""
+    s = Stack(tmp_path / "two", {"placement": "auto", "model": {"backend": "null"},
+                                 "engines": [{"name": "a"}, {"name": "b"}]}).start()
+    try:
+        h = s.health()
+        assert set(h["engines"]) == {"a", "b"}
+        for name, st in h["engines"].items():
+            want = placement_for(for_engine(s.cfg, name))
+            assert want is not None
+            assert st["engine_cpus"] == format_cpulist(allowed_cpus(st["engine_pid"])) == want.cpulist, (name, st)
+            assert st["engine_node"] == want.numa_node
+        public = httpx.get(s.url("/health"), timeout=10).json()
+        assert public == {"status": "ok"}
     finally:
         s.stop()

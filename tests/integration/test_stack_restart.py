@@ -1,18 +1,21 @@
-"""`zccp-stack`'s restarts: an engine that had served comes back at once (its warm standby
-takes over), however often; one that dies before it serves waits longer each time; a
-standby is there again after each takeover."""
+"""`zccp-stack`'s restarts (and `zccp-engine --warm-standby`'s): an engine that had served
+comes back at once (its warm standby takes over), however often; one that dies before it
+serves waits longer each time; a standby is there again after each takeover."""
 
 from __future__ import annotations
 
 import os
 import signal
+import subprocess
+import sys
 import time
 from pathlib import Path
 
 import httpx
 import yaml
 
-from tests.support.harness import Stack, StackProcess, anthropic_body
+from tests.support.harness import REPO, Stack, StackProcess, alive, anthropic_body
+from zccp.ops.stack import nginx_service
 
 
 def _wait_for(cond, what: str, timeout: float = 120.0) -> None:
@@ -75,3 +78,43 @@ def test_an_engine_that_served_restarts_at_once_and_one_that_cannot_start_backs_
         assert sp.text().count("its standby takes over in 0.0 s") == 4, sp.text()
     finally:
         sp.stop()
+
+
+def test_zccp_engine_warm_standby_keeps_the_engine_up_with_its_output_inherited(tmp_path):
+    """`zccp-engine --warm-standby` (systemd's and compose's command, no zccp-stack): the
+    engine and its standby are its children, their output is its own (here one file, as a
+    journal would take it), a kill -9 of the serving engine is answered by the standby, the
+    parent stays, and SIGTERM stops all three."""
+    s = Stack(tmp_path / "s", {"model": {"backend": "null"}})
+    out = open(tmp_path / "engine-and-children.out", "wb")
+    parent = subprocess.Popen([sys.executable, "-m", "zccp.ops.cli", "engine", "--config", str(s.config_path),
+                               "--run-dir", str(s.run_dir), "--warm-standby"], stdout=out, stderr=subprocess.STDOUT,
+                              env=dict(os.environ, PYTHONPATH=str(REPO / "engine")))
+    text = (tmp_path / "engine-and-children.out").read_text
+    try:
+        s.nginx, _ = nginx_service(s.cfg, s.run_dir)
+
+        def kids() -> list[int]:
+            return [int(p) for p in Path(f"/proc/{parent.pid}/task/{parent.pid}/children").read_text().split()]
+
+        for _ in range(2):
+            _wait_for(lambda: len(kids()) == 2 and any(f"standby ready (pid {k})" in text() for k in kids()),
+                      "no standby beside the engine")
+            serving = s.health()["engine_pid"]
+            spare = next(k for k in kids() if k != serving)
+            os.kill(serving, signal.SIGKILL)
+            _wait_for(lambda spare=spare: s.health().get("engine_pid") == spare, "the standby did not take over")
+            assert httpx.post(s.url("/v1/messages"), json=anthropic_body("back?", max_tokens=4),
+                              timeout=10).status_code == 200
+            assert parent.poll() is None
+        assert text().count("its standby takes over in 0.0 s") == 2
+        assert '"engine serving' in text()     # the children's own log lines, through the parent's output
+        children = kids()
+        parent.send_signal(signal.SIGTERM)
+        assert parent.wait(30) == 0
+        assert not any(alive(k) for k in children)
+    finally:
+        if parent.poll() is None:
+            parent.kill()
+        out.close()
+        s.stop()

@@ -14,17 +14,22 @@ needs and keeps no reference to it.
 
 from __future__ import annotations
 
+import contextlib
+import functools
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterator, Sequence
-from typing import Any
-
-import torch
+from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 from zccp.model.grammar import CompiledGrammar, GrammarVocab
 from zccp.model.prompt import BYTE_FORMAT, PromptFormat
-from zccp.model.sampling import Sampler, check_sampling
+from zccp.model.sampling_checks import check_sampling
 from zccp.planner import Planner
 from zccp.shared_types import SamplingParams
+
+if TYPE_CHECKING:
+    import torch
+
+    from zccp.model.sampling import Sampler
 
 
 class DecodeBatch(ABC):
@@ -57,6 +62,26 @@ class DecodeBatch(ABC):
         (or, for a backend whose output is fixed, the next tokens themselves)."""
 
 
+_F = TypeVar("_F", bound=Callable[..., Any])
+
+
+def inference_mode(fn: _F) -> _F:
+    """torch.inference_mode() around fn (a generator: around each resume), torch imported at
+    fn's first call: a backend without torch never calls one of these."""
+    wrapped: Callable[..., Any] | None = None
+
+    @functools.wraps(fn)
+    def call(*args: Any, **kwargs: Any) -> Any:
+        nonlocal wrapped
+        if wrapped is None:
+            import torch
+
+            wrapped = torch.inference_mode()(fn)
+        return wrapped(*args, **kwargs)
+
+    return cast(_F, call)
+
+
 class ModelBackend(ABC):
     name: str                          # served model name, e.g. "zccp-tiny"
     max_context: int                   # prompt + completion tokens the backend accepts
@@ -65,9 +90,15 @@ class ModelBackend(ABC):
     prefill_chunk: int = 0             # configured chunk cap; 0: the planner decides
     prompt: PromptFormat = BYTE_FORMAT
     prefix_blocks: bool = False        # take_block() works: prompt prefixes can be reused
+    # Computes with torch: its prompts come as torch views, the model thread runs in inference
+    # mode. A backend without (null, upstream) gets numpy views and torch is never imported
+    # (registry.backend_uses_torch names them before they are built).
+    uses_torch: bool = True
 
     @property
     def device(self) -> torch.device:
+        import torch
+
         return torch.device("cpu")
 
     @property
@@ -143,13 +174,23 @@ class ModelBackend(ABC):
             grammar = compiled.matcher()
         elif params.constraint is not None:
             grammar = self.grammar_vocab().matcher(params.constraint)
+        from zccp.model.sampling import Sampler
+
         return Sampler(params, self.device, grammar, self.eos_ids, prompt)
 
     def choose(self, out: torch.Tensor | int, sampler: Sampler) -> int:
         """One sequence's next token from prefill()'s or a one-row decode()'s output."""
-        if isinstance(out, torch.Tensor):
-            return sampler(self.process_logits(out))
-        return out
+        if isinstance(out, int):
+            return out
+        return sampler(self.process_logits(out))
+
+    def inference(self) -> contextlib.AbstractContextManager[Any]:
+        """The model thread's mode: torch's inference mode for a backend that computes with it."""
+        if not self.uses_torch:
+            return contextlib.nullcontext()
+        import torch
+
+        return torch.inference_mode()
 
     def to(self, device: torch.device | str) -> ModelBackend:
         return self
@@ -158,6 +199,8 @@ class ModelBackend(ABC):
 
     def check_prompt(self, input_ids: torch.Tensor) -> torch.Tensor:
         """A validated copy of the prompt ids: 1-D long on the model's device."""
+        import torch
+
         if not isinstance(input_ids, torch.Tensor) or input_ids.dim() != 1:
             raise ValueError("input_ids must be a 1-D tensor")
         n = input_ids.numel()
@@ -184,11 +227,11 @@ class ModelBackend(ABC):
         assert logits is not None, "prefill of no tokens"
         return logits
 
-    @torch.inference_mode()
+    @inference_mode
     def prefill_logits(self, input_ids: torch.Tensor, chunk: int = 0) -> torch.Tensor:
         """Raw logits at the last prompt position, prefilled in `chunk`-token chunks."""
         out = self.prefill_chunked(self.new_state(), self.check_prompt(input_ids), chunk)
-        assert isinstance(out, torch.Tensor), "this backend has no logits"
+        assert not isinstance(out, int), "this backend has no logits"
         return out.clone()
 
     def generate(
@@ -212,7 +255,7 @@ class ModelBackend(ABC):
 
     # As a decorator (not a `with` inside the body) so inference mode is entered
     # around each resume of the generator and never leaks into the consumer.
-    @torch.inference_mode()
+    @inference_mode
     def _generate(self, ids: torch.Tensor, params: SamplingParams, cancelled: Callable[[], bool]) -> Iterator[int]:
         if params.max_tokens == 0 or cancelled():
             return

@@ -21,13 +21,15 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import torch
 
 from zccp.hermes_tools import END, START, is_forced_call, wrapper_tokens
 from zccp.shared_types import ApiError, OutputConstraint
+
+if TYPE_CHECKING:
+    import torch
 
 # Compact JSON: flexible whitespace lets a model pad an answer with whitespace until max_tokens.
 _COMPACT: Any = {"whitespace_flexible": False}
@@ -239,6 +241,8 @@ class GrammarMatcher:
             raise ApiError(400, "invalid_request_error",
                            f"the output grammar failed while generating: {_short(self._m.get_error())}")
         bits = np.unpackbits(np.frombuffer(mask, np.uint8), bitorder="little")
+        import torch
+
         return torch.from_numpy(bits[: self._n].astype(np.bool_))
 
     def mask(self, logits: torch.Tensor) -> torch.Tensor:
@@ -246,6 +250,8 @@ class GrammarMatcher:
         allowed = self.allowed()
         width = logits.shape[-1]
         if width > self._n:
+            import torch
+
             allowed = torch.cat([allowed, allowed.new_zeros(width - self._n)])
         return logits.masked_fill(~allowed[:width].to(logits.device), float("-inf"))
 

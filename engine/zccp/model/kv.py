@@ -26,17 +26,12 @@ import torch
 import torch.nn.functional as F
 
 from zccp.model.base import DecodeBatch, ModelBackend
+from zccp.planner import room
 
 
 class Layer(Protocol):
     keys: torch.Tensor
     values: torch.Tensor
-
-
-def room(need: int) -> int:
-    """Columns to allocate for `need`: some spare, so that appending a token copies one
-    column instead of the whole cache (torch.cat would copy it all, every step)."""
-    return need + max(16, need // 8)
 
 
 class GrowingKv:

@@ -12,13 +12,16 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterator, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import torch
+import numpy as np
 
 from zccp.model.base import DecodeBatch, ModelBackend
 from zccp.model.tokenizer import EOS, VOCAB_SIZE
 from zccp.shared_types import SamplingParams
+
+if TYPE_CHECKING:
+    import torch
 
 DEFAULT_REPLY = "Hello from the ZCCP null backend."
 
@@ -42,6 +45,7 @@ class NullBackend(ModelBackend):
     ) -> None:
         self.name = name
         self.has_logits = False           # its tokens are fixed: no grammar, no logprobs
+        self.uses_torch = False           # its prompts are numpy views: the engine never imports torch
         self.max_context = max_context
         self.vocab_size = VOCAB_SIZE
         self.eos_ids = frozenset({EOS})
@@ -55,7 +59,7 @@ class NullBackend(ModelBackend):
 
     def generate(
         self,
-        input_ids: torch.Tensor,
+        input_ids: torch.Tensor | np.ndarray,
         params: SamplingParams,
         cancelled: Callable[[], bool],
     ) -> Iterator[int]:
@@ -83,16 +87,28 @@ class NullBackend(ModelBackend):
 
     # -- the scheduler's calls -----------------------------------------------------------
 
+    def check_prompt(self, input_ids: torch.Tensor | np.ndarray) -> np.ndarray:   # type: ignore[override]
+        """The prompt's ids as a 1-D array (a copy), checked as the torch backends' are."""
+        host = input_ids if isinstance(input_ids, np.ndarray) else input_ids.cpu().numpy()   # a torch caller's
+        ids = np.array(host, dtype=np.int64).reshape(-1)
+        if not len(ids):
+            raise ValueError("input_ids is empty")
+        if len(ids) > self.max_context:
+            raise ValueError(f"prompt ({len(ids)} tokens) exceeds the model's context of {self.max_context}")
+        if int(ids.min()) < 0 or int(ids.max()) >= self.vocab_size:
+            raise ValueError(f"input_ids must be in [0, {self.vocab_size})")
+        return ids
+
     def new_state(self, blocks: Sequence[torch.Tensor] = ()) -> _State:
         return _State()
 
     def state_length(self, state: _State) -> int:
         return state.length
 
-    def prefill(self, state: _State, ids: torch.Tensor) -> int:
+    def prefill(self, state: _State, ids: torch.Tensor | np.ndarray) -> int:
         if self.token_delay_s:
             time.sleep(self.token_delay_s)
-        state.length += ids.numel()
+        state.length += len(ids)
         state.prompt_len = state.length
         return self._next(state)
 

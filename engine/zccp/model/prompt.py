@@ -13,14 +13,16 @@ import codecs
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
-import torch
 
 from zccp.model.tokenizer import (count_chat_tokens, count_text_tokens, encode_chat_into, encode_chat_into_host,
                                    encode_text_into)
 from zccp.shared_types import ChatInput, GenerationRequest
+
+if TYPE_CHECKING:
+    import torch
 
 
 @dataclass(frozen=True)

@@ -19,22 +19,11 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from zccp.model.sampling_checks import Drawn as Drawn, check_sampling as check_sampling   # their home before
 from zccp.shared_types import ApiError, SamplingParams
 
 if TYPE_CHECKING:
     from zccp.model.grammar import GrammarMatcher
-
-
-def check_sampling(params: SamplingParams) -> None:
-    """ValueError for parameters no sampler can apply (the API layers refuse them first)."""
-    if params.max_tokens < 0:
-        raise ValueError(f"max_tokens must be >= 0, got {params.max_tokens}")
-    if params.temperature < 0 or not math.isfinite(params.temperature):
-        raise ValueError(f"temperature must be a finite number >= 0, got {params.temperature}")
-    if params.top_k is not None and params.top_k < 1:
-        raise ValueError(f"top_k must be >= 1, got {params.top_k}")
-    if params.top_p is not None and not (0.0 < params.top_p <= 1.0):
-        raise ValueError(f"top_p must be in (0, 1], got {params.top_p}")
 
 
 # Below this a temperature is greedy: dividing by it would overflow float32 (1e-300 is 0.0
@@ -51,10 +40,6 @@ def no_token_allowed() -> ApiError:
 
 def invalid_distribution(what: str) -> ApiError:
     return ApiError(500, "api_error", f"sampling failed: the next-token distribution is invalid ({what})")
-
-
-# (token id, its logprob, ((alternative id, logprob), ...)) for one draw
-Drawn = tuple[int, float, tuple[tuple[int, float], ...]]
 
 
 class Sampler:

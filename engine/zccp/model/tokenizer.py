@@ -15,11 +15,14 @@ copies, not a Python loop over bytes.
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
+from typing import TYPE_CHECKING
 
 import numpy as np
-import torch
 
 from zccp.shared_types import ChatMessage
+
+if TYPE_CHECKING:
+    import torch
 
 BOS = 256
 EOS = 257
@@ -83,7 +86,7 @@ def count_chat_tokens(system: str, messages: Sequence[ChatMessage], generation_p
     return n
 
 
-def encode_chat_into(system: str, messages: Sequence[ChatMessage], out: torch.Tensor,
+def encode_chat_into(system: str, messages: Sequence[ChatMessage], out: torch.Tensor | np.ndarray,
                      generation_prompt: bool = True) -> int:
     """Write the prompt's ids into out[0:n] and return n.
 
@@ -92,7 +95,13 @@ def encode_chat_into(system: str, messages: Sequence[ChatMessage], out: torch.Te
     the generation prompt (the final ASSISTANT marker) it is a prefix of every longer
     conversation that starts the same way (what a warm-up pre-loads).
     """
+    if isinstance(out, np.ndarray):   # a backend without torch: the slot's numpy view itself
+        if out.dtype != np.int32 or out.ndim != 1:
+            raise ValueError("out must be a 1-D int32 array")
+        return encode_chat_into_host(system, messages, out, generation_prompt)
     # The slot's array (1-D int32 on the CPU) is every request's: one check, not four.
+    import torch
+
     if out.dtype is not torch.int32 or out.dim() != 1 or not out.is_cpu:   # is_cpu: no torch.device made
         return _encode_chat_checked(system, messages, out, generation_prompt)
     return encode_chat_into_host(system, messages, out.numpy(), generation_prompt)
@@ -133,6 +142,8 @@ def _encode_chat_checked(system: str, messages: Sequence[ChatMessage], out: torc
     """encode_chat_into for any other destination: checked, and on a device through torch."""
     if out.dim() != 1:
         raise ValueError(f"out must be 1-D, got shape {tuple(out.shape)}")
+    import torch
+
     if out.dtype.is_floating_point or out.dtype.is_complex or out.dtype == torch.bool:
         raise ValueError(f"out must be an integer tensor, got {out.dtype}")
     segs = _segments(system, messages)
@@ -165,6 +176,8 @@ def _encode_chat_checked(system: str, messages: Sequence[ChatMessage], out: torc
 
 def encode_chat(system: str, messages: Sequence[ChatMessage]) -> torch.Tensor:
     """Convenience: the prompt's ids in a fresh 1-D int32 tensor."""
+    import torch
+
     segs = _segments(system, messages)
     out = torch.empty(_needed(segs), dtype=torch.int32)
     encode_chat_into(system, messages, out)
@@ -176,18 +189,22 @@ def count_text_tokens(text: str) -> int:
     return 1 + len(_utf8(text))
 
 
-def encode_text_into(text: str, out: torch.Tensor) -> int:
+def encode_text_into(text: str, out: torch.Tensor | np.ndarray) -> int:
     """A plain prompt (/v1/completions, no chat roles): BOS and its bytes into out[0:n]; n."""
     data = _utf8(text)
     needed = 1 + len(data)
-    if needed > out.numel():
-        raise PromptTooLong(needed, out.numel())
+    if needed > len(out):
+        raise PromptTooLong(needed, len(out))
     ids = np.empty(needed, dtype=np.int32)
     ids[0] = BOS
     ids[1:] = np.frombuffer(data, dtype=np.uint8)
-    if out.device.type == "cpu":
+    if isinstance(out, np.ndarray):
+        out[:needed] = ids
+    elif out.device.type == "cpu":
         out.numpy()[:needed] = ids
     else:
+        import torch
+
         out[:needed].copy_(torch.from_numpy(ids))
     return needed
 
@@ -199,10 +216,12 @@ def encode_text(text: str) -> list[int]:
 
 def decode_bytes(ids: torch.Tensor | np.ndarray | Iterable[int]) -> bytes:
     """The bytes spelled by `ids`, with special (and out-of-range) ids dropped."""
-    if isinstance(ids, torch.Tensor):
+    if isinstance(ids, np.ndarray):
+        arr = ids
+    elif hasattr(ids, "detach"):                        # a torch tensor (torch is not imported for it)
         arr = ids.detach().cpu().numpy()
     else:
-        arr = np.fromiter(ids, dtype=np.int64) if not isinstance(ids, np.ndarray) else ids
+        arr = np.fromiter(ids, dtype=np.int64)
     arr = np.asarray(arr).reshape(-1)
     keep = (arr >= 0) & (arr < 256)
     return arr[keep].astype(np.uint8).tobytes()

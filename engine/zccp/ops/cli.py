@@ -53,6 +53,9 @@ def engine_main(argv: list[str] | None = None) -> None:
                    "placement (CPUAffinity=, NUMAPolicy=, NUMAMask=) and exit")
     p.add_argument("--standby", action="store_true", help="import everything, then wait for a line 'go' on "
                    "stdin before starting (zccp-stack's warm standby; EOF: exit)")
+    p.add_argument("--warm-standby", action="store_true", help="run the engine as a child with a warm standby "
+                   "beside it that takes over when it dies (as zccp-stack does), restarting it at once if it had "
+                   "served: for systemd and compose, which would otherwise pay a whole start")
     args = p.parse_args(argv)
     cfg = _load(args.config, args.run_dir, engine_only=True)   # nginx's directories are nginx's to check
     try:
@@ -73,6 +76,8 @@ def engine_main(argv: list[str] | None = None) -> None:
             print(f"zccp: config error: {exc}", file=sys.stderr)
             sys.exit(2)
         return
+    if args.warm_standby:
+        sys.exit(_with_standby(cfg, [a for a in (sys.argv[1:] if argv is None else argv) if a != "--warm-standby"]))
     if args.standby:
         _stand_by(cfg.model.backend)
         return engine_main([a for a in (sys.argv[1:] if argv is None else argv) if a != "--standby"])
@@ -90,6 +95,36 @@ def engine_main(argv: list[str] | None = None) -> None:
         if cfg.logging.file:
             print(f"zccp-engine: {exc}", file=sys.stderr)
         sys.exit(1)
+
+
+def _with_standby(cfg: Config, engine_args: list[str]) -> int:
+    """zccp-engine --warm-standby: the engine (these arguments) as a child, kept running by
+    zccp-stack's supervisor with a warm standby; its output is this process's (the journal,
+    `docker logs`). SIGTERM or SIGINT stops both; an engine that never serves exits 1."""
+    from zccp.ops.stack import Service, StackError, wait_for_engine
+    from zccp.ops.supervisor import Supervisor
+
+    stopping = False
+
+    def stop(*_: object) -> None:
+        nonlocal stopping
+        stopping = True
+
+    signal.signal(signal.SIGTERM, stop)
+    signal.signal(signal.SIGINT, stop)
+    assert cfg.server.socket_path is not None   # resolved by _load
+    engine = Service("engine", [sys.executable, "-m", "zccp.ops.cli", "engine", *engine_args], None)
+    sup = Supervisor(cfg, [(engine, cfg.server.socket_path)], [], standby=True)
+    try:
+        engine.start()
+        wait_for_engine(engine, cfg)
+        return sup.run(lambda: stopping)
+    except StackError as exc:
+        print(f"zccp-engine: {exc}", file=sys.stderr)
+        return 1
+    finally:
+        sup.stop_engines()
+        engine.stop()
 
 
 def _stand_by(backend: str) -> None:

@@ -70,7 +70,9 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def _tail(path: Path, n: int = 30) -> str:
+def _tail(path: Path | None, n: int = 30) -> str:
+    if path is None:
+        return "(its output is above)"
     try:
         return "\n".join(path.read_text(errors="replace").splitlines()[-n:])
     except OSError:
@@ -97,12 +99,13 @@ def _die_with_parent() -> Callable[[], None]:
 
 @dataclass
 class Service:
-    """One child process, its output appended to its log. Start it from the thread that
-    will outlive it (the main thread): it is stopped when that thread goes."""
+    """One child process, its output appended to its log (None: this process's own stdout and
+    stderr, e.g. the journal). Start it from the thread that will outlive it (the main
+    thread): it is stopped when that thread goes."""
 
     name: str
     cmd: list[str]
-    log_path: Path
+    log_path: Path | None
     env: dict[str, str] | None = None
     proc: subprocess.Popen[bytes] | None = field(default=None, init=False)
     stop_signal: int = signal.SIGTERM
@@ -110,13 +113,16 @@ class Service:
     started_at: float = field(default=0.0, init=False)
 
     def start(self) -> None:
-        self.log_path.parent.mkdir(parents=True, exist_ok=True)
-        log = open(self.log_path, "ab")
-        self.proc = subprocess.Popen(self.cmd, stdout=log, stderr=subprocess.STDOUT, env=self.env,
+        log = None
+        if self.log_path is not None:
+            self.log_path.parent.mkdir(parents=True, exist_ok=True)
+            log = open(self.log_path, "ab")
+        self.proc = subprocess.Popen(self.cmd, stdout=log, stderr=subprocess.STDOUT if log else None, env=self.env,
                                      stdin=subprocess.PIPE if self.stdin_pipe else subprocess.DEVNULL,
                                      start_new_session=True,
                                      preexec_fn=_die_with_parent())
-        log.close()
+        if log is not None:
+            log.close()
         self.started_at = time.monotonic()
 
     @property

@@ -146,7 +146,8 @@ class Supervisor:
                  f"exited")
         if t.spare is not None and not t.spare.alive:
             t.spare_failures += 1
-            _say(f"{t.svc.name}'s standby exited ({t.spare.exit_reason()}); see {t.spare.log_path}")
+            _say(f"{t.svc.name}'s standby exited ({t.spare.exit_reason()})"
+                 + (f"; see {t.spare.log_path}" if t.spare.log_path else ""))
             t.spare = None
         if self.standby and t.served and not t.waiting and t.spare is None and t.spare_failures < 3:
             assert t.plain is not None

@@ -5,14 +5,18 @@ context the gateway does not bound (the upstream does)."""
 
 from __future__ import annotations
 
-import torch
+from typing import TYPE_CHECKING
 
 from zccp.model.null import NullBackend
+
+if TYPE_CHECKING:
+    import numpy as np
+    import torch
 
 
 class UpstreamBackend(NullBackend):
     def __init__(self, name: str = "upstream") -> None:
         super().__init__(name=name, max_context=1 << 30)
 
-    def prefill(self, state: object, ids: torch.Tensor) -> int:
+    def prefill(self, state: object, ids: torch.Tensor | np.ndarray) -> int:
         raise RuntimeError("an upstream backend runs no model: the flow forwards its requests")

@@ -79,7 +79,8 @@ local function ping(e)
     return epoch
 end
 
--- Engine e's status: a table with status "ok" (its pid, epoch, slots), or nil, why not.
+-- Engine e's status: a table with status "ok" (its pid, epoch, slots; for the admin its
+-- placement: the CPUs it may run on now and, with engines:, its planned NUMA node), or nil, why not.
 local function engine_status(e)
     local a, err = arena_mod.acquire(e)
     if not a then
@@ -118,6 +119,7 @@ local function engine_status(e)
     }
     if ngx_var.zccp_admin == "1" then   -- the details are the admin's
         out.engine_cpus = cpus_of(out.engine_pid)
+        out.engine_node = e.node          -- engines:' planned node (rendered; nil: not placed, or one engine)
     end
     a:release()
     return out
