@@ -19,14 +19,13 @@ A step is:
      room), the last fair_queue.spare_rows() rows kept for a tenant holding none once
      several tenants are seen (zccp.admission); reuse cached prefix blocks;
   5. prefill what the step's token budget leaves beside the running rows (model.step_tokens,
-     at least one chunk; zccp.planner), so a long prompt delays the running streams by one
-     chunk per step, not by all of it; the
-     next chunks of several waiting sequences go into ONE forward, padded to the
-     longest (ModelBackend.prefill_many), as long as the padded rows fit the chunk
-     and the planner's group size (Planner.group) and are at most half padding, and
-     their pasts padded to the longest add no more (Planner.group_rows); each group's
-     first tokens are sent as soon as its forward ends; a sequence whose prefill completes samples its
-     first token and joins;
+     at least one chunk; zccp.prefill_step), so a long prompt delays the running streams by
+     one chunk per step, not by all of it; the next chunks of several waiting sequences go
+     into ONE forward, padded to the longest (ModelBackend.prefill_many), as long as the
+     padded rows fit the chunk and the planner's group size (Planner.group) and are at most
+     half padding, and their pasts padded to the longest add no more (Planner.group_rows);
+     each group's first tokens are sent as soon as its forward ends; a sequence whose
+     prefill completes samples its first token and joins;
   6. one decode forward for the batch; each row's token goes to its sink.
 
 A finished sequence leaves the batch; its sink may still hold bytes for a full ring,
@@ -53,6 +52,7 @@ from zccp.fair_queue import Admission, FairQueue
 from zccp.metrics import EngineMetrics
 from zccp.model.base import DecodeBatch, ModelBackend
 from zccp.planner import Planner
+from zccp.prefill_step import OUT, PARK, RUN, Prefilling
 from zccp.prefix_cache import PrefixCache
 from zccp.ring_writer import SlotAbandoned
 from zccp.sequences import BatchLimits, Sequence, Sink
@@ -70,11 +70,9 @@ log = logging.getLogger("zccp.scheduler")
 IDLE_POLL_S = 0.002        # how often parked or draining sequences are looked at when nothing runs
 
 
-# What became of a sequence after one token.
-RUN, PARK, OUT = "run", "park", "out"
 
 
-class BatchScheduler(Admitting):
+class BatchScheduler(Admitting, Prefilling):
     def __init__(self, backend: ModelBackend, limits: BatchLimits, planner: Planner,
                  prefix: PrefixCache | None, metrics: EngineMetrics, name: str = "zccp-model") -> None:
         self.backend = backend
@@ -225,116 +223,6 @@ class BatchScheduler(Admitting):
             if seq in lst:
                 lst.remove(seq)
         seq.state = seq.ids = None
-
-    # -- 5. prefill ------------------------------------------------------------------------
-
-    def _prefill(self) -> None:
-        chunk = self.planner.chunk()
-        budget = Planner.prefill_budget(chunk, len(self._rows))   # the running rows decode this step too
-        self.metrics.prefill_steps.inc()
-        if self._rows:
-            self.metrics.mixed_steps.inc()
-        step = budget
-        while self._prefilling and budget > 0:
-            group = self._group(chunk, budget)
-            spans = [(seq.done_tokens, Planner.chunk_end(seq.done_tokens, self._prompt_len(seq), chunk))
-                     for seq in group]
-            cost = len(group) * max(b - a for a, b in spans)
-            if cost > budget and budget < step:
-                break                                          # the first group always runs; others if they fit
-            chunks = [self._ids(seq)[a:b] for seq, (a, b) in zip(group, spans, strict=True)]
-            outs = self._prefill_group(group, chunks)
-            budget -= cost
-            first: list[tuple[Sequence, torch.Tensor | int]] = []
-            for seq, (a, b), out in zip(group, spans, outs, strict=True):
-                if out is None:
-                    continue                                   # its prefill failed: it was failed alone
-                self.metrics.prefilled.inc(b - a)
-                seq.done_tokens = b
-                if b < self._prompt_len(seq):
-                    continue                                   # more chunks in a later forward
-                self._prefilling.remove(seq)
-                seq.ids = None
-                self._sink_call(seq, seq.sink.kept, self._keep_prefix(seq))
-                if seq.state is None:
-                    continue                                   # the slot was abandoned meanwhile
-                if seq.prefill_only or seq.params.max_tokens == 0:
-                    seq.state = None
-                    self._finish(seq, "end_turn" if seq.prefill_only else "max_tokens")
-                    continue
-                first.append((seq, out))
-            if first:
-                self._first_tokens(first)
-
-    def _prefill_group(self, group: list[Sequence], chunks: list[torch.Tensor]) -> list[torch.Tensor | int | None]:
-        """One forward for the group; when it fails, each sequence alone, so that only the
-        ones whose own prefill fails are failed (None in their place)."""
-        try:
-            return list(self.backend.prefill_many([seq.state for seq in group], chunks))
-        except Exception:
-            log.exception("prefill failed" if len(group) == 1 else "group prefill failed; retrying each alone")
-        if len(group) == 1:
-            self._fail(group[0])
-            return [None]
-        outs: list[torch.Tensor | int | None] = []
-        for seq, ids in zip(group, chunks, strict=True):
-            outs.extend(self._prefill_group([seq], [ids]))
-        return outs
-
-    def _group(self, chunk: int, budget: int) -> list[Sequence]:
-        """The prefilling sequences whose next chunks go into one forward (Planner.group_rows)."""
-        rows = []
-        for seq in self._prefilling:
-            start = seq.done_tokens
-            rows.append((start, Planner.chunk_end(start, self._prompt_len(seq), chunk) - start))
-        seqs = list(self._prefilling)
-        return [seqs[i] for i in Planner.group_rows(rows, min(budget, self.planner.group(chunk)))]
-
-    @staticmethod
-    def _ids(seq: Sequence) -> torch.Tensor:
-        assert seq.ids is not None                             # set at admission, dropped once prefilled
-        return seq.ids
-
-    def _prompt_len(self, seq: Sequence) -> int:
-        return len(self._ids(seq))
-
-    def _first_tokens(self, first: list[tuple[Sequence, torch.Tensor | int]]) -> None:
-        """The first token of each sequence whose prefill completed: sampled together, then
-        each joins the batch (or parks, or is done)."""
-        logits = [out for _, out in first if not isinstance(out, int)]
-        rows: torch.Tensor | list[int]
-        if len(logits) == len(first):
-            import torch
-
-            rows = torch.stack(logits)
-        else:
-            rows = [int(out) for _, out in first]
-        toks = self._choose(rows, [seq.sampler for seq, _ in first])
-        for (seq, _), tok in zip(first, toks, strict=True):
-            outcome = self._emit(seq, tok)
-            if outcome == RUN:
-                self._batch.join(seq.state)
-                seq.state = None
-                self._rows.append(seq)
-            elif outcome == PARK:
-                self._parked.append(seq)
-            else:
-                seq.state = None
-
-    def _keep_prefix(self, seq: Sequence) -> int:
-        """Store the prompt's new full blocks; how many prompt tokens the cache now holds."""
-        if self.prefix is None or not seq.keys:
-            return 0
-        b, state = self.prefix.block, seq.state
-        self.prefix.insert(seq.keys, seq.reused // b, lambda i: self.backend.take_block(state, i * b, (i + 1) * b),
-                           shared=seq.salt is None)
-        if seq.pins:
-            refused = self.prefix.pins_refused
-            for pin in seq.pins:
-                self.prefix.pin(seq.keys[: pin.tokens // b], pin.ttl_s)
-            self.metrics.pins_refused.inc(self.prefix.pins_refused - refused)
-            self.metrics.prefix_pinned.set(self.prefix.pinned_bytes)
-        return self.prefix.held(seq.keys) * b
 
     # -- 6. decode ---------------------------------------------------------------------------
 
