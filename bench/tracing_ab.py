@@ -18,9 +18,9 @@ import json
 import os
 import tempfile
 from pathlib import Path
+from statistics import median
 
 from bench.bodies import synthetic_body
-from bench.request_id_ab import median
 from bench.run import NULL, TINY, measured_run, wrk
 from bench.services import post, start_d
 from tests.support.checkout import require_this_checkout
@@ -41,7 +41,7 @@ def main() -> None:
     body = tmp / "1k.jsonl"
     base = TINY if args.model == "tiny" else dict(NULL, segment_size_kb=1024, tokens_kb=256, max_body_kb=64)
     body.write_text(synthetic_body(1024, base["model_name"]) + "\n")
-    rx = OtlpReceiver()
+    rx = OtlpReceiver(keep=False)
     lim = dict(base)
     sampler = {"OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": rx.url + "/v1/traces",
                "OTEL_TRACES_SAMPLER": "parentbased_traceidratio", "OTEL_TRACES_SAMPLER_ARG": str(args.ratio)}
@@ -75,7 +75,7 @@ def main() -> None:
     finally:
         for v in variants.values():
             v.stop()
-        spans = len(rx.spans)
+        spans = rx.count
         rx.close()
     print(f"\nspans received from the traced stack: {spans}")
     print("| tracing | path | req/s (median) | engine CPU µs/req (median) | paired req/s on/off |")

@@ -4,10 +4,9 @@ A traced request costs the event loop a few attribute reads and one tuple: `Requ
 keeps the request's times as plain numbers, and its `end` appends one record to a bounded
 list (full: the record is dropped and its spans counted, never waited for). A sender thread
 pickles the list in batches to the span process (zccp.trace_spans, a child of the engine),
-which builds the spans with the OpenTelemetry SDK and sends them with its OTLP/HTTP
-exporter: the SDK's span objects and its protobuf encoding never run in the engine's process,
-so they hold no GIL against the event loop (docs/observability.md says why, and
-bench/tracing.md what it cost before). The span process reports what it exported or lost
+which encodes the spans as OTLP protobuf and sends them with the OpenTelemetry SDK's
+OTLP/HTTP exporter: encoding never runs in the engine's process, so it holds no GIL against
+the event loop (docs/observability.md says why, and bench/tracing.md what it cost). The span process reports what it exported or lost
 on its stdout, counted here as zccp_engine_trace_spans_total.
 
 The tree of one request (built by zccp.trace_spans; docs/observability.md):
@@ -49,6 +48,8 @@ log = logging.getLogger("zccp.tracing")
 TRACEPARENT_SENT = 0x100      # request.trace_flags: nginx read a valid traceparent (zccp_abi.h)
 FRAME = struct.Struct("<I")   # each batch to the span process: its pickle's length, then the pickle
 BATCH = 512                   # records per batch (the SDK's BatchSpanProcessor exports 512 spans)
+CHILDREN = ("zccp.nginx.admit", "zccp.engine.prepare", "zccp.cache.replay", "zccp.queue", "zccp.prefill",
+            "zccp.decode")
 
 
 def _sampler_from_env() -> tuple[float, bool]:

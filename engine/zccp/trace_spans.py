@@ -1,14 +1,15 @@
 """The span process: `python -m zccp.trace_spans`, started by the engine when tracing is on
 (zccp.trace_export). It reads the engine's request records from stdin (frames of a length
-and a pickle: the engine's own pipe to its own child), builds each request's spans as the
-OpenTelemetry SDK's ReadableSpan, and sends them with the SDK's OTLP/HTTP exporter in
+and a pickle: the engine's own pipe to its own child), encodes each request's spans as
+OTLP protobuf (zccp.otlp_encode) and sends them through the SDK's OTLP/HTTP exporter in
 batches of up to 512; on stdout it reports "exported N" or "failed N" per batch for the
-engine's counter. Here, not in the engine, so that the SDK's span objects and its protobuf
-encoding take no GIL from the engine's event loop (docs/observability.md).
+engine's counter. Here, not in the engine, so that encoding takes no GIL from the engine's
+event loop (docs/observability.md).
 
-The SDK's TracerProvider and BatchSpanProcessor are not used: the spans of a request are
+The SDK's TracerProvider, spans and BatchSpanProcessor are not used: a request's spans are
 known whole when its record arrives (no span is live here), the engine's bounded queue and
-this process's batches do what the processor would, and the exporter is the SDK's.
+this process's batches do what the processor would; the SDK gives the resource and the
+exporter's transport.
 """
 
 from __future__ import annotations
@@ -23,16 +24,11 @@ from typing import IO, Any
 
 from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
 from opentelemetry.sdk.resources import Resource
-from opentelemetry.sdk.trace import ReadableSpan
-from opentelemetry.sdk.trace.export import SpanExportResult
-from opentelemetry.sdk.util.instrumentation import InstrumentationScope
-from opentelemetry.trace import SpanContext, SpanKind, Status, StatusCode, TraceFlags
 
-from zccp.trace_export import BATCH, FRAME
+from zccp import otlp_encode as pb
+from zccp.trace_export import BATCH, CHILDREN, FRAME
 
 ENDPOINT_VARS = ("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "OTEL_EXPORTER_OTLP_ENDPOINT")
-SAMPLED = TraceFlags(TraceFlags.SAMPLED)
-ERROR = Status(StatusCode.ERROR)
 MAX_FRAME = 64 << 20
 
 
@@ -48,69 +44,82 @@ def read_frame(inp: IO[bytes]) -> Any:
     return pickle.loads(data) if len(data) == n else None
 
 
-class SpanBuilder:
-    """A record's spans (zccp.trace_export.RequestTrace.end writes it)."""
+class SpanEncoder:
+    """A record's spans as OTLP protobuf (zccp.trace_export.RequestTrace.end writes the record)."""
 
     def __init__(self, static: dict[str, Any]) -> None:
         attrs: dict[str, Any] = {}
         if not os.environ.get("OTEL_SERVICE_NAME") and "service.name" not in os.environ.get(
                 "OTEL_RESOURCE_ATTRIBUTES", ""):
             attrs["service.name"] = "zccp"
-        self.resource = Resource.create(attrs)     # made once: every span shares it
-        self.scope = InstrumentationScope("zccp")
-        self.model: str = static["model"]
-        self.root_name = f"chat {self.model}"
-        self.fixed: dict[str, Any] = {"gen_ai.operation.name": "chat", "gen_ai.request.model": self.model,
-                                      "server.address": static["server.address"]}
+        # the SDK's resource (OTEL_SERVICE_NAME, OTEL_RESOURCE_ATTRIBUTES, the SDK's own), encoded once
+        self.request = pb.RequestEncoder(dict(Resource.create(attrs).attributes), "zccp")
+        model: str = static["model"]
+        fixed: dict[str, Any] = {"gen_ai.operation.name": "chat", "gen_ai.request.model": model,
+                                 "server.address": static["server.address"]}
         if static.get("server.port") is not None:
-            self.fixed["server.port"] = static["server.port"]
+            fixed["server.port"] = static["server.port"]
         if static.get("engine"):
-            self.fixed["zccp.engine"] = static["engine"]
+            fixed["zccp.engine"] = static["engine"]
+        self.fixed = pb.attributes(9, fixed)
+        self.names = {n: pb.field(5, n.encode()) for n in (f"chat {model}", *CHILDREN)}
+        self.root_name = self.names[f"chat {model}"]
+        self._cache_attr: dict[str, bytes] = {}
+        self._upstream: dict[str, tuple[bytes, bytes]] = {}
 
-    def _span(self, out: list[ReadableSpan], name: str, tid: int, parent: SpanContext, start: int, end: int,
-              attributes: dict[str, Any] | None = None) -> None:
-        out.append(ReadableSpan(name, SpanContext(tid, getrandbits(64) or 1, False, SAMPLED), parent,
-                                self.resource, attributes, start_time=start, end_time=end,
-                                instrumentation_scope=self.scope))
+    def _cache(self, cache: str) -> bytes:
+        got = self._cache_attr.get(cache)
+        if got is None:
+            got = self._cache_attr[cache] = pb.attributes(9, {"zccp.cache.result": cache})
+        return got
 
-    def spans(self, rec: tuple[Any, ...]) -> list[ReadableSpan]:
+    def _upstream_parts(self, model: str) -> tuple[bytes, bytes]:
+        got = self._upstream.get(model)
+        if got is None:
+            if len(self._upstream) > 64:
+                self._upstream.clear()
+            got = self._upstream[model] = (pb.field(5, f"chat {model}".encode()), pb.attributes(
+                9, {"gen_ai.operation.name": "chat", "gen_ai.request.model": model}))
+        return got
+
+    def spans(self, rec: tuple[Any, ...], out: list[bytes]) -> None:
         (ids, flags, tid, root_id, (nginx_start, admit_us), wall0, perf0, (submitted, admitted, first, last),
          now, upstream, status, cache, slot, request_id, api, max_tokens, tenant, usage, response_id) = rec
-        parent = None
+        parent = 0
         if ids is not None:
-            sc = SpanContext(int.from_bytes(ids[0], "big"), int.from_bytes(ids[1], "big"), is_remote=True,
-                             trace_flags=TraceFlags(flags & 0xFF))
-            parent = sc if sc.is_valid else None
-        tid = tid or (parent.trace_id if parent is not None else getrandbits(128) or 1)
-        root = SpanContext(tid, root_id or getrandbits(64) or 1, False, SAMPLED)
+            ptid, psid = int.from_bytes(ids[0], "big"), int.from_bytes(ids[1], "big")
+            if ptid and psid:
+                parent, tid = psid, tid or ptid
+        tid_b = (tid or getrandbits(128) or 1).to_bytes(16, "big")
+        root = root_id or getrandbits(64) or 1
         nginx_start = nginx_start or wall0
-        out: list[ReadableSpan] = []
-        span = self._span
+        names, span = self.names, pb.span
 
         def ns(t: float) -> int:
             return wall0 + int((t - perf0) * 1e9)
 
+        def child(name: str, start: int, end: int, attrs: bytes = b"") -> None:
+            out.append(span(tid_b, getrandbits(64) or 1, root, names[name], pb.INTERNAL, start, end, attrs))
+
         if admit_us:
-            span(out, "zccp.nginx.admit", tid, root, nginx_start, nginx_start + admit_us * 1000)
+            child("zccp.nginx.admit", nginx_start, nginx_start + admit_us * 1000)
         if submitted:
-            span(out, "zccp.engine.prepare", tid, root, wall0, ns(submitted), {"zccp.cache.result": cache})
+            child("zccp.engine.prepare", wall0, ns(submitted), self._cache(cache))
             if admitted:
-                span(out, "zccp.queue", tid, root, ns(submitted), ns(admitted))
+                child("zccp.queue", ns(submitted), ns(admitted))
                 if first:
-                    span(out, "zccp.prefill", tid, root, ns(admitted), ns(first))
+                    child("zccp.prefill", ns(admitted), ns(first))
             if first:
-                span(out, "zccp.decode", tid, root, ns(first), ns(last) if last else now)
+                child("zccp.decode", ns(first), ns(last) if last else now)
         elif status == 200:
-            span(out, "zccp.cache.replay", tid, root, wall0, now, {"zccp.cache.result": cache})
+            child("zccp.cache.replay", wall0, now, self._cache(cache))
         if upstream is not None:
             up_id, up_model, up_start = upstream
-            out.append(ReadableSpan(f"chat {up_model}", SpanContext(tid, up_id, False, SAMPLED), root,
-                                    self.resource, {"gen_ai.operation.name": "chat", "gen_ai.request.model": up_model},
-                                    kind=SpanKind.CLIENT, status=ERROR if status != 200 else Status(),
-                                    start_time=up_start, end_time=now, instrumentation_scope=self.scope))
-        attrs = dict(self.fixed)
-        attrs.update({"http.response.status_code": status, "zccp.cache.result": cache, "zccp.slot": slot,
-                      "zccp.request_id": request_id, "zccp.api": api})
+            name, attrs = self._upstream_parts(up_model)
+            out.append(span(tid_b, up_id, root, name, pb.CLIENT, up_start, now, attrs,
+                            pb.ERROR if status != 200 else pb.UNSET))
+        attrs = {"http.response.status_code": status, "zccp.slot": slot, "zccp.request_id": request_id,
+                 "zccp.api": api}
         if max_tokens:
             attrs["gen_ai.request.max_tokens"] = max_tokens
         if tenant is not None:
@@ -120,18 +129,25 @@ class SpanBuilder:
             attrs["gen_ai.response.finish_reasons"] = (usage[2],)
         if response_id:
             attrs["gen_ai.response.id"] = response_id
-        out.append(ReadableSpan(self.root_name, root, parent, self.resource, attrs, kind=SpanKind.SERVER,
-                                status=ERROR if status >= 500 else Status(),
-                                start_time=min(nginx_start, wall0), end_time=now,
-                                instrumentation_scope=self.scope))
-        return out
+        out.append(span(tid_b, root, parent, self.root_name, pb.SERVER, min(nginx_start, wall0), now,
+                        self.fixed + self._cache(cache) + pb.span_attributes(attrs),
+                        pb.ERROR if status >= 500 else pb.UNSET, parent_remote=bool(parent)))
 
 
-def export(exporter: OTLPSpanExporter, spans: list[ReadableSpan], report: Callable[[str, int], None]) -> None:
+class BytesExporter(OTLPSpanExporter):
+    """The SDK's OTLP/HTTP exporter (its endpoint, headers, TLS, compression, timeout and retry
+    from the OTEL_EXPORTER_OTLP_* environment), sending a request already encoded."""
+
+    def export_encoded(self, data: bytes) -> bool:
+        return bool(self._client.export(data).success)
+
+
+def export(exporter: BytesExporter, encoder: pb.RequestEncoder, spans: list[bytes],
+           report: Callable[[str, int], None]) -> None:
     for i in range(0, len(spans), BATCH):
         chunk = spans[i:i + BATCH]
         try:
-            ok = exporter.export(chunk) is SpanExportResult.SUCCESS
+            ok = exporter.export_encoded(encoder.encode(chunk))
         except Exception:      # an exporter bug loses this batch, not the process
             ok = False
         report("exported" if ok else "failed", len(chunk))
@@ -151,16 +167,16 @@ def main() -> None:
     static = read_frame(inp)
     if static is None:
         return
-    builder = SpanBuilder(static)
+    encoder = SpanEncoder(static)
     endpoint = static.get("endpoint") or (None if any(os.environ.get(v) for v in ENDPOINT_VARS)
                                           else "http://localhost:4318/v1/traces")
-    exporter = OTLPSpanExporter(endpoint=endpoint, timeout=5)
+    exporter = BytesExporter(endpoint=endpoint, timeout=5)
     try:
         while (batch := read_frame(inp)) is not None:
-            spans: list[ReadableSpan] = []
+            spans: list[bytes] = []
             for rec in batch:
-                spans.extend(builder.spans(rec))
-            export(exporter, spans, report)
+                encoder.spans(rec, spans)
+            export(exporter, encoder.request, spans, report)
     finally:
         exporter.shutdown()
 
