@@ -17,6 +17,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 _FIXED64 = struct.Struct("<Q")
+_TIMES = struct.Struct("<BQBQ")     # start_time_unix_nano (7) and end_time_unix_nano (8), fixed64
 _DOUBLE = struct.Struct("<d")
 
 # OTLP's SpanKind (the SDK's + 1) and StatusCode
@@ -79,6 +80,19 @@ def attributes(num: int, attrs: Mapping[str, Any]) -> bytes:
     return b"".join(field(num, key_value(k, v)) for k, v in attrs.items())
 
 
+_FEW: dict[tuple[str, Any], bytes] = {}
+
+
+def few_valued(k: str, v: Any) -> bytes:
+    """A span attribute of few values (a status, an API, a finish reason, a slot), encoded once."""
+    got = _FEW.get((k, v))
+    if got is None:
+        if len(_FEW) >= 4096:
+            _FEW.clear()
+        got = _FEW[(k, v)] = field(9, key_value(k, v))
+    return got
+
+
 def span_attributes(attrs: Mapping[str, Any]) -> bytes:
     """A span's attributes (field 9), strings and integers inline: the per-request part."""
     out = []
@@ -101,6 +115,19 @@ def span_attributes(attrs: Mapping[str, Any]) -> bytes:
         n = len(kv)
         out.append(b"\x4a" + (_SMALL[n] if n < 0x80 else varint(n)) + kv)
     return b"".join(out)
+
+
+_INTERNAL_TAIL = b"\x7a\x00\x85\x01" + struct.pack("<I", HAS_IS_REMOTE)   # Status{}, flags
+
+
+def child_span(head: bytes, span_id: int, parent: bytes, name: bytes, start: int, end: int,
+               attrs: bytes = b"") -> bytes:
+    """An INTERNAL span under a local parent, the per-trace parts made once by the caller:
+    head = b"\\x0a\\x10" + trace id + b"\\x12\\x08", parent = b"\\x22\\x08" + the parent's id."""
+    body = b"".join((head, span_id.to_bytes(8, "big"), parent, name, b"\x30\x01", _TIMES.pack(0x39, start, 0x41, end),
+                     attrs, _INTERNAL_TAIL))
+    n = len(body)
+    return b"\x12" + (_SMALL[n] if n < 0x80 else varint(n)) + body
 
 
 def span(trace_id: bytes, span_id: int, parent_id: int, name: bytes, kind: int, start: int, end: int,

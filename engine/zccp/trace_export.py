@@ -35,7 +35,7 @@ from pathlib import Path
 from random import getrandbits, random
 from typing import IO, TYPE_CHECKING, Any
 
-from zccp.abi import CACHE_NAMES, Flag, ffi
+from zccp.abi import Flag, ffi
 from zccp.config_sections import TracingConfig
 
 if TYPE_CHECKING:
@@ -48,8 +48,16 @@ log = logging.getLogger("zccp.tracing")
 TRACEPARENT_SENT = 0x100      # request.trace_flags: nginx read a valid traceparent (zccp_abi.h)
 FRAME = struct.Struct("<I")   # each batch to the span process: its pickle's length, then the pickle
 BATCH = 512                   # records per batch (the SDK's BatchSpanProcessor exports 512 spans)
+_TENANT = int(Flag.TENANT)
 CHILDREN = ("zccp.nginx.admit", "zccp.engine.prepare", "zccp.cache.replay", "zccp.queue", "zccp.prefill",
             "zccp.decode")
+
+
+def span_count(rec: tuple[Any, ...]) -> int:
+    """The spans a record makes (zccp.trace_spans): the root, nginx's, prepare or replay, the
+    queue once admitted, prefill and decode once a token came, the upstream call."""
+    _, admitted, first, _ = rec[7]
+    return 3 + bool(admitted) + 2 * bool(first) + (rec[9] is not None)
 
 
 def _sampler_from_env() -> tuple[float, bool]:
@@ -116,12 +124,12 @@ class RequestTracer:
             return None
         return RequestTrace(self, outcome, req, flags)
 
-    def record(self, rec: tuple[Any, ...], spans: int) -> None:
+    def record(self, rec: tuple[Any, ...]) -> None:
         """One request's record for the span process (from the event loop: no I/O, no wait)."""
         records = self._records
         n = len(records)
         if n >= self._max:
-            self._dropped.inc(spans)
+            self._dropped.inc(span_count(rec))
             return
         records.append(rec)
         if n + 1 == BATCH:
@@ -218,12 +226,10 @@ class RequestTrace:
         self._ended = True
         view = o.ctx.view
         meta = view.meta
-        tenant = bytes(ffi.buffer(view.request.tenant, 8)) if int(view.header.flags) & Flag.TENANT else None
-        usage = (result.input_tokens, result.output_tokens, result.stop_reason) if result is not None else None
-        times = (o.submitted, o.admitted, o.first_token, o.last_token)
-        spans = 2 + sum(1 for t in times if t) + (self._upstream is not None)
-        self._t.record((self._ids, self._flags, self.trace_id, self.root_id, self._nginx, self._wall0,
-                        self._perf0, times, time.time_ns(), self._upstream, status,
-                        CACHE_NAMES.get(int(meta.cache_status), "NONE"),
-                        view.index, o.ctx.request_id, o.codec.name, int(meta.max_tokens), tenant, usage,
-                        o.response_id), spans)
+        # plain values only (cdata ints are ints): names and hex are the span process's work
+        self._t.record((self._ids, self._flags, self.trace_id, self.root_id, self._nginx, self._wall0, self._perf0,
+                        (o.submitted, o.admitted, o.first_token, o.last_token), time.time_ns(), self._upstream,
+                        status, meta.cache_status, view.index, o.ctx.request_id, o.codec.name, meta.max_tokens,
+                        bytes(ffi.buffer(view.request.tenant, 8)) if view.header.flags & _TENANT else None,
+                        (result.input_tokens, result.output_tokens, result.stop_reason) if result is not None
+                        else None, o.response_id))

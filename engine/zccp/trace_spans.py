@@ -26,6 +26,7 @@ from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExport
 from opentelemetry.sdk.resources import Resource
 
 from zccp import otlp_encode as pb
+from zccp.abi import CACHE_NAMES
 from zccp.trace_export import BATCH, CHILDREN, FRAME
 
 ENDPOINT_VARS = ("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "OTEL_EXPORTER_OTLP_ENDPOINT")
@@ -85,6 +86,7 @@ class SpanEncoder:
     def spans(self, rec: tuple[Any, ...], out: list[bytes]) -> None:
         (ids, flags, tid, root_id, (nginx_start, admit_us), wall0, perf0, (submitted, admitted, first, last),
          now, upstream, status, cache, slot, request_id, api, max_tokens, tenant, usage, response_id) = rec
+        cache = CACHE_NAMES.get(cache, "NONE")
         parent = 0
         if ids is not None:
             ptid, psid = int.from_bytes(ids[0], "big"), int.from_bytes(ids[1], "big")
@@ -93,13 +95,14 @@ class SpanEncoder:
         tid_b = (tid or getrandbits(128) or 1).to_bytes(16, "big")
         root = root_id or getrandbits(64) or 1
         nginx_start = nginx_start or wall0
-        names, span = self.names, pb.span
+        names, span, head, under = self.names, pb.child_span, b"\x0a\x10" + tid_b + b"\x12\x08", \
+            b"\x22\x08" + root.to_bytes(8, "big")
 
         def ns(t: float) -> int:
             return wall0 + int((t - perf0) * 1e9)
 
         def child(name: str, start: int, end: int, attrs: bytes = b"") -> None:
-            out.append(span(tid_b, getrandbits(64) or 1, root, names[name], pb.INTERNAL, start, end, attrs))
+            out.append(span(head, getrandbits(64) or 1, under, names[name], start, end, attrs))
 
         if admit_us:
             child("zccp.nginx.admit", nginx_start, nginx_start + admit_us * 1000)
@@ -116,21 +119,23 @@ class SpanEncoder:
         if upstream is not None:
             up_id, up_model, up_start = upstream
             name, attrs = self._upstream_parts(up_model)
-            out.append(span(tid_b, up_id, root, name, pb.CLIENT, up_start, now, attrs,
+            out.append(pb.span(tid_b, up_id, root, name, pb.CLIENT, up_start, now, attrs,
                             pb.ERROR if status != 200 else pb.UNSET))
-        attrs = {"http.response.status_code": status, "zccp.slot": slot, "zccp.request_id": request_id,
-                 "zccp.api": api}
+        few = pb.few_valued
+        fixed = self.fixed + self._cache(cache) + few("http.response.status_code", status) + \
+            few("zccp.slot", slot) + few("zccp.api", api)
+        attrs: dict[str, Any] = {"zccp.request_id": request_id}
         if max_tokens:
-            attrs["gen_ai.request.max_tokens"] = max_tokens
+            fixed += few("gen_ai.request.max_tokens", max_tokens)
         if tenant is not None:
             attrs["zccp.tenant"] = tenant.hex()     # a digest's first 8 bytes
         if usage is not None:
             attrs["gen_ai.usage.input_tokens"], attrs["gen_ai.usage.output_tokens"] = usage[0], usage[1]
-            attrs["gen_ai.response.finish_reasons"] = (usage[2],)
+            fixed += few("gen_ai.response.finish_reasons", (usage[2],))
         if response_id:
             attrs["gen_ai.response.id"] = response_id
-        out.append(span(tid_b, root, parent, self.root_name, pb.SERVER, min(nginx_start, wall0), now,
-                        self.fixed + self._cache(cache) + pb.span_attributes(attrs),
+        out.append(pb.span(tid_b, root, parent, self.root_name, pb.SERVER, min(nginx_start, wall0), now,
+                        fixed + pb.span_attributes(attrs),
                         pb.ERROR if status >= 500 else pb.UNSET, parent_remote=bool(parent)))
 
 

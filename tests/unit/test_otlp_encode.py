@@ -15,6 +15,7 @@ from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 from opentelemetry.trace import SpanContext, SpanKind, Status, StatusCode, TraceFlags
 
 from zccp import otlp_encode as pb
+from zccp.abi import CacheStatus
 from zccp.trace_spans import SpanEncoder
 
 TID = 0x0AF7651916CD43DD8448EB211C80319C
@@ -51,7 +52,7 @@ def record(**over: Any) -> tuple[Any, ...]:
     fields: dict[str, Any] = dict(
         ids=(TID.to_bytes(16, "big"), (0xB7).to_bytes(8, "big")), flags=0x101, tid=0, root_id=0,
         nginx=(now - 5_000_000, 300), wall0=now - 4_000_000, perf0=100.0, times=(100.001, 100.002, 100.003, 100.004),
-        now=now, upstream=None, status=200, cache="MISS", slot=3, request_id="rid", api="anthropic",
+        now=now, upstream=None, status=200, cache=CacheStatus.MISS, slot=3, request_id="rid", api="anthropic",
         max_tokens=6, tenant=b"\x01" * 8, usage=(10, 6, "end_turn"), response_id="msg_1")
     fields.update(over)
     return tuple(fields.values())
@@ -74,6 +75,7 @@ def test_a_records_spans_form_the_requests_tree() -> None:
     assert names["chat up-model"].kind == pb.CLIENT and names["chat up-model"].span_id == (0x77).to_bytes(8, "big")
     a = {kv.key: kv.value for kv in root.attributes}
     assert a["gen_ai.request.model"].string_value == "m" and a["server.port"].int_value == 8000
+    assert a["zccp.cache.result"].string_value == "MISS" and a["zccp.api"].string_value == "anthropic"
     assert a["gen_ai.usage.output_tokens"].int_value == 6 and a["zccp.tenant"].string_value == "01" * 8
     assert a["gen_ai.response.finish_reasons"].array_value.values[0].string_value == "end_turn"
 
@@ -81,7 +83,7 @@ def test_a_records_spans_form_the_requests_tree() -> None:
 def test_without_a_parent_a_record_starts_a_trace_and_a_hit_replays() -> None:
     enc = SpanEncoder({"model": "m", "engine": "", "server.address": "h", "server.port": None})
     out: list[bytes] = []
-    enc.spans(record(ids=None, flags=0, times=(0.0, 0.0, 0.0, 0.0), cache="HIT", usage=None, status=200), out)
+    enc.spans(record(ids=None, flags=0, times=(0.0, 0.0, 0.0, 0.0), cache=CacheStatus.HIT, usage=None, status=200), out)
     spans = list(decoded(enc.request.encode(out)).resource_spans[0].scope_spans[0].spans)
     root = next(s for s in spans if s.kind == pb.SERVER)
     assert root.parent_span_id == b"" and len(root.trace_id) == 16 and any(root.trace_id)
