@@ -22,6 +22,7 @@ enum zccp_abi_const {
     ZCCP_SLOT_REQ_OFFSET    = 896,          /* the request block follows the signature */
     ZCCP_SLOT_REQ_SIZE      = 256,          /* sizeof(struct zccp_slot_request) */
     ZCCP_REQUEST_ID_MAX     = 64,           /* bytes of X-Request-ID kept */
+    ZCCP_TRACESTATE_MAX     = 512,          /* bytes of a client's W3C tracestate kept (whole entries) */
     ZCCP_CSF_BANDS          = 16,
     ZCCP_MINHASH_COUNT      = 128,
     ZCCP_RING_SIZE          = 16,           /* sizeof(struct zccp_ring) */
@@ -191,7 +192,9 @@ struct zccp_slot_request {
     uint32_t trace_flags;       /* 196 the traceparent's flags (bit 0: sampled); bit 8: a traceparent was sent */
     uint64_t nginx_start_ns;    /* 200 CLOCK_REALTIME ns nginx read the request line (ms precision) */
     uint32_t nginx_admit_us;    /* 208 nginx's time from its handler's entry to the fill, in us */
-    uint8_t  reserved[44];      /* 212 */
+    uint16_t tracestate_len;    /* 212 the client's tracestate (with its traceparent), in the payload
+                                       region right after the body: payload_len + this <= payload_cap */
+    uint8_t  reserved[42];      /* 214 */
 };
 
 /* Doorbell frames: fixed size, host byte order, nothing else travels on the socket. */

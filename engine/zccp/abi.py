@@ -41,6 +41,7 @@ CSF_BANDS = const("ZCCP_CSF_BANDS")
 RING_SIZE = const("ZCCP_RING_SIZE")
 NOTICE_SIZE = const("ZCCP_NOTICE_SIZE")
 REQUEST_ID_MAX = const("ZCCP_REQUEST_ID_MAX")
+TRACESTATE_MAX = const("ZCCP_TRACESTATE_MAX")
 
 # The header states its own sizes; a compiler/ABI mismatch fails here, loudly.
 for _struct, _size in (

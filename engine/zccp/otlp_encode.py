@@ -123,7 +123,8 @@ _INTERNAL_TAIL = b"\x7a\x00\x85\x01" + struct.pack("<I", HAS_IS_REMOTE)   # Stat
 def child_span(head: bytes, span_id: int, parent: bytes, name: bytes, start: int, end: int,
                attrs: bytes = b"") -> bytes:
     """An INTERNAL span under a local parent, the per-trace parts made once by the caller:
-    head = b"\\x0a\\x10" + trace id + b"\\x12\\x08", parent = b"\\x22\\x08" + the parent's id."""
+    head = b"\\x0a\\x10" + trace id + b"\\x12\\x08", parent = [the trace state's field 3 +]
+    b"\\x22\\x08" + the parent's id."""
     body = b"".join((head, span_id.to_bytes(8, "big"), parent, name, b"\x30\x01", _TIMES.pack(0x39, start, 0x41, end),
                      attrs, _INTERNAL_TAIL))
     n = len(body)
@@ -131,10 +132,10 @@ def child_span(head: bytes, span_id: int, parent: bytes, name: bytes, start: int
 
 
 def span(trace_id: bytes, span_id: int, parent_id: int, name: bytes, kind: int, start: int, end: int,
-         attrs: bytes = b"", status: int = UNSET, parent_remote: bool = False) -> bytes:
+         attrs: bytes = b"", status: int = UNSET, parent_remote: bool = False, trace_state: bytes = b"") -> bytes:
     """One Span message's bytes. trace_id: 16 bytes; name: field(5, ...) made once per name;
-    attrs: attributes(9, ...) or pieces of it."""
-    body = [b"\x0a\x10", trace_id, b"\x12\x08", span_id.to_bytes(8, "big")]
+    attrs: attributes(9, ...) or pieces of it; trace_state: field(3, ...) or b""."""
+    body = [b"\x0a\x10", trace_id, b"\x12\x08", span_id.to_bytes(8, "big"), trace_state]
     if parent_id:
         body += (b"\x22\x08", parent_id.to_bytes(8, "big"))
     body += (name, b"\x30", varint(kind), b"\x39", _FIXED64.pack(start), b"\x41", _FIXED64.pack(end), attrs)

@@ -35,7 +35,7 @@ from pathlib import Path
 from random import getrandbits, random
 from typing import IO, TYPE_CHECKING, Any
 
-from zccp.abi import Flag, ffi
+from zccp.abi import TRACESTATE_MAX, Flag, ffi
 from zccp.config_sections import TracingConfig
 
 if TYPE_CHECKING:
@@ -188,11 +188,24 @@ class RequestTracer:
         self._reader.join(timeout=5)
 
 
+def _tracestate(outcome: Outcome, req: Any) -> str:
+    """The client's tracestate nginx wrote after the body (zccp_abi.h), checked as untrusted:
+    within its bounds, visible ASCII; "" when not."""
+    n = int(req.tracestate_len)
+    h = outcome.ctx.view.header
+    payload = outcome.ctx.payload
+    if n > TRACESTATE_MAX or len(payload) + n > int(h.payload_cap) or not len(payload):
+        return ""
+    raw = bytes(ffi.buffer(ffi.from_buffer(payload) + len(payload), n))
+    text = raw.decode("ascii", "replace")
+    return text if text.isprintable() and "\ufffd" not in text else ""
+
+
 class RequestTrace:
     """One request's times as plain numbers; the spans are made by the span process."""
 
     __slots__ = ("_t", "_wall0", "_perf0", "_flags", "_ids", "_nginx", "root_id", "trace_id",
-                 "_upstream", "_ended")
+                 "_upstream", "_ended", "tracestate")
 
     def __init__(self, tracer: RequestTracer, outcome: Outcome, req: Any, flags: int) -> None:
         self._t = tracer
@@ -203,6 +216,7 @@ class RequestTrace:
         self._ids = (bytes(ffi.buffer(req.trace_id, 16)), bytes(ffi.buffer(req.parent_span_id, 8))) \
             if flags & TRACEPARENT_SENT else None
         self._nginx = (int(req.nginx_start_ns), int(req.nginx_admit_us))
+        self.tracestate = _tracestate(outcome, req) if flags & TRACEPARENT_SENT and req.tracestate_len else ""
         self.root_id = 0            # made here only when a child of the root leaves the process
         self.trace_id = 0
         self._upstream: tuple[int, str, int] | None = None
@@ -217,7 +231,10 @@ class RequestTrace:
             self.root_id = getrandbits(64) or 1
         span_id = getrandbits(64) or 1
         self._upstream = (span_id, model, time.time_ns())
-        return {"traceparent": f"00-{self.trace_id:032x}-{span_id:016x}-01"}
+        headers = {"traceparent": f"00-{self.trace_id:032x}-{span_id:016x}-01"}
+        if self.tracestate:
+            headers["tracestate"] = self.tracestate     # the client's, kept as W3C asks
+        return headers
 
     def end(self, o: Outcome, status: int, result: GenerationResult | None) -> None:
         """The request's record, at its one ending (a second, e.g. abandoned after answered, adds none)."""
@@ -232,4 +249,4 @@ class RequestTrace:
                         status, meta.cache_status, view.index, o.ctx.request_id, o.codec.name, meta.max_tokens,
                         bytes(ffi.buffer(view.request.tenant, 8)) if view.header.flags & _TENANT else None,
                         (result.input_tokens, result.output_tokens, result.stop_reason) if result is not None
-                        else None, o.response_id))
+                        else None, o.response_id, self.tracestate))

@@ -85,7 +85,8 @@ class SpanEncoder:
 
     def spans(self, rec: tuple[Any, ...], out: list[bytes]) -> None:
         (ids, flags, tid, root_id, (nginx_start, admit_us), wall0, perf0, (submitted, admitted, first, last),
-         now, upstream, status, cache, slot, request_id, api, max_tokens, tenant, usage, response_id) = rec
+         now, upstream, status, cache, slot, request_id, api, max_tokens, tenant, usage, response_id,
+         tracestate) = rec
         cache = CACHE_NAMES.get(cache, "NONE")
         parent = 0
         if ids is not None:
@@ -95,8 +96,10 @@ class SpanEncoder:
         tid_b = (tid or getrandbits(128) or 1).to_bytes(16, "big")
         root = root_id or getrandbits(64) or 1
         nginx_start = nginx_start or wall0
+        # the client's tracestate on every span of its trace (the SDK's children inherit it)
+        state = pb.field(3, tracestate.encode()) if tracestate else b""
         names, span, head, under = self.names, pb.child_span, b"\x0a\x10" + tid_b + b"\x12\x08", \
-            b"\x22\x08" + root.to_bytes(8, "big")
+            state + b"\x22\x08" + root.to_bytes(8, "big")
 
         def ns(t: float) -> int:
             return wall0 + int((t - perf0) * 1e9)
@@ -120,7 +123,7 @@ class SpanEncoder:
             up_id, up_model, up_start = upstream
             name, attrs = self._upstream_parts(up_model)
             out.append(pb.span(tid_b, up_id, root, name, pb.CLIENT, up_start, now, attrs,
-                            pb.ERROR if status != 200 else pb.UNSET))
+                            pb.ERROR if status != 200 else pb.UNSET, trace_state=state))
         few = pb.few_valued
         fixed = self.fixed + self._cache(cache) + few("http.response.status_code", status) + \
             few("zccp.slot", slot) + few("zccp.api", api)
@@ -136,7 +139,7 @@ class SpanEncoder:
             attrs["gen_ai.response.id"] = response_id
         out.append(pb.span(tid_b, root, parent, self.root_name, pb.SERVER, min(nginx_start, wall0), now,
                         fixed + pb.span_attributes(attrs),
-                        pb.ERROR if status >= 500 else pb.UNSET, parent_remote=bool(parent)))
+                        pb.ERROR if status >= 500 else pb.UNSET, parent_remote=bool(parent), trace_state=state))
 
 
 class BytesExporter(OTLPSpanExporter):

@@ -152,9 +152,13 @@ def test_the_trace_goes_on_to_an_upstream(rx: OtlpReceiver, tmp_path_factory: py
         try:
             for stream in (False, True):
                 tp, tid, sid = traceparent()
+                # a tracestate over 512 bytes: nginx keeps its whole entries within 512
+                state = f"rojo=00f067aa0ba902b7,congo=t61rcWkgMzE,{','.join(f'k{i}=' + 'v' * 40 for i in range(20))}"
+                kept = state[:state.rindex(",", 0, 513)]
                 body = req("anthropic", [{"role": "user", "content": f"via upstream {stream}"}], max_tokens=5,
                            stream=stream)
-                r = front.client().post(PATHS["anthropic"], json=body, headers={"traceparent": tp})
+                r = front.client().post(PATHS["anthropic"], json=body, headers={"traceparent": tp,
+                                                                                 "tracestate": state})
                 assert r.status_code == 200, r.text
                 # the front's root and its upstream call, the upstream stack's root and its spans
                 spans = one_trace(rx, tid, 4)
@@ -166,6 +170,9 @@ def test_the_trace_goes_on_to_an_upstream(rx: OtlpReceiver, tmp_path_factory: py
 
                 up_root_span = next(s for s in rx.wait_for(lambda got: any(under(s) for s in got)) if under(s))
                 assert up_root_span.kind == SERVER and up_root_span.name == "chat zccp-up"
+                # the client's tracestate went on with the traceparent (the upstream's nginx kept it)
+                assert len(kept) <= 512 and up_root_span.trace_state == kept
+                assert front_root.trace_state == kept and call.trace_state == kept
                 assert front_root.attributes["gen_ai.usage.output_tokens"] > 0
         finally:
             front.stop()

@@ -36,6 +36,7 @@ class ReceivedSpan:
     attributes: dict[str, Any]
     resource: dict[str, Any]
     status_code: int
+    trace_state: str = ""
 
 
 @dataclass
@@ -95,7 +96,7 @@ class OtlpReceiver:
                     got.append(ReceivedSpan(s.name, s.trace_id.hex(), s.span_id.hex(), s.parent_span_id.hex(),
                                             s.kind, s.start_time_unix_nano, s.end_time_unix_nano,
                                             {a.key: _value(a.value) for a in s.attributes}, resource,
-                                            s.status.code))
+                                            s.status.code, s.trace_state))
         with self._lock:
             self.spans.extend(got)
             self.count += len(got)

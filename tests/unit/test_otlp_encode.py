@@ -53,7 +53,7 @@ def record(**over: Any) -> tuple[Any, ...]:
         ids=(TID.to_bytes(16, "big"), (0xB7).to_bytes(8, "big")), flags=0x101, tid=0, root_id=0,
         nginx=(now - 5_000_000, 300), wall0=now - 4_000_000, perf0=100.0, times=(100.001, 100.002, 100.003, 100.004),
         now=now, upstream=None, status=200, cache=CacheStatus.MISS, slot=3, request_id="rid", api="anthropic",
-        max_tokens=6, tenant=b"\x01" * 8, usage=(10, 6, "end_turn"), response_id="msg_1")
+        max_tokens=6, tenant=b"\x01" * 8, usage=(10, 6, "end_turn"), response_id="msg_1", tracestate="")
     fields.update(over)
     return tuple(fields.values())
 
@@ -61,11 +61,12 @@ def record(**over: Any) -> tuple[Any, ...]:
 def test_a_records_spans_form_the_requests_tree() -> None:
     enc = SpanEncoder({"model": "m", "engine": "e0", "server.address": "127.0.0.1", "server.port": 8000})
     out: list[bytes] = []
-    enc.spans(record(upstream=(0x77, "up-model", time.time_ns())), out)
+    enc.spans(record(upstream=(0x77, "up-model", time.time_ns()), tracestate="rojo=00f067aa0ba902b7"), out)
     spans = list(decoded(enc.request.encode(out)).resource_spans[0].scope_spans[0].spans)
     root = next(s for s in spans if s.kind == pb.SERVER)
     assert root.name == "chat m" and root.parent_span_id == (0xB7).to_bytes(8, "big")
     assert {s.trace_id for s in spans} == {TID.to_bytes(16, "big")}
+    assert {s.trace_state for s in spans} == {"rojo=00f067aa0ba902b7"}
     names = {s.name: s for s in spans if s is not root}
     assert set(names) == {"zccp.nginx.admit", "zccp.engine.prepare", "zccp.queue", "zccp.prefill", "zccp.decode",
                           "chat up-model"}
@@ -87,5 +88,6 @@ def test_without_a_parent_a_record_starts_a_trace_and_a_hit_replays() -> None:
     spans = list(decoded(enc.request.encode(out)).resource_spans[0].scope_spans[0].spans)
     root = next(s for s in spans if s.kind == pb.SERVER)
     assert root.parent_span_id == b"" and len(root.trace_id) == 16 and any(root.trace_id)
+    assert {s.trace_state for s in spans} == {""}
     assert sorted(s.name for s in spans if s is not root) == ["zccp.cache.replay", "zccp.nginx.admit"]
     assert "zccp.engine" not in {kv.key for kv in root.attributes}
