@@ -35,7 +35,7 @@ from pathlib import Path
 from random import getrandbits, random
 from typing import IO, TYPE_CHECKING, Any
 
-from zccp.abi import TRACESTATE_MAX, Flag, ffi
+from zccp.abi import L1_SPAN_SIZE, REQUEST_ID_MAX, TRACESTATE_MAX, Flag, ffi
 from zccp.config_sections import TracingConfig
 
 if TYPE_CHECKING:
@@ -49,13 +49,17 @@ TRACEPARENT_SENT = 0x100      # request.trace_flags: nginx read a valid tracepar
 FRAME = struct.Struct("<I")   # each batch to the span process: its pickle's length, then the pickle
 BATCH = 512                   # records per batch (the SDK's BatchSpanProcessor exports 512 spans)
 _TENANT = int(Flag.TENANT)
+L1 = "l1"                     # an L1 hit's record (the first field; a request's is its ids or None)
+_L1 = struct.Struct("=16s8sIIQIII")   # struct zccp_l1_span up to request_id (zccp_abi.h)
 CHILDREN = ("zccp.nginx.admit", "zccp.engine.prepare", "zccp.cache.replay", "zccp.queue", "zccp.prefill",
             "zccp.decode")
 
 
 def span_count(rec: tuple[Any, ...]) -> int:
     """The spans a record makes (zccp.trace_spans): the root, nginx's, prepare or replay, the
-    queue once admitted, prefill and decode once a token came, the upstream call."""
+    queue once admitted, prefill and decode once a token came, the upstream call; an L1 hit's one."""
+    if rec[0] == L1:
+        return 1
     _, admitted, first, _ = rec[7]
     return 3 + bool(admitted) + 2 * bool(first) + (rec[9] is not None)
 
@@ -123,6 +127,20 @@ class RequestTracer:
         elif self._ratio < 1.0 and random() >= self._ratio:
             return None
         return RequestTrace(self, outcome, req, flags)
+
+    @property
+    def ratio(self) -> float:
+        return self._ratio
+
+    def take_l1(self, payload: memoryview) -> None:
+        """nginx's L1 hits (struct zccp_l1_span records, untrusted: each field bounded)."""
+        size = L1_SPAN_SIZE
+        data = bytes(payload[: len(payload) - len(payload) % size])
+        for off in range(0, len(data), size):
+            (tid, sid, flags, status, start, dur, api, rid_len) = _L1.unpack_from(data, off)
+            rid = data[off + _L1.size: off + _L1.size + min(rid_len, REQUEST_ID_MAX)].decode("ascii", "replace")
+            self.record((L1, tid if flags & TRACEPARENT_SENT else None, sid, flags & 0x1FF, status if status < 1000
+                         else 0, start, min(dur, 3_600_000_000), "openai" if api == 1 else "anthropic", rid))
 
     def record(self, rec: tuple[Any, ...]) -> None:
         """One request's record for the span process (from the event loop: no I/O, no wait)."""

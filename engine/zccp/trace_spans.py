@@ -27,7 +27,7 @@ from opentelemetry.sdk.resources import Resource
 
 from zccp import otlp_encode as pb
 from zccp.abi import CACHE_NAMES
-from zccp.trace_export import BATCH, CHILDREN, FRAME
+from zccp.trace_export import BATCH, CHILDREN, FRAME, L1
 
 ENDPOINT_VARS = ("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "OTEL_EXPORTER_OTLP_ENDPOINT")
 MAX_FRAME = 64 << 20
@@ -142,6 +142,23 @@ class SpanEncoder:
                         pb.ERROR if status >= 500 else pb.UNSET, parent_remote=bool(parent), trace_state=state))
 
 
+    def l1(self, rec: tuple[Any, ...], out: list[bytes]) -> None:
+        """An L1 hit's one span (nginx answered it alone): the request span, under the client's."""
+        _, tid_b, sid_b, flags, status, start, dur_us, api, request_id = rec
+        parent = tid = 0
+        if tid_b is not None:
+            ptid, psid = int.from_bytes(tid_b, "big"), int.from_bytes(sid_b, "big")
+            if ptid and psid:
+                parent, tid = psid, ptid
+        few = pb.few_valued
+        attrs = self.fixed + self._cache("HIT") + few("zccp.cache.layer", "L1") + \
+            few("http.response.status_code", status) + few("zccp.api", api) + \
+            pb.span_attributes({"zccp.request_id": request_id})
+        out.append(pb.span((tid or getrandbits(128) or 1).to_bytes(16, "big"), getrandbits(64) or 1, parent,
+                           self.root_name, pb.SERVER, start, start + dur_us * 1000, attrs,
+                           pb.ERROR if status >= 500 else pb.UNSET, parent_remote=bool(parent)))
+
+
 class BytesExporter(OTLPSpanExporter):
     """The SDK's OTLP/HTTP exporter (its endpoint, headers, TLS, compression, timeout and retry
     from the OTEL_EXPORTER_OTLP_* environment), sending a request already encoded."""
@@ -183,7 +200,7 @@ def main() -> None:
         while (batch := read_frame(inp)) is not None:
             spans: list[bytes] = []
             for rec in batch:
-                encoder.spans(rec, spans)
+                (encoder.l1 if rec[0] == L1 else encoder.spans)(rec, spans)
             export(exporter, encoder.request, spans, report)
     finally:
         exporter.shutdown()

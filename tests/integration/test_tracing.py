@@ -123,6 +123,39 @@ def test_a_cache_hit_has_a_replay_span(stack: Stack, rx: OtlpReceiver) -> None:
     assert not {"zccp.queue", "zccp.decode"} & {s.name for s in spans}
 
 
+def test_an_l1_hit_answered_by_nginx_has_its_span(rx: OtlpReceiver, tmp_path_factory: pytest.TempPathFactory) -> None:
+    # nginx sends its L1 hits' records to the engine in batches (zccp.core.l1_spans)
+    s = Stack(tmp_path_factory.mktemp("l1"), traced(rx), with_redis=True).start()
+    try:
+        c = s.client()
+        for api in ("anthropic", "openai"):
+            body = req(api, [{"role": "user", "content": f"an L1 hit to trace {api}"}], max_tokens=6)
+            for _ in range(100):
+                tp, tid, sid = traceparent()
+                r = c.post(PATHS[api], json=body, headers={"traceparent": tp})
+                if r.headers.get("x-zccp-cache-layer") == "L1":
+                    break
+            assert r.status_code == 200 and r.headers.get("x-zccp-cache-layer") == "L1"
+            spans = one_trace(rx, tid, 1)
+            assert len(spans) == 1      # nginx answered it alone: no engine phase
+            root = check_tree(spans, sid, ())
+            a = root.attributes
+            assert a["zccp.cache.result"] == "HIT" and a["zccp.cache.layer"] == "L1"
+            assert a["zccp.request_id"] == r.headers["x-request-id"] and a["zccp.api"] == api
+            assert a["http.response.status_code"] == 200 and a["gen_ai.request.model"] == MODEL
+            assert root.end_ns >= root.start_ns > 0
+        # an unsampled traceparent: no span for that L1 hit
+        tid = secrets.token_hex(16)
+        r = c.post(PATHS["openai"], json=body, headers={"traceparent": f"00-{tid}-{secrets.token_hex(8)}-00"})
+        assert r.headers.get("x-zccp-cache-layer") == "L1"
+        tp, marker, _ = traceparent()
+        assert c.post(PATHS["openai"], json=body, headers={"traceparent": tp}).status_code == 200
+        one_trace(rx, marker, 1)      # a later batch came: the unsampled hit's would have been in it or before
+        assert not rx.trace(tid)
+    finally:
+        s.stop()
+
+
 def test_without_a_traceparent_the_engine_starts_a_trace(stack: Stack, rx: OtlpReceiver) -> None:
     body = req("openai", [{"role": "user", "content": "no parent"}], max_tokens=4)
     r = stack.client().post(PATHS["openai"], json=body)

@@ -104,23 +104,33 @@ local function write_tracestate(req, ts, dst, n, cap)
     end
 end
 
+-- A client's traceparent into dst's trace_id, parent_span_id and trace_flags (a request
+-- block, or an L1 hit's span record: zccp.core.l1_spans): true when valid.
+function _M.read_traceparent(dst, tp)
+    if not tp or #tp ~= 55 then
+        return false
+    end
+    local tid, sid, fl = str_match(tp, "^00%-(%x+)%-(%x+)%-(%x%x)$")
+    if not tid or #tid ~= 32 or #sid ~= 16 or tid == ZERO_TRACE or sid == ZERO_SPAN then
+        return false
+    end
+    hex_into(dst.trace_id, str_lower(tid), 16)
+    hex_into(dst.parent_span_id, str_lower(sid), 8)
+    dst.trace_flags = 256 + tonumber(fl, 16)
+    return true
+end
+
 local function write_trace(req, src, dst, n, cap)
+    if src.own then   -- nginx's own request (a timer's: no client, no request line)
+        return
+    end
     req.nginx_start_ns = ngx_req_start_time() * 1e9
     if src.t0 then
         req.nginx_admit_us = (mono_s() - src.t0) * 1e6
     end
-    local tp = src.traceparent
-    if not tp or #tp ~= 55 then
-        return
+    if _M.read_traceparent(req, src.traceparent) then
+        write_tracestate(req, src.tracestate, dst, n, cap)
     end
-    local tid, sid, fl = str_match(tp, "^00%-(%x+)%-(%x+)%-(%x%x)$")
-    if not tid or #tid ~= 32 or #sid ~= 16 or tid == ZERO_TRACE or sid == ZERO_SPAN then
-        return
-    end
-    hex_into(req.trace_id, str_lower(tid), 16)
-    hex_into(req.parent_span_id, str_lower(sid), 8)
-    req.trace_flags = 256 + tonumber(fl, 16)
-    write_tracestate(req, src.tracestate, dst, n, cap)
 end
 
 -- The context id of a request that uses no cache (no-cache + no-store: no lookup, no
