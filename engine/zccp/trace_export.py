@@ -6,8 +6,8 @@ list (full: the record is dropped and its spans counted, never waited for). A se
 pickles the list in batches to the span process (zccp.trace_spans, a child of the engine),
 which encodes the spans as OTLP protobuf and sends them with the OpenTelemetry SDK's
 OTLP/HTTP exporter: encoding never runs in the engine's process, so it holds no GIL against
-the event loop (docs/observability.md says why, and bench/tracing.md what it cost). The span process reports what it exported or lost
-on its stdout, counted here as zccp_engine_trace_spans_total.
+the event loop (docs/observability.md says why, bench/tracing.md what it costs). The span
+process reports what it exported or lost on its stdout, counted as zccp_engine_trace_spans_total.
 
 The tree of one request (built by zccp.trace_spans; docs/observability.md):
   chat <model>                 SERVER, from nginx's start to the engine's end; GenAI attributes

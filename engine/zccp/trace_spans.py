@@ -121,8 +121,8 @@ class SpanEncoder:
             child("zccp.cache.replay", wall0, now, self._cache(cache))
         if upstream is not None:
             up_id, up_model, up_start = upstream
-            name, attrs = self._upstream_parts(up_model)
-            out.append(pb.span(tid_b, up_id, root, name, pb.CLIENT, up_start, now, attrs,
+            name, up_attrs = self._upstream_parts(up_model)
+            out.append(pb.span(tid_b, up_id, root, name, pb.CLIENT, up_start, now, up_attrs,
                             pb.ERROR if status != 200 else pb.UNSET, trace_state=state))
         few = pb.few_valued
         fixed = self.fixed + self._cache(cache) + few("http.response.status_code", status) + \
