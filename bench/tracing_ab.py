@@ -9,6 +9,7 @@ case for tracing's share).
 
 --ratio: the traced stack's sampling ratio (OTEL_TRACES_SAMPLER=parentbased_traceidratio);
 --model tiny: the tiny torch model instead of the null engine (a miss then decodes tokens).
+--aa: "on" untraced as well (OTEL_SDK_DISABLED=true): what the two stacks differ by alone.
 """
 
 from __future__ import annotations
@@ -52,6 +53,8 @@ def main() -> None:
     ap.add_argument("--conc", type=int, default=16)
     ap.add_argument("--ratio", type=float, default=1.0)
     ap.add_argument("--model", choices=("null", "tiny"), default="null")
+    ap.add_argument("--aa", action="store_true",
+                    help="the second stack untraced too (OTEL_SDK_DISABLED=true): the bench's own bias")
     ap.add_argument("--json", type=Path)
     args = ap.parse_args()
     require_this_checkout()
@@ -63,6 +66,8 @@ def main() -> None:
     lim = dict(base)
     sampler = {"OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": rx.url + "/v1/traces",
                "OTEL_TRACES_SAMPLER": "parentbased_traceidratio", "OTEL_TRACES_SAMPLER_ARG": str(args.ratio)}
+    if args.aa:
+        sampler["OTEL_SDK_DISABLED"] = "true"
     variants = {}
     try:
         variants["off"] = start_d(tmp / "off", lim, 32)

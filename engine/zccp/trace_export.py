@@ -47,6 +47,7 @@ log = logging.getLogger("zccp.tracing")
 
 TRACEPARENT_SENT = 0x100      # request.trace_flags: nginx read a valid traceparent (zccp_abi.h)
 FRAME = struct.Struct("<I")   # each batch to the span process: its pickle's length, then the pickle
+SHUTDOWN_S = 6.0              # the engine's stop waits so long for the last spans
 BATCH = 512                   # records per batch (the SDK's BatchSpanProcessor exports 512 spans)
 _TENANT = int(Flag.TENANT)
 L1 = "l1"                     # an L1 hit's record (the first field; a request's is its ids or None)
@@ -177,7 +178,8 @@ class RequestTracer:
                 if stopping:
                     break
         except (OSError, ValueError) as exc:     # the span process is gone: count what it would have sent
-            log.warning("trace span process gone (%s): spans are dropped from now on", exc)
+            if not self._stopping:
+                log.warning("trace span process gone (%s): spans are dropped from now on", exc)
             self._max = 0
         finally:
             try:
@@ -193,17 +195,19 @@ class RequestTracer:
                 series.inc(int(n))
 
     def shutdown(self) -> None:
-        """Send what is queued, let the span process export it (bounded by its exporter's
-        timeout), then stop both threads and the process."""
+        """Send what is queued and let the span process export it, for SHUTDOWN_S at most (a
+        collector that is down retries each batch up to its timeout: what is left is lost)."""
+        end = time.monotonic() + SHUTDOWN_S
         self._stopping = True
         self._wake.set()
-        self._sender.join(timeout=10)
+        self._sender.join(timeout=SHUTDOWN_S / 2)
         try:
-            self._proc.wait(timeout=15)
+            self._proc.wait(timeout=max(0.1, end - time.monotonic()))
         except subprocess.TimeoutExpired:
             self._proc.kill()
             self._proc.wait()
-        self._reader.join(timeout=5)
+        self._sender.join(timeout=1)
+        self._reader.join(timeout=1)
 
 
 def _tracestate(outcome: Outcome, req: Any) -> str:
