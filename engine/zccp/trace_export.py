@@ -65,6 +65,21 @@ def span_count(rec: tuple[Any, ...]) -> int:
     return 3 + bool(admitted) + 2 * bool(first) + (rec[9] is not None)
 
 
+def l1_records(payload: memoryview | bytes) -> list[tuple[Any, ...]]:
+    """The records of struct zccp_l1_span in a payload, each field bounded (untrusted: a
+    partial record at the end is ignored, a request id cut to its length and bound)."""
+    size = L1_SPAN_SIZE
+    data = bytes(payload[: len(payload) - len(payload) % size])
+    out = []
+    for off in range(0, len(data), size):
+        tid, sid, flags, status, start, dur, api, rid_len = _L1.unpack_from(data, off)
+        rid = data[off + _L1.size: off + _L1.size + min(rid_len, REQUEST_ID_MAX)].decode("ascii", "replace")
+        out.append((L1, tid if flags & TRACEPARENT_SENT else None, sid, flags & 0x1FF,
+                    status if status < 1000 else 0, start, min(dur, 3_600_000_000),
+                    "openai" if api == 1 else "anthropic", rid if rid.isprintable() else ""))
+    return out
+
+
 def _sampler_from_env() -> tuple[float, bool]:
     """(ratio, parent-based) of OTEL_TRACES_SAMPLER/_ARG, read with the SDK's own parser."""
     from opentelemetry.sdk.trace import sampling
@@ -134,14 +149,9 @@ class RequestTracer:
         return self._ratio
 
     def take_l1(self, payload: memoryview) -> None:
-        """nginx's L1 hits (struct zccp_l1_span records, untrusted: each field bounded)."""
-        size = L1_SPAN_SIZE
-        data = bytes(payload[: len(payload) - len(payload) % size])
-        for off in range(0, len(data), size):
-            (tid, sid, flags, status, start, dur, api, rid_len) = _L1.unpack_from(data, off)
-            rid = data[off + _L1.size: off + _L1.size + min(rid_len, REQUEST_ID_MAX)].decode("ascii", "replace")
-            self.record((L1, tid if flags & TRACEPARENT_SENT else None, sid, flags & 0x1FF, status if status < 1000
-                         else 0, start, min(dur, 3_600_000_000), "openai" if api == 1 else "anthropic", rid))
+        """nginx's L1 hits (a ZCCP_KIND_SPANS payload) into the queue."""
+        for rec in l1_records(payload):
+            self.record(rec)
 
     def record(self, rec: tuple[Any, ...]) -> None:
         """One request's record for the span process (from the event loop: no I/O, no wait)."""

@@ -91,3 +91,36 @@ def test_without_a_parent_a_record_starts_a_trace_and_a_hit_replays() -> None:
     assert {s.trace_state for s in spans} == {""}
     assert sorted(s.name for s in spans if s is not root) == ["zccp.cache.replay", "zccp.nginx.admit"]
     assert "zccp.engine" not in {kv.key for kv in root.attributes}
+
+
+def test_l1_records_are_bounded_and_encode_as_one_span() -> None:
+    from zccp.abi import L1_SPAN_SIZE, ffi
+    from zccp.trace_export import l1_records
+
+    rec = ffi.new("struct zccp_l1_span *")
+    ffi.memmove(rec.trace_id, TID.to_bytes(16, "big"), 16)
+    ffi.memmove(rec.parent_span_id, (0xB7).to_bytes(8, "big"), 8)
+    rec.trace_flags, rec.status, rec.start_ns, rec.duration_us, rec.api = 0x101, 200, 10**18, 1500, 1
+    rec.request_id_len = 5
+    ffi.memmove(rec.request_id, b"rid-1", 5)
+    good = bytes(ffi.buffer(rec, L1_SPAN_SIZE))
+    rec.status, rec.request_id_len, rec.duration_us, rec.trace_flags = 70000, 4_000_000_000, 2**32 - 1, 0x1
+    ffi.memmove(rec.request_id, b"\x00\xff\n", 3)
+    hostile = bytes(ffi.buffer(rec, L1_SPAN_SIZE))
+    recs = l1_records(good + hostile + b"\x01" * 50)     # a partial record at the end: ignored
+    assert len(recs) == 2
+    assert recs[0][1:] == (TID.to_bytes(16, "big"), (0xB7).to_bytes(8, "big"), 0x101, 200, 10**18, 1500, "openai",
+                           "rid-1")
+    h = recs[1]
+    assert h[1] is None and h[4] == 0 and h[6] <= 3_600_000_000 and h[8] == ""   # no traceparent: a new trace
+    enc = SpanEncoder({"model": "m", "engine": "", "server.address": "h", "server.port": None})
+    out: list[bytes] = []
+    for r in recs:
+        enc.l1(r, out)
+    spans = list(decoded(enc.request.encode(out)).resource_spans[0].scope_spans[0].spans)
+    assert [s.kind for s in spans] == [pb.SERVER, pb.SERVER]
+    assert spans[0].parent_span_id == (0xB7).to_bytes(8, "big") and spans[0].trace_id == TID.to_bytes(16, "big")
+    assert spans[0].end_time_unix_nano - spans[0].start_time_unix_nano == 1_500_000
+    a = {kv.key: kv.value for kv in spans[0].attributes}
+    assert a["zccp.cache.layer"].string_value == "L1" and a["zccp.request_id"].string_value == "rid-1"
+    assert spans[1].parent_span_id == b"" and any(spans[1].trace_id)
