@@ -30,7 +30,6 @@ local metrics = require "zccp.metrics"
 local limits = require "zccp.limits"
 local tenant_mod = require "zccp.tenant"
 local arena_mod = require "zccp.arena"
-local l1_spans = require "zccp.core.l1_spans"
 
 local ngx = ngx
 local ngx_shared = ngx.shared
@@ -382,7 +381,6 @@ function _M.serve(api, k, final)
     ngx_header["Age"] = age > 0 and age or 0
     ngx_print(parts)
     metrics.l1(api, "hit")
-    l1_spans.note(api)   -- its span, when the engine traces
     if settings.keys_on() then   -- a metered request (zccp.limits' ticket in ngx.ctx); else no ngx.ctx
         limits.observe_counts(e.pin, e.pout, "HIT")
     end

@@ -194,7 +194,12 @@ def test_the_trace_goes_on_to_an_upstream(rx: OtlpReceiver, tmp_path_factory: py
                                                                                  "tracestate": state})
                 assert r.status_code == 200, r.text
                 # the front's root and its upstream call, the upstream stack's root and its spans
-                spans = one_trace(rx, tid, 4)
+                # (the two stacks' spans arrive in either order: wait for the front's root and its call)
+                def front_seen(got: list[ReceivedSpan], tid: str = tid, sid: str = sid) -> bool:
+                    return any(s.trace_id == tid and s.kind == SERVER and s.parent_span_id == sid for s in got) \
+                        and any(s.trace_id == tid and s.kind == CLIENT for s in got)
+
+                spans = [s for s in rx.wait_for(front_seen) if s.trace_id == tid]
                 front_root = next(s for s in spans if s.kind == SERVER and s.parent_span_id == sid)
                 call = next(s for s in spans if s.kind == CLIENT)
                 assert call.name == "chat zccp-up" and call.parent_span_id == front_root.span_id

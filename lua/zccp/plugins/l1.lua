@@ -2,6 +2,7 @@
 -- request after its keys (keys), a streamed body's once it is in the slot (filled); the
 -- engine's answer kept (relayed). A hit is answered here and ends the chain.
 local l1 = require "zccp.l1"
+local l1_spans = require "zccp.core.l1_spans"
 local attempts = require "zccp.core.attempts"
 local DONE = require("zccp.core.pipeline").DONE
 
@@ -16,6 +17,15 @@ local _M = { name = "l1", after = { "auth", "limits", "ratelimit_headers" } }
 -- POST /v1/zccp/l1/purge (zccp.core.edges) empties L1 through this hook.
 _M._provides = { purge_l1 = l1.purge }
 
+-- An L1 answer, written: true, and its span when the engine traces (zccp.core.l1_spans).
+local function served(api, k, final)
+    if l1.serve(api, k, final) then
+        l1_spans.note(api)
+        return true
+    end
+    return false
+end
+
 function _M.prepare(r)
     if r.kind == "purge" then
         l1.purge()   -- before the engine purges Redis, and again after (zccp.core.attempts)
@@ -24,7 +34,7 @@ function _M.prepare(r)
         return
     end
     local k = l1.begin(r.api, r.body, r.flags)
-    if k and not k.pending and l1.serve(r.api, k) then
+    if k and not k.pending and served(r.api, k) then
         return DONE
     end
     r.l1 = k
@@ -36,7 +46,7 @@ function _M.keys(r)
         return
     end
     l1.exact(k, r.fp, r.tenant)
-    if not k.pending and l1.serve(r.api, k, true) then
+    if not k.pending and served(r.api, k, true) then
         return DONE
     end
     local state = r.state
@@ -48,7 +58,7 @@ function _M.filled(r, _, slot)
     local k = r.state.l1
     if k and k.pending then   -- a streamed body: L1 by the digest of the bytes now in the slot
         l1.digested(k, attempts.slot_digest(slot))
-        if l1.serve(r.api, k, true) then
+        if served(r.api, k, true) then
             return DONE
         end
     end
