@@ -2,8 +2,9 @@
 
 A traced request costs the event loop a few attribute reads and one tuple: `RequestTrace`
 keeps the request's times as plain numbers, and its `end` appends one record to a bounded
-list (full: the record is dropped and its spans counted, never waited for). A sender thread
-pickles the list in batches to the span process (zccp.trace_spans, a child of the engine),
+list (full: the record is dropped and its spans counted, never waited for). The event loop
+pickles the list in batches to the span process (zccp.trace_spans, a child of the engine;
+zccp.trace_pipe: no second Python thread),
 which encodes the spans as OTLP protobuf and sends them with the OpenTelemetry SDK's
 OTLP/HTTP exporter: encoding never runs in the engine's process, so it holds no GIL against
 the event loop (docs/observability.md says why, bench/tracing.md what it costs). The span
@@ -28,15 +29,15 @@ import pickle
 import struct
 import subprocess
 import sys
-import threading
 import time
 from collections import deque
 from pathlib import Path
 from random import getrandbits, random
-from typing import IO, TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any
 
 from zccp.abi import L1_SPAN_SIZE, REQUEST_ID_MAX, TRACESTATE_MAX, Flag, ffi
 from zccp.config_sections import TracingConfig
+from zccp.trace_pipe import SpanPipe
 
 if TYPE_CHECKING:
     from zccp.metrics import EngineMetrics
@@ -47,6 +48,11 @@ log = logging.getLogger("zccp.tracing")
 
 TRACEPARENT_SENT = 0x100      # request.trace_flags: nginx read a valid traceparent (zccp_abi.h)
 FRAME = struct.Struct("<I")   # each batch to the span process: its pickle's length, then the pickle
+
+
+def frame(obj: Any) -> bytes:
+    data = pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)
+    return FRAME.pack(len(data)) + data
 SHUTDOWN_S = 6.0              # the engine's stop waits so long for the last spans
 BATCH = 512                   # records per batch (the SDK's BatchSpanProcessor exports 512 spans)
 _TENANT = int(Flag.TENANT)
@@ -96,7 +102,7 @@ def _sampler_from_env() -> tuple[float, bool]:
 
 
 def _schedule_delay() -> float:
-    """OTEL_BSP_SCHEDULE_DELAY (ms), the SDK's batch delay, honoured for the sender's batches."""
+    """OTEL_BSP_SCHEDULE_DELAY (ms), the SDK's batch delay, honoured for the pipe's batches."""
     try:
         return max(1, min(int(os.environ.get("OTEL_BSP_SCHEDULE_DELAY", "5000")), 60_000)) / 1000
     except ValueError:
@@ -113,9 +119,7 @@ class RequestTracer:
         self._dropped = metrics.trace_spans.series(result="dropped")
         self._counted = {"exported": metrics.trace_spans.series(result="exported"),
                          "failed": metrics.trace_spans.series(result="failed")}
-        self._records: deque[tuple[Any, ...]] = deque()   # appended by the loop, taken by the sender
-        self._wake = threading.Event()
-        self._stopping = False
+        self._records: deque[tuple[Any, ...]] = deque()   # appended by the requests, taken by the pipe
         host, _, port = server_address.rpartition(":")
         static = {"model": model, "engine": engine, "server.address": host.strip("[]") or server_address,
                   "server.port": int(port) if port.isdigit() else None, "endpoint": cfg.endpoint}
@@ -124,13 +128,18 @@ class RequestTracer:
         env["PYTHONPATH"] = os.pathsep.join(p for p in (pkg_root, env.get("PYTHONPATH", "")) if p)
         self._proc = subprocess.Popen([sys.executable, "-m", "zccp.trace_spans"], stdin=subprocess.PIPE,
                                       stdout=subprocess.PIPE, env=env, close_fds=True)
-        assert self._proc.stdin is not None and self._proc.stdout is not None
-        self._send(self._proc.stdin, static)
-        self._sender = threading.Thread(target=self._send_loop, name="zccp-trace-send", daemon=True)
-        self._reader = threading.Thread(target=self._read_loop, args=(self._proc.stdout,),
-                                        name="zccp-trace-counts", daemon=True)
-        self._sender.start()
-        self._reader.start()
+        assert self._proc.stdin is not None
+        self._proc.stdin.write(frame(static))
+        self._proc.stdin.flush()
+        self._pipe = SpanPipe(self._proc, self._records, BATCH, _schedule_delay(), frame, self._count, self._drop)
+
+    def _count(self, what: str, n: int) -> None:
+        series = self._counted.get(what)
+        if series is not None:
+            series.inc(n)
+
+    def _drop(self, batch: list[tuple[Any, ...]]) -> None:
+        self._dropped.inc(sum(span_count(r) for r in batch))
 
     def begin(self, outcome: Outcome) -> RequestTrace | None:
         """The request's trace, or None when it is not sampled: a client's traceparent decides
@@ -162,62 +171,18 @@ class RequestTracer:
             return
         records.append(rec)
         if n + 1 == BATCH:
-            self._wake.set()
-
-    # -- the threads ---------------------------------------------------------------------------
-
-    @staticmethod
-    def _send(pipe: IO[bytes], obj: Any) -> None:
-        data = pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)
-        pipe.write(FRAME.pack(len(data)) + data)
-        pipe.flush()
-
-    def _send_loop(self) -> None:
-        delay = _schedule_delay()
-        pipe = self._proc.stdin
-        assert pipe is not None
-        try:
-            while True:
-                self._wake.wait(delay)
-                self._wake.clear()
-                stopping = self._stopping
-                records = self._records
-                while records:
-                    take = min(len(records), BATCH)
-                    self._send(pipe, [records.popleft() for _ in range(take)])
-                if stopping:
-                    break
-        except (OSError, ValueError) as exc:     # the span process is gone: count what it would have sent
-            if not self._stopping:
-                log.warning("trace span process gone (%s): spans are dropped from now on", exc)
-            self._max = 0
-        finally:
-            try:
-                pipe.close()
-            except OSError:
-                pass
-
-    def _read_loop(self, out: IO[bytes]) -> None:
-        for line in out:
-            what, _, n = line.decode("ascii", "replace").partition(" ")
-            series = self._counted.get(what)
-            if series is not None and n.strip().isdigit():
-                series.inc(int(n))
+            self._pipe.kick()
 
     def shutdown(self) -> None:
         """Send what is queued and let the span process export it, for SHUTDOWN_S at most (a
         collector that is down retries each batch up to its timeout: what is left is lost)."""
         end = time.monotonic() + SHUTDOWN_S
-        self._stopping = True
-        self._wake.set()
-        self._sender.join(timeout=SHUTDOWN_S / 2)
+        self._pipe.close(SHUTDOWN_S / 2)
         try:
             self._proc.wait(timeout=max(0.1, end - time.monotonic()))
         except subprocess.TimeoutExpired:
             self._proc.kill()
             self._proc.wait()
-        self._sender.join(timeout=1)
-        self._reader.join(timeout=1)
 
 
 def _tracestate(outcome: Outcome, req: Any) -> str:
