@@ -22,6 +22,8 @@ enum zccp_abi_const {
     ZCCP_SLOT_REQ_OFFSET    = 896,          /* the request block follows the signature */
     ZCCP_SLOT_REQ_SIZE      = 256,          /* sizeof(struct zccp_slot_request) */
     ZCCP_REQUEST_ID_MAX     = 64,           /* bytes of X-Request-ID kept */
+    ZCCP_TRACESTATE_MAX     = 512,          /* bytes of a client's W3C tracestate kept (whole entries) */
+    ZCCP_L1_SPAN_SIZE       = 128,          /* sizeof(struct zccp_l1_span) */
     ZCCP_CSF_BANDS          = 16,
     ZCCP_MINHASH_COUNT      = 128,
     ZCCP_RING_SIZE          = 16,           /* sizeof(struct zccp_ring) */
@@ -60,7 +62,9 @@ enum zccp_request_kind {
     ZCCP_KIND_COUNT_TOKENS = 1,     /* POST /v1/messages/count_tokens */
     ZCCP_KIND_MODELS       = 2,     /* GET /v1/models */
     ZCCP_KIND_WARMUP       = 3,     /* POST /v1/zccp/warmup (loopback or unix socket only) */
-    ZCCP_KIND_PURGE        = 4      /* POST /v1/zccp/purge (loopback or unix socket only) */
+    ZCCP_KIND_PURGE        = 4,     /* POST /v1/zccp/purge (loopback or unix socket only) */
+    ZCCP_KIND_SPANS        = 5      /* nginx's own (a timer, no client): the payload is struct
+                                       zccp_l1_span records, the spans of L1 hits; answered 204 */
 };
 
 /* Which OpenAI endpoint a GENERATE slot's body is for (request.openai_api, with
@@ -122,7 +126,9 @@ struct zccp_control {
     uint8_t  socket_path[108];  /* doorbell socket, NUL-terminated */
     uint32_t reserved1;
     uint64_t purge_epoch;       /* the cache's purge epoch as the engine last read it from Redis; 0: unknown */
-    uint8_t  reserved[3904];    /* pads the page to ZCCP_CONTROL_SIZE */
+    uint32_t trace_on;          /* 1: the engine exports traces (nginx then sends its L1 hits' spans) */
+    uint32_t trace_ratio_ppm;   /* the sampling ratio x 1e6 for a request without a client's traceparent */
+    uint8_t  reserved[3896];    /* pads the page to ZCCP_CONTROL_SIZE */
 };
 
 /* First 128 bytes of every slot. */
@@ -191,7 +197,23 @@ struct zccp_slot_request {
     uint32_t trace_flags;       /* 196 the traceparent's flags (bit 0: sampled); bit 8: a traceparent was sent */
     uint64_t nginx_start_ns;    /* 200 CLOCK_REALTIME ns nginx read the request line (ms precision) */
     uint32_t nginx_admit_us;    /* 208 nginx's time from its handler's entry to the fill, in us */
-    uint8_t  reserved[44];      /* 212 */
+    uint16_t tracestate_len;    /* 212 the client's tracestate (with its traceparent), in the payload
+                                       region right after the body: payload_len + this <= payload_cap */
+    uint8_t  reserved[42];      /* 214 */
+};
+
+/* One L1 hit's span (nginx answered it alone), in a ZCCP_KIND_SPANS payload. */
+struct zccp_l1_span {
+    uint8_t  trace_id[16];      /*   0 the client's traceparent's (trace_flags bit 8); else the engine starts a trace */
+    uint8_t  parent_span_id[8]; /*  16 */
+    uint32_t trace_flags;       /*  24 as zccp_slot_request's */
+    uint32_t status;            /*  28 the HTTP status nginx answered */
+    uint64_t start_ns;          /*  32 CLOCK_REALTIME ns nginx read the request line (ms precision) */
+    uint32_t duration_us;       /*  40 from then to the answer written (ms precision) */
+    uint32_t api;               /*  44 0 Anthropic, 1 OpenAI */
+    uint32_t request_id_len;    /*  48 bytes used in request_id */
+    uint8_t  request_id[64];    /*  52 X-Request-ID */
+    uint8_t  reserved[12];      /* 116 */
 };
 
 /* Doorbell frames: fixed size, host byte order, nothing else travels on the socket. */

@@ -41,6 +41,8 @@ CSF_BANDS = const("ZCCP_CSF_BANDS")
 RING_SIZE = const("ZCCP_RING_SIZE")
 NOTICE_SIZE = const("ZCCP_NOTICE_SIZE")
 REQUEST_ID_MAX = const("ZCCP_REQUEST_ID_MAX")
+TRACESTATE_MAX = const("ZCCP_TRACESTATE_MAX")
+L1_SPAN_SIZE = const("ZCCP_L1_SPAN_SIZE")
 
 # The header states its own sizes; a compiler/ABI mismatch fails here, loudly.
 for _struct, _size in (
@@ -51,6 +53,7 @@ for _struct, _size in (
     ("struct zccp_slot_request", "ZCCP_SLOT_REQ_SIZE"),
     ("struct zccp_ring", "ZCCP_RING_SIZE"),
     ("struct zccp_notice", "ZCCP_NOTICE_SIZE"),
+    ("struct zccp_l1_span", "ZCCP_L1_SPAN_SIZE"),
 ):
     if ffi.sizeof(_struct) != const(_size):
         raise ImportError(f"ABI mismatch: sizeof({_struct}) = {ffi.sizeof(_struct)} != {_size}")

@@ -179,6 +179,11 @@ class Arena:
         if not self._closed:
             self.control.purge_epoch = epoch
 
+    def set_tracing(self, ratio: float) -> None:
+        """Tell nginx traces are exported (it then sends its L1 hits' spans: ZCCP_KIND_SPANS)."""
+        self.control.trace_ratio_ppm = round(ratio * 1_000_000)
+        self.control.trace_on = 1
+
     # -- slots ----------------------------------------------------------------------------
 
     def _make_view(self, index: int) -> SlotView:

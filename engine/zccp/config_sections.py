@@ -233,7 +233,7 @@ class TracingConfig:
     sample_ratio: float = bounded(1.0, 0.0, 1.0)
     # the collector's traces URL (http://host:4318/v1/traces); "": the SDK's default or OTEL_* env
     endpoint: str = field(default="", metadata={"empty_ok": True})
-    # spans the exporter thread may hold; past it a span is dropped (and counted), never waited for
+    # requests' records waiting for the span process; past it a record is dropped (its spans counted)
     max_queue: int = bounded(2048, 16, 1_000_000)
 
 

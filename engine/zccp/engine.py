@@ -238,6 +238,8 @@ class Engine:
         kind = view.request.kind
         if kind == Kind.GENERATE:
             return RequestFlow(ctx, self.deps, job.done).start()
+        if kind == Kind.SPANS:     # nginx's L1 hits' spans (zccp.tracing)
+            return tracing.take_l1_spans(ctx, job.done)
         redis = self.cache.redis if self.cache is not None else None     # PURGE's
         EndpointFlow(ctx, self.deps, job.done, kind, self.models, redis, self.arena.set_purge_epoch).start()
 
@@ -344,6 +346,7 @@ class Engine:
         cfg = self.cfg
         name = next((e.name for e in cfg.engines if e.shared_memory.name == cfg.shared_memory.name), "")
         if tracing.start(cfg.tracing, self.metrics, cfg.model.name, name, cfg.server.listen):
+            self.arena.set_tracing(tracing.ratio())
             log.info("tracing on: request spans over OTLP/HTTP to %s",
                      cfg.tracing.endpoint or "the OTEL_EXPORTER_OTLP_* endpoint")
 

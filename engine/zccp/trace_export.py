@@ -1,10 +1,16 @@
-"""Request spans over OTLP/HTTP with the OpenTelemetry SDK (imported only when tracing is
-on: zccp.tracing). Spans are made when a request ends, from the times its Outcome kept
-(one span live per request, the root, so that an upstream call can be its child): the
-event loop does no export and no I/O; BatchSpanProcessor's thread sends, its queue is
-bounded, and a span that does not fit is dropped and counted, never waited for.
+"""Request traces, the engine's side (imported only when tracing is on: zccp.tracing).
 
-The tree of one request (docs/observability.md):
+A traced request costs the event loop a few attribute reads and one tuple: `RequestTrace`
+keeps the request's times as plain numbers, and its `end` appends one record to a bounded
+list (full: the record is dropped and its spans counted, never waited for). The event loop
+pickles the list in batches to the span process (zccp.trace_spans, a child of the engine;
+zccp.trace_pipe: no second Python thread),
+which encodes the spans as OTLP protobuf and sends them with the OpenTelemetry SDK's
+OTLP/HTTP exporter: encoding never runs in the engine's process, so it holds no GIL against
+the event loop (docs/observability.md says why, bench/tracing.md what it costs). The span
+process reports what it exported or lost on its stdout, counted as zccp_engine_trace_spans_total.
+
+The tree of one request (built by zccp.trace_spans; docs/observability.md):
   chat <model>                 SERVER, from nginx's start to the engine's end; GenAI attributes
     zccp.nginx.admit           nginx's own time before the slot: body, plugins, fingerprint, claim
     zccp.engine.prepare        parse, tokenize, the cache decision (a miss: until the model takes it)
@@ -17,231 +23,227 @@ The tree of one request (docs/observability.md):
 
 from __future__ import annotations
 
+import logging
+import os
+import pickle
+import struct
+import subprocess
+import sys
 import time
-from collections.abc import Sequence
-from random import random
+from collections import deque
+from pathlib import Path
+from random import getrandbits, random
 from typing import TYPE_CHECKING, Any
 
-from opentelemetry import context as otel_context
-from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
-from opentelemetry.propagate import get_global_textmap
-from opentelemetry.sdk.resources import Resource
-from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
-from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, SpanExportResult
-from opentelemetry.sdk.trace.sampling import ParentBased, TraceIdRatioBased
-from opentelemetry.trace import (
-    NonRecordingSpan,
-    Span,
-    SpanContext,
-    SpanKind,
-    Status,
-    StatusCode,
-    TraceFlags,
-    set_span_in_context,
-)
-
-from zccp.abi import CACHE_NAMES, Flag, ffi
+from zccp.abi import L1_SPAN_SIZE, REQUEST_ID_MAX, TRACESTATE_MAX, Flag, ffi
 from zccp.config_sections import TracingConfig
+from zccp.trace_pipe import SpanPipe
 
 if TYPE_CHECKING:
     from zccp.metrics import EngineMetrics
     from zccp.outcome import Outcome
     from zccp.shared_types import GenerationResult
 
+log = logging.getLogger("zccp.tracing")
+
 TRACEPARENT_SENT = 0x100      # request.trace_flags: nginx read a valid traceparent (zccp_abi.h)
+FRAME = struct.Struct("<I")   # each batch to the span process: its pickle's length, then the pickle
 
 
-class CountingExporter(SpanExporter):
-    """The OTLP exporter, counting the spans it sent and those a failed export lost."""
-
-    def __init__(self, inner: SpanExporter, metrics: EngineMetrics) -> None:
-        self._inner = inner
-        self._sent = metrics.trace_spans.series(result="exported")
-        self._failed = metrics.trace_spans.series(result="failed")
-
-    def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
-        try:
-            result = self._inner.export(spans)
-        except Exception:     # an exporter bug must not kill the processor's thread
-            result = SpanExportResult.FAILURE
-        (self._sent if result is SpanExportResult.SUCCESS else self._failed).inc(len(spans))
-        return result
-
-    def shutdown(self) -> None:
-        self._inner.shutdown()
-
-    def force_flush(self, timeout_millis: int = 30000) -> bool:
-        return self._inner.force_flush(timeout_millis)
+def frame(obj: Any) -> bytes:
+    data = pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)
+    return FRAME.pack(len(data)) + data
+SHUTDOWN_S = 6.0              # the engine's stop waits so long for the last spans
+BATCH = 512                   # records per batch (the SDK's BatchSpanProcessor exports 512 spans)
+_TENANT = int(Flag.TENANT)
+L1 = "l1"                     # an L1 hit's record (the first field; a request's is its ids or None)
+_L1 = struct.Struct("=16s8sIIQIII")   # struct zccp_l1_span up to request_id (zccp_abi.h)
+CHILDREN = ("zccp.nginx.admit", "zccp.engine.prepare", "zccp.cache.replay", "zccp.queue", "zccp.prefill",
+            "zccp.decode")
 
 
-class CountingProcessor(BatchSpanProcessor):
-    """BatchSpanProcessor, counting the spans its full queue drops (the SDK only logs them)."""
+def span_count(rec: tuple[Any, ...]) -> int:
+    """The spans a record makes (zccp.trace_spans): the root, nginx's, prepare or replay, the
+    queue once admitted, prefill and decode once a token came, the upstream call; an L1 hit's one."""
+    if rec[0] == L1:
+        return 1
+    _, admitted, first, _ = rec[7]
+    return 3 + bool(admitted) + 2 * bool(first) + (rec[9] is not None)
 
-    def __init__(self, exporter: SpanExporter, metrics: EngineMetrics, max_queue: int) -> None:
-        super().__init__(exporter, max_queue_size=max_queue)
-        self._dropped = metrics.trace_spans.series(result="dropped")
-        inner = getattr(self, "_batch_processor", None)
-        self._queue: Any = getattr(inner, "_queue", None)
-        self._max = max_queue
 
-    def on_end(self, span: ReadableSpan) -> None:
-        if self._queue is not None and len(self._queue) >= self._max:
-            self._dropped.inc()
-        super().on_end(span)
+def l1_records(payload: memoryview | bytes) -> list[tuple[Any, ...]]:
+    """The records of struct zccp_l1_span in a payload, each field bounded (untrusted: a
+    partial record at the end is ignored, a request id cut to its length and bound)."""
+    size = L1_SPAN_SIZE
+    data = bytes(payload[: len(payload) - len(payload) % size])
+    out = []
+    for off in range(0, len(data), size):
+        tid, sid, flags, status, start, dur, api, rid_len = _L1.unpack_from(data, off)
+        rid = data[off + _L1.size: off + _L1.size + min(rid_len, REQUEST_ID_MAX)].decode("ascii", "replace")
+        out.append((L1, tid if flags & TRACEPARENT_SENT else None, sid, flags & 0x1FF,
+                    status if status < 1000 else 0, start, min(dur, 3_600_000_000),
+                    "openai" if api == 1 else "anthropic", rid if rid.isprintable() else ""))
+    return out
+
+
+def _sampler_from_env() -> tuple[float, bool]:
+    """(ratio, parent-based) of OTEL_TRACES_SAMPLER/_ARG, read with the SDK's own parser."""
+    from opentelemetry.sdk.trace import sampling
+
+    s: Any = sampling._get_from_env_or_default()
+    parent_based = isinstance(s, sampling.ParentBased)
+    root = s._root if parent_based else s
+    if isinstance(root, sampling.TraceIdRatioBased):
+        return float(root.rate), parent_based
+    if root is sampling.ALWAYS_OFF or isinstance(root, sampling.StaticSampler) and \
+            root.get_description() == "AlwaysOffSampler":
+        return 0.0, parent_based
+    return 1.0, parent_based
+
+
+def _schedule_delay() -> float:
+    """OTEL_BSP_SCHEDULE_DELAY (ms), the SDK's batch delay, honoured for the pipe's batches."""
+    try:
+        return max(1, min(int(os.environ.get("OTEL_BSP_SCHEDULE_DELAY", "5000")), 60_000)) / 1000
+    except ValueError:
+        return 5.0
 
 
 class RequestTracer:
     def __init__(self, cfg: TracingConfig, metrics: EngineMetrics, model: str, engine: str,
                  server_address: str) -> None:
-        import os
-
-        attrs: dict[str, Any] = {}
-        if not os.environ.get("OTEL_SERVICE_NAME") and "service.name" not in os.environ.get(
-                "OTEL_RESOURCE_ATTRIBUTES", ""):
-            attrs["service.name"] = "zccp"
-        sampler = None if os.environ.get("OTEL_TRACES_SAMPLER") else ParentBased(TraceIdRatioBased(cfg.sample_ratio))
-        # the config's ratio decided before any span is made (the SDK's sampler decides again,
-        # alike): a request left out costs a flag read and a random number, not a span
-        self._ratio = 1.0 if sampler is None else cfg.sample_ratio
-        self.provider = TracerProvider(resource=Resource.create(attrs), sampler=sampler)
-        # the config's URL, else the SDK's OTEL_EXPORTER_OTLP_* (an empty one, as compose passes an
-        # unset variable, is not a URL: the OTLP default then)
-        from zccp.tracing import ENDPOINT_VARS
-
-        endpoint = cfg.endpoint or (None if any(os.environ.get(v) for v in ENDPOINT_VARS)
-                                    else "http://localhost:4318/v1/traces")
-        exporter = OTLPSpanExporter(endpoint=endpoint, timeout=5)
-        self.provider.add_span_processor(CountingProcessor(CountingExporter(exporter, metrics), metrics,
-                                                           cfg.max_queue))
-        self.tracer = self.provider.get_tracer("zccp")
-        self.model = model
-        self.engine = engine
+        # the config's ratio, parent-based; OTEL_TRACES_SAMPLER wins as the SDK's environment does
+        self._ratio, self._parent_based = (_sampler_from_env() if os.environ.get("OTEL_TRACES_SAMPLER")
+                                           else (cfg.sample_ratio, True))
+        self._max = cfg.max_queue
+        self._dropped = metrics.trace_spans.series(result="dropped")
+        self._counted = {"exported": metrics.trace_spans.series(result="exported"),
+                         "failed": metrics.trace_spans.series(result="failed")}
+        self._records: deque[tuple[Any, ...]] = deque()   # appended by the requests, taken by the pipe
         host, _, port = server_address.rpartition(":")
-        self.server = (host.strip("[]") or server_address, int(port) if port.isdigit() else None)
+        static = {"model": model, "engine": engine, "server.address": host.strip("[]") or server_address,
+                  "server.port": int(port) if port.isdigit() else None, "endpoint": cfg.endpoint}
+        env = dict(os.environ)
+        pkg_root = str(Path(__file__).resolve().parent.parent)   # zccp importable in the child as here
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (pkg_root, env.get("PYTHONPATH", "")) if p)
+        self._proc = subprocess.Popen([sys.executable, "-m", "zccp.trace_spans"], stdin=subprocess.PIPE,
+                                      stdout=subprocess.PIPE, env=env, close_fds=True)
+        assert self._proc.stdin is not None
+        self._proc.stdin.write(frame(static))
+        self._proc.stdin.flush()
+        self._pipe = SpanPipe(self._proc, self._records, BATCH, _schedule_delay(), frame, self._count, self._drop)
+
+    def _count(self, what: str, n: int) -> None:
+        series = self._counted.get(what)
+        if series is not None:
+            series.inc(n)
+
+    def _drop(self, batch: list[tuple[Any, ...]]) -> None:
+        self._dropped.inc(sum(span_count(r) for r in batch))
 
     def begin(self, outcome: Outcome) -> RequestTrace | None:
         """The request's trace, or None when it is not sampled: a client's traceparent decides
-        (its sampled flag), else the ratio."""
-        flags = int(outcome.ctx.view.request.trace_flags)
-        if flags & TRACEPARENT_SENT:
+        (its sampled flag, parent-based sampling), else the ratio."""
+        req = outcome.ctx.view.request
+        flags = int(req.trace_flags)
+        if flags & TRACEPARENT_SENT and self._parent_based:
             if not flags & 1:
                 return None
         elif self._ratio < 1.0 and random() >= self._ratio:
             return None
-        return RequestTrace(self, outcome)
+        return RequestTrace(self, outcome, req, flags)
+
+    @property
+    def ratio(self) -> float:
+        return self._ratio
+
+    def take_l1(self, payload: memoryview) -> None:
+        """nginx's L1 hits (a ZCCP_KIND_SPANS payload) into the queue."""
+        for rec in l1_records(payload):
+            self.record(rec)
+
+    def record(self, rec: tuple[Any, ...]) -> None:
+        """One request's record for the span process (from the event loop: no I/O, no wait)."""
+        records = self._records
+        n = len(records)
+        if n >= self._max:
+            self._dropped.inc(span_count(rec))
+            return
+        records.append(rec)
+        if n + 1 == BATCH:
+            self._pipe.kick()
 
     def shutdown(self) -> None:
-        self.provider.shutdown()
+        """Send what is queued and let the span process export it, for SHUTDOWN_S at most (a
+        collector that is down retries each batch up to its timeout: what is left is lost)."""
+        end = time.monotonic() + SHUTDOWN_S
+        self._pipe.close(SHUTDOWN_S / 2)
+        try:
+            self._proc.wait(timeout=max(0.1, end - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            self._proc.kill()
+            self._proc.wait()
 
 
-def _parent(req: Any) -> otel_context.Context:
-    """The client's traceparent as nginx wrote it into the slot, or an empty context (a new trace)."""
-    flags = int(req.trace_flags)
-    if not flags & TRACEPARENT_SENT:
-        return otel_context.Context()
-    sc = SpanContext(int.from_bytes(bytes(ffi.buffer(req.trace_id, 16)), "big"),
-                     int.from_bytes(bytes(ffi.buffer(req.parent_span_id, 8)), "big"),
-                     is_remote=True, trace_flags=TraceFlags(flags & 0xFF))
-    if not sc.is_valid:
-        return otel_context.Context()
-    return set_span_in_context(NonRecordingSpan(sc))
+def _tracestate(outcome: Outcome, req: Any) -> str:
+    """The client's tracestate nginx wrote after the body (zccp_abi.h), checked as untrusted:
+    within its bounds, visible ASCII; "" when not."""
+    n = int(req.tracestate_len)
+    h = outcome.ctx.view.header
+    payload = outcome.ctx.payload
+    if n > TRACESTATE_MAX or len(payload) + n > int(h.payload_cap) or not len(payload):
+        return ""
+    raw = bytes(ffi.buffer(ffi.from_buffer(payload) + len(payload), n))
+    text = raw.decode("ascii", "replace")
+    return text if text.isprintable() and "\ufffd" not in text else ""
 
 
 class RequestTrace:
-    """One request's spans: the root started now (at nginx's start), the rest at its end."""
+    """One request's times as plain numbers; the spans are made by the span process."""
 
-    def __init__(self, tracer: RequestTracer, outcome: Outcome) -> None:
+    __slots__ = ("_t", "_wall0", "_perf0", "_flags", "_ids", "_nginx", "root_id", "trace_id",
+                 "_upstream", "_ended", "tracestate")
+
+    def __init__(self, tracer: RequestTracer, outcome: Outcome, req: Any, flags: int) -> None:
         self._t = tracer
         self._wall0 = time.time_ns()
         self._perf0 = outcome.started
-        view = outcome.ctx.view
-        req = view.request
-        self._nginx_start = int(req.nginx_start_ns) or self._wall0
-        self._admit_ns = int(req.nginx_admit_us) * 1000
-        self.root: Span = tracer.tracer.start_span(
-            f"chat {tracer.model}", context=_parent(req), kind=SpanKind.SERVER,
-            start_time=min(self._nginx_start, self._wall0))
-        self._ctx = set_span_in_context(self.root)
-        self.upstream: Span | None = None
+        self._flags = flags
+        # the client's trace id and span id, as nginx wrote them (raw bytes: decoded by the span process)
+        self._ids = (bytes(ffi.buffer(req.trace_id, 16)), bytes(ffi.buffer(req.parent_span_id, 8))) \
+            if flags & TRACEPARENT_SENT else None
+        self._nginx = (int(req.nginx_start_ns), int(req.nginx_admit_us))
+        self.tracestate = _tracestate(outcome, req) if flags & TRACEPARENT_SENT and req.tracestate_len else ""
+        self.root_id = 0            # made here only when a child of the root leaves the process
+        self.trace_id = 0
+        self._upstream: tuple[int, str, int] | None = None
         self._ended = False
 
-    def _ns(self, t: float) -> int:
-        return self._wall0 + int((t - self._perf0) * 1e9)
-
     def upstream_headers(self, model: str) -> dict[str, str]:
-        """Start the upstream call's span; the traceparent (and tracestate) to send with it."""
-        self.upstream = self._t.tracer.start_span(f"chat {model}", context=self._ctx, kind=SpanKind.CLIENT,
-                                                  attributes={"gen_ai.operation.name": "chat",
-                                                              "gen_ai.request.model": model})
-        headers: dict[str, str] = {}
-        get_global_textmap().inject(headers, context=set_span_in_context(self.upstream))
+        """The upstream call's span begins; the traceparent to send with it."""
+        if not self.trace_id:
+            ids = self._ids
+            tid = int.from_bytes(ids[0], "big") if ids else 0
+            self.trace_id = tid or getrandbits(128) or 1
+            self.root_id = getrandbits(64) or 1
+        span_id = getrandbits(64) or 1
+        self._upstream = (span_id, model, time.time_ns())
+        headers = {"traceparent": f"00-{self.trace_id:032x}-{span_id:016x}-01"}
+        if self.tracestate:
+            headers["tracestate"] = self.tracestate     # the client's, kept as W3C asks
         return headers
 
-    def upstream_end(self, ok: bool) -> None:
-        if self.upstream is not None:
-            if not ok:
-                self.upstream.set_status(Status(StatusCode.ERROR))
-            self.upstream.end()
-            self.upstream = None
-
     def end(self, o: Outcome, status: int, result: GenerationResult | None) -> None:
-        """The spans of the request's one ending (a second, e.g. abandoned after answered, adds none)."""
+        """The request's record, at its one ending (a second, e.g. abandoned after answered, adds none)."""
         if self._ended:
             return
         self._ended = True
-        root, t = self.root, self._t
-        if not root.is_recording():
-            root.end()
-            return
-        now = time.time_ns()
         view = o.ctx.view
-        child = t.tracer.start_span
-        ctx = self._ctx
-        if self._admit_ns:
-            child("zccp.nginx.admit", context=ctx, start_time=self._nginx_start).end(
-                end_time=self._nginx_start + self._admit_ns)
-        cache = CACHE_NAMES.get(int(view.meta.cache_status), "NONE")
-        if o.submitted:
-            child("zccp.engine.prepare", context=ctx, start_time=self._wall0,
-                  attributes={"zccp.cache.result": cache}).end(end_time=self._ns(o.submitted))
-            if o.admitted:
-                child("zccp.queue", context=ctx, start_time=self._ns(o.submitted)).end(end_time=self._ns(o.admitted))
-                if o.first_token:
-                    child("zccp.prefill", context=ctx, start_time=self._ns(o.admitted)).end(
-                        end_time=self._ns(o.first_token))
-            if o.first_token:
-                child("zccp.decode", context=ctx, start_time=self._ns(o.first_token)).end(
-                    end_time=self._ns(o.last_token) if o.last_token else now)
-        elif status == 200:
-            child("zccp.cache.replay", context=ctx, start_time=self._wall0,
-                  attributes={"zccp.cache.result": cache}).end(end_time=now)
-        self.upstream_end(status == 200)
-        req = view.request
-        attrs: dict[str, Any] = {
-            "gen_ai.operation.name": "chat",
-            "gen_ai.request.model": t.model,
-            "server.address": t.server[0],
-            "http.response.status_code": status,
-            "zccp.cache.result": cache,
-            "zccp.slot": view.index,
-            "zccp.request_id": o.ctx.request_id,
-            "zccp.api": o.codec.name,
-        }
-        if t.server[1] is not None:
-            attrs["server.port"] = t.server[1]
-        if t.engine:
-            attrs["zccp.engine"] = t.engine
-        if int(view.meta.max_tokens):
-            attrs["gen_ai.request.max_tokens"] = int(view.meta.max_tokens)
-        if int(view.header.flags) & Flag.TENANT:
-            attrs["zccp.tenant"] = bytes(ffi.buffer(req.tenant, 8)).hex()   # a digest's first 8 bytes
-        if result is not None:
-            attrs["gen_ai.usage.input_tokens"] = result.input_tokens
-            attrs["gen_ai.usage.output_tokens"] = result.output_tokens
-            attrs["gen_ai.response.finish_reasons"] = (result.stop_reason,)
-        if o.response_id:
-            attrs["gen_ai.response.id"] = o.response_id
-        root.set_attributes(attrs)
-        if status >= 500:
-            root.set_status(Status(StatusCode.ERROR))
-        root.end(end_time=now)
+        meta = view.meta
+        # plain values only (cdata ints are ints): names and hex are the span process's work
+        self._t.record((self._ids, self._flags, self.trace_id, self.root_id, self._nginx, self._wall0, self._perf0,
+                        (o.submitted, o.admitted, o.first_token, o.last_token), time.time_ns(), self._upstream,
+                        status, meta.cache_status, view.index, o.ctx.request_id, o.codec.name, meta.max_tokens,
+                        bytes(ffi.buffer(view.request.tenant, 8)) if view.header.flags & _TENANT else None,
+                        (result.input_tokens, result.output_tokens, result.stop_reason) if result is not None
+                        else None, o.response_id, self.tracestate))

@@ -9,13 +9,14 @@ request spans are made by zccp.trace_export (docs/observability.md).
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING
 
 from zccp.config_sections import TracingConfig
 
 if TYPE_CHECKING:
     from zccp.metrics import EngineMetrics
+    from zccp.outcome import RequestContext
     from zccp.trace_export import RequestTracer
 
 ACTIVE: RequestTracer | None = None
@@ -39,6 +40,27 @@ def start(cfg: TracingConfig, metrics: EngineMetrics, model: str, engine: str, s
 
     ACTIVE = RequestTracer(cfg, metrics, model, engine, server_address)
     return True
+
+
+def ratio() -> float:
+    """The sampling ratio of a request without a client's traceparent (0 when off)."""
+    return ACTIVE.ratio if ACTIVE is not None else 0.0
+
+
+def take_l1_spans(ctx: RequestContext, done: Callable[[], None]) -> None:
+    """A batch of nginx's L1 hits (ZCCP_KIND_SPANS): their records to the exporter, 204."""
+    from zccp.ring_writer import SlotAbandoned
+
+    try:
+        if ACTIVE is not None:
+            ACTIVE.take_l1(ctx.payload)
+        ctx.payload.release()
+        ctx.writer.begin(204, sse=False)
+        ctx.writer.finish()
+    except SlotAbandoned:
+        pass
+    finally:
+        done()
 
 
 def stop() -> None:

@@ -105,7 +105,8 @@ local function prepare(r, s, len)
     end
     local body = src.body
     r.src, r.body, r.body_len = src, body, body and #body or len
-    src.t0, src.traceparent = r.t0, ngx_var.http_traceparent   -- the engine's request span (zccp.core.transport)
+    -- the engine's request span (zccp.core.transport)
+    src.t0, src.traceparent, src.tracestate = r.t0, ngx_var.http_traceparent, ngx_var.http_tracestate
     local flags = kind and 0 or cache_flags()
     if r.api == "openai" then
         flags = flags + abi.C.ZCCP_FLAG_API_OPENAI

@@ -123,6 +123,39 @@ def test_a_cache_hit_has_a_replay_span(stack: Stack, rx: OtlpReceiver) -> None:
     assert not {"zccp.queue", "zccp.decode"} & {s.name for s in spans}
 
 
+def test_an_l1_hit_answered_by_nginx_has_its_span(rx: OtlpReceiver, tmp_path_factory: pytest.TempPathFactory) -> None:
+    # nginx sends its L1 hits' records to the engine in batches (zccp.plugins.l1.spans)
+    s = Stack(tmp_path_factory.mktemp("l1"), traced(rx), with_redis=True).start()
+    try:
+        c = s.client()
+        for api in ("anthropic", "openai"):
+            body = req(api, [{"role": "user", "content": f"an L1 hit to trace {api}"}], max_tokens=6)
+            for _ in range(100):
+                tp, tid, sid = traceparent()
+                r = c.post(PATHS[api], json=body, headers={"traceparent": tp})
+                if r.headers.get("x-zccp-cache-layer") == "L1":
+                    break
+            assert r.status_code == 200 and r.headers.get("x-zccp-cache-layer") == "L1"
+            spans = one_trace(rx, tid, 1)
+            assert len(spans) == 1      # nginx answered it alone: no engine phase
+            root = check_tree(spans, sid, ())
+            a = root.attributes
+            assert a["zccp.cache.result"] == "HIT" and a["zccp.cache.layer"] == "L1"
+            assert a["zccp.request_id"] == r.headers["x-request-id"] and a["zccp.api"] == api
+            assert a["http.response.status_code"] == 200 and a["gen_ai.request.model"] == MODEL
+            assert root.end_ns >= root.start_ns > 0
+        # an unsampled traceparent: no span for that L1 hit
+        tid = secrets.token_hex(16)
+        r = c.post(PATHS["openai"], json=body, headers={"traceparent": f"00-{tid}-{secrets.token_hex(8)}-00"})
+        assert r.headers.get("x-zccp-cache-layer") == "L1"
+        tp, marker, _ = traceparent()
+        assert c.post(PATHS["openai"], json=body, headers={"traceparent": tp}).status_code == 200
+        one_trace(rx, marker, 1)      # a later batch came: the unsampled hit's would have been in it or before
+        assert not rx.trace(tid)
+    finally:
+        s.stop()
+
+
 def test_without_a_traceparent_the_engine_starts_a_trace(stack: Stack, rx: OtlpReceiver) -> None:
     body = req("openai", [{"role": "user", "content": "no parent"}], max_tokens=4)
     r = stack.client().post(PATHS["openai"], json=body)
@@ -152,12 +185,21 @@ def test_the_trace_goes_on_to_an_upstream(rx: OtlpReceiver, tmp_path_factory: py
         try:
             for stream in (False, True):
                 tp, tid, sid = traceparent()
+                # a tracestate over 512 bytes: nginx keeps its whole entries within 512
+                state = f"rojo=00f067aa0ba902b7,congo=t61rcWkgMzE,{','.join(f'k{i}=' + 'v' * 40 for i in range(20))}"
+                kept = state[:state.rindex(",", 0, 513)]
                 body = req("anthropic", [{"role": "user", "content": f"via upstream {stream}"}], max_tokens=5,
                            stream=stream)
-                r = front.client().post(PATHS["anthropic"], json=body, headers={"traceparent": tp})
+                r = front.client().post(PATHS["anthropic"], json=body, headers={"traceparent": tp,
+                                                                                 "tracestate": state})
                 assert r.status_code == 200, r.text
                 # the front's root and its upstream call, the upstream stack's root and its spans
-                spans = one_trace(rx, tid, 4)
+                # (the two stacks' spans arrive in either order: wait for the front's root and its call)
+                def front_seen(got: list[ReceivedSpan], tid: str = tid, sid: str = sid) -> bool:
+                    return any(s.trace_id == tid and s.kind == SERVER and s.parent_span_id == sid for s in got) \
+                        and any(s.trace_id == tid and s.kind == CLIENT for s in got)
+
+                spans = [s for s in rx.wait_for(front_seen) if s.trace_id == tid]
                 front_root = next(s for s in spans if s.kind == SERVER and s.parent_span_id == sid)
                 call = next(s for s in spans if s.kind == CLIENT)
                 assert call.name == "chat zccp-up" and call.parent_span_id == front_root.span_id
@@ -166,6 +208,9 @@ def test_the_trace_goes_on_to_an_upstream(rx: OtlpReceiver, tmp_path_factory: py
 
                 up_root_span = next(s for s in rx.wait_for(lambda got: any(under(s) for s in got)) if under(s))
                 assert up_root_span.kind == SERVER and up_root_span.name == "chat zccp-up"
+                # the client's tracestate went on with the traceparent (the upstream's nginx kept it)
+                assert len(kept) <= 512 and up_root_span.trace_state == kept
+                assert front_root.trace_state == kept and call.trace_state == kept
                 assert front_root.attributes["gen_ai.usage.output_tokens"] > 0
         finally:
             front.stop()

@@ -36,12 +36,15 @@ class ReceivedSpan:
     attributes: dict[str, Any]
     resource: dict[str, Any]
     status_code: int
+    trace_state: str = ""
 
 
 @dataclass
 class OtlpReceiver:
     spans: list[ReceivedSpan] = field(default_factory=list)
     posts: int = 0
+    keep: bool = True       # False: count the spans only (a bench's receiver, on the measured host)
+    count: int = 0
 
     def __post_init__(self) -> None:
         receiver = self
@@ -79,6 +82,12 @@ class OtlpReceiver:
         return f"http://127.0.0.1:{self._server.server_address[1]}"
 
     def _add(self, req: ExportTraceServiceRequest) -> None:
+        if not self.keep:
+            n = sum(len(ss.spans) for rs in req.resource_spans for ss in rs.scope_spans)
+            with self._lock:
+                self.count += n
+                self.posts += 1
+            return
         got = []
         for rs in req.resource_spans:
             resource = {a.key: _value(a.value) for a in rs.resource.attributes}
@@ -87,9 +96,10 @@ class OtlpReceiver:
                     got.append(ReceivedSpan(s.name, s.trace_id.hex(), s.span_id.hex(), s.parent_span_id.hex(),
                                             s.kind, s.start_time_unix_nano, s.end_time_unix_nano,
                                             {a.key: _value(a.value) for a in s.attributes}, resource,
-                                            s.status.code))
+                                            s.status.code, s.trace_state))
         with self._lock:
             self.spans.extend(got)
+            self.count += len(got)
             self.posts += 1
 
     def trace(self, trace_id: str) -> list[ReceivedSpan]:

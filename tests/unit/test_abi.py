@@ -13,7 +13,7 @@ from zccp.abi import HEADER_PATH, SlotLayout, const, ffi
 
 ROOT = Path(__file__).resolve().parents[2]
 STRUCTS = ["zccp_control", "zccp_slot_header", "zccp_slot_meta", "zccp_slot_signature", "zccp_slot_request",
-           "zccp_ring", "zccp_notice"]
+           "zccp_ring", "zccp_notice", "zccp_l1_span"]
 
 
 def _documented_tables() -> dict[str, list[tuple[int, int, str]]]:

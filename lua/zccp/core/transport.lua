@@ -24,6 +24,7 @@ local tonumber = tonumber
 local str_sub = string.sub
 local str_match = string.match
 local str_lower = string.lower
+local str_find = string.find
 local ZERO_TRACE = string.rep("0", 32)
 local ZERO_SPAN = string.rep("0", 16)
 
@@ -82,22 +83,54 @@ local function hex_into(dst, hex, n)
     end
 end
 
-local function write_trace(req, src)
+-- The client's tracestate beside its traceparent: visible ASCII, at most ZCCP_TRACESTATE_MAX
+-- bytes (cut after the last whole entry that fits, as W3C allows), in the payload region
+-- after the body's n bytes when it fits there (zccp_abi.h).
+local function write_tracestate(req, ts, dst, n, cap)
+    if not ts or ts == "" or str_find(ts, "[^\32-\126]") then
+        return
+    end
+    local max = abi.C.ZCCP_TRACESTATE_MAX
+    if #ts > max then
+        local cut = str_find(str_sub(ts, 1, max + 1), ",[^,]*$")
+        if not cut then
+            return
+        end
+        ts = str_sub(ts, 1, cut - 1)
+    end
+    if n + #ts <= cap then
+        ffi_copy(dst + n, ts, #ts)
+        req.tracestate_len = #ts
+    end
+end
+
+-- A client's traceparent into dst's trace_id, parent_span_id and trace_flags (a request
+-- block, or an L1 hit's span record: zccp.plugins.l1.spans): true when valid.
+function _M.read_traceparent(dst, tp)
+    if not tp or #tp ~= 55 then
+        return false
+    end
+    local tid, sid, fl = str_match(tp, "^00%-(%x+)%-(%x+)%-(%x%x)$")
+    if not tid or #tid ~= 32 or #sid ~= 16 or tid == ZERO_TRACE or sid == ZERO_SPAN then
+        return false
+    end
+    hex_into(dst.trace_id, str_lower(tid), 16)
+    hex_into(dst.parent_span_id, str_lower(sid), 8)
+    dst.trace_flags = 256 + tonumber(fl, 16)
+    return true
+end
+
+local function write_trace(req, src, dst, n, cap)
+    if src.own then   -- nginx's own request (a timer's: no client, no request line)
+        return
+    end
     req.nginx_start_ns = ngx_req_start_time() * 1e9
     if src.t0 then
         req.nginx_admit_us = (mono_s() - src.t0) * 1e6
     end
-    local tp = src.traceparent
-    if not tp or #tp ~= 55 then
-        return
+    if _M.read_traceparent(req, src.traceparent) then
+        write_tracestate(req, src.tracestate, dst, n, cap)
     end
-    local tid, sid, fl = str_match(tp, "^00%-(%x+)%-(%x+)%-(%x%x)$")
-    if not tid or #tid ~= 32 or #sid ~= 16 or tid == ZERO_TRACE or sid == ZERO_SPAN then
-        return
-    end
-    hex_into(req.trace_id, str_lower(tid), 16)
-    hex_into(req.parent_span_id, str_lower(sid), 8)
-    req.trace_flags = 256 + tonumber(fl, 16)
 end
 
 -- The context id of a request that uses no cache (no-cache + no-store: no lookup, no
@@ -192,7 +225,7 @@ local function fill_slot(a, i, src, flags, timeout_ms, fp, extra, rid)
         end
     end
     flags = flags + write_ids(req, rid)
-    write_trace(req, src)
+    write_trace(req, src, dst, n, a.payload_cap)
     if fp then
         flags = flags + write_fingerprint(a, i, fp)
     end

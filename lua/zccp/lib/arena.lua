@@ -237,6 +237,16 @@ function _M.purge_epoch()
     return best
 end
 
+-- The first engine's arena while it exports traces (its control page's trace_on), and its
+-- sampling ratio in ppm; nil when it does not (zccp.plugins.l1.spans, on every L1 hit: two loads).
+function _M.tracing()
+    local a = current[engines.list()[1].name]
+    if live(a) and a.control.trace_on == 1 then
+        return a, a.control.trace_ratio_ppm
+    end
+    return nil
+end
+
 -- A pointer of type ptr_t at `offset` into slot i.
 local function slot_at(self, i, offset, ptr_t)
     local p = ffi_cast(ptr_t, self.base + abi.C.ZCCP_PAGE_SIZE + i * self.slot_size + offset)

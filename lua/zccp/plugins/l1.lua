@@ -2,6 +2,7 @@
 -- request after its keys (keys), a streamed body's once it is in the slot (filled); the
 -- engine's answer kept (relayed). A hit is answered here and ends the chain.
 local l1 = require "zccp.plugins.l1.cache"
+local l1_spans = require "zccp.plugins.l1.spans"
 local attempts = require "zccp.core.attempts"
 local DONE = require("zccp.core.pipeline").DONE
 
@@ -22,6 +23,15 @@ end
 -- POST /v1/zccp/l1/purge (zccp.core.edges) empties L1 through this hook.
 _M._provides = { purge_l1 = l1.purge }
 
+-- An L1 answer, written: true, and its span when the engine traces (zccp.plugins.l1.spans).
+local function served(api, k, final)
+    if l1.serve(api, k, final) then
+        l1_spans.note(api)
+        return true
+    end
+    return false
+end
+
 function _M.prepare(r)
     if r.kind == "purge" then
         l1.purge()   -- before the engine purges Redis, and again after (zccp.core.attempts)
@@ -30,7 +40,7 @@ function _M.prepare(r)
         return
     end
     local k = l1.begin(r.api, r.body, r.flags, r.who)
-    if k and not k.pending and l1.serve(r.api, k) then
+    if k and not k.pending and served(r.api, k) then
         return hit(r, k)
     end
     r.l1 = k
@@ -42,7 +52,7 @@ function _M.keys(r)
         return
     end
     l1.exact(k, r.fp, r.tenant)
-    if not k.pending and l1.serve(r.api, k, true) then
+    if not k.pending and served(r.api, k, true) then
         return hit(r, k)
     end
     local state = r.state
@@ -54,7 +64,7 @@ function _M.filled(r, _, slot)
     local k = r.state.l1
     if k and k.pending then   -- a streamed body: L1 by the digest of the bytes now in the slot
         l1.digested(k, attempts.slot_digest(slot))
-        if l1.serve(r.api, k, true) then
+        if served(r.api, k, true) then
             return hit(r, k)
         end
     end

@@ -1,0 +1,155 @@
+"""OTLP trace protobuf (opentelemetry/proto/trace/v1/trace.proto), written by hand for the
+span process (zccp.trace_spans).
+
+Why not the SDK's encoder: it builds one protobuf message object per span, attribute and
+value (opentelemetry-exporter-otlp-proto-common), ~100 us per span on the shared test host,
+over 600 us per traced request, which was most of tracing's cost (bench/tracing.md). Here a
+span is a few byte strings joined, the constant parts (the resource, the scope, the
+engine's fixed attributes, each key) encoded once. The bytes go out through the SDK's own
+OTLP/HTTP exporter's transport; tests/unit/test_otlp_encode.py decodes them with the
+official opentelemetry-proto and compares with what the SDK's encoder makes.
+"""
+
+from __future__ import annotations
+
+import struct
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+_FIXED64 = struct.Struct("<Q")
+_TIMES = struct.Struct("<BQBQ")     # start_time_unix_nano (7) and end_time_unix_nano (8), fixed64
+_DOUBLE = struct.Struct("<d")
+
+# OTLP's SpanKind (the SDK's + 1) and StatusCode
+INTERNAL, SERVER, CLIENT = 1, 2, 3
+UNSET, OK, ERROR = 0, 1, 2
+# Span.flags: the W3C flags' low byte, and whether the parent is known remote or not
+HAS_IS_REMOTE, IS_REMOTE = 0x100, 0x200
+
+
+_SMALL = [bytes((i,)) for i in range(0x80)]
+
+
+def varint(n: int) -> bytes:
+    if 0 <= n < 0x80:
+        return _SMALL[n]
+    if n < 0:
+        n += 1 << 64
+    out = bytearray()
+    while n >= 0x80:
+        out.append((n & 0x7F) | 0x80)
+        n >>= 7
+    out.append(n)
+    return bytes(out)
+
+
+def field(num: int, data: bytes) -> bytes:
+    """A length-delimited field (wire type 2)."""
+    n = len(data)
+    return varint(num << 3 | 2) + (_SMALL[n] if n < 0x80 else varint(n)) + data
+
+
+def any_value(v: Any) -> bytes:
+    if isinstance(v, bool):
+        return varint(2 << 3) + (b"\x01" if v else b"\x00")
+    if isinstance(v, int):
+        return varint(3 << 3) + varint(v)
+    if isinstance(v, float):
+        return varint(4 << 3 | 1) + _DOUBLE.pack(v)
+    if isinstance(v, str):
+        return field(1, v.encode())
+    if isinstance(v, bytes):
+        return field(7, v)
+    if isinstance(v, Sequence):
+        return field(5, b"".join(field(1, any_value(x)) for x in v))
+    raise TypeError(f"an attribute of type {type(v).__name__}")
+
+
+_KEYS: dict[str, bytes] = {}
+
+
+def key_value(k: str, v: Any) -> bytes:
+    """One KeyValue, as a span's or a resource's attribute (field 9 / field 1 around it)."""
+    key = _KEYS.get(k)
+    if key is None:
+        key = _KEYS[k] = field(1, k.encode())
+    return key + field(2, any_value(v))
+
+
+def attributes(num: int, attrs: Mapping[str, Any]) -> bytes:
+    return b"".join(field(num, key_value(k, v)) for k, v in attrs.items())
+
+
+_FEW: dict[tuple[str, Any], bytes] = {}
+
+
+def few_valued(k: str, v: Any) -> bytes:
+    """A span attribute of few values (a status, an API, a finish reason, a slot), encoded once."""
+    got = _FEW.get((k, v))
+    if got is None:
+        if len(_FEW) >= 4096:
+            _FEW.clear()
+        got = _FEW[(k, v)] = field(9, key_value(k, v))
+    return got
+
+
+def span_attributes(attrs: Mapping[str, Any]) -> bytes:
+    """A span's attributes (field 9), strings and integers inline: the per-request part."""
+    out = []
+    keys = _KEYS
+    for k, v in attrs.items():
+        key = keys.get(k)
+        if key is None:
+            key = keys[k] = field(1, k.encode())
+        t = type(v)
+        if t is str:
+            b = v.encode()
+            n = len(b)
+            av = b"\x0a" + (_SMALL[n] if n < 0x80 else varint(n)) + b
+        elif t is int:
+            av = b"\x18" + varint(v)
+        else:
+            av = any_value(v)
+        n = len(av)
+        kv = key + b"\x12" + (_SMALL[n] if n < 0x80 else varint(n)) + av
+        n = len(kv)
+        out.append(b"\x4a" + (_SMALL[n] if n < 0x80 else varint(n)) + kv)
+    return b"".join(out)
+
+
+_INTERNAL_TAIL = b"\x7a\x00\x85\x01" + struct.pack("<I", HAS_IS_REMOTE)   # Status{}, flags
+
+
+def child_span(head: bytes, span_id: int, parent: bytes, name: bytes, start: int, end: int,
+               attrs: bytes = b"") -> bytes:
+    """An INTERNAL span under a local parent, the per-trace parts made once by the caller:
+    head = b"\\x0a\\x10" + trace id + b"\\x12\\x08", parent = [the trace state's field 3 +]
+    b"\\x22\\x08" + the parent's id."""
+    body = b"".join((head, span_id.to_bytes(8, "big"), parent, name, b"\x30\x01", _TIMES.pack(0x39, start, 0x41, end),
+                     attrs, _INTERNAL_TAIL))
+    n = len(body)
+    return b"\x12" + (_SMALL[n] if n < 0x80 else varint(n)) + body
+
+
+def span(trace_id: bytes, span_id: int, parent_id: int, name: bytes, kind: int, start: int, end: int,
+         attrs: bytes = b"", status: int = UNSET, parent_remote: bool = False, trace_state: bytes = b"") -> bytes:
+    """One Span message's bytes. trace_id: 16 bytes; name: field(5, ...) made once per name;
+    attrs: attributes(9, ...) or pieces of it; trace_state: field(3, ...) or b""."""
+    body = [b"\x0a\x10", trace_id, b"\x12\x08", span_id.to_bytes(8, "big"), trace_state]
+    if parent_id:
+        body += (b"\x22\x08", parent_id.to_bytes(8, "big"))
+    body += (name, b"\x30", varint(kind), b"\x39", _FIXED64.pack(start), b"\x41", _FIXED64.pack(end), attrs)
+    body.append(b"\x7a\x02\x18" + _SMALL[status] if status else b"\x7a\x00")   # Status{code}, as the SDK's
+    body += (b"\x85\x01", struct.pack("<I", HAS_IS_REMOTE | IS_REMOTE if parent_remote else HAS_IS_REMOTE))
+    return field(2, b"".join(body))
+
+
+class RequestEncoder:
+    """ExportTraceServiceRequest bytes of many spans, the resource and scope encoded once."""
+
+    def __init__(self, resource_attrs: Mapping[str, Any], scope_name: str) -> None:
+        self._resource = field(1, attributes(1, resource_attrs))
+        self._scope = field(1, field(1, scope_name.encode()))
+
+    def encode(self, spans: Sequence[bytes]) -> bytes:
+        return field(1, self._resource + field(2, self._scope + b"".join(spans)))

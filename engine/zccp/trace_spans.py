@@ -1,0 +1,210 @@
+"""The span process: `python -m zccp.trace_spans`, started by the engine when tracing is on
+(zccp.trace_export). It reads the engine's request records from stdin (frames of a length
+and a pickle: the engine's own pipe to its own child), encodes each request's spans as
+OTLP protobuf (zccp.otlp_encode) and sends them through the SDK's OTLP/HTTP exporter in
+batches of up to 512; on stdout it reports "exported N" or "failed N" per batch for the
+engine's counter. Here, not in the engine, so that encoding takes no GIL from the engine's
+event loop (docs/observability.md).
+
+The SDK's TracerProvider, spans and BatchSpanProcessor are not used: a request's spans are
+known whole when its record arrives (no span is live here), the engine's bounded queue and
+this process's batches do what the processor would; the SDK gives the resource and the
+exporter's transport.
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+import signal
+import sys
+from collections.abc import Callable
+from random import getrandbits
+from typing import IO, Any
+
+from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+from opentelemetry.sdk.resources import Resource
+
+from zccp import otlp_encode as pb
+from zccp.abi import CACHE_NAMES
+from zccp.trace_export import BATCH, CHILDREN, FRAME, L1
+
+ENDPOINT_VARS = ("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "OTEL_EXPORTER_OTLP_ENDPOINT")
+MAX_FRAME = 64 << 20
+
+
+def read_frame(inp: IO[bytes]) -> Any:
+    """The next pickled frame, or None at the end of the pipe (the engine stopped or died)."""
+    head = inp.read(FRAME.size)
+    if len(head) < FRAME.size:
+        return None
+    (n,) = FRAME.unpack(head)
+    if n > MAX_FRAME:
+        raise ValueError(f"a frame of {n} bytes")
+    data = inp.read(n)
+    return pickle.loads(data) if len(data) == n else None
+
+
+class SpanEncoder:
+    """A record's spans as OTLP protobuf (zccp.trace_export.RequestTrace.end writes the record)."""
+
+    def __init__(self, static: dict[str, Any]) -> None:
+        attrs: dict[str, Any] = {}
+        if not os.environ.get("OTEL_SERVICE_NAME") and "service.name" not in os.environ.get(
+                "OTEL_RESOURCE_ATTRIBUTES", ""):
+            attrs["service.name"] = "zccp"
+        # the SDK's resource (OTEL_SERVICE_NAME, OTEL_RESOURCE_ATTRIBUTES, the SDK's own), encoded once
+        self.request = pb.RequestEncoder(dict(Resource.create(attrs).attributes), "zccp")
+        model: str = static["model"]
+        fixed: dict[str, Any] = {"gen_ai.operation.name": "chat", "gen_ai.request.model": model,
+                                 "server.address": static["server.address"]}
+        if static.get("server.port") is not None:
+            fixed["server.port"] = static["server.port"]
+        if static.get("engine"):
+            fixed["zccp.engine"] = static["engine"]
+        self.fixed = pb.attributes(9, fixed)
+        self.names = {n: pb.field(5, n.encode()) for n in (f"chat {model}", *CHILDREN)}
+        self.root_name = self.names[f"chat {model}"]
+        self._cache_attr: dict[str, bytes] = {}
+        self._upstream: dict[str, tuple[bytes, bytes]] = {}
+
+    def _cache(self, cache: str) -> bytes:
+        got = self._cache_attr.get(cache)
+        if got is None:
+            got = self._cache_attr[cache] = pb.attributes(9, {"zccp.cache.result": cache})
+        return got
+
+    def _upstream_parts(self, model: str) -> tuple[bytes, bytes]:
+        got = self._upstream.get(model)
+        if got is None:
+            if len(self._upstream) > 64:
+                self._upstream.clear()
+            got = self._upstream[model] = (pb.field(5, f"chat {model}".encode()), pb.attributes(
+                9, {"gen_ai.operation.name": "chat", "gen_ai.request.model": model}))
+        return got
+
+    def spans(self, rec: tuple[Any, ...], out: list[bytes]) -> None:
+        (ids, flags, tid, root_id, (nginx_start, admit_us), wall0, perf0, (submitted, admitted, first, last),
+         now, upstream, status, cache, slot, request_id, api, max_tokens, tenant, usage, response_id,
+         tracestate) = rec
+        cache = CACHE_NAMES.get(cache, "NONE")
+        parent = 0
+        if ids is not None:
+            ptid, psid = int.from_bytes(ids[0], "big"), int.from_bytes(ids[1], "big")
+            if ptid and psid:
+                parent, tid = psid, tid or ptid
+        tid_b = (tid or getrandbits(128) or 1).to_bytes(16, "big")
+        root = root_id or getrandbits(64) or 1
+        nginx_start = nginx_start or wall0
+        # the client's tracestate on every span of its trace (the SDK's children inherit it)
+        state = pb.field(3, tracestate.encode()) if tracestate else b""
+        names, span, head, under = self.names, pb.child_span, b"\x0a\x10" + tid_b + b"\x12\x08", \
+            state + b"\x22\x08" + root.to_bytes(8, "big")
+
+        def ns(t: float) -> int:
+            return wall0 + int((t - perf0) * 1e9)
+
+        def child(name: str, start: int, end: int, attrs: bytes = b"") -> None:
+            out.append(span(head, getrandbits(64) or 1, under, names[name], start, end, attrs))
+
+        if admit_us:
+            child("zccp.nginx.admit", nginx_start, nginx_start + admit_us * 1000)
+        if submitted:
+            child("zccp.engine.prepare", wall0, ns(submitted), self._cache(cache))
+            if admitted:
+                child("zccp.queue", ns(submitted), ns(admitted))
+                if first:
+                    child("zccp.prefill", ns(admitted), ns(first))
+            if first:
+                child("zccp.decode", ns(first), ns(last) if last else now)
+        elif status == 200:
+            child("zccp.cache.replay", wall0, now, self._cache(cache))
+        if upstream is not None:
+            up_id, up_model, up_start = upstream
+            name, up_attrs = self._upstream_parts(up_model)
+            out.append(pb.span(tid_b, up_id, root, name, pb.CLIENT, up_start, now, up_attrs,
+                            pb.ERROR if status != 200 else pb.UNSET, trace_state=state))
+        few = pb.few_valued
+        fixed = self.fixed + self._cache(cache) + few("http.response.status_code", status) + \
+            few("zccp.slot", slot) + few("zccp.api", api)
+        attrs: dict[str, Any] = {"zccp.request_id": request_id}
+        if max_tokens:
+            fixed += few("gen_ai.request.max_tokens", max_tokens)
+        if tenant is not None:
+            attrs["zccp.tenant"] = tenant.hex()     # a digest's first 8 bytes
+        if usage is not None:
+            attrs["gen_ai.usage.input_tokens"], attrs["gen_ai.usage.output_tokens"] = usage[0], usage[1]
+            fixed += few("gen_ai.response.finish_reasons", (usage[2],))
+        if response_id:
+            attrs["gen_ai.response.id"] = response_id
+        out.append(pb.span(tid_b, root, parent, self.root_name, pb.SERVER, min(nginx_start, wall0), now,
+                        fixed + pb.span_attributes(attrs),
+                        pb.ERROR if status >= 500 else pb.UNSET, parent_remote=bool(parent), trace_state=state))
+
+
+    def l1(self, rec: tuple[Any, ...], out: list[bytes]) -> None:
+        """An L1 hit's one span (nginx answered it alone): the request span, under the client's."""
+        _, tid_b, sid_b, flags, status, start, dur_us, api, request_id = rec
+        parent = tid = 0
+        if tid_b is not None:
+            ptid, psid = int.from_bytes(tid_b, "big"), int.from_bytes(sid_b, "big")
+            if ptid and psid:
+                parent, tid = psid, ptid
+        few = pb.few_valued
+        attrs = self.fixed + self._cache("HIT") + few("zccp.cache.layer", "L1") + \
+            few("http.response.status_code", status) + few("zccp.api", api) + \
+            pb.span_attributes({"zccp.request_id": request_id})
+        out.append(pb.span((tid or getrandbits(128) or 1).to_bytes(16, "big"), getrandbits(64) or 1, parent,
+                           self.root_name, pb.SERVER, start, start + dur_us * 1000, attrs,
+                           pb.ERROR if status >= 500 else pb.UNSET, parent_remote=bool(parent)))
+
+
+class BytesExporter(OTLPSpanExporter):
+    """The SDK's OTLP/HTTP exporter (its endpoint, headers, TLS, compression, timeout and retry
+    from the OTEL_EXPORTER_OTLP_* environment), sending a request already encoded."""
+
+    def export_encoded(self, data: bytes) -> bool:
+        return bool(self._client.export(data).success)
+
+
+def export(exporter: BytesExporter, encoder: pb.RequestEncoder, spans: list[bytes],
+           report: Callable[[str, int], None]) -> None:
+    for i in range(0, len(spans), BATCH):
+        chunk = spans[i:i + BATCH]
+        try:
+            ok = exporter.export_encoded(encoder.encode(chunk))
+        except Exception:      # an exporter bug loses this batch, not the process
+            ok = False
+        report("exported" if ok else "failed", len(chunk))
+
+
+def main() -> None:
+    # the engine's signals are the engine's: this process ends when its pipe does
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    inp, out = sys.stdin.buffer, sys.stdout.buffer
+    sys.stdout = sys.stderr            # nothing else may write into the counts
+
+    def report(what: str, n: int) -> None:
+        out.write(f"{what} {n}\n".encode())
+        out.flush()
+
+    static = read_frame(inp)
+    if static is None:
+        return
+    encoder = SpanEncoder(static)
+    endpoint = static.get("endpoint") or (None if any(os.environ.get(v) for v in ENDPOINT_VARS)
+                                          else "http://localhost:4318/v1/traces")
+    exporter = BytesExporter(endpoint=endpoint, timeout=5)
+    try:
+        while (batch := read_frame(inp)) is not None:
+            spans: list[bytes] = []
+            for rec in batch:
+                (encoder.l1 if rec[0] == L1 else encoder.spans)(rec, spans)
+            export(exporter, encoder.request, spans, report)
+    finally:
+        exporter.shutdown()
+
+
+if __name__ == "__main__":
+    main()
