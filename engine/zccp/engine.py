@@ -6,10 +6,9 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-import signal
 import threading
 import time
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 from zccp.abi import REQUEST_ID_MAX, EngineState, Kind, Op, SlotLayout, State, ffi
@@ -417,36 +416,3 @@ def _request_id(view: SlotView) -> str:
     except UnicodeDecodeError:
         return "<invalid>"
     return text if text.isprintable() else "<invalid>"
-
-
-def run_engine(cfg: Config) -> None:
-    async def main() -> None:
-        stop = asyncio.Event()
-        loop = asyncio.get_running_loop()
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            loop.add_signal_handler(sig, stop.set)
-        engine = Engine(cfg)
-        await engine.serve(stop)
-
-    name, factory = event_loop()
-    log.info("event loop: %s", name)
-    with asyncio.Runner(loop_factory=factory) as runner:
-        runner.run(main())
-
-
-def event_loop(env: Mapping[str, str] = os.environ) -> tuple[str, Callable[[], asyncio.AbstractEventLoop] | None]:
-    """uvloop (libuv: the loop, its transports and its timers in C; bench/engine_stages.md,
-    round 6) unless ZCCP_EVENT_LOOP=asyncio asks for the standard library's. uvloop asked for
-    by name and missing is an error; by default, missing, the standard library's runs."""
-    choice = env.get("ZCCP_EVENT_LOOP", "")
-    if choice == "asyncio":
-        return "asyncio", None
-    if choice not in ("", "uvloop"):
-        raise SystemExit(f"ZCCP_EVENT_LOOP={choice!r}: expected uvloop or asyncio")
-    try:
-        import uvloop
-    except ImportError:
-        if choice:
-            raise SystemExit("ZCCP_EVENT_LOOP=uvloop but uvloop is not installed (pip install uvloop)") from None
-        return "asyncio (uvloop not installed)", None
-    return "uvloop", uvloop.new_event_loop

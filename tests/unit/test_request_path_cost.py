@@ -15,7 +15,7 @@ import torch
 
 from zccp.api.common import random_id
 from zccp.doorbell import Connection, encode_notice
-from zccp.engine import event_loop
+from zccp.engine_main import event_loop
 from zccp.metrics import EngineMetrics
 from zccp.model.null import NullBackend
 from zccp.model.tokenizer import BOS, USER, ASSISTANT, PromptTooLong, encode_chat_into, encode_chat_into_host

@@ -84,7 +84,7 @@ def engine_main(argv: list[str] | None = None) -> None:
     import logging
 
     from zccp.arena import ArenaError
-    from zccp.engine import run_engine
+    from zccp.engine_main import run_engine
     from zccp.logs import setup_logging
 
     setup_logging(cfg.logging.level, cfg.logging.file)
