@@ -21,7 +21,8 @@ from pathlib import Path
 import httpx
 
 from tests.support.checkout import REPO, require_this_checkout
-from tests.support.harness import Stack, remove_socket_dirs
+from tests.support.harness import Stack
+from tests.support.leftovers import remove_socket_dirs
 
 
 def _post(c: httpx.Client, body: dict, headers: dict | None = None) -> tuple[float, int, str]:

@@ -26,7 +26,8 @@ import redis as redis_py
 
 from tests.support.cache_requests import ENGINE_ENV
 from tests.support.checkout import REPO, require_this_checkout
-from tests.support.harness import Stack, remove_socket_dirs
+from tests.support.harness import Stack
+from tests.support.leftovers import remove_socket_dirs
 
 NULL = {"backend": "null", "name": "zccp-tiny", "max_context": 200000}
 

@@ -29,7 +29,8 @@ import httpx
 
 from bench.keys import NULL, bodies_1k, body_1k, make_key, wrk_with
 from tests.support.checkout import REPO, require_this_checkout
-from tests.support.harness import Stack, remove_socket_dirs
+from tests.support.harness import Stack
+from tests.support.leftovers import remove_socket_dirs
 from zccp.ops.stack import nginx_paths
 from zccp.paths import lua_vendor_dir
 

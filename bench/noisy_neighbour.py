@@ -33,7 +33,8 @@ import httpx
 
 from tests.support.checkout import REPO, require_this_checkout
 from zccp.model.tokenizer import EOS
-from tests.support.harness import Stack, remove_socket_dirs
+from tests.support.harness import Stack
+from tests.support.leftovers import remove_socket_dirs
 
 CHAT = "/v1/chat/completions"
 VICTIM = {"model": "zccp-tiny", "max_tokens": 8, "temperature": 0, "messages": [{"role": "user", "content": "Hi"}]}

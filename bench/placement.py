@@ -21,7 +21,8 @@ from pathlib import Path
 
 import httpx
 
-from tests.support.harness import REPO, Stack, remove_socket_dirs
+from tests.support.harness import REPO, Stack
+from tests.support.leftovers import remove_socket_dirs
 
 HIT = {"model": "zccp-tiny", "max_tokens": 16, "temperature": 0, "messages": [{"role": "user", "content": "hit me"}]}
 _UNITS = {"us": 1e-3, "ms": 1.0, "s": 1e3}

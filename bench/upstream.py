@@ -31,7 +31,8 @@ import yaml
 
 from bench.procs import delta, snapshot
 from tests.support.checkout import REPO, require_this_checkout
-from tests.support.harness import Stack, remove_socket_dirs
+from tests.support.harness import Stack
+from tests.support.leftovers import remove_socket_dirs
 from zccp.ops.stack import free_port
 
 UP_MODEL, GW_MODEL = "zccp-up", "zccp-gw"
