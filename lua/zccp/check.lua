@@ -1,8 +1,10 @@
--- `zccp-nginx check` (engine/zccp/ops/nginx_check.py): run by init_by_lua of a throwaway
--- nginx (the operator's own binary, no listener), so the mask patterns are compiled by the
--- PCRE and the plugins loaded by the LuaJIT that nginx will use. Nothing is written but the
--- report: no last-good file, no plugin copy kept. One line per refusal, "file:line: why".
+-- `zccp-nginx check` and `zccp-stack reload`'s check (engine/zccp/ops/nginx_check.py): run
+-- by init_by_lua of a throwaway nginx (the operator's own binary, no listener), so the mask
+-- patterns are compiled by the PCRE and the plugins loaded by the LuaJIT that nginx will use.
+-- Nothing is written but the report: no last-good file, no plugin copy kept in force. One
+-- line per refusal, "file:line: why".
 local ipairs = ipairs
+local pairs = pairs
 local pcall = pcall
 local tostring = tostring
 local io_open = io.open
@@ -66,6 +68,18 @@ function _M.run(opts)
         f:write(concat(out, "\n"), "\n")
         f:close()
     end
+end
+
+-- The options of a rendered init_by_lua (zccp.init's, `zccp-stack reload`): checked as
+-- above, with the settings nginx would start with. dir: a scratch directory with an empty
+-- last_good/ (the plugins' good copies go there, not over the ones in force).
+function _M.run_rendered(opts, dir)
+    local plugins = {}
+    for k, v in pairs(opts.plugins) do
+        plugins[k] = v
+    end
+    plugins.last_good = dir .. "/last_good"
+    _M.run({ mask_patterns = opts.mask_patterns, report = dir .. "/report", plugins = plugins, settings = opts })
 end
 
 return _M

@@ -12,6 +12,13 @@ local _M = { _VERSION = "0.1.0" }
 local REFRESH_S = 1
 
 function _M.init(opts)
+    -- `zccp-stack reload`'s check (zccp.ops.nginx_check): this nginx is a throwaway one that
+    -- only reports what it would refuse, and ends before it opens a listener
+    local check_dir = os.getenv("ZCCP_CHECK_DIR")
+    if check_dir then
+        require("zccp.check").run_rendered(opts, check_dir)
+        os.exit(0)
+    end
     settings.set(opts)
     abi.init(opts.abi_header)
     -- Compile the operator's mask patterns now: a broken one is logged by name and
@@ -27,9 +34,6 @@ function _M.init(opts)
     -- A plugin that does not load with no good copy in force stops nginx here (a reload
     -- under HUP keeps going with it refusing its requests: zccp.core.pipeline).
     require("zccp.core.pipeline").init(opts.plugins)
-    if os.getenv("ZCCP_CHECK_ONLY") == "1" then   -- zccp.ops.stack_reload's check: loaded, done
-        os.exit(0)
-    end
     require("zccp.handler")
     -- L1 outlives a reload (the dict is kept): the masks or cache.scope may have changed.
     -- Through the l1 plugin's hook: without l1 in the chain, nothing touches L1.

@@ -300,24 +300,22 @@ def _stack_status(cfg: Config, run_dir: Path) -> int:
 
 def _stack_reload(cfg: Config, run_dir: Path) -> int:
     from zccp.config import mask_state_path
-    from zccp.ops.nginx_check import CheckError, run_check
     from zccp.ops.stack import StackError, reload_masks
     from zccp.ops.stack_reload import RenderError, plugins_refused, rerender_nginx
 
-    try:   # what nginx would refuse, by file and line: then no reload (zccp-nginx check)
-        check = run_check(cfg)
-    except CheckError as exc:
+    try:   # config.yaml again: the plugin chain, its settings, the rest of nginx's config
+        check = rerender_nginx(cfg, run_dir)
+    except (StackError, RenderError) as exc:
         print(f"zccp-stack: {exc}", file=sys.stderr)
         return 1
-    if not check.ok:
+    if not check.ok:   # what nginx would refuse, by file and line (zccp-nginx check's): no reload
         for e in check.errors:
             print(e, file=sys.stderr)
         print("zccp-stack: not reloaded: nginx would refuse the above (fix them, then reload)", file=sys.stderr)
         return 1
-    try:   # config.yaml again: the plugin chain, its settings, the rest of nginx's config
-        rerender_nginx(cfg, run_dir)
+    try:
         m = reload_masks(cfg, run_dir)
-    except (StackError, RenderError) as exc:
+    except StackError as exc:
         print(f"zccp-stack: {exc}", file=sys.stderr)
         return 1
     refused = plugins_refused(cfg)

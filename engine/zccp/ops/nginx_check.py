@@ -6,10 +6,15 @@ runs the operator's nginx binary in a temporary prefix with a minimal configurat
 listener, one process) whose init_by_lua is zccp.check: the same PCRE and LuaJIT as the
 real nginx, nothing of the real one touched. Documented reload line:
 `zccp-nginx check && nginx -t && systemctl reload nginx` (docs/existing-nginx.md).
+
+`zccp-stack reload` runs the same check (zccp.check, the same report) on the stack's own
+rendered configuration instead: `check_rendered`, one throwaway nginx (zccp.init hands its
+settings to zccp.check when ZCCP_CHECK_DIR is set).
 """
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
 import tempfile
@@ -113,20 +118,43 @@ def run_check(cfg: Config, nginx: str | None = None) -> CheckResult:
                                capture_output=True, text=True, timeout=120)
         except subprocess.TimeoutExpired:
             raise CheckError(f"{nginx} did not end the check within 120 s") from None
-        report = tmp / "report"
-        if not report.exists():
-            log = (tmp / "logs" / "error.log")
-            said = (r.stderr + (log.read_text(errors="replace") if log.exists() else "")).strip()
-            raise CheckError(f"{nginx} could not run the check (exit {r.returncode}): {said[-2000:]}")
-        res = CheckResult()
-        for line in report.read_text(errors="replace").splitlines():
-            kind, _, text = line.partition("\t")
-            if kind == "mask":
-                res.errors.append(text)
-            elif kind == "plugin":
-                res.errors.append(in_config(text, cfg.path))
-            elif kind == "masks":
-                res.masks = int(text)
-            elif kind == "plugins":
-                res.plugins = int(text)
-        return res
+        return _report(tmp, r, nginx, cfg)
+
+
+def check_rendered(nginx: str, prefix: Path, nginx_conf: Path, cfg: Config) -> CheckResult:
+    """The check on a rendered nginx.conf (`zccp-stack reload`'s): its init_by_lua, with
+    ZCCP_CHECK_DIR set, runs zccp.check with the settings it would start with; the good
+    copies go to a scratch directory, the ones in force are not touched."""
+    with tempfile.TemporaryDirectory(prefix="zccp-check-") as d:
+        tmp = Path(d)
+        (tmp / "logs").mkdir()
+        (tmp / "last_good").mkdir()
+        try:
+            r = subprocess.run([nginx, "-p", str(prefix), "-e", str(tmp / "logs" / "error.log"),
+                                "-c", str(nginx_conf), "-g", "daemon off; master_process off;"],
+                               capture_output=True, text=True, timeout=120,
+                               env=dict(os.environ, ZCCP_CHECK_DIR=str(tmp)))
+        except subprocess.TimeoutExpired:
+            raise CheckError(f"{nginx} did not end the check within 120 s") from None
+        return _report(tmp, r, nginx, cfg)
+
+
+def _report(tmp: Path, r: subprocess.CompletedProcess[str], nginx: str, cfg: Config) -> CheckResult:
+    """zccp.check's report (<tmp>/report): one "kind<TAB>text" line per refusal, then the counts."""
+    report = tmp / "report"
+    if not report.exists():
+        log = (tmp / "logs" / "error.log")
+        said = (r.stderr + (log.read_text(errors="replace") if log.exists() else "")).strip()
+        raise CheckError(f"{nginx} could not run the check (exit {r.returncode}): {said[-2000:]}")
+    res = CheckResult()
+    for line in report.read_text(errors="replace").splitlines():
+        kind, _, text = line.partition("\t")
+        if kind == "mask":
+            res.errors.append(text)
+        elif kind == "plugin":
+            res.errors.append(in_config(text, cfg.path))
+        elif kind == "masks":
+            res.masks = int(text)
+        elif kind == "plugins":
+            res.plugins = int(text)
+    return res

@@ -2,23 +2,23 @@
 from config.yaml (the plugin chain and its settings among it) and tested with `nginx -t`
 before the HUP; and, after it, the plugins nginx refused (docs/plugins.md).
 
-A throwaway nginx loads every plugin of the chain (zccp.core.pipeline.init, stopped once
-its init is done: `nginx -t` does not run init_by_lua): a plugin that does
-not load with no good copy in force, settings against a plugin's schema, or a chain
-against a plugin's declared order fail it, named by file and line or key; the files in
-force are then put back, and nginx is not signalled.
+`nginx -t` does not run init_by_lua: one throwaway nginx on the rendered configuration runs
+zccp-nginx check's zccp.check with the settings nginx would start with (the mask patterns
+compiled, every plugin of the chain loaded, settings against a plugin's schema, the chain
+against a plugin's declared order) and ends before it opens a listener. What it refuses is
+named by file and line; the files in force are then put back, and nginx is not signalled.
 """
 
 from __future__ import annotations
 
 import contextlib
 import json
-import os
 import shutil
 import subprocess
 from pathlib import Path
 
 from zccp.config import Config
+from zccp.ops.nginx_check import CheckError, CheckResult, check_rendered
 from zccp.ops.nginx_conf import render
 from zccp.runtime import log_dir
 
@@ -29,9 +29,10 @@ class RenderError(RuntimeError):
     """The configuration could not be rendered or nginx -t refused it; the message says why."""
 
 
-def rerender_nginx(cfg: Config, run_dir: Path) -> None:
-    """Renders the stack's nginx files (<run_dir>/nginx) again and tests them; on a refusal
-    the previous files are put back and RenderError names what nginx said."""
+def rerender_nginx(cfg: Config, run_dir: Path) -> CheckResult:
+    """Renders the stack's nginx files (<run_dir>/nginx) again, tests them and checks them
+    (zccp.check); on a refusal the previous files are put back: RenderError names what nginx
+    -t said, or the CheckResult returned has the masks and plugins refused, "file:line: why"."""
     prefix = run_dir / "nginx"
     saved = {n: (prefix / n).read_bytes() for n in _FILES if (prefix / n).exists()}
 
@@ -51,19 +52,14 @@ def rerender_nginx(cfg: Config, run_dir: Path) -> None:
     if test.returncode != 0:
         restore()
         raise RenderError(f"nginx -t refused the new configuration (the running one stays):\n{test.stderr}")
-    # nginx -t does not run init_by_lua: load the chain in a throwaway nginx that stops once
-    # its init is done (zccp.init, ZCCP_CHECK_ONLY), before it opens a listening socket.
     try:
-        chk = subprocess.run([exe, "-p", str(prefix), "-c", str(rendered.nginx_conf), "-g",
-                              "daemon off; master_process off;"], capture_output=True, text=True, timeout=60,
-                             env=dict(os.environ, ZCCP_CHECK_ONLY="1"))
-    except subprocess.TimeoutExpired:
+        check = check_rendered(exe, prefix, rendered.nginx_conf, cfg)
+    except CheckError as exc:
         restore()
-        raise RenderError("the plugin chain's check did not finish within 60 s") from None
-    if chk.returncode != 0:
+        raise RenderError(str(exc)) from None
+    if not check.ok:
         restore()
-        said = "\n".join(x for x in chk.stderr.splitlines() if "init_by_lua error" in x or "refused" in x)
-        raise RenderError(f"nginx refused the new plugin chain (the running one stays):\n{said or chk.stderr}")
+    return check
 
 
 def plugins_refused(cfg: Config) -> list[str]:
