@@ -43,7 +43,8 @@ from bench.run import canned_reply
 from bench.services import Variant, start_a
 from tests.support.cache_requests import ENGINE_ENV
 from tests.support.checkout import REPO, require_this_checkout
-from tests.support.harness import Stack, remove_socket_dirs
+from tests.support.harness import Stack
+from tests.support.leftovers import remove_socket_dirs
 from zccp.paths import lua_vendor_dir
 
 NULL = {"backend": "null", "name": "zccp-tiny", "max_context": 200000}

@@ -6,7 +6,9 @@ without limits (bench/keys.py's "keys" row) and one with them ("keys+limits").
     PYTHONPATH=engine python -m bench.keys_pieces [--n 5000] [--repeats 15] \
         [--commit C] [--once S [--bodies N]] [--out bench/keys_pieces.json --label before|after]
 
-Each piece: the least of --repeats runs of --n calls (the machine is shared). --commit runs
+Each piece: the least of --repeats runs of --n calls (the machine is shared), timed on the
+worker thread's CPU clock (CLOCK_THREAD_CPUTIME_ID: time preempted by other processes is not
+charged; each reading is a system call, a few hundred ns added to every piece). --commit runs
 another commit's lua/ (git archive) in the same stack: the before of a change. Prints a
 table (piece, ns per call); with --out, adds it to that JSON under --label, which
 bench/keys.py renders as bench/keys.md's attribution table.
@@ -29,7 +31,8 @@ import httpx
 
 from bench.keys import NULL, bodies_1k, body_1k, make_key, wrk_with
 from tests.support.checkout import REPO, require_this_checkout
-from tests.support.harness import Stack, remove_socket_dirs
+from tests.support.harness import Stack
+from tests.support.leftovers import remove_socket_dirs
 from zccp.ops.stack import nginx_paths
 from zccp.paths import lua_vendor_dir
 
