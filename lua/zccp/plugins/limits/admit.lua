@@ -228,7 +228,9 @@ function _M.settle(r)
         end
     end
     local acc = w.acc
-    flush.dirty(w)
+    if not acc.dirty then   -- the window's first request since the last flush
+        flush.dirty(w)
+    end
     acc.requests = acc.requests + 1
     acc.status[status] = (acc.status[status] or 0) + 1
     acc.input_tokens = acc.input_tokens + used_in
