@@ -6,7 +6,9 @@ without limits (bench/keys.py's "keys" row) and one with them ("keys+limits").
     PYTHONPATH=engine python -m bench.keys_pieces [--n 5000] [--repeats 15] \
         [--commit C] [--once S [--bodies N]] [--out bench/keys_pieces.json --label before|after]
 
-Each piece: the least of --repeats runs of --n calls (the machine is shared). --commit runs
+Each piece: the least of --repeats runs of --n calls (the machine is shared), timed on the
+worker thread's CPU clock (CLOCK_THREAD_CPUTIME_ID: time preempted by other processes is not
+charged; each reading is a system call, a few hundred ns added to every piece). --commit runs
 another commit's lua/ (git archive) in the same stack: the before of a change. Prints a
 table (piece, ns per call); with --out, adds it to that JSON under --label, which
 bench/keys.py renders as bench/keys.md's attribution table.
@@ -34,7 +36,8 @@ from tests.support.leftovers import remove_socket_dirs
 from zccp.ops.stack import nginx_paths
 from zccp.paths import lua_vendor_dir
 
-PARTS = ("auth.admit", "limits.admit", "limits.settle", "usage_log.line (with the request id)")   # keys_once.lua
+PARTS = ("auth.admit", "limits.admit", "limits.settle", "usage_log.line (with the request id)",
+         "nothing (the clock's own cost)")   # keys_once.lua
 LOCATION = """
 location = /zccp-bench/pieces {
     client_max_body_size 64k;

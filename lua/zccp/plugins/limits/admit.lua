@@ -39,7 +39,8 @@ local math_ceil = math.ceil
 local math_max = math.max
 
 local N, CONC, NAMES = windows.N, windows.CONC, windows.NAMES
-local reset_in, refuse, owe = windows.reset_in, headers.refuse, flush.owe
+local reset_in, refuse, owe, metered = windows.reset_in, headers.refuse, flush.owe, flush.metered
+local flush_started = false   -- this worker's flush timer runs (settle: no call per request once it does)
 
 local _M = { _VERSION = "0.3.0" }
 
@@ -69,13 +70,14 @@ function _M.admit(r)
     end
     local now = ngx_now()
     local w = windows.of(who, now)
+    if not _M.limited(who) then   -- nothing to reserve: only metered when the answer ends (settle)
+        r.limits = { who = who, w = w, admitted = false, kind = kind, api = api, rid = rid }
+        return true
+    end
     local est_in = not kind and body and math_ceil(#body / BYTES_PER_TOKEN) or 0
     local ticket = { who = who, w = w, est_in = est_in, est_out = 0, admitted = false, kind = kind, api = api,
                      rid = rid }
     r.limits = ticket   -- metered when the answer ends (settle), refused or not
-    if not _M.limited(who) then
-        return true   -- nothing to reserve
-    end
     local scopes = w.scopes
     if now < denied_until then
         for s = 1, 2 do
@@ -186,9 +188,10 @@ function _M.settle(r)
     if served then
         t.input, t.output, t.cache = served.input, served.output, served.cache
     end
-    if not flush.start() then
+    if not flush_started and not flush.start() then
         return
     end
+    flush_started = true
     local status, cache = ngx.status, t.cache
     local hit = cache == "HIT" or cache == "NEAR"     -- the engine's or L1's: zero model tokens
     local model = not hit and not t.kind             -- count_tokens, models: no model tokens
@@ -225,7 +228,9 @@ function _M.settle(r)
         end
     end
     local acc = w.acc
-    flush.dirty(w)
+    if not acc.dirty then   -- the window's first request since the last flush
+        flush.dirty(w)
+    end
     acc.requests = acc.requests + 1
     acc.status[status] = (acc.status[status] or 0) + 1
     acc.input_tokens = acc.input_tokens + used_in
@@ -234,9 +239,11 @@ function _M.settle(r)
         acc.cache_hits = acc.cache_hits + 1
     end
     acc.saved_tokens = acc.saved_tokens + saved
-    local m = flush.metered[t.api]
-    if m then
-        m[1], m[2], m[3] = m[1] + used_in, m[2] + used_out, m[3] + saved
+    if used_in ~= 0 or used_out ~= 0 or saved ~= 0 then
+        local m = metered[t.api]
+        if m then
+            m[1], m[2], m[3] = m[1] + used_in, m[2] + used_out, m[3] + saved
+        end
     end
     if usage_log.enabled() then
         flush.line(usage_log.line(t, t.rid or ngx.var.zccp_request_id, status, used_in, used_out, saved, cache))

@@ -38,8 +38,8 @@ end
 function _M.put(r, name, value)
     if r then
         local rc
-        if proven then
-            rc = set(r, name, value)
+        if proven then   -- the call inline: one Lua call less per header (most runs interpreted)
+            rc = C.ngx_http_lua_ffi_set_resp_header(r, name, #name, false, value, #value, nil, 0, 1, errmsg)
         else
             local ok, res = pcall(set, r, name, value)
             if ok then
