@@ -123,6 +123,25 @@ def wait_standby(cid: str, log: Callable[[], str], timeout: float = 120.0) -> bo
     raise RuntimeError("the standby did not get ready")
 
 
+def kill_rounds(url: str, kills: int, settle: float, rows: list[float], ready: Callable[[], bool],
+                host_pid: Callable[[], int]) -> bool:
+    """`kills` rounds of: a 200, the runner's standby ready (`ready`: False when it has none),
+    `settle` s more, SIGKILL to the serving engine (`host_pid`), then probes until a 200;
+    each kill's seconds to that 200 appended to `rows`. Whether a standby was waited for."""
+    standby = False
+    for i in range(kills):
+        probe_until_200(url)
+        standby = ready()
+        time.sleep(settle)
+        pid = host_pid()
+        killed = time.monotonic()
+        os.kill(pid, signal.SIGKILL)
+        back = probe_until_200(url)
+        rows.append(back - killed)
+        print(f"kill {i + 1}: first 200 after {back - killed:.2f} s", flush=True)
+    return standby
+
+
 def engine_host_pid() -> int:
     """The serving engine's pid on the host, among the engine container's processes."""
     return serving_engine(container_pids(dc("ps", "-q", "engine").strip()))
@@ -154,16 +173,9 @@ def main() -> None:
         loaders = [threading.Thread(target=load, args=(url, stop), daemon=True) for _ in range(2)]
         for t in loaders:
             t.start()
-        for i in range(a.kills):
-            probe_until_200(url)
-            standby = wait_standby(dc("ps", "-q", "engine").strip(), lambda: dc("logs", "engine"))
-            time.sleep(a.settle)
-            pid = engine_host_pid()
-            killed = time.monotonic()
-            os.kill(pid, signal.SIGKILL)
-            back = probe_until_200(url)
-            rows.append(back - killed)
-            print(f"kill {i + 1}: first 200 after {back - killed:.2f} s", flush=True)
+        standby = kill_rounds(url, a.kills, a.settle, rows,
+                              lambda: wait_standby(dc("ps", "-q", "engine").strip(), lambda: dc("logs", "engine")),
+                              engine_host_pid)
         cid = dc("ps", "-q", "engine").strip()
         restarts.append(int(subprocess.run(["docker", "inspect", "-f", "{{.RestartCount}}", cid],
                                            capture_output=True, text=True).stdout.strip() or -1))

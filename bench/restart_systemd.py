@@ -17,19 +17,16 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import re
 import shutil
-import signal
 import statistics
 import subprocess
 import tempfile
 import threading
-import time
 from datetime import datetime
 from pathlib import Path
 
-from bench.restart_compose import REPO, container_pids, load, probe_until_200, serving_engine, wait_standby
+from bench.restart_compose import REPO, container_pids, kill_rounds, load, probe_until_200, serving_engine, wait_standby
 
 IMAGE, NAME = "zccp:systemd-bench", "zccp-systemd-bench"
 
@@ -95,16 +92,8 @@ def main() -> None:
         for t in loaders:
             t.start()
         journal = ("exec", NAME, "journalctl", "-u", "zccp-engine", "-o", "short-iso-precise", "--no-pager")
-        for i in range(a.kills):
-            probe_until_200(url)
-            standby = wait_standby(NAME, lambda: docker(*journal))
-            time.sleep(a.settle)
-            pid = engine_host_pid()
-            killed = time.monotonic()
-            os.kill(pid, signal.SIGKILL)
-            back = probe_until_200(url)
-            rows.append(back - killed)
-            print(f"kill {i + 1}: first 200 after {back - killed:.2f} s", flush=True)
+        standby = kill_rounds(url, a.kills, a.settle, rows, lambda: wait_standby(NAME, lambda: docker(*journal)),
+                              engine_host_pid)
         log = docker(*journal)
     finally:
         stop.set()
