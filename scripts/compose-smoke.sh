@@ -183,6 +183,22 @@ done
 say "engine SIGKILLed (pid $pid): back on /health with a new arena epoch after ${recovery} s, requests answered 200"
 wait_healthy 60
 
+# --- nginx crash: SIGKILL its master; docker restarts the container, whose admin socket the
+# killed nginx left in the run volume (zccp.lib.stale_socket removes it: else bind() fails) --
+nginx_id=$(dc ps -q nginx)
+restarts=$(docker inspect -f '{{.RestartCount}}' "$nginx_id")
+# shellcheck disable=SC2016  # expanded in the container
+dc exec -T nginx sh -c 'kill -9 $(cat /run/zccp-nginx/nginx.pid)' || die "could not kill nginx's master"
+t0=$SECONDS; recovery=""
+while (( SECONDS - t0 < 120 )); do
+    [ "$(docker inspect -f '{{.RestartCount}}' "$nginx_id")" -gt "$restarts" ] \
+        && "$PY" scripts/compose_smoke.py health >/dev/null 2>&1 && { recovery=$((SECONDS - t0)); break; }
+    sleep 0.5
+done
+[ -n "$recovery" ] || die "nginx did not come back after SIGKILL: $(docker logs --tail 5 "$nginx_id" 2>&1)"
+wait_healthy 120
+say "nginx's master SIGKILLed: the container restarted on the old admin socket, /health 200 after ${recovery} s"
+
 # --- TLS + HTTP/2 on the published port (server.tls, http2; deploy/README.md) ----------------
 TLS_DIR=deploy/docker/tls
 CONF=deploy/docker/config.yaml

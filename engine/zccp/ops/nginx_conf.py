@@ -391,6 +391,8 @@ def render(cfg: Config, out: Path, standalone: bool = False, prefix: Path | None
     # empty at boot, and nginx may run as another user than the renderer (containers)
     default_dir = Path(cfg.server.socket_path).parent / "admin"
     values["admin_socket_dir"] = _safe(str(admin_dir), "admin socket directory") if admin_dir == default_dir else ""
+    listen = cfg.server.admin_listen or ""
+    values["admin_socket"] = _safe(listen[5:], "server.admin_listen") if listen.startswith("unix:") else ""
     http_conf = out / "zccp_http.conf"
     server_conf = out / "zccp_server.conf"
     http_conf.write_text(_fill(nginx_template("zccp_http.conf").read_text(), values, "zccp_http.conf"))

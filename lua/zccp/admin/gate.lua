@@ -15,12 +15,6 @@ int mkdir(const char *path, unsigned int mode);
 int chmod(const char *path, unsigned int mode);
 unsigned int geteuid(void);
 ]])
--- statx(2): one layout on every architecture (struct stat's differs)
-pcall(ffi.cdef, [[
-struct zccp_statx { uint32_t mask, blksize; uint64_t attributes; uint32_t nlink, uid, gid;
-                    uint16_t mode, spare0; uint64_t rest[30]; };
-int statx(int dirfd, const char *path, int flags, unsigned int mask, struct zccp_statx *buf);
-]])
 
 local ngx = ngx
 local ngx_var = ngx.var

@@ -19,6 +19,9 @@ size_t strcspn(const uint8_t *s, const char *reject);
 typedef long zccp_time_t;
 struct zccp_timespec { zccp_time_t tv_sec; long tv_nsec; };
 int clock_gettime(int clk_id, struct zccp_timespec *tp);
+struct zccp_statx { uint32_t mask, blksize; uint64_t attributes; uint32_t nlink, uid, gid;
+                    uint16_t mode, spare0; uint64_t rest[30]; };
+int statx(int dirfd, const char *path, int flags, unsigned int mask, struct zccp_statx *buf);
 ]]
 
 -- POSIX/Linux values (these are the OS's constants, not ZCCP's ABI).
