@@ -24,8 +24,12 @@ local ngx_on_abort = ngx.on_abort
 local ngx_var = ngx.var
 local ngx_header = ngx.header
 local ngx_now = ngx.now
+local ngx_log = ngx.log
+local ngx_ERR = ngx.ERR
 local tonumber = tonumber
 local error = error
+local xpcall = xpcall
+local traceback = debug.traceback
 local setmetatable = setmetatable
 local run = pipeline.run
 local DONE = pipeline.DONE
@@ -139,6 +143,28 @@ local function on_abort()
     end
 end
 
+-- serve()'s work once r is in ngx.ctx: the core's checks, the plugin phases, the engines.
+local function serve_request(r, state, api, kind, s)
+    local admitted, len = admit(api, kind, s)
+    if not admitted then
+        return
+    end
+    if run("access", r) == DONE then   -- the API key: 401 before the body
+        return
+    end
+    if not prepare(r, s, len) then
+        return
+    end
+    -- Registered only for the engine's wait (zccp.core.relay reads state.aborted), not before:
+    -- ngx.on_abort makes a coroutine per call (a cost an L1 hit need not pay), and a
+    -- client gone while nothing is claimed yet (the body, the plugins' Redis calls) has the
+    -- Lua module end the request there, its log phase still run (lua_check_client_abort).
+    live[request_key()] = state
+    ngx_on_abort(on_abort)
+    watch_client()   -- the body read may have left nginx's block_reading (zccp.core.client_gone)
+    return core.attempts(r, state)
+end
+
 -- Content handler for POST /v1/messages ("anthropic") and /v1/chat/completions ("openai");
 -- kind: "purge" or "warmup" (admin listener), "count_tokens" or "models" (GET);
 -- endpoint: "completions" or "responses" (api "openai": /v1/completions, /v1/responses).
@@ -161,24 +187,17 @@ function _M.serve(api, kind, endpoint)
     local r = setmetatable({ api = api, kind = kind, kind_name = kind_name, endpoint = endpoint, request_id = rid,
                              admin = ADMIN_KINDS[kind or ""] ~= nil, state = state, t0 = t0 }, R_MT)
     ngx.ctx.zccp = r
-    local admitted, len = admit(api, kind, s)
-    if not admitted then
-        return
+    local ok, err = xpcall(serve_request, traceback, r, state, api, kind, s)
+    if not ok then
+        -- Answered here, not by nginx's error_page: its redirect to @zccp_error_* starts the
+        -- request over with an empty ngx.ctx, so this location's log phase (the plugins'
+        -- settle: limits' reservation, the usage record) would never see r.
+        ngx_log(ngx_ERR, "zccp: request ", rid, " failed in the gateway: ", err)
+        if not ngx.headers_sent then
+            return errors.send(api, 500, "api_error", "internal error in the gateway")
+        end
+        return ngx.exit(ngx.ERROR)   -- mid-answer: the connection ends; the log phase still runs
     end
-    if run("access", r) == DONE then   -- the API key: 401 before the body
-        return
-    end
-    if not prepare(r, s, len) then
-        return
-    end
-    -- Registered only for the engine's wait (zccp.core.relay reads state.aborted), not before:
-    -- ngx.on_abort makes a coroutine per call (a cost an L1 hit need not pay), and a
-    -- client gone while nothing is claimed yet (the body, the plugins' Redis calls) has the
-    -- Lua module end the request there, its log phase still run (lua_check_client_abort).
-    live[request_key()] = state
-    ngx_on_abort(on_abort)
-    watch_client()   -- the body read may have left nginx's block_reading (zccp.core.client_gone)
-    return core.attempts(r, state)
 end
 
 -- log_by_lua of the API locations: the plugins' log phase (api nil: no request metrics);
