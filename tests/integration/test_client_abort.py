@@ -148,6 +148,12 @@ def settled_as_generated(s: Stack, tenant: str, slot: int, seen: int) -> None:
     assert line["output_tokens"] < MAX_TOKENS
 
 
+def logged_499s(s: Stack) -> int:
+    """The access log's lines of answers whose client left before them (nginx's 499)."""
+    return sum(1 for line in s.log("nginx-access.log").splitlines()
+               if '"uri":"/v1/messages"' in line and '"status":499' in line)
+
+
 def next_request_served(s: Stack, key: str) -> None:
     with s.client() as c:
         r = c.post("/v1/messages", json=anthropic_body("after", max_tokens=4), headers={"x-api-key": key})
@@ -159,11 +165,13 @@ def test_http11_whole_answer_client_leaves(clear, tls, on_tls):
     s = tls if on_tls else clear
     tenant = f"h1whole{int(on_tls)}"
     key = keys_cli(s, "create", "--tenant", tenant)["key"]
+    left = logged_499s(s)
     conn = open_h1(s, dumps(anthropic_body("long", max_tokens=MAX_TOKENS)), key)
     slot = busy_slot(s)
     seen = tokens_seen(s, slot)
     close_h1(conn)
     settled_as_generated(s, tenant, slot, seen)
+    wait_for("its 499 in the access log", lambda: logged_499s(s) > left)   # not a 200 nobody got
     next_request_served(s, key)
 
 

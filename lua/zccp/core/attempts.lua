@@ -46,6 +46,7 @@ end
 
 local MAX_ATTEMPTS = 2  -- a ring rejected as stale after an engine restart is retried once
 local RETRY_AFTER = { ["Retry-After"] = "1" }
+local CLIENT_CLOSED = 499   -- nginx's own code for a client that left before its answer
 _M.RETRY_AFTER = RETRY_AFTER
 
 -- Streams nginx ended although the answer went on (limits.stream_*): the metric's
@@ -91,7 +92,12 @@ local function respond(api, slot, outcome, res, r)
         return "retry"
     end
     if outcome == "client closed the connection" then
-        return   -- nobody is listening; the access log shows the client's close
+        if not ngx.headers_sent then
+            -- nginx's "client closed request" in the access log and the status metrics, not
+            -- the 200 an unset status would say (what goes out goes to nobody)
+            ngx.status = CLIENT_CLOSED
+        end
+        return
     end
     ngx_log(outcome == "timeout" and ngx_WARN or ngx_ERR, "zccp: request ", slot.request_id, " (context ",
             slot.ctx_hex, ") on slot ", slot.index, ": ", outcome)
