@@ -5,7 +5,8 @@ each round's own ratio (D-nocache_i / B_i, D_i / A_i): the two sides of a ratio 
 apart, so a burst of other load moves both, and one lucky or unlucky round (of either side)
 does not decide it. When a median falls below its floor, one more set of rounds runs and the
 verdict is the median of all of them (a burst that lasted a whole set).
-Exit 1 when a ratio falls below its floor; the numbers are printed either way.
+Exit 1 when a ratio falls below its floor, or when the engine's CPU per streamed token
+(bench.per_token, a few seconds) is above its ceiling; the numbers are printed either way.
 
     python -m bench.guard [--seconds 2] [--rounds 7] [--conc 16] [--json F]
 
@@ -36,6 +37,12 @@ MISS_FLOOR = 1.2           # D-nocache / B   (issue 29's floor, met on a loaded 
 HIT_FLOOR = 0.45           # D / A           (issue 29's floor; target 0.8)
 TARGET_MISS_FLOOR = 1.2
 TARGET_HIT_FLOOR = 0.45
+# The per-token row (issue 47): the engine's CPU per streamed output token beyond the model's
+# forward (bench/per_token.py, null backend), a ceiling above today's figure on a loaded host
+# (bench/per_token.md) so that a feature that starts running per token for every request fails
+# here; the target is 20 µs.
+PER_TOKEN_CEILING_US = 250.0
+PER_TOKEN_TARGET_US = 20.0
 SLOTS = 32                 # >= the concurrency: no 429s
 MODES = [("A", "A", False), ("B", "B", False), ("D", "D", False), ("D-nocache", "D", True)]
 
@@ -117,6 +124,16 @@ def run(seconds: float, rounds: int, conc: int) -> dict:
     return dict(res, rounds=runs, extra_set=again, load1=os.getloadavg()[0])
 
 
+def per_token_us(tokens: int = 2000, requests: int = 3) -> float:
+    """The engine's model-thread CPU per streamed token beyond the forward (bench.per_token)."""
+    from bench.per_token import run as per_token_run
+    from bench.per_token import sleep_cpu_ns
+
+    forward = sleep_cpu_ns(5000)
+    row = per_token_run(True, tokens, requests, None, "null")
+    return (row["model_thread_ns"] - forward) / 1000
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--seconds", type=float, default=2.0, help="per measured run")
@@ -125,6 +142,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--json", type=Path)
     args = ap.parse_args(argv)
     res = run(args.seconds, args.rounds, args.conc)
+    res["per_token_us"] = per_token_us()
     if args.json:
         args.json.write_text(json.dumps(res, indent=1))
     ok = True
@@ -134,6 +152,11 @@ def main(argv: list[str] | None = None) -> int:
         ok &= passed
         print(f"bench guard: {what} = {value:.2f}x, median of the rounds' own ratios (floor {floor}, "
               f"issue 29's floor {target}): {'ok' if passed else 'BELOW THE FLOOR'}")
+    under = res["per_token_us"] <= PER_TOKEN_CEILING_US
+    ok &= under
+    print(f"bench guard: per token: {res['per_token_us']:.1f} µs of engine CPU per streamed token beyond the "
+          f"forward (ceiling {PER_TOKEN_CEILING_US:.0f}, issue 47's target {PER_TOKEN_TARGET_US:.0f}): "
+          f"{'ok' if under else 'ABOVE THE CEILING'}")
     print("bench guard: per round, miss " + " ".join(f"{x:.2f}" for x in res["miss_rounds"])
           + ", hit " + " ".join(f"{x:.2f}" for x in res["hit_rounds"])
           + f"; best of rounds over best of rounds: miss {res['miss_best_of']:.2f}x, hit {res['hit_best_of']:.2f}x")
