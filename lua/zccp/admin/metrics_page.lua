@@ -1,5 +1,7 @@
 -- GET /metrics on the admin listener: nginx's counters (zccp.lib.metrics, in a shared dict)
--- followed by the engine's (read from its metrics socket), one scrape for both.
+-- followed by the engine's (read from its metrics socket), one scrape for both. A scraper
+-- that prefers OpenMetrics (Prometheus does) gets it, with the engine's exemplars; any
+-- other gets the text format 0.0.4.
 local metrics = require "zccp.lib.metrics"
 local engines = require "zccp.lib.engines"
 local settings = require "zccp.settings"
@@ -12,6 +14,9 @@ local tonumber = tonumber
 local ipairs = ipairs
 local str_format = string.format
 local str_match = string.match
+local str_find = string.find
+local str_lower = string.lower
+local str_gsub = string.gsub
 local gmatch = string.gmatch
 local byte = string.byte
 local unpack = unpack
@@ -27,8 +32,50 @@ local function dict()
     return ngx.shared[metrics.DICT]
 end
 
+local TEXT_TYPE = "text/plain; version=0.0.4"
+local OM_TYPE = "application/openmetrics-text; version=1.0.0; charset=utf-8"
+
+-- Whether the Accept header ranks OpenMetrics at least as high as the text format (its
+-- q values; a missing Accept, or one naming neither, is the text format).
+local function wants_openmetrics(accept)
+    if type(accept) ~= "string" then
+        return false
+    end
+    local om, text = -1, -1
+    for part in gmatch(str_lower(accept), "[^,]+") do
+        local q = tonumber(str_match(part, ";%s*q%s*=%s*([%d.]+)")) or 1
+        if str_find(part, "application/openmetrics-text", 1, true) then
+            om = q > om and q or om
+        elseif str_find(part, "text/plain", 1, true) or str_find(part, "*/*", 1, true) then
+            text = q > text and q or text
+        end
+    end
+    return om > 0 and om >= text
+end
+
+-- # HELP and # TYPE of family `name`: OpenMetrics names a counter's family without its
+-- `_total` (its samples keep it) and escapes the help's backslashes and quotes.
+local function head(name, kind, help, om)
+    if om then
+        if kind == "counter" then
+            name = str_gsub(name, "_total$", "")
+        end
+        help = str_gsub(help, '[\\"]', "\\%0")
+    end
+    return "# HELP " .. name .. " " .. help .. "\n# TYPE " .. name .. " " .. kind
+end
+
+-- A bucket's bound: %g in the text format; OpenMetrics' canonical float (1.0, not 1).
+local function le_of(bound, om)
+    local le = str_format("%g", bound)
+    if om and not str_find(le, "[.e]") then
+        le = le .. ".0"
+    end
+    return le
+end
+
 -- The phase histogram's samples from the dict's keys (PHASE .. api .. phase .. bucket).
-local function render_phases(d, keys)
+local function render_phases(d, keys, om)
     local series, names = {}, {}
     for _, key in ipairs(keys) do
         local api, phase, idx = str_match(key, "^" .. PHASE .. "\1([^\1]*)\1([^\1]*)\1([^\1]*)$")
@@ -51,16 +98,15 @@ local function render_phases(d, keys)
         return ""
     end
     sort(names)
-    local out = { "# HELP " .. PHASE .. " nginx's own time per phase of a request, by API and phase: admit "
-                  .. "(entry to the ring), engine (ring to the relay's end), total (start to the log phase)",
-                  "# TYPE " .. PHASE .. " histogram" }
+    local out = { head(PHASE, "histogram", "nginx's own time per phase of a request, by API and phase: admit "
+                  .. "(entry to the ring), engine (ring to the relay's end), total (start to the log phase)", om) }
     for _, id in ipairs(names) do
         local s = series[id]
         local labels = 'api="' .. s.api .. '",phase="' .. s.phase .. '"'
         local running = 0
         for i = 1, NB + 1 do
             running = running + (s.counts[i] or 0)
-            local le = i <= NB and str_format("%g", PHASE_BOUNDS[i]) or "+Inf"
+            local le = i <= NB and le_of(PHASE_BOUNDS[i], om) or "+Inf"
             out[#out + 1] = str_format('%s_bucket{%s,le="%s"} %d', PHASE, labels, le, running)
         end
         out[#out + 1] = str_format("%s_sum{%s} %.9g", PHASE, labels, s.sum)
@@ -69,7 +115,7 @@ local function render_phases(d, keys)
     return concat(out, "\n") .. "\n"
 end
 
-local function render_own()
+local function render_own(om)
     local d = dict()
     if not d then
         return ""
@@ -94,7 +140,7 @@ local function render_own()
         end
     end
     sort(keys)
-    local phases = render_phases(d, keys)
+    local phases = render_phases(d, keys, om)
     local out, n, seen = {}, 0, {}
     for _, key in ipairs(keys) do
         local name, api, status = str_match(key, "^([^\1]+)\1([^\1]*)\1?([^\1]*)$")
@@ -102,7 +148,7 @@ local function render_own()
             if not seen[name] then
                 seen[name] = true
                 n = n + 1
-                out[n] = "# HELP " .. name .. " " .. (HELP[name] or name) .. "\n# TYPE " .. name .. " counter"
+                out[n] = head(name, "counter", HELP[name] or name, om)
             end
             local labels = (FIRST[name] or "api") .. '="' .. api .. '"'
             if status ~= "" then
@@ -115,12 +161,18 @@ local function render_own()
     return concat(out, "\n") .. "\n" .. phases
 end
 
-local function engine_text(e)
+-- Engine e's metrics: its first line asks for the format (zccp.metrics.MetricsServer).
+local function engine_text(e, om)
     local s = settings.get()
     local sock = ngx_socket_tcp()
     sock:settimeouts(s.connect_timeout_ms, s.connect_timeout_ms, s.connect_timeout_ms)
     local ok, err = sock:connect("unix:" .. e.socket_path .. ".metrics")
     if not ok then
+        return nil, err
+    end
+    ok, err = sock:send(om and "openmetrics\n" or "text\n")
+    if not ok then
+        sock:close()
         return nil, err
     end
     local data, rerr, partial = sock:receive("*a")
@@ -183,12 +235,13 @@ function _M.serve()
     end
     metrics.flush_pending()
     ngx.sleep(metrics.SCRAPE_WAIT_S)   -- the other workers' sums (zccp.lib.metrics: BATCH_S)
-    ngx.header["Content-Type"] = "text/plain; version=0.0.4"
+    local om = wants_openmetrics(ngx.var.http_accept)
+    ngx.header["Content-Type"] = om and OM_TYPE or TEXT_TYPE
     ngx.print(config_errors())
     local list = engines.list()
     if not engines.multi() then
-        local text, err = engine_text(list[1])
-        ngx.print(render_own(),
+        local text, err = engine_text(list[1], om)
+        ngx.print(render_own(om),
             "# HELP zccp_engine_up Whether the engine answered the metrics scrape\n",
             "# TYPE zccp_engine_up gauge\nzccp_engine_up ", text and 1 or 0, "\n")
         if text then
@@ -196,14 +249,17 @@ function _M.serve()
         else
             ngx.log(ngx.WARN, "zccp: engine metrics unavailable: ", err)
         end
+        if om then
+            ngx.print("# EOF\n")
+        end
         return
     end
-    local out = { render_own(),
+    local out = { render_own(om):sub(1, -2),   -- its last newline: concat's (no blank line in OpenMetrics)
         "# HELP zccp_engine_up Whether the engine answered the metrics scrape, by engine",
         "# TYPE zccp_engine_up gauge" }
     local texts = {}
     for _, e in ipairs(list) do
-        local text, err = engine_text(e)
+        local text, err = engine_text(e, om)
         texts[e.name] = text
         out[#out + 1] = 'zccp_engine_up{engine="' .. e.name .. '"} ' .. (text and 1 or 0)
         if not text then
@@ -223,7 +279,7 @@ function _M.serve()
             out[#out + 1] = concat(fam.samples, "\n")
         end
     end
-    ngx.print(concat(out, "\n"), "\n")
+    ngx.print(concat(out, "\n"), om and "\n# EOF\n" or "\n")
 end
 
 return _M
