@@ -1,9 +1,10 @@
-"""Engine metrics in Prometheus text format.
+"""Engine metrics in the Prometheus text format, or OpenMetrics with exemplars.
 
 Counters are plain ints bumped from the loop and the model thread (the GIL makes
 a single `+=` on a dict entry safe enough for monotonic counters). The text is
-served on `<socket_path>.metrics` (connect, read to EOF); nginx's GET /metrics
-appends it to its own counters, so one scrape sees both sides.
+served on `<socket_path>.metrics` (connect, send a format line, read to EOF); nginx's
+GET /metrics appends it to its own counters, so one scrape sees both sides. Written
+by hand, not with prometheus_client: docs/observability.md says why.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import time
 from bisect import bisect_left
 from collections import defaultdict
 from dataclasses import dataclass, field
@@ -23,6 +25,27 @@ def _fmt_labels(labels: Labels) -> str:
         return ""
     inner = ",".join(f'{k}="{v}"' for k, v in labels)
     return "{" + inner + "}"
+
+
+def _num(v: float) -> str:
+    """A sample's value: an integral one whole (`%g` would round a counter past 999999)."""
+    v = float(v)
+    if v.is_integer() and abs(v) < 2**53:
+        return str(int(v))
+    return repr(v) if v == v and abs(v) != float("inf") else {"inf": "+Inf", "-inf": "-Inf"}.get(repr(v), "NaN")
+
+
+def _om_help(text: str) -> str:
+    return text.replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"')
+
+
+def _head(name: str, kind: str, help: str, om: bool) -> str:
+    """# HELP and # TYPE: OpenMetrics names a counter's family without its `_total`."""
+    if om:
+        if kind == "counter" and name.endswith("_total"):
+            name = name[:-6]
+        help = _om_help(help)
+    return f"# HELP {name} {help}\n# TYPE {name} {kind}"
 
 
 def _key(labels: dict[str, str]) -> Labels:
@@ -82,28 +105,45 @@ class Metric:
             self.values.setdefault(tuple(sorted(labels.items())), 0.0)
         return self
 
-    def render(self) -> str:
-        lines = [f"# HELP {self.name} {self.help}", f"# TYPE {self.name} {self.kind}"]
+    def render(self, om: bool = False) -> str:
+        lines = [_head(self.name, self.kind, self.help, om)]
         values = self.values if self.values else {(): 0.0}   # an unlabelled counter at zero
         for labels, v in sorted(values.items()):
-            lines.append(f"{self.name}{_fmt_labels(labels)} {v:g}")
+            lines.append(f"{self.name}{_fmt_labels(labels)} {_num(v)}")
         return "\n".join(lines)
+
+
+# an exemplar: trace id, span id (ints), the observed value, its Unix time
+Exemplar = tuple[int, int, float, float]
 
 
 class HistogramSeries:
     """One label set's buckets: observe() is a bisect and three adds (no lock: the GIL, as
     for the counters; a scrape may see a count one ahead of its sum, never a torn float)."""
 
-    __slots__ = ("_bounds", "counts", "total")
+    __slots__ = ("_bounds", "counts", "total", "exemplars")
 
     def __init__(self, bounds: tuple[float, ...]) -> None:
         self._bounds = bounds
         self.counts = [0] * (len(bounds) + 1)   # per bucket, not cumulative; the last is +Inf
         self.total = 0.0
+        self.exemplars: list[Exemplar | None] | None = None   # per bucket: its last traced observation
 
-    def observe(self, value: float) -> None:
-        self.counts[bisect_left(self._bounds, value)] += 1
+    def observe(self, value: float, trace: tuple[int, int] | None = None) -> None:
+        """One value; a traced request's (trace id, span id) becomes its bucket's exemplar."""
+        i = bisect_left(self._bounds, value)
+        self.counts[i] += 1
         self.total += value
+        if trace is not None:
+            if self.exemplars is None:
+                self.exemplars = [None] * len(self.counts)
+            self.exemplars[i] = (trace[0], trace[1], value, time.time())
+
+
+def _exemplar(ex: Exemplar | None) -> str:
+    if ex is None:
+        return ""
+    return f' # {{trace_id="{ex[0]:032x}",span_id="{ex[1]:016x}"}} {ex[2]!r} {ex[3]:.3f}'
 
 
 @dataclass
@@ -122,18 +162,19 @@ class Histogram:
             s = self.values[key] = HistogramSeries(self.bounds)
         return s
 
-    def render(self) -> str:
+    def render(self, om: bool = False) -> str:
+        """OpenMetrics (om): its canonical `le` (1.0, not 1) and each bucket's exemplar."""
         n = self.name
-        lines = [f"# HELP {n} {self.help}", f"# TYPE {n} histogram"]
+        lines = [_head(n, "histogram", self.help, om)]
+        les = [repr(float(b)) if om else f"{b:g}" for b in self.bounds] + ["+Inf"]
         for labels, s in sorted(self.values.items()):
             inner = ",".join(f'{k}="{v}"' for k, v in labels)
             sep = "," if inner else ""
+            exemplars = s.exemplars if om and s.exemplars is not None else [None] * len(les)
             running = 0
-            for bound, c in zip(self.bounds, s.counts[:-1], strict=True):
+            for le, c, ex in zip(les, s.counts, exemplars, strict=True):
                 running += c
-                lines.append(f'{n}_bucket{{{inner}{sep}le="{bound:g}"}} {running}')
-            running += s.counts[-1]
-            lines.append(f'{n}_bucket{{{inner}{sep}le="+Inf"}} {running}')
+                lines.append(f'{n}_bucket{{{inner}{sep}le="{le}"}} {running}{_exemplar(ex)}')
             lines.append(f"{n}_sum{_fmt_labels(labels)} {s.total:.9g}")
             lines.append(f"{n}_count{_fmt_labels(labels)} {running}")
         return "\n".join(lines)
@@ -158,8 +199,9 @@ class Registry:
         assert isinstance(m, Metric)
         return m
 
-    def render(self) -> str:
-        return "\n".join(m.render() for m in self._metrics.values()) + "\n"
+    def render(self, om: bool = False) -> str:
+        """The text format, or OpenMetrics' families (om; nginx ends the whole page's `# EOF`)."""
+        return "\n".join(m.render(om) for m in self._metrics.values()) + "\n"
 
 
 # OpenTelemetry's advised bucket bounds for the GenAI server metrics, each with finer bounds
@@ -263,12 +305,18 @@ class EngineMetrics:
                                      "was unreachable), dropped (the exporter's queue was full)")
         self.latency = LatencyHistograms(r)
 
-    def render(self) -> str:
-        return self.registry.render()
+    def render(self, om: bool = False) -> str:
+        return self.registry.render(om)
+
+
+# The client's first line on the metrics socket: this one asks for OpenMetrics; any other, or
+# none within REQUEST_WAIT_S, gets the text format.
+OPENMETRICS_REQUEST = b"openmetrics\n"
+REQUEST_WAIT_S = 2.0
 
 
 class MetricsServer:
-    """Serves the text on a unix socket: connect, read to EOF."""
+    """Serves the text on a unix socket: connect, send a format line, read to EOF."""
 
     def __init__(self, path: str, metrics: EngineMetrics, group: str | None = None) -> None:
         self.path = path
@@ -283,7 +331,11 @@ class MetricsServer:
             self.path, self._group, lambda path: asyncio.start_unix_server(self._serve, path=path, backlog=1024))
 
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        writer.write(self._metrics.render().encode())
+        try:
+            line = await asyncio.wait_for(reader.readline(), REQUEST_WAIT_S)
+        except (asyncio.TimeoutError, ValueError, ConnectionError):   # ValueError: a line past the limit
+            line = b""
+        writer.write(self._metrics.render(line == OPENMETRICS_REQUEST).encode())
         with contextlib.suppress(ConnectionError):
             await writer.drain()
         writer.close()

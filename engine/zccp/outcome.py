@@ -176,19 +176,21 @@ class Outcome:
         })
 
     def _observe(self, elapsed: float, result: GenerationResult | None) -> None:
-        """The latency histograms of a 200 answer (zccp.metrics.LatencyHistograms)."""
+        """The latency histograms of a 200 answer (zccp.metrics.LatencyHistograms); a traced
+        request is its buckets' exemplar (its trace and root span, for OpenMetrics)."""
         lat = self._metrics.latency
-        lat.duration_series(CACHE_NAMES.get(self.ctx.view.meta.cache_status) or "NONE").observe(elapsed)
+        ex = self.trace.ids() if self.trace is not None else None
+        lat.duration_series(CACHE_NAMES.get(self.ctx.view.meta.cache_status) or "NONE").observe(elapsed, ex)
         first = self.first_token
         if not first:
             return
-        lat.ttft_s.observe(first - self.started)
+        lat.ttft_s.observe(first - self.started, ex)
         if self.admitted:
-            lat.queue_s.observe(self.admitted - self.submitted)
-            lat.prefill_s.observe(first - self.admitted)
+            lat.queue_s.observe(self.admitted - self.submitted, ex)
+            lat.prefill_s.observe(first - self.admitted, ex)
         n = result.output_tokens if result is not None else 0
         if n > 1 and self.last_token > first:
-            lat.tpot_s.observe((self.last_token - first) / (n - 1))
+            lat.tpot_s.observe((self.last_token - first) / (n - 1), ex)
 
     def done(self) -> None:
         """The job is over: the payload view released, the slot handed back to the engine."""

@@ -219,13 +219,19 @@ class RequestTrace:
         self._upstream: tuple[int, str, int] | None = None
         self._ended = False
 
-    def upstream_headers(self, model: str) -> dict[str, str]:
-        """The upstream call's span begins; the traceparent to send with it."""
+    def ids(self) -> tuple[int, int]:
+        """The trace id and the root span's id, made here when something outside the span
+        process names them (an upstream's traceparent, a histogram's exemplar)."""
         if not self.trace_id:
             ids = self._ids
             tid = int.from_bytes(ids[0], "big") if ids else 0
             self.trace_id = tid or getrandbits(128) or 1
             self.root_id = getrandbits(64) or 1
+        return self.trace_id, self.root_id
+
+    def upstream_headers(self, model: str) -> dict[str, str]:
+        """The upstream call's span begins; the traceparent to send with it."""
+        self.ids()
         span_id = getrandbits(64) or 1
         self._upstream = (span_id, model, time.time_ns())
         headers = {"traceparent": f"00-{self.trace_id:032x}-{span_id:016x}-01"}

@@ -1,10 +1,15 @@
 """A real Prometheus scrapes a live stack (the admin listener on loopback TCP, with the admin
 token): the latency histograms are in its store, the shipped rules pass promtool and
-evaluate to data, and every query of the shipped Grafana dashboard returns data."""
+evaluate to data, and every query of the shipped Grafana dashboard returns data. The stack
+traces its requests (to a test OTLP receiver) and Prometheus keeps exemplars: it scrapes
+OpenMetrics, whose latency buckets carry the trace of a request the test sent; the text
+format, what other scrapers get, passes `promtool check metrics`."""
 
 from __future__ import annotations
 
 import json
+import os
+import secrets
 import subprocess
 import time
 from collections.abc import Iterator
@@ -15,6 +20,7 @@ import pytest
 from tests.support.cache_requests import PATHS, req
 from tests.support.checkout import REPO
 from tests.support.harness import Stack
+from tests.support.otlp_receiver import OtlpReceiver
 from tests.support.prometheus_server import RULES, Prometheus, have_prometheus
 from zccp.ops.stack import free_port
 
@@ -27,16 +33,35 @@ TOKEN = "prometheus-scrape-token-0123456789abcdef"
 VARIABLES = {"$model": ".+", "$__rate_interval": "1m"}
 
 
+OPENMETRICS = "application/openmetrics-text; version=1.0.0; charset=utf-8"
+
+
 @pytest.fixture(scope="module")
-def scraped(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Stack, Prometheus]]:
+def rx() -> Iterator[OtlpReceiver]:
+    r = OtlpReceiver()
+    old = os.environ.get("OTEL_BSP_SCHEDULE_DELAY")
+    os.environ["OTEL_BSP_SCHEDULE_DELAY"] = "50"    # the engine's exporter sends every 50 ms
+    try:
+        yield r
+    finally:
+        if old is None:
+            os.environ.pop("OTEL_BSP_SCHEDULE_DELAY", None)
+        else:
+            os.environ["OTEL_BSP_SCHEDULE_DELAY"] = old
+        r.close()
+
+
+@pytest.fixture(scope="module")
+def scraped(tmp_path_factory: pytest.TempPathFactory, rx: OtlpReceiver) -> Iterator[tuple[Stack, Prometheus]]:
     tmp = tmp_path_factory.mktemp("prometheus")
     token = tmp / "admin.token"
     token.write_text(TOKEN + "\n")
     token.chmod(0o600)
     admin = f"127.0.0.1:{free_port()}"
-    s = Stack(tmp / "stack", {"server": {"admin_listen": admin, "admin_token_file": str(token)}},
+    s = Stack(tmp / "stack", {"server": {"admin_listen": admin, "admin_token_file": str(token)},
+                              "tracing": {"enabled": True, "endpoint": rx.url + "/v1/traces"}},
               with_redis=True).start()
-    prom = Prometheus(tmp / "prom", admin, token)
+    prom = Prometheus(tmp / "prom", admin, token, features=("exemplar-storage",))
     try:
         prom.start()
         traffic_until_scraped(s, prom)
@@ -131,3 +156,44 @@ def test_every_dashboard_panel_has_data(scraped: tuple[Stack, Prometheus]) -> No
     # the model variable's own query names the stack's model
     values = prom.api("label/gen_ai_request_model/values")
     assert "zccp-tiny" in values
+
+
+def test_the_text_format_passes_promtool_and_openmetrics_is_asked_for(scraped: tuple[Stack, Prometheus]) -> None:
+    s, _ = scraped
+    with s.admin_client() as c:
+        text = c.get("/metrics")
+        om = c.get("/metrics", headers={"accept": "application/openmetrics-text;version=1.0.0,text/plain;q=0.5"})
+        prefers_text = c.get("/metrics", headers={"accept": "text/plain, application/openmetrics-text;q=0.5"})
+    assert text.headers["content-type"] == prefers_text.headers["content-type"] == "text/plain; version=0.0.4"
+    r = subprocess.run(["promtool", "check", "metrics"], input=text.text, capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "# EOF" not in text.text and " # {" not in text.text
+    assert "# TYPE zccp_engine_rings_total counter" in text.text
+    # OpenMetrics: a counter's family without `_total`, canonical `le`, one `# EOF` at the end
+    assert om.headers["content-type"] == OPENMETRICS
+    assert om.text.endswith("\n# EOF\n") and om.text.count("# EOF") == 1 and "\n\n" not in om.text
+    assert "# TYPE zccp_engine_rings counter\nzccp_engine_rings_total " in om.text
+    assert "# TYPE zccp_nginx_requests counter\n" in om.text
+    assert 'le="1.0"}' in om.text and 'le="1"}' not in om.text
+
+
+def test_a_latency_bucket_carries_the_trace_of_a_request(scraped: tuple[Stack, Prometheus], rx: OtlpReceiver) -> None:
+    s, prom = scraped
+    assert [t["health"] for t in prom.api("targets")["activeTargets"]] == ["up"]   # OpenMetrics parsed
+    tid, parent = secrets.token_hex(16), secrets.token_hex(8)
+    body = req("openai", [{"role": "user", "content": "an exemplar to find"}], max_tokens=6)
+    r = s.client().post(PATHS["openai"], json=body, headers={"traceparent": f"00-{tid}-{parent}-01"})
+    assert r.status_code == 200
+    spans = rx.wait_for(lambda got: any(x.trace_id == tid and x.parent_span_id == parent for x in got))
+    root = next(x for x in spans if x.trace_id == tid and x.parent_span_id == parent)
+    for family in ("gen_ai_server_time_to_first_token_seconds", "gen_ai_server_request_duration_seconds"):
+        found: list[dict[str, Any]] = []
+        end = time.monotonic() + 60
+        while not found and time.monotonic() < end:
+            found = [e for series in prom.exemplars(f"{family}_bucket") for e in series["exemplars"]
+                     if e["labels"].get("trace_id") == tid]
+            time.sleep(0.5)
+        assert found, f"{family}: no exemplar of trace {tid} in Prometheus"
+        # the request's own span: the root the OTLP receiver got
+        assert {e["labels"]["span_id"] for e in found} == {root.span_id}
+        assert all(float(e["value"]) > 0 for e in found)

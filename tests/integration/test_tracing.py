@@ -11,9 +11,11 @@ import os
 import secrets
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from typing import Any
 
+import httpx
 import pytest
 
 from tests.support.cache_requests import ENGINE_ENV, MODEL, PATHS, metric, req
@@ -156,6 +158,50 @@ def test_an_l1_hit_answered_by_nginx_has_its_span(rx: OtlpReceiver, tmp_path_fac
         s.stop()
 
 
+def test_l1_hit_spans_nginx_cannot_send_are_counted(rx: OtlpReceiver, tmp_path_factory: pytest.TempPathFactory) -> None:
+    # one slot, held by a slow stream: the batch of an L1 hit's span finds no slot free
+    slow = {"backend": "null", "null_token_delay_ms": 20, "null_reply": "slow " * 400}
+    s = Stack(tmp_path_factory.mktemp("l1drop"), traced(rx, model=slow, shared_memory={"segment_count": 1}),
+              with_redis=True).start()
+    try:
+        c = s.client()
+        body = req("openai", [{"role": "user", "content": "an L1 hit whose span is dropped"}], max_tokens=4)
+        for _ in range(100):
+            tp, tid, _ = traceparent()
+            r = c.post(PATHS["openai"], json=body, headers={"traceparent": tp})
+            if r.headers.get("x-zccp-cache-layer") == "L1":
+                break
+        assert r.headers.get("x-zccp-cache-layer") == "L1"
+        one_trace(rx, tid, 1)      # that batch went through: the slot is free again
+        name = "zccp_nginx_l1_spans_dropped_total"
+        assert metric(s, name, reason="not_sent") == 0 and metric(s, name, reason="buffer_full") == 0
+        hold = req("openai", [{"role": "user", "content": "hold the slot"}], max_tokens=2000, stream=True)
+        with httpx.Client(base_url=s.base_url, timeout=60) as holder:
+            for _ in range(100):     # a 429 while nginx still hands the first batch's slot back
+                stream = holder.send(holder.build_request("POST", PATHS["openai"], json=hold), stream=True)
+                if stream.status_code != 429:
+                    break
+                stream.close()
+                time.sleep(0.05)
+            try:
+                assert stream.status_code == 200
+                chunks = stream.iter_bytes()    # kept: a generator collected would close the stream
+                next(chunks)                    # streaming: the one slot is taken until this closes
+                tp, tid, _ = traceparent()
+                r = c.post(PATHS["openai"], json=body, headers={"traceparent": tp})
+                assert r.status_code == 200 and r.headers.get("x-zccp-cache-layer") == "L1"
+                for _ in range(300):
+                    if metric(s, name, reason="not_sent") > 0:
+                        break
+                assert metric(s, name, reason="not_sent") == 1
+            finally:
+                stream.close()
+        assert metric(s, name, reason="buffer_full") == 0
+        assert not rx.trace(tid)
+    finally:
+        s.stop()
+
+
 def test_without_a_traceparent_the_engine_starts_a_trace(stack: Stack, rx: OtlpReceiver) -> None:
     body = req("openai", [{"role": "user", "content": "no parent"}], max_tokens=4)
     r = stack.client().post(PATHS["openai"], json=body)
@@ -232,8 +278,6 @@ def test_a_collector_that_is_down_fails_nothing_and_drops_are_counted(tmp_path_f
         for _ in range(200):
             if metric(s, "zccp_engine_trace_spans_total", result="failed") > 0:
                 break
-            import time
-
             time.sleep(0.05)
         assert metric(s, "zccp_engine_trace_spans_total", result="failed") > 0
         assert metric(s, "zccp_engine_trace_spans_total", result="exported") == 0

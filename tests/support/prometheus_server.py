@@ -31,6 +31,7 @@ class Prometheus:
     target: str                      # host:port of the admin listener
     token_file: Path
     port: int = field(default_factory=free_port)
+    features: tuple[str, ...] = ()   # --enable-feature=... (exemplar-storage: it keeps exemplars)
     proc: subprocess.Popen[bytes] | None = None
 
     @property
@@ -53,7 +54,8 @@ class Prometheus:
         log = (self.run_dir / "prometheus.log").open("wb")
         self.proc = subprocess.Popen(
             ["prometheus", f"--config.file={path}", f"--storage.tsdb.path={self.run_dir / 'data'}",
-             f"--web.listen-address=127.0.0.1:{self.port}"], stdout=log, stderr=subprocess.STDOUT)
+             f"--web.listen-address=127.0.0.1:{self.port}",
+             *(f"--enable-feature={f}" for f in self.features)], stdout=log, stderr=subprocess.STDOUT)
         end = time.monotonic() + 60
         while time.monotonic() < end:
             assert self.proc.poll() is None, (self.run_dir / "prometheus.log").read_text()[-3000:]
@@ -85,3 +87,11 @@ class Prometheus:
         data = self.api("query", query=expr)
         assert data["resultType"] == "vector", data
         return [s for s in data["result"] if math.isfinite(float(s["value"][1]))]
+
+    def exemplars(self, expr: str, window_s: float = 600) -> list[dict[str, Any]]:
+        """/api/v1/query_exemplars over the last window_s: per series, its exemplars
+        ({labels, value, timestamp})."""
+        now = time.time()
+        data = self.api("query_exemplars", query=expr, start=str(now - window_s), end=str(now + 60))
+        assert isinstance(data, list), data
+        return data

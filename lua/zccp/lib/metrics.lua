@@ -1,23 +1,12 @@
--- nginx-side counters in a lua_shared_dict, and GET /metrics: these counters
--- followed by the engine's (read from its metrics socket), one scrape for both.
-local engines = require "zccp.lib.engines"
-
+-- nginx-side counters in a lua_shared_dict; GET /metrics (zccp.admin.metrics_page) renders
+-- them followed by the engine's, one scrape for both.
 local ngx = ngx
-local ngx_socket_tcp = ngx.socket.tcp
 local ngx_now = ngx.now
 local ngx_req = ngx.req
-local concat = table.concat
-local sort = table.sort
 local tonumber = tonumber
 local ipairs = ipairs
 local pairs = pairs
-local str_format = string.format
-local str_match = string.match
-local gmatch = string.gmatch
-local byte = string.byte
-local unpack = unpack
 local jit = jit
-local settings = require "zccp.settings"
 
 local _M = { _VERSION = "0.1.0" }
 
@@ -42,11 +31,13 @@ local HELP = {
     zccp_nginx_engine_failed_over_total = "Requests an engine took because a replica ranked above it was down "
         .. "or failed before answering, by engine",
     zccp_nginx_plugin_errors_total = "Requests a plugin raised an error on (answered 500), by plugin",
+    zccp_nginx_l1_spans_dropped_total = "Spans of L1 hits nginx dropped while tracing, by reason: buffer_full "
+        .. "(the worker's batch was full), not_sent (no slot free, or the engine did not answer the batch)",
 }
 -- Series whose first label is not api.
 local FIRST = { zccp_nginx_engine_routed_total = "engine", zccp_nginx_engine_spilled_total = "engine",
                 zccp_nginx_engine_failed_over_total = "engine",
-                zccp_nginx_plugin_errors_total = "plugin" }
+                zccp_nginx_plugin_errors_total = "plugin", zccp_nginx_l1_spans_dropped_total = "reason" }
 local ROUTED = { "zccp_nginx_engine_routed_total", "zccp_nginx_engine_spilled_total",
                  "zccp_nginx_engine_failed_over_total" }
 -- The second label of a series (the first is api): status unless named here. Every label
@@ -230,6 +221,14 @@ function _M.plugin_error(name)
     end
 end
 
+-- zccp.plugins.l1.spans: n spans of L1 hits dropped for `reason` ("buffer_full", "not_sent").
+function _M.l1_spans_dropped(reason, n)
+    local d = dict()
+    if d then
+        d:incr("zccp_nginx_l1_spans_dropped_total" .. SEP .. reason, n, 0)
+    end
+end
+
 -- Series that exist from the start, at 0, so that a rate over them misses nothing.
 local SEEDS = {
     "zccp_nginx_requests_total" .. SEP .. "anthropic" .. SEP .. "200",
@@ -237,6 +236,9 @@ local SEEDS = {
     "zccp_nginx_bytes_in_total" .. SEP .. "anthropic",
     "zccp_nginx_bytes_in_total" .. SEP .. "openai",
 }
+for _, reason in ipairs { "buffer_full", "not_sent" } do
+    SEEDS[#SEEDS + 1] = "zccp_nginx_l1_spans_dropped_total" .. SEP .. reason
+end
 for _, api in ipairs { "anthropic", "openai" } do
     for _, result in ipairs { "hit", "miss", "store" } do
         SEEDS[#SEEDS + 1] = "zccp_nginx_l1_total" .. SEP .. api .. SEP .. result
@@ -246,203 +248,13 @@ for _, api in ipairs { "anthropic", "openai" } do
     end
 end
 
--- The phase histogram's samples from the dict's keys (PHASE .. api .. phase .. bucket).
-local function render_phases(d, keys)
-    local series, names = {}, {}
-    for _, key in ipairs(keys) do
-        local api, phase, idx = str_match(key, "^" .. PHASE .. "\1([^\1]*)\1([^\1]*)\1([^\1]*)$")
-        if api then
-            local id = api .. SEP .. phase
-            local s = series[id]
-            if not s then
-                s = { api = api, phase = phase, counts = {}, sum = 0 }
-                series[id] = s
-                names[#names + 1] = id
-            end
-            if idx == "sum" then
-                s.sum = d:get(key) or 0
-            else
-                s.counts[tonumber(idx) or 0] = d:get(key) or 0
-            end
-        end
-    end
-    if #names == 0 then
-        return ""
-    end
-    sort(names)
-    local out = { "# HELP " .. PHASE .. " nginx's own time per phase of a request, by API and phase: admit "
-                  .. "(entry to the ring), engine (ring to the relay's end), total (start to the log phase)",
-                  "# TYPE " .. PHASE .. " histogram" }
-    for _, id in ipairs(names) do
-        local s = series[id]
-        local labels = 'api="' .. s.api .. '",phase="' .. s.phase .. '"'
-        local running = 0
-        for i = 1, NB + 1 do
-            running = running + (s.counts[i] or 0)
-            local le = i <= NB and str_format("%g", PHASE_BOUNDS[i]) or "+Inf"
-            out[#out + 1] = str_format('%s_bucket{%s,le="%s"} %d', PHASE, labels, le, running)
-        end
-        out[#out + 1] = str_format("%s_sum{%s} %.9g", PHASE, labels, s.sum)
-        out[#out + 1] = str_format("%s_count{%s} %d", PHASE, labels, running)
-    end
-    return concat(out, "\n") .. "\n"
-end
+-- What the /metrics page (zccp.admin.metrics_page) renders these counters with.
+_M.DICT, _M.SEP, _M.HELP, _M.FIRST, _M.LABEL, _M.ROUTED, _M.SEEDS = DICT, SEP, HELP, FIRST, LABEL, ROUTED, SEEDS
+_M.PHASE, _M.PHASE_BOUNDS, _M.SCRAPE_WAIT_S, _M.flush_pending = PHASE, PHASE_BOUNDS, SCRAPE_WAIT_S, flush_pending
 
-local function render_own()
-    local d = dict()
-    if not d then
-        return ""
-    end
-    local keys = d:get_keys(0)
-    local have = {}
-    for _, key in ipairs(keys) do
-        have[key] = true
-    end
-    local seeds = SEEDS
-    if engines.multi() then   -- every engine's routing series, at 0 until it takes a request
-        seeds = { unpack(SEEDS) }
-        for _, e in ipairs(engines.list()) do
-            for _, name in ipairs(ROUTED) do
-                seeds[#seeds + 1] = name .. SEP .. e.name
-            end
-        end
-    end
-    for _, key in ipairs(seeds) do
-        if not have[key] then
-            keys[#keys + 1] = key
-        end
-    end
-    sort(keys)
-    local phases = render_phases(d, keys)
-    local out, n, seen = {}, 0, {}
-    for _, key in ipairs(keys) do
-        local name, api, status = str_match(key, "^([^\1]+)\1([^\1]*)\1?([^\1]*)$")
-        if name then
-            if not seen[name] then
-                seen[name] = true
-                n = n + 1
-                out[n] = "# HELP " .. name .. " " .. (HELP[name] or name) .. "\n# TYPE " .. name .. " counter"
-            end
-            local labels = (FIRST[name] or "api") .. '="' .. api .. '"'
-            if status ~= "" then
-                labels = labels .. ',' .. (LABEL[name] or "status") .. '="' .. status .. '"'
-            end
-            n = n + 1
-            out[n] = str_format("%s{%s} %d", name, labels, d:get(key) or 0)
-        end
-    end
-    return concat(out, "\n") .. "\n" .. phases
-end
-
-local function engine_text(e)
-    local s = settings.get()
-    local sock = ngx_socket_tcp()
-    sock:settimeouts(s.connect_timeout_ms, s.connect_timeout_ms, s.connect_timeout_ms)
-    local ok, err = sock:connect("unix:" .. e.socket_path .. ".metrics")
-    if not ok then
-        return nil, err
-    end
-    local data, rerr, partial = sock:receive("*a")
-    sock:close()
-    if not data then
-        return nil, rerr or "read failed", partial
-    end
-    return data
-end
-
--- An engine's exposition with engine="<name>" added to every sample, gathered into
--- `fams` (family name -> { its # lines, its samples }; `order`: the families in first-seen
--- order): several engines, one valid scrape, each family's lines in one group.
-local function gather(text, name, fams, order)
-    local label = 'engine="' .. name .. '"'
-    local fam
-    for line in gmatch(text, "[^\n]+") do
-        if byte(line, 1) == 35 then   -- '#': # HELP <family> ... / # TYPE <family> ...
-            local fname = str_match(line, "^# %u+ ([%w_:]+)")
-            if fname then
-                fam = fams[fname]
-                if not fam then
-                    fam = { head = {}, seen = {}, samples = {} }
-                    fams[fname] = fam
-                    order[#order + 1] = fname
-                end
-                if not fam.seen[line] then
-                    fam.seen[line] = true
-                    fam.head[#fam.head + 1] = line
-                end
-            end
-        elseif fam then
-            local metric, rest = str_match(line, "^([%w_:]+){(.*)$")
-            if metric then
-                fam.samples[#fam.samples + 1] = metric .. "{" .. label .. "," .. rest
-            else
-                metric, rest = str_match(line, "^([%w_:]+)(%s.*)$")
-                if metric then
-                    fam.samples[#fam.samples + 1] = metric .. "{" .. label .. "}" .. rest
-                end
-            end
-        end
-    end
-end
-
--- What nginx refused at its last start or reload (every worker has the master's lists).
-local function config_errors()
-    local masks = #require("zccp.fp.mask_store").errors()
-    local plugins = #require("zccp.core.pipeline").status().errors
-    return "# HELP zccp_nginx_config_errors Mask patterns and plugins refused at nginx's last (re)load "
-        .. "(their last good version, if any, in force; the error log names file and line)\n"
-        .. "# TYPE zccp_nginx_config_errors gauge\n"
-        .. 'zccp_nginx_config_errors{kind="mask"} ' .. masks .. "\n"
-        .. 'zccp_nginx_config_errors{kind="plugin"} ' .. plugins .. "\n"
-end
-
+-- GET /metrics (nginx/zccp_admin.conf): zccp.admin.metrics_page.
 function _M.serve()
-    if not require("zccp.admin.gate").allowed("anthropic") then   -- the admin listener only
-        return
-    end
-    flush_pending()
-    ngx.sleep(SCRAPE_WAIT_S)   -- the other workers' sums (see BATCH_S)
-    ngx.header["Content-Type"] = "text/plain; version=0.0.4"
-    ngx.print(config_errors())
-    local list = engines.list()
-    if not engines.multi() then
-        local text, err = engine_text(list[1])
-        ngx.print(render_own(),
-            "# HELP zccp_engine_up Whether the engine answered the metrics scrape\n",
-            "# TYPE zccp_engine_up gauge\nzccp_engine_up ", text and 1 or 0, "\n")
-        if text then
-            ngx.print(text)
-        else
-            ngx.log(ngx.WARN, "zccp: engine metrics unavailable: ", err)
-        end
-        return
-    end
-    local out = { render_own(),
-        "# HELP zccp_engine_up Whether the engine answered the metrics scrape, by engine",
-        "# TYPE zccp_engine_up gauge" }
-    local texts = {}
-    for _, e in ipairs(list) do
-        local text, err = engine_text(e)
-        texts[e.name] = text
-        out[#out + 1] = 'zccp_engine_up{engine="' .. e.name .. '"} ' .. (text and 1 or 0)
-        if not text then
-            ngx.log(ngx.WARN, "zccp: engine ", e.name, " metrics unavailable: ", err)
-        end
-    end
-    local fams, order = {}, {}
-    for _, e in ipairs(list) do
-        if texts[e.name] then
-            gather(texts[e.name], e.name, fams, order)
-        end
-    end
-    for _, fname in ipairs(order) do
-        local fam = fams[fname]
-        out[#out + 1] = concat(fam.head, "\n")
-        if #fam.samples > 0 then
-            out[#out + 1] = concat(fam.samples, "\n")
-        end
-    end
-    ngx.print(concat(out, "\n"), "\n")
+    return require("zccp.admin.metrics_page").serve()
 end
 
 return _M

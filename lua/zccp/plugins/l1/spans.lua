@@ -3,12 +3,14 @@
 -- (struct zccp_l1_span) in this worker's buffer: a few stores, no I/O on the request.
 -- A timer sends the buffer to the engine as a ZCCP_KIND_SPANS request through a slot,
 -- as any request goes (the engine makes the spans and exports them); a full buffer, or
--- no slot free, drops records (counted in the engine's log line here, never waited for).
+-- no slot free, drops records (never waited for): counted in
+-- zccp_nginx_l1_spans_dropped_total{reason} and the worker's log line.
 local ffi = require "ffi"
 local abi = require "zccp.lib.abi"
 local engines = require "zccp.lib.engines"
 local arena_mod = require "zccp.lib.arena"
 local transport = require "zccp.core.transport"
+local metrics = require "zccp.lib.metrics"
 
 local ngx = ngx
 local ngx_var = ngx.var
@@ -80,6 +82,7 @@ local function flush(premature)
     local ok, err = send(engines.list()[1], data)
     if not ok then
         dropped = dropped + count
+        metrics.l1_spans_dropped("not_sent", count)
         ngx_log(ngx_WARN, "zccp: ", count, " L1 hit spans not sent (", dropped, " in all): ", err)
     end
 end
@@ -90,20 +93,22 @@ function _M.note(api)
     if not a then
         return
     end
-    if n >= MAX then
-        dropped = dropped + 1
-        return
-    end
     if not buf then
-        buf = ffi.new("struct zccp_l1_span[?]", MAX)
+        buf = ffi.new("struct zccp_l1_span[?]", MAX + 1)   -- the last: the sampling's scratch when full
     end
-    local rec = buf[n]
+    local full = n >= MAX
+    local rec = buf[full and MAX or n]
     ffi_fill(rec, abi.C.ZCCP_L1_SPAN_SIZE)
     if transport.read_traceparent(rec, ngx_var.http_traceparent) then
         if rec.trace_flags % 2 == 0 then   -- the client's unsampled traceparent
             return
         end
     elseif ppm < 1000000 and random() * 1000000 >= ppm then
+        return
+    end
+    if full then   -- a sampled hit's span, dropped
+        dropped = dropped + 1
+        metrics.l1_spans_dropped("buffer_full", 1)
         return
     end
     local start = ngx_req_start_time()
@@ -123,6 +128,7 @@ function _M.note(api)
         local ok, err = ngx_timer_at(FLUSH_S, flush)
         if not ok then
             ngx_log(ngx_WARN, "zccp: L1 hit spans: no timer: ", err)
+            metrics.l1_spans_dropped("not_sent", 1)
             n = n - 1
             return
         end
