@@ -204,16 +204,17 @@ class Reply(SlotOutput):
         if enc is None:
             return
         for ev in events:
-            if isinstance(ev, ToolCall):
+            if isinstance(ev, TextDelta):          # the usual event first
+                if ev.text or ev.logprobs:
+                    if ev.text:
+                        self._deltas.append(len(ev.text))
+                    self._writer.write_nowait(enc.delta(ev), self._fed)
+            elif isinstance(ev, ToolCall):
                 self._writer.write_nowait(enc.tool_call(ev), self._fed)
             elif isinstance(ev, ToolCallStart):
                 self._writer.write_nowait(enc.tool_start(ev), self._fed)
             elif isinstance(ev, ToolArgsDelta):
                 self._writer.write_nowait(enc.tool_args(ev), self._fed)
-            elif ev.text or ev.logprobs:
-                if ev.text:
-                    self._deltas.append(len(ev.text))
-                self._writer.write_nowait(enc.delta(ev), self._fed)
 
 
 class WarmupReply(SlotOutput):
