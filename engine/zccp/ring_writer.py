@@ -81,6 +81,12 @@ class ResponseWriter:
             setattr(meta, name, value)
         return True
 
+    def count_tokens(self, tokens: int) -> None:
+        """meta.completion_len = tokens while the slot is ours: set_meta's, without its
+        keyword dict (a whole answer counts every token up)."""
+        if self._view.header.generation == self._gen:
+            self._view.meta.completion_len = tokens
+
     def begin(self, status: int, sse: bool) -> None:
         """Status and content kind; fixed once the first byte is committed."""
         self._check_owner()

@@ -177,7 +177,7 @@ class Reply(SlotOutput):
         if self._encoder is None:
             # a whole answer sends nothing until its end: the count so far is what nginx
             # settles should its client leave (meta.completion_len, counted up)
-            self._writer.set_meta(completion_len=self._fed)
+            self._writer.count_tokens(self._fed)
         self._send(self._text.feed(token, drawn))
         return self._text.stopped
 
