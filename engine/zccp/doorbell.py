@@ -93,7 +93,8 @@ class Connection:
     loop flushes once the callbacks ready now have run. Notices from another thread (the
     model thread's, one per streamed token) wait in an inbox: only the first after the
     loop took the inbox wakes the loop (one callback for all that came meanwhile, not a
-    handle each); each notice still leaves, in order."""
+    handle each), which writes them at once unless notices of its own wait for this turn's
+    write (then behind those); each notice still leaves, in order."""
 
     __slots__ = ("_transport", "_loop", "_loop_thread", "_pending", "_inbox", "_woken", "closed", "jobs")
 
@@ -146,8 +147,15 @@ class Connection:
         if self.closed:
             inbox.clear()
             return
-        while inbox:
-            self._queue(inbox.popleft())   # behind the loop's own pending notices: order kept
+        if not inbox:                      # an earlier call took what woke this one
+            return
+        if self._pending:                  # the loop's own notices of this turn go first
+            while inbox:
+                self._queue(inbox.popleft())
+            return
+        # nothing of this turn waits: written now, not from one more callback
+        frames = [inbox.popleft() for _ in range(len(inbox))]
+        self._transport.write(frames[0] if len(frames) == 1 else b"".join(frames))
 
 
 RingHandler = Callable[[Connection, Ring], None]
