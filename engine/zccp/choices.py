@@ -71,7 +71,7 @@ class Choices(SlotOutput):
     def generated(self) -> None:
         """Every choice's tokens so far, in the slot's completion_len (a whole answer's only:
         a stream's are in its committed mark)."""
-        self._writer.set_meta(completion_len=self.fed)
+        self._writer.count_tokens(self.fed)
 
     def encoder(self, index: int) -> ChoiceStream | None:
         return self._encoders[index] if self._encoders else None

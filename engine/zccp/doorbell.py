@@ -14,6 +14,7 @@ import logging
 import os
 import socket
 import threading
+from collections import deque
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import NamedTuple, Protocol, cast
@@ -89,15 +90,21 @@ class Connection:
 
     Notices sent during one turn of the loop leave in one write (one send(2) for the
     answers to every ring that one read brought, not one each): they wait in a list the
-    loop flushes once the callbacks ready now have run."""
+    loop flushes once the callbacks ready now have run. Notices from another thread (the
+    model thread's, one per streamed token) wait in an inbox: only the first after the
+    loop took the inbox wakes the loop (one callback for all that came meanwhile, not a
+    handle each), which writes them at once unless notices of its own wait for this turn's
+    write (then behind those); each notice still leaves, in order."""
 
-    __slots__ = ("_transport", "_loop", "_loop_thread", "_pending", "closed", "jobs")
+    __slots__ = ("_transport", "_loop", "_loop_thread", "_pending", "_inbox", "_woken", "closed", "jobs")
 
     def __init__(self, transport: asyncio.WriteTransport, loop: asyncio.AbstractEventLoop) -> None:
         self._transport = transport
         self._loop = loop
         self._loop_thread = threading.get_ident()
         self._pending: list[bytes] = []
+        self._inbox: deque[bytes] = deque()   # other threads' notices, for the loop
+        self._woken = False                   # a _take_inbox is due on the loop
         self.closed = False
         self.jobs: set[Cancellable] = set()   # jobs rung on this connection, cancelled on EOF
 
@@ -106,8 +113,13 @@ class Connection:
             return
         if threading.get_ident() == self._loop_thread:
             self._queue(frame)
-        else:
-            self._loop.call_soon_threadsafe(self._write_if_open, frame)
+            return
+        # appended before _woken is read: a _take_inbox that cleared _woken already takes
+        # this frame (it clears the flag before it empties the inbox)
+        self._inbox.append(frame)
+        if not self._woken:
+            self._woken = True
+            self._loop.call_soon_threadsafe(self._take_inbox)
 
     def close(self) -> None:
         self._flush()
@@ -129,9 +141,21 @@ class Connection:
         pending.clear()
         self._transport.write(data)
 
-    def _write_if_open(self, frame: bytes) -> None:
-        if not self.closed:
-            self._queue(frame)   # behind the loop's own pending notices: order kept
+    def _take_inbox(self) -> None:
+        self._woken = False
+        inbox = self._inbox
+        if self.closed:
+            inbox.clear()
+            return
+        if not inbox:                      # an earlier call took what woke this one
+            return
+        if self._pending:                  # the loop's own notices of this turn go first
+            while inbox:
+                self._queue(inbox.popleft())
+            return
+        # nothing of this turn waits: written now, not from one more callback
+        frames = [inbox.popleft() for _ in range(len(inbox))]
+        self._transport.write(frames[0] if len(frames) == 1 else b"".join(frames))
 
 
 RingHandler = Callable[[Connection, Ring], None]

@@ -68,7 +68,7 @@ class ResponseWriter:
         return self._view.header.generation == self._gen
 
     def _check_owner(self) -> None:
-        if not self.owned() or self._cancelled():
+        if self._view.header.generation != self._gen or self._cancelled():   # owned(), inlined
             raise SlotAbandoned(f"slot {self._view.index} generation {self._gen}")
 
     def set_meta(self, **fields: int) -> bool:
@@ -80,6 +80,12 @@ class ResponseWriter:
         for name, value in fields.items():
             setattr(meta, name, value)
         return True
+
+    def count_tokens(self, tokens: int) -> None:
+        """meta.completion_len = tokens while the slot is ours: set_meta's, without its
+        keyword dict (a whole answer counts every token up)."""
+        if self._view.header.generation == self._gen:
+            self._view.meta.completion_len = tokens
 
     def begin(self, status: int, sse: bool) -> None:
         """Status and content kind; fixed once the first byte is committed."""
@@ -118,10 +124,16 @@ class ResponseWriter:
             self._check_owner()   # before the bytes go in: the ring may be another request's
         pos = self._total % self._cap
         first = min(n, self._cap - pos)
-        self._region[pos : pos + first] = view[:first]
-        if n > first:
-            self._region[0 : n - first] = view[first:n]
-        self._check_owner()
+        if first == len(view):           # the usual write: all of it, no wrap (no slice made)
+            self._region[pos : pos + first] = view
+        else:
+            self._region[pos : pos + first] = view[:first]
+            if n > first:
+                self._region[0 : n - first] = view[first:n]
+        # after the copy only the generation: a slot nginx gave up on (and claimed again) must
+        # not see response_len move; a cancellation is noticed by _room() and the step's reap
+        if self._view.header.generation != self._gen:
+            raise SlotAbandoned(f"slot {self._view.index} generation {self._gen}")
         self._total += n
         self._view.header.response_len = self._total & 0xFFFFFFFF
         marks = self._marks

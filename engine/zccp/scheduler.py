@@ -89,6 +89,8 @@ class BatchScheduler(Admitting, Prefilling):
         self._parked: list[Sequence] = []
         self._draining: list[Sequence] = []
         self._stopping = False
+        self._steps = metrics.decode_steps.series()
+        self._shown: tuple[int, int, int, int] | None = None   # the batch gauges as last set
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
         self._thread.start()
 
@@ -136,6 +138,8 @@ class BatchScheduler(Admitting, Prefilling):
         while True:
             try:
                 if self._computing():
+                    if self._inbox.empty():      # the usual decode step: no queue.Empty raised
+                        return True
                     item = self._inbox.get_nowait()
                 elif self._parked or self._draining:
                     item = self._inbox.get(timeout=IDLE_POLL_S)
@@ -160,18 +164,23 @@ class BatchScheduler(Admitting, Prefilling):
         if self._prefilling:
             self._prefill()
         self._decode()
-        m = self.metrics
-        m.batch_rows.set(len(self._rows))
-        m.queue_waiting.set(len(self._waiting))
-        m.parked.set(len(self._parked))
-        m.kv_bytes.set(self._batch.nbytes)
+        # the batch gauges only when one moved (a step's token is no reason to set four)
+        shown = (len(self._rows), len(self._waiting) if self._waiting else 0, len(self._parked), self._batch.nbytes)
+        if shown != self._shown:
+            self._shown = shown
+            m = self.metrics
+            m.batch_rows.set(shown[0])
+            m.queue_waiting.set(shown[1])
+            m.parked.set(shown[2])
+            m.kv_bytes.set(shown[3])
 
     # -- 2. cancellation ----------------------------------------------------------------
 
     def _reap(self) -> None:
-        for seq in [s for s in self._waiting if s.cancelled()]:
-            self._waiting.remove(seq)
-            self._drop(seq)
+        if self._waiting:
+            for seq in [s for s in self._waiting if s.cancelled()]:
+                self._waiting.remove(seq)
+                self._drop(seq)
         gone = [i for i, s in enumerate(self._rows) if s.cancelled()]
         if gone:
             leaving = [self._rows[i] for i in gone]
@@ -179,9 +188,10 @@ class BatchScheduler(Admitting, Prefilling):
             for seq in leaving:
                 self._drop(seq)
         for lst in (self._prefilling, self._parked, self._draining):
-            for seq in [s for s in lst if s.cancelled()]:
-                lst.remove(seq)
-                self._drop(seq)
+            if lst:
+                for seq in [s for s in lst if s.cancelled()]:
+                    lst.remove(seq)
+                    self._drop(seq)
 
     def _drop(self, seq: Sequence) -> None:
         seq.state = seq.ids = seq.input_ids = None
@@ -191,6 +201,8 @@ class BatchScheduler(Admitting, Prefilling):
     # -- 3. full rings --------------------------------------------------------------------
 
     def _flush(self) -> None:
+        if not (self._draining or self._parked):
+            return
         for seq in list(self._draining):
             if self._sink_call(seq, seq.sink.flush):
                 self._draining.remove(seq)
@@ -236,7 +248,7 @@ class BatchScheduler(Admitting, Prefilling):
             log.exception("decode step failed")
             self._fail_rows()
             return
-        self.metrics.decode_steps.inc()
+        self._steps.inc()
         leaving: set[int] = set()
         for i, (seq, tok) in enumerate(zip(rows, toks, strict=False)):
             outcome = self._emit(seq, tok)

@@ -110,7 +110,7 @@ class TextAssembler:
 
     def feed(self, token: int) -> list[Event]:
         """The events one more token releases (none once a stop sequence matched)."""
-        if self.done:
+        if self.stop_sequence is not None or self.spent:     # done, without the property's call
             return []
         tools = self._tools
         if self.budget is None or tools is None:
@@ -159,12 +159,14 @@ class TextAssembler:
         return "tool_use" if self.tool_calls and reason != "max_tokens" else reason
 
     def _events(self, text: str, final: bool) -> list[Event]:
-        if self._tools is None:
-            out: list[Event] = [TextDelta(text)] if text else []
-        else:
-            out = self._tools.feed(text) if text else []
-            if final:
-                out += self._tools.finish()
+        if self._tools is None:          # text alone: one delta, nothing to sort
+            if not text:
+                return []
+            self._text.append(text)
+            return [TextDelta(text)]
+        out = self._tools.feed(text) if text else []
+        if final:
+            out += self._tools.finish()
         for ev in out:
             if isinstance(ev, TextDelta):
                 self._text.append(ev.text)

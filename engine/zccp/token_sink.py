@@ -177,7 +177,7 @@ class Reply(SlotOutput):
         if self._encoder is None:
             # a whole answer sends nothing until its end: the count so far is what nginx
             # settles should its client leave (meta.completion_len, counted up)
-            self._writer.set_meta(completion_len=self._fed)
+            self._writer.count_tokens(self._fed)
         self._send(self._text.feed(token, drawn))
         return self._text.stopped
 
@@ -204,16 +204,17 @@ class Reply(SlotOutput):
         if enc is None:
             return
         for ev in events:
-            if isinstance(ev, ToolCall):
+            if isinstance(ev, TextDelta):          # the usual event first
+                if ev.text or ev.logprobs:
+                    if ev.text:
+                        self._deltas.append(len(ev.text))
+                    self._writer.write_nowait(enc.delta(ev), self._fed)
+            elif isinstance(ev, ToolCall):
                 self._writer.write_nowait(enc.tool_call(ev), self._fed)
             elif isinstance(ev, ToolCallStart):
                 self._writer.write_nowait(enc.tool_start(ev), self._fed)
             elif isinstance(ev, ToolArgsDelta):
                 self._writer.write_nowait(enc.tool_args(ev), self._fed)
-            elif ev.text or ev.logprobs:
-                if ev.text:
-                    self._deltas.append(len(ev.text))
-                self._writer.write_nowait(enc.delta(ev), self._fed)
 
 
 class WarmupReply(SlotOutput):

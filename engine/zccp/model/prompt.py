@@ -13,7 +13,7 @@ import codecs
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Protocol, cast
 
 import numpy as np
 
@@ -70,18 +70,23 @@ class PromptFormat(ABC):
         (tokenizers that merge a leading space need the context)."""
 
 
+_ASCII = tuple(chr(i) for i in range(128))
+
+
 class _Utf8Bytes:
     """Byte ids 0..255 -> UTF-8 text, never half a character; other ids carry no text."""
 
     __slots__ = ("_dec", "_one")
 
     def __init__(self) -> None:
-        self._dec = codecs.getincrementaldecoder("utf-8")(errors="replace")
+        self._dec = cast(codecs.BufferedIncrementalDecoder, codecs.getincrementaldecoder("utf-8")(errors="replace"))
         self._one = bytearray(1)
 
     def step(self, token: int) -> str:
         if not 0 <= token < 256:
             return ""
+        if token < 0x80 and not self._dec.buffer:   # ASCII between whole characters: itself, no decoder call
+            return _ASCII[token]
         self._one[0] = token
         return self._dec.decode(self._one)
 

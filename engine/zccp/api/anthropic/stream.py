@@ -34,7 +34,7 @@ class StreamEncoder:
     call), one tool_use block per call, its input streamed as generated; an answer with
     neither still gets its (empty) text block. The ping follows the first block start."""
 
-    __slots__ = ("_req", "_id", "_input_tokens", "_cached", "_written", "_blocks", "_open", "_tool")
+    __slots__ = ("_req", "_id", "_input_tokens", "_cached", "_written", "_blocks", "_open", "_tool", "_delta_head")
 
     def __init__(self, req: GenerationRequest, response_id: str, created: int, input_tokens: int,
                  cached_tokens: int = 0, written: CacheWrite = NO_WRITE) -> None:
@@ -46,6 +46,7 @@ class StreamEncoder:
         self._written = written
         self._blocks = 0          # content blocks started so far
         self._open = False        # a text block is open
+        self._delta_head = b""    # the open text block's delta head (its index), made once per block
         self._tool: int | None = None   # the open tool_use block's index
 
     def start(self) -> bytes:
@@ -80,11 +81,12 @@ class StreamEncoder:
     def delta(self, d: TextDelta) -> bytes:
         if not d.text:
             return b""
-        head = b""
-        if not self._open:
-            head = self._block_start(_TEXT_START % self._blocks)
-            self._open = True
-        return head + _DELTA_HEAD % (self._blocks - 1) + dumps(d.text) + _DELTA_TAIL
+        if self._open:
+            return self._delta_head + dumps(d.text) + _DELTA_TAIL
+        head = self._block_start(_TEXT_START % self._blocks)
+        self._open = True
+        self._delta_head = _DELTA_HEAD % (self._blocks - 1)
+        return head + self._delta_head + dumps(d.text) + _DELTA_TAIL
 
     def tool_start(self, start: ToolCallStart, call_id: str | None = None) -> bytes:
         """A tool_use block opens (its input streams as input_json_delta, tool_args())."""
