@@ -17,7 +17,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 _FIXED64 = struct.Struct("<Q")
-_TIMES = struct.Struct("<BQBQ")     # start_time_unix_nano (7) and end_time_unix_nano (8), fixed64
+TIMES = struct.Struct("<BQBQ")     # start_time_unix_nano (7) and end_time_unix_nano (8), fixed64
 _DOUBLE = struct.Struct("<d")
 
 # OTLP's SpanKind (the SDK's + 1) and StatusCode
@@ -66,6 +66,32 @@ def any_value(v: Any) -> bytes:
 
 
 _KEYS: dict[str, bytes] = {}
+
+
+def key(k: str) -> bytes:
+    """An attribute's key, encoded (KeyValue's field 1), made once per key."""
+    got = _KEYS.get(k)
+    if got is None:
+        got = _KEYS[k] = field(1, k.encode())
+    return got
+
+
+def str_attribute(key: bytes, v: str) -> bytes:
+    """A span attribute (field 9) of a string value, its key from key()."""
+    b = v.encode()
+    n = len(b)
+    av = b"\x0a" + (_SMALL[n] if n < 0x80 else varint(n)) + b
+    n = len(av)
+    kv = key + b"\x12" + (_SMALL[n] if n < 0x80 else varint(n)) + av
+    n = len(kv)
+    return b"\x4a" + (_SMALL[n] if n < 0x80 else varint(n)) + kv
+
+
+def int_attribute(key: bytes, v: int) -> bytes:
+    """A span attribute (field 9) of an integer value, its key from key()."""
+    av = b"\x18" + varint(v)
+    kv = key + b"\x12" + _SMALL[len(av)] + av
+    return b"\x4a" + _SMALL[len(kv)] + kv if len(kv) < 0x80 else field(9, kv)
 
 
 def key_value(k: str, v: Any) -> bytes:
@@ -117,18 +143,8 @@ def span_attributes(attrs: Mapping[str, Any]) -> bytes:
     return b"".join(out)
 
 
-_INTERNAL_TAIL = b"\x7a\x00\x85\x01" + struct.pack("<I", HAS_IS_REMOTE)   # Status{}, flags
-
-
-def child_span(head: bytes, span_id: int, parent: bytes, name: bytes, start: int, end: int,
-               attrs: bytes = b"") -> bytes:
-    """An INTERNAL span under a local parent, the per-trace parts made once by the caller:
-    head = b"\\x0a\\x10" + trace id + b"\\x12\\x08", parent = [the trace state's field 3 +]
-    b"\\x22\\x08" + the parent's id."""
-    body = b"".join((head, span_id.to_bytes(8, "big"), parent, name, b"\x30\x01", _TIMES.pack(0x39, start, 0x41, end),
-                     attrs, _INTERNAL_TAIL))
-    n = len(body)
-    return b"\x12" + (_SMALL[n] if n < 0x80 else varint(n)) + body
+# an INTERNAL span under a local parent ends so: Status{}, flags (zccp.trace_spans writes those inline)
+INTERNAL_TAIL = b"\x7a\x00\x85\x01" + struct.pack("<I", HAS_IS_REMOTE)
 
 
 def span(trace_id: bytes, span_id: int, parent_id: int, name: bytes, kind: int, start: int, end: int,

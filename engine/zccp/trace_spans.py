@@ -29,6 +29,13 @@ from zccp import otlp_encode as pb
 from zccp.abi import CACHE_NAMES
 from zccp.trace_export import BATCH, CHILDREN, FRAME, L1
 
+# an INTERNAL child span is: b"\x12" + its length, then b"\x0a\x10" + the trace id, b"\x12\x08" +
+# its id, [the tracestate's field 3,] b"\x22\x08" + the root's id, its name's field 5, b"\x30\x01"
+# (INTERNAL), the two times, its attributes, pb.INTERNAL_TAIL. The fixed part's length:
+_CHILD_FIXED = 2 + 16 + 2 + 8 + pb.TIMES.size + len(pb.INTERNAL_TAIL)
+_TIMES, _CHILD_TAIL = pb.TIMES, pb.INTERNAL_TAIL
+_REQUEST_ID, _TENANT, _INPUT, _OUTPUT, _RESPONSE_ID = (pb.key(k) for k in (
+    "zccp.request_id", "zccp.tenant", "gen_ai.usage.input_tokens", "gen_ai.usage.output_tokens", "gen_ai.response.id"))
 ENDPOINT_VARS = ("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "OTEL_EXPORTER_OTLP_ENDPOINT")
 MAX_FRAME = 64 << 20
 
@@ -65,8 +72,10 @@ class SpanEncoder:
         self.fixed = pb.attributes(9, fixed)
         self.names = {n: pb.field(5, n.encode()) for n in (f"chat {model}", *CHILDREN)}
         self.root_name = self.names[f"chat {model}"]
+        self.child_names = {n: self.names[n] + b"\x30\x01" for n in CHILDREN}   # the name, then INTERNAL
         self._cache_attr: dict[str, bytes] = {}
         self._upstream: dict[str, tuple[bytes, bytes]] = {}
+        self._leads: dict[int, dict[str, bytes]] = {}
 
     def _cache(self, cache: str) -> bytes:
         got = self._cache_attr.get(cache)
@@ -83,7 +92,20 @@ class SpanEncoder:
                 9, {"gen_ai.operation.name": "chat", "gen_ai.request.model": model}))
         return got
 
+    def _child_leads(self, under: bytes) -> dict[str, bytes]:
+        """Per child name without attributes: b"\\x12", the span's length and the trace id's tag
+        (the same for every request with the same tracestate's length: made once)."""
+        got = self._leads.get(len(under))
+        if got is None:
+            got = {n: b"\x12" + pb.varint(_CHILD_FIXED + len(under) + len(name)) + b"\x0a\x10"
+                   for n, name in self.child_names.items()}
+            if len(self._leads) < 8:
+                self._leads[len(under)] = got
+        return got
+
     def spans(self, rec: tuple[Any, ...], out: list[bytes]) -> None:
+        """A request's spans, appended to `out`: per request only the ids, the times and the
+        few per-request attributes are encoded, the rest made once (see _CHILD_FIXED)."""
         (ids, flags, tid, root_id, (nginx_start, admit_us), wall0, perf0, (submitted, admitted, first, last),
          now, upstream, status, cache, slot, request_id, api, max_tokens, tenant, usage, response_id,
          tracestate) = rec
@@ -98,49 +120,54 @@ class SpanEncoder:
         nginx_start = nginx_start or wall0
         # the client's tracestate on every span of its trace (the SDK's children inherit it)
         state = pb.field(3, tracestate.encode()) if tracestate else b""
-        names, span, head, under = self.names, pb.child_span, b"\x0a\x10" + tid_b + b"\x12\x08", \
-            state + b"\x22\x08" + root.to_bytes(8, "big")
-
-        def ns(t: float) -> int:
-            return wall0 + int((t - perf0) * 1e9)
+        under = state + b"\x22\x08" + root.to_bytes(8, "big")
+        names, leads, times, tail, rnd = self.child_names, self._child_leads(under), _TIMES.pack, _CHILD_TAIL, \
+            getrandbits
+        mid = b"\x12\x08"
 
         def child(name: str, start: int, end: int, attrs: bytes = b"") -> None:
-            out.append(span(head, getrandbits(64) or 1, under, names[name], start, end, attrs))
+            lead = leads[name] if not attrs else \
+                b"\x12" + pb.varint(_CHILD_FIXED + len(under) + len(names[name]) + len(attrs)) + b"\x0a\x10"
+            out.append(b"".join((lead, tid_b, mid, (rnd(64) or 1).to_bytes(8, "big"), under, names[name],
+                                 times(0x39, start, 0x41, end), attrs, tail)))
 
         if admit_us:
             child("zccp.nginx.admit", nginx_start, nginx_start + admit_us * 1000)
         if submitted:
-            child("zccp.engine.prepare", wall0, ns(submitted), self._cache(cache))
+            t_sub = wall0 + int((submitted - perf0) * 1e9)
+            child("zccp.engine.prepare", wall0, t_sub, self._cache(cache))
             if admitted:
-                child("zccp.queue", ns(submitted), ns(admitted))
-                if first:
-                    child("zccp.prefill", ns(admitted), ns(first))
+                t_adm = wall0 + int((admitted - perf0) * 1e9)
+                child("zccp.queue", t_sub, t_adm)
             if first:
-                child("zccp.decode", ns(first), ns(last) if last else now)
+                t_first = wall0 + int((first - perf0) * 1e9)
+                if admitted:
+                    child("zccp.prefill", t_adm, t_first)
+                child("zccp.decode", t_first, wall0 + int((last - perf0) * 1e9) if last else now)
         elif status == 200:
             child("zccp.cache.replay", wall0, now, self._cache(cache))
         if upstream is not None:
             up_id, up_model, up_start = upstream
             name, up_attrs = self._upstream_parts(up_model)
             out.append(pb.span(tid_b, up_id, root, name, pb.CLIENT, up_start, now, up_attrs,
-                            pb.ERROR if status != 200 else pb.UNSET, trace_state=state))
+                               pb.ERROR if status != 200 else pb.UNSET, trace_state=state))
         few = pb.few_valued
-        fixed = self.fixed + self._cache(cache) + few("http.response.status_code", status) + \
-            few("zccp.slot", slot) + few("zccp.api", api)
-        attrs: dict[str, Any] = {"zccp.request_id": request_id}
+        attrs = [self.fixed, self._cache(cache), few("http.response.status_code", status), few("zccp.slot", slot),
+                 few("zccp.api", api)]
         if max_tokens:
-            fixed += few("gen_ai.request.max_tokens", max_tokens)
-        if tenant is not None:
-            attrs["zccp.tenant"] = tenant.hex()     # a digest's first 8 bytes
+            attrs.append(few("gen_ai.request.max_tokens", max_tokens))
         if usage is not None:
-            attrs["gen_ai.usage.input_tokens"], attrs["gen_ai.usage.output_tokens"] = usage[0], usage[1]
-            fixed += few("gen_ai.response.finish_reasons", (usage[2],))
+            attrs.append(few("gen_ai.response.finish_reasons", (usage[2],)))
+        attrs.append(pb.str_attribute(_REQUEST_ID, request_id))
+        if tenant is not None:
+            attrs.append(pb.str_attribute(_TENANT, tenant.hex()))     # a digest's first 8 bytes
+        if usage is not None:
+            attrs += (pb.int_attribute(_INPUT, usage[0]), pb.int_attribute(_OUTPUT, usage[1]))
         if response_id:
-            attrs["gen_ai.response.id"] = response_id
+            attrs.append(pb.str_attribute(_RESPONSE_ID, response_id))
         out.append(pb.span(tid_b, root, parent, self.root_name, pb.SERVER, min(nginx_start, wall0), now,
-                        fixed + pb.span_attributes(attrs),
-                        pb.ERROR if status >= 500 else pb.UNSET, parent_remote=bool(parent), trace_state=state))
-
+                           b"".join(attrs), pb.ERROR if status >= 500 else pb.UNSET, parent_remote=bool(parent),
+                           trace_state=state))
 
     def l1(self, rec: tuple[Any, ...], out: list[bytes]) -> None:
         """An L1 hit's one span (nginx answered it alone): the request span, under the client's."""
