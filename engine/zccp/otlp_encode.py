@@ -147,17 +147,26 @@ def span_attributes(attrs: Mapping[str, Any]) -> bytes:
 INTERNAL_TAIL = b"\x7a\x00\x85\x01" + struct.pack("<I", HAS_IS_REMOTE)
 
 
+def _tail(status: int, parent_remote: bool) -> bytes:
+    """Status{code}, as the SDK's, then the flags."""
+    return (b"\x7a\x02\x18" + varint(status) if status else b"\x7a\x00") + b"\x85\x01" + \
+        struct.pack("<I", HAS_IS_REMOTE | IS_REMOTE if parent_remote else HAS_IS_REMOTE)
+
+
+_KINDS = [b"\x30" + varint(k) for k in range(6)]
+_TAILS = {(s, r): _tail(s, r) for s in (UNSET, OK, ERROR) for r in (False, True)}
+
+
 def span(trace_id: bytes, span_id: int, parent_id: int, name: bytes, kind: int, start: int, end: int,
          attrs: bytes = b"", status: int = UNSET, parent_remote: bool = False, trace_state: bytes = b"") -> bytes:
     """One Span message's bytes. trace_id: 16 bytes; name: field(5, ...) made once per name;
     attrs: attributes(9, ...) or pieces of it; trace_state: field(3, ...) or b""."""
-    body = [b"\x0a\x10", trace_id, b"\x12\x08", span_id.to_bytes(8, "big"), trace_state]
-    if parent_id:
-        body += (b"\x22\x08", parent_id.to_bytes(8, "big"))
-    body += (name, b"\x30", varint(kind), b"\x39", _FIXED64.pack(start), b"\x41", _FIXED64.pack(end), attrs)
-    body.append(b"\x7a\x02\x18" + _SMALL[status] if status else b"\x7a\x00")   # Status{code}, as the SDK's
-    body += (b"\x85\x01", struct.pack("<I", HAS_IS_REMOTE | IS_REMOTE if parent_remote else HAS_IS_REMOTE))
-    return field(2, b"".join(body))
+    body = b"".join((b"\x0a\x10", trace_id, b"\x12\x08", span_id.to_bytes(8, "big"), trace_state,
+                     b"\x22\x08" + parent_id.to_bytes(8, "big") if parent_id else b"", name, _KINDS[kind],
+                     TIMES.pack(0x39, start, 0x41, end), attrs,
+                     _TAILS.get((status, parent_remote)) or _tail(status, parent_remote)))
+    n = len(body)
+    return b"\x12" + (_SMALL[n] if n < 0x80 else varint(n)) + body
 
 
 class RequestEncoder:

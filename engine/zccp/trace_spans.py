@@ -79,6 +79,7 @@ class SpanEncoder:
         self._cache_attr: dict[str, bytes] = {}
         self._upstream: dict[str, tuple[bytes, bytes]] = {}
         self._leads: dict[int, dict[str, bytes]] = {}
+        self._roots: dict[tuple[Any, ...], bytes] = {}
 
     def _cache(self, cache: str) -> bytes:
         got = self._cache_attr.get(cache)
@@ -93,6 +94,24 @@ class SpanEncoder:
                 self._upstream.clear()
             got = self._upstream[model] = (pb.field(5, f"chat {model}".encode()), pb.attributes(
                 9, {"gen_ai.operation.name": "chat", "gen_ai.request.model": model}))
+        return got
+
+    def _root_fixed(self, cache: str, status: int, slot: int, api: str, max_tokens: int,
+                    finish: str | None) -> bytes:
+        """The root's few-valued attributes, encoded once per combination (bounded)."""
+        key = (cache, status, slot, api, max_tokens, finish)
+        got = self._roots.get(key)
+        if got is None:
+            few = pb.few_valued
+            got = self.fixed + self._cache(cache) + few("http.response.status_code", status) + \
+                few("zccp.slot", slot) + few("zccp.api", api)
+            if max_tokens:
+                got += few("gen_ai.request.max_tokens", max_tokens)
+            if finish is not None:
+                got += few("gen_ai.response.finish_reasons", (finish,))
+            if len(self._roots) >= 4096:
+                self._roots.clear()
+            self._roots[key] = got
         return got
 
     def _child_leads(self, under: bytes) -> dict[str, bytes]:
@@ -154,13 +173,7 @@ class SpanEncoder:
             name, up_attrs = self._upstream_parts(up_model)
             out.append(pb.span(tid_b, up_id, root, name, pb.CLIENT, up_start, now, up_attrs,
                                pb.ERROR if status != 200 else pb.UNSET, trace_state=state))
-        few = pb.few_valued
-        attrs = [self.fixed, self._cache(cache), few("http.response.status_code", status), few("zccp.slot", slot),
-                 few("zccp.api", api)]
-        if max_tokens:
-            attrs.append(few("gen_ai.request.max_tokens", max_tokens))
-        if usage is not None:
-            attrs.append(few("gen_ai.response.finish_reasons", (usage[2],)))
+        attrs = [self._root_fixed(cache, status, slot, api, max_tokens, usage[2] if usage is not None else None)]
         attrs.append(pb.str_attribute(_REQUEST_ID, request_id))
         if tenant is not None:
             attrs.append(pb.str_attribute(_TENANT, tenant.hex()))     # a digest's first 8 bytes
