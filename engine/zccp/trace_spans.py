@@ -17,6 +17,7 @@ from __future__ import annotations
 import os
 import pickle
 import signal
+import struct
 import sys
 from collections.abc import Callable, Mapping
 from random import getrandbits
@@ -33,7 +34,7 @@ from zccp.trace_export import BATCH, CHILDREN, FRAME, L1
 # its id, [the tracestate's field 3,] b"\x22\x08" + the root's id, its name's field 5, b"\x30\x01"
 # (INTERNAL), the two times, its attributes, pb.INTERNAL_TAIL. The fixed part's length:
 _CHILD_FIXED = 2 + 16 + 2 + 8 + pb.TIMES.size + len(pb.INTERNAL_TAIL)
-_TIMES, _CHILD_TAIL = pb.TIMES, pb.INTERNAL_TAIL
+_CHILD_TAIL = pb.INTERNAL_TAIL
 _REQUEST_ID, _TENANT, _INPUT, _OUTPUT, _RESPONSE_ID = (pb.key(k) for k in (
     "zccp.request_id", "zccp.tenant", "gen_ai.usage.input_tokens", "gen_ai.usage.output_tokens", "gen_ai.response.id"))
 ENDPOINT_VARS = ("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "OTEL_EXPORTER_OTLP_ENDPOINT")
@@ -78,7 +79,7 @@ class SpanEncoder:
         self.child_names = {n: self.names[n] + b"\x30\x01" for n in CHILDREN}   # the name, then INTERNAL
         self._cache_attr: dict[str, bytes] = {}
         self._upstream: dict[str, tuple[bytes, bytes]] = {}
-        self._leads: dict[int, dict[str, bytes]] = {}
+        self._packers: dict[tuple[str, int, bytes], tuple[struct.Struct, bytes, bytes]] = {}
         self._roots: dict[tuple[Any, ...], bytes] = {}
 
     def _cache(self, cache: str) -> bytes:
@@ -114,20 +115,25 @@ class SpanEncoder:
             self._roots[key] = got
         return got
 
-    def _child_leads(self, under: bytes) -> dict[str, bytes]:
-        """Per child name without attributes: b"\\x12", the span's length and the trace id's tag
-        (the same for every request with the same tracestate's length: made once)."""
-        got = self._leads.get(len(under))
+    def _packer(self, name: str, n_under: int, attrs: bytes) -> tuple[struct.Struct, bytes, bytes]:
+        """A child span's struct (its id packed little-endian: random bits either way), its lead
+        (b"\\x12", the span's length, the trace id's tag) and its name with its kind; made once
+        per name, tracestate length and attributes (bounded)."""
+        key = (name, n_under, attrs)
+        got = self._packers.get(key)
         if got is None:
-            got = {n: b"\x12" + pb.varint(_CHILD_FIXED + len(under) + len(name)) + b"\x0a\x10"
-                   for n, name in self.child_names.items()}
-            if len(self._leads) < 8:
-                self._leads[len(under)] = got
+            nm = self.child_names[name]
+            lead = b"\x12" + pb.varint(_CHILD_FIXED + n_under + len(nm) + len(attrs)) + b"\x0a\x10"
+            got = (struct.Struct(f"<{len(lead)}s16s2sQ{n_under}s{len(nm)}sBQBQ{len(attrs)}s{len(_CHILD_TAIL)}s"),
+                   lead, nm)
+            if len(self._packers) >= 1024:
+                self._packers.clear()
+            self._packers[key] = got
         return got
 
     def spans(self, rec: tuple[Any, ...], out: list[bytes]) -> None:
         """A request's spans, appended to `out`: per request only the ids, the times and the
-        few per-request attributes are encoded, the rest made once (see _CHILD_FIXED)."""
+        few per-request attributes are encoded, the rest made once (_packer, _root_fixed)."""
         (ids, flags, tid, root_id, (nginx_start, admit_us), wall0, perf0, (submitted, admitted, first, last),
          now, upstream, status, cache, slot, request_id, api, max_tokens, tenant, usage, response_id,
          tracestate) = rec
@@ -143,15 +149,11 @@ class SpanEncoder:
         # the client's tracestate on every span of its trace (the SDK's children inherit it)
         state = pb.field(3, tracestate.encode()) if tracestate else b""
         under = state + b"\x22\x08" + root.to_bytes(8, "big")
-        names, leads, times, tail, rnd = self.child_names, self._child_leads(under), _TIMES.pack, _CHILD_TAIL, \
-            getrandbits
-        mid = b"\x12\x08"
+        packer, n_under, tail, rnd = self._packer, len(under), _CHILD_TAIL, getrandbits
 
         def child(name: str, start: int, end: int, attrs: bytes = b"") -> None:
-            lead = leads[name] if not attrs else \
-                b"\x12" + pb.varint(_CHILD_FIXED + len(under) + len(names[name]) + len(attrs)) + b"\x0a\x10"
-            out.append(b"".join((lead, tid_b, mid, (rnd(64) or 1).to_bytes(8, "big"), under, names[name],
-                                 times(0x39, start, 0x41, end), attrs, tail)))
+            st, lead, nm = packer(name, n_under, attrs)
+            out.append(st.pack(lead, tid_b, b"\x12\x08", rnd(64) or 1, under, nm, 0x39, start, 0x41, end, attrs, tail))
 
         if admit_us:
             child("zccp.nginx.admit", nginx_start, nginx_start + admit_us * 1000)
