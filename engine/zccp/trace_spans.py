@@ -1,6 +1,6 @@
 """The span process: `python -m zccp.trace_spans`, started by the engine when tracing is on
 (zccp.trace_export). It reads the engine's request records from stdin (frames of a length
-and a pickle: the engine's own pipe to its own child), encodes each request's spans as
+and a marshal: the engine's own pipe to its own child), encodes each request's spans as
 OTLP protobuf (zccp.otlp_encode) and sends them through the SDK's OTLP/HTTP exporter in
 batches of up to 512; on stdout it reports "exported N" or "failed N" per batch for the
 engine's counter. Here, not in the engine, so that encoding takes no GIL from the engine's
@@ -14,6 +14,7 @@ exporter's transport.
 
 from __future__ import annotations
 
+import marshal
 import os
 import pickle
 import signal
@@ -28,7 +29,7 @@ from opentelemetry.sdk.resources import Resource
 
 from zccp import otlp_encode as pb
 from zccp.abi import CACHE_NAMES
-from zccp.trace_export import BATCH, CHILDREN, FRAME, L1
+from zccp.trace_export import BATCH, CHILDREN, FRAME, L1, PICKLED
 
 # an INTERNAL child span is: b"\x12" + its length, then b"\x0a\x10" + the trace id, b"\x12\x08" +
 # its id, [the tracestate's field 3,] b"\x22\x08" + the root's id, its name's field 5, b"\x30\x01"
@@ -45,15 +46,18 @@ POST_SPANS = 8 * BATCH
 
 
 def read_frame(inp: IO[bytes]) -> Any:
-    """The next pickled frame, or None at the end of the pipe (the engine stopped or died)."""
+    """The next frame's batch (zccp.trace_export.frame), or None at the end of the pipe (the engine stopped or died)."""
     head = inp.read(FRAME.size)
     if len(head) < FRAME.size:
         return None
     (n,) = FRAME.unpack(head)
+    pickled, n = n & PICKLED, n & ~PICKLED
     if n > MAX_FRAME:
         raise ValueError(f"a frame of {n} bytes")
     data = inp.read(n)
-    return pickle.loads(data) if len(data) == n else None
+    if len(data) < n:
+        return None
+    return pickle.loads(data) if pickled else marshal.loads(data)
 
 
 class SpanEncoder:

@@ -148,3 +148,21 @@ def test_spans_go_out_in_posts_of_the_export_batch_size() -> None:
         rx.close()
     assert reports == [("exported", 8), ("exported", 8), ("exported", 2), ("exported", 18)]
     assert (rx.posts, rx.count) == (4, 36)
+
+
+def test_frames_to_the_span_process_round_trip_marshal_or_pickle() -> None:
+    import io
+    from http import HTTPStatus
+
+    from zccp.trace_export import FRAME, PICKLED, frame
+    from zccp.trace_spans import read_frame
+
+    plain, odd = [record(), record(ids=None)], [record(status=HTTPStatus.OK)]
+    data = frame(plain) + frame(odd) + frame({"model": "m", "server.port": None})
+    assert not FRAME.unpack_from(data)[0] & PICKLED      # plain values: marshal
+    stream = io.BytesIO(data + frame(plain)[:-1])        # a frame cut short ends the stream
+    assert read_frame(stream) == plain
+    got = read_frame(stream)
+    assert got == odd and got[0][10] is HTTPStatus.OK           # a value marshal cannot write: pickled
+    assert read_frame(stream) == {"model": "m", "server.port": None}
+    assert read_frame(stream) is None
