@@ -1,9 +1,9 @@
 """The span process: `python -m zccp.trace_spans`, started by the engine when tracing is on
 (zccp.trace_export). It reads the engine's request records from stdin (frames of a length
 and a marshal: the engine's own pipe to its own child), encodes each request's spans as
-OTLP protobuf (zccp.otlp_encode) and sends them through the SDK's OTLP/HTTP exporter in
-batches of up to 512; on stdout it reports "exported N" or "failed N" per batch for the
-engine's counter. Here, not in the engine, so that encoding takes no GIL from the engine's
+OTLP protobuf (zccp.otlp_encode) and sends them through the SDK's OTLP/HTTP exporter, a
+frame's spans per export (POST_SPANS); on stdout it reports "exported N" or "failed N" per
+export for the engine's counter. Here, not in the engine, so that encoding takes no GIL from the engine's
 event loop (docs/observability.md).
 
 The SDK's TracerProvider, spans and BatchSpanProcessor are not used: a request's spans are
@@ -46,7 +46,8 @@ POST_SPANS = 8 * BATCH
 
 
 def read_frame(inp: IO[bytes]) -> Any:
-    """The next frame's batch (zccp.trace_export.frame), or None at the end of the pipe (the engine stopped or died)."""
+    """The next frame's batch (zccp.trace_export.frame), or None at the end of the pipe (the
+    engine stopped or died)."""
     head = inp.read(FRAME.size)
     if len(head) < FRAME.size:
         return None
