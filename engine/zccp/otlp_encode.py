@@ -33,6 +33,8 @@ _SMALL = [bytes((i,)) for i in range(0x80)]
 def varint(n: int) -> bytes:
     if 0 <= n < 0x80:
         return _SMALL[n]
+    if 0 < n < 0x4000:     # two bytes: a span's length, a token count
+        return bytes(((n & 0x7F) | 0x80, n >> 7))
     if n < 0:
         n += 1 << 64
     out = bytearray()
