@@ -17,7 +17,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 _FIXED64 = struct.Struct("<Q")
-_TIMES = struct.Struct("<BQBQ")     # start_time_unix_nano (7) and end_time_unix_nano (8), fixed64
+TIMES = struct.Struct("<BQBQ")     # start_time_unix_nano (7) and end_time_unix_nano (8), fixed64
 _DOUBLE = struct.Struct("<d")
 
 # OTLP's SpanKind (the SDK's + 1) and StatusCode
@@ -33,6 +33,8 @@ _SMALL = [bytes((i,)) for i in range(0x80)]
 def varint(n: int) -> bytes:
     if 0 <= n < 0x80:
         return _SMALL[n]
+    if 0 < n < 0x4000:     # two bytes: a span's length, a token count
+        return bytes(((n & 0x7F) | 0x80, n >> 7))
     if n < 0:
         n += 1 << 64
     out = bytearray()
@@ -66,6 +68,32 @@ def any_value(v: Any) -> bytes:
 
 
 _KEYS: dict[str, bytes] = {}
+
+
+def key(k: str) -> bytes:
+    """An attribute's key, encoded (KeyValue's field 1), made once per key."""
+    got = _KEYS.get(k)
+    if got is None:
+        got = _KEYS[k] = field(1, k.encode())
+    return got
+
+
+def str_attribute(key: bytes, v: str) -> bytes:
+    """A span attribute (field 9) of a string value, its key from key()."""
+    b = v.encode()
+    n = len(b)
+    av = b"\x0a" + (_SMALL[n] if n < 0x80 else varint(n)) + b
+    n = len(av)
+    kv = key + b"\x12" + (_SMALL[n] if n < 0x80 else varint(n)) + av
+    n = len(kv)
+    return b"\x4a" + (_SMALL[n] if n < 0x80 else varint(n)) + kv
+
+
+def int_attribute(key: bytes, v: int) -> bytes:
+    """A span attribute (field 9) of an integer value, its key from key()."""
+    av = b"\x18" + varint(v)
+    kv = key + b"\x12" + _SMALL[len(av)] + av
+    return b"\x4a" + _SMALL[len(kv)] + kv if len(kv) < 0x80 else field(9, kv)
 
 
 def key_value(k: str, v: Any) -> bytes:
@@ -117,31 +145,30 @@ def span_attributes(attrs: Mapping[str, Any]) -> bytes:
     return b"".join(out)
 
 
-_INTERNAL_TAIL = b"\x7a\x00\x85\x01" + struct.pack("<I", HAS_IS_REMOTE)   # Status{}, flags
+# an INTERNAL span under a local parent ends so: Status{}, flags (zccp.trace_spans writes those inline)
+INTERNAL_TAIL = b"\x7a\x00\x85\x01" + struct.pack("<I", HAS_IS_REMOTE)
 
 
-def child_span(head: bytes, span_id: int, parent: bytes, name: bytes, start: int, end: int,
-               attrs: bytes = b"") -> bytes:
-    """An INTERNAL span under a local parent, the per-trace parts made once by the caller:
-    head = b"\\x0a\\x10" + trace id + b"\\x12\\x08", parent = [the trace state's field 3 +]
-    b"\\x22\\x08" + the parent's id."""
-    body = b"".join((head, span_id.to_bytes(8, "big"), parent, name, b"\x30\x01", _TIMES.pack(0x39, start, 0x41, end),
-                     attrs, _INTERNAL_TAIL))
-    n = len(body)
-    return b"\x12" + (_SMALL[n] if n < 0x80 else varint(n)) + body
+def _tail(status: int, parent_remote: bool) -> bytes:
+    """Status{code}, as the SDK's, then the flags."""
+    return (b"\x7a\x02\x18" + varint(status) if status else b"\x7a\x00") + b"\x85\x01" + \
+        struct.pack("<I", HAS_IS_REMOTE | IS_REMOTE if parent_remote else HAS_IS_REMOTE)
+
+
+_KINDS = [b"\x30" + varint(k) for k in range(6)]
+_TAILS = {(s, r): _tail(s, r) for s in (UNSET, OK, ERROR) for r in (False, True)}
 
 
 def span(trace_id: bytes, span_id: int, parent_id: int, name: bytes, kind: int, start: int, end: int,
          attrs: bytes = b"", status: int = UNSET, parent_remote: bool = False, trace_state: bytes = b"") -> bytes:
     """One Span message's bytes. trace_id: 16 bytes; name: field(5, ...) made once per name;
     attrs: attributes(9, ...) or pieces of it; trace_state: field(3, ...) or b""."""
-    body = [b"\x0a\x10", trace_id, b"\x12\x08", span_id.to_bytes(8, "big"), trace_state]
-    if parent_id:
-        body += (b"\x22\x08", parent_id.to_bytes(8, "big"))
-    body += (name, b"\x30", varint(kind), b"\x39", _FIXED64.pack(start), b"\x41", _FIXED64.pack(end), attrs)
-    body.append(b"\x7a\x02\x18" + _SMALL[status] if status else b"\x7a\x00")   # Status{code}, as the SDK's
-    body += (b"\x85\x01", struct.pack("<I", HAS_IS_REMOTE | IS_REMOTE if parent_remote else HAS_IS_REMOTE))
-    return field(2, b"".join(body))
+    body = b"".join((b"\x0a\x10", trace_id, b"\x12\x08", span_id.to_bytes(8, "big"), trace_state,
+                     b"\x22\x08" + parent_id.to_bytes(8, "big") if parent_id else b"", name, _KINDS[kind],
+                     TIMES.pack(0x39, start, 0x41, end), attrs,
+                     _TAILS.get((status, parent_remote)) or _tail(status, parent_remote)))
+    n = len(body)
+    return b"\x12" + (_SMALL[n] if n < 0x80 else varint(n)) + body
 
 
 class RequestEncoder:

@@ -3,7 +3,7 @@
 A traced request costs the event loop a few attribute reads and one tuple: `RequestTrace`
 keeps the request's times as plain numbers, and its `end` appends one record to a bounded
 list (full: the record is dropped and its spans counted, never waited for). The event loop
-pickles the list in batches to the span process (zccp.trace_spans, a child of the engine;
+marshals the list in batches to the span process (zccp.trace_spans, a child of the engine;
 zccp.trace_pipe: no second Python thread),
 which encodes the spans as OTLP protobuf and sends them with the OpenTelemetry SDK's
 OTLP/HTTP exporter: encoding never runs in the engine's process, so it holds no GIL against
@@ -24,6 +24,7 @@ The tree of one request (built by zccp.trace_spans; docs/observability.md):
 from __future__ import annotations
 
 import logging
+import marshal
 import os
 import pickle
 import struct
@@ -47,12 +48,18 @@ if TYPE_CHECKING:
 log = logging.getLogger("zccp.tracing")
 
 TRACEPARENT_SENT = 0x100      # request.trace_flags: nginx read a valid traceparent (zccp_abi.h)
-FRAME = struct.Struct("<I")   # each batch to the span process: its pickle's length, then the pickle
+FRAME = struct.Struct("<I")   # each batch to the span process: its length, then its marshal (or pickle)
+PICKLED = 1 << 31             # the length's top bit: a pickle (a value marshal cannot write)
 
 
 def frame(obj: Any) -> bytes:
-    data = pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)
-    return FRAME.pack(len(data)) + data
+    """A batch for the span process: marshal (plain tuples of str, bytes, int, float, None: half
+    pickle's time on the event loop), pickle when a value is of another type (an int subclass)."""
+    try:
+        data, pickled = marshal.dumps(obj), 0
+    except ValueError:
+        data, pickled = pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL), PICKLED
+    return FRAME.pack(len(data) | pickled) + data
 SHUTDOWN_S = 6.0              # the engine's stop waits so long for the last spans
 BATCH = 512                   # records per batch (the SDK's BatchSpanProcessor exports 512 spans)
 _TENANT = int(Flag.TENANT)

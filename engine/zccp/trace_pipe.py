@@ -1,6 +1,6 @@
 """The engine's end of the pipe to its span process (zccp.trace_spans), driven by the event
 loop: no second Python thread in the engine takes the GIL from it. Every batch (or every
-OTEL_BSP_SCHEDULE_DELAY) the queued records are pickled into frames and written without
+OTEL_BSP_SCHEDULE_DELAY) the queued records are packed into frames and written without
 blocking; what the pipe cannot take now waits for the loop's writer callback, up to
 PENDING_MAX bytes (past it a batch is dropped and counted). The counts the span process
 writes back ("exported N", "failed N") are read with the loop's reader callback.

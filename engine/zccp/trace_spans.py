@@ -1,9 +1,9 @@
 """The span process: `python -m zccp.trace_spans`, started by the engine when tracing is on
 (zccp.trace_export). It reads the engine's request records from stdin (frames of a length
-and a pickle: the engine's own pipe to its own child), encodes each request's spans as
-OTLP protobuf (zccp.otlp_encode) and sends them through the SDK's OTLP/HTTP exporter in
-batches of up to 512; on stdout it reports "exported N" or "failed N" per batch for the
-engine's counter. Here, not in the engine, so that encoding takes no GIL from the engine's
+and a marshal: the engine's own pipe to its own child), encodes each request's spans as
+OTLP protobuf (zccp.otlp_encode) and sends them through the SDK's OTLP/HTTP exporter, a
+frame's spans per export (POST_SPANS); on stdout it reports "exported N" or "failed N" per
+export for the engine's counter. Here, not in the engine, so that encoding takes no GIL from the engine's
 event loop (docs/observability.md).
 
 The SDK's TracerProvider, spans and BatchSpanProcessor are not used: a request's spans are
@@ -14,11 +14,13 @@ exporter's transport.
 
 from __future__ import annotations
 
+import marshal
 import os
 import pickle
 import signal
+import struct
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from random import getrandbits
 from typing import IO, Any
 
@@ -27,22 +29,36 @@ from opentelemetry.sdk.resources import Resource
 
 from zccp import otlp_encode as pb
 from zccp.abi import CACHE_NAMES
-from zccp.trace_export import BATCH, CHILDREN, FRAME, L1
+from zccp.trace_export import BATCH, CHILDREN, FRAME, L1, PICKLED
 
+# an INTERNAL child span is: b"\x12" + its length, then b"\x0a\x10" + the trace id, b"\x12\x08" +
+# its id, [the tracestate's field 3,] b"\x22\x08" + the root's id, its name's field 5, b"\x30\x01"
+# (INTERNAL), the two times, its attributes, pb.INTERNAL_TAIL. The fixed part's length:
+_CHILD_FIXED = 2 + 16 + 2 + 8 + pb.TIMES.size + len(pb.INTERNAL_TAIL)
+_CHILD_TAIL = pb.INTERNAL_TAIL
+_REQUEST_ID, _TENANT, _INPUT, _OUTPUT, _RESPONSE_ID = (pb.key(k) for k in (
+    "zccp.request_id", "zccp.tenant", "gen_ai.usage.input_tokens", "gen_ai.usage.output_tokens", "gen_ai.response.id"))
 ENDPOINT_VARS = ("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "OTEL_EXPORTER_OTLP_ENDPOINT")
 MAX_FRAME = 64 << 20
+# spans per export: a frame's whole (BATCH records, up to 7 spans each; ~0.6 MB, far below what
+# collectors take), not the SDK's 512: its transport costs ~1-2 ms of CPU per post, whatever the size
+POST_SPANS = 8 * BATCH
 
 
 def read_frame(inp: IO[bytes]) -> Any:
-    """The next pickled frame, or None at the end of the pipe (the engine stopped or died)."""
+    """The next frame's batch (zccp.trace_export.frame), or None at the end of the pipe (the
+    engine stopped or died)."""
     head = inp.read(FRAME.size)
     if len(head) < FRAME.size:
         return None
     (n,) = FRAME.unpack(head)
+    pickled, n = n & PICKLED, n & ~PICKLED
     if n > MAX_FRAME:
         raise ValueError(f"a frame of {n} bytes")
     data = inp.read(n)
-    return pickle.loads(data) if len(data) == n else None
+    if len(data) < n:
+        return None
+    return pickle.loads(data) if pickled else marshal.loads(data)
 
 
 class SpanEncoder:
@@ -65,8 +81,11 @@ class SpanEncoder:
         self.fixed = pb.attributes(9, fixed)
         self.names = {n: pb.field(5, n.encode()) for n in (f"chat {model}", *CHILDREN)}
         self.root_name = self.names[f"chat {model}"]
+        self.child_names = {n: self.names[n] + b"\x30\x01" for n in CHILDREN}   # the name, then INTERNAL
         self._cache_attr: dict[str, bytes] = {}
         self._upstream: dict[str, tuple[bytes, bytes]] = {}
+        self._packers: dict[tuple[str, int, bytes], tuple[struct.Struct, bytes, bytes]] = {}
+        self._roots: dict[tuple[Any, ...], bytes] = {}
 
     def _cache(self, cache: str) -> bytes:
         got = self._cache_attr.get(cache)
@@ -83,7 +102,43 @@ class SpanEncoder:
                 9, {"gen_ai.operation.name": "chat", "gen_ai.request.model": model}))
         return got
 
+    def _root_fixed(self, cache: str, status: int, slot: int, api: str, max_tokens: int,
+                    finish: str | None) -> bytes:
+        """The root's few-valued attributes, encoded once per combination (bounded)."""
+        key = (cache, status, slot, api, max_tokens, finish)
+        got = self._roots.get(key)
+        if got is None:
+            few = pb.few_valued
+            got = self.fixed + self._cache(cache) + few("http.response.status_code", status) + \
+                few("zccp.slot", slot) + few("zccp.api", api)
+            if max_tokens:
+                got += few("gen_ai.request.max_tokens", max_tokens)
+            if finish is not None:
+                got += few("gen_ai.response.finish_reasons", (finish,))
+            if len(self._roots) >= 4096:
+                self._roots.clear()
+            self._roots[key] = got
+        return got
+
+    def _packer(self, name: str, n_under: int, attrs: bytes) -> tuple[struct.Struct, bytes, bytes]:
+        """A child span's struct (its id packed little-endian: random bits either way), its lead
+        (b"\\x12", the span's length, the trace id's tag) and its name with its kind; made once
+        per name, tracestate length and attributes (bounded)."""
+        key = (name, n_under, attrs)
+        got = self._packers.get(key)
+        if got is None:
+            nm = self.child_names[name]
+            lead = b"\x12" + pb.varint(_CHILD_FIXED + n_under + len(nm) + len(attrs)) + b"\x0a\x10"
+            got = (struct.Struct(f"<{len(lead)}s16s2sQ{n_under}s{len(nm)}sBQBQ{len(attrs)}s{len(_CHILD_TAIL)}s"),
+                   lead, nm)
+            if len(self._packers) >= 1024:
+                self._packers.clear()
+            self._packers[key] = got
+        return got
+
     def spans(self, rec: tuple[Any, ...], out: list[bytes]) -> None:
+        """A request's spans, appended to `out`: per request only the ids, the times and the
+        few per-request attributes are encoded, the rest made once (_packer, _root_fixed)."""
         (ids, flags, tid, root_id, (nginx_start, admit_us), wall0, perf0, (submitted, admitted, first, last),
          now, upstream, status, cache, slot, request_id, api, max_tokens, tenant, usage, response_id,
          tracestate) = rec
@@ -98,49 +153,44 @@ class SpanEncoder:
         nginx_start = nginx_start or wall0
         # the client's tracestate on every span of its trace (the SDK's children inherit it)
         state = pb.field(3, tracestate.encode()) if tracestate else b""
-        names, span, head, under = self.names, pb.child_span, b"\x0a\x10" + tid_b + b"\x12\x08", \
-            state + b"\x22\x08" + root.to_bytes(8, "big")
-
-        def ns(t: float) -> int:
-            return wall0 + int((t - perf0) * 1e9)
+        under = state + b"\x22\x08" + root.to_bytes(8, "big")
+        packer, n_under, tail, rnd = self._packer, len(under), _CHILD_TAIL, getrandbits
 
         def child(name: str, start: int, end: int, attrs: bytes = b"") -> None:
-            out.append(span(head, getrandbits(64) or 1, under, names[name], start, end, attrs))
+            st, lead, nm = packer(name, n_under, attrs)
+            out.append(st.pack(lead, tid_b, b"\x12\x08", rnd(64) or 1, under, nm, 0x39, start, 0x41, end, attrs, tail))
 
         if admit_us:
             child("zccp.nginx.admit", nginx_start, nginx_start + admit_us * 1000)
         if submitted:
-            child("zccp.engine.prepare", wall0, ns(submitted), self._cache(cache))
+            t_sub = wall0 + int((submitted - perf0) * 1e9)
+            child("zccp.engine.prepare", wall0, t_sub, self._cache(cache))
             if admitted:
-                child("zccp.queue", ns(submitted), ns(admitted))
-                if first:
-                    child("zccp.prefill", ns(admitted), ns(first))
+                t_adm = wall0 + int((admitted - perf0) * 1e9)
+                child("zccp.queue", t_sub, t_adm)
             if first:
-                child("zccp.decode", ns(first), ns(last) if last else now)
+                t_first = wall0 + int((first - perf0) * 1e9)
+                if admitted:
+                    child("zccp.prefill", t_adm, t_first)
+                child("zccp.decode", t_first, wall0 + int((last - perf0) * 1e9) if last else now)
         elif status == 200:
             child("zccp.cache.replay", wall0, now, self._cache(cache))
         if upstream is not None:
             up_id, up_model, up_start = upstream
             name, up_attrs = self._upstream_parts(up_model)
             out.append(pb.span(tid_b, up_id, root, name, pb.CLIENT, up_start, now, up_attrs,
-                            pb.ERROR if status != 200 else pb.UNSET, trace_state=state))
-        few = pb.few_valued
-        fixed = self.fixed + self._cache(cache) + few("http.response.status_code", status) + \
-            few("zccp.slot", slot) + few("zccp.api", api)
-        attrs: dict[str, Any] = {"zccp.request_id": request_id}
-        if max_tokens:
-            fixed += few("gen_ai.request.max_tokens", max_tokens)
+                               pb.ERROR if status != 200 else pb.UNSET, trace_state=state))
+        attrs = [self._root_fixed(cache, status, slot, api, max_tokens, usage[2] if usage is not None else None)]
+        attrs.append(pb.str_attribute(_REQUEST_ID, request_id))
         if tenant is not None:
-            attrs["zccp.tenant"] = tenant.hex()     # a digest's first 8 bytes
+            attrs.append(pb.str_attribute(_TENANT, tenant.hex()))     # a digest's first 8 bytes
         if usage is not None:
-            attrs["gen_ai.usage.input_tokens"], attrs["gen_ai.usage.output_tokens"] = usage[0], usage[1]
-            fixed += few("gen_ai.response.finish_reasons", (usage[2],))
+            attrs += (pb.int_attribute(_INPUT, usage[0]), pb.int_attribute(_OUTPUT, usage[1]))
         if response_id:
-            attrs["gen_ai.response.id"] = response_id
+            attrs.append(pb.str_attribute(_RESPONSE_ID, response_id))
         out.append(pb.span(tid_b, root, parent, self.root_name, pb.SERVER, min(nginx_start, wall0), now,
-                        fixed + pb.span_attributes(attrs),
-                        pb.ERROR if status >= 500 else pb.UNSET, parent_remote=bool(parent), trace_state=state))
-
+                           b"".join(attrs), pb.ERROR if status >= 500 else pb.UNSET, parent_remote=bool(parent),
+                           trace_state=state))
 
     def l1(self, rec: tuple[Any, ...], out: list[bytes]) -> None:
         """An L1 hit's one span (nginx answered it alone): the request span, under the client's."""
@@ -167,10 +217,18 @@ class BytesExporter(OTLPSpanExporter):
         return bool(self._client.export(data).success)
 
 
+def post_spans(env: Mapping[str, str] = os.environ) -> int:
+    """Spans per export: OTEL_BSP_MAX_EXPORT_BATCH_SIZE when set, else POST_SPANS."""
+    try:
+        return max(1, min(int(env.get("OTEL_BSP_MAX_EXPORT_BATCH_SIZE", "")), 1 << 16))
+    except ValueError:
+        return POST_SPANS
+
+
 def export(exporter: BytesExporter, encoder: pb.RequestEncoder, spans: list[bytes],
-           report: Callable[[str, int], None]) -> None:
-    for i in range(0, len(spans), BATCH):
-        chunk = spans[i:i + BATCH]
+           report: Callable[[str, int], None], per: int = POST_SPANS) -> None:
+    for i in range(0, len(spans), per):
+        chunk = spans[i:i + per]
         try:
             ok = exporter.export_encoded(encoder.encode(chunk))
         except Exception:      # an exporter bug loses this batch, not the process
@@ -196,12 +254,13 @@ def main() -> None:
     endpoint = static.get("endpoint") or (None if any(os.environ.get(v) for v in ENDPOINT_VARS)
                                           else "http://localhost:4318/v1/traces")
     exporter = BytesExporter(endpoint=endpoint, timeout=5)
+    per = post_spans()
     try:
         while (batch := read_frame(inp)) is not None:
             spans: list[bytes] = []
             for rec in batch:
                 (encoder.l1 if rec[0] == L1 else encoder.spans)(rec, spans)
-            export(exporter, encoder.request, spans, report)
+            export(exporter, encoder.request, spans, report, per)
     finally:
         exporter.shutdown()
 

@@ -50,6 +50,8 @@ class OtlpReceiver:
         receiver = self
 
         class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"   # keep-alive, as a collector's: no connection per export
+
             def do_POST(self) -> None:   # noqa: N802 (http.server's name)
                 n = int(self.headers.get("content-length", "0"))
                 data = self.rfile.read(n)
@@ -57,6 +59,7 @@ class OtlpReceiver:
                     data = gzip.decompress(data)
                 if self.path != "/v1/traces":
                     self.send_response(404)
+                    self.send_header("content-length", "0")
                     self.end_headers()
                     return
                 req = ExportTraceServiceRequest()

@@ -124,3 +124,45 @@ def test_l1_records_are_bounded_and_encode_as_one_span() -> None:
     a = {kv.key: kv.value for kv in spans[0].attributes}
     assert a["zccp.cache.layer"].string_value == "L1" and a["zccp.request_id"].string_value == "rid-1"
     assert spans[1].parent_span_id == b"" and any(spans[1].trace_id)
+
+
+def test_spans_go_out_in_posts_of_the_export_batch_size() -> None:
+    from tests.support.otlp_receiver import OtlpReceiver
+    from zccp.trace_spans import POST_SPANS, BytesExporter, export, post_spans
+
+    assert post_spans({}) == POST_SPANS and post_spans({"OTEL_BSP_MAX_EXPORT_BATCH_SIZE": "512"}) == 512
+    assert post_spans({"OTEL_BSP_MAX_EXPORT_BATCH_SIZE": "x"}) == POST_SPANS
+    assert post_spans({"OTEL_BSP_MAX_EXPORT_BATCH_SIZE": "0"}) == 1
+    enc = SpanEncoder({"model": "m", "engine": "", "server.address": "h", "server.port": None})
+    out: list[bytes] = []
+    for _ in range(3):
+        enc.spans(record(), out)          # 6 spans each
+    rx = OtlpReceiver(keep=False)
+    exporter = BytesExporter(endpoint=rx.url + "/v1/traces", timeout=5)
+    reports: list[tuple[str, int]] = []
+    try:
+        export(exporter, enc.request, out, lambda what, n: reports.append((what, n)), 8)
+        export(exporter, enc.request, out, lambda what, n: reports.append((what, n)))
+    finally:
+        exporter.shutdown()
+        rx.close()
+    assert reports == [("exported", 8), ("exported", 8), ("exported", 2), ("exported", 18)]
+    assert (rx.posts, rx.count) == (4, 36)
+
+
+def test_frames_to_the_span_process_round_trip_marshal_or_pickle() -> None:
+    import io
+    from http import HTTPStatus
+
+    from zccp.trace_export import FRAME, PICKLED, frame
+    from zccp.trace_spans import read_frame
+
+    plain, odd = [record(), record(ids=None)], [record(status=HTTPStatus.OK)]
+    data = frame(plain) + frame(odd) + frame({"model": "m", "server.port": None})
+    assert not FRAME.unpack_from(data)[0] & PICKLED      # plain values: marshal
+    stream = io.BytesIO(data + frame(plain)[:-1])        # a frame cut short ends the stream
+    assert read_frame(stream) == plain
+    got = read_frame(stream)
+    assert got == odd and got[0][10] is HTTPStatus.OK           # a value marshal cannot write: pickled
+    assert read_frame(stream) == {"model": "m", "server.port": None}
+    assert read_frame(stream) is None
