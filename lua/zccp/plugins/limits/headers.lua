@@ -20,7 +20,7 @@ local math_ceil = math.ceil
 local math_max = math.max
 local os_date = os.date
 local str_format = string.format
-local put_all = resp_header.put_all
+local put_header = resp_header.put
 
 local NAMES, CONC = windows.NAMES, windows.CONC
 
@@ -66,43 +66,25 @@ local ANTHROPIC_HEADERS = header_names("anthropic-ratelimit-%s-%s", "requests", 
 local OPENAI_HEADERS = { { "x-ratelimit-limit-requests", "x-ratelimit-remaining-requests", "x-ratelimit-reset-requests" },
                          { "x-ratelimit-limit-tokens", "x-ratelimit-remaining-tokens", "x-ratelimit-reset-tokens" } }
 
--- Each API's headers for window w, made once per window: names[k] and vals[k] (k = 1..n),
--- three per limit set (limit, remaining, reset); rem[m]: where limit m's remaining goes
--- (0: not set), at: the reset string vals holds. The limits: requests, input, output,
--- input + output (OpenAI: requests, tokens). vals is filled in place at each call (set()
--- does not yield, so the requests of one window can share it).
-local function plan_of(w, api)
-    local plans = w.header_plans
-    if not plans then
-        plans = {}
-        w.header_plans = plans
+-- One limit's three headers, when the limit is set (lim_s: the limit as a string, made
+-- once per window).
+local function put_limit(r, names, limit, lim_s, used, at)
+    if limit > 0 then
+        put_header(r, names[1], lim_s)
+        put_header(r, names[2], tostring(math_max(0, limit - used)))
+        put_header(r, names[3], at)
     end
-    local plan = plans[api]
-    if plan then
-        return plan
+end
+
+-- The limits' headers' values as strings: requests, input, output, input + output.
+local function limit_strings(w)
+    local s = w.lim_s
+    if not s then
+        local lims = w.lims
+        s = { tostring(lims[1]), tostring(lims[2]), tostring(lims[3]), tostring(lims[2] + lims[3]) }
+        w.lim_s = s
     end
-    local lims = w.lims
-    local limits = { lims[1], lims[2], lims[3], lims[2] + lims[3] }
-    local strs = { tostring(lims[1]), tostring(lims[2]), tostring(lims[3]), tostring(lims[2] + lims[3]) }
-    local order, names = { 1, 2, 3, 4 }, ANTHROPIC_HEADERS
-    if api ~= "anthropic" then
-        order, names = { 1, 4 }, OPENAI_HEADERS
-    end
-    plan = { names = {}, vals = {}, n = 0, rem = { 0, 0, 0, 0 }, resets = {}, at = "" }
-    for o, m in ipairs(order) do
-        if limits[m] > 0 then
-            local n = plan.n
-            for h = 1, 3 do
-                plan.names[n + h] = names[o][h]
-            end
-            plan.vals[n + 1], plan.vals[n + 2], plan.vals[n + 3] = strs[m], "", ""
-            plan.rem[m] = n + 2
-            plan.resets[#plan.resets + 1] = n + 3
-            plan.n = n + 3
-        end
-    end
-    plans[api] = plan
-    return plan
+    return s
 end
 
 -- The rate-limit headers of the API, from the key's own limits (counters 1-3); refused:
@@ -119,33 +101,18 @@ local function set_headers(api, w, now, refused)
     elseif refused == 3 then
         used_out = otpm
     end
-    local plan = plan_of(w, api)
-    local vals, rem = plan.vals, plan.rem
-    local at = resets(now)[api == "anthropic" and "anthropic" or "openai"]
-    if plan.at ~= at then
-        local rs = plan.resets
-        for k = 1, #rs do
-            vals[rs[k]] = at
-        end
-        plan.at = at
+    local r, ls = resp_header.request(), limit_strings(w)
+    if api == "anthropic" then
+        local at, h = resets(now).anthropic, ANTHROPIC_HEADERS
+        put_limit(r, h[1], rpm, ls[1], used_requests, at)
+        put_limit(r, h[2], itpm, ls[2], used_in, at)
+        put_limit(r, h[3], otpm, ls[3], used_out, at)
+        put_limit(r, h[4], itpm + otpm, ls[4], used_in + used_out, at)
+        return
     end
-    local k = rem[1]
-    if k > 0 then
-        vals[k] = tostring(math_max(0, rpm - used_requests))
-    end
-    k = rem[2]
-    if k > 0 then
-        vals[k] = tostring(math_max(0, itpm - used_in))
-    end
-    k = rem[3]
-    if k > 0 then
-        vals[k] = tostring(math_max(0, otpm - used_out))
-    end
-    k = rem[4]
-    if k > 0 then
-        vals[k] = tostring(math_max(0, itpm + otpm - used_in - used_out))
-    end
-    put_all(resp_header.request(), plan.names, vals, plan.n)
+    local at = resets(now).openai
+    put_limit(r, OPENAI_HEADERS[1], rpm, ls[1], used_requests, at)
+    put_limit(r, OPENAI_HEADERS[2], itpm + otpm, ls[4], used_in + used_out, at)
 end
 
 local WHAT = { "requests per minute", "input tokens per minute", "output tokens per minute",

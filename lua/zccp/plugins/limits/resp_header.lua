@@ -8,7 +8,6 @@
 --
 --   local r = resp_header.request()
 --   resp_header.put(r, "x-ratelimit-limit-requests", "60")   -- name without '_'; value a string
---   resp_header.put_all(r, names, vals, n)                    -- names[k] = vals[k], k = 1..n
 local ffi = require "ffi"
 local base = require "resty.core.base"
 require "resty.core.response"   -- declares ngx_http_lua_ffi_set_resp_header
@@ -55,25 +54,6 @@ function _M.put(r, name, value)
         end
     end
     ngx.header[name] = value
-end
-
--- Sets header names[k] to vals[k], k = 1..n, in one loop: LuaJIT compiles its body (the
--- loop turns 6 or 12 times a request), and an FFI call from a compiled trace costs a
--- fraction of one the interpreter makes (its arguments converted one by one).
-function _M.put_all(r, names, vals, n)
-    if not (r and proven) then
-        for k = 1, n do
-            _M.put(r, names[k], vals[k])
-        end
-        return
-    end
-    for k = 1, n do
-        local name, value = names[k], vals[k]
-        local rc = C.ngx_http_lua_ffi_set_resp_header(r, name, #name, false, value, #value, nil, 0, 1, errmsg)
-        if rc ~= 0 and rc ~= FFI_DECLINED then
-            ngx.header[name] = value
-        end
-    end
 end
 
 return _M
