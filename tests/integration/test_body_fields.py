@@ -98,8 +98,8 @@ def test_hostile_bodies_get_the_decodes_value_or_are_left_to_it(ngx):
         b'{"deep": ' + b"[" * 1010 + b"]" * 1010 + b', "max_tokens": 2000}',   # past cjson's depth: refused there
         b'{"deep": ' + b"[" * 400 + b"]" * 400 + b', "max_tokens": 2000}',
         b'\xef\xbb\xbf' + top, b"\t\r\n " + top + b"\r\n",
-        # raw NUL bytes (strings are skipped by libc's strcspn, which stops at a NUL): inside a
-        # string value, a member name, between members, and ending the body
+        # raw NUL bytes (a string with escapes is walked by libc's strcspn, which stops at a NUL):
+        # inside a string value, a member name, between members, and ending the body
         b'{"s": "a\x00\\"max_tokens\\": 1", "max_tokens": 4096}', b'{"s\x00": 1, "max_tokens": 4096}',
         b'{"s": "x\x00", "max_tokens": 4096}', b'{"max_tokens": 4096,\x00 "n": 2}', top + b"\x00",
         b'{"s": "\x00\x00\\\x00', b'{"s": "' + b"\x00" * 300 + b'", "max_tokens": 7}',
