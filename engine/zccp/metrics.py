@@ -302,7 +302,8 @@ class EngineMetrics:
 
         self.trace_spans = r.counter("zccp_engine_trace_spans_total",
                                      "Request spans by result: exported, failed (the collector refused or "
-                                     "was unreachable), dropped (the exporter's queue was full)")
+                                     "was unreachable), dropped (the exporter's queue was full), invalid (a "
+                                     "request's record the span process could not encode: all its spans)")
         self.latency = LatencyHistograms(r)
 
     def render(self, om: bool = False) -> str:

@@ -125,7 +125,8 @@ class RequestTracer:
         self._max = cfg.max_queue
         self._dropped = metrics.trace_spans.series(result="dropped")
         self._counted = {"exported": metrics.trace_spans.series(result="exported"),
-                         "failed": metrics.trace_spans.series(result="failed")}
+                         "failed": metrics.trace_spans.series(result="failed"),
+                         "invalid": metrics.trace_spans.series(result="invalid")}   # records, not spans
         self._records: deque[tuple[Any, ...]] = deque()   # appended by the requests, taken by the pipe
         host, _, port = server_address.rpartition(":")
         static = {"model": model, "engine": engine, "server.address": host.strip("[]") or server_address,

@@ -236,6 +236,26 @@ def export(exporter: BytesExporter, encoder: pb.RequestEncoder, spans: list[byte
         report("exported" if ok else "failed", len(chunk))
 
 
+def encode_batch(encoder: SpanEncoder, batch: list[tuple[Any, ...]],
+                 report: Callable[[str, int], None]) -> list[bytes]:
+    """The spans of a batch of records. A record that cannot be encoded (a value out of its
+    field's range: nginx's timestamps come from shared memory) is lost alone, counted
+    `invalid`, never half-sent; the span process goes on (it used to die, and tracing with it)."""
+    spans: list[bytes] = []
+    invalid = 0
+    for rec in batch:
+        mine: list[bytes] = []
+        try:
+            (encoder.l1 if rec[0] == L1 else encoder.spans)(rec, mine)
+        except Exception:
+            invalid += 1
+            continue
+        spans += mine
+    if invalid:
+        report("invalid", invalid)
+    return spans
+
+
 def main() -> None:
     # the engine's signals are the engine's: this process ends when its pipe does
     signal.signal(signal.SIGINT, signal.SIG_IGN)
@@ -257,10 +277,7 @@ def main() -> None:
     per = post_spans()
     try:
         while (batch := read_frame(inp)) is not None:
-            spans: list[bytes] = []
-            for rec in batch:
-                (encoder.l1 if rec[0] == L1 else encoder.spans)(rec, spans)
-            export(exporter, encoder.request, spans, report, per)
+            export(exporter, encoder.request, encode_batch(encoder, batch, report), report, per)
     finally:
         exporter.shutdown()
 

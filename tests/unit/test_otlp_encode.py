@@ -166,3 +166,18 @@ def test_frames_to_the_span_process_round_trip_marshal_or_pickle() -> None:
     assert got == odd and got[0][10] is HTTPStatus.OK           # a value marshal cannot write: pickled
     assert read_frame(stream) == {"model": "m", "server.port": None}
     assert read_frame(stream) is None
+
+
+def test_a_record_that_cannot_be_encoded_is_lost_alone_and_counted() -> None:
+    """A value out of its field's range (nginx's timestamps come from shared memory) used to
+    raise out of the span process's loop: the process died and tracing with it."""
+    from zccp.trace_spans import encode_batch
+
+    enc = SpanEncoder({"model": "m", "engine": "", "server.address": "h", "server.port": None})
+    reports: list[tuple[str, int]] = []
+    spans = encode_batch(enc, [record(), record(nginx=(-1, -1)), record(wall0=-1), record()],
+                         lambda what, n: reports.append((what, n)))
+    assert reports == [("invalid", 2)]
+    got = list(decoded(enc.request.encode(spans)).resource_spans[0].scope_spans[0].spans)
+    assert len(got) == 12 and sum(1 for s in got if s.kind == pb.SERVER) == 2   # two whole trees, no half
+    assert encode_batch(enc, [record()], lambda what, n: reports.append((what, n))) and len(reports) == 1
