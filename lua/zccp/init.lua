@@ -43,6 +43,8 @@ function _M.init(opts)
     end
     require("zccp.admin.health")
     require("zccp.lib.metrics")
+    require("zccp.admin.metrics_page")   -- required lazily by lib.metrics (a cycle): loaded here,
+                                         -- where the master can read it (an operator's workers may not)
 end
 
 -- A dead worker's claims (zccp.lib.slots): claims never expire by time, so this is how
