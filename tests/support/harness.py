@@ -141,6 +141,28 @@ class Stack:
         shutil.rmtree(self.socket_dir, ignore_errors=True)
         remove_arenas(arena_names(self.cfg))     # what a killed engine left
 
+    def hup_nginx(self, timeout: float = 60) -> None:
+        """A bare SIGHUP to nginx's master (no render, no check), returning once every worker it
+        had has exited: from then on every answer is the new configuration's (before, another
+        old worker, with another pid, could still answer)."""
+        import signal
+
+        master = int((self.run_dir / "nginx" / "nginx.pid").read_text())
+
+        def workers() -> set[int]:
+            try:
+                kids = Path(f"/proc/{master}/task/{master}/children").read_text().split()
+            except OSError:
+                return set()
+            return {int(p) for p in kids if alive(int(p))}
+
+        old = workers()
+        os.kill(master, signal.SIGHUP)
+        end = time.monotonic() + timeout
+        while workers() & old or not workers():
+            assert time.monotonic() < end, "nginx's old workers did not exit after SIGHUP"
+            time.sleep(0.05)
+
     def wait_healthy(self, timeout: float = 20) -> dict[str, Any]:
         end = time.monotonic() + timeout
         last = None
