@@ -30,7 +30,6 @@ import argparse
 import json
 import os
 import re
-import signal
 import subprocess
 import sys
 import tempfile
@@ -113,13 +112,7 @@ def use_lua_of(commit: str, tmp: Path, stacks: list[Stack]) -> None:
                           http.read_text())
         assert n == 1
         http.write_text(text)
-        master = s.nginx.proc.pid
-        old = set(procs.descendants(master)) - {master}
-        os.kill(master, signal.SIGHUP)
-        end = time.monotonic() + 30
-        while set(procs.descendants(master)) & old and time.monotonic() < end:
-            time.sleep(0.2)
-        assert not set(procs.descendants(master)) & old, "the old nginx workers did not exit"
+        s.hup_nginx(30)   # every old worker gone: the new Lua answers
 
 
 def run_one(s: Stack | Ceiling, body_file: Path, conc: int, seconds: float, nocache: bool, key: str | None) -> dict:

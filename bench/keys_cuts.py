@@ -20,12 +20,9 @@ import argparse
 import json
 import os
 import re
-import signal
 import tempfile
-import time
 from pathlib import Path
 
-from bench import procs
 from bench.jit_paths import INIT_WORKER, JIT_LIB, JITV, aborts, lua_at, report_aborts
 from bench.keys import NULL, bodies_1k, make_key, median, run_one, wrk_with
 from bench.services import http_get
@@ -57,13 +54,7 @@ def reconfigure(s: Stack, lua_dir: Path, phases: bool, jitv: str | None = None) 
         server.write_text(server.read_text() + LOCATION)
     http.write_text(text)
     assert s.nginx is not None
-    master = s.nginx.proc.pid
-    old = set(procs.descendants(master)) - {master}
-    os.kill(master, signal.SIGHUP)
-    end = time.monotonic() + 30
-    while set(procs.descendants(master)) & old and time.monotonic() < end:
-        time.sleep(0.2)
-    assert not set(procs.descendants(master)) & old, "the old nginx workers did not exit"
+    s.hup_nginx(30)   # every old worker gone: the new Lua answers
 
 
 def phase_run(s: Stack, body: Path, seconds: float, nocache: bool, key: str) -> dict[str, float]:

@@ -8,7 +8,6 @@ format, what other scrapers get, passes `promtool check metrics`."""
 from __future__ import annotations
 
 import json
-import os
 import secrets
 import subprocess
 import time
@@ -20,7 +19,7 @@ import pytest
 from tests.support.cache_requests import PATHS, req
 from tests.support.checkout import REPO
 from tests.support.harness import Stack
-from tests.support.otlp_receiver import OtlpReceiver
+from tests.support.otlp_receiver import receiving, OtlpReceiver
 from tests.support.prometheus_server import RULES, Prometheus, have_prometheus
 from zccp.ops.stack import free_port
 
@@ -38,17 +37,8 @@ OPENMETRICS = "application/openmetrics-text; version=1.0.0; charset=utf-8"
 
 @pytest.fixture(scope="module")
 def rx() -> Iterator[OtlpReceiver]:
-    r = OtlpReceiver()
-    old = os.environ.get("OTEL_BSP_SCHEDULE_DELAY")
-    os.environ["OTEL_BSP_SCHEDULE_DELAY"] = "50"    # the engine's exporter sends every 50 ms
-    try:
+    with receiving() as r:
         yield r
-    finally:
-        if old is None:
-            os.environ.pop("OTEL_BSP_SCHEDULE_DELAY", None)
-        else:
-            os.environ["OTEL_BSP_SCHEDULE_DELAY"] = old
-        r.close()
 
 
 @pytest.fixture(scope="module")

@@ -7,7 +7,6 @@ and its lost spans are counted."""
 
 from __future__ import annotations
 
-import os
 import secrets
 import subprocess
 import sys
@@ -20,7 +19,7 @@ import pytest
 
 from tests.support.cache_requests import ENGINE_ENV, MODEL, PATHS, metric, req
 from tests.support.harness import Stack
-from tests.support.otlp_receiver import OtlpReceiver, ReceivedSpan
+from tests.support.otlp_receiver import receiving, OtlpReceiver, ReceivedSpan
 from zccp.ops.stack import free_port
 
 SERVER, CLIENT = 2, 3     # opentelemetry.proto's SpanKind values
@@ -29,17 +28,8 @@ CHILDREN = ("zccp.nginx.admit", "zccp.engine.prepare", "zccp.queue", "zccp.prefi
 
 @pytest.fixture(scope="module")
 def rx() -> Iterator[OtlpReceiver]:
-    r = OtlpReceiver()
-    old = os.environ.get("OTEL_BSP_SCHEDULE_DELAY")
-    os.environ["OTEL_BSP_SCHEDULE_DELAY"] = "50"    # the engines' exporter sends every 50 ms
-    try:
+    with receiving() as r:
         yield r
-    finally:
-        if old is None:
-            os.environ.pop("OTEL_BSP_SCHEDULE_DELAY", None)
-        else:
-            os.environ["OTEL_BSP_SCHEDULE_DELAY"] = old
-        r.close()
 
 
 def traced(rx: OtlpReceiver, **extra: Any) -> dict[str, Any]:

@@ -5,10 +5,13 @@ every span it got, with its resource's attributes."""
 from __future__ import annotations
 
 import gzip
+import os
 import threading
 import time
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
@@ -122,3 +125,20 @@ class OtlpReceiver:
     def close(self) -> None:
         self._server.shutdown()
         self._server.server_close()
+
+
+@contextmanager
+def receiving() -> Iterator[OtlpReceiver]:
+    """A receiver, with the engines' exporter told to send every 50 ms (OTEL_BSP_SCHEDULE_DELAY,
+    read by the engines the test starts meanwhile); both put back after."""
+    r = OtlpReceiver()
+    old = os.environ.get("OTEL_BSP_SCHEDULE_DELAY")
+    os.environ["OTEL_BSP_SCHEDULE_DELAY"] = "50"
+    try:
+        yield r
+    finally:
+        if old is None:
+            os.environ.pop("OTEL_BSP_SCHEDULE_DELAY", None)
+        else:
+            os.environ["OTEL_BSP_SCHEDULE_DELAY"] = old
+        r.close()

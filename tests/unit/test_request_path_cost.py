@@ -21,22 +21,14 @@ from zccp.model.null import NullBackend
 from zccp.model.tokenizer import BOS, USER, ASSISTANT, PromptTooLong, encode_chat_into, encode_chat_into_host
 from zccp.shared_types import ChatMessage, GenerationResult, SamplingParams
 from zccp.text_assembly import fixed_result, generate_text
+from tests.support.recording_transport import RecordingTransport
 
 
-class _Transport:
-    def __init__(self) -> None:
-        self.writes: list[bytes] = []
-
-    def write(self, data: bytes) -> None:
-        self.writes.append(bytes(data))
-
-    def close(self) -> None:
-        pass
 
 
 def test_the_notices_of_one_loop_turn_leave_in_one_write_in_order() -> None:
-    async def main() -> _Transport:
-        t = _Transport()
+    async def main() -> RecordingTransport:
+        t = RecordingTransport()
         conn = Connection(t, asyncio.get_running_loop())  # type: ignore[arg-type]
         frames = [encode_notice(2, slot, 1, 10, 1, 200) for slot in range(5)]
         for f in frames[:4]:
@@ -57,8 +49,8 @@ def test_the_notices_of_one_loop_turn_leave_in_one_write_in_order() -> None:
 
 
 def test_a_connection_closed_with_notices_pending_writes_them_first() -> None:
-    async def main() -> _Transport:
-        t = _Transport()
+    async def main() -> RecordingTransport:
+        t = RecordingTransport()
         conn = Connection(t, asyncio.get_running_loop())  # type: ignore[arg-type]
         conn.send(encode_notice(2, 1, 1, 0, 1, 200))
         conn.close()

@@ -20,17 +20,9 @@ from zccp.arena import Arena
 from zccp.doorbell import Connection, encode_notice
 from zccp.model.prompt import ByteFormat
 from zccp.ring_writer import ResponseWriter, SlotAbandoned
+from tests.support.recording_transport import RecordingTransport
 
 
-class _Transport:
-    def __init__(self) -> None:
-        self.writes: list[bytes] = []
-
-    def write(self, data: bytes) -> None:
-        self.writes.append(bytes(data))
-
-    def close(self) -> None:
-        pass
 
 
 class _CountingLoop(asyncio.SelectorEventLoop):
@@ -53,7 +45,7 @@ def _from_thread(conn: Connection, frames: list[bytes]) -> None:
 
 def test_the_model_threads_notices_wake_the_loop_once_per_batch_all_in_order() -> None:
     loop = _CountingLoop()
-    t = _Transport()
+    t = RecordingTransport()
     first = [encode_notice(2, 3, 7, n, 0, 200) for n in range(1, 101)]
     second = [encode_notice(2, 3, 7, n, 0, 200) for n in range(101, 104)] + [encode_notice(2, 3, 7, 103, 1, 200)]
 
