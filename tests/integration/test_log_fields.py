@@ -8,8 +8,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
-import signal
 import socket
 import time
 from collections.abc import Iterator
@@ -106,12 +104,6 @@ def test_nginx_own_413_431_and_400_carry_the_request_id_as_context_id(stack: Sta
     assert l200["context_id"] == ok.headers["x-zccp-context-id"] and len(l200["context_id"]) == 16, l200
 
 
-def _nginx_workers(stack: Stack) -> set[int]:
-    assert stack.nginx is not None and stack.nginx.proc is not None
-    pid = stack.nginx.proc.pid
-    return {int(p) for p in open(f"/proc/{pid}/task/{pid}/children").read().split()}
-
-
 def _ask(stack: Stack, ids: list[str]) -> None:
     with stack.client() as c:
         for rid in ids:
@@ -131,13 +123,7 @@ def test_a_buffered_access_log_loses_no_line_at_reload_or_stop(tmp_path_factory:
     try:
         _ask(s, [f"before-reload-{i}" for i in range(3)])
         assert "before-reload-" not in s.log("nginx-access.log")   # held in the workers' buffers
-        old = _nginx_workers(s)
-        assert s.nginx is not None and s.nginx.proc is not None
-        os.kill(s.nginx.proc.pid, signal.SIGHUP)   # the old workers write what they hold as they exit
-        end = time.monotonic() + 30
-        while time.monotonic() < end and any(os.path.exists(f"/proc/{p}") for p in old):
-            time.sleep(0.05)
-        assert not any(os.path.exists(f"/proc/{p}") for p in old)
+        s.hup_nginx(30)   # the old workers write what they hold as they exit
         assert all(f"before-reload-{i}" in s.log("nginx-access.log") for i in range(3))
         _ask(s, [f"before-stop-{i}" for i in range(3)])
         assert "before-stop-" not in s.log("nginx-access.log")

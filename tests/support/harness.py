@@ -27,6 +27,7 @@ from zccp.arena_reader import ArenaReader
 from zccp.config import Config, for_engine, load_config
 from zccp.runtime import log_dir, resolve
 from zccp.ops.stack import Service, engine_service, engine_services, free_port, nginx_service, redis_service
+from zccp.ops.stack import _nginx_master, _workers_of
 
 
 _CERT: tuple[Path, Path] | None = None
@@ -147,14 +148,10 @@ class Stack:
         old worker, with another pid, could still answer)."""
         import signal
 
-        master = int((self.run_dir / "nginx" / "nginx.pid").read_text())
+        master = _nginx_master(self.run_dir)
 
         def workers() -> set[int]:
-            try:
-                kids = Path(f"/proc/{master}/task/{master}/children").read_text().split()
-            except OSError:
-                return set()
-            return {int(p) for p in kids if alive(int(p))}
+            return {p for p in _workers_of(master) if alive(p)}
 
         old = workers()
         os.kill(master, signal.SIGHUP)
