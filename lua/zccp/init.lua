@@ -42,6 +42,7 @@ function _M.init(opts)
         purge_l1()
     end
     require("zccp.admin.health")
+    require("zccp.admin.keys")
     require("zccp.lib.metrics")
     require("zccp.admin.metrics_page")   -- required lazily by lib.metrics (a cycle): loaded here,
                                          -- where the master can read it (an operator's workers may not)

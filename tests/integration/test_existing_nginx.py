@@ -189,6 +189,9 @@ def test_zccp_joins_an_nginx_serving_other_sites_and_reloads_under_load(existing
         bad = c.post("/v1/chat/completions", json={"model": "zccp-tiny"})
         assert bad.status_code == 400 and "messages" in bad.json()["error"]["message"], bad.text
         assert "zccp_engine_up 1" in s.admin_client().get("/metrics").text
+        # Every admin page's module was loaded by the master: the workers cannot read it.
+        keys = s.admin_client().get("/v1/zccp/keys")
+        assert keys.status_code == 409 and "keys are off" in keys.text, keys.text
         assert "zccp_" not in c.get("/metrics").text            # never on the public server
         # HTTP/2 all along, and a 512 KiB body (above the decode limit: nginx's body buffer
         # on HTTP/2, zccp.core.body) answered; JSON whitespace makes it large, the prompt stays small.

@@ -56,6 +56,7 @@ function _M.init(o)
     opts = o
     dict = ngx.shared[o.dict]
     require("zccp.fp.mask_store").init({ write_last_good = false })
+    require("zccp.fp.mask_apply")   -- zccp.fp.fingerprint requires it lazily: load it in the master
     hosts.init(o)
 end
 
