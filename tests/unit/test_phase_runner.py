@@ -6,12 +6,14 @@ contract (docs/plugins.md): in prepare (a "run" phase) a raise is that request's
 DONE ends the chain, the plugins after it skipped; in wants_body ("any") the first true
 wins and a raise ends it; in log ("every") a raise is counted and every later plugin still
 runs, in order; each raise counted once under its plugin's name. Then the same with
-LuaJIT's jit.v on: no trace aborts where a plugin returns into the runner (the per-plugin
-pcall's "return to lower frame"), and the plugins' code gets traces of its own."""
+LuaJIT's jit.v on: in the phases run as one segment (prepare, log) no trace aborts where a
+plugin returns into the runner (the per-plugin pcall's "return to lower frame"), and the
+plugins' code gets traces of its own."""
 
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 from pathlib import Path
 
@@ -140,15 +142,33 @@ def test_a_raise_or_done_in_the_middle_of_each_phase_over_many_requests(tmp_path
     assert got["sent"] == sum(1 for i in range(1, N + 1) if i % 13 == 0 or i % 3 == 0)
 
 
+def wants_body_lines(src: str) -> set[int]:
+    """The lines of a plugin file's wants_body (a phase that keeps one pcall per plugin)."""
+    out, inside = set(), False
+    for i, line in enumerate(src.splitlines(), start=1):
+        starts = line.startswith("function _M.wants_body")
+        inside = inside or starts
+        if inside:
+            out.add(i)
+            inside = not (line == "end" or starts and line.endswith(" end"))
+    return out
+
+
 def test_plugins_return_into_compiled_code_not_into_a_pcall(tmp_path: Path) -> None:
+    """prepare and log (phases with a stop): no trace aborts where a plugin returns."""
     log = tmp_path / "jitv.txt"
     got = run(tmp_path, str(log))
     assert got["errs"] == expected(N)[1]   # the same answers with jit.v on
     lines = log.read_text().splitlines()
-    plugins = ("first.lua", "mid.lua", "last.lua")
-    at_plugin = [x for x in lines if "return to lower frame" in x and any(f"at {p}" in x for p in plugins)]
+    sources = {"first.lua": FIRST_LAST.format(name="first"), "mid.lua": MID, "last.lua": FIRST_LAST.format(name="last")}
+    skip = {f: wants_body_lines(src) for f, src in sources.items()}
+    at_plugin = []
+    for x in lines:
+        m = re.search(r"return to lower frame at (\w+\.lua):(\d+)", x)
+        if m and m.group(1) in sources and int(m.group(2)) not in skip[m.group(1)]:
+            at_plugin.append(x)
     assert not at_plugin, at_plugin
     # the plugins' own traces complete (start lines without an abort: "[TRACE   3 mid.lua:9 return]")
     traced = [x for x in lines if x.startswith("[TRACE ") and not x.startswith("[TRACE ---")
-              and any(f" {p}:" in x for p in plugins)]
+              and any(f" {p}:" in x for p in sources)]
     assert traced, lines[:50]

@@ -39,6 +39,11 @@ end
 -- Phases that run every plugin: a raise is counted and logged, the next plugin still runs
 -- (the built-ins that settle, meter and release are among them).
 local EVERY = { relayed = true, response = true, log = true }
+-- Phases whose plugins do a request's real work (the key check, the admission, the cache's
+-- lookup, the settlement): their runners are one segment under one pcall that ends the
+-- traces through the plugins before it (zccp.core.phase_runner); the others, one pcall per
+-- plugin.
+local STOPS = { access = true, prepare = true, keys = true, log = true }
 
 local chains = {}        -- phase -> { n, fns, confs, names }
 local loaded = {}        -- the chain in force: { { name, file, phases } }
@@ -75,14 +80,14 @@ local function counted(r, name, err)
     r.failed = name
 end
 
--- Each phase's runner, made once per chain (zccp.core.phase_runner: one pcall per phase's
--- run of plugins, a raise attributed to its plugin and, in the phases that run every
--- plugin, the rest run after it; a shape LuaJIT compiles through).
+-- Each phase's runner, made once per chain (zccp.core.phase_runner): a raise named by its
+-- plugin and, in the phases that run every plugin, the rest run after it; a shape LuaJIT
+-- compiles through.
 local runners = {}
 
 local function compile(phase, c)
     local kind = phase == "wants_body" and "any" or EVERY[phase] and "every" or "run"
-    runners[phase] = phase_runner.build(kind, phase, c, kind == "every" and counted or failed, DONE)
+    runners[phase] = phase_runner.build(kind, phase, c, kind == "every" and counted or failed, DONE, STOPS[phase])
 end
 
 -- Runs phase `phase` for request r: DONE once a plugin answered (or raised), else nil.
