@@ -48,7 +48,8 @@ local function segment(kind, n)
         out[#out + 1] = " end\n"
     end
     out[#out + 1] = (" %s%s\nend\n"):format(land, kind == "any" and "return false" or "")
-    return concat(out)
+    local src = concat(out)
+    return src
 end
 
 -- The per-plugin shape: plugins 1..n each in its own pcall, no segment.
@@ -70,7 +71,8 @@ local function each(kind, n)
         end
     end
     out[#out + 1] = kind == "any" and " return false\nend\n" or "end\n"
-    return concat(out)
+    local src = concat(out)
+    return src
 end
 
 -- The runner around it. r.pipeline_at is put back as it was on entry: a phase run inside a
