@@ -89,7 +89,7 @@ return function(r, a1, a2, a3)
     if ok then
         return res
     end
-    return failed(r, names[at], res)
+    return failed(r, names[at] or "?", res)
 end
 ]],
     any = [[
@@ -102,17 +102,18 @@ return function(r)
     if ok then
         return res
     end
-    return failed(r, names[at], res)
+    return failed(r, names[at] or "?", res)
 end
 ]],
     every = [[
 local pcall, seg, counted, names = ...
+local tonumber, huge = tonumber, math.huge
 return function(r, a1, a2, a3)
     local prior = r.pipeline_at
     local ok, res = pcall(seg, r, 1, a1, a2, a3)
     while not ok do
-        local at = r.pipeline_at
-        counted(r, names[at], res)
+        local at = tonumber(r.pipeline_at) or huge   -- a plugin that broke it: the rest is skipped
+        counted(r, names[at] or "?", res)
         ok, res = pcall(seg, r, at + 1, a1, a2, a3)
     end
     r.pipeline_at = prior
