@@ -8,11 +8,12 @@ valid UTF-8 whatever bytes a header holds."""
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import time
 from pathlib import Path
 
-from tests.support.cache_requests import NULL, metric_samples
+from tests.support.cache_requests import NULL, metric, metric_samples
 from tests.support.keys_helpers import keys_cli, status
 
 REPO = Path(__file__).resolve().parents[2]
@@ -88,3 +89,75 @@ def test_a_raise_in_any_phase_before_limits_is_still_metered_and_settled(make_st
     assert last["tenant"] == "acme" and last["team"] == "caf\ufffd \ufffd", last
     raw = Path(s.cfg.auth.usage_log).read_bytes().splitlines()[-1]
     assert raw.count(b'"tenant"') == 1, raw
+
+
+# In the middle of the chain (after auth, before limits): answers by itself (DONE) in prepare
+# or raises in relayed and log, as the x-mid header says.
+MID = '''local pipeline = require "zccp.core.pipeline"
+local _M = { name = "mid" }
+function _M.prepare(r)
+    if ngx.var.http_x_mid == "done" then
+        return pipeline.refuse(r, 403, "permission_error", "x-mid: mid answers this one")
+    end
+end
+function _M.relayed() if ngx.var.http_x_mid == "raise" then error("mid raised in relayed") end end
+function _M.log() if ngx.var.http_x_mid == "raise" then error("mid raised in log") end end
+return _M
+'''
+# Last in the chain: what it saw, in the response header and in its log line.
+TAIL = '''local _M = { name = "tail" }
+function _M.prepare(r) r.tail_prepared = true end
+function _M.relayed(r) r.tail_relayed = true end
+function _M.response(r) ngx.header["X-Tail"] = r.tail_prepared and "prepared" or "skipped" end
+function _M.log(r)
+    ngx.log(ngx.WARN, "zccp-test tail: ", r.request_id, " relayed=", tostring(r.tail_relayed == true))
+end
+return _M
+'''
+
+
+def test_a_plugin_in_the_middle_that_raises_or_answers_over_hundreds_of_requests(make_stack, tmp_path):
+    """Enough requests that LuaJIT has compiled the phases (the runner's segments): a raise
+    in the middle of relayed and log is counted and every plugin after it still runs
+    (limits settles, the last plugin runs its relayed and log); a DONE in the middle of
+    prepare ends the chain there (the plugins after it skipped, nothing admitted)."""
+    d = tmp_path / "plugins"
+    d.mkdir()
+    (d / "mid.lua").write_text(MID)
+    (d / "tail.lua").write_text(TAIL)
+    s = make_stack({"model": NULL, "auth": {"mode": "keys", "cache_ttl_s": 1, "negative_ttl_s": 1},
+                    "plugins": {"add": [{"name": "mid", "after": "auth"}, {"name": "tail", "after": "usage"}],
+                                "dir": str(d)}}, with_redis=True)
+    k = keys_cli(s, "create", "--tenant", "acme", "--rpm", "100000", "--otpm", "10000000")["key"]
+    body = {"model": "zccp-tiny", "max_tokens": 4, "messages": [{"role": "user", "content": "in the middle"}]}
+    kinds = ("plain", "raise", "done")
+    n = 330
+    rids: dict[str, str] = {}
+    with s.client() as c:
+        for i in range(n):
+            kind = kinds[i % 3]
+            r = c.post("/v1/messages", json=body, headers={"x-api-key": k, "x-mid": kind, "cache-control": "no-store"})
+            if kind == "done":
+                assert r.status_code == 403 and r.json()["error"]["message"].startswith("x-mid:"), (i, r.text)
+                assert r.headers["x-tail"] == "skipped", i   # prepare stopped at mid; response ran every plugin
+            else:   # a raise after the relay: the answer stands
+                assert r.status_code == 200, (i, r.text)
+                assert r.headers["x-tail"] == "prepared", i
+                assert "anthropic-ratelimit-requests-limit" in r.headers, dict(r.headers)
+            rids[r.headers["x-request-id"]] = kind
+    raises = sum(1 for i in range(n) if kinds[i % 3] == "raise")
+    tail: dict[str, str] = {}
+    for _ in range(100):   # the log phase runs after each answer is out
+        tail = dict(x.split(" relayed=") for x in re.findall(r"zccp-test tail: (\S+ relayed=\w+)", s.error_log()))
+        if len(tail) >= n:
+            break
+        time.sleep(0.1)
+    assert set(tail) == set(rids)   # every request's log phase reached the last plugin
+    for rid, kind in rids.items():   # relayed too, after mid's raise there
+        assert tail[rid] == ("false" if kind == "done" else "true"), (rid, kind)
+    assert metric(s, "zccp_nginx_plugin_errors_total", plugin="mid") == 2 * raises   # relayed and log
+    # limits (after mid) admitted and settled every request that reached it, raised or not
+    lines = usage_lines(Path(s.cfg.auth.usage_log), n - n // 3)
+    assert len(lines) == n - n // 3 and {x["status"] for x in lines} == {200}, lines[-3:]
+    assert all(x["output_tokens"] > 0 for x in lines)
+    s.assert_no_leaks()

@@ -8,6 +8,7 @@
 local metrics = require "zccp.lib.metrics"
 local errors = require "zccp.errors"
 local loader = require "zccp.core.plugin_load"
+local phase_runner = require "zccp.core.phase_runner"
 
 local ngx = ngx
 local ngx_log = ngx.log
@@ -18,8 +19,6 @@ local pairs = pairs
 local ipairs = ipairs
 local tostring = tostring
 local concat = table.concat
-local load = load
-local assert = assert
 local setmetatable = setmetatable
 
 local _M = { _VERSION = "0.2.0" }
@@ -40,6 +39,11 @@ end
 -- Phases that run every plugin: a raise is counted and logged, the next plugin still runs
 -- (the built-ins that settle, meter and release are among them).
 local EVERY = { relayed = true, response = true, log = true }
+-- Phases whose plugins do a request's real work (the key check, the admission, the cache's
+-- lookup, the settlement): their runners are one segment under one pcall that ends the
+-- traces through the plugins before it (zccp.core.phase_runner); the others, one pcall per
+-- plugin.
+local STOPS = { access = true, prepare = true, keys = true, log = true }
 
 local chains = {}        -- phase -> { n, fns, confs, names }
 local loaded = {}        -- the chain in force: { { name, file, phases } }
@@ -76,39 +80,14 @@ local function counted(r, name, err)
     r.failed = name
 end
 
--- Each phase's runner, made once per chain (compile): its plugins' calls one after the
--- other, no loop (a loop of one to three turns is where LuaJIT's root traces give up).
+-- Each phase's runner, made once per chain (zccp.core.phase_runner): a raise named by its
+-- plugin and, in the phases that run every plugin, the rest run after it; a shape LuaJIT
+-- compiles through.
 local runners = {}
-
--- The source of one phase's runner, calling plugins 1..n. kind "run": DONE once a plugin
--- answered (or raised), else nil; "any": true once a plugin says so (DONE once one
--- raised); "every": every plugin, r.failed names one that raised.
-local function source(kind, n)
-    local out = { "local pcall, failed, counted, DONE, fns, confs, names = ...\n",
-                  "return function(r, a1, a2, a3)\n local ok, res\n" }
-    for i = 1, n do
-        if kind == "run" then
-            out[#out + 1] = (" ok, res = pcall(fns[%d], r, confs[%d], a1, a2, a3)\n"
-                .. " if not ok then return failed(r, names[%d], res) end\n"
-                .. " if res == DONE then return DONE end\n"):format(i, i, i)
-        elseif kind == "any" then
-            out[#out + 1] = (" ok, res = pcall(fns[%d], r, confs[%d])\n"
-                .. " if ok and res then return true elseif not ok then return failed(r, names[%d], res) end\n"
-                ):format(i, i, i)
-        else
-            out[#out + 1] = (" ok, res = pcall(fns[%d], r, confs[%d], a1, a2, a3)\n"
-                .. " if not ok then counted(r, names[%d], res) end\n"):format(i, i, i)
-        end
-    end
-    out[#out + 1] = kind == "any" and " return false\nend\n" or "end\n"
-    local src = concat(out)
-    return src
-end
 
 local function compile(phase, c)
     local kind = phase == "wants_body" and "any" or EVERY[phase] and "every" or "run"
-    local chunk = assert(load(source(kind, c.n), "=zccp.core.pipeline[" .. phase .. "]"))
-    runners[phase] = chunk(pcall, failed, counted, DONE, c.fns, c.confs, c.names)
+    runners[phase] = phase_runner.build(kind, phase, c, kind == "every" and counted or failed, DONE, STOPS[phase])
 end
 
 -- Runs phase `phase` for request r: DONE once a plugin answered (or raised), else nil.
