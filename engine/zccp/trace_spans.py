@@ -14,12 +14,15 @@ exporter's transport.
 
 from __future__ import annotations
 
+import io
 import marshal
 import os
 import pickle
+import select
 import signal
 import struct
 import sys
+import time
 from collections.abc import Callable, Mapping
 from random import getrandbits
 from typing import IO, Any
@@ -29,7 +32,7 @@ from opentelemetry.sdk.resources import Resource
 
 from zccp import otlp_encode as pb
 from zccp.abi import CACHE_NAMES
-from zccp.trace_export import BATCH, CHILDREN, FRAME, L1, PICKLED
+from zccp.trace_export import CHILDREN, FRAME, L1, PICKLED, schedule_delay
 
 # an INTERNAL child span is: b"\x12" + its length, then b"\x0a\x10" + the trace id, b"\x12\x08" +
 # its id, [the tracestate's field 3,] b"\x22\x08" + the root's id, its name's field 5, b"\x30\x01"
@@ -41,22 +44,35 @@ _REQUEST_ID, _TENANT, _INPUT, _OUTPUT, _RESPONSE_ID = (pb.key(k) for k in (
     "zccp.request_id", "zccp.tenant", "gen_ai.usage.input_tokens", "gen_ai.usage.output_tokens", "gen_ai.response.id"))
 ENDPOINT_VARS = ("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "OTEL_EXPORTER_OTLP_ENDPOINT")
 MAX_FRAME = 64 << 20
-# spans per export: a frame's whole (BATCH records, up to 7 spans each; ~0.6 MB, far below what
-# collectors take), not the SDK's 512: its transport costs ~1-2 ms of CPU per post, whatever the size
-POST_SPANS = 8 * BATCH
+# spans per export: the SDK's transport costs ~1.7-2 ms of CPU per post whatever its size (a
+# post of one span as much as one of 3,000: requests' environment and proxy lookups, the
+# headers, the sendall), so the frames are gathered into posts of up to 8,192 spans (~1.5 MB,
+# far below what collectors take) or what one OTEL_BSP_SCHEDULE_DELAY gathered, not the SDK's 512
+POST_SPANS = 8192
 
 
-def read_frame(inp: IO[bytes]) -> Any:
+def _read(inp: IO[bytes] | io.RawIOBase, n: int) -> bytes:
+    """n bytes from the pipe (raw: a read may return fewer), fewer at its end."""
+    data = inp.read(n) or b""
+    while len(data) < n:
+        more = inp.read(n - len(data))
+        if not more:
+            break
+        data += more
+    return data
+
+
+def read_frame(inp: IO[bytes] | io.RawIOBase) -> Any:
     """The next frame's batch (zccp.trace_export.frame), or None at the end of the pipe (the
     engine stopped or died)."""
-    head = inp.read(FRAME.size)
+    head = _read(inp, FRAME.size)
     if len(head) < FRAME.size:
         return None
     (n,) = FRAME.unpack(head)
     pickled, n = n & PICKLED, n & ~PICKLED
     if n > MAX_FRAME:
         raise ValueError(f"a frame of {n} bytes")
-    data = inp.read(n)
+    data = _read(inp, n)
     if len(data) < n:
         return None
     return pickle.loads(data) if pickled else marshal.loads(data)
@@ -147,7 +163,8 @@ class SpanEncoder:
         key = (cache, n_under)
         got = self._misses.get(key)
         if got is None:
-            fmt, consts, prev = ["<"], [], b""
+            fmt, prev = ["<"], b""
+            consts: list[bytes] = []
             for name in _MISS_CHILDREN:
                 attrs = self._cache(cache) if name == "zccp.engine.prepare" else b""
                 nm = self.child_names[name] + b"\x39"        # then start_time_unix_nano
@@ -277,24 +294,26 @@ def post_spans(env: Mapping[str, str] = os.environ) -> int:
 
 
 def export(exporter: BytesExporter, encoder: pb.RequestEncoder, spans: list[bytes], counts: list[int],
-           report: Callable[[str, int], None], per: int = POST_SPANS) -> None:
-    """`spans[i]`: a request's spans, `counts[i]` of them; posts of up to `per` spans (a
-    request's spans are never split: one with more than `per` goes alone)."""
+           report: Callable[[str, int], None], per: int = POST_SPANS,
+           keep: bool = False) -> tuple[list[bytes], list[int]]:
+    """`spans[i]`: a request's spans, `counts[i]` of them, in posts of up to `per` spans (a
+    request's spans are never split: one with more than `per` goes alone). keep: a last part
+    of less than `per` is not sent but returned, to gather more."""
     n, i = len(spans), 0
     while i < n:
         j, total = i + 1, counts[i]
-        if total + sum(counts[j:]) <= per:      # all the rest fits: the usual case
-            j, total = n, total + sum(counts[j:])
-        else:
-            while j < n and total + counts[j] <= per:
-                total += counts[j]
-                j += 1
+        while j < n and total + counts[j] <= per:
+            total += counts[j]
+            j += 1
+        if keep and j == n and total < per:
+            break
         try:
             ok = exporter.export_encoded(encoder.encode(spans[i:j]))
         except Exception:      # an exporter bug loses this batch, not the process
             ok = False
         report("exported" if ok else "failed", total)
         i = j
+    return spans[i:], counts[i:]
 
 
 def encode_batch(encoder: SpanEncoder, batch: list[tuple[Any, ...]],
@@ -324,7 +343,8 @@ def main() -> None:
     # the engine's signals are the engine's: this process ends when its pipe does
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
-    inp, out = sys.stdin.buffer, sys.stdout.buffer
+    inp = io.FileIO(sys.stdin.fileno(), "rb", closefd=False)     # unbuffered: select sees what is unread
+    out = sys.stdout.buffer
     sys.stdout = sys.stderr            # nothing else may write into the counts
 
     def report(what: str, n: int) -> None:
@@ -338,10 +358,30 @@ def main() -> None:
     endpoint = static.get("endpoint") or (None if any(os.environ.get(v) for v in ENDPOINT_VARS)
                                           else "http://localhost:4318/v1/traces")
     exporter = BytesExporter(endpoint=endpoint, timeout=5)
-    per = post_spans()
+    per, delay = post_spans(), schedule_delay()
+    spans: list[bytes] = []
+    counts: list[int] = []
     try:
-        while (batch := read_frame(inp)) is not None:
-            export(exporter, encoder.request, *encode_batch(encoder, batch, report), report, per)
+        # frames are gathered until a post's worth of spans or, from the first, one schedule delay
+        end, due = False, 0.0
+        while not end:
+            full = False
+            while not full:
+                if spans and not select.select([inp], [], [], max(0.0, due - time.monotonic()))[0]:
+                    break
+                batch = read_frame(inp)
+                if batch is None:
+                    end = True
+                    break
+                if not spans:
+                    due = time.monotonic() + delay
+                got, n = encode_batch(encoder, batch, report)
+                spans += got
+                counts += n
+                full = sum(counts) >= per
+            # full: the whole posts now, the rest gathers on (from now, one delay); else all of it
+            spans, counts = export(exporter, encoder.request, spans, counts, report, per, keep=full and not end)
+            due = time.monotonic() + delay
     finally:
         exporter.shutdown()
 

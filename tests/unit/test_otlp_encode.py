@@ -143,12 +143,15 @@ def test_spans_go_out_in_posts_of_the_export_batch_size() -> None:
         export(exporter, enc.request, out, counts, lambda what, n: reports.append((what, n)), 12)
         export(exporter, enc.request, out, counts, lambda what, n: reports.append((what, n)), 5)
         export(exporter, enc.request, out, counts, lambda what, n: reports.append((what, n)))
+        # gathering (the span process's loop): the full posts go, the rest is kept for more
+        assert export(exporter, enc.request, out, counts, lambda what, n: reports.append((what, n)), 12,
+                      keep=True) == (out[2:], [6])
     finally:
         exporter.shutdown()
         rx.close()
     # a request's spans are never split: with room for 5, each goes alone
-    assert reports == [("exported", 12), ("exported", 6)] + [("exported", 6)] * 3 + [("exported", 18)]
-    assert (rx.posts, rx.count) == (6, 54)
+    assert reports == [("exported", 12), ("exported", 6)] + [("exported", 6)] * 3 + [("exported", 18), ("exported", 12)]
+    assert (rx.posts, rx.count) == (7, 66)
 
 
 def test_frames_to_the_span_process_round_trip_marshal_or_pickle() -> None:
