@@ -105,6 +105,9 @@ class SpanEncoder:
         self._packers: dict[tuple[str, int, bytes], tuple[struct.Struct, bytes, bytes]] = {}
         self._roots: dict[tuple[Any, ...], bytes] = {}
         self._misses: dict[tuple[str, int], tuple[struct.Struct, tuple[bytes, ...]]] = {}
+        self._l1_attrs: dict[tuple[int, str], bytes] = {}    # an L1 hit's attributes but its request id
+        self._inputs: dict[int, bytes] = {}                  # the token counts' attributes, by count
+        self._outputs: dict[int, bytes] = {}
 
     def _cache(self, cache: str) -> bytes:
         got = self._cache_attr.get(cache)
@@ -137,6 +140,14 @@ class SpanEncoder:
             if len(self._roots) >= 4096:
                 self._roots.clear()
             self._roots[key] = got
+        return got
+
+    @staticmethod
+    def _tokens(cache: dict[int, bytes], key: bytes, n: int) -> bytes:
+        """A token count's attribute, encoded once per count (bounded)."""
+        if len(cache) >= 4096:
+            cache.clear()
+        got = cache[n] = pb.int_attribute(key, n)
         return got
 
     def _packer(self, name: str, n_under: int, attrs: bytes) -> tuple[struct.Struct, bytes, bytes]:
@@ -249,7 +260,9 @@ class SpanEncoder:
         if tenant is not None:
             attrs.append(pb.str_attribute(_TENANT, tenant.hex()))     # a digest's first 8 bytes
         if usage is not None:
-            attrs += (pb.int_attribute(_INPUT, usage[0]), pb.int_attribute(_OUTPUT, usage[1]))
+            n_in, n_out = usage[0], usage[1]
+            attrs += (self._inputs.get(n_in) or self._tokens(self._inputs, _INPUT, n_in),
+                      self._outputs.get(n_out) or self._tokens(self._outputs, _OUTPUT, n_out))
         if response_id:
             attrs.append(pb.str_attribute(_RESPONSE_ID, response_id))
         body = b"".join((b"\x0a\x10", tid_b, b"\x12\x08", root_b, state,
@@ -268,10 +281,14 @@ class SpanEncoder:
             ptid, psid = int.from_bytes(tid_b, "big"), int.from_bytes(sid_b, "big")
             if ptid and psid:
                 parent, tid = psid, ptid
-        few = pb.few_valued
-        attrs = self.fixed + self._cache("HIT") + few("zccp.cache.layer", "L1") + \
-            few("http.response.status_code", status) + few("zccp.api", api) + \
-            pb.span_attributes({"zccp.request_id": request_id})
+        fixed = self._l1_attrs.get((status, api))
+        if fixed is None:
+            few = pb.few_valued
+            if len(self._l1_attrs) >= 1024:
+                self._l1_attrs.clear()
+            fixed = self._l1_attrs[(status, api)] = self.fixed + self._cache("HIT") + \
+                few("zccp.cache.layer", "L1") + few("http.response.status_code", status) + few("zccp.api", api)
+        attrs = fixed + pb.str_attribute(_REQUEST_ID, request_id)
         return pb.span((tid or getrandbits(128) or 1).to_bytes(16, "big"), getrandbits(64) or 1, parent,
                            self.root_name, pb.SERVER, start, start + dur_us * 1000, attrs,
                            pb.ERROR if status >= 500 else pb.UNSET, parent_remote=bool(parent)), 1
