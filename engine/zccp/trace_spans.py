@@ -1,10 +1,10 @@
 """The span process: `python -m zccp.trace_spans`, started by the engine when tracing is on
 (zccp.trace_export). It reads the engine's request records from stdin (frames of a length
 and a marshal: the engine's own pipe to its own child), encodes each request's spans as
-OTLP protobuf (zccp.otlp_encode) and sends them through the SDK's OTLP/HTTP exporter, a
-frame's spans per export (POST_SPANS); on stdout it reports "exported N" or "failed N" per
-export for the engine's counter. Here, not in the engine, so that encoding takes no GIL from the engine's
-event loop (docs/observability.md).
+OTLP protobuf (zccp.otlp_encode) and sends them through the SDK's OTLP/HTTP exporter, frames
+gathered into posts of up to POST_SPANS spans (or what one schedule delay gathered); on
+stdout it reports "exported N" or "failed N" per export for the engine's counter. Here, not
+in the engine, so that encoding takes no GIL from the engine's event loop (docs/observability.md).
 
 The SDK's TracerProvider, spans and BatchSpanProcessor are not used: a request's spans are
 known whole when its record arrives (no span is live here), the engine's bounded queue and
