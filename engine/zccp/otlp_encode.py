@@ -159,6 +159,11 @@ _KINDS = [b"\x30" + varint(k) for k in range(6)]
 _TAILS = {(s, r): _tail(s, r) for s in (UNSET, OK, ERROR) for r in (False, True)}
 
 
+def tail(status: int, parent_remote: bool) -> bytes:
+    """A span's Status and flags, made once per status and parent."""
+    return _TAILS.get((status, parent_remote)) or _tail(status, parent_remote)
+
+
 def span(trace_id: bytes, span_id: int, parent_id: int, name: bytes, kind: int, start: int, end: int,
          attrs: bytes = b"", status: int = UNSET, parent_remote: bool = False, trace_state: bytes = b"") -> bytes:
     """One Span message's bytes. trace_id: 16 bytes; name: field(5, ...) made once per name;
@@ -166,7 +171,7 @@ def span(trace_id: bytes, span_id: int, parent_id: int, name: bytes, kind: int, 
     body = b"".join((b"\x0a\x10", trace_id, b"\x12\x08", span_id.to_bytes(8, "big"), trace_state,
                      b"\x22\x08" + parent_id.to_bytes(8, "big") if parent_id else b"", name, _KINDS[kind],
                      TIMES.pack(0x39, start, 0x41, end), attrs,
-                     _TAILS.get((status, parent_remote)) or _tail(status, parent_remote)))
+                     tail(status, parent_remote)))
     n = len(body)
     return b"\x12" + (_SMALL[n] if n < 0x80 else varint(n)) + body
 
@@ -179,4 +184,9 @@ class RequestEncoder:
         self._scope = field(1, field(1, scope_name.encode()))
 
     def encode(self, spans: Sequence[bytes]) -> bytes:
-        return field(1, self._resource + field(2, self._scope + b"".join(spans)))
+        """One join: each nested copy of a ~0.5 MB request was a fresh allocation's page faults
+        (~4 us per miss record of the span process's time)."""
+        inner = len(self._scope) + sum(map(len, spans))
+        head = b"\x12" + varint(inner)
+        return b"".join((b"\x0a", varint(len(self._resource) + len(head) + inner), self._resource, head,
+                         self._scope, *spans))

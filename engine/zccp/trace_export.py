@@ -108,7 +108,7 @@ def _sampler_from_env() -> tuple[float, bool]:
     return 1.0, parent_based
 
 
-def _schedule_delay() -> float:
+def schedule_delay() -> float:
     """OTEL_BSP_SCHEDULE_DELAY (ms), the SDK's batch delay, honoured for the pipe's batches."""
     try:
         return max(1, min(int(os.environ.get("OTEL_BSP_SCHEDULE_DELAY", "5000")), 60_000)) / 1000
@@ -139,7 +139,7 @@ class RequestTracer:
         assert self._proc.stdin is not None
         self._proc.stdin.write(frame(static))
         self._proc.stdin.flush()
-        self._pipe = SpanPipe(self._proc, self._records, BATCH, _schedule_delay(), frame, self._count, self._drop)
+        self._pipe = SpanPipe(self._proc, self._records, BATCH, schedule_delay(), frame, self._count, self._drop)
 
     def _count(self, what: str, n: int) -> None:
         series = self._counted.get(what)

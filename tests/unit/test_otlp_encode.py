@@ -60,9 +60,9 @@ def record(**over: Any) -> tuple[Any, ...]:
 
 def test_a_records_spans_form_the_requests_tree() -> None:
     enc = SpanEncoder({"model": "m", "engine": "e0", "server.address": "127.0.0.1", "server.port": 8000})
-    out: list[bytes] = []
-    enc.spans(record(upstream=(0x77, "up-model", time.time_ns()), tracestate="rojo=00f067aa0ba902b7"), out)
-    spans = list(decoded(enc.request.encode(out)).resource_spans[0].scope_spans[0].spans)
+    data, n = enc.spans(record(upstream=(0x77, "up-model", time.time_ns()), tracestate="rojo=00f067aa0ba902b7"))
+    spans = list(decoded(enc.request.encode([data])).resource_spans[0].scope_spans[0].spans)
+    assert n == len(spans) == 7
     root = next(s for s in spans if s.kind == pb.SERVER)
     assert root.name == "chat m" and root.parent_span_id == (0xB7).to_bytes(8, "big")
     assert {s.trace_id for s in spans} == {TID.to_bytes(16, "big")}
@@ -83,9 +83,10 @@ def test_a_records_spans_form_the_requests_tree() -> None:
 
 def test_without_a_parent_a_record_starts_a_trace_and_a_hit_replays() -> None:
     enc = SpanEncoder({"model": "m", "engine": "", "server.address": "h", "server.port": None})
-    out: list[bytes] = []
-    enc.spans(record(ids=None, flags=0, times=(0.0, 0.0, 0.0, 0.0), cache=CacheStatus.HIT, usage=None, status=200), out)
-    spans = list(decoded(enc.request.encode(out)).resource_spans[0].scope_spans[0].spans)
+    data, n = enc.spans(record(ids=None, flags=0, times=(0.0, 0.0, 0.0, 0.0), cache=CacheStatus.HIT, usage=None,
+                               status=200))
+    spans = list(decoded(enc.request.encode([data])).resource_spans[0].scope_spans[0].spans)
+    assert n == len(spans) == 3
     root = next(s for s in spans if s.kind == pb.SERVER)
     assert root.parent_span_id == b"" and len(root.trace_id) == 16 and any(root.trace_id)
     assert {s.trace_state for s in spans} == {""}
@@ -114,10 +115,9 @@ def test_l1_records_are_bounded_and_encode_as_one_span() -> None:
     h = recs[1]
     assert h[1] is None and h[4] == 0 and h[6] <= 3_600_000_000 and h[8] == ""   # no traceparent: a new trace
     enc = SpanEncoder({"model": "m", "engine": "", "server.address": "h", "server.port": None})
-    out: list[bytes] = []
-    for r in recs:
-        enc.l1(r, out)
-    spans = list(decoded(enc.request.encode(out)).resource_spans[0].scope_spans[0].spans)
+    out = [enc.l1(r) for r in recs]
+    assert [n for _, n in out] == [1, 1]
+    spans = list(decoded(enc.request.encode([d for d, _ in out])).resource_spans[0].scope_spans[0].spans)
     assert [s.kind for s in spans] == [pb.SERVER, pb.SERVER]
     assert spans[0].parent_span_id == (0xB7).to_bytes(8, "big") and spans[0].trace_id == TID.to_bytes(16, "big")
     assert spans[0].end_time_unix_nano - spans[0].start_time_unix_nano == 1_500_000
@@ -128,26 +128,30 @@ def test_l1_records_are_bounded_and_encode_as_one_span() -> None:
 
 def test_spans_go_out_in_posts_of_the_export_batch_size() -> None:
     from tests.support.otlp_receiver import OtlpReceiver
-    from zccp.trace_spans import POST_SPANS, BytesExporter, export, post_spans
+    from zccp.trace_spans import POST_SPANS, BytesExporter, encode_batch, export, post_spans
 
     assert post_spans({}) == POST_SPANS and post_spans({"OTEL_BSP_MAX_EXPORT_BATCH_SIZE": "512"}) == 512
     assert post_spans({"OTEL_BSP_MAX_EXPORT_BATCH_SIZE": "x"}) == POST_SPANS
     assert post_spans({"OTEL_BSP_MAX_EXPORT_BATCH_SIZE": "0"}) == 1
     enc = SpanEncoder({"model": "m", "engine": "", "server.address": "h", "server.port": None})
-    out: list[bytes] = []
-    for _ in range(3):
-        enc.spans(record(), out)          # 6 spans each
+    out, counts = encode_batch(enc, [record()] * 3, lambda what, n: None)     # 6 spans each
+    assert counts == [6, 6, 6]
     rx = OtlpReceiver(keep=False)
     exporter = BytesExporter(endpoint=rx.url + "/v1/traces", timeout=5)
     reports: list[tuple[str, int]] = []
     try:
-        export(exporter, enc.request, out, lambda what, n: reports.append((what, n)), 8)
-        export(exporter, enc.request, out, lambda what, n: reports.append((what, n)))
+        export(exporter, enc.request, out, counts, lambda what, n: reports.append((what, n)), 12)
+        export(exporter, enc.request, out, counts, lambda what, n: reports.append((what, n)), 5)
+        export(exporter, enc.request, out, counts, lambda what, n: reports.append((what, n)))
+        # gathering (the span process's loop): the full posts go, the rest is kept for more
+        assert export(exporter, enc.request, out, counts, lambda what, n: reports.append((what, n)), 12,
+                      keep=True) == (out[2:], [6])
     finally:
         exporter.shutdown()
         rx.close()
-    assert reports == [("exported", 8), ("exported", 8), ("exported", 2), ("exported", 18)]
-    assert (rx.posts, rx.count) == (4, 36)
+    # a request's spans are never split: with room for 5, each goes alone
+    assert reports == [("exported", 12), ("exported", 6)] + [("exported", 6)] * 3 + [("exported", 18), ("exported", 12)]
+    assert (rx.posts, rx.count) == (7, 66)
 
 
 def test_frames_to_the_span_process_round_trip_marshal_or_pickle() -> None:
@@ -175,9 +179,9 @@ def test_a_record_that_cannot_be_encoded_is_lost_alone_and_counted() -> None:
 
     enc = SpanEncoder({"model": "m", "engine": "", "server.address": "h", "server.port": None})
     reports: list[tuple[str, int]] = []
-    spans = encode_batch(enc, [record(), record(nginx=(-1, -1)), record(wall0=-1), record()],
-                         lambda what, n: reports.append((what, n)))
-    assert reports == [("invalid", 2)]
+    spans, counts = encode_batch(enc, [record(), record(nginx=(-1, -1)), record(wall0=-1), record()],
+                                 lambda what, n: reports.append((what, n)))
+    assert reports == [("invalid", 2)] and counts == [6, 6]
     got = list(decoded(enc.request.encode(spans)).resource_spans[0].scope_spans[0].spans)
     assert len(got) == 12 and sum(1 for s in got if s.kind == pb.SERVER) == 2   # two whole trees, no half
-    assert encode_batch(enc, [record()], lambda what, n: reports.append((what, n))) and len(reports) == 1
+    assert encode_batch(enc, [record()], lambda what, n: reports.append((what, n)))[0] and len(reports) == 1
