@@ -3,8 +3,9 @@ time through a real stack (the tests' Stack: nginx + engine, cache off), n = 1, 
 stops, a long max_tokens, streamed and not. The null backend names each token itself (no
 logits, no sampling): what its model thread spends per token is the engine's own path
 (scheduler step, sink, text assembly, SSE framing, ring writes). Counters, not wall time
-(the machine is shared): the model thread's CPU clock (/proc/<pid>/task/<tid>/schedstat, ns)
-and the whole engine process's (utime + stime), each divided by the tokens generated; with
+(the machine is shared): the model thread's CPU clock (/proc/<pid>/task/<tid>/schedstat, ns),
+its share in the kernel, and the whole engine process's (utime + stime), each divided by the
+tokens generated (the wall time per token beside them, for pairs run together); with
 --profile, the model thread's function calls per token (cProfile, a separate run).
 
     PYTHONPATH=engine python -m bench.per_token [--tokens 4000] [--requests 8] [--profile]
@@ -42,6 +43,22 @@ def sleep_cpu_ns(n: int = 20000) -> float:
 
 def thread_ns(pid: int, tid: int) -> int:
     return int(Path(f"/proc/{pid}/task/{tid}/schedstat").read_text().split()[0])
+
+
+def thread_sys_share(pid: int, tid: int) -> tuple[int, int]:
+    """The thread's utime and stime, in clock ticks (its time in the kernel: the doorbell's send)."""
+    f = Path(f"/proc/{pid}/task/{tid}/stat").read_text().rsplit(")", 1)[1].split()
+    return int(f[11]), int(f[12])
+
+
+def process_switches(pid: int) -> int:
+    """Context switches of all the engine's threads so far (a loop woken per token shows here)."""
+    n = 0
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        for line in (task / "status").read_text().splitlines():
+            if "ctxt_switches:" in line:
+                n += int(line.split()[1])
+    return n
 
 
 def process_ns(pid: int) -> int:
@@ -92,12 +109,17 @@ def run(stream: bool, tokens: int, requests: int, profile: Path | None, backend:
             pid = stack.engine.proc.pid
             one(stack, stream, 64)                       # warm
             tid = int(tid_file.read_text())
-            t0, p0 = thread_ns(pid, tid), process_ns(pid)
+            t0, p0, s0, c0 = thread_ns(pid, tid), process_ns(pid), thread_sys_share(pid, tid), process_switches(pid)
+            w0 = time.perf_counter_ns()
             n = sum(one(stack, stream, tokens) for _ in range(requests))
-            t1, p1 = thread_ns(pid, tid), process_ns(pid)
+            w1 = time.perf_counter_ns()
+            t1, p1, s1, c1 = thread_ns(pid, tid), process_ns(pid), thread_sys_share(pid, tid), process_switches(pid)
         finally:
             stack.stop()
-    return {"tokens": n, "model_thread_ns": (t1 - t0) / n, "process_ns": (p1 - p0) / n}
+    user, system = s1[0] - s0[0], s1[1] - s0[1]
+    return {"tokens": n, "model_thread_ns": (t1 - t0) / n, "process_ns": (p1 - p0) / n,
+            "model_thread_kernel_share": system / max(1, user + system), "wall_ns": (w1 - w0) / n,
+            "switches": (c1 - c0) / n}
 
 
 def calls_per_token(path: Path, tokens: int, top: int = 25) -> list[tuple[str, float, float]]:
@@ -130,7 +152,9 @@ def main() -> None:
             row["calls"] = calls_per_token(prof, 2 * a.tokens + 64)
         out["rows"][key] = row
         print(f"{key}: model thread {row['model_thread_ns'] / 1000:.1f} us/token, beyond the forward "
-              f"{row['beyond_forward_us']:.1f} us; engine process {row['process_ns'] / 1000:.1f} us/token")
+              f"{row['beyond_forward_us']:.1f} us ({row['model_thread_kernel_share']:.0%} in the kernel); "
+              f"engine process {row['process_ns'] / 1000:.1f} us/token, "
+              f"{row['switches']:.2f} context switches/token; wall {row['wall_ns'] / 1000:.1f} us/token")
         for name, calls, us in row.get("calls", []):
             print(f"    {calls:8.2f} calls {us:7.2f} us  {name}")
     Path(a.json).write_text(json.dumps(out, indent=1))

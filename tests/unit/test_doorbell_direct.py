@@ -142,7 +142,7 @@ def test_direct_and_queued_writes_mix_in_order(loop: Any) -> None:
 
 class _SocketTransport:
     """A transport over a real socket that closes its descriptor before the connection is
-    told (uvloop closes its handle, then calls connection_lost on a later turn)."""
+    told (asyncio's and uvloop's tell it first, but nothing promises that order)."""
 
     def __init__(self, sock: socket.socket) -> None:
         self.sock = sock
