@@ -117,6 +117,11 @@ class Connection:
     (one callback for all that came meanwhile), which writes them at once unless notices of
     its own wait for this turn's write (then behind those); each notice leaves, in order."""
 
+    # Whether other threads write their notices themselves: the model thread's scheduler turns
+    # it off for a step with many rows (their send(2)s would lengthen the step; the loop writes
+    # them beside it) and on for one or two (a loop wake-up per token otherwise).
+    direct_writes = True
+
     __slots__ = ("_transport", "_loop", "_loop_thread", "_pending", "_inbox", "_woken", "closed", "jobs",
                  "_lock", "_direct", "_carry")
 
@@ -139,7 +144,7 @@ class Connection:
         if threading.get_ident() == self._loop_thread:
             self._queue(frame)
             return
-        if self._direct is not None and not self._inbox and self._send_direct(frame):
+        if Connection.direct_writes and self._direct is not None and not self._inbox and self._send_direct(frame):
             return
         # appended before _woken is read: a _take_inbox that cleared _woken already takes
         # this frame (it clears the flag before it empties the inbox)

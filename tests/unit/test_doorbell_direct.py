@@ -246,3 +246,28 @@ def test_a_partial_write_leaves_its_tail_first(loop: Any) -> None:
     # the tail first (the frame whole), then what waited: the loop's own notice, the inbox
     assert loop.run_until_complete(main()) == b"".join([*first, *_frames(900, 901), *rest])
     peer.close()
+
+
+def test_a_wide_steps_notices_go_to_the_loop_in_order(loop: Any) -> None:
+    engine_side, peer = socket.socketpair()
+    wide, narrow = _frames(1, 9), _frames(9, 12)
+
+    async def main() -> bytes:
+        conn = await _connect(engine_side)
+        Connection.direct_writes = False           # the scheduler's step of many rows
+        try:
+            _from_thread(conn.send, wide)
+        finally:
+            Connection.direct_writes = True
+        assert loop.wakes == 1                     # the loop writes them
+        _from_thread(conn.send, narrow)            # the inbox not taken yet: behind it
+        assert loop.wakes == 1
+        got = await _drain(loop, peer, 32 * 11)
+        _from_thread(conn.send, _frames(12, 13))   # taken: direct again
+        assert loop.wakes == 1
+        got += await _drain(loop, peer, 32)
+        conn.close()
+        return got
+
+    assert loop.run_until_complete(main()) == b"".join(_frames(1, 13))
+    peer.close()
