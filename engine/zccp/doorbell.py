@@ -134,7 +134,9 @@ class Connection:
         self._woken = False                   # a _take_inbox is due on the loop
         self.closed = False
         self.jobs: set[Cancellable] = set()   # jobs rung on this connection, cancelled on EOF
-        self._lock = threading.Lock()         # around every write and close
+        # around every write and close; re-entrant should a transport call connection_lost
+        # from within its write (asyncio's and uvloop's defer it)
+        self._lock = threading.RLock()
         self._direct = _own_descriptor(transport)
         self._carry = b""                     # a direct write's unsent tail: leaves before anything
 
