@@ -85,18 +85,45 @@ class Cancellable(Protocol):
     def cancel(self) -> None: ...
 
 
+def _own_descriptor(transport: asyncio.BaseTransport) -> socket.socket | None:
+    """A descriptor of the connection's own (a dup of the transport's): the model thread
+    writes to it, so a number the transport closes and the next connection reuses can never
+    take that thread's frame. None where the transport has no socket (tests)."""
+    sock = transport.get_extra_info("socket")
+    if sock is None:
+        return None
+    try:
+        return socket.socket(fileno=os.dup(sock.fileno()))
+    except (OSError, ValueError):
+        return None
+
+
+_DONTWAIT = socket.MSG_DONTWAIT | socket.MSG_NOSIGNAL
+
+
 class Connection:
     """One nginx cosocket. Notices may be sent from worker threads (thread-safe).
 
     Notices sent during one turn of the loop leave in one write (one send(2) for the
     answers to every ring that one read brought, not one each): they wait in a list the
-    loop flushes once the callbacks ready now have run. Notices from another thread (the
-    model thread's, one per streamed token) wait in an inbox: only the first after the
-    loop took the inbox wakes the loop (one callback for all that came meanwhile, not a
-    handle each), which writes them at once unless notices of its own wait for this turn's
-    write (then behind those); each notice still leaves, in order."""
+    loop flushes once the callbacks ready now have run. A notice from another thread (the
+    model thread's, one per streamed token) is written by that thread itself when nothing
+    of this connection waits anywhere (the loop's list, the inbox, the transport's buffer):
+    a non-blocking send(2) on the connection's own descriptor under the connection's lock,
+    no loop wake-up. The lock is held around every write and around close, and close marks
+    the connection closed under it: that thread never writes after close, never out of
+    order, never to another connection. Otherwise (something waits, EAGAIN, an error) the
+    notice waits in the inbox: only the first after the loop took the inbox wakes the loop
+    (one callback for all that came meanwhile), which writes them at once unless notices of
+    its own wait for this turn's write (then behind those); each notice leaves, in order."""
 
-    __slots__ = ("_transport", "_loop", "_loop_thread", "_pending", "_inbox", "_woken", "closed", "jobs")
+    # Whether other threads write their notices themselves: the model thread's scheduler turns
+    # it off for a step with many rows (their send(2)s would lengthen the step; the loop writes
+    # them beside it) and on for one or two (a loop wake-up per token otherwise).
+    direct_writes = True
+
+    __slots__ = ("_transport", "_loop", "_loop_thread", "_pending", "_inbox", "_woken", "closed", "jobs",
+                 "_lock", "_direct", "_carry")
 
     def __init__(self, transport: asyncio.WriteTransport, loop: asyncio.AbstractEventLoop) -> None:
         self._transport = transport
@@ -107,6 +134,11 @@ class Connection:
         self._woken = False                   # a _take_inbox is due on the loop
         self.closed = False
         self.jobs: set[Cancellable] = set()   # jobs rung on this connection, cancelled on EOF
+        # around every write and close; re-entrant should a transport call connection_lost
+        # from within its write (asyncio's and uvloop's defer it)
+        self._lock = threading.RLock()
+        self._direct = _own_descriptor(transport)
+        self._carry = b""                     # a direct write's unsent tail: leaves before anything
 
     def send(self, frame: bytes) -> None:
         if self.closed:
@@ -114,17 +146,63 @@ class Connection:
         if threading.get_ident() == self._loop_thread:
             self._queue(frame)
             return
+        if Connection.direct_writes and self._direct is not None and not self._inbox and self._send_direct(frame):
+            return
         # appended before _woken is read: a _take_inbox that cleared _woken already takes
         # this frame (it clears the flag before it empties the inbox)
         self._inbox.append(frame)
+        self._wake()
+
+    def _wake(self) -> None:
         if not self._woken:
             self._woken = True
             self._loop.call_soon_threadsafe(self._take_inbox)
 
+    def _send_direct(self, frame: bytes) -> bool:
+        """The frame written from this (non-loop) thread; False: nothing of it was, the
+        caller queues it. A partial write keeps the tail for the loop's next write."""
+        with self._lock:
+            sock = self._direct
+            if (sock is None or self.closed or self._pending or self._inbox or self._carry
+                    or self._transport.get_write_buffer_size()):
+                return False
+            try:
+                n = sock.send(frame, _DONTWAIT)
+            except OSError:          # EAGAIN, EPIPE...: the loop's transport writes it or finds out
+                return False
+            if n == len(frame):
+                return True
+            self._carry = frame[n:]
+        self._wake()
+        return True
+
     def close(self) -> None:
         self._flush()
-        self.closed = True
+        if self._carry:                    # a partial direct write's tail: the frame whole
+            self._write(b"")
+        with self._lock:
+            self.closed = True
+            self._drop_direct()
         self._transport.close()
+
+    def lost(self) -> None:
+        """The transport is gone (the loop's connection_lost)."""
+        with self._lock:
+            self.closed = True
+            self._drop_direct()
+
+    def _drop_direct(self) -> None:
+        if self._direct is not None:
+            self._direct.close()
+            self._direct = None
+
+    def _write(self, data: bytes) -> None:
+        with self._lock:
+            if self.closed:
+                return
+            if self._carry:
+                data, self._carry = self._carry + data, b""
+            self._transport.write(data)
 
     def _queue(self, frame: bytes) -> None:
         pending = self._pending
@@ -139,7 +217,7 @@ class Connection:
             return
         data = pending[0] if len(pending) == 1 else b"".join(pending)
         pending.clear()
-        self._transport.write(data)
+        self._write(data)
 
     def _take_inbox(self) -> None:
         self._woken = False
@@ -148,6 +226,8 @@ class Connection:
             inbox.clear()
             return
         if not inbox:                      # an earlier call took what woke this one
+            if self._carry:
+                self._write(b"")
             return
         if self._pending:                  # the loop's own notices of this turn go first
             while inbox:
@@ -155,7 +235,7 @@ class Connection:
             return
         # nothing of this turn waits: written now, not from one more callback
         frames = [inbox.popleft() for _ in range(len(inbox))]
-        self._transport.write(frames[0] if len(frames) == 1 else b"".join(frames))
+        self._write(frames[0] if len(frames) == 1 else b"".join(frames))
 
 
 RingHandler = Callable[[Connection, Ring], None]
@@ -229,7 +309,7 @@ class _RingProtocol(asyncio.BufferedProtocol):
         conn = self.conn
         if conn is None:
             return
-        conn.closed = True
+        conn.lost()
         self._server._conns.discard(conn)
         self._server._on_close(conn)
 

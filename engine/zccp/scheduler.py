@@ -48,6 +48,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from zccp.admission import Admitting
+from zccp.doorbell import Connection
 from zccp.fair_queue import Admission, FairQueue
 from zccp.metrics import EngineMetrics
 from zccp.model.base import DecodeBatch, ModelBackend
@@ -68,6 +69,9 @@ __all__ = ["Admission", "BatchLimits", "BatchScheduler", "Sequence", "Sink"]
 log = logging.getLogger("zccp.scheduler")
 
 IDLE_POLL_S = 0.002        # how often parked or draining sequences are looked at when nothing runs
+# a decode step of at most this many rows writes its streamed notices from the model thread
+# (doorbell.Connection.direct_writes); a wider one leaves them to the event loop
+DIRECT_NOTICE_ROWS = 2
 
 
 
@@ -249,6 +253,7 @@ class BatchScheduler(Admitting, Prefilling):
             self._fail_rows()
             return
         self._steps.inc()
+        Connection.direct_writes = len(rows) <= DIRECT_NOTICE_ROWS
         leaving: set[int] = set()
         for i, (seq, tok) in enumerate(zip(rows, toks, strict=False)):
             outcome = self._emit(seq, tok)

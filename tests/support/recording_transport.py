@@ -11,5 +11,8 @@ class RecordingTransport:
     def write(self, data: bytes) -> None:
         self.writes.append(bytes(data))
 
+    def get_extra_info(self, name: str, default: object = None) -> object:
+        return default      # no socket: the doorbell's Connection writes only through write()
+
     def close(self) -> None:
         pass
