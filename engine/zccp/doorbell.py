@@ -215,9 +215,12 @@ class Connection:
         if not pending or self.closed:
             pending.clear()
             return
-        data = pending[0] if len(pending) == 1 else b"".join(pending)
-        pending.clear()
-        self._write(data)
+        # taken and written under the lock: a direct write that found the list empty between
+        # the two would overtake these frames
+        with self._lock:
+            data = pending[0] if len(pending) == 1 else b"".join(pending)
+            pending.clear()
+            self._write(data)
 
     def _take_inbox(self) -> None:
         self._woken = False
@@ -234,8 +237,9 @@ class Connection:
                 self._queue(inbox.popleft())
             return
         # nothing of this turn waits: written now, not from one more callback
-        frames = [inbox.popleft() for _ in range(len(inbox))]
-        self._write(frames[0] if len(frames) == 1 else b"".join(frames))
+        with self._lock:                   # taken and written as one (see _flush)
+            frames = [inbox.popleft() for _ in range(len(inbox))]
+            self._write(frames[0] if len(frames) == 1 else b"".join(frames))
 
 
 RingHandler = Callable[[Connection, Ring], None]

@@ -271,3 +271,40 @@ def test_a_wide_steps_notices_go_to_the_loop_in_order(loop: Any) -> None:
 
     assert loop.run_until_complete(main()) == b"".join(_frames(1, 13))
     peer.close()
+
+
+@pytest.mark.parametrize("path", ["flush", "inbox"])
+def test_a_direct_write_never_overtakes_frames_the_loop_has_taken(
+        loop: Any, path: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The loop takes its frames (its own list, or the inbox) and writes them; a model
+    thread's notice sent between the take and the write must still leave after them."""
+    engine_side, peer = socket.socketpair()
+    first, late = _frames(1, 3), _frames(3, 4)
+    write = Connection._write
+    racing: list[threading.Thread] = []
+
+    def write_after_a_racing_send(conn: Connection, data: bytes) -> None:
+        if data and not racing:      # the model thread sends now, between the take and the write
+            racing.append(threading.Thread(target=conn.send, args=(late[0],)))
+            racing[0].start()
+            racing[0].join(0.2)
+        write(conn, data)
+
+    monkeypatch.setattr(Connection, "_write", write_after_a_racing_send)
+
+    async def main() -> bytes:
+        conn = await _connect(engine_side)
+        if path == "flush":
+            for f in first:
+                conn.send(f)                     # the loop's own: written at the turn's end
+        else:
+            conn._inbox.extend(first)            # the model thread's, left to the loop
+            conn._take_inbox()
+        await asyncio.sleep(0)
+        got = await _drain(loop, peer, 32 * (len(first) + len(late)))
+        racing[0].join()
+        conn.close()
+        return got
+
+    assert loop.run_until_complete(main()) == b"".join(first + late)
+    peer.close()
