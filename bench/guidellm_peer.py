@@ -2,7 +2,7 @@
 peer (`transformers serve --continuous-batching`) on the medium checkpoint, both orders.
 
     PYTHONPATH=engine .venv/bin/python -m bench.guidellm_peer --guidellm /tmp/glvenv/bin/guidellm \
-        [--seconds 30] [--concs 1,8] [--out bench/guidellm_peer]
+        [--seconds 30] [--concs 1,8] [--orders DP,PD] [--append] [--out bench/guidellm_peer]
 
 guidellm 0.8 is not a project dependency: install it in a venv of its own (bench/guidellm.md)
 and name its executable. The checkpoint and the servers are bench.first_token's (one torch
@@ -30,13 +30,17 @@ import time
 from pathlib import Path
 from typing import Any
 
+import httpx
+
 from bench.first_token import start_zccp
 from bench.peer import build, start_peer
 from tests.support.hf_checkpoint import HF_MODEL
 
 
-def scenario(target: str, model: str, ckpt: Path, conc: int, a: argparse.Namespace) -> dict:
-    """guidellm writes its report (benchmarks.json, .csv) into the directory it runs in."""
+def scenario(target: str, model: str, ckpt: Path, conc: int, a: argparse.Namespace, seed: int) -> dict:
+    """guidellm writes its report (benchmarks.json, .csv) into the directory it runs in. seed: the
+    synthetic prompts' (guidellm's default is one fixed seed: every run would send the same
+    prompts, which a server's prefix cache then answers without a prefill)."""
     return {"metadata": {"name": "zccp-peer", "description": "ZCCP hf and transformers serve"},
             # max_tokens from the backend, not the data's output_tokens: with those guidellm adds
             # vLLM's ignore_eos, which the peer refuses (422, an unexpected field)
@@ -45,6 +49,7 @@ def scenario(target: str, model: str, ckpt: Path, conc: int, a: argparse.Namespa
                      "tokenizer": {"kind": "huggingface_auto", "model": str(ckpt)},
                      "profile": {"kind": "concurrent"},
                      "data": [{"kind": "synthetic_text", "prompt_tokens": a.prompt_tokens}],
+                     "seed": {"kind": "static", "value": seed},
                      "constraints": [{"kind": "max_duration", "seconds": a.seconds}]},
             "benchmarks": [{"profile.streams": conc}]}
 
@@ -88,8 +93,9 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--output-tokens", type=int, default=128)
     ap.add_argument("--orders", default="DP,PD")
     ap.add_argument("--out", default=str(Path(__file__).with_suffix("")))
+    ap.add_argument("--append", action="store_true", help="add to the rows of --out's JSON")
     a = ap.parse_args(argv)
-    rows: list[dict[str, Any]] = []
+    rows: list[dict[str, Any]] = json.loads(Path(a.out + ".json").read_text())["rows"] if a.append else []
     with tempfile.TemporaryDirectory(prefix="zccp-gl-") as tmp, contextlib.ExitStack() as stack:
         run = Path(tmp)
         ckpt = build(run / "ckpt")
@@ -98,6 +104,10 @@ def main(argv: list[str] | None = None) -> None:
         proc, p_url = start_peer(ckpt, 1, run / "serve.log")
         stack.callback(lambda: (proc.terminate(), proc.wait(20)))
         targets = {"D": (d.base_url, HF_MODEL), "P": (p_url, str(ckpt))}
+        for url, model in targets.values():         # the peer loads its model on its first request
+            for _ in range(2):
+                httpx.post(url + "/v1/chat/completions", timeout=300, json={
+                    "model": model, "max_tokens": 4, "messages": [{"role": "user", "content": "warm up"}]})
         for order in a.orders.split(","):
             for conc in (int(c) for c in a.concs.split(",")):
                 for name in order:
@@ -105,7 +115,8 @@ def main(argv: list[str] | None = None) -> None:
                     work.mkdir()
                     report = work / "benchmarks.json"
                     load = os.getloadavg()[0]
-                    run_cell(a.guidellm, scenario(*targets[name], ckpt, conc, a), work, run / "guidellm.log")
+                    seed = int(time.time() * 1000) % 1_000_000_007        # new prompts every cell
+                    run_cell(a.guidellm, scenario(*targets[name], ckpt, conc, a, seed), work, run / "guidellm.log")
                     row = {"variant": name, "order": order, "conc": conc, "loadavg": round(load, 2),
                            "utc": time.strftime("%H:%M:%S", time.gmtime()), **summary(report)}
                     print(json.dumps(row), flush=True)
