@@ -6,7 +6,8 @@ peer (`transformers serve --continuous-batching`) on the medium checkpoint, both
 
 guidellm 0.8 is not a project dependency: install it in a venv of its own (bench/guidellm.md)
 and name its executable. The checkpoint and the servers are bench.first_token's (one torch
-thread each; ZCCP with the cache off, so every request is a miss). Each cell is one
+thread each; ZCCP with the response cache off, so every request reaches the model; each cell's
+prompts new, from a seed of its own, so no prefix KV cache holds them). Each cell is one
 `guidellm run` of a scenario written here: `/v1/chat/completions`, synthetic text of
 --prompt-tokens prompt tokens, `max_tokens` --output-tokens (the backend's max_tokens: with the
 data's output_tokens guidellm adds vLLM's `ignore_eos`, which `transformers serve` refuses with
