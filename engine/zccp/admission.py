@@ -54,6 +54,9 @@ class Admitting:
     def _sink_call(self, seq: Sequence, fn: Callable[..., Any], *args: Any) -> Any:
         raise NotImplementedError
 
+    def _quiet(self) -> bool:
+        raise NotImplementedError
+
     def _fits(self, seq: Sequence) -> bool:
         active = self._active()
         if len(active) >= self.limits.max_batch:
@@ -107,5 +110,6 @@ class Admitting:
         written: tuple[CacheWrite, ...] = ()
         if seq.pins and self.prefix is not None:
             written = (cache_write(seq.pins, seq.reused, self.prefix.block),)
-        self._sink_call(seq, seq.sink.start, seq.reused, Planner.chunks(seq.reused, n, self.planner.chunk()),
-                        *written)
+        # the plan as the step's prefill will cut it (alone: nothing else admitted or running)
+        chunk = self.planner.chunk(alone=not self._prefilling and self._quiet())
+        self._sink_call(seq, seq.sink.start, seq.reused, Planner.chunks(seq.reused, n, chunk), *written)

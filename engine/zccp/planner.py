@@ -9,7 +9,9 @@ A configured model.prefill_chunk caps it, and so does the per-step token budget
 each step decodes every running row first, one token each, and its prefill takes what
 they leave of the chunk (at least one chunk's forward, so a waiting prompt always
 advances); a long prompt is spread over several steps, each of which still decodes the
-running streams. Chunks are a multiple of the prefix block,
+running streams. A prompt alone in the model (nothing decodes, nothing else waits) is not
+cut by the step budget: there is no stream to keep smooth, and a cut would only add a
+forward to its first token. Chunks are a multiple of the prefix block,
 so a prompt prefilled on top of reused blocks computes the same chunks as one that
 is not (zccp.model.base.ModelBackend.prefill_chunked). The plan a request got is
 X-ZCCP-Plan (meta.plan_chunks: 0 = one pass).
@@ -62,8 +64,10 @@ class Planner:
             return self.step_tokens
         return GPU_STEP_TOKENS if self.device is not None and self.device.type == "cuda" else CPU_STEP_TOKENS
 
-    def chunk(self) -> int:
-        """Prompt tokens per prefill forward now."""
+    def chunk(self, alone: bool = False) -> int:
+        """Prompt tokens per prefill forward now. alone: the prompt is all the model has to do
+        (no row decodes, none waits): the step budget does not cut it, there is no stream its
+        forward could stall (memory still does)."""
         if self.device is not None and self.device.type == "cuda":
             import torch
 
@@ -76,8 +80,9 @@ class Planner:
         if self.configured:
             tokens = min(tokens, self.configured)
         # the step budget caps the chunk itself, not what the decode rows leave of it: the
-        # chunks' boundaries do not move with the running rows (one prompt, one set of chunks)
-        tokens = min(tokens, self.step_budget)
+        # chunks' boundaries do not move with the number of running rows
+        if not alone:
+            tokens = min(tokens, self.step_budget)
         return max(self.block, tokens // self.block * self.block)
 
     @staticmethod

@@ -1,7 +1,8 @@
 """Step 5 of the model thread (zccp.scheduler): the step's prefill.
 
 What the step's token budget leaves beside the running rows (model.step_tokens, at least
-one chunk; zccp.planner) is prefilled: the next chunks of several waiting sequences go into
+one chunk; zccp.planner) is prefilled (a prompt alone in the model: up to the memory plan's
+chunk, the budget does not cut it): the next chunks of several waiting sequences go into
 ONE forward when they fit (Planner.group_rows); a group that fails is retried one sequence
 at a time, so only a sequence whose own prefill fails is failed. A sequence whose prefill
 completes keeps its new prefix blocks, samples its first token and joins the batch.
@@ -59,8 +60,13 @@ class Prefilling:
     def _emit(self, seq: Sequence, tok: Choice) -> str:
         raise NotImplementedError
 
+    def _quiet(self) -> bool:
+        raise NotImplementedError
+
     def _prefill(self) -> None:
-        chunk = self.planner.chunk()
+        # a lone prompt (nothing else in the model) is prefilled in chunks sized by memory
+        # alone: no stream decodes beside it, so the step budget would only add forwards
+        chunk = self.planner.chunk(alone=len(self._prefilling) == 1 and self._quiet())
         budget = Planner.prefill_budget(chunk, len(self._rows))   # the running rows decode this step too
         self.metrics.prefill_steps.inc()
         if self._rows:

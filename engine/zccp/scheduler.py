@@ -20,7 +20,8 @@ A step is:
      several tenants are seen (zccp.admission); reuse cached prefix blocks;
   5. prefill what the step's token budget leaves beside the running rows (model.step_tokens,
      at least one chunk; zccp.prefill_step), so a long prompt delays the running streams by
-     one chunk per step, not by all of it; the next chunks of several waiting sequences go
+     one chunk per step, not by all of it (a prompt alone in the model, with no stream to
+     delay, is not cut by the budget); the next chunks of several waiting sequences go
      into ONE forward, padded to the longest (ModelBackend.prefill_many), as long as the
      padded rows fit the chunk and the planner's group size (Planner.group) and are at most
      half padding, and their pasts padded to the longest add no more (Planner.group_rows);
@@ -122,6 +123,11 @@ class BatchScheduler(Admitting, Prefilling):
 
     def _computing(self) -> bool:
         return bool(self._waiting or self._prefilling or self._rows)
+
+    def _quiet(self) -> bool:
+        """No stream in the model and none waiting for it: no row decodes, is parked on a full
+        ring or drains its last bytes, and the queue is empty."""
+        return not (self._rows or self._parked or self._draining or self._waiting)
 
     def _active(self) -> list[Sequence]:
         """The admitted sequences that hold (or will hold) a batch row."""
