@@ -92,19 +92,6 @@ return function(r, a1, a2, a3)
     return failed(r, names[at] or "?", res)
 end
 ]],
-    any = [[
-local pcall, seg, failed, names = ...
-return function(r)
-    local prior = r.pipeline_at
-    local ok, res = pcall(seg, r, 1)
-    local at = r.pipeline_at
-    r.pipeline_at = prior
-    if ok then
-        return res
-    end
-    return failed(r, names[at] or "?", res)
-end
-]],
     every = [[
 local pcall, seg, counted, names = ...
 local tonumber, huge = tonumber, math.huge
@@ -120,6 +107,7 @@ return function(r, a1, a2, a3)
 end
 ]],
 }
+RUNNERS.any = RUNNERS.run   -- its segment takes (r, from) and ignores the rest
 
 local function none()
 end
