@@ -164,16 +164,25 @@ def tail(status: int, parent_remote: bool) -> bytes:
     return _TAILS.get((status, parent_remote)) or _tail(status, parent_remote)
 
 
+def span_message(trace_id: bytes, span_id: bytes, trace_state: bytes, parent_id: bytes, name_kind: bytes,
+                 start: int, end: int, attrs: Sequence[bytes], tail_bytes: bytes) -> bytes:
+    """One Span message's bytes from parts already encoded: ids as bytes (parent_id b"" for
+    none), name_kind: the name's field then the kind's, attrs: attribute fields, tail_bytes:
+    tail(). span() below, and the span process's root spans (their parts made once)."""
+    body = b"".join((b"\x0a\x10", trace_id, b"\x12\x08", span_id, trace_state,
+                     b"\x22\x08" + parent_id if parent_id else b"", name_kind,
+                     TIMES.pack(0x39, start, 0x41, end), *attrs, tail_bytes))
+    n = len(body)
+    return b"\x12" + (_SMALL[n] if n < 0x80 else varint(n)) + body
+
+
 def span(trace_id: bytes, span_id: int, parent_id: int, name: bytes, kind: int, start: int, end: int,
          attrs: bytes = b"", status: int = UNSET, parent_remote: bool = False, trace_state: bytes = b"") -> bytes:
     """One Span message's bytes. trace_id: 16 bytes; name: field(5, ...) made once per name;
     attrs: attributes(9, ...) or pieces of it; trace_state: field(3, ...) or b""."""
-    body = b"".join((b"\x0a\x10", trace_id, b"\x12\x08", span_id.to_bytes(8, "big"), trace_state,
-                     b"\x22\x08" + parent_id.to_bytes(8, "big") if parent_id else b"", name, _KINDS[kind],
-                     TIMES.pack(0x39, start, 0x41, end), attrs,
-                     tail(status, parent_remote)))
-    n = len(body)
-    return b"\x12" + (_SMALL[n] if n < 0x80 else varint(n)) + body
+    return span_message(trace_id, span_id.to_bytes(8, "big"), trace_state,
+                        parent_id.to_bytes(8, "big") if parent_id else b"", name + _KINDS[kind], start, end,
+                        (attrs,), tail(status, parent_remote))
 
 
 class RequestEncoder:

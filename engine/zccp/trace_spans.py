@@ -265,12 +265,9 @@ class SpanEncoder:
                       self._outputs.get(n_out) or self._tokens(self._outputs, _OUTPUT, n_out))
         if response_id:
             attrs.append(pb.str_attribute(_RESPONSE_ID, response_id))
-        body = b"".join((b"\x0a\x10", tid_b, b"\x12\x08", root_b, state,
-                         b"\x22\x08" + parent.to_bytes(8, "big") if parent else b"", self.root_kind,
-                         pb.TIMES.pack(0x39, min(nginx_start, wall0), 0x41, now), *attrs,
-                         pb.tail(pb.ERROR if status >= 500 else pb.UNSET, bool(parent))))
-        n = len(body)
-        out += (b"\x12" + pb.varint(n) if n >= 0x80 else b"\x12" + bytes((n,)), body)
+        out.append(pb.span_message(tid_b, root_b, state, parent.to_bytes(8, "big") if parent else b"",
+                                   self.root_kind, min(nginx_start, wall0), now, attrs,
+                                   pb.tail(pb.ERROR if status >= 500 else pb.UNSET, bool(parent))))
         return b"".join(out), count
 
     def l1(self, rec: tuple[Any, ...]) -> tuple[bytes, int]:
