@@ -129,6 +129,34 @@ class Arena:
         # MAP_POPULATE: fault every page in now, not on a request's first touch.
         self._mmap = mmap.mmap(self._shm.fd, layout.arena_size, flags=mmap.MAP_SHARED | mmap.MAP_POPULATE)
         self._shm.close_fd()
+        self._owner = True
+        self._views()
+
+    @classmethod
+    def attach(cls, name: str, layout: SlotLayout, epoch: int) -> Arena:
+        """The arena another process of this engine made and published (a prep process's
+        view): the same layout and epoch, or refused. Closing it leaves the arena alone."""
+        self = cls.__new__(cls)
+        self.name = name
+        self.layout = layout
+        shm = posix_ipc.SharedMemory(name, 0)
+        try:
+            if shm.size != layout.arena_size:
+                raise ArenaError(f"arena {name}: {shm.size} bytes, expected {layout.arena_size}")
+            self._mmap = mmap.mmap(shm.fd, layout.arena_size, flags=mmap.MAP_SHARED | mmap.MAP_POPULATE)
+        finally:
+            shm.close_fd()
+        self._owner = False
+        self._views()
+        c = self.control
+        if c.magic != CONTROL_MAGIC or int(c.epoch) != epoch or int(c.slot_count) != layout.slot_count:
+            self.close()
+            raise ArenaError(f"arena {name}: not the published arena of epoch {epoch}")
+        self.epoch = epoch
+        return self
+
+    def _views(self) -> None:
+        layout = self.layout
         self._buf = ffi.from_buffer(self._mmap)
         self.control: CData = ffi.cast("struct zccp_control *", self._buf)
         self._slots = [self._make_view(i) for i in range(layout.slot_count)]
@@ -248,8 +276,11 @@ class Arena:
         if self._closed:
             return
         self._closed = True
-        self.control.engine_state = EngineState.STOPPING
-        self.control.magic = 0
+        if self._owner:
+            self.control.engine_state = EngineState.STOPPING
+            self.control.magic = 0
+        else:
+            unlink = False
         for region in self._responses:
             region.release()
         self._mv.release()

@@ -48,6 +48,11 @@ class PathsConfig:
     models: bool = True
 
 
+# model backends each engine process can run on its own: no state shared between requests
+# beyond the arena and Redis (zccp.process_group)
+PER_PROCESS_BACKENDS = ("null", "upstream")
+
+
 @dataclass(frozen=True)
 class ServerConfig:
     listen: str = "127.0.0.1:8080"          # nginx listen address (loopback by default)
@@ -56,6 +61,10 @@ class ServerConfig:
     connect_timeout_ms: int = bounded(500, 1, 60_000)   # nginx -> engine doorbell connect
     doorbell_pool_size: int = bounded(64, 1, 4096)   # keepalive cosockets per nginx worker
     user: str | None = None                  # nginx workers' user when started as root (None: www-data)
+    # Each engine's processes: the one owning the model, which makes the arena and binds the
+    # doorbell, plus prep processes accepting on the same doorbell (zccp.process_group). 0:
+    # sized from the host for the backends every process can run (null, upstream); 1 otherwise.
+    engine_processes: int = bounded(0, 0, 64)
     # Who may GET /metrics on the admin listener: nginx `allow` arguments (addresses, CIDRs,
     # "unix:", "all"), space separated; everyone else gets 403.
     metrics_allow: str = "127.0.0.1 ::1 unix:"

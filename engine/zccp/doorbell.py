@@ -328,14 +328,45 @@ class DoorbellServer:
         self._group = group
         self._server: asyncio.AbstractServer | None = None
         self._conns: set[Connection] = set()
+        self._listening: socket.socket | None = None
+        self._adopted = False
 
-    async def start(self) -> None:
+    async def start(self, accept: bool = True) -> None:
+        """Bind and listen on the socket path; listening_fd is then the socket the engine's
+        prep processes accept on too (zccp.process_group). accept=False: connections wait in
+        the backlog (or go to the prep processes) until accept_now()."""
         loop = asyncio.get_running_loop()
 
         def create(path: str) -> Awaitable[asyncio.AbstractServer]:
-            return loop.create_unix_server(lambda: _RingProtocol(self), path=path, backlog=1024)
+            sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            sock.bind(path)
+            sock.listen(1024)
+            sock.setblocking(False)
+            self._listening = sock
+            return loop.create_unix_server(lambda: _RingProtocol(self), sock=sock, start_serving=accept)
 
         self._server = await start_private_unix_server(self.path, self._group, create)
+
+    async def accept_now(self) -> None:
+        assert self._server is not None
+        await self._server.start_serving()
+
+    async def adopt(self, fd: int) -> None:
+        """Accept on a listening socket another process bound (a prep process's doorbell:
+        the kernel hands each new nginx connection to one of the processes accepting)."""
+        sock = socket.socket(fileno=fd)
+        if sock.family != socket.AF_UNIX or sock.type != socket.SOCK_STREAM:
+            sock.detach()
+            raise ValueError(f"fd {fd} is not a unix stream socket")
+        sock.setblocking(False)
+        self._adopted = True
+        self._server = await asyncio.get_running_loop().create_unix_server(lambda: _RingProtocol(self), sock=sock)
+
+    @property
+    def listening_fd(self) -> int:
+        if self._listening is None:
+            raise RuntimeError("the doorbell is not listening")
+        return self._listening.fileno()
 
     async def stop(self) -> None:
         if self._server is not None:
@@ -344,5 +375,6 @@ class DoorbellServer:
                 c.close()
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(self._server.wait_closed(), 2)
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(self.path)
+        if not self._adopted:     # the path is the binding process's to remove
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(self.path)

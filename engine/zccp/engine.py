@@ -34,6 +34,7 @@ from zccp.model.registry import backend_from_config, backend_uses_torch
 from zccp.outcome import RequestContext
 from zccp.planner import Planner
 from zccp.prefix_cache import PrefixCache
+from zccp.process_group import MODEL_OWNER, ProcessGroup, ProcessRole, metrics_path, process_count
 from zccp.ring_writer import ResponseWriter
 from zccp.scheduler import BatchLimits, BatchScheduler
 from zccp.upstream.client import UpstreamClient
@@ -106,13 +107,14 @@ def layout_from_config(cfg: Config) -> SlotLayout:
 
 
 class Engine:
-    def __init__(self, cfg: Config) -> None:
+    def __init__(self, cfg: Config, role: ProcessRole = MODEL_OWNER) -> None:
         self.cfg = cfg
+        self.role = role
         if cfg.server.socket_path is None:   # programmer error: zccp.runtime.resolve sets it
             raise ConfigError(f"{cfg.path}: server.socket_path: not resolved for a run directory")
         self._socket_path = cfg.server.socket_path
         # Placement first: the threads torch starts inherit the CPUs, the arena's pages the node.
-        self.placement = numa.apply(cfg)
+        self.placement = numa.apply(cfg) if role.owner else None   # a prep process inherits rank 0's CPUs
         # torch only for a backend that computes with it (the null backend starts without it)
         self.uses_torch = backend_uses_torch(cfg.model.backend)
         if self.uses_torch:
@@ -120,7 +122,8 @@ class Engine:
 
             torch.set_num_threads(len(self.placement.cpus) if self.placement else cfg.model.threads)
         self.layout = layout_from_config(cfg)
-        self.arena = Arena(cfg.shared_memory.name, self.layout, cfg.shared_memory.group)
+        self.arena = (Arena(cfg.shared_memory.name, self.layout, cfg.shared_memory.group) if role.owner
+                      else Arena.attach(cfg.shared_memory.name, self.layout, role.epoch))
         if self.placement is not None and self.placement.numa_node is not None:
             numa.bind_range(self.arena.address(), self.layout.arena_size, self.placement.numa_node)
         self.device = select_device(cfg.gpu, self.arena.mapping(), self.uses_torch)
@@ -178,7 +181,11 @@ class Engine:
                                      if self.upstream is None and self.backend.has_logits else None,
                                      metrics=self.metrics),
         )
-        self.metrics_server = MetricsServer(self._socket_path + ".metrics", self.metrics, cfg.shared_memory.group)
+        # rank 0's page sums its prep processes' values; each of those serves its own state
+        self.group: ProcessGroup | None = None
+        self.metrics_server = MetricsServer(self._socket_path + ".metrics" if role.owner
+                                            else metrics_path(self._socket_path, role.rank),
+                                            self.metrics, cfg.shared_memory.group, self._gather)
 
     # -- doorbell callbacks (event loop thread) -------------------------------------------
 
@@ -344,31 +351,56 @@ class Engine:
         """Request spans over OTLP/HTTP when tracing is on (zccp.tracing; off: the SDK not imported)."""
         cfg = self.cfg
         name = next((e.name for e in cfg.engines if e.shared_memory.name == cfg.shared_memory.name), "")
-        if tracing.start(cfg.tracing, self.metrics, cfg.model.name, name, cfg.server.listen):
+        if tracing.start(cfg.tracing, self.metrics, cfg.model.name, name, cfg.server.listen) and self.role.owner:
             self.arena.set_tracing(tracing.ratio())
             log.info("tracing on: request spans over OTLP/HTTP to %s",
                      cfg.tracing.endpoint or "the OTEL_EXPORTER_OTLP_* endpoint")
+
+    async def _gather(self) -> list[object]:
+        return await self.group.gather() if self.group is not None else []
+
+    async def _start_serving(self) -> list[asyncio.Task[None]]:
+        """Rank 0: bind, publish the arena, start the prep processes, sweep. A prep process:
+        accept on rank 0's socket, nothing else of the arena's is its to change."""
+        if not self.role.owner:
+            await self.doorbell.adopt(self.role.doorbell_fd)
+            await self.metrics_server.start()
+            log.info("prep process %d serving (pid %d)", self.role.rank, os.getpid())
+            return []
+        count = process_count(self.cfg)
+        await self.doorbell.start(accept=count == 1)
+        await self.metrics_server.start()
+        self.arena.publish(self._socket_path)
+        self.metrics.processes.set(count)
+        tasks = [asyncio.create_task(self._sweeper())]
+        if count > 1:
+            self.group = ProcessGroup(self.cfg, count, self.doorbell.listening_fd, self.arena.epoch, self.metrics)
+            self.group.start()
+            await self.group.ready()
+            await self.doorbell.accept_now()
+            tasks.append(asyncio.create_task(self.group.supervise()))
+        self.arena.set_engine_state(EngineState.SERVING)
+        if (epochs := self._watch_purge_epoch()) is not None:
+            tasks.append(epochs)
+        return tasks
 
     async def serve(self, stop: asyncio.Event) -> None:
         self._loop = asyncio.get_running_loop()
         self._loop_thread = threading.get_ident()
         self._start_tracing()
-        await self.doorbell.start()
-        await self.metrics_server.start()
-        self.arena.publish(self._socket_path)
-        self.arena.set_engine_state(EngineState.SERVING)
-        sweeper = asyncio.create_task(self._sweeper())
-        epochs = self._watch_purge_epoch()
+        tasks = await self._start_serving()
         log.info("engine serving: arena %s (%d slots x %d KiB), doorbell %s, model %s (%s) on %s",
                  self.cfg.shared_memory.name, self.layout.slot_count, self.layout.slot_size // 1024,
                  self.cfg.server.socket_path, self.cfg.model.name, self.cfg.model.backend, self.device.name)
         try:
             await stop.wait()
         finally:
-            sweeper.cancel()
-            if epochs is not None:
-                epochs.cancel()
-            self.arena.set_engine_state(EngineState.STOPPING)
+            for task in tasks:
+                task.cancel()
+            if self.role.owner:
+                self.arena.set_engine_state(EngineState.STOPPING)
+            if self.group is not None:
+                await self.group.stop()
             for job in list(self._jobs.values()):
                 job.cancel()
             await self.doorbell.stop()

@@ -11,17 +11,18 @@ from collections.abc import Callable, Mapping
 
 from zccp.config import Config
 from zccp.engine import Engine
+from zccp.process_group import MODEL_OWNER, ProcessRole
 
 log = logging.getLogger("zccp.engine")
 
 
-def run_engine(cfg: Config) -> None:
+def run_engine(cfg: Config, role: ProcessRole = MODEL_OWNER) -> None:
     async def main() -> None:
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(sig, stop.set)
-        engine = Engine(cfg)
+        engine = Engine(cfg, role)
         await engine.serve(stop)
 
     name, factory = event_loop()

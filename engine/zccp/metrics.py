@@ -11,11 +11,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import os
 import time
 from bisect import bisect_left
 from collections import defaultdict
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 Labels = tuple[tuple[str, str], ...]
 
@@ -199,6 +202,9 @@ class Registry:
         assert isinstance(m, Metric)
         return m
 
+    def metrics(self) -> dict[str, Metric | Histogram]:
+        return self._metrics
+
     def render(self, om: bool = False) -> str:
         """The text format, or OpenMetrics' families (om; nginx ends the whole page's `# EOF`)."""
         return "\n".join(m.render(om) for m in self._metrics.values()) + "\n"
@@ -278,6 +284,7 @@ class EngineMetrics:
         self.abandoned = r.counter("zccp_engine_abandoned_total", "Requests stopped: client gone, deadline, stale")
         self.sweeps = r.counter("zccp_engine_sweeper_resets_total", "Slots reset by the sweeper")
         self.info = r.gauge("zccp_engine_info", "Engine identity")
+        self.processes = r.gauge("zccp_engine_processes", "The engine's processes: the model's and its prep processes")
         self.batch_rows = r.gauge("zccp_engine_batch_rows", "Sequences in the decode batch")
         self.queue_waiting = r.gauge("zccp_engine_queue_waiting", "Sequences waiting for admission to the model")
         self.parked = r.gauge("zccp_engine_parked", "Sequences out of the batch until nginx acks room in their ring")
@@ -311,18 +318,26 @@ class EngineMetrics:
 
 
 # The client's first line on the metrics socket: this one asks for OpenMetrics; any other, or
-# none within REQUEST_WAIT_S, gets the text format.
+# none within REQUEST_WAIT_S, gets the text format. STATE_REQUEST (the model's process asking a
+# prep process) gets the values as JSON (zccp.metrics_merge).
 OPENMETRICS_REQUEST = b"openmetrics\n"
+STATE_REQUEST = b"state\n"
 REQUEST_WAIT_S = 2.0
+
+# the other processes' states (zccp.process_group), gathered for each page
+Gather = Callable[[], Awaitable[list[Any]]]
 
 
 class MetricsServer:
-    """Serves the text on a unix socket: connect, send a format line, read to EOF."""
+    """Serves the text on a unix socket: connect, send a format line, read to EOF. With
+    `gather`, the page sums the engine's other processes' values into this one's."""
 
-    def __init__(self, path: str, metrics: EngineMetrics, group: str | None = None) -> None:
+    def __init__(self, path: str, metrics: EngineMetrics, group: str | None = None,
+                 gather: Gather | None = None) -> None:
         self.path = path
         self._metrics = metrics
         self._group = group
+        self._gather = gather
         self._server: asyncio.AbstractServer | None = None
 
     async def start(self) -> None:
@@ -336,7 +351,15 @@ class MetricsServer:
             line = await asyncio.wait_for(reader.readline(), REQUEST_WAIT_S)
         except (asyncio.TimeoutError, ValueError, ConnectionError):   # ValueError: a line past the limit
             line = b""
-        writer.write(self._metrics.render(line == OPENMETRICS_REQUEST).encode())
+        from zccp import metrics_merge
+
+        registry = self._metrics.registry
+        if line == STATE_REQUEST:
+            writer.write(json.dumps(metrics_merge.state(registry)).encode())   # trace ids pass 64 bits
+        else:
+            if self._gather is not None:
+                registry = metrics_merge.merged(registry, await self._gather())
+            writer.write(registry.render(line == OPENMETRICS_REQUEST).encode())
         with contextlib.suppress(ConnectionError):
             await writer.drain()
         writer.close()
