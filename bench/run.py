@@ -35,7 +35,8 @@ LIMITS = {
     "max_body_kb": 600,              # every variant: nginx client_max_body_size / client_body_buffer_size
 }
 VARIANTS = ("A", "B", "B-cache", "C", "D")
-NULL = dict(LIMITS, backend="null", model_name="zccp-null", max_context=1 << 20)
+# D's engine runs as two processes (server.engine_processes), as B runs two uvicorn workers
+NULL = dict(LIMITS, backend="null", model_name="zccp-null", max_context=1 << 20, engine_processes=2)
 TINY = dict(LIMITS, backend="tiny", model_name="zccp-tiny", max_context=8192,
             segment_size_kb=1024, tokens_kb=256, max_body_kb=512)
 

@@ -196,7 +196,8 @@ def start_d(run_dir: Path, lim: dict, slots: int, tls: Tls | None = None, replic
     tag = uuid.uuid4().hex[:10]
     raw = {
         "server": {"listen": f"127.0.0.1:{free_port()}", "workers": lim["workers"],
-                   "socket_path": f"/tmp/zccp-bench-{tag}/doorbell.sock"},
+                   "socket_path": f"/tmp/zccp-bench-{tag}/doorbell.sock",
+                   "engine_processes": lim.get("engine_processes", 0)},
         "shared_memory": {"name": f"/zccp.bench.{tag}", "segment_count": slots,
                           "segment_size_kb": lim["segment_size_kb"], "tokens_kb": lim["tokens_kb"],
                           "response_kb": lim["response_kb"]},

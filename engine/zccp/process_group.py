@@ -52,14 +52,27 @@ class ProcessRole:
 MODEL_OWNER = ProcessRole()
 
 
-def process_count(cfg: Config) -> int:
+def process_count(cfg: Config, cpu_max: str = "/sys/fs/cgroup/cpu.max") -> int:
     """server.engine_processes, or (0) half the CPUs this process may run on, 1..MAX_AUTO:
     nginx's workers need the rest. A backend that holds a model runs in one process."""
     if cfg.model.backend not in PER_PROCESS_BACKENDS:
         return 1
     if cfg.server.engine_processes:
         return cfg.server.engine_processes
-    return max(1, min(MAX_AUTO, len(os.sched_getaffinity(0)) // 2))
+    return max(1, min(MAX_AUTO, usable_cpus(cpu_max) // 2))
+
+
+def usable_cpus(cpu_max: str = "/sys/fs/cgroup/cpu.max") -> int:
+    """The CPUs this process may run on, fewer under a cgroup v2 CPU quota (a container's
+    `cpus:` or a Pod's limits.cpu leave every CPU in the affinity mask)."""
+    cpus = len(os.sched_getaffinity(0))
+    try:
+        quota, period = open(cpu_max).read().split()[:2]
+        if quota != "max" and int(period) > 0:
+            cpus = min(cpus, max(1, -(-int(quota) // int(period))))
+    except (OSError, ValueError):
+        pass
+    return cpus
 
 
 def metrics_path(socket_path: str, rank: int) -> str:
