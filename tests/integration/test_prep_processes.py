@@ -21,6 +21,7 @@ import pytest
 
 from tests.support.cache_requests import NULL
 from tests.support.harness import Stack, alive, anthropic_body
+from tests.support.scripted_upstream import Scripted, ScriptedUpstream, openai_chunks
 from tests.support.prom_text import samples
 from zccp.metrics import STATE_REQUEST
 from zccp.process_group import metrics_path
@@ -168,3 +169,31 @@ def test_a_prep_process_killed_mid_stream_fails_only_its_own(tmp_path: Path) -> 
         s.assert_no_leaks()
     finally:
         s.stop()
+
+
+def test_an_upstream_engine_forwards_from_its_prep_processes(tmp_path: Path) -> None:
+    upstream = ScriptedUpstream([Scripted(200, body=openai_chunks(["fine"]))])
+    s = Stack(tmp_path, {"model": {"backend": "upstream", "name": "zccp-gw"},
+                         "upstream": {"urls": [upstream.url], "api": "openai", "retries": 0},
+                         "server": {"engine_processes": 2}}).start()
+    try:
+        socket_path = s.cfg.server.socket_path
+        assert socket_path is not None
+        body = {"model": "zccp-gw", "max_tokens": 8, "messages": [{"role": "user", "content": "x"}]}
+
+        def one(i: int) -> str:
+            with s.client() as c:
+                r = c.post("/v1/messages", json=dict(body, stream=bool(i % 2)))
+            return r.text if r.status_code == 200 else f"{r.status_code} {r.text}"
+
+        for _ in range(10):    # until a prep process has taken some (nginx reuses its connections)
+            with cf.ThreadPoolExecutor(6) as ex:
+                texts = list(ex.map(one, range(24)))
+            assert all("fine" in t for t in texts), texts
+            if _rings(socket_path, 1):
+                break
+        assert _rings(socket_path, 1), "no request reached the prep process"
+        s.assert_no_leaks()
+    finally:
+        s.stop()
+        upstream.close()
