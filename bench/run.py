@@ -35,8 +35,7 @@ LIMITS = {
     "max_body_kb": 600,              # every variant: nginx client_max_body_size / client_body_buffer_size
 }
 VARIANTS = ("A", "B", "B-cache", "C", "D")
-# D's engine runs as two processes (server.engine_processes), as B runs two uvicorn workers
-NULL = dict(LIMITS, backend="null", model_name="zccp-null", max_context=1 << 20, engine_processes=2)
+NULL = dict(LIMITS, backend="null", model_name="zccp-null", max_context=1 << 20)
 TINY = dict(LIMITS, backend="tiny", model_name="zccp-tiny", max_context=8192,
             segment_size_kb=1024, tokens_kb=256, max_body_kb=512)
 
@@ -137,7 +136,7 @@ def run_matrix(args: argparse.Namespace, run_dir: Path, files: dict[str, Path], 
         "B": lambda: start_b(run_dir / "B", NULL, args.b_workers),
         "B-cache": lambda: start_b_cache(run_dir / "B-cache", NULL, args.b_workers),
         "C": lambda: start_c(run_dir / "C", NULL, args.c_workers),
-        "D": lambda: start_d(run_dir / "D", NULL, args.slots),
+        "D": lambda: start_d(run_dir / "D", dict(NULL, engine_processes=args.d_processes), args.slots),
     }
     stacks: dict[str, Variant] = {}
     try:
@@ -348,6 +347,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--workloads", default="1k,64k,512k,sharegpt")
     ap.add_argument("--b-workers", type=int, default=2, help="uvicorn workers for B (default 2 = cores)")
     ap.add_argument("--c-workers", type=int, default=4, help="gunicorn sync workers for C (default 4 = 2 x cores)")
+    ap.add_argument("--d-processes", type=int, default=2, help="ZCCP's engine processes (server.engine_processes; "
+                    "default 2 = B's workers)")
     ap.add_argument("--slots", type=int, default=96, help="ZCCP slots (>= the largest concurrency)")
     ap.add_argument("--sharegpt-sample", type=int, default=2000)
     ap.add_argument("--tiny-duration", type=float, default=6.0)

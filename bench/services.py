@@ -196,8 +196,7 @@ def start_d(run_dir: Path, lim: dict, slots: int, tls: Tls | None = None, replic
     tag = uuid.uuid4().hex[:10]
     raw = {
         "server": {"listen": f"127.0.0.1:{free_port()}", "workers": lim["workers"],
-                   "socket_path": f"/tmp/zccp-bench-{tag}/doorbell.sock",
-                   "engine_processes": lim.get("engine_processes", 0)},
+                   "socket_path": f"/tmp/zccp-bench-{tag}/doorbell.sock"},
         "shared_memory": {"name": f"/zccp.bench.{tag}", "segment_count": slots,
                           "segment_size_kb": lim["segment_size_kb"], "tokens_kb": lim["tokens_kb"],
                           "response_kb": lim["response_kb"]},
@@ -209,6 +208,8 @@ def start_d(run_dir: Path, lim: dict, slots: int, tls: Tls | None = None, replic
     }
     if tls:
         raw["server"]["tls"] = {"certificate": str(tls[0]), "key": str(tls[1])}
+    if "engine_processes" in lim:     # only when asked: bench/engine_ab.py runs older trees' engines
+        raw["server"]["engine_processes"] = lim["engine_processes"]
     if replicas:
         raw["engines"] = [{"name": f"r{i + 1}"} for i in range(replicas)]
     if routing:
