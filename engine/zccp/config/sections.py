@@ -52,7 +52,7 @@ class PathsConfig:
 class ServerConfig:
     listen: str = "127.0.0.1:8080"          # nginx listen address (loopback by default)
     workers: int = bounded(2, 1, 64)   # nginx worker processes
-    socket_path: str | None = None           # None: derived from the run directory (zccp.runtime)
+    socket_path: str | None = None           # None: derived from the run directory (zccp.config.runtime)
     connect_timeout_ms: int = bounded(500, 1, 60_000)   # nginx -> engine doorbell connect
     doorbell_pool_size: int = bounded(64, 1, 4096)   # keepalive cosockets per nginx worker
     user: str | None = None                  # nginx workers' user when started as root (None: www-data)
@@ -311,7 +311,7 @@ class Config:
     # top-level model / shared_memory / gpu (what every config before it meant).
     engines: tuple[EngineEntry, ...] = ()
     upstream: UpstreamConfig = field(default_factory=UpstreamConfig)
-    plugins: PluginsConfig = field(default_factory=PluginsConfig)   # zccp.plugins_config
+    plugins: PluginsConfig = field(default_factory=PluginsConfig)   # zccp.config.plugins
     placement: PlacementConfig = field(default_factory=PlacementConfig)   # zccp.config.parse_placement
     path: str = "<defaults>"                 # where it was loaded from (not a YAML key)
 

@@ -220,7 +220,7 @@ MODEL_LABEL = "gen_ai_request_model"    # gen_ai.request.model, as an OTel expor
 class LatencyHistograms:
     """The latency of answered requests, named after OpenTelemetry's GenAI server metrics
     (gen_ai.server.*) as Prometheus histograms, plus the engine's queue wait and prefill.
-    One observation per request (zccp.outcome), never one per token: the time per output
+    One observation per request (zccp.prep.outcome), never one per token: the time per output
     token is (last token - first token) / (tokens - 1), OTel's definition."""
 
     def __init__(self, r: Registry) -> None:

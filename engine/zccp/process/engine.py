@@ -1,5 +1,5 @@
 """The engine process shell: the arena, the doorbell's callbacks, the job table, the
-sweeper and the life cycle. What happens to one request is zccp.flow's business."""
+sweeper and the life cycle. What happens to one request is zccp.prep.flow's business."""
 
 from __future__ import annotations
 
@@ -237,7 +237,7 @@ class Engine:
         kind = view.request.kind
         if kind == Kind.GENERATE:
             return RequestFlow(ctx, self.deps, job.done).start()
-        if kind == Kind.SPANS:     # nginx's L1 hits' spans (zccp.tracing)
+        if kind == Kind.SPANS:     # nginx's L1 hits' spans (zccp.observe.tracing)
             return tracing.take_l1_spans(ctx, job.done)
         redis = self.cache.redis if self.cache is not None else None     # PURGE's
         EndpointFlow(ctx, self.deps, job.done, kind, self.models, redis, self.arena.set_purge_epoch).start()
@@ -341,7 +341,7 @@ class Engine:
     # -- life cycle ------------------------------------------------------------------------
 
     def _start_tracing(self) -> None:
-        """Request spans over OTLP/HTTP when tracing is on (zccp.tracing; off: the SDK not imported)."""
+        """Request spans over OTLP/HTTP when tracing is on (zccp.observe.tracing; off: the SDK not imported)."""
         cfg = self.cfg
         name = next((e.name for e in cfg.engines if e.shared_memory.name == cfg.shared_memory.name), "")
         if tracing.start(cfg.tracing, self.metrics, cfg.model.name, name, cfg.server.listen):

@@ -239,7 +239,7 @@ class Arena:
         return self._mmap
 
     def address(self) -> int:
-        """Where the mapping starts in this process (for its memory policy: zccp.numa)."""
+        """Where the mapping starts in this process (for its memory policy: zccp.process.numa)."""
         return int(ffi.cast("uintptr_t", self._buf))
 
     # -- tear-down ------------------------------------------------------------------------

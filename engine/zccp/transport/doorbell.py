@@ -80,7 +80,7 @@ def engine_ping(socket_path: str, timeout: float = 1.0) -> int | None:
 
 
 class Cancellable(Protocol):
-    """A job rung on a connection (zccp.engine.Job): cancelled when the connection closes."""
+    """A job rung on a connection (zccp.process.engine.Job): cancelled when the connection closes."""
 
     def cancel(self) -> None: ...
 
