@@ -44,21 +44,21 @@ import orjson
 import torch
 
 from bench.bodies import synthetic_body
-from zccp.abi import Flag, Op, State
+from zccp.transport.abi import Flag, Op, State
 from zccp.api import api_for, codec_for
 from zccp.api.common import ParseLimits
 from zccp.config import CacheConfig
 from zccp.config import load_config
-from zccp.doorbell import Connection, Ring, _RingProtocol, encode_notice, encode_ring
-from zccp.engine import Engine
-from zccp.flow import FlowDeps, RequestFlow
-from zccp.logs import RequestLog
-from zccp.metrics import EngineMetrics
+from zccp.transport.doorbell import Connection, Ring, _RingProtocol, encode_notice, encode_ring
+from zccp.process.engine import Engine
+from zccp.prep.flow import FlowDeps, RequestFlow
+from zccp.observe.logs import RequestLog
+from zccp.observe.metrics import EngineMetrics
 from zccp.model.null import NullBackend
 from zccp.model.prompt import Prompt
-from zccp.outcome import RequestContext
-from zccp.runtime import resolve
-from zccp.text_assembly import generate_text
+from zccp.prep.outcome import RequestContext
+from zccp.config.runtime import resolve
+from zccp.serving.text_assembly import generate_text
 
 MODEL = "zccp-null"
 SIZES = {"1k": 1024, "64k": 64 * 1024, "512k": 512 * 1024}

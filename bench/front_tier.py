@@ -45,7 +45,7 @@ from tests.support.checkout import REPO
 from tests.support.dns_server import DnsServer
 from tests.support.fp_nginx import MODULES, NGINX, WORDS, _free_port
 from zccp.ops.front_conf import load_front, render_front
-from zccp.paths import lua_vendor_dir
+from zccp.config.paths import lua_vendor_dir
 
 HOST_COUNTS = (2, 3, 4)
 

@@ -40,7 +40,7 @@ from bench.run import NULL, measured_run, wrk
 from bench.services import Variant, http_get, post, start_d
 from tests.support.checkout import REPO, require_this_checkout
 from zccp.ops.stack import nginx_paths
-from zccp.paths import lua_vendor_dir
+from zccp.config.paths import lua_vendor_dir
 
 JIT_LIB = "/usr/share/luajit-2.1.0-beta3"   # Debian's libluajit-5.1-common: jit/v.lua
 INIT_WORKER = 'require("zccp.init").init_worker()'
@@ -171,7 +171,7 @@ def vm_states(v: Variant, body: Path, args: argparse.Namespace, nocache: bool, t
 
 def lua_at(commit: str, into: Path) -> Path:
     into.mkdir(parents=True)
-    # shm_abi/ beside lua/: a module required before zccp.abi.init finds the header there
+    # shm_abi/ beside lua/: a module required before zccp.transport.abi.init finds the header there
     archive = subprocess.run(["git", "-C", str(REPO), "archive", commit, "lua", "shm_abi"], check=True,
                              capture_output=True).stdout
     subprocess.run(["tar", "-x", "-C", str(into)], input=archive, check=True)

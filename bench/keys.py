@@ -44,7 +44,7 @@ from tests.support.cache_requests import ENGINE_ENV
 from tests.support.checkout import REPO, require_this_checkout
 from tests.support.harness import Stack
 from tests.support.leftovers import remove_socket_dirs
-from zccp.paths import lua_vendor_dir
+from zccp.config.paths import lua_vendor_dir
 
 NULL = {"backend": "null", "name": "zccp-tiny", "max_context": 200000}
 LIMITS = ["--rpm", "10000000", "--itpm", "1000000000", "--otpm", "1000000000",

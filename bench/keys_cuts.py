@@ -30,7 +30,7 @@ from tests.support.checkout import REPO, require_this_checkout
 from tests.support.harness import Stack
 from tests.support.leftovers import remove_socket_dirs
 from zccp.ops.stack import nginx_paths
-from zccp.paths import lua_vendor_dir
+from zccp.config.paths import lua_vendor_dir
 
 LOCATION = "\nlocation = /zccp-bench/phases {\n    content_by_lua_block { require(\"jit_paths\").report() }\n}\n"
 

@@ -34,7 +34,7 @@ from tests.support.checkout import REPO, require_this_checkout
 from tests.support.harness import Stack
 from tests.support.leftovers import remove_socket_dirs
 from zccp.ops.stack import nginx_paths
-from zccp.paths import lua_vendor_dir
+from zccp.config.paths import lua_vendor_dir
 
 PARTS = ("auth.admit", "limits.admit", "rate-limit headers", "limits.settle", "usage_log.line (with the request id)",
          "nothing (the clock's own cost)")   # keys_once.lua

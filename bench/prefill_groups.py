@@ -4,9 +4,9 @@
 
 1. The forward alone: 16 distinct prompts of 64-77 tokens prefilled in groups of 1, 2, 4, 8
    and 16 rows (HfBackend.prefill_many), min and median ms of --reps.
-2. The scheduler alone (zccp.scheduler with the engine's planner, a sink that keeps nothing):
+2. The scheduler alone (zccp.serving.scheduler with the engine's planner, a sink that keeps nothing):
    c sequences at once, each replaced by a new distinct prompt when it ends until 2c have run,
-   max_tokens 32, greedy; prefill one by one (zccp.planner.CPU_GROUP_TOKENS = 1) against
+   max_tokens 32, greedy; prefill one by one (zccp.serving.planner.CPU_GROUP_TOKENS = 1) against
    groups of --group tokens, alternating, --reps times: tokens/s (wall and per CPU second of
    the process) and TTFT p50 (submit -> first token on the model thread).
 One torch thread. The numbers are written to stdout; bench/peer.md records them.
@@ -24,12 +24,12 @@ from typing import Any
 
 import torch
 
-import zccp.planner as planner
+import zccp.serving.planner as planner
 from bench.peer import build
-from zccp.metrics import EngineMetrics
+from zccp.observe.metrics import EngineMetrics
 from zccp.model.hf import HfBackend
-from zccp.planner import Planner
-from zccp.scheduler import BatchLimits, BatchScheduler, Sequence
+from zccp.serving.planner import Planner
+from zccp.serving.scheduler import BatchLimits, BatchScheduler, Sequence
 from zccp.shared_types import SamplingParams
 
 MAX_TOKENS = 32
@@ -86,7 +86,7 @@ class _Sink:
 
 def scheduler_run(hf: HfBackend, conc: int, seed: int) -> tuple[float, float, float]:
     """(tokens/s wall, tokens per CPU second, TTFT p50 ms) of 2 x conc sequences."""
-    per_token = hf.activation_bytes_per_token + hf.kv_bytes_per_token          # as zccp.engine plans
+    per_token = hf.activation_bytes_per_token + hf.kv_bytes_per_token          # as zccp.process.engine plans
     plan = Planner(torch.device("cpu"), 512 << 20, per_token, 0, 16)
     sched = BatchScheduler(hf, BatchLimits(32, 64, 512 << 20), plan, None, EngineMetrics())
     todo = prompts(2 * conc, seed)

@@ -23,7 +23,7 @@ import yaml
 
 from zccp.config import load_config
 from zccp.ops.admin_client import request_to
-from zccp.runtime import resolve
+from zccp.config.runtime import resolve
 from zccp.ops.stack import Service, engine_service, engine_services, free_port, http_get, nginx_service, redis_service
 
 BENCH = Path(__file__).resolve().parent

@@ -30,12 +30,12 @@ from tests.support.otlp_receiver import OtlpReceiver
 
 
 def span_pids(engine_root: int) -> list[int]:
-    """The engine's span processes (zccp.trace_spans): their CPU is reported apart."""
+    """The engine's span processes (zccp.observe.trace_spans): their CPU is reported apart."""
     out = []
     for pid in procs.descendants(engine_root):
         try:
             with open(f"/proc/{pid}/cmdline", "rb") as f:
-                if b"zccp.trace_spans" in f.read():
+                if b"zccp.observe.trace_spans" in f.read():
                     out.append(pid)
         except OSError:
             pass

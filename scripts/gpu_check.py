@@ -24,11 +24,11 @@ from pathlib import Path
 
 import torch
 
-from zccp.abi import SlotLayout
+from zccp.transport.abi import SlotLayout
 from zccp.api.common import ParseLimits
-from zccp.arena import Arena
+from zccp.transport.arena import Arena
 from zccp.config import GpuConfig
-from zccp.device import CudaMappedDevice, select_device
+from zccp.transport.device import CudaMappedDevice, select_device
 from zccp.model.tiny import TinyConfig, TinyTransformer
 from zccp.model.tokenizer import encode_chat_into
 from zccp.shared_types import ChatMessage, SamplingParams
@@ -41,7 +41,7 @@ def check_hf(d: CudaMappedDevice, tokens: torch.Tensor, path: str | None) -> Non
     from zccp.api import anthropic
     from zccp.model.hf import HfBackend
     from zccp.model.prompt import Prompt
-    from zccp.planner import Planner
+    from zccp.serving.planner import Planner
 
     if path is None:
         from tests.support.hf_checkpoint import build_checkpoint
@@ -89,10 +89,10 @@ def check_hf(d: CudaMappedDevice, tokens: torch.Tensor, path: str | None) -> Non
 def check_placement() -> None:
     import os
 
-    from zccp import numa
+    from zccp.process import numa
     from zccp.config import PlacementConfig
     from zccp.ops.placement_status import arena_numa
-    from zccp.placement import EngineAsk, plan, read_topology
+    from zccp.process.placement import EngineAsk, plan, read_topology
 
     topo = read_topology()
     assert topo.gpus, "sysfs lists no NVIDIA PCI device"

@@ -3,7 +3,7 @@
 parse_request (orjson, same validation) -> the backend's prompt format (the byte
 tokenizer, or the hf checkpoint's chat template) into a preallocated int32 token
 array (the engine tokenizes into the slot's array) -> the same model backend through
-zccp.text_assembly.generate_text, one request at a time per thread (no batching: what a
+zccp.serving.text_assembly.generate_text, one request at a time per thread (no batching: what a
 FastAPI app around a model's generate() does) -> anthropic.render_response /
 StreamEncoder. Only the response id differs from what the engine would answer.
 
@@ -27,7 +27,7 @@ import torch
 
 from zccp.api import anthropic
 from zccp.api.common import ParseLimits
-from zccp.text_assembly import generate_text
+from zccp.serving.text_assembly import generate_text
 from zccp.model.prompt import Prompt
 from zccp.model.registry import build_backend
 from zccp.model.tokenizer import PromptTooLong
@@ -82,7 +82,7 @@ class Prepared:
 
 
 def prepare(body: bytes) -> Prepared:
-    """Parse + tokenize; raises ApiError like the engine's flow (zccp.flow_prepare.prepare)."""
+    """Parse + tokenize; raises ApiError like the engine's flow (zccp.prep.prepare.prepare)."""
     return prepare_doc(anthropic.decode_body(body))
 
 

@@ -37,7 +37,7 @@ from zccp.cache.mask_store import load_masks
 from zccp.cache.scope import place
 from zccp.cache.store import ResponseCache
 from zccp.config import CacheConfig
-from zccp.metrics import EngineMetrics
+from zccp.observe.metrics import EngineMetrics
 
 url, text, n = sys.argv[1], open(sys.argv[2]).read(), int(sys.argv[3])
 masks = load_masks()

@@ -20,8 +20,8 @@ import yaml
 
 from tests.support.checkout import REPO
 from zccp.config import load_config
-from zccp.paths import lua_file
-from zccp.runtime import resolve
+from zccp.config.paths import lua_file
+from zccp.config.runtime import resolve
 from zccp.ops.supervisor import Supervisor
 from zccp.ops.stack import (
     engine_service,

@@ -13,7 +13,7 @@ import urllib.error
 from zccp.config import load_config
 from zccp.ops.admin_client import admin_request
 from zccp.ops.stack import engine_ping, local_urlopen
-from zccp.runtime import engine_socket_path
+from zccp.config.runtime import engine_socket_path
 
 cfg = load_config(os.environ.get("ZCCP_CONFIG", "/etc/zccp/config.yaml"))
 what = sys.argv[1] if len(sys.argv) > 1 else ""
@@ -34,7 +34,7 @@ if what == "nginx":
 if what == "admin":
     from pathlib import Path
 
-    from zccp.runtime import resolve
+    from zccp.config.runtime import resolve
 
     status, body = admin_request(resolve(cfg, Path("/run/zccp")), "GET", "/health")
     sys.stdout.write(body.decode("utf-8", "replace"))

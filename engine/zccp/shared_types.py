@@ -147,7 +147,7 @@ class TextDelta:
 
 @dataclass(frozen=True)
 class ToolCall:
-    """One tool call the model made (parsed from its output by zccp.hermes_tools), complete
+    """One tool call the model made (parsed from its output by zccp.serving.hermes_tools), complete
     or cut short by max_tokens (truncated: the arguments as generated, not always JSON)."""
 
     name: str

@@ -136,7 +136,7 @@ def test_nginx_makes_the_admin_directory_when_it_is_gone(tmp_path: Path) -> None
     import signal
 
     from zccp.ops.stack import Service, nginx_paths
-    from zccp.runtime import log_dir
+    from zccp.config.runtime import log_dir
 
     s = Stack(tmp_path, NULL).start()
     try:

@@ -12,7 +12,7 @@ import time
 
 from tests.support.harness import anthropic_body, dumps
 from tests.support.protocols import both_protocols
-from zccp.abi import State
+from zccp.transport.abi import State
 from zccp.cache.fingerprint import DECODE_LIMIT
 
 JSON = {"content-type": "application/json"}

@@ -167,7 +167,7 @@ def test_nginx_writes_the_fingerprint_the_engine_would_compute(make_stack):
     import hashlib
     import json
 
-    from zccp.abi import Flag, ffi
+    from zccp.transport.abi import Flag, ffi
     from zccp.cache.fingerprint import DECODE_LIMIT, compute
     from zccp.cache.mask_store import load_masks
 

@@ -30,7 +30,7 @@ from tests.support.cache_requests import (
     reworded,
     stored,
 )
-from zccp.abi import CacheReason, ffi
+from zccp.transport.abi import CacheReason, ffi
 from zccp.ops.stack import free_port
 
 

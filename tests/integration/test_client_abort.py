@@ -24,7 +24,7 @@ from tests.support.h2conn import H2Conn
 from tests.support.harness import Stack, anthropic_body, dumps, tls_client_context
 from tests.support.keys_helpers import keys_cli
 from tests.support.scripted_upstream import Scripted, ScriptedUpstream, openai_chunks
-from zccp.plugins_config import BUILTIN
+from zccp.config.plugins import BUILTIN
 
 MAX_TOKENS = 400
 NAP = 'local _M = { name = "nap" }\nfunction _M.access() ngx.sleep(0.3) end\nreturn _M\n'

@@ -14,7 +14,7 @@ from pathlib import Path
 from tests.support.cache_requests import NULL
 from tests.support.harness import anthropic_body
 from tests.support.keys_helpers import keys_cli
-from zccp.plugins_config import BUILTIN
+from zccp.config.plugins import BUILTIN
 
 # route runs after limits (keys phase) admitted the request; the core compares body_len next
 BREAKS_R = '''local _M = { name = "breaks_r" }

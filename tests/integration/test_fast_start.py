@@ -72,8 +72,8 @@ _BUILD = """
 import json, sys
 from pathlib import Path
 from zccp.config import load_config
-from zccp.runtime import resolve
-from zccp.engine import Engine
+from zccp.config.runtime import resolve
+from zccp.process.engine import Engine
 cfg = resolve(load_config(Path(sys.argv[1])), Path(sys.argv[2]))
 engine = Engine(cfg)
 engine.arena.close()
@@ -83,7 +83,7 @@ print(json.dumps(sorted({m.split(".")[0] for m in sys.modules} & set(sys.argv[3]
 
 @pytest.mark.parametrize("backend,expected", [("null", []), ("upstream", []), ("tiny", ["torch"])])
 def test_the_engine_built_imports_only_its_backends_packages(tmp_path, backend, expected):
-    """zccp.engine and Engine(cfg) in a fresh interpreter: the heavy packages in sys.modules."""
+    """zccp.process.engine and Engine(cfg) in a fresh interpreter: the heavy packages in sys.modules."""
     upstream = {"urls": ["http://127.0.0.1:9"], "api": "openai", "model": "m"} if backend == "upstream" else {}
     s = Stack(tmp_path / backend, {"model": {"backend": backend}, "upstream": upstream})
     env = {"PYTHONPATH": str(REPO / "engine"), "PATH": "/usr/bin:/bin"}

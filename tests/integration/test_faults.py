@@ -15,7 +15,7 @@ import posix_ipc
 import pytest
 
 from tests.support.harness import anthropic_body, dumps
-from zccp.abi import PAGE_SIZE, State, ffi
+from zccp.transport.abi import PAGE_SIZE, State, ffi
 
 
 def test_engine_not_running_is_503_not_a_hang(make_stack):

@@ -1,6 +1,6 @@
 """`pip install .` then `zccp-stack up` from a directory outside the checkout: the
 installed package finds its Lua modules, nginx templates and ABI header under
-<prefix>/share/zccp (zccp.paths), not in the checkout."""
+<prefix>/share/zccp (zccp.config.paths), not in the checkout."""
 
 from __future__ import annotations
 
@@ -39,8 +39,8 @@ def test_installed_package_runs_the_stack_from_anywhere(tmp_path):
     env.pop("ZCCP_HOME", None)
     elsewhere.mkdir()
 
-    where = subprocess.run([sys.executable, "-c", "import zccp, zccp.paths; print(zccp.__file__); "
-                            "print(zccp.paths.data_root())"], cwd=elsewhere, env=env, capture_output=True,
+    where = subprocess.run([sys.executable, "-c", "import zccp, zccp.config.paths; print(zccp.__file__); "
+                            "print(zccp.config.paths.data_root())"], cwd=elsewhere, env=env, capture_output=True,
                            text=True, check=True).stdout.split()
     assert where == [str(site / "zccp" / "__init__.py"), str(prefix / "share" / "zccp")]
     # every Lua module of the checkout is installed (a room missing from pyproject's

@@ -15,7 +15,7 @@ from collections.abc import Iterator
 import pytest
 
 from tests.support.harness import Stack
-from zccp.config_sections import LoggingConfig
+from zccp.config.sections import LoggingConfig
 
 
 @pytest.fixture

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from zccp.plugins_config import BUILTIN
+from zccp.config.plugins import BUILTIN
 
 REPO = Path(__file__).resolve().parents[2]
 

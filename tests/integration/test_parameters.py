@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from zccp.planner import CPU_STEP_TOKENS
+from zccp.serving.planner import CPU_STEP_TOKENS
 
 from tests.support.harness import Stack
 

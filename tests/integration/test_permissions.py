@@ -19,8 +19,8 @@ import pytest
 
 from tests.support.harness import REPO, Stack, anthropic_body
 from zccp.ops.stack import Service, nginx_service, redis_service, reload_masks, wait_for_engine
-from zccp.paths import lua_file
-from zccp.runtime import log_dir
+from zccp.config.paths import lua_file
+from zccp.config.runtime import log_dir
 
 
 def _mode(path: Path) -> int:

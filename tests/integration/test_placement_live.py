@@ -15,7 +15,7 @@ from tests.support.harness import REPO, Stack, anthropic_body
 from zccp.ops.placement_status import allowed_cpus, arena_numa, thread_cpus
 from zccp.ops.stack import _workers_of
 from zccp.config import for_engine
-from zccp.placement import format_cpulist, placement_for
+from zccp.process.placement import format_cpulist, placement_for
 
 pytestmark = pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="placement needs two CPUs or more")
 

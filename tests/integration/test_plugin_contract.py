@@ -21,7 +21,7 @@ import yaml
 
 from tests.support.cache_requests import NULL, metric_samples
 from tests.support.harness import Stack, StackProcess, anthropic_body
-from zccp.plugins_config import BUILTIN
+from zccp.config.plugins import BUILTIN
 
 REPO = Path(__file__).resolve().parents[2]
 EXAMPLES = REPO / "examples" / "plugins"

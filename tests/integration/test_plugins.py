@@ -20,7 +20,7 @@ from tests.support.cache_requests import NULL, metric, metric_samples
 from tests.support.h2conn import H2Conn
 from tests.support.harness import anthropic_body, dumps
 from tests.support.keys_helpers import keys_cli, status
-from zccp.plugins_config import BUILTIN as BUILTIN_CHAIN
+from zccp.config.plugins import BUILTIN as BUILTIN_CHAIN
 
 REPO = Path(__file__).resolve().parents[2]
 EXAMPLES = REPO / "examples" / "plugins"

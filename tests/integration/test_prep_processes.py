@@ -1,4 +1,4 @@
-"""An engine of several processes (server.engine_processes; zccp.process_group), through the
+"""An engine of several processes (server.engine_processes; zccp.process.group), through the
 real nginx, engine and Redis: prep processes accept on the engine's doorbell beside the
 model's process, answer rings on the one arena, show in one /metrics page, are started again
 when one dies (its in-flight requests fail alone, no slot is left behind), and never outlive
@@ -23,14 +23,15 @@ from tests.support.cache_requests import NULL
 from tests.support.harness import Stack, alive, anthropic_body
 from tests.support.scripted_upstream import Scripted, ScriptedUpstream, openai_chunks
 from tests.support.prom_text import samples
-from zccp.metrics import STATE_REQUEST
-from zccp.process_group import metrics_path
+from zccp.observe.metrics import STATE_REQUEST
+from zccp.process.group import metrics_path
 
 PROCESSES = 3
 
 
 def _prep_pids(engine_pid: int) -> set[int]:
-    out = subprocess.run(["pgrep", "-P", str(engine_pid), "-f", "zccp.prep_process"], capture_output=True, text=True)
+    out = subprocess.run(["pgrep", "-P", str(engine_pid), "-f", "zccp.process.prep_main"],
+                         capture_output=True, text=True)
     return {int(p) for p in out.stdout.split()}
 
 

@@ -7,8 +7,8 @@ import re
 import socket
 
 from tests.support.harness import anthropic_body, dumps
-from zccp.abi import NOTICE_SIZE, SLOT_MAGIC, ABI_VERSION, Op, State
-from zccp.doorbell import decode_notice, encode_ring
+from zccp.transport.abi import NOTICE_SIZE, SLOT_MAGIC, ABI_VERSION, Op, State
+from zccp.transport.doorbell import decode_notice, encode_ring
 
 
 def test_round_trip_returns_an_anthropic_message(stack_any):
@@ -193,7 +193,7 @@ def test_metrics_show_both_sides(null_stack):
 def test_a_request_that_bypasses_the_cache_is_not_fingerprinted(null_stack):
     # no-cache + no-store: neither lookup nor store, so nginx computes no keys (less work);
     # either header alone still needs them.
-    from zccp.abi import Flag
+    from zccp.transport.abi import Flag
 
     def flags_for(body: bytes, cc: str | None) -> int:
         headers = {"content-type": "application/json"} | ({"cache-control": cc} if cc else {})

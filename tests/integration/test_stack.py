@@ -22,8 +22,8 @@ import pytest
 
 from tests.support.harness import REPO, Stack, StackProcess, alive, anthropic_body
 from zccp.cache.mask_store import load_masks
-from zccp.paths import lua_file
-from zccp.plugins_config import BUILTIN
+from zccp.config.paths import lua_file
+from zccp.config.plugins import BUILTIN
 
 NULL = {"model": {"backend": "null"}}
 

@@ -12,7 +12,7 @@ import sys
 import yaml
 
 from tests.support.harness import REPO, anthropic_body
-from zccp.plugins_config import BUILTIN
+from zccp.config.plugins import BUILTIN
 
 # Loads only when nginx's settings hold limits (zccp-nginx check's minimal settings do not)
 # and refuses a cap of 5000: the check reads the settings nginx would start with.

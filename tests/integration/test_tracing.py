@@ -276,11 +276,11 @@ def test_a_collector_that_is_down_fails_nothing_and_drops_are_counted(tmp_path_f
 
 
 def test_off_by_default_the_sdk_is_not_imported() -> None:
-    code = ("import sys, zccp.engine, zccp.outcome, zccp.tracing\n"
-            "from zccp.config_sections import TracingConfig\n"
-            "assert not zccp.tracing.wanted(TracingConfig(), {})\n"
-            "assert zccp.tracing.wanted(TracingConfig(), {'OTEL_EXPORTER_OTLP_ENDPOINT': 'http://c:4318'})\n"
-            "assert not zccp.tracing.wanted(TracingConfig(enabled=True), {'OTEL_SDK_DISABLED': 'true'})\n"
+    code = ("import sys, zccp.process.engine, zccp.prep.outcome, zccp.observe.tracing\n"
+            "from zccp.config.sections import TracingConfig\n"
+            "assert not zccp.observe.tracing.wanted(TracingConfig(), {})\n"
+            "assert zccp.observe.tracing.wanted(TracingConfig(), {'OTEL_EXPORTER_OTLP_ENDPOINT': 'http://c:4318'})\n"
+            "assert not zccp.observe.tracing.wanted(TracingConfig(enabled=True), {'OTEL_SDK_DISABLED': 'true'})\n"
             "print(sorted(m for m in sys.modules if m.startswith('opentelemetry')))")
     env = {k: v for k, v in ENGINE_ENV.items() if not k.startswith("OTEL_")}
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)

@@ -23,9 +23,9 @@ import yaml
 
 from tests.support.leftovers import ARENAS, SOCKET_DIRS, arena_names, remove_arenas
 from tests.support.checkout import REPO
-from zccp.arena_reader import ArenaReader
+from zccp.transport.arena_reader import ArenaReader
 from zccp.config import Config, for_engine, load_config
-from zccp.runtime import log_dir, resolve
+from zccp.config.runtime import log_dir, resolve
 from zccp.ops.stack import Service, engine_service, engine_services, free_port, nginx_service, redis_service
 from zccp.ops.stack import _nginx_master, _workers_of
 

@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 
 import posix_ipc
 
-from zccp.abi import (
+from zccp.transport.abi import (
     ABI_VERSION,
     META_OFFSET,
     NOTICE_SIZE,
@@ -43,7 +43,7 @@ from zccp.abi import (
     State,
     ffi,
 )
-from zccp.doorbell import decode_notice, encode_ring, engine_ping
+from zccp.transport.doorbell import decode_notice, encode_ring, engine_ping
 
 # (struct, offset of the struct in the slot) for every block of a slot's first page
 _BLOCKS = (("struct zccp_slot_header", 0), ("struct zccp_slot_meta", META_OFFSET),

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from zccp.abi import HEADER_PATH, SlotLayout, const, ffi
+from zccp.transport.abi import HEADER_PATH, SlotLayout, const, ffi
 
 ROOT = Path(__file__).resolve().parents[2]
 STRUCTS = ["zccp_control", "zccp_slot_header", "zccp_slot_meta", "zccp_slot_signature", "zccp_slot_request",

@@ -8,7 +8,7 @@ import pytest
 
 from tests.support.fake_api import LIMITS, MODEL
 from zccp.api import api_for, codec_for
-from zccp.abi import OpenAIApi
+from zccp.transport.abi import OpenAIApi
 from zccp.cache.fingerprint import compute
 from zccp.shared_types import ApiError, GenerationResult, TextDelta, ToolCall
 

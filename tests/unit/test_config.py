@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from zccp import runtime
+from zccp.config import runtime
 from zccp.config import ConfigError, load_config, mask_state_path, parse_config
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -11,7 +11,7 @@ import types
 import pytest
 import torch
 
-from zccp import device as dev
+from zccp.transport import device as dev
 from zccp.config import GpuConfig
 
 

@@ -1,4 +1,4 @@
-"""The model thread writes its doorbell notices itself (zccp.doorbell.Connection): no loop
+"""The model thread writes its doorbell notices itself (zccp.transport.doorbell.Connection): no loop
 wake-up per token, frames in order however direct and queued writes mix, never a write
 after close or to a descriptor number another connection reused, and a full socket
 (EAGAIN) or a partial write falls back to the loop, still in order. Real sockets and real
@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from zccp.doorbell import Connection, encode_notice
+from zccp.transport.doorbell import Connection, encode_notice
 
 
 class _Counting:

@@ -1,5 +1,5 @@
 """The doorbell's frame reader over a real unix socket: frames split across reads,
-many frames in one read, and an unknown opcode (zccp.doorbell._RingProtocol)."""
+many frames in one read, and an unknown opcode (zccp.transport.doorbell._RingProtocol)."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ import socket
 import tempfile
 from pathlib import Path
 
-from zccp.abi import Op
-from zccp.doorbell import DoorbellServer, encode_ring
+from zccp.transport.abi import Op
+from zccp.transport.doorbell import DoorbellServer, encode_ring
 
 
 async def _serve(frames: bytes, pieces: list[int]) -> tuple[list[tuple[int, int]], int, int]:

@@ -13,7 +13,7 @@ import yaml
 from zccp.config import ConfigError, for_engine, model_names, parse_config
 from zccp.ops.cli import _one_engine
 from zccp.ops.nginx_conf import render
-from zccp.runtime import resolve
+from zccp.config.runtime import resolve
 
 TWO = {
     "model": {"backend": "null", "name": "base", "max_context": 2048},

@@ -11,7 +11,7 @@ import pytest
 
 from zccp.api import codec_for
 from zccp.api.errors import KINDS
-from zccp.paths import lua_dir
+from zccp.config.paths import lua_dir
 from zccp.shared_types import ApiError
 
 MESSAGE = 'a "quoted" message'

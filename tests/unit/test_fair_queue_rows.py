@@ -1,4 +1,4 @@
-"""Fair share of the batch rows among any number of tenants (zccp.fair_queue): the tenant
+"""Fair share of the batch rows among any number of tenants (zccp.serving.fair_queue): the tenant
 holding the fewest rows is next, and once several tenants are seen the last spare_rows rows
 go only to a tenant holding none, so tenants that filled the batch between them cannot make
 the next one wait for their answers to end. FairQueue.next() on its own, then the real
@@ -12,11 +12,11 @@ from dataclasses import dataclass
 import pytest
 import torch
 
-from zccp.fair_queue import FairQueue, spare_rows
-from zccp.metrics import EngineMetrics
+from zccp.serving.fair_queue import FairQueue, spare_rows
+from zccp.observe.metrics import EngineMetrics
 from zccp.model.null import NullBackend
-from zccp.planner import Planner
-from zccp.scheduler import BatchLimits, BatchScheduler, Sequence
+from zccp.serving.planner import Planner
+from zccp.serving.scheduler import BatchLimits, BatchScheduler, Sequence
 from zccp.shared_types import SamplingParams
 
 

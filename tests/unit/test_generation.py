@@ -1,6 +1,6 @@
 import torch
 
-from zccp.text_assembly import generate_text
+from zccp.serving.text_assembly import generate_text
 from zccp.model.prompt import BYTE_FORMAT
 from zccp.model.null import DEFAULT_REPLY, NullBackend
 from zccp.model.tiny import TinyTransformer

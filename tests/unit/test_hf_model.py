@@ -16,12 +16,12 @@ import torch
 import yaml
 
 from zccp.config import ConfigError, parse_config
-from zccp.metrics import EngineMetrics
+from zccp.observe.metrics import EngineMetrics
 from zccp.model.hf import HfBackend
-from zccp.planner import Planner
-from zccp.prefix_cache import PrefixCache
+from zccp.serving.planner import Planner
+from zccp.serving.prefix_cache import PrefixCache
 from zccp.shared_types import SamplingParams
-from zccp.scheduler import BatchLimits, BatchScheduler, Sequence
+from zccp.serving.scheduler import BatchLimits, BatchScheduler, Sequence
 
 
 @pytest.fixture(scope="module")

@@ -13,16 +13,16 @@ import threading
 import pytest
 import torch
 
-from zccp.fair_queue import Admission, FairQueue, spare_rows
-from zccp.metrics import EngineMetrics
+from zccp.serving.fair_queue import Admission, FairQueue, spare_rows
+from zccp.observe.metrics import EngineMetrics
 from zccp.model.grammar_cache import GrammarCompiler
 from zccp.model.sampling import Sampler, sample_rows
 from zccp.model.tiny import TinyTransformer
 from zccp.model.tokenizer import encode_chat
-from zccp.planner import Planner
-from zccp.scheduler import BatchLimits, BatchScheduler, Sequence
+from zccp.serving.planner import Planner
+from zccp.serving.scheduler import BatchLimits, BatchScheduler, Sequence
 from zccp.shared_types import ApiError, ChatMessage, OutputConstraint, SamplingParams
-from zccp.text_assembly import StopMatcher
+from zccp.serving.text_assembly import StopMatcher
 
 
 class Sink:

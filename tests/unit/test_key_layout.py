@@ -1,5 +1,5 @@
 """API keys' Redis layout has one source (lua/zccp/admin/key_layout.lua): nginx requires it
-(run here by a standalone LuaJIT), the engine's zccp.keystore reads it with the literal
+(run here by a standalone LuaJIT), the engine's zccp.config.keystore reads it with the literal
 reader, and no other module spells the layout's keys itself."""
 
 from __future__ import annotations
@@ -9,8 +9,8 @@ import re
 import subprocess
 from pathlib import Path
 
-from zccp import keystore
-from zccp.paths import lua_dir
+from zccp.config import keystore
+from zccp.config.paths import lua_dir
 
 ENGINE = Path(keystore.__file__).resolve().parent
 LAYOUT = lua_dir() / "zccp" / "admin" / "key_layout.lua"

@@ -10,7 +10,7 @@ import pytest
 
 from zccp.cache.mask_apply import MaskError, MaskSet
 from zccp.cache.mask_store import default_patterns_path, load_masks
-from zccp.lua_data import LuaDataError, parse_lua_data
+from zccp.config.lua_data import LuaDataError, parse_lua_data
 
 REPO = Path(__file__).resolve().parents[2]
 PATTERNS = REPO / "lua" / "zccp" / "mask_patterns.lua"

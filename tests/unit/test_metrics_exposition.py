@@ -7,7 +7,7 @@ from __future__ import annotations
 import asyncio
 from pathlib import Path
 
-from zccp.metrics import EngineMetrics, MetricsServer
+from zccp.observe.metrics import EngineMetrics, MetricsServer
 
 
 def metrics() -> EngineMetrics:

@@ -12,7 +12,7 @@ import pytest
 
 from tests.support.fake_api import LIMITS, MODEL
 from zccp.api import completions, openai
-from zccp.fair_queue import Admission, FairQueue, refusal
+from zccp.serving.fair_queue import Admission, FairQueue, refusal
 from zccp.shared_types import ApiError
 
 USER = {"role": "user", "content": "Hello"}

@@ -1,4 +1,4 @@
-"""The hand-written OTLP encoder (zccp.otlp_encode) against the SDK's own encoder: the same
+"""The hand-written OTLP encoder (zccp.observe.otlp_encode) against the SDK's own encoder: the same
 spans give the same message once decoded by the official opentelemetry-proto; and the span
 process's encoding of a request record decodes to the tree the engine means."""
 
@@ -14,9 +14,9 @@ from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 from opentelemetry.trace import SpanContext, SpanKind, Status, StatusCode, TraceFlags
 
-from zccp import otlp_encode as pb
-from zccp.abi import CacheStatus
-from zccp.trace_spans import SpanEncoder
+from zccp.observe import otlp_encode as pb
+from zccp.transport.abi import CacheStatus
+from zccp.observe.trace_spans import SpanEncoder
 
 TID = 0x0AF7651916CD43DD8448EB211C80319C
 ATTRS: dict[str, Any] = {"gen_ai.operation.name": "chat", "gen_ai.request.max_tokens": 6,
@@ -95,8 +95,8 @@ def test_without_a_parent_a_record_starts_a_trace_and_a_hit_replays() -> None:
 
 
 def test_l1_records_are_bounded_and_encode_as_one_span() -> None:
-    from zccp.abi import L1_SPAN_SIZE, ffi
-    from zccp.trace_export import l1_records
+    from zccp.transport.abi import L1_SPAN_SIZE, ffi
+    from zccp.observe.trace_export import l1_records
 
     rec = ffi.new("struct zccp_l1_span *")
     ffi.memmove(rec.trace_id, TID.to_bytes(16, "big"), 16)
@@ -128,7 +128,7 @@ def test_l1_records_are_bounded_and_encode_as_one_span() -> None:
 
 def test_spans_go_out_in_posts_of_the_export_batch_size() -> None:
     from tests.support.otlp_receiver import OtlpReceiver
-    from zccp.trace_spans import POST_SPANS, BytesExporter, encode_batch, export, post_spans
+    from zccp.observe.trace_spans import POST_SPANS, BytesExporter, encode_batch, export, post_spans
 
     assert post_spans({}) == POST_SPANS and post_spans({"OTEL_BSP_MAX_EXPORT_BATCH_SIZE": "512"}) == 512
     assert post_spans({"OTEL_BSP_MAX_EXPORT_BATCH_SIZE": "x"}) == POST_SPANS
@@ -158,8 +158,8 @@ def test_frames_to_the_span_process_round_trip_marshal_or_pickle() -> None:
     import io
     from http import HTTPStatus
 
-    from zccp.trace_export import FRAME, PICKLED, frame
-    from zccp.trace_spans import read_frame
+    from zccp.observe.trace_export import FRAME, PICKLED, frame
+    from zccp.observe.trace_spans import read_frame
 
     plain, odd = [record(), record(ids=None)], [record(status=HTTPStatus.OK)]
     data = frame(plain) + frame(odd) + frame({"model": "m", "server.port": None})
@@ -175,7 +175,7 @@ def test_frames_to_the_span_process_round_trip_marshal_or_pickle() -> None:
 def test_a_record_that_cannot_be_encoded_is_lost_alone_and_counted() -> None:
     """A value out of its field's range (nginx's timestamps come from shared memory) used to
     raise out of the span process's loop: the process died and tracing with it."""
-    from zccp.trace_spans import encode_batch
+    from zccp.observe.trace_spans import encode_batch
 
     enc = SpanEncoder({"model": "m", "engine": "", "server.address": "h", "server.port": None})
     reports: list[tuple[str, int]] = []

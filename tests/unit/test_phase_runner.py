@@ -17,7 +17,7 @@ import re
 import subprocess
 from pathlib import Path
 
-from zccp.paths import lua_dir
+from zccp.config.paths import lua_dir
 
 N = 1200
 

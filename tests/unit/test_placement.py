@@ -1,4 +1,4 @@
-"""zccp.placement over fake sysfs trees: two nodes with four GPUs each, GPUs on node 1
+"""zccp.process.placement over fake sysfs trees: two nodes with four GPUs each, GPUs on node 1
 only, a CPU-only host, offline CPUs; the config's placement key; nginx's masks."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from zccp.config import ConfigError, parse_config
-from zccp.placement import (
+from zccp.process.placement import (
     EngineAsk,
     format_cpulist,
     parse_cpulist,
@@ -17,7 +17,7 @@ from zccp.placement import (
     read_topology,
     worker_cpu_affinity,
 )
-from zccp.config_sections import PlacementConfig
+from zccp.config.sections import PlacementConfig
 
 AUTO = PlacementConfig(mode="auto")
 
@@ -168,8 +168,8 @@ def test_config_placement_per_engine_and_inherited():
 
 def test_locality_gives_routing_each_engine_and_worker_node(tmp_path):
     from zccp.ops.nginx_conf import engines_settings
-    from zccp.placement import locality
-    from zccp.runtime import resolve
+    from zccp.process.placement import locality
+    from zccp.config.runtime import resolve
 
     sysfs = fake_sysfs(tmp_path / "sys", {0: "0-3", 1: "4-7"}, "0-7")
     cfg = parse_config({"server": {"workers": 2},

@@ -1,6 +1,6 @@
 """How zccp.core.pipeline builds the chain (run here by a standalone LuaJIT with a stub
 ngx, as bench/plugins_cost.lua does): no chain is refused (the default lives only in
-engine/zccp/plugins_config.py), a plugin whose _active says false is in no phase, and an
+engine/zccp/config/plugins.py), a plugin whose _active says false is in no phase, and an
 _active that raises refuses the chain (fails closed) naming the file."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import json
 import subprocess
 from pathlib import Path
 
-from zccp.paths import lua_dir
+from zccp.config.paths import lua_dir
 
 STUB = """
 package.path = "{lua}/?.lua;" .. package.path

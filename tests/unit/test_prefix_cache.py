@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from zccp.prefix_cache import PrefixCache
+from zccp.serving.prefix_cache import PrefixCache
 
 B = 4
 
@@ -147,7 +147,7 @@ def test_clear_drops_pins():
 
 
 def test_cache_write_counts_the_tokens_past_the_read_up_to_the_furthest_breakpoint():
-    from zccp.prefix_cache import cache_write
+    from zccp.serving.prefix_cache import cache_write
     from zccp.shared_types import Pin
 
     assert cache_write((), 0, B).total == 0

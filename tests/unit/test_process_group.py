@@ -1,4 +1,4 @@
-"""The pieces of an engine of several processes (zccp.process_group) that need no stack: how
+"""The pieces of an engine of several processes (zccp.process.group) that need no stack: how
 many processes a config gets, the config check, the arena a prep process attaches, the
 doorbell socket it adopts, and the one /metrics page summed from every process's state."""
 
@@ -12,13 +12,13 @@ import uuid
 import pytest
 
 from tests.support.prom_text import histograms, samples
-from zccp.abi import SlotLayout
-from zccp.arena import Arena, ArenaError
+from zccp.transport.abi import SlotLayout
+from zccp.transport.arena import Arena, ArenaError
 from zccp.config import ConfigError, parse_config
-from zccp.doorbell import DoorbellServer
-from zccp.metrics import EngineMetrics
-from zccp.metrics_merge import merged, state
-from zccp.process_group import MAX_AUTO, process_count
+from zccp.transport.doorbell import DoorbellServer
+from zccp.observe.metrics import EngineMetrics
+from zccp.observe.metrics_merge import merged, state
+from zccp.process.group import MAX_AUTO, process_count
 
 
 NO_QUOTA = "/nonexistent/cpu.max"

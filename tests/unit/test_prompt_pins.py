@@ -10,7 +10,7 @@ import torch
 from zccp.api import anthropic
 from zccp.api.common import ParseLimits
 from zccp.model.prompt import BYTE_FORMAT, Prompt
-from zccp.prompt_pins import pin_points, shared_prefix
+from zccp.prep.prompt_pins import pin_points, shared_prefix
 from zccp.shared_types import ApiError, CacheMark
 
 LIMITS = ParseLimits(frozenset({"m"}), max_tokens_cap=100, default_max_tokens=10)

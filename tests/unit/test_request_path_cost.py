@@ -14,13 +14,13 @@ import pytest
 import torch
 
 from zccp.api.common import random_id
-from zccp.doorbell import Connection, encode_notice
-from zccp.engine_main import event_loop
-from zccp.metrics import EngineMetrics
+from zccp.transport.doorbell import Connection, encode_notice
+from zccp.process.engine_main import event_loop
+from zccp.observe.metrics import EngineMetrics
 from zccp.model.null import NullBackend
 from zccp.model.tokenizer import BOS, USER, ASSISTANT, PromptTooLong, encode_chat_into, encode_chat_into_host
 from zccp.shared_types import ChatMessage, GenerationResult, SamplingParams
-from zccp.text_assembly import fixed_result, generate_text
+from zccp.serving.text_assembly import fixed_result, generate_text
 from tests.support.recording_transport import RecordingTransport
 
 

@@ -8,9 +8,9 @@ import uuid
 
 import pytest
 
-from zccp.abi import Flag, SlotLayout, State
-from zccp.arena import Arena
-from zccp.ring_writer import ResponseWriter, SlotAbandoned
+from zccp.transport.abi import Flag, SlotLayout, State
+from zccp.transport.arena import Arena
+from zccp.transport.ring_writer import ResponseWriter, SlotAbandoned
 
 
 @pytest.fixture

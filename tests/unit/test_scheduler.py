@@ -8,14 +8,14 @@ import threading
 import pytest
 import torch
 
-from zccp.metrics import EngineMetrics
+from zccp.observe.metrics import EngineMetrics
 from zccp.model.null import NullBackend
 from zccp.model.tiny import TinyConfig, TinyTransformer
 from zccp.model.tokenizer import encode_chat
-from zccp.planner import Planner
-from zccp.prefix_cache import PrefixCache
+from zccp.serving.planner import Planner
+from zccp.serving.prefix_cache import PrefixCache
 from zccp.shared_types import ChatMessage, SamplingParams
-from zccp.scheduler import BatchLimits, BatchScheduler, Sequence
+from zccp.serving.scheduler import BatchLimits, BatchScheduler, Sequence
 
 
 class Sink:
@@ -179,7 +179,7 @@ def test_cancelled_sequence_leaves_at_once():
 
 
 def test_prefill_groups_are_bounded_on_the_cpu_only():
-    from zccp.planner import CPU_GROUP_TOKENS
+    from zccp.serving.planner import CPU_GROUP_TOKENS
 
     cpu = Planner(torch.device("cpu"), 512 << 20, 1, 0, 16)
     assert cpu.group(4096) == CPU_GROUP_TOKENS and cpu.group(128) == 128

@@ -11,11 +11,11 @@ from typing import Any
 
 import torch
 
-from zccp.metrics import EngineMetrics
+from zccp.observe.metrics import EngineMetrics
 from zccp.model.base import DecodeBatch
 from zccp.model.tiny import TinyTransformer
-from zccp.planner import CPU_STEP_TOKENS, GPU_STEP_TOKENS, Planner
-from zccp.scheduler import BatchLimits, BatchScheduler, Sequence
+from zccp.serving.planner import CPU_STEP_TOKENS, GPU_STEP_TOKENS, Planner
+from zccp.serving.scheduler import BatchLimits, BatchScheduler, Sequence
 from zccp.shared_types import SamplingParams
 
 from tests.unit.test_scheduler import Sink, alone, prompt

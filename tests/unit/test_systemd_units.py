@@ -107,7 +107,7 @@ def test_the_placement_drop_in_verifies(tmp_path: Path) -> None:
     """`zccp-engine --systemd-placement` for an engine with a fixed placement: its drop-in
     (CPUAffinity=, NUMAPolicy=, NUMAMask=) on zccp-engine@a.service verifies cleanly."""
     from zccp.config import for_engine, parse_config
-    from zccp.placement import placement_for, systemd_dropin
+    from zccp.process.placement import placement_for, systemd_dropin
 
     cfg = parse_config({"engines": [{"name": "a", "placement": {"cpus": "0", "numa_node": 0}}]}, "c.yaml")
     dropin = systemd_dropin(placement_for(for_engine(cfg, "a")))

@@ -15,11 +15,11 @@ from typing import Any
 
 import pytest
 
-from zccp.abi import SlotLayout
-from zccp.arena import Arena
-from zccp.doorbell import Connection, encode_notice
+from zccp.transport.abi import SlotLayout
+from zccp.transport.arena import Arena
+from zccp.transport.doorbell import Connection, encode_notice
 from zccp.model.prompt import ByteFormat
-from zccp.ring_writer import ResponseWriter, SlotAbandoned
+from zccp.transport.ring_writer import ResponseWriter, SlotAbandoned
 from tests.support.recording_transport import RecordingTransport
 
 

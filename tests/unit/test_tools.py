@@ -7,10 +7,10 @@ import random
 
 import pytest
 
-from zccp.text_assembly import TextAssembler
+from zccp.serving.text_assembly import TextAssembler
 from zccp.model.prompt import BYTE_FORMAT
 from zccp.shared_types import TextDelta, ToolCall
-from zccp.hermes_tools import HermesParser, partial_object
+from zccp.serving.hermes_tools import HermesParser, partial_object
 from zccp.shared_types import ToolArgsDelta, ToolCallStart
 
 

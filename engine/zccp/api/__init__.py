@@ -7,7 +7,7 @@ results, errors and SSE streams back into that API's bytes, behind one ApiCodec.
 
 from __future__ import annotations
 
-from ..abi import OpenAIApi
+from ..transport.abi import OpenAIApi
 from ..shared_types import ApiKind
 from . import anthropic, completions, openai, responses
 from .codec import ApiCodec

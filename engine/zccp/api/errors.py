@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from zccp.lua_data import load_lua_data
-from zccp.paths import lua_file
+from zccp.config.lua_data import load_lua_data
+from zccp.config.paths import lua_file
 
 
 @dataclass(frozen=True)

@@ -11,8 +11,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from zccp.abi import CSF_BANDS, MINHASH_COUNT, Flag, ffi
-from zccp.arena import SlotView
+from zccp.transport.abi import CSF_BANDS, MINHASH_COUNT, Flag, ffi
+from zccp.transport.arena import SlotView
 from zccp.cache.fingerprint import compute, decode_request
 from zccp.cache.mask_apply import MaskSet, collect_literals
 from zccp.cache.mask_store import MaskSource

@@ -1,7 +1,7 @@
 """The mask set in force, Python side of lua/zccp/fp/mask_store.lua (docs/fingerprint.md §2).
 
 Loads the ONE pattern file, lua/zccp/mask_patterns.lua, with the literal-only reader
-(zccp.lua_data), resolves a pattern that does not compile through nginx's last-good
+(zccp.config.lua_data), resolves a pattern that does not compile through nginx's last-good
 file exactly as nginx does, and follows the set nginx names (by digest) in each slot.
 zccp.cache.mask_apply holds the set itself (MaskSet) and applies it.
 
@@ -17,10 +17,10 @@ import time
 from pathlib import Path
 from typing import Any
 
-from zccp.lua_data import LuaDataError, load_lua_data
+from zccp.config.lua_data import LuaDataError, load_lua_data
 from zccp.cache.mask_apply import MaskError, MaskPattern, MaskSet
 from zccp.cache.pcre import Regex
-from zccp.paths import lua_file
+from zccp.config.paths import lua_file
 
 log = logging.getLogger("zccp.cache.mask_store")
 

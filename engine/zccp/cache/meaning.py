@@ -25,11 +25,11 @@ from functools import lru_cache
 from pathlib import Path
 
 from zccp.cache.fp.tables import RANGES
-from zccp.lua_data import load_lua_data
+from zccp.config.lua_data import load_lua_data
 
 log = logging.getLogger("zccp.cache.meaning")
 
-# The one list (a Lua literal table, read with zccp.lua_data): only the engine reads it.
+# The one list (a Lua literal table, read with zccp.config.lua_data): only the engine reads it.
 NEAR_WORDS = Path(__file__).with_name("near_words.lua")
 
 Units = list[str]

@@ -1,7 +1,7 @@
 """Purging cache entries: everything, one scope (a tenant, `anonymous` or `shared`), or
 one exact key, in Redis. The same code serves `zccp-cache purge` (the CLI, straight to
 Redis) and `POST /v1/zccp/purge` (nginx, loopback only, rings the engine with
-ZCCP_KIND_PURGE; zccp.endpoints answers it through the slot).
+ZCCP_KIND_PURGE; zccp.prep.endpoints answers it through the slot).
 
     parse_purge({"all": true} | {"scope": S} | {"tenant": VALUE} | {"key": HEX}) -> PurgeRequest
     await purge(redis, request) -> number of keys deleted (then a new purge epoch: every

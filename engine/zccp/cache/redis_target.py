@@ -1,5 +1,5 @@
 """A redis-py client for `cache.redis_url` (one server, a Redis Cluster, or the master a
-Redis Sentinel names); the URL itself is parsed by zccp.redis_url (docs/cache.md, "Redis
+Redis Sentinel names); the URL itself is parsed by zccp.config.redis_url (docs/cache.md, "Redis
 topologies").
 """
 
@@ -8,7 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from zccp.redis_url import RedisTarget, parse_redis_url
+from zccp.config.redis_url import RedisTarget, parse_redis_url
 
 # redis-py's asyncio Redis or RedisCluster. Any to the type checker: types-redis's stubs
 # shadow redis-py's own (py.typed) and predate its async API (aclose, the cluster's

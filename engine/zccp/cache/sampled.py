@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from zccp.abi import Flag
+from zccp.transport.abi import Flag
 from zccp.shared_types import SamplingParams
 
 

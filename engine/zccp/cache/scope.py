@@ -35,8 +35,8 @@ import hashlib
 from dataclasses import dataclass
 from typing import Literal
 
-from zccp.abi import Flag, ffi
-from zccp.arena import SlotView
+from zccp.transport.abi import Flag, ffi
+from zccp.transport.arena import SlotView
 from zccp.config import CacheConfig
 from zccp.shared_types import GenerationRequest
 

@@ -43,7 +43,7 @@ from zccp.cache.near import NearRecord, choose
 from zccp.cache.redis_target import RedisConnection, connect, parse_redis_url
 from zccp.cache.scope import SHARED, Placement
 from zccp.config import CacheConfig
-from zccp.metrics import EngineMetrics
+from zccp.observe.metrics import EngineMetrics
 
 if TYPE_CHECKING:
     from zccp.cache.redis_target import RedisClient

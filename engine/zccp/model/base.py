@@ -1,8 +1,8 @@
 """The interface every model backend implements: a KV state per sequence, and a
 decode batch that advances every running sequence by one token per forward.
 
-zccp.scheduler drives it: prefill a new sequence alone (in chunks, on top of prefix
-blocks from zccp.prefix_cache when it has them), join it to the batch, decode the
+zccp.serving.scheduler drives it: prefill a new sequence alone (in chunks, on top of prefix
+blocks from zccp.serving.prefix_cache when it has them), join it to the batch, decode the
 whole batch one step at a time, let finished or paused rows leave between steps.
 generate() runs one sequence through the same calls (the inline path, tests, and
 the bench's FastAPI variant).
@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any, TypeVar, cast
 from zccp.model.grammar import CompiledGrammar, GrammarVocab
 from zccp.model.prompt import BYTE_FORMAT, PromptFormat
 from zccp.model.sampling_checks import check_sampling
-from zccp.planner import Planner
+from zccp.serving.planner import Planner
 from zccp.shared_types import SamplingParams
 
 if TYPE_CHECKING:

@@ -8,7 +8,7 @@ forces (a forced call's wrapper) are taken as they are, without a mask or a draw
 the grammar is complete only EOS is allowed, so the answer ends there.
 
 A forced tool call is generated in the hermes form the tool parser reads
-(`<tool_call>\\n{"name": ..., "arguments": {...}}\\n</tool_call>`, zccp.hermes_tools);
+(`<tool_call>\\n{"name": ..., "arguments": {...}}\\n</tool_call>`, zccp.serving.hermes_tools);
 the tags are the tokenizer's special tokens when it has them, text otherwise.
 
 Why llguidance (bench/grammar_libs.py): no ahead-of-time compilation of the vocabulary
@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from zccp.hermes_tools import END, START, is_forced_call, wrapper_tokens
+from zccp.serving.hermes_tools import END, START, is_forced_call, wrapper_tokens
 from zccp.shared_types import ApiError, OutputConstraint
 
 if TYPE_CHECKING:

@@ -39,7 +39,7 @@ from zccp.model.grammar import CompiledGrammar, GrammarVocab, compile_error, inv
 from zccp.shared_types import ApiError, OutputConstraint
 
 if TYPE_CHECKING:
-    from zccp.metrics import EngineMetrics
+    from zccp.observe.metrics import EngineMetrics
 
 COMPILE_BUDGET_S = 2.0      # longer than this is a 400 (a large oneOf takes seconds)
 CACHE_ENTRIES = 256         # compiled grammars kept (each holds llguidance's lexer and grammar)

@@ -29,7 +29,7 @@ import torch
 from zccp.model.prompt import Detokenizer, Prompt, PromptFormat
 from zccp.model.tokenizer import PromptTooLong
 from zccp.shared_types import ApiError
-from zccp.hermes_tools import END, START
+from zccp.serving.hermes_tools import END, START
 
 # Prompt ids a detokenizer is primed with (context for tokenizers that merge spaces).
 _PRIME = 8

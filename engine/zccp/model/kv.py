@@ -9,7 +9,7 @@ attention mask hides. Joining pads whichever side is shorter; leaving selects th
 kept rows and trims the leading columns no row uses any more. The copies happen on
 join and leave only, never per step (measured: bench/RESULTS.md, research note).
 
-Prefix blocks (zccp.prefix_cache) are the KV state of `block` consecutive prompt
+Prefix blocks (zccp.serving.prefix_cache) are the KV state of `block` consecutive prompt
 tokens: one tensor [layers, 2, heads, block, head_dim], cloned out of a sequence.
 Keys are stored after the rotary embedding, so a block is only valid at the absolute
 positions it was computed at; the chained block hash guarantees that.
@@ -26,7 +26,7 @@ import torch
 import torch.nn.functional as F
 
 from zccp.model.base import DecodeBatch, ModelBackend
-from zccp.planner import room
+from zccp.serving.planner import room
 
 
 class Layer(Protocol):

@@ -59,7 +59,7 @@ class TinyConfig:
     d_ff: int = _M.d_ff
     max_context: int = _M.max_context
     seed: int = _M.seed
-    prefill_chunk: int = _M.prefill_chunk   # 0: the planner decides (zccp.planner)
+    prefill_chunk: int = _M.prefill_chunk   # 0: the planner decides (zccp.serving.planner)
     tie_embeddings: bool = False    # tied: greedy degenerates to one repeated byte
     eos_bias: float = DEFAULT_EOS_BIAS
     device: str = "cpu"

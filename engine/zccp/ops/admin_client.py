@@ -15,7 +15,7 @@ import stat
 from pathlib import Path
 
 from zccp.config import Config
-from zccp.own_dirs import NotOurDirectory, own_dir
+from zccp.config.own_dirs import NotOurDirectory, own_dir
 
 MIN_TOKEN_CHARS = 16
 ADMIN_DIR_MODE = 0o700
@@ -84,7 +84,7 @@ def admin_headers(cfg: Config) -> dict[str, str]:
 
 def admin_request(cfg: Config, method: str, path: str, body: bytes | None = None,
                   timeout: float = 5.0) -> tuple[int, bytes]:
-    """(status, body). OSError when nothing listens there. cfg: resolved (zccp.runtime)."""
+    """(status, body). OSError when nothing listens there. cfg: resolved (zccp.config.runtime)."""
     return request_to(cfg.server.admin_listen or "", admin_headers(cfg), method, path, body, timeout)
 
 

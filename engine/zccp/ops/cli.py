@@ -17,7 +17,7 @@ RUN_DIR_HELP = ("the stack's run directory (default .run): logs, nginx's files, 
 
 def _load(path: str, run_dir: str = ".run", check_host: bool = True, engine_only: bool = False) -> Config:
     """config.yaml resolved for the run directory; a config error exits with status 2."""
-    from zccp import runtime
+    from zccp.config import runtime
 
     try:
         cfg = runtime.resolve(load_config(path), Path(run_dir))
@@ -68,7 +68,7 @@ def engine_main(argv: list[str] | None = None) -> None:
         print(f"{args.config}: ok")
         return
     if args.systemd_placement:
-        from zccp.placement import placement_for, systemd_dropin
+        from zccp.process.placement import placement_for, systemd_dropin
 
         try:
             print(systemd_dropin(placement_for(cfg)), end="")
@@ -83,9 +83,9 @@ def engine_main(argv: list[str] | None = None) -> None:
         return engine_main([a for a in (sys.argv[1:] if argv is None else argv) if a != "--standby"])
     import logging
 
-    from zccp.arena import ArenaError
-    from zccp.engine_main import run_engine
-    from zccp.logs import setup_logging
+    from zccp.transport.arena import ArenaError
+    from zccp.process.engine_main import run_engine
+    from zccp.observe.logs import setup_logging
 
     setup_logging(cfg.logging.level, cfg.logging.file)
     try:
@@ -131,7 +131,7 @@ def _stand_by(backend: str) -> None:
     """The standby's wait: the request path and the backend's module imported (torch: the
     seconds of a start), then a line on stdin. Taking over, the engine reads config.yaml
     again, as a fresh start would."""
-    import zccp.engine  # noqa: F401
+    import zccp.process.engine  # noqa: F401
     from zccp.model.registry import preload_backend
 
     preload_backend(backend)
@@ -208,7 +208,7 @@ def _stack_up(cfg: Config, config_path: Path, run_dir: Path, standby: bool = Tru
     from urllib.parse import urlparse
 
     from zccp.cache.redis_target import parse_redis_url
-    from zccp.runtime import log_dir
+    from zccp.config.runtime import log_dir
     from zccp.ops.stack import (
         Service,
         StackError,
@@ -261,7 +261,7 @@ def _stack_up(cfg: Config, config_path: Path, run_dir: Path, standby: bool = Tru
         finally:
             sup.stop_engines()
     except StackError as exc:
-        from zccp.plugins_config import in_config
+        from zccp.config.plugins import in_config
 
         print(f"zccp-stack: {in_config(str(exc), str(config_path))}", file=sys.stderr)
         return 1
@@ -276,7 +276,7 @@ def _stack_up(cfg: Config, config_path: Path, run_dir: Path, standby: bool = Tru
 def _stack_status(cfg: Config, run_dir: Path) -> int:
     import posix_ipc
 
-    from zccp.arena_reader import ArenaReader
+    from zccp.transport.arena_reader import ArenaReader
     from zccp.config import for_engine
     from zccp.ops.placement_status import describe
     from zccp.ops.stack import StackError, _nginx_master, _workers_of

@@ -14,8 +14,8 @@ import yaml
 
 from zccp.config import ConfigError, _build_section, bounded
 from zccp.ops.nginx_conf import _fill, _safe, lua_path, nameservers
-from zccp.paths import make_dirs, nginx_template
-from zccp.runtime import default_worker_user
+from zccp.config.paths import make_dirs, nginx_template
+from zccp.config.runtime import default_worker_user
 
 RESOLV_CONF = Path("/etc/resolv.conf")
 

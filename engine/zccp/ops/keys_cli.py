@@ -1,4 +1,4 @@
-"""`zccp-keys`: API keys in Redis (zccp.keystore; docs/keys.md).
+"""`zccp-keys`: API keys in Redis (zccp.config.keystore; docs/keys.md).
 
     zccp-keys create --config C --tenant T [--name N] [--model M ...] [--expires-in 30d]
                      [--rpm N] [--itpm N] [--otpm N] [--concurrency N] [--daily-tokens N] [--monthly-tokens N]
@@ -27,7 +27,7 @@ from typing import Any
 import orjson
 
 from zccp.config import ConfigError, auth_redis_url, load_config
-from zccp.keystore import LIMIT_NAMES, IndexEntry, KeyRecord, KeyStore, Limits, add_to_keys_file, key_hash, usage
+from zccp.config.keystore import LIMIT_NAMES, IndexEntry, KeyRecord, KeyStore, Limits, add_to_keys_file, key_hash, usage
 
 _DURATION = re.compile(r"(\d+)([smhdw]?)")
 _UNIT = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}

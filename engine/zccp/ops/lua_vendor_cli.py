@@ -7,7 +7,7 @@ import sys
 from pathlib import Path
 
 from zccp.ops.lua_vendor import PACKAGES, VendorError, has_redis, outdated, vendor
-from zccp.paths import lua_vendor_dir
+from zccp.config.paths import lua_vendor_dir
 
 
 def vendor_main(argv: list[str]) -> int:

@@ -20,7 +20,7 @@ from typing import Any
 from zccp.cache.mask_apply import _DocMasker, _mask
 from zccp.cache.mask_store import _read_entries
 from zccp.cache.pcre import MaskError, Regex
-from zccp.lua_data import LuaDataError
+from zccp.config.lua_data import LuaDataError
 
 
 @dataclass

@@ -21,11 +21,11 @@ import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from zccp.abi import HEADER_PATH
+from zccp.transport.abi import HEADER_PATH
 from zccp.config import Config
 from zccp.ops.nginx_conf import lua_path
-from zccp.paths import lua_file
-from zccp.plugins_config import in_config, lua_settings
+from zccp.config.paths import lua_file
+from zccp.config.plugins import in_config, lua_settings
 
 MODULES = Path("/usr/lib/nginx/modules")
 # `nginx -t` does not run init_by_lua: nginx runs for real, one process and no listener,

@@ -7,14 +7,14 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from zccp.abi import HEADER_PATH
+from zccp.transport.abi import HEADER_PATH
 from zccp.cache.redis_target import parse_redis_url
 from zccp.config import Config, auth_redis_url, check_tls_files, mask_state_path, model_names
 from zccp.ops.admin_client import admin_socket_dir
-from zccp.plugins_config import lua_settings
-from zccp.own_dirs import check_stack_dirs, own_dir, stack_dirs
-from zccp.paths import lua_dir, lua_file, lua_package_path, lua_vendor_dir, make_dirs, nginx_template
-from zccp.runtime import worker_user
+from zccp.config.plugins import lua_settings
+from zccp.config.own_dirs import check_stack_dirs, own_dir, stack_dirs
+from zccp.config.paths import lua_dir, lua_file, lua_package_path, lua_vendor_dir, make_dirs, nginx_template
+from zccp.config.runtime import worker_user
 from zccp.shared_types import MAX_CHOICES
 
 _PLACEHOLDER = re.compile(r"\{\{(\w+)\}\}")
@@ -50,7 +50,7 @@ def _safe(value: str, what: str) -> str:
 
 
 def lua_path() -> str:
-    """lua_package_path's value (zccp.paths), its directories checked: `;` separates its
+    """lua_package_path's value (zccp.config.paths), its directories checked: `;` separates its
     entries, so it may not be in them."""
     _safe(str(lua_dir()), "lua dir")
     _safe(str(lua_vendor_dir()), "lua vendor dir")
@@ -292,7 +292,7 @@ def server_paths(cfg: Config, standalone: bool = False) -> list[str]:
 
 def engines_settings(cfg: Config, nodes: dict[str, int | None] | None = None) -> str:
     """engines = {...} for init_by_lua (zccp.lib.engines): each engine's name, model, arena,
-    doorbell and planned NUMA node (`nodes`, zccp.placement.locality; routing prefers a
+    doorbell and planned NUMA node (`nodes`, zccp.process.placement.locality; routing prefers a
     worker's own node); "nil" without `engines:` (one engine: shm_name and socket_path)."""
     if not cfg.engines:
         return "nil"
@@ -300,7 +300,7 @@ def engines_settings(cfg: Config, nodes: dict[str, int | None] | None = None) ->
     rows = []
     for e in cfg.engines:
         if e.socket_path is None:
-            raise ValueError("engines: socket paths are not resolved (zccp.runtime.resolve)")  # programmer error
+            raise ValueError("engines: socket paths are not resolved (zccp.config.runtime.resolve)")  # programmer error
         rows.append(f'{{ name = {_lua_str(e.name, "engines.name")}, '
                     f'model = {_lua_str(e.model.name, f"engines.{e.name}.model.name")}, '
                     f'shm_name = {_lua_str(e.shared_memory.name, f"engines.{e.name}.shared_memory.name")}, '
@@ -313,7 +313,7 @@ def worker_nodes_settings(cfg: Config, standalone: bool) -> tuple[str, str]:
     """(engines, worker_nodes) for init_by_lua: the engines with their planned nodes, and each
     nginx worker's node (worker id + 1 -> node) where ZCCP places the workers (the standalone
     stack's worker_cpu_affinity; an existing nginx's workers are the site's: "nil")."""
-    from zccp.placement import locality
+    from zccp.process.placement import locality
 
     engine_nodes, workers = locality(cfg) if cfg.engines else ({}, [])
     known = [n for n in workers if n is not None]
@@ -323,8 +323,8 @@ def worker_nodes_settings(cfg: Config, standalone: bool) -> tuple[str, str]:
 
 
 def _affinity_line(cfg: Config) -> str:
-    """The workers beside the engines they serve (zccp.placement), when an engine is placed."""
-    from zccp.placement import nginx_affinity
+    """The workers beside the engines they serve (zccp.process.placement), when an engine is placed."""
+    from zccp.process.placement import nginx_affinity
 
     mask = nginx_affinity(cfg)
     return f"worker_cpu_affinity {mask};" if mask else ""
@@ -332,14 +332,14 @@ def _affinity_line(cfg: Config) -> str:
 
 def render(cfg: Config, out: Path, standalone: bool = False, prefix: Path | None = None,
            log_dir: Path | None = None) -> RenderedNginx:
-    """cfg must be resolved for its run directory (zccp.runtime.resolve). log_dir: where the
+    """cfg must be resolved for its run directory (zccp.config.runtime.resolve). log_dir: where the
     standalone nginx.conf puts error and access logs (default <prefix>/logs)."""
     if cfg.server.socket_path is None:
-        raise ValueError("server.socket_path is not resolved (zccp.runtime.resolve)")  # programmer error
+        raise ValueError("server.socket_path is not resolved (zccp.config.runtime.resolve)")  # programmer error
     out = out.resolve()
     out.mkdir(parents=True, exist_ok=True)
     # sockets, last-good copies, the usage log: made (0755: nginx's master writes the copies,
-    # nobody else may) or found ours; plugins.dir ours too (zccp.own_dirs)
+    # nobody else may) or found ours; plugins.dir ours too (zccp.config.own_dirs)
     check_stack_dirs(cfg)
     for d, what, private in stack_dirs(cfg):
         own_dir(d, what, private, cfg.shared_memory.group)
@@ -407,7 +407,7 @@ def render(cfg: Config, out: Path, standalone: bool = False, prefix: Path | None
         # Started as root, the workers (they parse untrusted input) drop to an unprivileged
         # user in the group the arena and the sockets are 0660 to. Their temp files (a
         # chunked body spills over the buffer) then go beside the socket, a directory they
-        # can reach (zccp.runtime), not under a run directory they may not enter.
+        # can reach (zccp.config.runtime), not under a run directory they may not enter.
         user = worker_user(cfg)
         temp = Path(cfg.server.socket_path or "").parent / "nginx-tmp" if user else prefix / "tmp"
         for sub in ("body", "proxy", "fastcgi", "uwsgi", "scgi"):

@@ -8,7 +8,7 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from zccp.placement import format_cpulist, parse_cpulist
+from zccp.process.placement import format_cpulist, parse_cpulist
 
 _PAGES = re.compile(r"\bN(\d+)=(\d+)")
 

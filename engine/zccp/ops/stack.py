@@ -26,9 +26,9 @@ from typing import Any
 from urllib.parse import urlparse
 
 from zccp.config import CacheConfig, Config, for_engine
-from zccp.doorbell import engine_ping
+from zccp.transport.doorbell import engine_ping
 from zccp.ops.nginx_conf import RenderedNginx, render
-from zccp.runtime import log_dir
+from zccp.config.runtime import log_dir
 
 
 class StackError(RuntimeError):

@@ -20,7 +20,7 @@ from pathlib import Path
 from zccp.config import Config
 from zccp.ops.nginx_check import CheckError, CheckResult, check_rendered
 from zccp.ops.nginx_conf import render
-from zccp.runtime import log_dir
+from zccp.config.runtime import log_dir
 
 _FILES = ("nginx.conf", "zccp_http.conf", "zccp_server.conf", "zccp_admin.conf")
 

@@ -12,7 +12,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from zccp.config import Config
-from zccp.doorbell import engine_ping
+from zccp.transport.doorbell import engine_ping
 from zccp.ops.stack import Service, _tail
 
 

@@ -22,8 +22,8 @@ from dataclasses import replace
 import orjson
 
 from zccp.api.codec import ApiCodec, StreamEncoder
-from zccp.outcome import Outcome
-from zccp.ring_writer import ResponseWriter, SlotAbandoned
+from zccp.prep.outcome import Outcome
+from zccp.transport.ring_writer import ResponseWriter, SlotAbandoned
 from zccp.shared_types import (ApiError, ChatInput, Completed, GenerationRequest, GenerationResult, TextDelta,
                                ToolArgsDelta, ToolCall, ToolCallStart)
 from zccp.upstream.client import UpstreamAnswer, UpstreamClient

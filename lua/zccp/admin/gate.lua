@@ -69,7 +69,7 @@ local S_IFMT, S_IFDIR = 0xF000, 0x4000
 local NOT_OURS = 19       -- 0023: group or others may write, others may enter
 
 -- A directory that was there already is used only when it is this user's or root's, a
--- directory (not a link), and nobody else may write to or enter it (zccp.own_dirs, the
+-- directory (not a link), and nobody else may write to or enter it (zccp.config.own_dirs, the
 -- renderer's check): a member of a 2770 /run/zccp's group could have made it before a
 -- restart of nginx that no render preceded.
 local function check_own(path)

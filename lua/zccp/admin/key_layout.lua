@@ -1,5 +1,5 @@
 -- API keys' Redis layout (docs/keys.md): the ONE table. The admin API (zccp.admin.keys)
--- and the auth plugin require it; the engine's zccp.keystore (zccp-keys) reads it with
+-- and the auth plugin require it; the engine's zccp.config.keystore (zccp-keys) reads it with
 -- the literal reader. Keep it a literal table (strings and tables only).
 return {
     record = "zccp:auth:k:",    -- .. <sha256 hex>: the key's record (JSON); nginx GETs it

@@ -1,5 +1,5 @@
 -- The keys admin API on the admin listener (zccp_admin.conf), the same records `zccp-keys`
--- writes (engine/zccp/keystore.py is the reference for the JSON fields; the Redis keys are
+-- writes (engine/zccp/config/keystore.py is the reference for the JSON fields; the Redis keys are
 -- zccp.admin.key_layout's, which both read).
 --
 --   GET  /v1/zccp/keys[?tenant=T]         every key (never a secret)

@@ -161,7 +161,7 @@ local function render_own(om)
     return concat(out, "\n") .. "\n" .. phases
 end
 
--- Engine e's metrics: its first line asks for the format (zccp.metrics.MetricsServer).
+-- Engine e's metrics: its first line asks for the format (zccp.observe.metrics.MetricsServer).
 local function engine_text(e, om)
     local s = settings.get()
     local sock = ngx_socket_tcp()

@@ -155,7 +155,7 @@ local function is_builtin(name)
     return package.searchpath("zccp.plugins." .. name, package.path) ~= nil
 end
 
--- opts (settings.plugins, rendered from engine/zccp/plugins_config.py, the one source of
+-- opts (settings.plugins, rendered from engine/zccp/config/plugins.py, the one source of
 -- the default chain): chain (names, in order), dir (operators' plugins, or nil), config
 -- (name -> its settings), last_good (where good operator plugins are copied).
 -- Fails closed: a plugin that cannot be loaded (nor its last good copy), whose settings

@@ -2,7 +2,7 @@
 
 cache_marks() reads and checks them as the real API does (at most 4; a 1-hour one never
 after a 5-minute one; errors in its style, "<dotted.path>: <message>"); cut_at() cuts the
-request at one of them, the prompt that breakpoint covers (zccp.prompt_pins).
+request at one of them, the prompt that breakpoint covers (zccp.prep.prompt_pins).
 """
 
 from __future__ import annotations

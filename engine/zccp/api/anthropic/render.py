@@ -8,7 +8,7 @@ from typing import Any, Final
 import orjson
 from orjson import Fragment
 
-from ...hermes_tools import partial_object
+from ...serving.hermes_tools import partial_object
 from ...shared_types import NO_WRITE, ApiError, CacheWrite, GenerationRequest, GenerationResult, ToolCall
 from ..codec import ModelInfo
 from ..common import dumps, random_id

@@ -31,7 +31,7 @@ class StreamEncoder:
     is a chunk with its id, type and name and empty arguments, then its arguments as they
     are generated (delta.tool_calls, indexed in call order; content null).
 
-    One choice of several (n > 1, zccp.choices): `index` is the choice's, every chunk carries
+    One choice of several (n > 1, zccp.serving.choices): `index` is the choice's, every chunk carries
     it; start() is its role chunk, finish_choice() its finish chunk, and close() (called once,
     on one of them) the usage chunk of the whole answer and [DONE]."""
 

@@ -4,9 +4,9 @@ header (the slot holds the signature and the band keys)."""
 
 from __future__ import annotations
 
-from zccp.abi import CSF_BANDS, MINHASH_COUNT
-from zccp.lua_data import load_lua_data
-from zccp.paths import lua_file
+from zccp.transport.abi import CSF_BANDS, MINHASH_COUNT
+from zccp.config.lua_data import load_lua_data
+from zccp.config.paths import lua_file
 
 _T = load_lua_data(lua_file("fp/tables.lua"))
 

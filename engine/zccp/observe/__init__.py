@@ -1,0 +1,1 @@
+"""Metrics, JSON logs and request traces (the span process: python -m zccp.observe.trace_spans)."""
