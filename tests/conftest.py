@@ -20,18 +20,33 @@ require_this_checkout()
 
 
 _ARENAS_BEFORE: set[str] = set()
+_LEFT_BY_WORKERS: list[str] = []     # under pytest-xdist (scripts/test.sh): what each worker reported
 
 
 def pytest_sessionstart(session: pytest.Session) -> None:
     _ARENAS_BEFORE.update(leftovers.present())
 
 
-@pytest.hookimpl(hookwrapper=True)
+@pytest.hookimpl(optionalhook=True)
+def pytest_testnodedown(node, error) -> None:
+    """An xdist worker is done: its arenas left behind, for the controller's verdict below."""
+    _LEFT_BY_WORKERS.extend(getattr(node, "workeroutput", {}).get("zccp_arenas_left", []))
+
+
+# trylast: the innermost wrapper, so a worker's list is in its workeroutput before xdist's
+# own wrapper sends that to the controller.
+@pytest.hookimpl(hookwrapper=True, trylast=True)
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> Iterator[None]:
     """The session fails when an arena one of its stacks made outlives it (after every
-    fixture's teardown: the hook's other implementations run first)."""
+    fixture's teardown: the hook's other implementations run first). An xdist worker
+    hands its list to the controller, which fails the run."""
     yield
     left = leftovers.left_by_this_session(_ARENAS_BEFORE)
+    workeroutput = getattr(session.config, "workeroutput", None)
+    if workeroutput is not None:
+        workeroutput["zccp_arenas_left"] = left
+        return
+    left = sorted(set(left) | set(_LEFT_BY_WORKERS))
     if left:
         reporter = session.config.pluginmanager.get_plugin("terminalreporter")
         if reporter is not None:
