@@ -128,7 +128,8 @@ struct zccp_control {
     uint64_t purge_epoch;       /* the cache's purge epoch as the engine last read it from Redis; 0: unknown */
     uint32_t trace_on;          /* 1: the engine exports traces (nginx then sends its L1 hits' spans) */
     uint32_t trace_ratio_ppm;   /* the sampling ratio x 1e6 for a request without a client's traceparent */
-    uint8_t  reserved[3896];    /* pads the page to ZCCP_CONTROL_SIZE */
+    uint32_t doorbell_count;    /* n > 1: n processes, each also at socket_path + ".p<k>" (shm_abi/README.md) */
+    uint8_t  reserved[3892];    /* pads the page to ZCCP_CONTROL_SIZE */
 };
 
 /* First 128 bytes of every slot. */

@@ -96,7 +96,9 @@ def test_prep_processes_answer_rings_and_show_in_one_metrics_page(stack: Stack) 
     # rank 0's page sums every process's counters: all 120 rings, wherever they landed
     assert _engine_value(stack, "zccp_engine_rings_total") - before == 120
     assert _engine_value(stack, "zccp_engine_processes") == PROCESSES
-    assert sum(per_prep) > 0, "no ring reached a prep process"
+    # nginx rings each process's own doorbell in turn (the control page's doorbell_count):
+    # every prep process takes its share (a third each), whatever connections nginx pooled
+    assert all(n >= 20 for n in per_prep), per_prep
     stack.assert_no_leaks()
 
 

@@ -140,3 +140,12 @@ def test_a_malformed_state_is_skipped(bad: object) -> None:
     text = merged(rank0.registry, [bad]).render()
     assert ("zccp_engine_rings_total", {}, 5.0) in samples(text)
     assert "a_metric_rank0_does_not_define" not in text
+
+
+def test_an_own_doorbell_that_would_not_fit_a_socket_address_is_none() -> None:
+    from zccp.process.group import own_doorbell
+
+    short = "/run/zccp/doorbell.sock"
+    assert own_doorbell(short, 3) == short + ".p3"
+    longest = "/" + "d" * 102           # 103 bytes: ".p1" makes 106, the most sun_path holds with its NUL
+    assert own_doorbell(longest + "dd", 1) is None and own_doorbell(longest, 1) == longest + ".p1"

@@ -36,7 +36,8 @@ from zccp.serving.planner import Planner
 from zccp.serving.prefix_cache import PrefixCache
 from zccp.transport.ring_writer import ResponseWriter
 from zccp.serving.scheduler import BatchLimits, BatchScheduler
-from zccp.process.group import MODEL_OWNER, ProcessGroup, ProcessRole, metrics_path, process_count
+from zccp.process.group import (MODEL_OWNER, ProcessGroup, ProcessRole, metrics_path, own_doorbell, process_count,
+                                start_group)
 from zccp.upstream.client import UpstreamClient
 
 log = logging.getLogger("zccp.engine")
@@ -364,7 +365,9 @@ class Engine:
         accept on rank 0's socket, nothing else of the arena's is its to change."""
         if not self.role.owner:
             await self.doorbell.adopt(self.role.doorbell_fd)
-            await self.metrics_server.start()
+            if (own := own_doorbell(self._socket_path, self.role.rank)) is not None:
+                await self.doorbell.listen_also(own)
+            await self.metrics_server.start()     # last: rank 0 waits for it
             log.info("prep process %d serving (pid %d)", self.role.rank, os.getpid())
             return []
         count = process_count(self.cfg)
@@ -374,10 +377,7 @@ class Engine:
         self.metrics.processes.set(count)
         tasks = [asyncio.create_task(self._sweeper())]
         if count > 1:
-            self.group = ProcessGroup(self.cfg, count, self.doorbell.listening_fd, self.arena.epoch, self.metrics)
-            self.group.start()
-            await self.group.ready()
-            await self.doorbell.accept_now()
+            self.group = await start_group(self.cfg, count, self.doorbell, self.arena, self.metrics)
             tasks.append(asyncio.create_task(self.group.supervise()))
         self.arena.set_engine_state(EngineState.SERVING)
         if (epochs := self._watch_purge_epoch()) is not None:

@@ -22,8 +22,14 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from zccp.config import PER_PROCESS_BACKENDS, Config
+from zccp.transport.abi import SOCKET_PATH_MAX
+
+if TYPE_CHECKING:
+    from zccp.transport.arena import Arena
+    from zccp.transport.doorbell import DoorbellServer
 from zccp.observe.metrics import STATE_REQUEST, EngineMetrics
 from zccp.observe.metrics_merge import STATE_MAX_BYTES
 
@@ -75,6 +81,13 @@ def usable_cpus(cpu_max: str = "/sys/fs/cgroup/cpu.max") -> int:
     return cpus
 
 
+def own_doorbell(socket_path: str, rank: int) -> str | None:
+    """Process `rank`'s own doorbell (the ABI's doorbell_count), or None where the path would
+    not fit a unix socket's address: that process is then rung on the shared socket only."""
+    path = f"{socket_path}.p{rank}"
+    return path if len(path.encode()) <= SOCKET_PATH_MAX - 1 else None
+
+
 def metrics_path(socket_path: str, rank: int) -> str:
     """A prep process's own metrics socket (its state, for rank 0's page)."""
     return f"{socket_path}.metrics.{rank}"
@@ -89,6 +102,22 @@ class _Member:
         self.backoff = RESTART_FIRST_S
         self.due = 0.0          # monotonic time of the next start
         self.restarts = 0
+
+
+async def start_group(cfg: Config, count: int, doorbell: DoorbellServer, arena: Arena,
+                      metrics: EngineMetrics) -> ProcessGroup:
+    """Rank 0's prep processes started; once they accept (or after READY_WAIT_S), rank 0
+    accepts too, and nginx is told to ring each process's own doorbell in turn."""
+    assert cfg.server.socket_path is not None
+    group = ProcessGroup(cfg, count, doorbell.listening_fd, arena.epoch, metrics)
+    group.start()
+    await group.ready()
+    await doorbell.accept_now()
+    if (own := own_doorbell(cfg.server.socket_path, 0)) is not None and \
+            own_doorbell(cfg.server.socket_path, count - 1) is not None:
+        await doorbell.listen_also(own)
+        arena.set_doorbells(count)
+    return group
 
 
 class ProcessGroup:

@@ -43,6 +43,7 @@ NOTICE_SIZE = const("ZCCP_NOTICE_SIZE")
 REQUEST_ID_MAX = const("ZCCP_REQUEST_ID_MAX")
 TRACESTATE_MAX = const("ZCCP_TRACESTATE_MAX")
 L1_SPAN_SIZE = const("ZCCP_L1_SPAN_SIZE")
+SOCKET_PATH_MAX = const("ZCCP_SOCKET_PATH_MAX")
 
 # The header states its own sizes; a compiler/ABI mismatch fails here, loudly.
 for _struct, _size in (

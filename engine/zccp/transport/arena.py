@@ -207,6 +207,10 @@ class Arena:
         if not self._closed:
             self.control.purge_epoch = epoch
 
+    def set_doorbells(self, count: int) -> None:
+        """How many of the engine's processes nginx may ring on a socket of their own."""
+        self.control.doorbell_count = count
+
     def set_tracing(self, ratio: float) -> None:
         """Tell nginx traces are exported (it then sends its L1 hits' spans: ZCCP_KIND_SPANS)."""
         self.control.trace_ratio_ppm = round(ratio * 1_000_000)

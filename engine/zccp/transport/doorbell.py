@@ -330,6 +330,7 @@ class DoorbellServer:
         self._conns: set[Connection] = set()
         self._listening: socket.socket | None = None
         self._adopted = False
+        self._own: list[tuple[asyncio.AbstractServer, str]] = []
 
     async def start(self, accept: bool = True) -> None:
         """Bind and listen on the socket path; listening_fd is then the socket the engine's
@@ -362,6 +363,16 @@ class DoorbellServer:
         self._adopted = True
         self._server = await asyncio.get_running_loop().create_unix_server(lambda: _RingProtocol(self), sock=sock)
 
+    async def listen_also(self, path: str) -> None:
+        """A socket of this process's own beside the shared one (a prep process's: nginx rings
+        each process's in turn, zccp.process.group); removed at stop()."""
+        loop = asyncio.get_running_loop()
+
+        def create(p: str) -> Awaitable[asyncio.AbstractServer]:
+            return loop.create_unix_server(lambda: _RingProtocol(self), path=p, backlog=1024)
+
+        self._own.append((await start_private_unix_server(path, self._group, create), path))
+
     @property
     def listening_fd(self) -> int:
         if self._listening is None:
@@ -369,6 +380,10 @@ class DoorbellServer:
         return self._listening.fileno()
 
     async def stop(self) -> None:
+        for server, path in self._own:
+            server.close()
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(path)
         if self._server is not None:
             self._server.close()
             for c in list(self._conns):

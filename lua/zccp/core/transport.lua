@@ -279,7 +279,7 @@ end
 
 -- Rings engine e for `slot` (slot.bell is the open doorbell): true, or nil, message.
 function _M.ring(slot, e)
-    local bell, berr = doorbell.open(e)
+    local bell, berr = doorbell.open(e, slot.arena)
     if not bell then
         arena_mod.refresh(e)
         return nil, berr

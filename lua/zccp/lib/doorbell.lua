@@ -16,15 +16,35 @@ local mt = { __index = _M }
 
 local ring_buf
 
--- Connect to engine e's doorbell (nil: the first engine), or reuse a pooled connection;
--- nil, err within connect_timeout_ms.
-function _M.open(e)
-    local s = settings.get()
-    local path = (e or engines.list()[1]).socket_path
+local MAX_DOORBELLS = 64    -- server.engine_processes' bound; more in the control page is not an engine's
+local turn = 0
+
+local function connect(s, path)
     local sock = ngx_socket_tcp()
     sock:settimeouts(s.connect_timeout_ms, s.connect_timeout_ms, s.request_timeout_ms)
     local ok, err = sock:connect("unix:" .. path, { pool = "zccp:" .. path, pool_size = s.pool_size })
-    if not ok then
+    return ok and sock, err
+end
+
+-- Connect to engine e's doorbell (nil: the first engine), or reuse a pooled connection;
+-- nil, err within connect_timeout_ms. With arena a, whose engine runs n processes
+-- (its control page's doorbell_count), each process's own doorbell in turn: a pool takes
+-- its newest connection first, so one shared socket would keep one process's connections
+-- busy and leave the others' idle. One that does not answer (a prep process restarting):
+-- the shared socket, which every process accepts on.
+function _M.open(e, a)
+    local s = settings.get()
+    local path = (e or engines.list()[1]).socket_path
+    local n = a and a.control.doorbell_count or 0
+    local sock, err
+    if n > 1 and n <= MAX_DOORBELLS then
+        turn = turn + 1
+        sock = connect(s, path .. ".p" .. turn % n)
+    end
+    if not sock then
+        sock, err = connect(s, path)
+    end
+    if not sock then
         if err == "timeout" then
             return nil, "engine not answering (doorbell connect timed out)"
         end
