@@ -82,9 +82,10 @@ class ResponseWriter:
         return True
 
     def count_tokens(self, tokens: int) -> None:
-        """meta.completion_len = tokens while the slot is ours: set_meta's, without its
-        keyword dict (a whole answer counts every token up)."""
-        if self._view.header.generation == self._gen:
+        """meta.completion_len = tokens while the slot is ours and its client is there: nginx
+        settles a client that left at this count once it freed the slot, so a token the model
+        thread made after nginx's hang-up (deadline_ns = 1, before the free) is not counted."""
+        if self._view.header.generation == self._gen and not self._cancelled():
             self._view.meta.completion_len = tokens
 
     def begin(self, status: int, sse: bool) -> None:
