@@ -1,8 +1,8 @@
 """An engine of several processes. Rank 0 owns the model: it makes the arena, binds the
 doorbell, sweeps, and serves /metrics for all. Prep processes (ranks 1..n-1, zccp.process.prep_main)
-attach the same arena and accept on the same listening socket: the kernel hands each new
-nginx doorbell connection to one of them, and that process parses, looks up the cache, runs
-the backend and writes the answer for every ring on it. Only backends every process can run
+attach the same arena and accept on the same listening socket, and each process also on a
+doorbell of its own that nginx rings in turn (the control page's doorbell_count); the process
+a ring reaches parses, looks up the cache, runs the backend and writes the answer. Only backends every process can run
 on its own (PER_PROCESS_BACKENDS) get prep processes: one model has one owner.
 
 Why processes: one Python event loop caps the misses an engine answers at one core (the
@@ -25,13 +25,13 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from zccp.config import PER_PROCESS_BACKENDS, Config
+from zccp.observe.metrics import STATE_REQUEST, EngineMetrics
+from zccp.observe.metrics_merge import STATE_MAX_BYTES
 from zccp.transport.abi import SOCKET_PATH_MAX
 
 if TYPE_CHECKING:
     from zccp.transport.arena import Arena
     from zccp.transport.doorbell import DoorbellServer
-from zccp.observe.metrics import STATE_REQUEST, EngineMetrics
-from zccp.observe.metrics_merge import STATE_MAX_BYTES
 
 log = logging.getLogger("zccp.engine")
 
@@ -73,7 +73,7 @@ def usable_cpus(cpu_max: str = "/sys/fs/cgroup/cpu.max") -> int:
     `cpus:` or a Pod's limits.cpu leave every CPU in the affinity mask)."""
     cpus = len(os.sched_getaffinity(0))
     try:
-        quota, period = open(cpu_max).read().split()[:2]
+        quota, period = Path(cpu_max).read_text().split()[:2]
         if quota != "max" and int(period) > 0:
             cpus = min(cpus, max(1, -(-int(quota) // int(period))))
     except (OSError, ValueError):
@@ -94,14 +94,13 @@ def metrics_path(socket_path: str, rank: int) -> str:
 
 
 class _Member:
-    __slots__ = ("rank", "proc", "backoff", "due", "restarts")
+    __slots__ = ("rank", "proc", "backoff", "due")
 
     def __init__(self, rank: int) -> None:
         self.rank = rank
         self.proc: subprocess.Popen[bytes] | None = None
         self.backoff = RESTART_FIRST_S
         self.due = 0.0          # monotonic time of the next start
-        self.restarts = 0
 
 
 async def start_group(cfg: Config, count: int, doorbell: DoorbellServer, arena: Arena,
@@ -131,13 +130,6 @@ class ProcessGroup:
         self._members = [_Member(rank) for rank in range(1, count)]
         self._stopping = False
         self._config = pickle.dumps(cfg)
-
-    @property
-    def size(self) -> int:
-        return len(self._members) + 1
-
-    def pids(self) -> list[int]:
-        return [m.proc.pid for m in self._members if m.proc is not None and m.proc.poll() is None]
 
     def start(self) -> None:
         for m in self._members:
@@ -196,9 +188,9 @@ class ProcessGroup:
                 m.due = now + m.backoff
                 m.backoff = min(m.backoff * 2, RESTART_MAX_S)
             if not self._stopping and now >= m.due:
-                m.restarts += 1
                 self._spawn(m)
-                m.due = now
+                if m.proc is not None:
+                    m.due = now     # its start time (a failed start set its next try)
         self._metrics.processes.set(alive + 1)
         return alive
 
