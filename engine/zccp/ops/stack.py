@@ -7,7 +7,7 @@ the tests run exactly the processes a user runs. Everything binds to loopback.
 from __future__ import annotations
 
 import contextlib
-import ctypes
+import functools
 import json
 import os
 import shutil
@@ -19,7 +19,6 @@ import sys
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -29,6 +28,7 @@ from zccp.config import CacheConfig, Config, for_engine
 from zccp.transport.doorbell import engine_ping
 from zccp.ops.nginx_conf import RenderedNginx, render
 from zccp.config.runtime import log_dir
+from zccp.process.parent_death import die_with
 
 
 class StackError(RuntimeError):
@@ -79,24 +79,6 @@ def _tail(path: Path | None, n: int = 30) -> str:
         return "(no log)"
 
 
-PR_SET_PDEATHSIG = 1
-
-
-def _die_with_parent() -> Callable[[], None]:
-    """A preexec_fn: the child is sent SIGTERM when the thread that started it dies, even
-    by SIGKILL (prctl PR_SET_PDEATHSIG), so no service outlives zccp-stack or a test run.
-    libc is resolved here, before the fork: the child only makes two system calls."""
-    prctl = ctypes.CDLL(None, use_errno=True).prctl
-    parent = os.getpid()
-
-    def preexec() -> None:
-        prctl(PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
-        if os.getppid() != parent:   # the parent died before prctl took effect
-            os._exit(1)
-
-    return preexec
-
-
 @dataclass
 class Service:
     """One child process, its output appended to its log (None: this process's own stdout and
@@ -120,7 +102,7 @@ class Service:
         self.proc = subprocess.Popen(self.cmd, stdout=log, stderr=subprocess.STDOUT if log else None, env=self.env,
                                      stdin=subprocess.PIPE if self.stdin_pipe else subprocess.DEVNULL,
                                      start_new_session=True,
-                                     preexec_fn=_die_with_parent())
+                                     preexec_fn=functools.partial(die_with, os.getpid()))
         if log is not None:
             log.close()
         self.started_at = time.monotonic()

@@ -155,7 +155,8 @@ class ProcessGroup:
         assert socket_path is not None
         with contextlib.suppress(FileNotFoundError):    # the last one's: ready() waits for the new one's
             os.unlink(metrics_path(socket_path, m.rank))
-        cmd = [sys.executable, "-m", "zccp.process.prep_main", str(m.rank), str(self._fd), str(self._epoch)]
+        cmd = [sys.executable, "-m", "zccp.process.prep_main", str(m.rank), str(self._fd), str(self._epoch),
+               str(os.getpid())]
         try:
             proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, pass_fds=(self._fd,), close_fds=True)
         except OSError as exc:

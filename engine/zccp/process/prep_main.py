@@ -1,5 +1,5 @@
 """A prep process's main (zccp.process.group starts it): `python -m zccp.process.prep_main RANK FD
-EPOCH`, the engine's resolved config pickled on stdin by its parent, the doorbell's listening
+EPOCH PARENT`, the engine's resolved config pickled on stdin by its parent, the doorbell's listening
 socket inherited as FD. It serves rings as rank 0 does, on the arena rank 0 published, and
 stops when rank 0 does: SIGTERM from it, or its death (PR_SET_PDEATHSIG)."""
 
@@ -7,29 +7,18 @@ from __future__ import annotations
 
 import ctypes
 import logging
-import os
 import pickle
-import signal
 import sys
 
-PR_SET_PDEATHSIG = 1
-
-
-def _die_with_parent(parent: int) -> None:
-    """SIGTERM when the process that started this one exits (a rank 0 SIGKILLed included)."""
-    libc = ctypes.CDLL(None, use_errno=True)
-    if libc.prctl(PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0) != 0:
-        raise OSError(ctypes.get_errno(), "prctl(PR_SET_PDEATHSIG)")
-    if os.getppid() != parent:      # it exited before the prctl
-        sys.exit(1)
+from zccp.process.parent_death import die_with
 
 
 def main(argv: list[str]) -> None:
-    if len(argv) != 4:
-        raise SystemExit("usage: python -m zccp.process.prep_main RANK FD EPOCH (started by the engine)")
-    parent = os.getppid()
-    rank, fd, epoch = int(argv[1]), int(argv[2]), int(argv[3])
-    _die_with_parent(parent)
+    if len(argv) != 5:
+        raise SystemExit("usage: python -m zccp.process.prep_main RANK FD EPOCH PARENT (started by the engine)")
+    rank, fd, epoch, parent = (int(a) for a in argv[1:])
+    if not die_with(parent):
+        raise OSError(ctypes.get_errno(), "prctl(PR_SET_PDEATHSIG)")
     cfg = pickle.load(sys.stdin.buffer)    # from the engine that started this process: its own
     from zccp.transport.arena import ArenaError
     from zccp.process.engine_main import run_engine
