@@ -15,20 +15,15 @@ import json
 import os
 import statistics
 import tempfile
-import time
 from pathlib import Path
 
 from bench import procs
 from bench.bodies import sharegpt_bodies, synthetic_body
-from bench.run import NULL, SIZES, measured_run, wrk
+from bench.run import NULL, SIZES, log, measured_run, wrk
 from bench.services import Variant, start_b, start_d
 
 PROCESSES = (1, 2, 3)
 ALL_CPUS = sorted(os.sched_getaffinity(0))
-
-
-def log(*a: object) -> None:
-    print(time.strftime("%H:%M:%S"), *a, flush=True)
 
 
 def pin(v: Variant | None, cpus: list[int]) -> None:

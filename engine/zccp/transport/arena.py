@@ -283,8 +283,6 @@ class Arena:
         if self._owner:
             self.control.engine_state = EngineState.STOPPING
             self.control.magic = 0
-        else:
-            unlink = False
         for region in self._responses:
             region.release()
         self._mv.release()
@@ -293,7 +291,7 @@ class Arena:
             self._mmap.close()
         except BufferError:
             pass  # a tensor view still alive; the mapping goes with the process
-        if unlink:
+        if unlink and self._owner:    # an attached view (a prep process's) leaves the arena to its maker
             try:
                 posix_ipc.unlink_shared_memory(self.name)
             except posix_ipc.ExistentialError:
