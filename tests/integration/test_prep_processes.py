@@ -6,13 +6,9 @@ the engine, stopped or killed."""
 
 from __future__ import annotations
 
-import asyncio
 import concurrent.futures as cf
-import json
 import os
 import signal
-import subprocess
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -20,45 +16,16 @@ import httpx
 import pytest
 
 from tests.support.cache_requests import NULL
+from tests.support.engine_group import engine_pid as _engine_pid
+from tests.support.engine_group import kill_prep_mid_streams
+from tests.support.engine_group import page_value as _engine_value
+from tests.support.engine_group import prep_pids as _prep_pids
+from tests.support.engine_group import rings as _rings
+from tests.support.engine_group import wait_for as _wait
 from tests.support.harness import Stack, alive, anthropic_body
 from tests.support.scripted_upstream import Scripted, ScriptedUpstream, openai_chunks
-from tests.support.prom_text import samples
-from zccp.observe.metrics import STATE_REQUEST
-from zccp.process.group import metrics_path
 
 PROCESSES = 3
-
-
-def _prep_pids(engine_pid: int) -> set[int]:
-    out = subprocess.run(["pgrep", "-P", str(engine_pid), "-f", "zccp.process.prep_main"],
-                         capture_output=True, text=True)
-    return {int(p) for p in out.stdout.split()}
-
-
-def _wait(cond, what: str, timeout: float = 30) -> None:
-    end = time.monotonic() + timeout
-    while not cond():
-        assert time.monotonic() < end, what
-        time.sleep(0.05)
-
-
-def _rings(socket_path: str, rank: int) -> float:
-    """A prep process's own count of rings (its metrics socket, as rank 0 asks it)."""
-    async def ask() -> bytes:
-        reader, writer = await asyncio.open_unix_connection(metrics_path(socket_path, rank))
-        writer.write(STATE_REQUEST)
-        data = await reader.read(-1)
-        writer.close()
-        return data
-
-    state = json.loads(asyncio.run(ask()))
-    return sum(v for _, v in state["zccp_engine_rings_total"])
-
-
-def _engine_value(stack: Stack, name: str) -> float:
-    with stack.admin_client() as c:
-        text = c.get("/metrics").text
-    return sum(v for n, labels, v in samples(text) if n == name)
 
 
 def _send(stack: Stack, n: int, tag: str, conc: int = 6) -> list[int]:
@@ -78,11 +45,6 @@ def stack(tmp_path_factory) -> Iterator[Stack]:
         yield s
     finally:
         s.stop()
-
-
-def _engine_pid(stack: Stack) -> int:
-    assert stack.engine is not None and stack.engine.proc is not None
-    return stack.engine.proc.pid
 
 
 def test_prep_processes_answer_rings_and_show_in_one_metrics_page(stack: Stack) -> None:
@@ -138,8 +100,6 @@ def test_a_prep_process_killed_mid_stream_fails_only_its_own(tmp_path: Path) -> 
                          "server": {"engine_processes": 2}, "shared_memory": {"segment_count": 16}}).start()
     try:
         (victim,) = _prep_pids(_engine_pid(s))
-        socket_path = s.cfg.server.socket_path
-        assert socket_path is not None
 
         def stream(i: int) -> str:
             body = anthropic_body(f"stream {i}", max_tokens=150, stream=True)
@@ -153,17 +113,7 @@ def test_a_prep_process_killed_mid_stream_fails_only_its_own(tmp_path: Path) -> 
 
         # nginx reuses its doorbell connections: a burst may all land on rank 0; try again until
         # the prep process holds some of the streams when it is killed
-        for _ in range(8):
-            before = _rings(socket_path, 1)
-            with cf.ThreadPoolExecutor(8) as ex:
-                running = [ex.submit(stream, i) for i in range(8)]
-                time.sleep(0.8)
-                on_victim = _rings(socket_path, 1) - before
-                if on_victim:
-                    os.kill(victim, signal.SIGKILL)
-                ends = [f.result(timeout=60) for f in running]    # every one ends: none hangs
-            if on_victim:
-                break
+        on_victim, ends = kill_prep_mid_streams(s, victim, stream, 8, 0.8)
         assert on_victim, "no stream reached the prep process"
         # the victim's streams were cut, and only those: rank 0's went on to their end
         assert ends.count("cut") == on_victim and ends.count("whole") == 8 - on_victim

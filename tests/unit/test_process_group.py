@@ -34,7 +34,8 @@ def test_an_unset_count_is_half_the_cpus_this_engine_may_use(monkeypatch, cpus: 
     monkeypatch.setattr("os.sched_getaffinity", lambda pid: set(range(cpus)))
     assert process_count(_cfg("null", 0), NO_QUOTA) == expected
     assert process_count(_cfg("upstream", 0), NO_QUOTA) == expected
-    assert process_count(_cfg("tiny", 0), NO_QUOTA) == 1      # one model, one process, however many CPUs
+    # a model's prep processes hand their misses to it (zccp.process.handoff): sized alike
+    assert process_count(_cfg("tiny", 0), NO_QUOTA) == expected
 
 
 def test_a_cpu_quota_bounds_an_unset_count(monkeypatch, tmp_path) -> None:
@@ -45,19 +46,18 @@ def test_a_cpu_quota_bounds_an_unset_count(monkeypatch, tmp_path) -> None:
         assert process_count(_cfg("null", 0), str(quota)) == expected, text
 
 
-def test_a_set_count_is_kept_for_the_backends_every_process_can_run() -> None:
+def test_a_set_count_is_kept_for_every_backend() -> None:
     assert process_count(_cfg("null", 3)) == 3
     assert process_count(_cfg("tiny", 1)) == 1
+    assert process_count(_cfg("tiny", 4)) == 4
+    assert process_count(parse_config({"model": {"backend": "null"}, "server": {"engine_processes": 2},
+                                       "engines": [{"name": "a"}, {"name": "b", "model": {"backend": "tiny"}}]})) == 2
 
 
-def test_prep_processes_beside_a_model_are_refused_with_the_setting_named() -> None:
-    with pytest.raises(ConfigError, match=r"server.engine_processes: 2.*'tiny' holds one model"):
-        _cfg("tiny", 2)
-    with pytest.raises(ConfigError, match=r"engines.b.model.backend 'tiny'"):
-        parse_config({"model": {"backend": "null"}, "server": {"engine_processes": 2},
-                      "engines": [{"name": "a"}, {"name": "b", "model": {"backend": "tiny"}}]})
-    with pytest.raises(ConfigError, match="engine_processes"):
-        _cfg("null", 65)
+def test_an_out_of_range_count_is_refused_with_the_setting_named() -> None:
+    for bad in (65, -1):
+        with pytest.raises(ConfigError, match="engine_processes"):
+            _cfg("null", bad)
 
 
 def test_a_prep_process_attaches_the_published_arena_only() -> None:

@@ -28,6 +28,7 @@ from zccp.config.sections import (
     LimitsConfig as LimitsConfig,
     LoggingConfig as LoggingConfig,
     ModelConfig as ModelConfig,
+    HANDOFF_BACKENDS as HANDOFF_BACKENDS,
     PER_PROCESS_BACKENDS as PER_PROCESS_BACKENDS,
     PlacementConfig as PlacementConfig,
     RoutingConfig as RoutingConfig,
@@ -132,11 +133,6 @@ def _check_consistency(cfg: Config, given: frozenset[str] = frozenset()) -> None
     checked = [("", cfg.model, cfg.upstream)] if not cfg.engines else \
         [(f"engines.{e.name}.", e.model, e.upstream) for e in cfg.engines]
     for where, model, upstream in checked:
-        if cfg.server.engine_processes > 1 and model.backend not in PER_PROCESS_BACKENDS:
-            raise ConfigError(f"{cfg.path}: server.engine_processes: {cfg.server.engine_processes}, but "
-                              f"{where}model.backend {model.backend!r} holds one model in one process: prep processes "
-                              f"run only beside backends every process can run ({', '.join(PER_PROCESS_BACKENDS)}); "
-                              "set it to 0 (sized from the host) or 1")
         if model.backend != "upstream":
             continue
         if not upstream.urls:

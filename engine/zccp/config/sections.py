@@ -51,6 +51,8 @@ class PathsConfig:
 # model backends each engine process can run on its own: no state shared between requests
 # beyond the arena and Redis (zccp.process.group)
 PER_PROCESS_BACKENDS = ("null", "upstream")
+# backends whose prep processes hand their misses to the process that holds the model (zccp.process.handoff)
+HANDOFF_BACKENDS = ("tiny", "hf")
 
 
 @dataclass(frozen=True)

@@ -189,17 +189,23 @@ class HfChatFormat(PromptFormat):
             return self._rust.encode(prompt.req.prompt_text, add_special_tokens=True).ids
         return self._rust.encode(self.render(prompt, generation_prompt), add_special_tokens=False).ids
 
-    def encode_into(self, prompt: Prompt, out: torch.Tensor, generation_prompt: bool = True) -> int:
+    def encode_into(self, prompt: Prompt, out: torch.Tensor | np.ndarray, generation_prompt: bool = True) -> int:
         ids = self.ids(prompt, generation_prompt)
         n = len(ids)
-        if n > out.numel():
-            raise PromptTooLong(n, out.numel())
+        if n > len(out):
+            raise PromptTooLong(n, len(out))
         arr = np.asarray(ids, dtype=np.int32)
-        if out.device.type == "cpu":
+        if isinstance(out, np.ndarray):        # a prep process's slot view (no torch there)
+            out[:n] = arr
+        elif out.device.type == "cpu":
             out.numpy()[:n] = arr
         else:
             out[:n].copy_(torch.from_numpy(arr))
         return n
+
+    def encode_into_slot(self, prompt: Prompt, out: torch.Tensor, host: np.ndarray) -> int:
+        """Through the slot's numpy view: the same memory as out's (zccp.transport.device)."""
+        return self.encode_into(prompt, host)
 
     def count(self, prompt: Prompt) -> int:
         return len(self.ids(prompt))

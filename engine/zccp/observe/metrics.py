@@ -285,6 +285,8 @@ class EngineMetrics:
         self.sweeps = r.counter("zccp_engine_sweeper_resets_total", "Slots reset by the sweeper")
         self.info = r.gauge("zccp_engine_info", "Engine identity")
         self.processes = r.gauge("zccp_engine_processes", "The engine's processes: the model's and its prep processes")
+        self.handoffs = r.counter("zccp_engine_handoffs_total",
+                                  "Requests a prep process handed to the model's process: prepared misses, or whole")
         self.batch_rows = r.gauge("zccp_engine_batch_rows", "Sequences in the decode batch")
         self.queue_waiting = r.gauge("zccp_engine_queue_waiting", "Sequences waiting for admission to the model")
         self.parked = r.gauge("zccp_engine_parked", "Sequences out of the batch until nginx acks room in their ring")

@@ -118,6 +118,7 @@ class EndpointFlow:
         sink = WarmupReply(prompt.req.model, ctx.view, ctx.writer, n, self.outcome)
         seq = Sequence(deps.input_view(ctx.host_tokens[:n]), ctx.host_tokens[:n], _NO_SAMPLING, sink,
                        ctx.cancelled, lambda _: self.outcome.done(), prefill_only=True)
+        assert deps.model is not None           # a prep process hands warm-ups to rank 0 whole
         if not deps.model.submit(seq):
             deps.metrics.queue_full.inc()
             raise ApiError(429, "rate_limit_error", "the model's queue is full; retry shortly")

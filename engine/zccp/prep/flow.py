@@ -37,6 +37,7 @@ from zccp.observe.metrics import EngineMetrics
 from zccp.model.base import ModelBackend
 from zccp.model.grammar_cache import GrammarCompiler
 from zccp.prep.outcome import Outcome, RequestContext
+from zccp.process.handoff import Ended, Handoff, OnEnded, Verdict
 from zccp.transport.ring_writer import SlotAbandoned
 from zccp.serving.fair_queue import Admission, refusal
 from zccp.serving.scheduler import BatchScheduler, Sequence
@@ -62,7 +63,7 @@ class FlowDeps:
     input_view: Callable[[np.ndarray], Any]   # host ids -> the model's view (zccp.transport.device.input_view)
     device_id: int
     metrics: EngineMetrics
-    model: BatchScheduler                                # the model thread
+    model: BatchScheduler | None                         # the model thread (None: a prep process of a model backend)
     cache: ResponseCache | None                          # None: cache disabled
     masks: MaskSource | None
     inline: bool                                         # the instant null backend: no thread hop
@@ -74,6 +75,9 @@ class FlowDeps:
     coalesce_wait_s: float = 0.0                         # cache.coalesce_wait_ms: how long they wait
     upstream: UpstreamClient | None = None               # model.backend: upstream: misses go there
     grammars: GrammarCompiler | None = None              # output schemas compiled off the loop (cached)
+    # a prep process of a model backend: its misses go to rank 0 (zccp.process.handoff), ended(completed, literals)
+    hand: Callable[[Handoff, OnEnded], None] | None = None
+    prefix_pins: bool = False                            # the model keeps a prefix cache: breakpoints pin
 
 
 class RequestFlow:
@@ -87,6 +91,17 @@ class RequestFlow:
         self._literals: tuple[str, ...] = ()         # the request's masked values the answer carries
         self._owned: bytes | None = None             # the in-flight key this request owns (coalescing)
         self._use: SampledUse = UNSAMPLED            # what the cache may do with it (cache.sampled)
+        self._handed: Handoff | None = None          # rank 0: the prep process's miss this flow runs
+        self._keep: Callable[[Completed | None, tuple[str, ...]], None] | None = None
+
+    def resume(self, h: Handoff, keep: Callable[[Completed | None, tuple[str, ...]], None]) -> None:
+        """Rank 0: run a prep process's prepared miss (zccp.process.handoff): its prompt is the
+        slot's first prompt_len tokens; keep(completed, literals) gets the answer to store."""
+        assert h.req is not None
+        self._handed, self._keep = h, keep
+        self.outcome.started = h.started or self.outcome.started
+        self._run_model(Prepared(self.codec, h.req, self.deps.input_view, {}, self.ctx.host_tokens[:h.prompt_len],
+                                 h.pins), None)
 
     # -- the sequence ----------------------------------------------------------------------
 
@@ -95,6 +110,8 @@ class RequestFlow:
         prep = self._prepare()
         if prep is None:
             return self.outcome.done()
+        if self.deps.hand is not None and (prep.choices > 1 or prep.req.sampling.constraint is not None):
+            return self._hand_off(prep, None, whole=True)    # rank 0 serves it from the payload
         if prep.req.sampling.constraint is not None and self.deps.grammars is not None:
             return self.deps.spawn(self._compile_then_serve(prep, self.deps.grammars))
         self._serve(prep)
@@ -204,8 +221,37 @@ class RequestFlow:
             self.deps.inflight.release(self._owned)
             self._owned = None
 
+    def _hand_off(self, prep: Prepared, store: CacheKeys | None, whole: bool = False) -> None:
+        """A prep process's miss to rank 0, which owns the model; the answer, once complete,
+        is stored here (zccp.process.handoff)."""
+        deps, ctx = self.deps, self.ctx
+        assert deps.hand is not None
+        verdict = None
+        if store is not None and deps.cache is not None and deps.masks is not None:
+            masks = slot_masks(ctx.view, deps.masks)       # the set nginx applied, as _cache_verdict takes it
+            if masks is None:
+                masks = deps.masks.get()
+            literals = store.request_literals(prep.doc, masks) if masks is not None else ()
+            verdict = Verdict(literals, deps.cache.cfg.ttl_s if self._use.l1 else 0,
+                              0 if store.placement.shared else 1)
+        req = None if whole else replace(prep.req, messages=(), system="")
+
+        def ended(how: Ended) -> None:
+            if how.failed:              # rank 0 answered nothing (it failed, or is gone): the 500 here
+                with self.outcome.guard():
+                    self.outcome.failed(None)
+            self._literals = how.literals
+            self._store(store, how.completed)
+            self.outcome.done()
+
+        deps.metrics.handoffs.inc(kind="whole" if whole else "miss")
+        deps.hand(Handoff(ctx.view.index, ctx.generation, req, prep.prompt_len, self._salt(prep), prep.pins, verdict,
+                          self.outcome.started, whole), ended)
+
     def _run_model(self, prep: Prepared, store: CacheKeys | None) -> None:
         self._store_keys = store
+        if self.deps.hand is not None:
+            return self._hand_off(prep, store)
         if self.deps.upstream is not None:
             return self.deps.spawn(self._run_upstream(prep, store, self.deps.upstream))
         # Streams always leave the loop: a full response ring makes the writer wait for
@@ -219,6 +265,8 @@ class RequestFlow:
         def finished(completed: Completed | None) -> None:   # on the model thread
             if store is not None:
                 self.deps.call_soon(self._store, store, completed)
+            elif self._keep is not None and self._handed is not None and self._handed.verdict is not None:
+                self._keep(completed, self._literals)    # for the prep process to store
             self.outcome.done()
 
         if prep.choices > 1:
@@ -230,10 +278,12 @@ class RequestFlow:
                       self.deps.backend.prompt.token_bytes)
         seq = Sequence(prep.input_ids, prep.host_ids, prep.req.sampling, reply, ctx.cancelled, finished,
                        salt=self._salt(prep), pins=prep.pins, grammar=prep.grammar)
-        if (got := self.deps.model.submit_all([seq])) is not Admission.OK:
+        model = self.deps.model
+        assert model is not None
+        if (got := model.submit_all([seq])) is not Admission.OK:
             self.deps.metrics.queue_full.inc()
             with self.outcome.guard():
-                self.outcome.client_error(refusal(got, 1, self.deps.model.limits.max_queue))
+                self.outcome.client_error(refusal(got, 1, model.limits.max_queue))
             self._release_owned()
             self.outcome.done()
 
@@ -268,15 +318,19 @@ class RequestFlow:
             seqs.append(Sequence(ids, host, choice_params(req.sampling, i % req.n), sink, cancelled, on_done,
                                  salt=salt, grammar=prep.grammar))
         # all the choices queue, or none: n counts as n in the queue (zccp.serving.fair_queue)
-        if (got := self.deps.model.submit_all(seqs)) is not Admission.OK:
+        model = self.deps.model
+        assert model is not None
+        if (got := model.submit_all(seqs)) is not Admission.OK:
             self.deps.metrics.queue_full.inc()
             with self.outcome.guard():
-                self.outcome.client_error(refusal(got, total, self.deps.model.limits.max_queue))
+                self.outcome.client_error(refusal(got, total, model.limits.max_queue))
             self.outcome.done()
 
     def _salt(self, prep: Prepared) -> bytes:
         """The prefix KV cache's salt: the request's tenant (zccp.serving.prefix_cache), b"" for the
         anonymous one."""
+        if self._handed is not None:
+            return self._handed.salt
         if (keys := self._store_keys) is not None:
             return keys.tenant or b""
         view = self.ctx.view
@@ -314,6 +368,10 @@ class RequestFlow:
         """Before the final notice: the masked values the answer carries (kept with the entry
         for the guard) and what nginx may keep of it (meta.cache_ttl_s / cache_scope)."""
         keys, deps = self._store_keys, self.deps
+        if self._handed is not None and (v := self._handed.verdict) is not None:   # rank 0, for a prep process
+            self._literals = literals_in(text, v.request_literals)
+            self.ctx.writer.set_meta(cache_ttl_s=0 if self._literals else v.ttl_s, cache_scope=v.scope)
+            return
         if keys is None or deps.cache is None or deps.masks is None:
             return
         # The set nginx applied (keys_for resolved it); the latest should it have gone meanwhile.

@@ -67,7 +67,7 @@ def prepare(ctx: RequestContext, deps: FlowDeps, codec: ApiCodec) -> Prepared:
     at, n = spans[0]
     host = tokens[at:at + n]                 # numpy: the torch view is made when a model reads it
     pins: tuple[Pin, ...] = ()
-    if req.cache_marks and deps.model.prefix is not None:
+    if req.cache_marks and deps.prefix_pins:
         pins = pin_points(deps.backend.prompt, doc, req, deps.limits, host)
     prep = Prepared(codec, req, deps.input_view, doc, host, pins)
     if req.prompts:                          # /v1/completions: every prompt's views

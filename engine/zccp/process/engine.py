@@ -6,12 +6,14 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import socket
 import threading
 import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
+from typing import cast
 
-from zccp.transport.abi import REQUEST_ID_MAX, EngineState, Kind, Op, SlotLayout, State, ffi
+from zccp.transport.abi import EngineState, Kind, Op, SlotLayout, State
 from zccp.process import numa
 from zccp.api.codec import ModelInfo
 from zccp.api.common import ParseLimits
@@ -20,8 +22,8 @@ from zccp.cache.inflight import InFlight
 from zccp.cache.mask_store import MaskSource
 from zccp.cache.purge_epoch import EpochWatcher
 from zccp.cache.store import ResponseCache
-from zccp.config import Config, ConfigError, ModelConfig, mask_state_path, model_names
-from zccp.transport.device import input_view, select_device, token_views
+from zccp.config import HANDOFF_BACKENDS, Config, ConfigError, mask_state_path, model_names
+from zccp.transport.device import CpuDevice, input_view, select_device, token_views
 from zccp.transport.doorbell import Connection, DoorbellServer, Ring, encode_notice
 from zccp.prep.endpoints import EndpointFlow
 from zccp.prep.flow import FlowDeps, RequestFlow
@@ -30,76 +32,20 @@ from zccp.observe import tracing
 from zccp.observe.metrics import EngineMetrics, MetricsServer
 from zccp.model.base import ModelBackend
 from zccp.model.grammar_cache import GrammarCompiler
+from zccp.model.prompt_only import prompt_only
 from zccp.model.registry import backend_from_config, backend_uses_torch
 from zccp.prep.outcome import RequestContext
-from zccp.serving.planner import Planner
-from zccp.serving.prefix_cache import PrefixCache
 from zccp.transport.ring_writer import ResponseWriter
-from zccp.serving.scheduler import BatchLimits, BatchScheduler
+from zccp.serving.model_thread import model_thread
+from zccp.process.handoff import (NOT_STORED, Handoff, ModelFacts, OnEnded, OwnerChannel, PrepChannel, done_frame,
+                                  open_owner_channel, open_prep_channel)
+from zccp.process.jobs import HandoffJob, Job, process_exists, request_id
+from zccp.shared_types import Completed
 from zccp.process.group import (MODEL_OWNER, ProcessGroup, ProcessRole, metrics_path, own_doorbell, process_count,
                                 start_group)
 from zccp.upstream.client import UpstreamClient
 
 log = logging.getLogger("zccp.engine")
-
-
-class Job:
-    """One ring being answered. cancel() may come from the loop or the sweeper; the model
-    thread reads cancelled() (a flag: a plain attribute is enough under the GIL)."""
-
-    __slots__ = ("conn", "view", "generation", "_cancelled", "_on_done")
-
-    def __init__(self, conn: Connection, view: SlotView, generation: int,
-                 on_done: Callable[[Job], None] | None = None) -> None:
-        self.conn = conn
-        self.view = view
-        self.generation = generation
-        self._cancelled = False
-        self._on_done = on_done
-
-    def notify(self, total: int, final: bool, status: int) -> None:
-        """The response ring's notice to the nginx worker that rang (the writer's notify)."""
-        self.conn.send(encode_notice(Op.NOTICE, self.view.index, self.generation, total & 0xFFFFFFFF, int(final),
-                                     status))
-
-    def done(self) -> None:
-        """The flow is over (its on_done): the engine drops the job."""
-        if self._on_done is not None:
-            self._on_done(self)
-
-    def cancel(self) -> None:
-        self._cancelled = True
-
-    def cancelled(self) -> bool:
-        if self._cancelled:
-            return True
-        deadline = self.view.header.deadline_ns
-        if deadline and time.time_ns() > deadline:
-            self._cancelled = True
-        return self._cancelled
-
-
-def model_thread(m: ModelConfig, backend: ModelBackend, metrics: EngineMetrics) -> BatchScheduler:
-    """The batch scheduler with its bounds: model.kv_cache_mb (a prompt + answer longer
-    than fits alone is refused as too long: max_context shrinks to it), the prefill
-    planner, and the prefix cache (model.prefix_cache_mb; backends that can reuse blocks)."""
-    kv_budget = m.kv_cache_mb << 20
-    per_token = backend.kv_bytes_per_token
-    if per_token:
-        fit = (kv_budget // per_token - 16) * 8 // 9          # the longest row, with its spare room
-        if fit < 64:
-            raise ConfigError(f"model.kv_cache_mb: {m.kv_cache_mb} MiB holds {fit} tokens of this model's KV "
-                              f"state ({per_token} bytes each); raise it")
-        if fit < backend.max_context:
-            log.info("model.kv_cache_mb holds %d tokens: max_context %d -> %d", fit, backend.max_context, fit)
-            backend.max_context = fit
-    prefix = None
-    if m.prefix_cache_mb and backend.prefix_blocks:
-        prefix = PrefixCache(m.prefix_cache_mb << 20, m.prefix_block, backend.identity)
-    planner = Planner(backend.device if backend.uses_torch else None, kv_budget,
-                      backend.activation_bytes_per_token + per_token,
-                      m.prefill_chunk, m.prefix_block, m.step_tokens)
-    return BatchScheduler(backend, BatchLimits(m.max_batch, m.max_queue, kv_budget), planner, prefix, metrics)
 
 
 def layout_from_config(cfg: Config) -> SlotLayout:
@@ -116,8 +62,11 @@ class Engine:
         self._socket_path = cfg.server.socket_path
         # Placement first: the threads torch starts inherit the CPUs, the arena's pages the node.
         self.placement = numa.apply(cfg) if role.owner else None   # a prep process inherits rank 0's CPUs
+        # a prep process of a model backend: the prompt side only, its misses to rank 0 (zccp.process.handoff)
+        self.hands_off = role.facts is not None and not role.owner
+        self._channel = PrepChannel() if self.hands_off else None
         # torch only for a backend that computes with it (the null backend starts without it)
-        self.uses_torch = backend_uses_torch(cfg.model.backend)
+        self.uses_torch = backend_uses_torch(cfg.model.backend) and not self.hands_off
         if self.uses_torch:
             import torch
 
@@ -127,8 +76,12 @@ class Engine:
                       else Arena.attach(cfg.shared_memory.name, self.layout, role.epoch))
         if self.placement is not None and self.placement.numa_node is not None:
             numa.bind_range(self.arena.address(), self.layout.arena_size, self.placement.numa_node)
-        self.device = select_device(cfg.gpu, self.arena.mapping(), self.uses_torch)
-        self.backend = backend_from_config(cfg.model, self.device.name)
+        # a prep process of a model computes nothing: the model's device is rank 0's (ModelFacts)
+        self.device = CpuDevice() if self.hands_off else select_device(cfg.gpu, self.arena.mapping(), self.uses_torch)
+        if role.facts is not None and self.hands_off:
+            self.backend = cast(ModelBackend, prompt_only(cfg.model, role.facts))
+        else:
+            self.backend = backend_from_config(cfg.model, self.device.name)
         if self.device.device_id >= 0:
             self.backend.to(self.device.torch_device)
         self.metrics = EngineMetrics()
@@ -143,7 +96,7 @@ class Engine:
         self._tokens = token_views(self._host_tokens, self.uses_torch)
         self._jobs: dict[int, Job] = {}
         # One model thread, decoding every running request in one batch; the loop stays free for rings.
-        self._model = model_thread(cfg.model, self.backend, self.metrics)
+        self._model = None if self.hands_off else model_thread(cfg.model, self.backend, self.metrics)
         self.doorbell = DoorbellServer(self._socket_path, self._on_ring, self._on_close, self._on_ping,
                                        cfg.shared_memory.group)
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -162,7 +115,7 @@ class Engine:
                 max_queue=cfg.model.max_queue,
             ),
             input_view=input_view(self.device, self.uses_torch),
-            device_id=self.device.device_id,
+            device_id=role.facts.device_id if role.facts is not None and self.hands_off else self.device.device_id,
             metrics=self.metrics,
             model=self._model,
             cache=self.cache,
@@ -178,9 +131,12 @@ class Engine:
             coalesce_wait_s=cfg.cache.coalesce_wait_ms / 1000,
             upstream=self.upstream,
             # schemas compiled off the loop, once each (validated only where nothing decodes here)
-            grammars=GrammarCompiler(self.backend.grammar_vocab
-                                     if self.upstream is None and self.backend.has_logits else None,
-                                     metrics=self.metrics),
+            grammars=None if self.hands_off else GrammarCompiler(
+                self.backend.grammar_vocab if self.upstream is None and self.backend.has_logits else None,
+                metrics=self.metrics),
+            hand=self._hand if self.hands_off else None,
+            prefix_pins=role.facts.prefix_pins if role.facts is not None and self.hands_off
+            else self._model is not None and self._model.prefix is not None,
         )
         # rank 0's page sums its prep processes' values; each of those serves its own state
         self.group: ProcessGroup | None = None
@@ -234,21 +190,71 @@ class Engine:
 
     # -- one job ---------------------------------------------------------------------------
 
-    def _start(self, job: Job) -> None:
+    def _context(self, job: Job) -> RequestContext:
         view = job.view
         # positional: the context's and the writer's fields in their order (one per request)
-        ctx = RequestContext(view, job.generation, self.arena.payload(view), self._tokens[view.index],
-                             self._host_tokens[view.index],
-                             ResponseWriter(self.arena, view, job.generation, job.notify, job.cancelled,
-                                            self._later if self._loop is not None else None, self._give_up_s),
-                             job.cancelled, bytes(view.header.context_id).hex(), _request_id(view))
+        return RequestContext(view, job.generation, self.arena.payload(view), self._tokens[view.index],
+                              self._host_tokens[view.index],
+                              ResponseWriter(self.arena, view, job.generation, job.notify, job.cancelled,
+                                             self._later if self._loop is not None else None, self._give_up_s),
+                              job.cancelled, bytes(view.header.context_id).hex(), request_id(view))
+
+    def _start(self, job: Job) -> None:
+        view = job.view
         kind = view.request.kind
+        if self.hands_off and kind == Kind.WARMUP:    # it runs the model: rank 0's, whole
+            self.metrics.handoffs.inc(kind="whole")
+            return self._hand(Handoff(view.index, job.generation, None, whole=True), lambda ended: job.done())
+        ctx = self._context(job)
         if kind == Kind.GENERATE:
             return RequestFlow(ctx, self.deps, job.done).start()
         if kind == Kind.SPANS:     # nginx's L1 hits' spans (zccp.observe.tracing)
             return tracing.take_l1_spans(ctx, job.done)
         redis = self.cache.redis if self.cache is not None else None     # PURGE's
         EndpointFlow(ctx, self.deps, job.done, kind, self.models, redis, self.arena.set_purge_epoch).start()
+
+    # -- handoffs (zccp.process.handoff) -------------------------------------------------
+
+    def _hand(self, h: Handoff, ended: OnEnded) -> None:
+        """A prep process: the miss to rank 0; nginx's leaving is passed on."""
+        job, channel = self._jobs.get(h.slot), self._channel
+        assert channel is not None
+        if job is None or job.generation != h.generation:
+            return ended(NOT_STORED)                    # nginx moved on meanwhile
+        job.forward_cancel = lambda: channel.cancel(h.slot, h.generation)
+        channel.hand(h, job.conn, ended)
+
+    def _on_handoff(self, conn: Connection, h: Handoff) -> None:
+        """Rank 0: a prep process's miss (or its whole request)."""
+        try:
+            view = self.arena.slot(h.slot)
+        except SlotError:
+            view = None
+        prev = self._jobs.get(h.slot)
+        if view is None or view.header.generation != h.generation or (prev is not None and
+                                                                       prev.generation == h.generation):
+            return conn.send(done_frame(h.slot, h.generation))   # nginx moved on meanwhile
+        if prev is not None:
+            prev.cancel()
+        job = HandoffJob(conn, view, h.generation, self._finish_job)
+        self._jobs[h.slot] = job
+        conn.jobs.add(job)
+        if h.whole:
+            return self._start(job)
+
+        def keep(completed: Completed | None, literals: tuple[str, ...]) -> None:
+            job.completed, job.literals = completed, literals
+
+        RequestFlow(self._context(job), self.deps, job.done).resume(h, keep)
+
+    def _on_handoff_cancel(self, slot: int, generation: int) -> None:
+        job = self._jobs.get(slot)
+        if job is not None and job.generation == generation:
+            job.cancel()
+
+    def _adopt_channel(self, sock: socket.socket) -> None:
+        """Rank 0's end of a (re)started prep process's channel."""
+        self._spawn(open_owner_channel(sock, OwnerChannel(self._on_handoff, self._on_handoff_cancel)))
 
     def _later(self, delay: float, fn: Callable[[], None]) -> None:
         """fn on the loop after delay seconds, from any thread (a writer may finish on the model thread)."""
@@ -328,7 +334,7 @@ class Engine:
             return None   # running, and the worker that rang is connected: it is owned
         if now_ns - h.timestamp_ns < grace:
             return None   # between nginx's claim and its ring, or nginx still copying the answer out
-        if _process_exists(int(h.owner_pid)):
+        if process_exists(int(h.owner_pid)):
             return None
         return f"its nginx worker (pid {int(h.owner_pid)}) is gone"
 
@@ -364,6 +370,8 @@ class Engine:
         """Rank 0: bind, publish the arena, start the prep processes, sweep. A prep process:
         accept on rank 0's socket, nothing else of the arena's is its to change."""
         if not self.role.owner:
+            if self._channel is not None:
+                await open_prep_channel(self.role.handoff_fd, self._channel)
             await self.doorbell.adopt(self.role.doorbell_fd)
             if (own := own_doorbell(self._socket_path, self.role.rank)) is not None:
                 await self.doorbell.listen_also(own)
@@ -377,7 +385,13 @@ class Engine:
         self.metrics.processes.set(count)
         tasks = [asyncio.create_task(self._sweeper())]
         if count > 1:
-            self.group = await start_group(self.cfg, count, self.doorbell, self.arena, self.metrics)
+            facts = None
+            if self.cfg.model.backend in HANDOFF_BACKENDS and self._model is not None:
+                b = self.backend
+                facts = ModelFacts(b.name, b.max_context, b.vocab_size, b.has_logits, self._model.prefix is not None,
+                                   self.device.device_id)
+            self.group = await start_group(self.cfg, count, self.doorbell, self.arena, self.metrics, facts,
+                                           self._adopt_channel)
             tasks.append(asyncio.create_task(self.group.supervise()))
         self.arena.set_engine_state(EngineState.SERVING)
         if (epochs := self._watch_purge_epoch()) is not None:
@@ -409,7 +423,8 @@ class Engine:
                 await self.cache.close()
             if self.upstream is not None:
                 await self.upstream.close()
-            self._model.stop()
+            if self._model is not None:
+                self._model.stop()
             if self.deps.grammars is not None:
                 self.deps.grammars.close()
             await asyncio.to_thread(tracing.stop)   # the queued spans, bounded by the exporter's timeout
@@ -418,33 +433,3 @@ class Engine:
             self._host_tokens.clear()
             self.arena.close()
             log.info("engine stopped; arena and socket removed")
-
-
-def _process_exists(pid: int) -> bool:
-    """Whether `pid` names a process here. A worker in another pid namespace (nginx in its
-    own container) may look gone: its slot is then only reset after the grace, which cannot
-    hand it to anyone else (nginx's shared-dict claim still holds it)."""
-    if pid <= 0:
-        return False
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
-def _request_id(view: SlotView) -> str:
-    """The slot's request id (X-Request-ID), printable ASCII only: shared memory is input."""
-    req = view.request
-    n = req.request_id_len
-    if not n:
-        return ""
-    if n > REQUEST_ID_MAX:
-        return "<invalid>"
-    try:
-        text = bytes(ffi.buffer(req.request_id, n)).decode("ascii")
-    except UnicodeDecodeError:
-        return "<invalid>"
-    return text if text.isprintable() else "<invalid>"

@@ -2,8 +2,10 @@
 doorbell, sweeps, and serves /metrics for all. Prep processes (ranks 1..n-1, zccp.process.prep_main)
 attach the same arena and accept on the same listening socket, and each process also on a
 doorbell of its own that nginx rings in turn (the control page's doorbell_count); the process
-a ring reaches parses, looks up the cache, runs the backend and writes the answer. Only backends every process can run
-on its own (PER_PROCESS_BACKENDS) get prep processes: one model has one owner.
+a ring reaches parses, looks up the cache, runs the backend and writes the answer. A backend every
+process can run on its own (PER_PROCESS_BACKENDS: null, upstream) runs in each; one that holds a
+model (HANDOFF_BACKENDS: tiny, hf) runs in rank 0 only, and a prep process hands it its misses
+over a socketpair of its own (zccp.process.handoff): one model has one owner.
 
 Why processes: one Python event loop caps the misses an engine answers at one core (the
 GIL); vLLM splits its API server from its engine core for the same reason."""
@@ -17,19 +19,22 @@ import logging
 import os
 import pickle
 import signal
+import socket
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from zccp.config import PER_PROCESS_BACKENDS, Config
+from zccp.config import HANDOFF_BACKENDS, PER_PROCESS_BACKENDS, Config
 from zccp.observe.metrics import STATE_REQUEST, EngineMetrics
 from zccp.observe.metrics_merge import STATE_MAX_BYTES
 from zccp.transport.abi import SOCKET_PATH_MAX
 
 if TYPE_CHECKING:
+    from zccp.process.handoff import ModelFacts
     from zccp.transport.arena import Arena
     from zccp.transport.doorbell import DoorbellServer
 
@@ -49,6 +54,8 @@ class ProcessRole:
     rank: int = 0
     doorbell_fd: int = -1
     epoch: int = 0      # the arena a prep process must find published
+    handoff_fd: int = -1                # a model backend's prep process: its channel to rank 0
+    facts: ModelFacts | None = None     # ... and rank 0's model, as prepare() checks against it
 
     @property
     def owner(self) -> bool:
@@ -61,7 +68,7 @@ MODEL_OWNER = ProcessRole()
 def process_count(cfg: Config, cpu_max: str = "/sys/fs/cgroup/cpu.max") -> int:
     """server.engine_processes, or (0) half the CPUs this process may run on, 1..MAX_AUTO:
     nginx's workers need the rest. A backend that holds a model runs in one process."""
-    if cfg.model.backend not in PER_PROCESS_BACKENDS:
+    if cfg.model.backend not in PER_PROCESS_BACKENDS + HANDOFF_BACKENDS:
         return 1
     if cfg.server.engine_processes:
         return cfg.server.engine_processes
@@ -104,11 +111,13 @@ class _Member:
 
 
 async def start_group(cfg: Config, count: int, doorbell: DoorbellServer, arena: Arena,
-                      metrics: EngineMetrics) -> ProcessGroup:
+                      metrics: EngineMetrics, facts: ModelFacts | None = None,
+                      on_channel: Callable[[socket.socket], None] | None = None) -> ProcessGroup:
     """Rank 0's prep processes started; once they accept (or after READY_WAIT_S), rank 0
-    accepts too, and nginx is told to ring each process's own doorbell in turn."""
+    accepts too, and nginx is told to ring each process's own doorbell in turn. With facts
+    (a model backend), each prep process gets a handoff channel, rank 0's end to on_channel."""
     assert cfg.server.socket_path is not None
-    group = ProcessGroup(cfg, count, doorbell.listening_fd, arena.epoch, metrics)
+    group = ProcessGroup(cfg, count, doorbell.listening_fd, arena.epoch, metrics, facts, on_channel)
     group.start()
     await group.ready()
     await doorbell.accept_now()
@@ -122,14 +131,16 @@ async def start_group(cfg: Config, count: int, doorbell: DoorbellServer, arena: 
 class ProcessGroup:
     """Rank 0's prep processes: started, started again when one dies, stopped with it."""
 
-    def __init__(self, cfg: Config, count: int, doorbell_fd: int, epoch: int, metrics: EngineMetrics) -> None:
+    def __init__(self, cfg: Config, count: int, doorbell_fd: int, epoch: int, metrics: EngineMetrics,
+                 facts: ModelFacts | None = None, on_channel: Callable[[socket.socket], None] | None = None) -> None:
         self.cfg = cfg
         self._metrics = metrics
         self._fd = doorbell_fd
         self._epoch = epoch
         self._members = [_Member(rank) for rank in range(1, count)]
         self._stopping = False
-        self._config = pickle.dumps(cfg)
+        self._config = pickle.dumps((cfg, facts))
+        self._on_channel = on_channel if facts is not None else None
 
     def start(self) -> None:
         for m in self._members:
@@ -155,14 +166,26 @@ class ProcessGroup:
         assert socket_path is not None
         with contextlib.suppress(FileNotFoundError):    # the last one's: ready() waits for the new one's
             os.unlink(metrics_path(socket_path, m.rank))
+        ours: socket.socket | None = None
+        theirs: socket.socket | None = None
+        if self._on_channel is not None:     # the handoff channel: a pair of its own, no path
+            ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        fds = (self._fd,) if theirs is None else (self._fd, theirs.fileno())
         cmd = [sys.executable, "-m", "zccp.process.prep_main", str(m.rank), str(self._fd), str(self._epoch),
-               str(os.getpid())]
+               str(os.getpid()), str(-1 if theirs is None else theirs.fileno())]
         try:
-            proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, pass_fds=(self._fd,), close_fds=True)
+            proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, pass_fds=fds, close_fds=True)
         except OSError as exc:
             log.error("prep process %d: cannot start: %s", m.rank, exc)
             m.due = time.monotonic() + m.backoff
+            for sock in (ours, theirs):
+                if sock is not None:
+                    sock.close()
             return
+        if theirs is not None:
+            theirs.close()                    # the child's now
+        if ours is not None and self._on_channel is not None:
+            self._on_channel(ours)
         assert proc.stdin is not None
         with contextlib.suppress(BrokenPipeError):
             proc.stdin.write(self._config)    # a few KiB: the pipe holds it
