@@ -200,7 +200,7 @@ def start_d(run_dir: Path, lim: dict, slots: int, tls: Tls | None = None, replic
         "shared_memory": {"name": f"/zccp.bench.{tag}", "segment_count": slots,
                           "segment_size_kb": lim["segment_size_kb"], "tokens_kb": lim["tokens_kb"],
                           "response_kb": lim["response_kb"]},
-        "cache": {"enabled": True, "redis_url": f"redis://127.0.0.1:{free_port()}/0"},
+        "cache": {"enabled": True, "redis_url": f"redis://127.0.0.1:{free_port()}/0", **lim.get("cache_extra", {})},
         "model": {"backend": lim["backend"], "name": lim["model_name"], "max_context": lim["max_context"],
                   "threads": lim.get("threads", 1), **lim.get("model_extra", {})},
         "limits": {"max_body_kb": lim["max_body_kb"], "request_timeout_ms": 60000},
