@@ -163,7 +163,7 @@ class OwnerChannel(_Frames):
                 raise ValueError(f"not a Handoff: {type(h).__name__}")
             try:
                 self._on_handoff(self.conn, h)
-            except Exception:       # this request's failure, not the channel's: it ends with no answer
+            except Exception:       # this request's failure, not the channel's: the prep process answers the 500
                 log.exception("handoff of slot %d failed", h.slot)
                 self.conn.send(done_frame(h.slot, h.generation, FAILED))
         elif kind == b"C":
