@@ -3,7 +3,8 @@ the peer (`transformers serve --continuous-batching`) on the medium checkpoint, 
 that timestamps every streamed chunk.
 
     PYTHONPATH=engine .venv/bin/python -m bench.first_token [--requests 20] [--rounds 2]
-        [--conc 1] [--seconds 30] [--base-engine /path/to/other/tree/engine] [--out bench/first_token]
+        [--conc 1] [--seconds 30] [--base-engine /path/to/other/tree/engine] [--step-tokens 64,32]
+        [--out bench/first_token]
 
 The checkpoint: bench.peer's (tests/support/hf_checkpoint.py at hidden 512, 6 layers, MLP 1376,
 float32), made here; one torch thread for every server (OMP_NUM_THREADS=1, model.threads 1).
@@ -11,6 +12,7 @@ Variants, all up at once, their cells alternated (the order reversed every round
 
 - D: this tree's ZCCP (nginx + engine, cache off), model.backend hf;
 - D-base (with --base-engine): the same stack running another tree's engine package;
+- D-stN (with --step-tokens N,...): this tree with model.step_tokens N (the per-step token budget);
 - P: `transformers serve --continuous-batching --device cpu` (bench.peer.start_peer).
 
 c = 1 (the default): --requests requests per variant per round, one at a time, each a distinct
@@ -201,10 +203,12 @@ def engine_means(before: dict[str, tuple[float, float]], after: dict[str, tuple[
 
 # --- the variants ----------------------------------------------------------------------------
 
-def start_zccp(run_dir: Path, ckpt: Path, engine_tree: str | None, overrides: dict) -> Stack:
+def start_zccp(run_dir: Path, ckpt: Path, engine_tree: str | None, overrides: dict,
+               model_extra: dict | None = None) -> Stack:
     """This tree's stack (nginx + engine, cache off, one torch thread); the engine package from
-    `engine_tree` when given."""
-    model = {"backend": "hf", "path": str(ckpt), "name": HF_MODEL, "max_context": 8192, "threads": 1}
+    `engine_tree` when given; model_extra: more of the model section (model.step_tokens)."""
+    model = {"backend": "hf", "path": str(ckpt), "name": HF_MODEL, "max_context": 8192, "threads": 1,
+             **(model_extra or {})}
     stack = Stack(run_dir, overrides={"model": model, "logging": {"level": "warning"},
                                       "limits": {"max_body_kb": 512, "request_timeout_ms": 120000},
                                       "shared_memory": {"segment_count": 32}, **overrides})
@@ -225,9 +229,12 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--max-tokens", type=int, default=16)
     ap.add_argument("--variants", default="D,P")
     ap.add_argument("--base-engine", default=None, help="another tree's engine/ for D-base")
+    ap.add_argument("--step-tokens", default="", help="comma-separated model.step_tokens values: a D-stN "
+                                                       "variant each (this tree, that per-step token budget)")
     ap.add_argument("--out", default=str(Path(__file__).with_suffix("")))
     a = ap.parse_args(argv)
-    names = a.variants.split(",") + (["D-base"] if a.base_engine else [])
+    steps = {f"D-st{n}": int(n) for n in a.step_tokens.split(",") if n}
+    names = a.variants.split(",") + (["D-base"] if a.base_engine else []) + list(steps)
     runs: list[dict[str, Any]] = []
     load0 = os.getloadavg()
     with tempfile.TemporaryDirectory(prefix="zccp-first-") as tmp, contextlib.ExitStack() as stack:
@@ -242,7 +249,8 @@ def main(argv: list[str] | None = None) -> None:
                 vs[name] = {"name": name, "url": url + "/v1/chat/completions", "model": str(ckpt),
                             "ignore_eos": False, "stack": None}
             else:
-                s = start_zccp(run / name, ckpt, a.base_engine if name == "D-base" else None, {})
+                s = start_zccp(run / name, ckpt, a.base_engine if name == "D-base" else None, {},
+                               {"step_tokens": steps[name]} if name in steps else None)
                 stack.callback(s.stop)
                 vs[name] = {"name": name, "url": s.base_url + "/v1/chat/completions", "model": HF_MODEL,
                             "ignore_eos": True, "stack": s}

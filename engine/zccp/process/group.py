@@ -67,7 +67,8 @@ MODEL_OWNER = ProcessRole()
 
 def process_count(cfg: Config, cpu_max: str = "/sys/fs/cgroup/cpu.max") -> int:
     """server.engine_processes, or (0) half the CPUs this process may run on, 1..MAX_AUTO:
-    nginx's workers need the rest. A backend that holds a model runs in one process."""
+    nginx's workers need the rest. A backend registered outside PER_PROCESS_BACKENDS and
+    HANDOFF_BACKENDS (its prompt side unknown here) runs in one process."""
     if cfg.model.backend not in PER_PROCESS_BACKENDS + HANDOFF_BACKENDS:
         return 1
     if cfg.server.engine_processes:
