@@ -79,21 +79,25 @@ def test_handed_misses_answer_exactly_as_the_model_process_does(stack: Stack) ->
 
 
 def test_a_handed_miss_is_stored_by_the_prep_process_and_hit(stack: Stack) -> None:
-    before = _handoffs(stack, "miss")
-    for i in range(6):     # until the prep process took some misses (every other ring)
+    handed = 0
+    for i in range(16):     # until two misses went through the prep process (nginx rings each in turn)
         prompt = f"store me {i}"
+        before = _handoffs(stack, "miss")
         status, first, cache = _chat(stack, prompt, stream=bool(i % 2))
         assert (status, cache) == (200, "MISS")
+        handed += _handoffs(stack, "miss") > before
         wait_for(lambda p=prompt: _chat(stack, p, False)[2] == "HIT", f"{prompt!r} was not stored", 10)
         for stream in (False, True):
             assert _chat(stack, prompt, stream) == (200, first, "HIT")
-    assert _handoffs(stack, "miss") > before
+        if handed >= 2:
+            break
+    assert handed >= 2
     stack.assert_no_leaks()
 
 
 def test_what_a_prep_process_cannot_prepare_alone_goes_whole(stack: Stack) -> None:
     before = _handoffs(stack, "whole")
-    for i in range(4):
+    for i in range(10):     # until one went through the prep process
         body = {"model": "zccp-tiny", "max_tokens": 8, "n": 2, "temperature": 1.0, "seed": i,
                 "messages": [{"role": "user", "content": f"two of them {i}"}]}
         with stack.client() as c:
@@ -102,6 +106,8 @@ def test_what_a_prep_process_cannot_prepare_alone_goes_whole(stack: Stack) -> No
         with stack.admin_client() as a:     # the warm-up runs the model: the admin listener's
             w = a.post("/v1/zccp/warmup", json={"model": "zccp-tiny", "system": f"warm {i} " * 20, "messages": []})
             assert w.status_code == 200 and w.json()["type"] == "warmup", w.text
+        if i >= 3 and _handoffs(stack, "whole") > before:
+            break
     assert _handoffs(stack, "whole") > before
     stack.assert_no_leaks()
 
