@@ -11,7 +11,10 @@ import argparse
 import json
 from pathlib import Path
 
+from bench.svg_bars import Frame
+
 W, H, LEFT, TOP, BOTTOM = 860, 360, 60, 40, 120
+FRAME = Frame(W, H, LEFT, TOP, BOTTOM)
 # (row, metric, label): higher is better for each, except the p99s (marked)
 FIGURES = [("misses", "rps", "misses/s"), ("misses", "p99_ms", "miss p99 (lower better)"),
            ("hits", "rps", "hits/s"), ("hits", "p99_ms", "hit p99 (lower better)"),
@@ -28,28 +31,18 @@ def ratios(result: dict) -> list[tuple[str, float]]:
 
 def svg(rs: list[tuple[str, float]]) -> str:
     top = max(2.0, max(r for _, r in rs) * 1.1)
-    plot_h, plot_w = H - TOP - BOTTOM, W - LEFT - 20
-    bw = plot_w / len(rs)
-    out = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{W}" height="{H}" font-family="sans-serif" '
-           f'font-size="11"><rect width="{W}" height="{H}" fill="white"/>',
-           f'<text x="{W / 2}" y="18" text-anchor="middle" font-size="13">tiny model, 2 cores: 2 engine processes '
-           f'(a prep process handing misses over) / 1 process</text>']
-    for i in range(5):
-        v = top * i / 4
-        yy = TOP + plot_h * (1 - v / top)
-        out.append(f'<line x1="{LEFT}" x2="{W - 20}" y1="{yy:.1f}" y2="{yy:.1f}" stroke="#ddd"/>'
-                   f'<text x="{LEFT - 4}" y="{yy + 4:.1f}" text-anchor="end">{v:.2f}</text>')
-    one = TOP + plot_h * (1 - 1 / top)
+    bw = FRAME.plot_w / len(rs)
+    out = FRAME.start("tiny model, 2 cores: 2 engine processes (a prep process handing misses over) / 1 process",
+                      top, ".2f")
     for i, (label, r) in enumerate(rs):
-        h = plot_h * r / top
+        h = FRAME.plot_h * r / top
         x = LEFT + i * bw + bw * 0.15
         colour = "#3498db" if "lower" not in label else "#e67e22"
-        out.append(f'<rect x="{x:.1f}" y="{TOP + plot_h - h:.1f}" width="{bw * 0.7:.1f}" height="{h:.1f}" '
-                   f'fill="{colour}"/><text x="{x + bw * 0.35:.1f}" y="{TOP + plot_h - h - 3:.1f}" '
+        out.append(f'<rect x="{x:.1f}" y="{TOP + FRAME.plot_h - h:.1f}" width="{bw * 0.7:.1f}" height="{h:.1f}" '
+                   f'fill="{colour}"/><text x="{x + bw * 0.35:.1f}" y="{TOP + FRAME.plot_h - h - 3:.1f}" '
                    f'text-anchor="middle">{r:.2f}</text>')
-        cx = LEFT + i * bw + bw / 2
-        out.append(f'<text x="{cx:.1f}" y="{H - BOTTOM + 14}" text-anchor="end" '
-                   f'transform="rotate(-35 {cx:.1f} {H - BOTTOM + 14})">{label}</text>')
+        out.append(FRAME.label(LEFT + i * bw + bw / 2, label))
+    one = FRAME.y(1.0, top)
     out.append(f'<line x1="{LEFT}" x2="{W - 20}" y1="{one:.1f}" y2="{one:.1f}" stroke="#c0392b" '
                f'stroke-dasharray="4 3"/>')
     out.append("</svg>")

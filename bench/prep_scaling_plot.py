@@ -12,7 +12,10 @@ import argparse
 import json
 from pathlib import Path
 
+from bench.svg_bars import Frame
+
 W, H, LEFT, TOP, BOTTOM = 900, 380, 60, 40, 80
+FRAME = Frame(W, H, LEFT, TOP, BOTTOM)
 COLOURS = {"B": "#7f8c8d", "D1": "#aed6f1", "D2": "#3498db", "D3": "#1a5276"}
 
 
@@ -28,29 +31,19 @@ def groups(result: dict) -> list[tuple[str, dict[str, float]]]:
 
 def svg(gs: list[tuple[str, dict[str, float]]]) -> str:
     top = max(v for _, g in gs for v in g.values()) * 1.1
-    plot_h, plot_w = H - TOP - BOTTOM, W - LEFT - 20
-    gw = plot_w / len(gs)
+    gw = FRAME.plot_w / len(gs)
     bw = gw / 5
-    out = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{W}" height="{H}" font-family="sans-serif" '
-           f'font-size="11"><rect width="{W}" height="{H}" fill="white"/>',
-           f'<text x="{W / 2}" y="18" text-anchor="middle" font-size="13">misses/s, cache bypassed, null model: '
-           f'B (nginx -&gt; FastAPI, 2 workers) and ZCCP with 1 / 2 / 3 engine processes</text>']
-    for i in range(5):
-        v = top * i / 4
-        yy = TOP + plot_h * (1 - v / top)
-        out.append(f'<line x1="{LEFT}" x2="{W - 20}" y1="{yy:.1f}" y2="{yy:.1f}" stroke="#ddd"/>'
-                   f'<text x="{LEFT - 4}" y="{yy + 4:.1f}" text-anchor="end">{v:.0f}</text>')
+    out = FRAME.start("misses/s, cache bypassed, null model: B (nginx -&gt; FastAPI, 2 workers) and ZCCP with "
+                      "1 / 2 / 3 engine processes", top)
     for gi, (label, g) in enumerate(gs):
         x0 = LEFT + gi * gw + bw / 2
         for bi, key in enumerate(("B", "D1", "D2", "D3")):
             if key not in g:
                 continue
-            h = plot_h * g[key] / top
-            out.append(f'<rect x="{x0 + bi * bw:.1f}" y="{TOP + plot_h - h:.1f}" width="{bw * 0.9:.1f}" '
+            h = FRAME.plot_h * g[key] / top
+            out.append(f'<rect x="{x0 + bi * bw:.1f}" y="{TOP + FRAME.plot_h - h:.1f}" width="{bw * 0.9:.1f}" '
                        f'height="{h:.1f}" fill="{COLOURS[key]}"/>')
-        cx = LEFT + gi * gw + gw / 2
-        out.append(f'<text x="{cx:.1f}" y="{H - BOTTOM + 14}" text-anchor="end" '
-                   f'transform="rotate(-35 {cx:.1f} {H - BOTTOM + 14})">{label}</text>')
+        out.append(FRAME.label(LEFT + gi * gw + gw / 2, label))
     for i, (key, colour) in enumerate(COLOURS.items()):
         out.append(f'<rect x="{LEFT + 10 + i * 70}" y="{TOP - 14}" width="10" height="10" fill="{colour}"/>'
                    f'<text x="{LEFT + 24 + i * 70}" y="{TOP - 5}">{key}</text>')
