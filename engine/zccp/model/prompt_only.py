@@ -26,8 +26,6 @@ class PromptOnlyBackend:
     vocab_size: int
     has_logits: bool
     prompt: PromptFormat
-    uses_torch: bool = False
-    prefix_blocks: bool = False
 
 
 def prompt_format(m: ModelConfig) -> PromptFormat:

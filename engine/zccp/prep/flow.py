@@ -228,16 +228,12 @@ class RequestFlow:
         assert deps.hand is not None
         verdict = None
         if store is not None and deps.cache is not None and deps.masks is not None:
-            masks = slot_masks(ctx.view, deps.masks)       # the set nginx applied, as _cache_verdict takes it
-            if masks is None:
-                masks = deps.masks.get()
-            literals = store.request_literals(prep.doc, masks) if masks is not None else ()
-            verdict = Verdict(literals, deps.cache.cfg.ttl_s if self._use.l1 else 0,
+            verdict = Verdict(self._masked_values(prep, store), deps.cache.cfg.ttl_s if self._use.l1 else 0,
                               0 if store.placement.shared else 1)
         req = None if whole else replace(prep.req, messages=(), system="")
 
         def ended(how: Ended) -> None:
-            if how.failed:              # rank 0 answered nothing (it failed, or is gone): the 500 here
+            if how.failed:              # rank 0 answered nothing (it failed on it, or never got it): the 500 here
                 with self.outcome.guard():
                     self.outcome.failed(None)
             self._literals = how.literals

@@ -63,7 +63,8 @@ class Engine:
         # Placement first: the threads torch starts inherit the CPUs, the arena's pages the node.
         self.placement = numa.apply(cfg) if role.owner else None   # a prep process inherits rank 0's CPUs
         # a prep process of a model backend: the prompt side only, its misses to rank 0 (zccp.process.handoff)
-        self.hands_off = role.facts is not None and not role.owner
+        facts = None if role.owner else role.facts
+        self.hands_off = facts is not None
         self._channel = PrepChannel() if self.hands_off else None
         # torch only for a backend that computes with it (the null backend starts without it)
         self.uses_torch = backend_uses_torch(cfg.model.backend) and not self.hands_off
@@ -78,8 +79,8 @@ class Engine:
             numa.bind_range(self.arena.address(), self.layout.arena_size, self.placement.numa_node)
         # a prep process of a model computes nothing: the model's device is rank 0's (ModelFacts)
         self.device = CpuDevice() if self.hands_off else select_device(cfg.gpu, self.arena.mapping(), self.uses_torch)
-        if role.facts is not None and self.hands_off:
-            self.backend = cast(ModelBackend, prompt_only(cfg.model, role.facts))
+        if facts is not None:
+            self.backend = cast(ModelBackend, prompt_only(cfg.model, facts))
         else:
             self.backend = backend_from_config(cfg.model, self.device.name)
         if self.device.device_id >= 0:
@@ -115,7 +116,7 @@ class Engine:
                 max_queue=cfg.model.max_queue,
             ),
             input_view=input_view(self.device, self.uses_torch),
-            device_id=role.facts.device_id if role.facts is not None and self.hands_off else self.device.device_id,
+            device_id=facts.device_id if facts is not None else self.device.device_id,
             metrics=self.metrics,
             model=self._model,
             cache=self.cache,
@@ -135,8 +136,8 @@ class Engine:
                 self.backend.grammar_vocab if self.upstream is None and self.backend.has_logits else None,
                 metrics=self.metrics),
             hand=self._hand if self.hands_off else None,
-            prefix_pins=role.facts.prefix_pins if role.facts is not None and self.hands_off
-            else self._model is not None and self._model.prefix is not None,
+            prefix_pins=(facts.prefix_pins if facts is not None
+                         else self._model is not None and self._model.prefix is not None),
         )
         # rank 0's page sums its prep processes' values; each of those serves its own state
         self.group: ProcessGroup | None = None

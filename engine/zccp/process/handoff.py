@@ -32,7 +32,7 @@ from typing import Any, cast
 
 from zccp.shared_types import Completed, GenerationRequest, Pin
 from zccp.transport.abi import NOTICE_SIZE, packer
-from zccp.transport.doorbell import Connection
+from zccp.transport.doorbell import Connection, inherited_unix_stream
 
 log = logging.getLogger("zccp.handoff")
 
@@ -249,12 +249,7 @@ def _done(value: Any) -> tuple[int, int, Ended]:
 
 async def open_prep_channel(fd: int, channel: PrepChannel) -> None:
     """The prep process's end of its channel (an inherited descriptor), read by `channel`."""
-    sock = socket.socket(fileno=fd)
-    if sock.family != socket.AF_UNIX or sock.type != socket.SOCK_STREAM:
-        sock.detach()
-        raise ValueError(f"fd {fd} is not a unix stream socket")
-    sock.setblocking(False)
-    await asyncio.get_running_loop().create_unix_connection(lambda: channel, sock=sock)
+    await asyncio.get_running_loop().create_unix_connection(lambda: channel, sock=inherited_unix_stream(fd))
 
 
 async def open_owner_channel(sock: socket.socket, channel: OwnerChannel) -> None:

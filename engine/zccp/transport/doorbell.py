@@ -242,6 +242,17 @@ class Connection:
             self._write(frames[0] if len(frames) == 1 else b"".join(frames))
 
 
+def inherited_unix_stream(fd: int) -> socket.socket:
+    """An inherited descriptor as a non-blocking unix stream socket; ValueError (the descriptor
+    left open, not ours to close) when it is anything else."""
+    sock = socket.socket(fileno=fd)
+    if sock.family != socket.AF_UNIX or sock.type != socket.SOCK_STREAM:
+        sock.detach()
+        raise ValueError(f"fd {fd} is not a unix stream socket")
+    sock.setblocking(False)
+    return sock
+
+
 RingHandler = Callable[[Connection, Ring], None]
 CloseHandler = Callable[[Connection], None]
 
@@ -355,11 +366,7 @@ class DoorbellServer:
     async def adopt(self, fd: int) -> None:
         """Accept on a listening socket another process bound (a prep process's doorbell:
         the kernel hands each new nginx connection to one of the processes accepting)."""
-        sock = socket.socket(fileno=fd)
-        if sock.family != socket.AF_UNIX or sock.type != socket.SOCK_STREAM:
-            sock.detach()
-            raise ValueError(f"fd {fd} is not a unix stream socket")
-        sock.setblocking(False)
+        sock = inherited_unix_stream(fd)
         self._adopted = True
         self._server = await asyncio.get_running_loop().create_unix_server(lambda: _RingProtocol(self), sock=sock)
 
